@@ -1,0 +1,39 @@
+# Tether developer entry points. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Cluster tests mostly wait on leases and conditions, so more workers than cores pays off.
+PYTEST_WORKERS ?= 4
+export GOTOOLCHAIN := local
+
+.PHONY: help install control-plane test unit cluster clean
+
+help:
+	@echo "make test           install, build the control plane (cached), run every test"
+	@echo "make unit           pure unit tests only (no cluster)"
+	@echo "make cluster        start a local control plane and print its KUBECONFIG"
+	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+control-plane:
+	bash hack/build-control-plane.sh
+
+test: install control-plane
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
+
+unit: install
+	$(PY) -m pytest -m unit -p no:cacheprovider -q tests/unit
+
+cluster: install control-plane
+	$(VENV)/bin/tether dev cluster
+
+clean:
+	rm -rf $(VENV) .tether

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+# kubectl from Go modules (through the module proxy) and caches them outside
+# the repository. Prints the directory holding the binaries on stdout.
+#
+# TETHER_CONTROL_PLANE_BIN=<dir> (or KUBEBUILDER_ASSETS) skips the build and
+# uses existing binaries, e.g. from setup-envtest.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+if [[ -n "${TETHER_CONTROL_PLANE_BIN:-${KUBEBUILDER_ASSETS:-}}" ]]; then
+  dir="${TETHER_CONTROL_PLANE_BIN:-$KUBEBUILDER_ASSETS}"
+  for b in etcd kube-apiserver; do
+    [[ -x "$dir/$b" ]] || { echo "error: $dir/$b missing or not executable" >&2; exit 1; }
+  done
+  echo "$dir"
+  exit 0
+fi
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
+cache="${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}"
+out="$cache/control-plane/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}"
+if [[ -f "$out/.complete" ]]; then
+  echo "$out"
+  exit 0
+fi
+mkdir -p "$out"
+log() { echo "[build-control-plane] $*" >&2; }
+
+# etcd: its server/go.mod has relative replaces, so build it from a consumer module.
+if [[ ! -x "$out/etcd" ]]; then
+  work="$cache/src/etcd-${ETCD_VERSION}"
+  mkdir -p "$work"
+  (
+    cd "$work"
+    [[ -f go.mod ]] || go mod init tether.dev/build/etcd >/dev/null 2>&1
+    go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >&2
+    log "building etcd ${ETCD_VERSION}"
+    go build -trimpath -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3 >&2
+    mv "$out/etcd.tmp" "$out/etcd"
+  )
+fi
+
+# Kubernetes: k8s.io/kubernetes requires its staging modules at v0.0.0 with
+# local replaces; a consumer module replaces them with the published v0.X.Y.
+kv="${KUBERNETES_VERSION#v}"
+staging_version="v0.${kv#*.}"
+work="$cache/src/kubernetes-${KUBERNETES_VERSION}"
+mkdir -p "$work"
+(
+  cd "$work"
+  modfile="$(go mod download -json "k8s.io/kubernetes@${KUBERNETES_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+  go_directive="$(grep -E '^go ' "$modfile" | awk '{print $2}')"
+  {
+    echo "module tether.dev/build/kubernetes"
+    echo
+    echo "go ${go_directive}"
+    echo
+    echo "require k8s.io/kubernetes ${KUBERNETES_VERSION}"
+    echo
+    grep -E '=> \./staging/' "$modfile" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
+  } > go.mod
+  major="${kv%%.*}"; rest="${kv#*.}"; minor="${rest%%.*}"
+  pkg=k8s.io/component-base/version
+  ldflags="-s -w -X ${pkg}.gitVersion=${KUBERNETES_VERSION} -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${minor}"
+  ldflags+=" -X ${pkg}.gitCommit=0000000000000000000000000000000000000000 -X ${pkg}.gitTreeState=clean"
+  ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+  # kubectl reads its version from client-go too.
+  cpkg=k8s.io/client-go/pkg/version
+  ldflags+=" -X ${cpkg}.gitVersion=${KUBERNETES_VERSION} -X ${cpkg}.gitMajor=${major} -X ${cpkg}.gitMinor=${minor}"
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    [[ -x "$out/$b" ]] && continue
+    log "building $b ${KUBERNETES_VERSION}"
+    # -p 1 keeps the kube-apiserver link within memory on small machines.
+    go build -p "${TETHER_BUILD_PARALLELISM:-2}" -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
+    mv "$out/$b.tmp" "$out/$b"
+  done
+)
+touch "$out/.complete"
+echo "$out"

@@ -1,0 +1,64 @@
+"""The `tether` command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tether import __version__
+
+
+def _dev_cluster(args: argparse.Namespace) -> int:
+    from tether.devcluster.controlplane import LocalCluster, resolve_binaries
+    from tether.devcluster.crds import install_crds
+
+    bin_dir = resolve_binaries()
+    state = Path(args.state_dir).resolve() if args.state_dir else Path.cwd() / ".tether" / "cluster"
+    state.mkdir(parents=True, exist_ok=True)
+    cluster = LocalCluster(bin_dir=bin_dir, state_dir=state)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with cluster:
+        with cluster.client() as client:
+            install_crds(client)
+        print(f"# control plane up in {cluster.startup_seconds:.1f}s; logs in {cluster.log_dir}")
+        print(f"export KUBECONFIG={cluster.kubeconfig}")
+        print(f"export PATH={bin_dir}:$PATH   # kubectl {os.path.basename(str(bin_dir))}")
+        print("# Ctrl-C stops the cluster and removes its state.", flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tether",
+        description="Tether: a Kubernetes control plane for long-running worker jobs.",
+    )
+    parser.add_argument("--version", action="version", version=f"tether {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    dev = sub.add_parser("dev", help="development helpers (local control plane)")
+    dev_sub = dev.add_subparsers(dest="dev_command", metavar="DEV_COMMAND")
+    cl = dev_sub.add_parser("cluster", help="start a local control plane and print its KUBECONFIG")
+    cl.add_argument("--state-dir", help="where certificates, etcd data and logs go (default ./.tether/cluster)")
+    cl.set_defaults(func=_dev_cluster)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and the process kubelet.
+
+Binaries come from `hack/build-control-plane.sh` (built from Go modules and
+cached) or from a directory named by TETHER_CONTROL_PLANE_BIN.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tether.devcluster import pki
+from tether.kube import config as kubeconfig
+from tether.devcluster.processes import free_port, spawn, terminate, wait_for
+
+NODE_NAME = "tether-node-0"
+
+
+def repo_root() -> Path | None:
+    """The source checkout, when running from one (the build script lives there)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "hack" / "build-control-plane.sh").exists():
+            return parent
+    return None
+
+
+def resolve_binaries() -> Path:
+    """Returns the binary directory, building the control plane if needed."""
+    explicit = os.environ.get("TETHER_CONTROL_PLANE_BIN") or os.environ.get("KUBEBUILDER_ASSETS")
+    if explicit:
+        return Path(explicit)
+    root = repo_root()
+    if root is None:
+        raise RuntimeError(
+            "no control-plane binaries: set TETHER_CONTROL_PLANE_BIN to a directory with "
+            "etcd, kube-apiserver, kube-controller-manager and kube-scheduler"
+        )
+    out = subprocess.run(
+        ["bash", str(root / "hack" / "build-control-plane.sh")],
+        check=True, stdout=subprocess.PIPE, text=True,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class LocalCluster:
+    """Starts and stops one control plane. Use as a context manager."""
+
+    bin_dir: Path
+    state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tether-cluster-")))
+    with_kubelet: bool = True
+    keep_state: bool = False
+    server: str = ""
+    kubeconfig: Path = Path()
+    startup_seconds: float = 0.0
+    _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    # --- lifecycle -------------------------------------------------------
+
+    def __enter__(self) -> "LocalCluster":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        began = time.monotonic()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = self.state_dir / "logs"
+        self.log_dir.mkdir(exist_ok=True)
+        pki_dir = self.state_dir / "pki"
+        pki_dir.mkdir(exist_ok=True)
+        ca = pki.CertificateAuthority(pki_dir)
+        self.ca = ca.pair
+        serving = ca.issue("apiserver", "kube-apiserver", server=True)
+        self.admin = ca.issue("admin", "tether-admin", ("system:masters",))
+        sa_key = pki.write_service_account_key(pki_dir / "sa.key")
+
+        etcd_url = self._start_etcd()
+        port = free_port()
+        self.server = f"https://127.0.0.1:{port}"
+        self._spawn("kube-apiserver", [
+            str(self.bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={pki_dir}",
+            f"--tls-cert-file={serving.cert}",
+            f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={self.ca.cert}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={sa_key}",
+            f"--service-account-signing-key-file={sa_key}",
+            "--api-audiences=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            # The "kubernetes" Service endpoints would point at loopback, which
+            # the endpoint reconciler refuses; nothing here needs them.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+        ])
+        self.kubeconfig = self.write_kubeconfig(self.state_dir / "kubeconfig", self.admin, "tether-admin")
+        wait_for(self._ready, timeout=120, what="kube-apiserver /readyz")
+
+        kcm = ca.issue("kube-controller-manager", "system:kube-controller-manager")
+        kcm_cfg = self.write_kubeconfig(self.state_dir / "kcm.kubeconfig", kcm, "kcm")
+        self._spawn("kube-controller-manager", [
+            str(self.bin_dir / "kube-controller-manager"),
+            f"--kubeconfig={kcm_cfg}",
+            f"--authentication-kubeconfig={kcm_cfg}",
+            f"--authorization-kubeconfig={kcm_cfg}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={pki_dir / 'kcm'}",
+            "--controllers=*",
+            "--use-service-account-credentials=true",
+            f"--root-ca-file={self.ca.cert}",
+            f"--service-account-private-key-file={sa_key}",
+            "--cluster-cidr=10.1.0.0/16",
+            "--v=1",
+        ])
+        sched = ca.issue("kube-scheduler", "system:kube-scheduler")
+        sched_cfg = self.write_kubeconfig(self.state_dir / "scheduler.kubeconfig", sched, "scheduler")
+        self._spawn("kube-scheduler", [
+            str(self.bin_dir / "kube-scheduler"),
+            f"--kubeconfig={sched_cfg}",
+            f"--authentication-kubeconfig={sched_cfg}",
+            f"--authorization-kubeconfig={sched_cfg}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={pki_dir / 'scheduler'}",
+            "--v=1",
+        ])
+        if self.with_kubelet:
+            self._spawn("process-kubelet", [
+                sys.executable, "-m", "tether.devcluster.kubelet",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--node-name={NODE_NAME}",
+                f"--work-dir={self.state_dir / 'pods'}",
+            ])
+        # The cluster is usable once the controller manager mints service
+        # accounts (pods need them) and, with a kubelet, the node is Ready.
+        wait_for(lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200,
+                 timeout=120, what="the default service account (kube-controller-manager)")
+        if self.with_kubelet:
+            wait_for(self._node_ready, timeout=60, what=f"node {NODE_NAME} Ready")
+        self.startup_seconds = time.monotonic() - began
+
+    def stop(self) -> None:
+        for _, proc in reversed(self._procs):
+            terminate(proc)
+        self._procs.clear()
+        if not self.keep_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        for name, proc in self._procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; see {self.log_dir / name}.log")
+
+    # --- helpers ---------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        self._procs.append((name, spawn(argv, log_path=self.log_dir / f"{name}.log")))
+
+    def _start_etcd(self) -> str:
+        client, peer = free_port(), free_port()
+        client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+        self._spawn("etcd", [
+            str(self.bin_dir / "etcd"),
+            "--name=tether",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=tether={peer_url}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ])
+        wait_for(lambda: httpx.get(f"{client_url}/health", timeout=2).status_code == 200,
+                 timeout=60, what="etcd /health")
+        return client_url
+
+    def client(self, timeout: float = 10.0) -> httpx.Client:
+        """An admin (system:masters) client."""
+        return kubeconfig.from_kubeconfig(self.kubeconfig).sync_client(timeout=timeout)
+
+    def _get(self, path: str) -> httpx.Response:
+        self.check_alive()
+        with self.client(timeout=5) as c:
+            return c.get(path)
+
+    def _ready(self) -> bool:
+        return self._get("/readyz").status_code == 200
+
+    def _node_ready(self) -> bool:
+        resp = self._get(f"/api/v1/nodes/{NODE_NAME}")
+        if resp.status_code != 200:
+            return False
+        conds = resp.json().get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+    def write_kubeconfig(self, path: Path, creds: pki.CertPair, user: str, server: str | None = None) -> Path:
+        b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "tether-dev", "cluster": {
+                "server": server or self.server,
+                "certificate-authority-data": b64(self.ca.cert_pem()),
+            }}],
+            "users": [{"name": user, "user": {
+                "client-certificate-data": b64(creds.cert_pem()),
+                "client-key-data": b64(creds.key_pem()),
+            }}],
+            "contexts": [{"name": "tether-dev", "context": {"cluster": "tether-dev", "user": user}}],
+            "current-context": "tether-dev",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path

@@ -1,0 +1,399 @@
+"""The process kubelet: a test-only node agent that runs pods as local processes.
+
+There is no container runtime here. For each pod bound to its node it runs
+the first container's command as a local process with the pod's environment
+and a real service-account token (TokenRequest, bound to the pod), and
+reports phase, container state and exit code back like a kubelet would. A
+pod's process sees a kubeconfig through $KUBECONFIG, so any Kubernetes client
+finds the API server with the pod's own identity and RBAC.
+
+Dev feature: the pod annotation `dev.tether.dev/api-server` points that
+kubeconfig at another address (tests put a TCP proxy there to cut a worker
+off from the API server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import yaml
+
+from tether.devcluster.processes import _die_with_parent
+from tether.kube import config as kubeconfig
+
+log = logging.getLogger("process-kubelet")
+
+API_SERVER_ANNOTATION = "dev.tether.dev/api-server"
+NODE_HEARTBEAT_SECONDS = 10
+TOKEN_SECONDS = 3600
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class PodProcess:
+    uid: str
+    namespace: str
+    name: str
+    proc: asyncio.subprocess.Process | None = None
+    waiter: asyncio.Task[None] | None = None
+    killing: bool = False
+    restarts: int = 0
+    started_at: str = ""
+
+
+class ProcessKubelet:
+    def __init__(self, cfg: kubeconfig.KubeConfig, node: str, work_dir: Path, ca_pem: bytes) -> None:
+        self.cfg = cfg
+        self.node = node
+        self.work_dir = work_dir
+        self.ca_pem = ca_pem
+        self.pods: dict[str, PodProcess] = {}
+        self.client = cfg.async_client(timeout=30)
+
+    # --- node ------------------------------------------------------------
+
+    def _node_status(self) -> dict[str, Any]:
+        now = _now()
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "process kubelet is posting ready status",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}
+        capacity = {"cpu": "1000", "memory": "1Ti", "pods": "10000", "ephemeral-storage": "1Ti"}
+        return {
+            "capacity": capacity, "allocatable": capacity, "conditions": [ready],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                          {"type": "Hostname", "address": self.node}],
+            "nodeInfo": {"kubeletVersion": "v0.0.0-process-kubelet", "architecture": "amd64",
+                         "operatingSystem": "linux", "containerRuntimeVersion": "process://",
+                         "kernelVersion": "", "osImage": "", "kubeProxyVersion": "",
+                         "machineID": "", "systemUUID": "", "bootID": ""},
+        }
+
+    async def register(self) -> None:
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node,
+                                                           "kubernetes.io/os": "linux",
+                                                           "type": "process-kubelet"}}}
+        resp = await self.client.post("/api/v1/nodes", json=body)
+        if resp.status_code not in (201, 409):
+            resp.raise_for_status()
+        await self.post_node_status()
+
+    async def post_node_status(self) -> None:
+        resp = await self.client.patch(
+            f"/api/v1/nodes/{self.node}/status", json={"status": self._node_status()},
+            headers={"Content-Type": "application/merge-patch+json"})
+        resp.raise_for_status()
+        lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.node}"
+        spec = {"holderIdentity": self.node, "leaseDurationSeconds": 40,
+                "renewTime": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+        resp = await self.client.patch(lease_path, json={"spec": spec},
+                                       headers={"Content-Type": "application/merge-patch+json"})
+        if resp.status_code == 404:
+            await self.client.post("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                                   json={"metadata": {"name": self.node}, "spec": spec})
+
+    async def node_heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(NODE_HEARTBEAT_SECONDS)
+            try:
+                await self.post_node_status()
+            except httpx.HTTPError as exc:
+                log.warning("node heartbeat failed: %s", exc)
+
+    # --- pods ------------------------------------------------------------
+
+    async def watch_pods(self) -> None:
+        selector = {"fieldSelector": f"spec.nodeName={self.node}"}
+        while True:
+            try:
+                resp = await self.client.get("/api/v1/pods", params=selector)
+                resp.raise_for_status()
+                listing = resp.json()
+                seen = set()
+                for pod in listing["items"]:
+                    seen.add(pod["metadata"]["uid"])
+                    await self.reconcile(pod)
+                for uid in list(self.pods):
+                    if uid not in seen:
+                        await self.forget(uid)
+                rv = listing["metadata"]["resourceVersion"]
+                params = {**selector, "watch": "1", "resourceVersion": rv,
+                          "allowWatchBookmarks": "true", "timeoutSeconds": "300"}
+                async with self.client.stream("GET", "/api/v1/pods", params=params,
+                                              timeout=httpx.Timeout(30, read=330)) as stream:
+                    async for line in stream.aiter_lines():
+                        if not line:
+                            continue
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            break
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        pod = event["object"]
+                        if event["type"] == "DELETED":
+                            await self.forget(pod["metadata"]["uid"])
+                        else:
+                            await self.reconcile(pod)
+            except (httpx.HTTPError, json.JSONDecodeError) as exc:
+                log.warning("pod watch interrupted: %s", exc)
+                await asyncio.sleep(1)
+
+    async def reconcile(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        known = self.pods.get(uid)
+        if meta.get("deletionTimestamp"):
+            if known is None or not known.killing:
+                grace = meta.get("deletionGracePeriodSeconds", 30)
+                asyncio.create_task(self.kill_and_remove(pod, grace))
+            return
+        if known is None and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            entry = PodProcess(uid=uid, namespace=meta["namespace"], name=meta["name"])
+            self.pods[uid] = entry
+            asyncio.create_task(self.start(pod, entry))
+
+    async def forget(self, uid: str) -> None:
+        entry = self.pods.pop(uid, None)
+        if entry is not None and entry.proc is not None and entry.proc.returncode is None:
+            _signal_group(entry.proc.pid, signal.SIGKILL)
+
+    async def kill_and_remove(self, pod: dict[str, Any], grace: int) -> None:
+        meta = pod["metadata"]
+        entry = self.pods.get(meta["uid"])
+        if entry is not None:
+            entry.killing = True
+            if entry.proc is not None and entry.proc.returncode is None:
+                _signal_group(entry.proc.pid, signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(asyncio.shield(entry.proc.wait()), timeout=max(grace, 0))
+                except asyncio.TimeoutError:
+                    pass
+                _signal_group(entry.proc.pid, signal.SIGKILL)
+                await entry.proc.wait()
+        # The kubelet makes the final, immediate delete once the process is gone.
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                "preconditions": {"uid": meta["uid"]}}
+        await self.client.request("DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                                  json=body)
+        self.pods.pop(meta["uid"], None)
+
+    async def _resolve_env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        ns = pod["metadata"]["namespace"]
+        env: dict[str, str] = {}
+        for item in container.get("env", []) or []:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+                continue
+            src = item.get("valueFrom", {})
+            if "fieldRef" in src:
+                env[item["name"]] = _field_ref(pod, src["fieldRef"]["fieldPath"])
+            elif "secretKeyRef" in src or "configMapKeyRef" in src:
+                kind, ref = ("secrets", src["secretKeyRef"]) if "secretKeyRef" in src else ("configmaps", src["configMapKeyRef"])
+                resp = await self.client.get(f"/api/v1/namespaces/{ns}/{kind}/{ref['name']}")
+                resp.raise_for_status()
+                data = resp.json().get("data", {})
+                value = data.get(ref["key"], "")
+                env[item["name"]] = base64.b64decode(value).decode() if kind == "secrets" else value
+        return env
+
+    async def _write_credentials(self, pod: dict[str, Any], pod_dir: Path) -> Path | None:
+        spec, meta = pod["spec"], pod["metadata"]
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        sa = spec.get("serviceAccountName") or "default"
+        req = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+               "spec": {"expirationSeconds": TOKEN_SECONDS,
+                        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
+                                           "name": meta["name"], "uid": meta["uid"]}}}
+        resp = await self.client.post(
+            f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{sa}/token", json=req)
+        resp.raise_for_status()
+        sa_dir = pod_dir / "serviceaccount"
+        sa_dir.mkdir(parents=True, exist_ok=True)
+        (sa_dir / "token").write_text(resp.json()["status"]["token"])
+        (sa_dir / "ca.crt").write_bytes(self.ca_pem)
+        (sa_dir / "namespace").write_text(meta["namespace"])
+        server = meta.get("annotations", {}).get(API_SERVER_ANNOTATION, self.cfg.server)
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+            "clusters": [{"name": "pod", "cluster": {
+                "server": server, "certificate-authority": str(sa_dir / "ca.crt")}}],
+            "users": [{"name": "pod", "user": {"tokenFile": str(sa_dir / "token")}}],
+            "contexts": [{"name": "pod", "context": {"cluster": "pod", "user": "pod",
+                                                     "namespace": meta["namespace"]}}],
+        }
+        path = pod_dir / "kubeconfig"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    async def start(self, pod: dict[str, Any], entry: PodProcess) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        container = spec["containers"][0]
+        argv = list(container.get("command") or []) + list(container.get("args") or [])
+        if not argv:
+            await self.set_status(pod, entry, phase="Failed", exit_code=127,
+                                  message="the process kubelet needs container[0].command")
+            return
+        pod_dir = self.work_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV")
+                   if k in os.environ}
+            server = urlparse(self.cfg.server)
+            env.update({"HOME": str(pod_dir), "HOSTNAME": meta["name"],
+                        "KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
+                        "KUBERNETES_SERVICE_PORT": str(server.port or 443)})
+            kubecfg = await self._write_credentials(pod, pod_dir)
+            if kubecfg is not None:
+                env["KUBECONFIG"] = str(kubecfg)
+            env.update(await self._resolve_env(pod, container))
+        except httpx.HTTPError as exc:
+            await self.set_status(pod, entry, phase="Failed", exit_code=128,
+                                  message=f"could not prepare the pod: {exc}")
+            return
+        await self._run(pod, entry, argv, env, pod_dir)
+
+    async def _run(self, pod: dict[str, Any], entry: PodProcess, argv: list[str],
+                   env: dict[str, str], pod_dir: Path) -> None:
+        restart_policy = pod["spec"].get("restartPolicy", "Always")
+        while True:
+            logfile = open(pod_dir / "container.log", "ab")
+            try:
+                entry.proc = await asyncio.create_subprocess_exec(
+                    *argv, env=env, cwd=str(pod_dir), stdin=asyncio.subprocess.DEVNULL,
+                    stdout=logfile, stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=_die_with_parent)
+            except OSError as exc:
+                logfile.close()
+                await self.set_status(pod, entry, phase="Failed", exit_code=127, message=str(exc))
+                return
+            finally:
+                if not logfile.closed:
+                    logfile.close()
+            entry.started_at = _now()
+            log.info("started %s/%s pid=%s", entry.namespace, entry.name, entry.proc.pid)
+            await self.set_status(pod, entry, phase="Running")
+            rc = await entry.proc.wait()
+            code = rc if rc >= 0 else 128 - rc
+            log.info("%s/%s exited with %s", entry.namespace, entry.name, code)
+            if entry.killing or entry.uid not in self.pods:
+                return
+            again = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
+            if not again:
+                await self.set_status(pod, entry, phase="Succeeded" if code == 0 else "Failed",
+                                      exit_code=code)
+                return
+            entry.restarts += 1
+            await asyncio.sleep(min(10, 2 ** entry.restarts))
+
+    async def set_status(self, pod: dict[str, Any], entry: PodProcess, phase: str,
+                         exit_code: int | None = None, message: str = "") -> None:
+        meta, container = pod["metadata"], pod["spec"]["containers"][0]
+        now = _now()
+        running = phase == "Running"
+        if running:
+            state: dict[str, Any] = {"running": {"startedAt": entry.started_at}}
+        else:
+            state = {"terminated": {"exitCode": exit_code, "startedAt": entry.started_at or now,
+                                    "finishedAt": now, "message": message,
+                                    "reason": "Completed" if exit_code == 0 else "Error"}}
+        ready = "True" if running else "False"
+        status = {
+            "phase": phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}], "startTime": pod.get("status", {}).get("startTime") or now,
+            "message": message or None,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
+                {"type": "Ready", "status": ready, "lastTransitionTime": now},
+            ],
+            "containerStatuses": [{
+                "name": container["name"], "image": container.get("image", ""), "imageID": "",
+                "containerID": f"process://{entry.proc.pid if entry.proc else 0}",
+                "ready": running, "started": running, "restartCount": entry.restarts, "state": state,
+            }],
+        }
+        resp = await self.client.patch(
+            f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+            json={"status": status}, headers={"Content-Type": "application/merge-patch+json"})
+        if resp.status_code >= 400 and resp.status_code != 404:
+            log.warning("status update of %s/%s failed: %s %s", meta["namespace"], meta["name"],
+                        resp.status_code, resp.text[:300])
+
+    async def shutdown(self) -> None:
+        for entry in self.pods.values():
+            if entry.proc is not None and entry.proc.returncode is None:
+                _signal_group(entry.proc.pid, signal.SIGKILL)
+
+
+def _field_ref(pod: dict[str, Any], path: str) -> str:
+    meta, spec = pod["metadata"], pod["spec"]
+    simple = {
+        "metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta["uid"], "spec.nodeName": spec.get("nodeName", ""),
+        "spec.serviceAccountName": spec.get("serviceAccountName", ""),
+        "status.podIP": "127.0.0.1", "status.hostIP": "127.0.0.1",
+    }
+    if path in simple:
+        return simple[path]
+    for prefix, source in (("metadata.labels", "labels"), ("metadata.annotations", "annotations")):
+        if path.startswith(prefix + "["):
+            key = path[len(prefix) + 1:-1].strip("'\"")
+            return str(meta.get(source, {}).get(key, ""))
+    return ""
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _amain(args: argparse.Namespace) -> None:
+    cfg = kubeconfig.load(args.kubeconfig)
+    doc = yaml.safe_load(Path(args.kubeconfig).read_text())
+    ca_pem = base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"])
+    kubelet = ProcessKubelet(cfg, args.node_name, Path(args.work_dir), ca_pem)
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    await kubelet.register()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(kubelet.node_heartbeat()), asyncio.create_task(kubelet.watch_pods())]
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    await kubelet.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Run pods bound to one node as local processes (tests only).")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--node-name", required=True)
+    parser.add_argument("--work-dir", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(_amain(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Test plumbing: one shared control plane per test run, one namespace per test.
+
+The controlling pytest process (the xdist controller, or the only process)
+starts the local control plane in pytest_configure and hands its kubeconfig
+to the workers through the environment. TETHER_TEST_KUBECONFIG points the
+suite at any other cluster instead (for example kind). Tests under
+tests/unit are marked `unit` and need no cluster: `pytest -m unit`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from tests.support.kube import Kube, eventually
+
+ROOT = Path(__file__).resolve().parent.parent
+_cluster = None
+
+
+def _wants_cluster(config: pytest.Config) -> bool:
+    if (config.getoption("markexpr") or "").strip() == "unit":
+        return False
+    args = [a for a in config.args if not a.startswith("-")]
+    return not args or any("unit" not in Path(a).parts for a in args)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _cluster
+    if hasattr(config, "workerinput") or os.environ.get("TETHER_TEST_KUBECONFIG"):
+        return
+    if not _wants_cluster(config) or config.option.collectonly:
+        return
+    from tether.devcluster.controlplane import LocalCluster, resolve_binaries
+    from tether.devcluster.crds import install_crds
+
+    bin_dir = resolve_binaries()
+    _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")))
+    _cluster.__enter__()
+    with _cluster.client() as client:
+        install_crds(client)
+    os.environ["TETHER_TEST_KUBECONFIG"] = str(_cluster.kubeconfig)
+    os.environ["TETHER_TEST_BIN_DIR"] = str(bin_dir)
+    os.environ["TETHER_TEST_STATE_DIR"] = str(_cluster.state_dir)
+    config.stash[_startup_key] = _cluster.startup_seconds
+
+
+_startup_key = pytest.StashKey[float]()
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if _startup_key in config.stash:
+        return f"tether: local control plane at {_cluster.server} started in {config.stash[_startup_key]:.1f}s"  # type: ignore[union-attr]
+    return None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _cluster
+    if _cluster is not None:
+        _cluster.__exit__(None, None, None)
+        _cluster = None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "unit" in Path(str(item.fspath)).relative_to(ROOT).parts:
+            item.add_marker(pytest.mark.unit)
+        else:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def kube() -> Kube:
+    path = os.environ.get("TETHER_TEST_KUBECONFIG")
+    if not path:
+        pytest.fail("no cluster: run the suite through `make test`, or set TETHER_TEST_KUBECONFIG")
+    return Kube(path)
+
+
+@pytest.fixture(scope="session")
+def bin_dir() -> Path:
+    """Where kubectl and the control-plane binaries are."""
+    return Path(os.environ["TETHER_TEST_BIN_DIR"])
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, with its default service account ready."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{stem}-{uuid.uuid4().hex[:5]}"
+    kube.ok(kube.post("/api/v1/namespaces", {"metadata": {"name": name, "labels": {"tether.dev/test": "true"}}}))
+    eventually(lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200,
+               timeout=60, what=f"default service account in {name}")
+    yield name
+    kube.delete(f"/api/v1/namespaces/{name}")

@@ -1,0 +1,69 @@
+"""A small synchronous Kubernetes client for tests (admin credentials)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, TypeVar
+
+import httpx
+
+from tether.kube import config as kubeconfig
+
+T = TypeVar("T")
+
+GROUP = "/apis/tether.dev/v1alpha1"
+
+
+class Kube:
+    def __init__(self, kubeconfig_path: str) -> None:
+        self.kubeconfig_path = kubeconfig_path
+        self.config = kubeconfig.load(kubeconfig_path)
+        self.http = self.config.sync_client(timeout=30)
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        return self.http.request(method, path, **kw)
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return self.http.get(path, **kw)
+
+    def post(self, path: str, body: dict[str, Any], **kw: Any) -> httpx.Response:
+        return self.http.post(path, json=body, **kw)
+
+    def put(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return self.http.put(path, json=body)
+
+    def delete(self, path: str, **kw: Any) -> httpx.Response:
+        return self.http.request("DELETE", path, **kw)
+
+    def patch(self, path: str, body: Any, kind: str = "merge") -> httpx.Response:
+        content_type = {
+            "merge": "application/merge-patch+json",
+            "json": "application/json-patch+json",
+            "strategic": "application/strategic-merge-patch+json",
+        }[kind]
+        return self.http.patch(path, json=body, headers={"Content-Type": content_type})
+
+    def ok(self, resp: httpx.Response) -> dict[str, Any]:
+        assert resp.status_code < 300, f"{resp.request.method} {resp.request.url}: {resp.status_code} {resp.text}"
+        return resp.json()
+
+    @staticmethod
+    def wr_path(ns: str, name: str = "") -> str:
+        return f"{GROUP}/namespaces/{ns}/workerruns" + (f"/{name}" if name else "")
+
+
+def eventually(fn: Callable[[], T], timeout: float = 30, interval: float = 0.2, what: str = "condition") -> T:
+    """Polls `fn` until it returns a truthy value; fails the test with the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = fn()
+        except AssertionError as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+        time.sleep(interval)
