@@ -1,0 +1,76 @@
+"""Condition helpers: kstatus-compatible, lastTransitionTime kept when the status did not change."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from tether.api import constants as c
+from tether.api.models import Condition, Phase
+
+Status = Literal["True", "False", "Unknown"]
+
+FAILURE_PHASES = frozenset({Phase.FAILED, Phase.LOST, Phase.CANCELLED, Phase.BUDGET_EXCEEDED,
+                            Phase.DEADLINE_EXCEEDED})
+
+
+def set_condition(conditions: list[Condition], type_: str, status: Status, reason: str, message: str,
+                  generation: int, now: dt.datetime) -> list[Condition]:
+    """Returns a new list with `type_` set; its lastTransitionTime moves only when status changes."""
+    out: list[Condition] = []
+    found = False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        found = True
+        changed = cond.status != status
+        out.append(Condition(type=type_, status=status, reason=reason, message=message,
+                             observed_generation=generation,
+                             last_transition_time=now if changed else cond.last_transition_time))
+    if not found:
+        out.append(Condition(type=type_, status=status, reason=reason, message=message,
+                             observed_generation=generation, last_transition_time=now))
+    return out
+
+
+def remove_condition(conditions: list[Condition], type_: str) -> list[Condition]:
+    return [cond for cond in conditions if cond.type != type_]
+
+
+def get_condition(conditions: list[Condition], type_: str) -> Condition | None:
+    return next((cond for cond in conditions if cond.type == type_), None)
+
+
+def phase_conditions(conditions: list[Condition], phase: Phase, holder: str | None, message: str,
+                     generation: int, now: dt.datetime, lease_reason: str = "") -> list[Condition]:
+    """The standard conditions for a phase.
+
+    kstatus reads Reconciling/Stalled/Ready; Succeeded and Failed follow the Job
+    controller (present once true); LeaseHeld tells whether anybody may execute.
+    """
+    conds = list(conditions)
+    p = phase.value
+    if phase == Phase.SUCCEEDED:
+        conds = set_condition(conds, c.COND_READY, "True", p, message, generation, now)
+        conds = set_condition(conds, c.COND_RECONCILING, "False", p, message, generation, now)
+        conds = set_condition(conds, c.COND_STALLED, "False", p, message, generation, now)
+        conds = set_condition(conds, c.COND_SUCCEEDED, "True", p, message, generation, now)
+    elif phase in FAILURE_PHASES:
+        conds = set_condition(conds, c.COND_READY, "False", p, message, generation, now)
+        conds = set_condition(conds, c.COND_RECONCILING, "False", p, message, generation, now)
+        conds = set_condition(conds, c.COND_STALLED, "True", p, message, generation, now)
+        conds = set_condition(conds, c.COND_FAILED, "True", p, message, generation, now)
+    else:
+        working = phase != Phase.SUSPENDED
+        conds = set_condition(conds, c.COND_READY, "False", p, message, generation, now)
+        conds = set_condition(conds, c.COND_RECONCILING, "True" if working else "False", p, message,
+                              generation, now)
+        conds = set_condition(conds, c.COND_STALLED, "False", p, message, generation, now)
+    if holder:
+        conds = set_condition(conds, c.COND_LEASE_HELD, "True", lease_reason or "AttemptStarted",
+                              f"{holder} holds the lease", generation, now)
+    else:
+        conds = set_condition(conds, c.COND_LEASE_HELD, "False", lease_reason or "NoHolder",
+                              "nobody may execute the run now", generation, now)
+    return conds

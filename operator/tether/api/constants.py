@@ -1,0 +1,52 @@
+"""Names shared by the operator, the worker SDK and tools: labels, annotations, env, conditions."""
+
+from __future__ import annotations
+
+PREFIX = "tether.dev"
+
+# Labels on Leases and Pods that belong to a run.
+LABEL_RUN = f"{PREFIX}/run"
+LABEL_ATTEMPT = f"{PREFIX}/attempt"
+# Pods carry this finalizer so that Tether sees every attempt's end, even a deleted pod's
+# (the Kubernetes Job controller tracks its pods the same way).
+POD_FINALIZER = f"{PREFIX}/attempt-tracking"
+
+# Lease annotations written by the worker on each heartbeat (one write carries all).
+ANN_CHECKPOINT = f"{PREFIX}/checkpoint"
+ANN_USAGE = f"{PREFIX}/usage"
+# Lease annotation written by the operator: the fence the lease was granted with.
+ANN_FENCE = f"{PREFIX}/fence"
+
+# Environment the operator gives a worker pod.
+ENV_RUN = "TETHER_RUN"
+ENV_NAMESPACE = "TETHER_NAMESPACE"
+ENV_HOLDER = "TETHER_HOLDER"
+ENV_FENCE = "TETHER_FENCE"
+ENV_ATTEMPT = "TETHER_ATTEMPT"
+ENV_LEASE_DURATION = "TETHER_LEASE_DURATION_SECONDS"
+ENV_RENEW_INTERVAL = "TETHER_RENEW_INTERVAL_SECONDS"
+ENV_PAYLOAD = "TETHER_PAYLOAD"
+ENV_CHECKPOINT = "TETHER_CHECKPOINT"
+ENV_IDEMPOTENCY_KEY = "TETHER_IDEMPOTENCY_KEY"
+
+# Condition types.
+COND_READY = "Ready"
+COND_RECONCILING = "Reconciling"
+COND_STALLED = "Stalled"
+COND_SUCCEEDED = "Succeeded"
+COND_FAILED = "Failed"
+COND_ADMITTED = "Admitted"
+COND_LEASE_HELD = "LeaseHeld"
+
+# Event reasons (CamelCase, one per change).
+EV_ATTEMPT_STARTED = "AttemptStarted"
+EV_LEASE_RENEWED = "LeaseRenewed"
+EV_LEASE_LOST = "LeaseLost"
+EV_ATTEMPT_ENDED = "AttemptEnded"
+EV_RESULT_REJECTED = "ResultRejected"
+EV_SUCCEEDED = "Succeeded"
+EV_FAILED = "Failed"
+EV_CANCELLED = "Cancelled"
+EV_DEADLINE_EXCEEDED = "DeadlineExceeded"
+EV_BACKOFF = "BackoffStarted"
+EV_SUSPENDED = "Suspended"

@@ -1,0 +1,210 @@
+"""pydantic models of the WorkerRun API; they mirror crds/workerruns.tether.dev.yaml.
+
+tests/unit/test_models_match_crd.py proves that both describe the same fields.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "tether.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+PLURAL = "workerruns"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def dump(self) -> dict[str, Any]:
+        """JSON-ready dict with API field names, without unset optionals."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class Phase(str, Enum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    BACKOFF = "Backoff"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    LOST = "Lost"
+    CANCELLED = "Cancelled"
+    BUDGET_EXCEEDED = "BudgetExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_PHASES
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.LOST, Phase.CANCELLED,
+                             Phase.BUDGET_EXCEEDED, Phase.DEADLINE_EXCEEDED})
+
+
+class Outcome(str, Enum):
+    """How one attempt ended."""
+
+    SUCCEEDED = "Succeeded"
+    WORKER_FAILED = "WorkerFailed"
+    POD_FAILED = "PodFailed"
+    POD_VANISHED = "PodVanished"
+    LEASE_LOST = "LeaseLost"
+    STALLED = "Stalled"
+    CANCELLED = "Cancelled"
+    BUDGET_EXCEEDED = "BudgetExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+
+
+# --- spec -------------------------------------------------------------------
+
+
+class LeaseSpec(_Model):
+    duration_seconds: int = 90
+    renew_interval_seconds: int = 30
+    startup_grace_seconds: int = 120
+
+
+class BackoffSpec(_Model):
+    initial_seconds: int = 10
+    max_seconds: int = 600
+    factor: float = 2.0
+
+
+class ExitCodeRule(_Model):
+    operator: Literal["In", "NotIn"]
+    values: list[int]
+
+
+class RetryRule(_Model):
+    action: Literal["Retry", "FailRun"]
+    on_exit_codes: ExitCodeRule | None = None
+    on_reasons: list[Outcome] | None = None
+
+
+class RetrySpec(_Model):
+    max_attempts: int = 3
+    backoff: BackoffSpec = Field(default_factory=BackoffSpec)
+    rules: list[RetryRule] = Field(default_factory=list)
+
+
+class BudgetRef(_Model):
+    name: str
+
+
+class BudgetSpec(_Model):
+    cap_cents: int | None = None
+    max_tokens: int | None = None
+    budget_ref: BudgetRef | None = None
+
+
+class WorkerRunSpec(_Model):
+    executor: Literal["Pod", "External"] = "Pod"
+    template: dict[str, Any] | None = None
+    payload: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    lease: LeaseSpec = Field(default_factory=LeaseSpec)
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    budget: BudgetSpec | None = None
+    deadline_seconds: int | None = None
+    progress_deadline_seconds: int | None = None
+    suspend: bool = False
+    stop: bool = False
+    ttl_seconds_after_finished: int | None = None
+
+
+# --- status -----------------------------------------------------------------
+
+
+class Usage(_Model):
+    cents: int = 0
+    tokens: int = 0
+
+
+class Checkpoint(_Model):
+    cursor: str
+    time: dt.datetime | None = None
+
+
+class AttemptRecord(_Model):
+    attempt: int
+    fence: int
+    holder: str | None = None
+    pod: str | None = None
+    started_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    usage: Usage | None = None
+
+
+class ErrorInfo(_Model):
+    code: str | None = None
+    message: str | None = None
+
+
+class Condition(_Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str | None = None
+    observed_generation: int | None = None
+    last_transition_time: dt.datetime
+
+
+class WorkerRunStatus(_Model):
+    observed_generation: int | None = None
+    phase: Phase | None = None
+    attempt: int = 0
+    fence: int = 0
+    holder: str | None = None
+    last_renew_time: dt.datetime | None = None
+    lease_expires_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    ends_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    next_attempt_at: dt.datetime | None = None
+    checkpoint: Checkpoint | None = None
+    usage: Usage | None = None
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    result: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def current(self) -> AttemptRecord | None:
+        return self.attempts[-1] if self.attempts else None
+
+
+class ObjectMeta(_Model):
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int = 1
+    resource_version: str = ""
+    creation_timestamp: dt.datetime | None = None
+    deletion_timestamp: dt.datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class WorkerRun(_Model):
+    api_version: str = API_VERSION
+    kind: str = "WorkerRun"
+    metadata: ObjectMeta
+    spec: WorkerRunSpec
+    status: WorkerRunStatus = Field(default_factory=WorkerRunStatus)
+
+    @property
+    def key(self) -> str:
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.spec.idempotency_key or self.metadata.uid

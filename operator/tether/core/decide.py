@@ -1,0 +1,464 @@
+"""The pure heart of the operator: decide(observed) -> Decision.
+
+No I/O and no clock reads: the wall clock (`now`, for timestamps and
+deadlines) and the monotonic clock (`mono`, for lease lapses) come in with the
+observation. The Decision lists actions in the order they must run; the
+executor stops at the first failed status write and decides again from
+fresh observations, so every step is safe to repeat after a crash.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from tether.api import constants as c
+from tether.api.conditions import phase_conditions, set_condition
+from tether.api.models import (
+    AttemptRecord,
+    Checkpoint,
+    ErrorInfo,
+    Outcome,
+    Phase,
+    Usage,
+    WorkerRun,
+    WorkerRunStatus,
+)
+
+# A pod of an attempt that already ended is left this long to exit on its own
+# after success; failed or revoked attempts' pods are deleted at once.
+POD_EXIT_GRACE_SECONDS = 30.0
+
+
+# --- observations -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseObservation:
+    holder: str | None
+    fence: int | None
+    resource_version: str
+    # Monotonic time when this operator first saw the current resourceVersion
+    # (or wrote it). The worker's own timestamps are never used.
+    last_change: float
+    # Whether a resourceVersion written by the holder (not by the grant) was seen.
+    renewed: bool
+    checkpoint: str | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    name: str
+    attempt: int
+    phase: str
+    exit_code: int | None = None
+    deleting: bool = False
+    has_finalizer: bool = True
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Observed:
+    run: WorkerRun
+    lease: LeaseObservation | None
+    pods: tuple[PodObservation, ...]
+    now: dt.datetime
+    mono: float
+
+
+# --- actions ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    """Replace status with a resourceVersion precondition (compare-and-swap)."""
+
+    status: WorkerRunStatus
+    events: tuple[Event, ...] = ()
+    log: str = ""  # structured log event name, e.g. job_claimed
+
+
+@dataclass(frozen=True)
+class EnsureLease:
+    holder: str
+    fence: int
+    duration_seconds: int
+
+
+@dataclass(frozen=True)
+class ClearLease:
+    fence: int
+
+
+@dataclass(frozen=True)
+class EnsurePod:
+    name: str
+    attempt: int
+    fence: int
+    holder: str
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+
+
+@dataclass(frozen=True)
+class ReleasePod:
+    """Remove Tether's finalizer: the attempt's end is recorded."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class DeleteRun:
+    pass
+
+
+Action = WriteStatus | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
+
+
+@dataclass
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+    # Decide again after this many seconds even if nothing changes (None: only on change).
+    requeue_after: float | None = None
+
+    def wake(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+# --- helpers ----------------------------------------------------------------
+
+
+def holder_name(run: WorkerRun, attempt: int) -> str:
+    """Deterministic per attempt, so a retried grant adopts instead of duplicating."""
+    return f"{run.metadata.name}-a{attempt}"
+
+
+def lapse_deadline(run: WorkerRun, lease: LeaseObservation) -> float:
+    """Monotonic time at which the current holder's lease counts as lapsed."""
+    spec = run.spec.lease
+    renewed = lease.renewed or run.status.phase == Phase.RUNNING
+    if renewed:
+        return lease.last_change + spec.duration_seconds
+    return lease.last_change + max(spec.startup_grace_seconds, spec.duration_seconds)
+
+
+def backoff_seconds(run: WorkerRun, ended_attempts: int) -> float:
+    b = run.spec.retry.backoff
+    return float(min(b.max_seconds, b.initial_seconds * (b.factor ** max(ended_attempts - 1, 0))))
+
+
+def retry_allowed(run: WorkerRun, outcome: Outcome, exit_code: int | None) -> bool:
+    """First matching rule decides; without a match, failed attempts are retried."""
+    for rule in run.spec.retry.rules:
+        matched = False
+        if rule.on_reasons is not None:
+            matched = outcome in rule.on_reasons
+        elif rule.on_exit_codes is not None and exit_code is not None:
+            inside = exit_code in rule.on_exit_codes.values
+            matched = inside if rule.on_exit_codes.operator == "In" else not inside
+        if matched:
+            return rule.action == "Retry"
+    return True
+
+
+_TERMINAL_OUTCOMES = {
+    Outcome.SUCCEEDED: Phase.SUCCEEDED,
+    Outcome.CANCELLED: Phase.CANCELLED,
+    Outcome.BUDGET_EXCEEDED: Phase.BUDGET_EXCEEDED,
+    Outcome.DEADLINE_EXCEEDED: Phase.DEADLINE_EXCEEDED,
+}
+
+_OUTCOME_EVENT = {
+    Outcome.LEASE_LOST: (c.EV_LEASE_LOST, "heartbeat_lost"),
+    Outcome.SUCCEEDED: (c.EV_SUCCEEDED, "job_succeeded"),
+    Outcome.CANCELLED: (c.EV_CANCELLED, "job_cancelled"),
+    Outcome.DEADLINE_EXCEEDED: (c.EV_DEADLINE_EXCEEDED, "deadline_exceeded"),
+}
+
+
+class _Builder:
+    """Accumulates one status write for one decision."""
+
+    def __init__(self, o: Observed) -> None:
+        self.o = o
+        self.run = o.run
+        self.status = o.run.status.model_copy(deep=True)
+        self.events: list[Event] = []
+        self.log = ""
+
+    @property
+    def generation(self) -> int:
+        return self.run.metadata.generation
+
+    def set_phase(self, phase: Phase, message: str, lease_reason: str = "") -> None:
+        s = self.status
+        s.phase = phase
+        s.observed_generation = self.generation
+        s.conditions = phase_conditions(s.conditions, phase, s.holder, message, self.generation,
+                                        self.o.now, lease_reason)
+        if phase.terminal and s.finished_at is None:
+            s.finished_at = self.o.now
+
+    def write(self) -> WriteStatus:
+        return WriteStatus(status=self.status, events=tuple(self.events), log=self.log)
+
+    def end_attempt(self, outcome: Outcome, message: str, exit_code: int | None = None) -> None:
+        """Revocation: the fence moves first, so nothing the old holder writes is accepted."""
+        s, o = self.status, self.o
+        s.fence += 1
+        s.holder = None
+        s.lease_expires_at = None
+        cur = s.current()
+        if cur is not None and cur.outcome is None:
+            cur.outcome = outcome
+            cur.ended_at = o.now
+            cur.exit_code = exit_code
+            cur.message = message
+            if o.lease is not None and o.lease.usage is not None:
+                cur.usage = o.lease.usage
+        if o.lease is not None and o.lease.checkpoint and (
+                s.checkpoint is None or s.checkpoint.cursor != o.lease.checkpoint):
+            s.checkpoint = Checkpoint(cursor=o.lease.checkpoint, time=o.now)
+        reason, log = _OUTCOME_EVENT.get(outcome, (c.EV_ATTEMPT_ENDED, "attempt_ended"))
+        attempt = cur.attempt if cur else s.attempt
+        self.events.append(Event("Normal" if outcome == Outcome.SUCCEEDED else "Warning", reason,
+                                 f"attempt {attempt} ended: {outcome.value}: {message}"))
+        self.log = log
+
+    def finish_after(self, outcome: Outcome, message: str, exit_code: int | None) -> None:
+        """After an attempt ended: retry (Backoff) or end the run."""
+        s, run = self.status, self.run
+        terminal = _TERMINAL_OUTCOMES.get(outcome)
+        if terminal is not None:
+            self.set_phase(terminal, message, lease_reason=outcome.value)
+            if terminal == Phase.SUCCEEDED:
+                s.error = None
+            elif s.error is None:
+                s.error = ErrorInfo(code=outcome.value, message=message)
+            return
+        if not retry_allowed(run, outcome, exit_code):
+            self._fail(Phase.FAILED, f"retry rules end the run after {outcome.value}: {message}", outcome)
+            return
+        if s.attempt >= run.spec.retry.max_attempts:
+            phase = Phase.LOST if outcome == Outcome.LEASE_LOST else Phase.FAILED
+            self._fail(phase, f"{s.attempt} of {run.spec.retry.max_attempts} attempts used; last: "
+                              f"{outcome.value}: {message}", outcome)
+            return
+        delay = backoff_seconds(run, s.attempt)
+        s.next_attempt_at = self.o.now + dt.timedelta(seconds=delay)
+        self.set_phase(Phase.BACKOFF, f"attempt {s.attempt + 1} in {delay:g}s after {outcome.value}",
+                       lease_reason=outcome.value)
+        self.events.append(Event("Normal", c.EV_BACKOFF, f"next attempt in {delay:g}s"))
+
+    def _fail(self, phase: Phase, message: str, outcome: Outcome) -> None:
+        s = self.status
+        if s.error is None:
+            s.error = ErrorInfo(code=outcome.value, message=message)
+        self.set_phase(phase, message, lease_reason=outcome.value)
+        self.events.append(Event("Warning", phase.value, message))
+
+    def grant(self) -> tuple[str, int, int]:
+        s, o, run = self.status, self.o, self.run
+        attempt = s.attempt + 1
+        holder = holder_name(run, attempt)
+        s.fence += 1
+        s.attempt = attempt
+        s.holder = holder
+        s.next_attempt_at = None
+        s.error = None
+        s.last_renew_time = None
+        s.lease_expires_at = o.now + dt.timedelta(
+            seconds=max(run.spec.lease.startup_grace_seconds, run.spec.lease.duration_seconds))
+        if s.started_at is None:
+            s.started_at = o.now
+            if run.spec.deadline_seconds:
+                s.ends_at = o.now + dt.timedelta(seconds=run.spec.deadline_seconds)
+        pod = holder if run.spec.executor == "Pod" else None
+        s.attempts.append(AttemptRecord(attempt=attempt, fence=s.fence, holder=holder, pod=pod,
+                                        started_at=o.now))
+        # Keep the history bounded (the CRD allows 100 entries).
+        s.attempts = s.attempts[-100:]
+        self.set_phase(Phase.STARTING, f"attempt {attempt} granted to {holder} with fence {s.fence}")
+        self.events.append(Event("Normal", c.EV_ATTEMPT_STARTED,
+                                 f"attempt {attempt} granted to {holder} with fence {s.fence}"))
+        self.log = "job_claimed"
+        return holder, attempt, s.fence
+
+
+# --- the decision -----------------------------------------------------------
+
+
+def decide(o: Observed) -> Decision:
+    run, s = o.run, o.run.status
+    d = Decision()
+    if run.metadata.deletion_timestamp is not None:
+        return d
+    _housekeep_pods(o, d)
+
+    if s.phase is not None and s.phase.terminal:
+        if o.lease is not None and o.lease.holder is not None:
+            d.actions.append(ClearLease(fence=s.fence))  # a crash between status and lease writes
+        ttl = run.spec.ttl_seconds_after_finished
+        if ttl is not None and s.finished_at is not None:
+            due = (s.finished_at + dt.timedelta(seconds=ttl) - o.now).total_seconds()
+            if due <= 0:
+                d.actions.append(DeleteRun())
+            else:
+                d.wake(due)
+        return d
+
+    b = _Builder(o)
+    active = s.holder is not None
+    cur = s.current()
+
+    # Control fields and the whole-run deadline come first: they end the run whatever the worker does.
+    ending: tuple[Outcome, str] | None = None
+    if run.spec.stop:
+        ending = (Outcome.CANCELLED, "spec.stop is set")
+    elif s.ends_at is not None and o.now >= s.ends_at:
+        ending = (Outcome.DEADLINE_EXCEEDED, f"deadlineSeconds={run.spec.deadline_seconds} passed")
+    if ending is not None:
+        outcome, message = ending
+        if active:
+            b.end_attempt(outcome, message)
+        b.finish_after(outcome, message, None)
+        d.actions.append(b.write())
+        if active:
+            _revoke_followups(o, d, b.status.fence, cur)
+        return d
+    if s.ends_at is not None:
+        d.wake((s.ends_at - o.now).total_seconds())
+
+    if active and cur is not None:
+        _decide_active(o, b, d, cur)
+        return d
+
+    # Nobody holds the run: start an attempt unless something holds it back.
+    if run.spec.suspend:
+        if s.phase != Phase.SUSPENDED:
+            b.set_phase(Phase.SUSPENDED, "spec.suspend is set; no new attempt starts")
+            b.events.append(Event("Normal", c.EV_SUSPENDED, "run suspended"))
+            d.actions.append(b.write())
+        return d
+    if s.phase == Phase.BACKOFF and s.next_attempt_at is not None and o.now < s.next_attempt_at:
+        d.wake((s.next_attempt_at - o.now).total_seconds())
+        return d
+    if s.phase is None:
+        b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "True", "Admitted",
+                                            "run admitted", run.metadata.generation, o.now)
+    holder, attempt, fence = b.grant()
+    d.actions.append(b.write())
+    d.actions.append(EnsureLease(holder=holder, fence=fence, duration_seconds=run.spec.lease.duration_seconds))
+    if run.spec.executor == "Pod":
+        d.actions.append(EnsurePod(name=holder, attempt=attempt, fence=fence, holder=holder))
+    d.wake(max(run.spec.lease.startup_grace_seconds, run.spec.lease.duration_seconds))
+    return d
+
+
+def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) -> None:
+    run, s = o.run, o.run.status
+    assert s.holder is not None
+    pod = next((p for p in o.pods if p.attempt == cur.attempt), None)
+
+    ended: tuple[Outcome, str, int | None] | None = None
+    if s.result is not None:
+        ended = (Outcome.SUCCEEDED, "the holder published its result", None)
+    elif s.error is not None:
+        ended = (Outcome.WORKER_FAILED, f"{s.error.code or 'error'}: {s.error.message or ''}".strip(), None)
+    elif pod is not None and pod.deleting:
+        ended = (Outcome.POD_VANISHED, f"pod {pod.name} was deleted", None)
+    elif pod is not None and pod.terminated:
+        ended = (Outcome.POD_FAILED, f"pod {pod.name} exited with code {pod.exit_code} without a result",
+                 pod.exit_code)
+
+    lease_ok = (o.lease is not None and o.lease.holder == s.holder and o.lease.fence == s.fence)
+    if ended is None and lease_ok:
+        assert o.lease is not None
+        deadline = lapse_deadline(run, o.lease)
+        if o.mono >= deadline:
+            ended = (Outcome.LEASE_LOST, f"no renewal observed for {run.spec.lease.duration_seconds}s", None)
+        else:
+            d.wake(deadline - o.mono)
+
+    if ended is not None:
+        outcome, message, exit_code = ended
+        b.end_attempt(outcome, message, exit_code)
+        # The worker's error is kept in the attempt record; status.error describes the run,
+        # so it stays only if this failure ends the run.
+        b.status.error = None
+        b.finish_after(outcome, message, exit_code)
+        if outcome == Outcome.WORKER_FAILED and b.status.phase == Phase.FAILED:
+            b.status.error = s.error
+        d.actions.append(b.write())
+        _revoke_followups(o, d, b.status.fence, cur, keep_pod=outcome == Outcome.SUCCEEDED)
+        if b.status.phase == Phase.BACKOFF:
+            d.wake(0 if b.status.next_attempt_at is None else
+                   (b.status.next_attempt_at - o.now).total_seconds())
+        return
+
+    # Still held. Repair a grant interrupted by a crash (status written, lease or pod not).
+    if not lease_ok:
+        d.actions.append(EnsureLease(holder=s.holder, fence=s.fence,
+                                     duration_seconds=run.spec.lease.duration_seconds))
+    if run.spec.executor == "Pod" and pod is None:
+        d.actions.append(EnsurePod(name=cur.pod or s.holder, attempt=cur.attempt, fence=s.fence, holder=s.holder))
+    if not lease_ok:
+        d.wake(1.0)
+        return
+
+    assert o.lease is not None
+    if s.phase != Phase.RUNNING and o.lease.renewed:
+        b.status.last_renew_time = o.now
+        b.status.lease_expires_at = o.now + dt.timedelta(seconds=run.spec.lease.duration_seconds)
+        b.set_phase(Phase.RUNNING, f"{s.holder} renewed its lease", lease_reason="LeaseRenewed")
+        b.events.append(Event("Normal", c.EV_LEASE_RENEWED, f"{s.holder} renewed its lease; running"))
+        b.log = "heartbeat_ok"
+        d.actions.append(b.write())
+    elif s.observed_generation != run.metadata.generation:
+        b.set_phase(s.phase or Phase.STARTING, f"{s.holder} holds the lease",
+                    lease_reason="LeaseRenewed" if s.phase == Phase.RUNNING else "AttemptStarted")
+        d.actions.append(b.write())
+
+
+def _revoke_followups(o: Observed, d: Decision, fence: int, cur: AttemptRecord | None,
+                      keep_pod: bool = False) -> None:
+    d.actions.append(ClearLease(fence=fence))
+    if cur is None:
+        return
+    for pod in o.pods:
+        if pod.attempt == cur.attempt and not pod.deleting and not pod.terminated and not keep_pod:
+            d.actions.append(DeletePod(pod.name))
+
+
+def _housekeep_pods(o: Observed, d: Decision) -> None:
+    """Pods of attempts that no longer hold the run: delete the running ones, release the rest."""
+    s = o.run.status
+    by_attempt = {a.attempt: a for a in s.attempts}
+    for pod in o.pods:
+        if s.holder is not None and pod.attempt == s.attempt:
+            continue
+        record = by_attempt.get(pod.attempt)
+        if not pod.terminated and not pod.deleting:
+            ended_for = 0.0 if record is None or record.ended_at is None else (o.now - record.ended_at).total_seconds()
+            succeeded = record is not None and record.outcome == Outcome.SUCCEEDED
+            if succeeded and ended_for < POD_EXIT_GRACE_SECONDS:
+                d.wake(POD_EXIT_GRACE_SECONDS - ended_for)
+            else:
+                d.actions.append(DeletePod(pod.name))
+        elif pod.has_finalizer and (pod.terminated or pod.deleting):
+            d.actions.append(ReleasePod(pod.name))

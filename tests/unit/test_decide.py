@@ -1,0 +1,332 @@
+"""Table tests of core.decide: one row per lifecycle transition."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from tether.api.models import Outcome, Phase, WorkerRun
+from tether.core.decide import (
+    ClearLease,
+    DeletePod,
+    DeleteRun,
+    EnsureLease,
+    EnsurePod,
+    LeaseObservation,
+    Observed,
+    PodObservation,
+    ReleasePod,
+    WriteStatus,
+    backoff_seconds,
+    decide,
+)
+
+T0 = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def run(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None, **meta: Any) -> WorkerRun:
+    body = {
+        "metadata": {"name": "job", "namespace": "ns", "uid": "u-1", "generation": 1, **meta},
+        "spec": {"template": {"spec": {"containers": [{"name": "w", "command": ["w"]}]}},
+                 "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5, "startupGraceSeconds": 30},
+                 "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 10, "maxSeconds": 60, "factor": 2}},
+                 **(spec or {})},
+        "status": status or {},
+    }
+    return WorkerRun.model_validate(body)
+
+
+def held(attempt: int = 1, fence: int | None = None, phase: str = "Running", **extra: Any) -> dict[str, Any]:
+    fence = fence if fence is not None else 2 * attempt - 1
+    attempts = [{"attempt": i, "fence": 2 * i - 1, "holder": f"job-a{i}", "pod": f"job-a{i}",
+                 "startedAt": T0.isoformat(), "outcome": "LeaseLost", "endedAt": T0.isoformat()}
+                for i in range(1, attempt)]
+    attempts.append({"attempt": attempt, "fence": fence, "holder": f"job-a{attempt}", "pod": f"job-a{attempt}",
+                     "startedAt": T0.isoformat()})
+    return {"phase": phase, "attempt": attempt, "fence": fence, "holder": f"job-a{attempt}",
+            "attempts": attempts, "startedAt": T0.isoformat(), "observedGeneration": 1, **extra}
+
+
+def lease(attempt: int = 1, fence: int | None = None, last_change: float = 100.0, renewed: bool = True,
+          holder: str | None = "default", **kw: Any) -> LeaseObservation:
+    return LeaseObservation(holder=f"job-a{attempt}" if holder == "default" else holder,
+                            fence=fence if fence is not None else 2 * attempt - 1,
+                            resource_version="7", last_change=last_change, renewed=renewed, **kw)
+
+
+def pod(attempt: int = 1, phase: str = "Running", **kw: Any) -> PodObservation:
+    return PodObservation(name=f"job-a{attempt}", attempt=attempt, phase=phase, **kw)
+
+
+def observe(r: WorkerRun, lease_obs: LeaseObservation | None = None, pods: tuple[PodObservation, ...] = (),
+            now: dt.datetime = T0, mono: float = 105.0) -> Observed:
+    return Observed(run=r, lease=lease_obs, pods=pods, now=now, mono=mono)
+
+
+def kinds(actions: list[Any]) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def status_of(actions: list[Any]):  # type: ignore[no-untyped-def]
+    writes = [a for a in actions if isinstance(a, WriteStatus)]
+    assert len(writes) == 1, actions
+    return writes[0].status
+
+
+def cond(status: Any, type_: str) -> tuple[str, str]:
+    c = next(c for c in status.conditions if c.type == type_)
+    return c.status, c.reason
+
+
+# --- grant --------------------------------------------------------------------
+
+
+def test_new_run_is_admitted_and_granted_in_order() -> None:
+    d = decide(observe(run(), None))
+    assert kinds(d.actions) == ["WriteStatus", "EnsureLease", "EnsurePod"]  # status CAS first
+    s = status_of(d.actions)
+    assert (s.phase, s.attempt, s.fence, s.holder) == (Phase.STARTING, 1, 1, "job-a1")
+    assert d.actions[1] == EnsureLease(holder="job-a1", fence=1, duration_seconds=20)
+    assert d.actions[2] == EnsurePod(name="job-a1", attempt=1, fence=1, holder="job-a1")
+    assert cond(s, "Admitted") == ("True", "Admitted")
+    assert cond(s, "Reconciling") == ("True", "Starting")
+    assert cond(s, "LeaseHeld")[0] == "True"
+    assert s.observed_generation == 1
+    assert d.actions[0].log == "job_claimed"
+    assert d.requeue_after == 30
+
+
+def test_external_run_gets_no_pod() -> None:
+    d = decide(observe(run({"executor": "External", "template": None}), None))
+    assert kinds(d.actions) == ["WriteStatus", "EnsureLease"]
+
+
+def test_deadline_sets_ends_at_on_first_grant() -> None:
+    s = status_of(decide(observe(run({"deadlineSeconds": 600}))).actions)
+    assert s.ends_at == T0 + dt.timedelta(seconds=600)
+
+
+# --- holding -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("phase", "renewed", "mono", "expect_actions", "wake"),
+    [
+        # Granted, no renewal yet: startup grace (30s) from when the grant was observed.
+        ("Starting", False, 120.0, [], 10.0),
+        ("Starting", False, 131.0, ["WriteStatus", "ClearLease", "DeletePod"], None),
+        # First renewal observed: Starting -> Running.
+        ("Starting", True, 105.0, ["WriteStatus"], 15.0),
+        # Running: lapse after lease duration (20s) without a new resourceVersion.
+        ("Running", True, 119.0, [], 1.0),
+        ("Running", True, 120.0, ["WriteStatus", "ClearLease", "DeletePod"], None),
+    ],
+)
+def test_lease_lapse_timing(phase: str, renewed: bool, mono: float, expect_actions: list[str], wake: float | None) -> None:
+    d = decide(observe(run(status=held(phase=phase)), lease(renewed=renewed), (pod(),), mono=mono))
+    assert kinds(d.actions) == expect_actions
+    if wake is not None:
+        assert d.requeue_after == pytest.approx(wake)
+
+
+def test_first_renewal_moves_to_running() -> None:
+    d = decide(observe(run(status=held(phase="Starting")), lease(renewed=True), (pod(),)))
+    s = status_of(d.actions)
+    assert s.phase == Phase.RUNNING and s.fence == 1
+    assert cond(s, "LeaseHeld") == ("True", "LeaseRenewed")
+    assert d.actions[0].log == "heartbeat_ok"
+
+
+def test_steady_heartbeats_write_nothing() -> None:
+    d = decide(observe(run(status=held()), lease(), (pod(),)))
+    assert d.actions == []
+
+
+def test_lapse_revokes_then_backs_off() -> None:
+    d = decide(observe(run(status=held()), lease(checkpoint="row-9"), (pod(),), mono=200))
+    s = status_of(d.actions)
+    assert (s.fence, s.holder, s.phase) == (2, None, Phase.BACKOFF)
+    assert s.attempts[-1].outcome == Outcome.LEASE_LOST and s.attempts[-1].ended_at == T0
+    assert s.checkpoint is not None and s.checkpoint.cursor == "row-9"
+    assert s.next_attempt_at == T0 + dt.timedelta(seconds=10)
+    assert d.actions[1] == ClearLease(fence=2) and d.actions[2] == DeletePod("job-a1")
+    assert d.actions[0].log == "heartbeat_lost"
+    assert cond(s, "LeaseHeld") == ("False", "LeaseLost")
+    assert d.requeue_after == 10
+
+
+def test_lapse_on_last_attempt_is_lost() -> None:
+    d = decide(observe(run(status=held(attempt=3)), lease(attempt=3), (pod(3),), mono=200))
+    s = status_of(d.actions)
+    assert s.phase == Phase.LOST and s.fence == 6
+    assert cond(s, "Stalled") == ("True", "Lost") and cond(s, "Failed") == ("True", "Lost")
+    assert cond(s, "Ready") == ("False", "Lost")
+    assert s.finished_at == T0
+
+
+def test_result_succeeds_run_and_keeps_pod_to_exit() -> None:
+    d = decide(observe(run(status=held(result={"ok": True})), lease(), (pod(),)))
+    s = status_of(d.actions)
+    assert (s.phase, s.fence, s.holder) == (Phase.SUCCEEDED, 2, None)
+    assert s.attempts[-1].outcome == Outcome.SUCCEEDED
+    assert kinds(d.actions) == ["WriteStatus", "ClearLease"]
+    assert cond(s, "Ready") == ("True", "Succeeded") and cond(s, "Succeeded") == ("True", "Succeeded")
+    assert cond(s, "Reconciling")[0] == "False"
+
+
+@pytest.mark.parametrize(
+    ("rules", "pod_obs", "error", "phase", "outcome"),
+    [
+        ([], pod(phase="Failed", exit_code=3), None, Phase.BACKOFF, Outcome.POD_FAILED),
+        ([{"action": "FailRun", "onExitCodes": {"operator": "In", "values": [3]}}],
+         pod(phase="Failed", exit_code=3), None, Phase.FAILED, Outcome.POD_FAILED),
+        ([{"action": "FailRun", "onExitCodes": {"operator": "NotIn", "values": [3]}}],
+         pod(phase="Failed", exit_code=3), None, Phase.BACKOFF, Outcome.POD_FAILED),
+        ([], pod(phase="Succeeded", exit_code=0), None, Phase.BACKOFF, Outcome.POD_FAILED),
+        ([], pod(deleting=True), None, Phase.BACKOFF, Outcome.POD_VANISHED),
+        ([], pod(), {"code": "Boom", "message": "bad input"}, Phase.BACKOFF, Outcome.WORKER_FAILED),
+        ([{"action": "FailRun", "onReasons": ["WorkerFailed"]}], pod(), {"code": "Boom", "message": "no"},
+         Phase.FAILED, Outcome.WORKER_FAILED),
+        ([{"action": "FailRun", "onReasons": ["PodVanished"]}, {"action": "Retry", "onReasons": ["WorkerFailed"]}],
+         pod(), {"code": "Boom"}, Phase.BACKOFF, Outcome.WORKER_FAILED),
+    ],
+)
+def test_failed_attempts_follow_retry_rules(rules: list[dict[str, Any]], pod_obs: PodObservation,
+                                             error: dict[str, Any] | None, phase: Phase, outcome: Outcome) -> None:
+    extra = {"error": error} if error else {}
+    d = decide(observe(run({"retry": {"maxAttempts": 3, "rules": rules}}, status=held(**extra)), lease(), (pod_obs,)))
+    s = status_of(d.actions)
+    assert s.phase == phase and s.attempts[-1].outcome == outcome and s.fence == 2
+    if phase == Phase.FAILED and error:
+        assert s.error is not None and s.error.code == "Boom"
+    if phase == Phase.BACKOFF:
+        assert s.error is None
+
+
+def test_pod_exit_code_is_recorded() -> None:
+    d = decide(observe(run(status=held()), lease(), (pod(phase="Failed", exit_code=42),)))
+    assert status_of(d.actions).attempts[-1].exit_code == 42
+    assert "DeletePod" not in kinds(d.actions)  # already terminated
+
+
+# --- backoff, retries ----------------------------------------------------------
+
+
+def test_backoff_waits_then_grants_next_attempt_with_higher_fence() -> None:
+    st = {"phase": "Backoff", "attempt": 1, "fence": 2, "startedAt": T0.isoformat(),
+          "nextAttemptAt": (T0 + dt.timedelta(seconds=10)).isoformat(),
+          "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "LeaseLost",
+                        "endedAt": T0.isoformat()}]}
+    early = decide(observe(run(status=st), lease(holder=None, fence=2), (pod(phase="Failed", has_finalizer=False),)))
+    assert early.actions == [] and early.requeue_after == 10
+    d = decide(observe(run(status=st), lease(holder=None, fence=2), (),
+                       now=T0 + dt.timedelta(seconds=10)))
+    s = status_of(d.actions)
+    assert (s.attempt, s.fence, s.holder, s.phase) == (2, 3, "job-a2", Phase.STARTING)
+    assert d.actions[2] == EnsurePod(name="job-a2", attempt=2, fence=3, holder="job-a2")
+
+
+@pytest.mark.parametrize(("ended", "seconds"), [(1, 10), (2, 20), (3, 40), (4, 60), (9, 60)])
+def test_backoff_grows_and_is_capped(ended: int, seconds: float) -> None:
+    assert backoff_seconds(run(), ended) == seconds
+
+
+# --- control fields --------------------------------------------------------------
+
+
+def test_stop_cancels_and_revokes() -> None:
+    d = decide(observe(run({"stop": True}, status=held()), lease(), (pod(),)))
+    s = status_of(d.actions)
+    assert (s.phase, s.fence, s.holder) == (Phase.CANCELLED, 2, None)
+    assert kinds(d.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+    assert cond(s, "Stalled") == ("True", "Cancelled")
+
+
+def test_stop_before_start_cancels_without_attempt() -> None:
+    d = decide(observe(run({"stop": True})))
+    s = status_of(d.actions)
+    assert s.phase == Phase.CANCELLED and s.attempt == 0 and s.fence == 0
+    assert kinds(d.actions) == ["WriteStatus"]
+
+
+def test_suspend_blocks_new_attempts_only() -> None:
+    d = decide(observe(run({"suspend": True})))
+    assert status_of(d.actions).phase == Phase.SUSPENDED and kinds(d.actions) == ["WriteStatus"]
+    again = decide(observe(run({"suspend": True}, status={"phase": "Suspended"})))
+    assert again.actions == []
+    holding = decide(observe(run({"suspend": True}, status=held()), lease(), (pod(),)))
+    assert holding.actions == []
+
+
+def test_deadline_exceeded_ends_run() -> None:
+    st = held(endsAt=(T0 + dt.timedelta(seconds=60)).isoformat())
+    before = decide(observe(run({"deadlineSeconds": 60}, status=st), lease(), (pod(),), now=T0 + dt.timedelta(seconds=30)))
+    assert before.actions == [] and before.requeue_after == pytest.approx(15)  # lapse check comes first
+    d = decide(observe(run({"deadlineSeconds": 60}, status=st), lease(), (pod(),), now=T0 + dt.timedelta(seconds=60)))
+    s = status_of(d.actions)
+    assert s.phase == Phase.DEADLINE_EXCEEDED and s.attempts[-1].outcome == Outcome.DEADLINE_EXCEEDED
+
+
+def test_ttl_deletes_finished_run() -> None:
+    st = {"phase": "Succeeded", "fence": 2, "attempt": 1, "finishedAt": T0.isoformat()}
+    early = decide(observe(run({"ttlSecondsAfterFinished": 60}, status=st), now=T0 + dt.timedelta(seconds=20)))
+    assert early.actions == [] and early.requeue_after == 40
+    due = decide(observe(run({"ttlSecondsAfterFinished": 60}, status=st), now=T0 + dt.timedelta(seconds=60)))
+    assert due.actions == [DeleteRun()]
+
+
+# --- crash recovery ------------------------------------------------------------------
+
+
+def test_status_written_but_lease_and_pod_missing_are_repaired() -> None:
+    d = decide(observe(run(status=held(phase="Starting")), None, ()))
+    assert kinds(d.actions) == ["EnsureLease", "EnsurePod"]
+    assert d.actions[0] == EnsureLease(holder="job-a1", fence=1, duration_seconds=20)
+
+
+def test_lease_from_previous_attempt_is_rewritten() -> None:
+    d = decide(observe(run(status=held(attempt=2)), lease(attempt=1), (pod(2),)))
+    assert kinds(d.actions) == ["EnsureLease"]
+
+
+def test_pod_missing_after_crash_is_created_with_same_name() -> None:
+    d = decide(observe(run(status=held(phase="Starting")), lease(renewed=False), ()))
+    assert kinds(d.actions) == ["EnsurePod"] and d.actions[0].name == "job-a1"
+
+
+def test_terminal_run_with_held_lease_clears_it() -> None:
+    d = decide(observe(run(status={"phase": "Succeeded", "fence": 2, "finishedAt": T0.isoformat()}), lease()))
+    assert d.actions == [ClearLease(fence=2)]
+
+
+def test_old_attempt_pods_are_deleted_and_released() -> None:
+    st = held(attempt=2)
+    d = decide(observe(run(status=st), lease(attempt=2),
+                       (pod(1), pod(2), PodObservation("job-a0", 0, "Failed"))))
+    assert DeletePod("job-a1") in d.actions
+    assert ReleasePod("job-a0") in d.actions
+    assert DeletePod("job-a2") not in d.actions
+
+
+def test_restart_waits_a_full_duration() -> None:
+    # After a restart the tracker saw the lease first at mono=500: lapse only at 520.
+    d = decide(observe(run(status=held()), lease(last_change=500.0), (pod(),), mono=519.0))
+    assert d.actions == [] and d.requeue_after == pytest.approx(1.0)
+
+
+def test_last_transition_time_kept_when_status_unchanged() -> None:
+    first = status_of(decide(observe(run())).actions)
+    later = T0 + dt.timedelta(seconds=5)
+    body = first.dump()
+    second = status_of(decide(observe(run(status=body), lease(renewed=True), (pod(),), now=later)).actions)
+    ready_1 = next(c for c in first.conditions if c.type == "Ready")
+    ready_2 = next(c for c in second.conditions if c.type == "Ready")
+    assert ready_2.last_transition_time == ready_1.last_transition_time == T0  # False -> False
+    assert ready_2.reason == "Running"
+
+
+def test_deleting_run_does_nothing() -> None:
+    r = run(status=held(), deletionTimestamp=T0.isoformat())
+    assert decide(observe(r, lease(), (pod(),), mono=999)).actions == []
