@@ -19,6 +19,9 @@ import pytest
 
 from tests.support.kube import Kube, eventually
 
+if False:  # typing only
+    from tests.support.operator import OperatorProcess  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 _cluster = None
 
@@ -98,3 +101,23 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
                timeout=60, what=f"default service account in {name}")
     yield name
     kube.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def operator(namespace: str, tmp_path: Path) -> Iterator["OperatorProcess"]:
+    """`tether operator` watching only this test's namespace, as a killable subprocess."""
+    from tests.support.operator import OperatorProcess
+
+    proc = OperatorProcess(namespace, os.environ["TETHER_TEST_KUBECONFIG"], tmp_path / "operator.log").start()
+    yield proc
+    proc.stop()
+    # Shown by pytest only when the test failed.
+    print("--- operator log (tail) ---")
+    print("\n".join(proc.log_path.read_text(errors="replace").splitlines()[-60:]))
+
+
+def pod_log(namespace: str, pod: str) -> str:
+    """The container log of a pod run by the process kubelet (local cluster only)."""
+    state = Path(os.environ.get("TETHER_TEST_STATE_DIR", "/nonexistent")) / "pods"
+    logs = sorted(state.glob(f"{namespace}_{pod}_*/container.log"))
+    return "\n".join(p.read_text(errors="replace") for p in logs)

@@ -34,6 +34,27 @@ def _dev_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    import kopf
+
+    from tether import logs
+
+    logs.setup(logging.DEBUG if args.verbose else logging.INFO)
+    import tether.controller.handlers  # noqa: F401 - registers the kopf handlers
+
+    namespaces = args.namespace or []
+    asyncio.run(kopf.operator(
+        standalone=True,  # HA uses a Lease-based leader election, not kopf peering
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=args.liveness,
+    ))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tether",
@@ -41,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tether {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    op = sub.add_parser("operator", help="run the operator (reconciles WorkerRuns)")
+    op.add_argument("-n", "--namespace", action="append",
+                    help="watch only this namespace (repeatable); default: all namespaces")
+    op.add_argument("--liveness", default=None,
+                    help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    op.set_defaults(func=_operator)
 
     dev = sub.add_parser("dev", help="development helpers (local control plane)")
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="DEV_COMMAND")

@@ -59,8 +59,10 @@ class PodProcess:
 
 
 class ProcessKubelet:
-    def __init__(self, cfg: kubeconfig.KubeConfig, node: str, work_dir: Path, ca_pem: bytes) -> None:
+    def __init__(self, cfg: kubeconfig.KubeConfig, node: str, work_dir: Path, ca_pem: bytes,
+                 root: Path | None = None) -> None:
         self.cfg = cfg
+        self.root = root or Path.cwd()
         self.node = node
         self.work_dir = work_dir
         self.ca_pem = ca_pem
@@ -254,8 +256,9 @@ class ProcessKubelet:
         pod_dir = self.work_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
         try:
-            env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV")
-                   if k in os.environ}
+            env = {k: os.environ[k] for k in ("LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
+            # The "image" is this machine: the kubelet's own Python (with tether installed) comes first.
+            env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
             server = urlparse(self.cfg.server)
             env.update({"HOME": str(pod_dir), "HOSTNAME": meta["name"],
                         "KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
@@ -276,8 +279,11 @@ class ProcessKubelet:
         while True:
             logfile = open(pod_dir / "container.log", "ab")
             try:
+                # Like an image's WORKDIR: the container's workingDir, else the kubelet's root
+                # (the source checkout), so relative commands such as examples/worker.py resolve.
+                cwd = pod["spec"]["containers"][0].get("workingDir") or str(self.root)
                 entry.proc = await asyncio.create_subprocess_exec(
-                    *argv, env=env, cwd=str(pod_dir), stdin=asyncio.subprocess.DEVNULL,
+                    *argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
                     stdout=logfile, stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True, preexec_fn=_die_with_parent)
             except OSError as exc:
@@ -370,7 +376,7 @@ async def _amain(args: argparse.Namespace) -> None:
     cfg = kubeconfig.load(args.kubeconfig)
     doc = yaml.safe_load(Path(args.kubeconfig).read_text())
     ca_pem = base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"])
-    kubelet = ProcessKubelet(cfg, args.node_name, Path(args.work_dir), ca_pem)
+    kubelet = ProcessKubelet(cfg, args.node_name, Path(args.work_dir), ca_pem, Path(args.root).resolve())
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     await kubelet.register()
     loop = asyncio.get_running_loop()
@@ -389,6 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--node-name", required=True)
     parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--root", default=".", help="working directory of pods without workingDir")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")

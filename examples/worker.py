@@ -1,0 +1,50 @@
+"""An example Tether worker: a job of N steps that checkpoints after each one.
+
+Payload (spec.payload):
+  steps         how many steps (default 5)
+  stepSeconds   how long each step takes (default 1)
+  crashAttempts attempts on which the worker crashes halfway (exit code 3), e.g. [1]
+  effectUrl     if set, one side effect (POST) is sent after the last step, fenced and idempotent
+
+Resumes from the last checkpoint when a previous attempt was lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from tether import logs
+from tether.worker import WorkerRun
+
+log = logging.getLogger("example-worker")
+
+
+def main() -> int:
+    logs.setup()
+    with WorkerRun.from_env() as run:
+        steps = int(run.payload.get("steps", 5))
+        step_seconds = float(run.payload.get("stepSeconds", 1))
+        start = int(run.checkpoint_cursor or 0)
+        log.info("starting", extra={"event": "worker_started", "attempt": run.attempt, "fence": run.fence,
+                                    "resumeFrom": start})
+        for step in range(start, steps):
+            run.ensure_owner()  # self-fencing: no work without confirmed ownership
+            time.sleep(step_seconds)
+            if run.attempt in run.payload.get("crashAttempts", []) and step >= steps // 2:
+                log.error("crashing on purpose", extra={"event": "worker_crash", "step": step})
+                return 3
+            run.checkpoint(str(step + 1), flush=True)
+            run.report_usage(cents=step + 1, tokens=100 * (step + 1))
+        if run.payload.get("effectUrl"):
+            with run.http_client() as http:
+                resp = http.effect("POST", run.payload["effectUrl"], operation="deliver",
+                                   json={"steps": steps})
+                log.info("side effect sent", extra={"event": "effect_sent", "status": resp.status_code})
+        run.complete({"steps": steps, "resumedFrom": start})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

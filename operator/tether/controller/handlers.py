@@ -1,0 +1,63 @@
+"""Thin kopf handlers: they feed watch events to the RunController and nothing else.
+
+kopf only watches here: no handler stores progress on objects, so kopf writes
+nothing to WorkerRuns (ownership-dependent writes go through tether.kube).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from tether.api import constants as c
+from tether.api.models import GROUP, PLURAL, VERSION
+from tether.controller.runs import RunController
+from tether.kube import config as kubeconfig
+from tether.kube.client import KubeClient
+
+_state: dict[str, Any] = {}
+
+
+def controller() -> RunController:
+    return _state["controller"]
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = f"{c.PREFIX}/kopf-finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=c.PREFIX)
+    # Tether posts its own Events, one per change; kopf's log lines stay in the log.
+    settings.posting.enabled = False
+    # Guard against silently stalled watches (kopf issues #585, #955).
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    _state["controller"] = RunController(KubeClient(kubeconfig.load()))
+    logging.getLogger("tether.operator").info("tether operator started", extra={"event": "operator_started"})
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    ctl = _state.pop("controller", None)
+    if ctl is not None:
+        await ctl.stop()
+        await ctl.kube.close()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def run_event(event: dict[str, Any], **_: Any) -> None:
+    controller().on_run(event.get("type"), event["object"])
+
+
+@kopf.on.event("coordination.k8s.io", "v1", "leases", labels={c.LABEL_RUN: kopf.PRESENT})
+async def lease_event(event: dict[str, Any], **_: Any) -> None:
+    controller().on_lease(event.get("type"), event["object"])
+
+
+@kopf.on.event("", "v1", "pods", labels={c.LABEL_RUN: kopf.PRESENT})
+async def pod_event(event: dict[str, Any], **_: Any) -> None:
+    controller().on_pod(event.get("type"), event["object"])

@@ -1,0 +1,354 @@
+"""Per-run reconcile loops: observations in, decide(), actions out.
+
+Watch events (delivered by the kopf handlers) only update in-memory
+observations and wake the run's own asyncio task; the task decides and acts.
+Each run sleeps until its next deadline (lease lapse, backoff, TTL), so there
+is no periodic sweep over all runs, and a heartbeat wakes nobody unless it
+changes what is decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from tether.api import constants as c
+from tether.api.models import WorkerRun
+from tether.controller.leases import LeaseTracker
+from tether.core.decide import (
+    Action,
+    ClearLease,
+    DeletePod,
+    DeleteRun,
+    EnsureLease,
+    EnsurePod,
+    Observed,
+    PodObservation,
+    ReleasePod,
+    WriteStatus,
+    decide,
+)
+from tether.kube import resources
+from tether.kube.client import Conflict, KubeClient, NotFound
+
+log = logging.getLogger("tether.controller")
+
+ERROR_RETRY_SECONDS = (1.0, 30.0)
+
+
+@dataclass
+class Clock:
+    """Injected clocks: wall time for status timestamps, monotonic time for lapses."""
+
+    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)
+    mono: Callable[[], float] = time.monotonic
+
+
+@dataclass
+class RunEntry:
+    key: str
+    run: dict[str, Any] | None = None
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    rbac_ready: bool = False
+    errors: int = 0
+
+
+def _key(ns: str, name: str) -> str:
+    return f"{ns}/{name}"
+
+
+def _fence(body: dict[str, Any] | None) -> int:
+    return int(((body or {}).get("status") or {}).get("fence") or 0)
+
+
+def _pod_observation(pod: dict[str, Any]) -> PodObservation | None:
+    meta, status = pod["metadata"], pod.get("status", {}) or {}
+    try:
+        attempt = int(meta.get("labels", {}).get(c.LABEL_ATTEMPT, ""))
+    except ValueError:
+        return None
+    exit_code = None
+    for cs in status.get("containerStatuses", []) or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None:
+            exit_code = term.get("exitCode")
+            break
+    return PodObservation(name=meta["name"], attempt=attempt, phase=status.get("phase", "Pending"),
+                          exit_code=exit_code, deleting=bool(meta.get("deletionTimestamp")),
+                          has_finalizer=c.POD_FINALIZER in (meta.get("finalizers") or []))
+
+
+class RunController:
+    def __init__(self, kube: KubeClient, clock: Clock | None = None) -> None:
+        self.kube = kube
+        self.clock = clock or Clock()
+        self.leases = LeaseTracker()
+        self.entries: dict[str, RunEntry] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # --- watch events --------------------------------------------------------
+
+    def _entry(self, key: str) -> RunEntry:
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = RunEntry(key=key)
+        return entry
+
+    def on_run(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        entry = self._entry(_key(meta["namespace"], meta["name"]))
+        if event_type == "DELETED":
+            entry.run = None
+            self.leases.forget(entry.key)
+            entry.wake.set()
+            return
+        if entry.run is not None:
+            if meta.get("resourceVersion") == entry.run["metadata"].get("resourceVersion"):
+                return
+            if meta.get("uid") == entry.run["metadata"].get("uid") and _fence(body) < _fence(entry.run):
+                return  # older than what our own write returned
+        entry.run = body
+        self._ensure_loop(entry)
+        entry.wake.set()
+
+    def on_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        run_name = (meta.get("labels") or {}).get(c.LABEL_RUN)
+        if not run_name:
+            return
+        key = _key(meta["namespace"], run_name)
+        if event_type == "DELETED":
+            self.leases.forget(key)
+            changed = True
+        else:
+            changed = self.leases.observe(key, body, self.clock.mono())
+        entry = self.entries.get(key)
+        if changed and entry is not None:
+            entry.wake.set()
+
+    def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        run_name = (meta.get("labels") or {}).get(c.LABEL_RUN)
+        if not run_name:
+            return
+        entry = self._entry(_key(meta["namespace"], run_name))
+        before = entry.pods.get(meta["name"])
+        if event_type == "DELETED":
+            entry.pods.pop(meta["name"], None)
+        else:
+            entry.pods[meta["name"]] = body
+        if before is None or event_type == "DELETED" or _pod_observation(before) != _pod_observation(body):
+            entry.wake.set()
+            if entry.run is not None:
+                self._ensure_loop(entry)
+
+    # --- loops ---------------------------------------------------------------
+
+    def _ensure_loop(self, entry: RunEntry) -> None:
+        if entry.task is None or entry.task.done():
+            entry.task = asyncio.create_task(self._loop(entry), name=f"run {entry.key}")
+
+    async def stop(self) -> None:
+        tasks = [e.task for e in self.entries.values() if e.task is not None] + list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _loop(self, entry: RunEntry) -> None:
+        while entry.run is not None:
+            entry.wake.clear()
+            try:
+                requeue = await self._reconcile(entry)
+                entry.errors = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one run's failure must not stop the others
+                entry.errors += 1
+                requeue = min(ERROR_RETRY_SECONDS[1], ERROR_RETRY_SECONDS[0] * 2 ** (entry.errors - 1))
+                log.exception("reconcile failed; retrying", extra={"run": entry.key, "retryIn": requeue})
+            if requeue == 0:
+                continue
+            if requeue is None and self._idle(entry):
+                break
+            try:
+                await asyncio.wait_for(entry.wake.wait(), timeout=requeue)
+            except asyncio.TimeoutError:
+                pass
+        if entry.run is None and not entry.pods:
+            self.entries.pop(entry.key, None)
+
+    def _idle(self, entry: RunEntry) -> bool:
+        """A finished run with nothing left to clean up needs no task until something changes."""
+        phase = ((entry.run or {}).get("status") or {}).get("phase")
+        return phase in {"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded"}
+
+    async def _reconcile(self, entry: RunEntry) -> float | None:
+        assert entry.run is not None
+        try:
+            run = WorkerRun.model_validate(entry.run)
+        except ValidationError as exc:
+            log.error("cannot read run; waiting for a change", extra={"run": entry.key, "error": str(exc)})
+            return None
+        pods = tuple(p for p in (_pod_observation(b) for b in entry.pods.values()) if p is not None)
+        observed = Observed(run=run, lease=self.leases.get(entry.key), pods=pods,
+                            now=self.clock.now(), mono=self.clock.mono())
+        decision = decide(observed)
+        if not decision.actions:
+            return decision.requeue_after
+        if not await self._still_current(entry, decision.actions):
+            return 0
+        for action in decision.actions:
+            if not await self._execute(entry, run, action):
+                return 0
+            if isinstance(action, WriteStatus) and entry.run is not None:
+                run = WorkerRun.model_validate(entry.run)
+        return decision.requeue_after
+
+    async def _still_current(self, entry: RunEntry, actions: list[Action]) -> bool:
+        """Guards against acting on stale observations.
+
+        A lapse is confirmed with a fresh GET of the Lease (a stalled watch must
+        not make every worker look dead), and repairs that are not preceded by
+        a status write (after a crash) are confirmed with a fresh GET of the run.
+        """
+        assert entry.run is not None
+        meta = entry.run["metadata"]
+        if any(isinstance(a, WriteStatus) and a.log == "heartbeat_lost" for a in actions):
+            lease = await self.kube.get_lease(meta["namespace"], meta["name"])
+            tracked = self.leases.get(entry.key)
+            if lease is not None and tracked is not None and \
+                    lease["metadata"]["resourceVersion"] != tracked.resource_version:
+                self.leases.observe(entry.key, lease, self.clock.mono())
+                log.info("lapse not confirmed: the lease moved", extra={"run": entry.key, "event": "lapse_unconfirmed"})
+                return False
+        if not any(isinstance(a, WriteStatus) for a in actions) and \
+                any(isinstance(a, (EnsureLease, EnsurePod)) for a in actions):
+            try:
+                fresh = await self.kube.get_run(meta["namespace"], meta["name"])
+            except NotFound:
+                entry.run = None
+                return False
+            if fresh["metadata"]["resourceVersion"] != meta["resourceVersion"]:
+                entry.run = fresh
+                return False
+        return True
+
+    # --- actions -------------------------------------------------------------
+
+    def _log(self, msg: str, run: WorkerRun, event: str, level: int = logging.INFO, **extra: Any) -> None:
+        s = run.status
+        log.log(level, msg, extra={
+            "event": event, "run": run.key, "attempt": s.attempt, "fence": s.fence, "holder": s.holder,
+            "leaseDeadline": s.lease_expires_at.isoformat() if s.lease_expires_at else None, **extra})
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        try:
+            await self.kube.post_event(body, type_, reason, message)
+        except Exception as exc:  # noqa: BLE001 - events are best effort
+            log.warning("event not posted", extra={"reason": reason, "error": str(exc)})
+
+    async def _execute(self, entry: RunEntry, run: WorkerRun, action: Action) -> bool:
+        ns, name = run.metadata.namespace, run.metadata.name
+        now = self.clock.now()
+        try:
+            if isinstance(action, WriteStatus):
+                return await self._write_status(entry, run, action)
+            if isinstance(action, EnsureLease):
+                return await self._set_lease(entry, run, action.holder, action.fence, action.duration_seconds, now)
+            if isinstance(action, ClearLease):
+                return await self._set_lease(entry, run, None, action.fence, run.spec.lease.duration_seconds, now)
+            if isinstance(action, EnsurePod):
+                await self._ensure_pod(entry, run, action)
+            elif isinstance(action, DeletePod):
+                await self.kube.delete_pod(ns, action.name)
+                self._log("pod deleted", run, "pod_deleted", pod=action.name)
+            elif isinstance(action, ReleasePod):
+                await self.kube.remove_finalizer(ns, action.name, c.POD_FINALIZER)
+            elif isinstance(action, DeleteRun):
+                await self.kube.delete_run(ns, name, run.metadata.uid)
+                self._log("finished run deleted (ttlSecondsAfterFinished)", run, "run_deleted")
+            return True
+        except Conflict:
+            return False
+
+    async def _write_status(self, entry: RunEntry, run: WorkerRun, action: WriteStatus) -> bool:
+        assert entry.run is not None
+        body = copy.deepcopy(entry.run)
+        body["status"] = action.status.dump()
+        meta = body["metadata"]
+        try:
+            entry.run = await self.kube.replace_run_status(body)
+        except (Conflict, NotFound):
+            # Someone else wrote first (a worker's result, a spec change): decide again on fresh data.
+            try:
+                entry.run = await self.kube.get_run(meta["namespace"], meta["name"])
+            except NotFound:
+                entry.run = None
+            return False
+        written = WorkerRun.model_validate(entry.run)
+        if action.log:
+            self._log(f"run {written.status.phase.value if written.status.phase else ''}", written, action.log)
+        for ev in action.events:
+            self._spawn(self._post_event(entry.run, ev.type, ev.reason, ev.message))
+        return True
+
+    async def _set_lease(self, entry: RunEntry, run: WorkerRun, holder: str | None, fence: int, duration: int,
+                         now: dt.datetime) -> bool:
+        ns, name = run.metadata.namespace, run.metadata.name
+        for _ in range(5):
+            current = await self.kube.get_lease(ns, name)
+            if current is None:
+                if holder is None:
+                    return True
+                written = await self.kube.create_lease(resources.build_lease(run, holder, fence, duration, now))
+                self.leases.observe(entry.key, written, self.clock.mono())
+                return True
+            spec = current.get("spec", {}) or {}
+            have = spec.get("leaseTransitions") or 0
+            if have > fence:
+                # Never move a lease's fence backwards, whatever a stale decision says.
+                self._log("lease already has a higher fence", run, "lease_fence_ahead", logging.WARNING, leaseFence=have)
+                return False
+            if spec.get("holderIdentity") == holder and have == fence:
+                self.leases.observe(entry.key, current, self.clock.mono())
+                return True
+            try:
+                written = await self.kube.replace_lease(resources.regrant_lease(current, holder, fence, duration, now))
+            except Conflict:
+                continue  # the old holder renewed in between; our write must still win
+            self.leases.observe(entry.key, written, self.clock.mono())
+            return True
+        return False
+
+    async def _ensure_pod(self, entry: RunEntry, run: WorkerRun, action: EnsurePod) -> None:
+        ns = run.metadata.namespace
+        if not entry.rbac_ready:
+            for path, obj in resources.build_worker_rbac(run):
+                await self.kube.apply(path, obj)
+            entry.rbac_ready = True
+        pod = resources.build_pod(run, action.name, action.attempt, action.fence, action.holder)
+        try:
+            created = await self.kube.create_pod(pod)
+            self._log("pod created", run, "pod_created", pod=action.name)
+        except Conflict:
+            # Same deterministic name: the pod from before a crash. Adopt it.
+            existing = await self.kube.get_pod(ns, action.name)
+            if existing is None:
+                raise
+            created = existing
+            self._log("pod adopted", run, "pod_adopted", pod=action.name)
+        entry.pods[action.name] = created

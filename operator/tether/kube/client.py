@@ -1,0 +1,172 @@
+"""Async Kubernetes client for the operator (httpx): the few calls Tether makes.
+
+Every ownership-dependent write here is conditional: a resourceVersion
+precondition (PUT) or a JSON patch whose `test` operations must hold.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import httpx
+
+from tether.api.models import API_VERSION, PLURAL
+from tether.kube.config import KubeConfig
+
+JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: str, what: str) -> None:
+        self.status = status
+        self.body = body
+        try:
+            self.message = json.loads(body).get("message", body)
+        except ValueError:
+            self.message = body
+        super().__init__(f"{what}: {status} {self.message}")
+
+
+class Conflict(ApiError):
+    """409: the resourceVersion precondition failed (or the object exists)."""
+
+
+class NotFound(ApiError):
+    """404."""
+
+
+class Invalid(ApiError):
+    """422: validation failed, or a JSON patch `test` did not hold."""
+
+
+def _raise_for(resp: httpx.Response, what: str) -> None:
+    if resp.status_code < 300:
+        return
+    cls = {409: Conflict, 404: NotFound, 422: Invalid}.get(resp.status_code, ApiError)
+    raise cls(resp.status_code, resp.text, what)
+
+
+def run_path(ns: str, name: str = "") -> str:
+    return f"/apis/{API_VERSION}/namespaces/{ns}/{PLURAL}" + (f"/{name}" if name else "")
+
+
+def lease_path(ns: str, name: str = "") -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases" + (f"/{name}" if name else "")
+
+
+def pod_path(ns: str, name: str = "") -> str:
+    return f"/api/v1/namespaces/{ns}/pods" + (f"/{name}" if name else "")
+
+
+class KubeClient:
+    def __init__(self, cfg: KubeConfig, timeout: float = 15.0) -> None:
+        self.cfg = cfg
+        self.http = cfg.async_client(timeout=timeout)
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, path: str, what: str, **kw: Any) -> dict[str, Any]:
+        resp = await self.http.request(method, path, **kw)
+        _raise_for(resp, what)
+        return resp.json() if resp.content else {}
+
+    # --- WorkerRuns ----------------------------------------------------------
+
+    async def get_run(self, ns: str, name: str) -> dict[str, Any]:
+        return await self._call("GET", run_path(ns, name), f"get workerrun {ns}/{name}")
+
+    async def replace_run_status(self, run: dict[str, Any]) -> dict[str, Any]:
+        """PUT status with the run's resourceVersion: a compare-and-swap on the whole status."""
+        meta = run["metadata"]
+        return await self._call("PUT", run_path(meta["namespace"], meta["name"]) + "/status",
+                                f"replace status of {meta['namespace']}/{meta['name']}", json=run)
+
+    async def delete_run(self, ns: str, name: str, uid: str) -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
+                "propagationPolicy": "Background"}
+        try:
+            await self._call("DELETE", run_path(ns, name), f"delete workerrun {ns}/{name}", json=body)
+        except NotFound:
+            pass
+
+    # --- Leases --------------------------------------------------------------
+
+    async def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._call("GET", lease_path(ns, name), f"get lease {ns}/{name}")
+        except NotFound:
+            return None
+
+    async def create_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        ns = lease["metadata"]["namespace"]
+        return await self._call("POST", lease_path(ns), f"create lease {ns}/{lease['metadata']['name']}", json=lease)
+
+    async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        """PUT with the lease's resourceVersion (compare-and-swap)."""
+        meta = lease["metadata"]
+        return await self._call("PUT", lease_path(meta["namespace"], meta["name"]),
+                                f"replace lease {meta['namespace']}/{meta['name']}", json=lease)
+
+    # --- Pods ----------------------------------------------------------------
+
+    async def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        ns = pod["metadata"]["namespace"]
+        return await self._call("POST", pod_path(ns), f"create pod {ns}/{pod['metadata']['name']}", json=pod)
+
+    async def get_pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._call("GET", pod_path(ns, name), f"get pod {ns}/{name}")
+        except NotFound:
+            return None
+
+    async def delete_pod(self, ns: str, name: str) -> None:
+        try:
+            await self._call("DELETE", pod_path(ns, name), f"delete pod {ns}/{name}",
+                             json={"kind": "DeleteOptions", "apiVersion": "v1"})
+        except NotFound:
+            pass
+
+    async def remove_finalizer(self, ns: str, name: str, finalizer: str) -> None:
+        """JSON patch that tests the finalizer's position, so a concurrent change cannot be clobbered."""
+        pod = await self.get_pod(ns, name)
+        if pod is None:
+            return
+        finalizers = pod["metadata"].get("finalizers", [])
+        if finalizer not in finalizers:
+            return
+        i = finalizers.index(finalizer)
+        patch = [{"op": "test", "path": f"/metadata/finalizers/{i}", "value": finalizer},
+                 {"op": "remove", "path": f"/metadata/finalizers/{i}"}]
+        try:
+            await self._call("PATCH", pod_path(ns, name), f"release pod {ns}/{name}", json=patch, headers=JSON_PATCH)
+        except NotFound:
+            pass
+
+    # --- RBAC and service accounts for workers -------------------------------
+
+    async def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create, or leave alone if it exists (these objects are immutable per run)."""
+        try:
+            return await self._call("POST", path, f"create {path}/{body['metadata']['name']}", json=body)
+        except Conflict:
+            return await self._call("GET", f"{path}/{body['metadata']['name']}", f"get {path}")
+
+    # --- Events --------------------------------------------------------------
+
+    async def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = obj["metadata"]
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": obj.get("apiVersion", API_VERSION), "kind": obj.get("kind", "WorkerRun"),
+                               "name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+            "reason": reason, "message": message[:1024], "type": type_,
+            "source": {"component": "tether"}, "reportingComponent": "tether.dev/operator",
+            "reportingInstance": "tether", "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        await self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", "post event", json=event)

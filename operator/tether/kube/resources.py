@@ -1,0 +1,140 @@
+"""Builders of the objects Tether creates for a run: Lease, worker Pod, and the worker's RBAC.
+
+Pure functions of the run, so they are tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from typing import Any
+
+from tether.api import constants as c
+from tether.api.models import API_VERSION, GROUP, PLURAL, WorkerRun
+
+
+def micro_time(t: dt.datetime) -> str:
+    """Lease times are MicroTime: RFC 3339 with microseconds."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def owner_ref(run: WorkerRun) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "WorkerRun", "name": run.metadata.name,
+            "uid": run.metadata.uid, "controller": True}
+
+
+def run_labels(run: WorkerRun) -> dict[str, str]:
+    return {c.LABEL_RUN: run.metadata.name, "app.kubernetes.io/managed-by": "tether"}
+
+
+def lease_spec(holder: str | None, fence: int, duration: int, now: dt.datetime) -> dict[str, Any]:
+    spec: dict[str, Any] = {"holderIdentity": holder, "leaseTransitions": fence,
+                            "leaseDurationSeconds": duration}
+    if holder is not None:
+        spec["acquireTime"] = micro_time(now)
+        spec["renewTime"] = micro_time(now)
+    return spec
+
+
+def build_lease(run: WorkerRun, holder: str, fence: int, duration: int, now: dt.datetime) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": run.metadata.name, "namespace": run.metadata.namespace,
+                     "labels": run_labels(run), "ownerReferences": [owner_ref(run)],
+                     "annotations": {c.ANN_FENCE: str(fence)}},
+        "spec": lease_spec(holder, fence, duration, now),
+    }
+
+
+def regrant_lease(current: dict[str, Any], holder: str | None, fence: int, duration: int,
+                  now: dt.datetime) -> dict[str, Any]:
+    """The current Lease rewritten for a new holder (or none), keeping its resourceVersion.
+
+    A new grant drops the previous attempt's usage report; the checkpoint stays
+    for whoever resumes.
+    """
+    lease = copy.deepcopy(current)
+    ann = lease["metadata"].setdefault("annotations", {}) or {}
+    lease["metadata"]["annotations"] = ann
+    ann[c.ANN_FENCE] = str(fence)
+    if holder is not None:
+        ann.pop(c.ANN_USAGE, None)
+    lease["spec"] = lease_spec(holder, fence, duration, now)
+    return lease
+
+
+def worker_service_account(run: WorkerRun) -> str:
+    """The pod's ServiceAccount: the template's own, else one per run."""
+    template_spec = (run.spec.template or {}).get("spec", {}) or {}
+    return template_spec.get("serviceAccountName") or f"{run.metadata.name}-worker"
+
+
+def build_worker_rbac(run: WorkerRun) -> list[tuple[str, dict[str, Any]]]:
+    """(collection path, object) pairs: a ServiceAccount (unless the template names one), and a
+    Role that lets that account touch only this run's Lease and status."""
+    ns, name = run.metadata.namespace, run.metadata.name
+    sa = worker_service_account(run)
+    meta = lambda n: {"name": n, "namespace": ns, "labels": run_labels(run),  # noqa: E731
+                      "ownerReferences": [owner_ref(run)]}
+    role_name = f"tether-worker-{name}"
+    objects: list[tuple[str, dict[str, Any]]] = []
+    if sa == f"{name}-worker":
+        objects.append((f"/api/v1/namespaces/{ns}/serviceaccounts",
+                        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(sa)}))
+    objects.append((f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(role_name),
+        "rules": [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [name],
+             "verbs": ["get", "update", "patch"]},
+            {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [name], "verbs": ["get"]},
+            {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": [name],
+             "verbs": ["get", "patch"]},
+        ],
+    }))
+    objects.append((f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(role_name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+    }))
+    return objects
+
+
+def worker_env(run: WorkerRun, holder: str, attempt: int, fence: int) -> list[dict[str, str]]:
+    s = run.status
+    env = {
+        c.ENV_RUN: run.metadata.name,
+        c.ENV_NAMESPACE: run.metadata.namespace,
+        c.ENV_HOLDER: holder,
+        c.ENV_FENCE: str(fence),
+        c.ENV_ATTEMPT: str(attempt),
+        c.ENV_LEASE_DURATION: str(run.spec.lease.duration_seconds),
+        c.ENV_RENEW_INTERVAL: str(run.spec.lease.renew_interval_seconds),
+        c.ENV_PAYLOAD: json.dumps(run.spec.payload or {}, separators=(",", ":")),
+        c.ENV_IDEMPOTENCY_KEY: run.idempotency_key,
+    }
+    if s.checkpoint is not None:
+        env[c.ENV_CHECKPOINT] = s.checkpoint.cursor
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def build_pod(run: WorkerRun, name: str, attempt: int, fence: int, holder: str) -> dict[str, Any]:
+    template = copy.deepcopy(run.spec.template or {})
+    meta = template.get("metadata", {}) or {}
+    spec = template.get("spec", {}) or {}
+    labels = {**(meta.get("labels") or {}), **run_labels(run), c.LABEL_ATTEMPT: str(attempt)}
+    annotations = {**(meta.get("annotations") or {}), c.ANN_FENCE: str(fence)}
+    # Retries are attempts with new fences, never container restarts under the same one.
+    spec["restartPolicy"] = "Never"
+    spec["serviceAccountName"] = worker_service_account(run)
+    env = worker_env(run, holder, attempt, fence)
+    ours = {e["name"] for e in env}
+    for container in spec.get("containers", []):
+        container["env"] = [e for e in container.get("env", []) or [] if e.get("name") not in ours] + env
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": run.metadata.namespace, "labels": labels,
+                     "annotations": annotations, "ownerReferences": [owner_ref(run)],
+                     "finalizers": [c.POD_FINALIZER]},
+        "spec": spec,
+    }

@@ -1,0 +1,16 @@
+"""Worker SDK: hold a run's lease, fence yourself, publish results with fenced writes.
+
+    from tether.worker import WorkerRun
+
+    with WorkerRun.from_env() as run:
+        for step in range(int(run.checkpoint_cursor or 0), 10):
+            run.ensure_owner()
+            do_step(step)
+            run.checkpoint(str(step + 1))
+        run.complete({"steps": 10})
+"""
+
+from tether.worker.errors import LeaseLost, OwnershipUnknown, TetherWorkerError, ToolTimeout
+from tether.worker.run import FencedClient, WorkerRun
+
+__all__ = ["WorkerRun", "FencedClient", "LeaseLost", "OwnershipUnknown", "ToolTimeout", "TetherWorkerError"]

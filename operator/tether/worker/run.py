@@ -1,0 +1,329 @@
+"""The worker side of the ownership protocol, for pods that run Python.
+
+A worker renews its run's Lease on a thread of its own (a blocked tool call
+must not stop the heartbeat), with the resourceVersion it last saw, so a
+renewal can only succeed while the lease is still its own. It fences itself
+on a monotonic clock, and publishes its result with one JSON patch that tests
+its fence and holder first.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import httpx
+
+from tether.api import constants as c
+from tether.kube import config as kubeconfig
+from tether.kube.client import lease_path, run_path
+from tether.worker.errors import LeaseLost, OwnershipUnknown, ToolTimeout
+
+log = logging.getLogger("tether.worker")
+
+JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+
+
+class WorkerRun:
+    """One attempt of a run, as seen by the worker that holds it."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        namespace: str,
+        holder: str,
+        fence: int,
+        attempt: int,
+        lease_duration: float,
+        renew_interval: float,
+        payload: dict[str, Any] | None = None,
+        checkpoint: str | None = None,
+        idempotency_key: str = "",
+        kube: kubeconfig.KubeConfig | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        margin: float | None = None,
+    ) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.holder = holder
+        self.fence = fence
+        self.attempt = attempt
+        self.lease_duration = float(lease_duration)
+        self.renew_interval = float(renew_interval)
+        self.payload = payload or {}
+        self.checkpoint_cursor = checkpoint
+        self.idempotency_key = idempotency_key or f"{namespace}/{name}"
+        self.margin = margin if margin is not None else max(1.0, 0.1 * self.lease_duration)
+        self._mono = monotonic
+        self._kube = kube or kubeconfig.load()
+        self._http = self._kube.sync_client(timeout=min(10.0, max(self.renew_interval, 1.0)))
+        self._lock = threading.Lock()
+        self._lease: dict[str, Any] | None = None
+        # Nothing is confirmed until the first renewal succeeds (start() does one at once).
+        self._confirmed_at = float("-inf")
+        self._lost = threading.Event()
+        self._finished = threading.Event()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pending_checkpoint: str | None = None
+        self._usage: dict[str, int] | None = None
+
+    # --- construction --------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **kw: Any) -> "WorkerRun":
+        """Reads what the operator put into the pod's environment."""
+        e = os.environ if env is None else env
+        return cls(
+            name=e[c.ENV_RUN],
+            namespace=e[c.ENV_NAMESPACE],
+            holder=e[c.ENV_HOLDER],
+            fence=int(e[c.ENV_FENCE]),
+            attempt=int(e[c.ENV_ATTEMPT]),
+            lease_duration=float(e[c.ENV_LEASE_DURATION]),
+            renew_interval=float(e[c.ENV_RENEW_INTERVAL]),
+            payload=json.loads(e.get(c.ENV_PAYLOAD) or "{}"),
+            checkpoint=e.get(c.ENV_CHECKPOINT),
+            idempotency_key=e.get(c.ENV_IDEMPOTENCY_KEY, ""),
+            **kw,
+        )
+
+    # --- ownership -----------------------------------------------------------
+
+    @property
+    def lost(self) -> bool:
+        """The API server confirmed that this worker no longer owns the run."""
+        return self._lost.is_set()
+
+    @property
+    def ownership_unknown(self) -> bool:
+        """No renewal confirmed recently enough to be sure of ownership."""
+        return not self.lost and self._mono() > self._confirmed_at + self.lease_duration - self.margin
+
+    @property
+    def owned(self) -> bool:
+        return not self.lost and not self.ownership_unknown
+
+    def ensure_owner(self) -> None:
+        """Call before every side effect: raises LeaseLost or OwnershipUnknown."""
+        if self.lost:
+            raise LeaseLost(f"{self.holder} lost run {self.namespace}/{self.name} (fence {self.fence})")
+        if self.ownership_unknown:
+            raise OwnershipUnknown(f"no renewal confirmed for {self._mono() - self._confirmed_at:.1f}s")
+
+    def _fields(self, event: str, **extra: Any) -> dict[str, Any]:
+        left = self._confirmed_at + self.lease_duration - self._mono()
+        return {"event": event, "run": f"{self.namespace}/{self.name}", "attempt": self.attempt,
+                "fence": self.fence, "holder": self.holder,
+                "leaseDeadlineIn": round(left, 3) if left > -1e9 else None, **extra}
+
+    def _mark_lost(self, why: str) -> None:
+        if not self._lost.is_set():
+            self._lost.set()
+            log.warning("lease lost: %s", why, extra=self._fields("heartbeat_lost", reason=why))
+
+    # --- heartbeat -----------------------------------------------------------
+
+    def start(self) -> "WorkerRun":
+        """Renews once (so ownership is confirmed before any work), then heartbeats on a thread."""
+        if self._thread is None:
+            self.renew()
+            self._thread = threading.Thread(target=self._heartbeat_loop, name="tether-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.renew_interval + 15)
+        self._http.close()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set() and not self._lost.is_set() and not self._finished.is_set():
+            self.renew()
+            self._wake.wait(timeout=self.renew_interval)
+            self._wake.clear()
+
+    def renew(self) -> bool:
+        """One heartbeat: a conditional update of the Lease. Returns True when confirmed."""
+        if self.lost:
+            return False
+        started = self._mono()
+        try:
+            ok = self._renew_once(retry_conflict=True)
+        except httpx.HTTPError as exc:
+            # No answer: ownership becomes unknown once the deadline passes, not lost.
+            log.warning("heartbeat got no answer", extra=self._fields("heartbeat_unanswered", error=str(exc)))
+            return False
+        if ok:
+            self._confirmed_at = started
+            log.debug("heartbeat ok", extra=self._fields("heartbeat_ok"))
+        return ok
+
+    def _get_lease(self) -> dict[str, Any] | None:
+        resp = self._http.get(lease_path(self.namespace, self.name))
+        if resp.status_code == 404:
+            return None
+        resp.raise_for_status()
+        return resp.json()
+
+    def _is_mine(self, lease: dict[str, Any] | None) -> bool:
+        spec = (lease or {}).get("spec") or {}
+        return spec.get("holderIdentity") == self.holder and spec.get("leaseTransitions") == self.fence
+
+    def _renew_once(self, retry_conflict: bool) -> bool:
+        with self._lock:
+            lease = self._lease
+            checkpoint, usage = self._pending_checkpoint, self._usage
+        if lease is None:
+            lease = self._get_lease()
+        if not self._is_mine(lease):
+            self._mark_lost("the lease names another holder or fence" if lease else "the lease is gone")
+            return False
+        assert lease is not None
+        body = copy.deepcopy(lease)
+        body["spec"]["renewTime"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        ann = body["metadata"].setdefault("annotations", {}) or {}
+        body["metadata"]["annotations"] = ann
+        if checkpoint is not None:
+            ann[c.ANN_CHECKPOINT] = checkpoint
+        if usage is not None:
+            ann[c.ANN_USAGE] = json.dumps(usage, separators=(",", ":"))
+        resp = self._http.put(lease_path(self.namespace, self.name), json=body)
+        if resp.status_code == 200:
+            with self._lock:
+                self._lease = resp.json()
+            return True
+        if resp.status_code == 409:
+            # Re-read: if holder and fence are still ours, someone touched the lease
+            # harmlessly (e.g. the operator's signal update); retry once.
+            fresh = self._get_lease()
+            with self._lock:
+                self._lease = fresh
+            if self._is_mine(fresh) and retry_conflict:
+                return self._renew_once(retry_conflict=False)
+            if not self._is_mine(fresh):
+                self._mark_lost("renewal conflicted and the lease is no longer ours")
+            return False
+        if resp.status_code == 404:
+            self._mark_lost("the lease is gone")
+            return False
+        log.warning("heartbeat refused", extra=self._fields("heartbeat_refused", status=resp.status_code,
+                                                            error=resp.text[:300]))
+        return False
+
+    # --- progress --------------------------------------------------------------
+
+    def checkpoint(self, cursor: str, flush: bool = False) -> None:
+        """Records progress; it rides on the next heartbeat (or now, with flush=True)."""
+        with self._lock:
+            self._pending_checkpoint = cursor
+        self.checkpoint_cursor = cursor
+        if flush:
+            self._wake.set()
+
+    def report_usage(self, cents: int, tokens: int = 0) -> None:
+        """Cumulative usage of this attempt; rides on the next heartbeat."""
+        if cents < 0 or tokens < 0:
+            raise ValueError("usage is cumulative and never negative")
+        with self._lock:
+            self._usage = {"cents": int(cents), "tokens": int(tokens)}
+
+    # --- results ---------------------------------------------------------------
+
+    def complete(self, result: dict[str, Any]) -> None:
+        """Publishes the result with one fenced JSON patch. Raises LeaseLost if rejected."""
+        self._publish("result", result)
+
+    def fail(self, code: str, message: str = "") -> None:
+        """Publishes a failure with one fenced JSON patch; retry rules decide what follows."""
+        self._publish("error", {"code": code, "message": message})
+
+    def _publish(self, field: str, value: dict[str, Any]) -> None:
+        if self.lost:
+            log.error("result rejected: lease lost", extra=self._fields("result_rejected", field=field))
+            raise LeaseLost("result not published: the lease is lost")
+        # Usage and the last checkpoint go out with a final renewal, so nothing is left behind.
+        try:
+            self._renew_once(retry_conflict=True)
+        except httpx.HTTPError:
+            pass
+        patch = [
+            {"op": "test", "path": "/status/fence", "value": self.fence},
+            {"op": "test", "path": "/status/holder", "value": self.holder},
+            {"op": "add", "path": f"/status/{field}", "value": value},
+        ]
+        deadline = self._confirmed_at + self.lease_duration
+        delay = 0.5
+        while True:
+            try:
+                resp = self._http.patch(run_path(self.namespace, self.name) + "/status", json=patch,
+                                        headers=JSON_PATCH)
+            except httpx.HTTPError as exc:
+                if self._mono() + delay > deadline:
+                    raise OwnershipUnknown(f"could not publish the {field}: {exc}") from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 5)
+                continue
+            if resp.status_code == 200:
+                self._finished.set()
+                self._wake.set()
+                log.info("%s published", field, extra=self._fields("result_published", field=field))
+                return
+            if resp.status_code in (409, 422, 404):
+                self._mark_lost("the run's fence or holder moved on")
+                log.error("result rejected", extra=self._fields("result_rejected", field=field,
+                                                                status=resp.status_code))
+                raise LeaseLost(f"the {field} was rejected: fence {self.fence} is no longer current")
+            resp.raise_for_status()
+
+    # --- side effects ----------------------------------------------------------
+
+    def effect_headers(self, operation: str) -> dict[str, str]:
+        """Headers for a side effect: stable across attempts, fenced per attempt."""
+        return {"Idempotency-Key": f"{self.idempotency_key}:{operation}", "X-Execution-Fence": str(self.fence)}
+
+    def http_client(self, timeout: float = 30.0, **kw: Any) -> "FencedClient":
+        return FencedClient(self, timeout=timeout, **kw)
+
+    # --- context manager -------------------------------------------------------
+
+    def __enter__(self) -> "WorkerRun":
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc is not None and not self._finished.is_set() and not isinstance(exc, (LeaseLost, OwnershipUnknown)):
+                try:
+                    self.fail(type(exc).__name__, str(exc)[:500])
+                except (LeaseLost, OwnershipUnknown, httpx.HTTPError):
+                    pass
+        finally:
+            self.stop()
+
+
+class FencedClient(httpx.Client):
+    """httpx client for side effects: every request carries the fence, and a request
+    is only started while ownership is confirmed (self-fencing)."""
+
+    def __init__(self, run: WorkerRun, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.run = run
+
+    def effect(self, method: str, url: str, operation: str, **kw: Any) -> httpx.Response:
+        """Sends one side effect with Idempotency-Key `<idempotencyKey>:<operation>`."""
+        self.run.ensure_owner()
+        headers = {**(kw.pop("headers", None) or {}), **self.run.effect_headers(operation)}
+        try:
+            return self.request(method, url, headers=headers, **kw)
+        except httpx.TimeoutException as exc:
+            raise ToolTimeout(f"{method} {url} did not answer: {exc}") from exc
