@@ -20,7 +20,7 @@ import pytest
 from tests.support.kube import Kube, eventually
 
 if False:  # typing only
-    from tests.support.operator import OperatorProcess  # noqa: F401
+    from tests.support.operator_process import OperatorProcess  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 _cluster = None
@@ -106,7 +106,7 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.fixture
 def operator(namespace: str, tmp_path: Path) -> Iterator["OperatorProcess"]:
     """`tether operator` watching only this test's namespace, as a killable subprocess."""
-    from tests.support.operator import OperatorProcess
+    from tests.support.operator_process import OperatorProcess
 
     proc = OperatorProcess(namespace, os.environ["TETHER_TEST_KUBECONFIG"], tmp_path / "operator.log").start()
     yield proc

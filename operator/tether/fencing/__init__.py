@@ -1,0 +1,11 @@
+"""Receiver-side fencing for side-effect services.
+
+A service that performs side effects for Tether workers (charge a card, send
+an email, update a record) remembers the highest fence it accepted per
+entity, refuses lower fences (a worker that woke up too late), and replays
+the stored response when the same Idempotency-Key comes again.
+"""
+
+from tether.fencing.core import Accept, Decision, FenceStore, MemoryStore, Reject, Replay, StoredResponse, check
+
+__all__ = ["check", "Accept", "Reject", "Replay", "Decision", "FenceStore", "MemoryStore", "StoredResponse"]

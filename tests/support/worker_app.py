@@ -1,0 +1,71 @@
+"""A test worker with knobs the scenarios need (it runs inside process-kubelet pods).
+
+Payload:
+  holdAttempts  attempts that hold: they wait (checking nothing) until `gateFile` exists or
+                until they are no longer sure of ownership, then try a side effect and a result
+  gateFile      file whose existence opens the gate
+  effectUrl     where the side effect goes
+  outFile       JSON lines of what happened, read by the test
+  workSeconds   how long a normal attempt works before completing
+Attempts not in holdAttempts work `workSeconds`, send the side effect, and complete.
+SIGTERM is recorded and otherwise ignored, so a worker cut off from the cluster stays alive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tether import logs
+from tether.worker import LeaseLost, OwnershipUnknown, ToolTimeout, WorkerRun
+
+
+def main() -> int:
+    logs.setup()
+    run = WorkerRun.from_env()
+    p = run.payload
+    out = Path(p["outFile"]) if p.get("outFile") else None
+
+    def record(**kw: object) -> None:
+        if out is not None:
+            with out.open("a") as f:
+                f.write(json.dumps({"attempt": run.attempt, "fence": run.fence, "pid": os.getpid(), **kw}) + "\n")
+
+    signal.signal(signal.SIGTERM, lambda *_: record(event="sigterm"))
+    run.start()
+    record(event="started", owned=run.owned)
+    if run.attempt in p.get("holdAttempts", []):
+        gate = Path(p["gateFile"]) if p.get("gateFile") else None
+        while not (gate is not None and gate.exists()) and run.owned:
+            time.sleep(0.05)
+        record(event="gate", owned=run.owned, lost=run.lost, unknown=run.ownership_unknown)
+    else:
+        time.sleep(float(p.get("workSeconds", 0.5)))
+    if p.get("effectUrl"):
+        try:
+            with run.http_client(timeout=180) as http:
+                resp = http.effect("POST", p["effectUrl"], operation="deliver", json={"attempt": run.attempt})
+            record(event="effect", status=resp.status_code, body=resp.text)
+        except (LeaseLost, OwnershipUnknown) as exc:
+            record(event="effect_not_sent", error=type(exc).__name__)
+        except (ToolTimeout, httpx.HTTPError) as exc:
+            record(event="effect_error", error=repr(exc))
+    renewed = run.renew()
+    record(event="renew", renewed=renewed, lost=run.lost, unknown=run.ownership_unknown)
+    try:
+        run.complete({"attempt": run.attempt})
+        record(event="complete", accepted=True)
+    except (LeaseLost, OwnershipUnknown) as exc:
+        record(event="complete", accepted=False, error=type(exc).__name__)
+    run.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
