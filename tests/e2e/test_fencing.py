@@ -74,6 +74,12 @@ def test_reference_scenario_network_cut(kube: Kube, namespace: str, operator, tm
         receiver.close()
 
 
+def _operator_silence(operator) -> float:  # type: ignore[no-untyped-def]
+    lost = operator.events("heartbeat_lost")
+    assert lost, "the operator logged no heartbeat_lost"
+    return float(lost[-1]["silenceSeconds"])
+
+
 def _kill(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -96,9 +102,12 @@ def test_paused_worker_stops_itself_and_late_writes_are_rejected(kube: Kube, nam
         a1, a2 = run["status"]["attempts"][:2]
         lost_after = revoked - last_renewal
         regrant = (_ts(a2["startedAt"]) - _ts(a1["endedAt"])).total_seconds()
-        record_measurement("lapse_to_regrant", leaseSeconds=duration, lastRenewalToLost=round(lost_after, 3),
-                           lostToNextGrant=round(regrant, 3))
-        assert duration - 0.5 <= lost_after <= duration + 2, lost_after
+        silence = _operator_silence(operator)
+        record_measurement("lapse_to_regrant", leaseSeconds=duration, operatorSilence=silence,
+                           testObserved=round(lost_after, 3), lostToNextGrant=round(regrant, 3))
+        assert duration <= silence <= duration + 2, silence
+        assert duration - 1.5 <= lost_after <= duration + 2, lost_after
+        assert regrant < 2, regrant
         assert a1["outcome"] == "LeaseLost" and a2["fence"] > a1["fence"]
         os.kill(pid, signal.SIGCONT)
         gate = wait_line(out, timeout=30, event="gate", attempt=1)
@@ -134,7 +143,12 @@ def test_clock_skew_neither_early_nor_late(kube: Kube, namespace: str, operator,
         os.kill(pid, signal.SIGSTOP)
         last_renewal = watch_last_renewal(kube, namespace, "skewed", "skewed-a1", timeout=duration + 20)
         lost_after = time.monotonic() - last_renewal
-        record_measurement("lapse_with_clock_skew", skew=skew, leaseSeconds=duration, lastRenewalToLost=round(lost_after, 3))
-        assert duration - 0.5 <= lost_after <= duration + 2, lost_after
+        silence = _operator_silence(operator)
+        record_measurement("lapse_with_clock_skew", skew=skew, leaseSeconds=duration,
+                           operatorSilence=silence, testObserved=round(lost_after, 3))
+        # The operator's own measure: silence since it observed the last renewal. The test's
+        # view from outside adds polling noise, hence its wider bound.
+        assert duration <= silence <= duration + 2, silence
+        assert duration - 1.5 <= lost_after <= duration + 2, lost_after
     finally:
         _kill(pid)

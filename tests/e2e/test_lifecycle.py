@@ -29,3 +29,56 @@ def test_happy_path(kube: Kube, namespace: str, operator) -> None:  # type: igno
     assert '"event": "worker_started"' in pod_log(namespace, "short-job-a1")
     claimed = operator.events("job_claimed")
     assert claimed and {"run", "attempt", "fence", "holder", "leaseDeadline"} <= set(claimed[0])
+
+
+def test_crash_is_retried_from_the_checkpoint(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    runs.create(kube, namespace, runs.example("crashing-job.yaml", payload={"steps": 6, "stepSeconds": 0.3,
+                                                                            "crashAttempts": [1]}))
+    run = runs.wait_phase(kube, namespace, "crashing-job", ("Succeeded", "Failed", "Lost"), timeout=60)
+    s = run["status"]
+    assert s["phase"] == "Succeeded", s
+    first, second = s["attempts"]
+    assert first["outcome"] == "PodFailed" and first["exitCode"] == 3
+    assert second["outcome"] == "Succeeded" and second["fence"] == 3
+    assert s["result"]["resumedFrom"] >= 1  # the second attempt started from the checkpoint
+    assert "BackoffStarted" in runs.events(kube, namespace, "crashing-job")
+
+
+def test_exit_code_rule_fails_the_run(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    body = runs.example("crashing-job.yaml", payload={"steps": 2, "stepSeconds": 0.2, "crashAttempts": [1]})
+    body["spec"]["retry"]["rules"] = [{"action": "FailRun", "onExitCodes": {"operator": "In", "values": [3]}}]
+    runs.create(kube, namespace, body)
+    run = runs.wait_phase(kube, namespace, "crashing-job", ("Succeeded", "Failed", "Lost"), timeout=60)
+    assert run["status"]["phase"] == "Failed" and len(run["status"]["attempts"]) == 1
+    assert runs.condition(run, "Stalled")["status"] == "True"
+    assert runs.condition(run, "Failed")["status"] == "True"
+
+
+def test_stop_cancels_and_removes_the_pod(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    runs.create(kube, namespace, runs.example("long-job.yaml"))
+    runs.wait_phase(kube, namespace, "long-job", "Running", timeout=30)
+    kube.ok(kube.patch(Kube.wr_path(namespace, "long-job"), {"spec": {"stop": True}}))
+    run = runs.wait_phase(kube, namespace, "long-job", "Cancelled", timeout=30)
+    assert run["status"]["attempts"][0]["outcome"] == "Cancelled" and "holder" not in run["status"]
+    eventually(lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/long-job-a1").status_code == 404,
+               timeout=30, what="the pod is gone")
+
+
+def test_suspend_holds_new_attempts_until_resumed(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    body = runs.example("short-job.yaml", payload={"steps": 1, "stepSeconds": 0.1}, suspend=True)
+    runs.create(kube, namespace, body)
+    run = runs.wait_phase(kube, namespace, "short-job", "Suspended", timeout=30)
+    assert run["status"].get("attempt", 0) == 0
+    assert kube.get(f"/api/v1/namespaces/{namespace}/pods/short-job-a1").status_code == 404
+    kube.ok(kube.patch(Kube.wr_path(namespace, "short-job"), {"spec": {"suspend": False}}))
+    runs.wait_phase(kube, namespace, "short-job", "Succeeded", timeout=60)
+
+
+def test_deadline_exceeded_then_ttl_deletes(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    body = runs.example("long-job.yaml", deadlineSeconds=3, ttlSecondsAfterFinished=2)
+    runs.create(kube, namespace, body)
+    run = runs.wait_phase(kube, namespace, "long-job", "DeadlineExceeded", timeout=30)
+    assert run["status"]["attempts"][0]["outcome"] == "DeadlineExceeded"
+    assert runs.condition(run, "Stalled")["status"] == "True"
+    eventually(lambda: kube.get(Kube.wr_path(namespace, "long-job")).status_code == 404, timeout=30,
+               what="the finished run deleted after its TTL")

@@ -301,7 +301,8 @@ class RunController:
             return False
         written = WorkerRun.model_validate(entry.run)
         if action.log:
-            self._log(f"run {written.status.phase.value if written.status.phase else ''}", written, action.log)
+            self._log(f"run {written.status.phase.value if written.status.phase else ''}", written, action.log,
+                      **dict(action.log_fields))
         for ev in action.events:
             self._spawn(self._post_event(entry.run, ev.type, ev.reason, ev.message))
         return True

@@ -87,6 +87,7 @@ class WriteStatus:
     status: WorkerRunStatus
     events: tuple[Event, ...] = ()
     log: str = ""  # structured log event name, e.g. job_claimed
+    log_fields: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,7 @@ class _Builder:
         self.status = o.run.status.model_copy(deep=True)
         self.events: list[Event] = []
         self.log = ""
+        self.log_fields: dict[str, object] = {}
 
     @property
     def generation(self) -> int:
@@ -215,7 +217,8 @@ class _Builder:
             s.finished_at = self.o.now
 
     def write(self) -> WriteStatus:
-        return WriteStatus(status=self.status, events=tuple(self.events), log=self.log)
+        return WriteStatus(status=self.status, events=tuple(self.events), log=self.log,
+                           log_fields=tuple(self.log_fields.items()))
 
     def end_attempt(self, outcome: Outcome, message: str, exit_code: int | None = None) -> None:
         """Revocation: the fence moves first, so nothing the old holder writes is accepted."""
@@ -392,6 +395,7 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
         deadline = lapse_deadline(run, o.lease)
         if o.mono >= deadline:
             ended = (Outcome.LEASE_LOST, f"no renewal observed for {run.spec.lease.duration_seconds}s", None)
+            b.log_fields["silenceSeconds"] = round(o.mono - o.lease.last_change, 3)
         else:
             d.wake(deadline - o.mono)
 
