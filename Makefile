@@ -7,10 +7,11 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane test unit cluster clean
+.PHONY: help install control-plane test unit demo cluster clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
+	@echo "make demo           the main job: local cluster, operator, examples, a lost worker, timelines"
 	@echo "make unit           pure unit tests only (no cluster)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
@@ -31,6 +32,9 @@ test: install control-plane
 
 unit: install
 	$(PY) -m pytest -m unit -p no:cacheprovider -q tests/unit
+
+demo: install control-plane
+	$(VENV)/bin/tether dev demo
 
 cluster: install control-plane
 	$(VENV)/bin/tether dev cluster

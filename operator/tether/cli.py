@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     cl = dev_sub.add_parser("cluster", help="start a local control plane and print its KUBECONFIG")
     cl.add_argument("--state-dir", help="where certificates, etcd data and logs go (default ./.tether/cluster)")
     cl.set_defaults(func=_dev_cluster)
+    demo = dev_sub.add_parser("demo", help="the main job on a local cluster: examples, a frozen worker, timelines")
+    demo.set_defaults(func=lambda _args: __import__("tether.devcluster.demo", fromlist=["main"]).main())
     return parser
 
 

@@ -330,3 +330,14 @@ def test_last_transition_time_kept_when_status_unchanged() -> None:
 def test_deleting_run_does_nothing() -> None:
     r = run(status=held(), deletionTimestamp=T0.isoformat())
     assert decide(observe(r, lease(), (pod(),), mono=999)).actions == []
+
+
+def test_checkpoint_folds_into_status_at_a_bounded_rate() -> None:
+    first = decide(observe(run(status=held()), lease(checkpoint="10"), (pod(),)))
+    s = status_of(first.actions)
+    assert s.checkpoint.cursor == "10" and s.checkpoint.time == T0 and s.fence == 1
+    folded = held(checkpoint={"cursor": "10", "time": T0.isoformat()})
+    soon = decide(observe(run(status=folded), lease(checkpoint="11"), (pod(),), now=T0 + dt.timedelta(seconds=5)))
+    assert soon.actions == []  # a heartbeat alone causes no WorkerRun write
+    later = decide(observe(run(status=folded), lease(checkpoint="12"), (pod(),), now=T0 + dt.timedelta(seconds=10)))
+    assert status_of(later.actions).checkpoint.cursor == "12"

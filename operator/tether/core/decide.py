@@ -25,6 +25,9 @@ from tether.api.models import (
     WorkerRunStatus,
 )
 
+# Progress reported on heartbeats reaches the run's status at most this often.
+FOLD_INTERVAL_SECONDS = 10.0
+
 # A pod of an attempt that already ended is left this long to exit on its own
 # after success; failed or revoked attempts' pods are deleted at once.
 POD_EXIT_GRACE_SECONDS = 30.0
@@ -433,10 +436,25 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
         b.events.append(Event("Normal", c.EV_LEASE_RENEWED, f"{s.holder} renewed its lease; running"))
         b.log = "heartbeat_ok"
         d.actions.append(b.write())
+    elif _checkpoint_due(o):
+        assert o.lease.checkpoint is not None
+        b.status.checkpoint = Checkpoint(cursor=o.lease.checkpoint, time=o.now)
+        d.actions.append(b.write())
     elif s.observed_generation != run.metadata.generation:
         b.set_phase(s.phase or Phase.STARTING, f"{s.holder} holds the lease",
                     lease_reason="LeaseRenewed" if s.phase == Phase.RUNNING else "AttemptStarted")
         d.actions.append(b.write())
+
+
+def _checkpoint_due(o: Observed) -> bool:
+    """A new checkpoint on the lease, and the last fold long enough ago (bounded status writes)."""
+    s, lease = o.run.status, o.lease
+    if lease is None or not lease.checkpoint:
+        return False
+    if s.checkpoint is None or s.checkpoint.time is None:
+        return True
+    return s.checkpoint.cursor != lease.checkpoint and \
+        (o.now - s.checkpoint.time).total_seconds() >= FOLD_INTERVAL_SECONDS
 
 
 def _revoke_followups(o: Observed, d: Decision, fence: int, cur: AttemptRecord | None,
