@@ -177,8 +177,8 @@ class RunController:
                 log.exception("reconcile failed; retrying", extra={"run": entry.key, "retryIn": requeue})
             if requeue == 0:
                 continue
-            if requeue is None and self._idle(entry):
-                break
+            if requeue is None and self._idle(entry) and not entry.wake.is_set():
+                break  # an event that arrived while reconciling set `wake`: go round once more
             try:
                 await asyncio.wait_for(entry.wake.wait(), timeout=requeue)
             except asyncio.TimeoutError:
