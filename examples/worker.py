@@ -5,6 +5,7 @@ Payload (spec.payload):
   stepSeconds   how long each step takes (default 1)
   crashAttempts attempts on which the worker crashes halfway (exit code 3), e.g. [1]
   effectUrl     if set, one side effect (POST) is sent after the last step, fenced and idempotent
+  centsPerStep  usage reported per step (default 1)
 
 Resumes from the last checkpoint when a previous attempt was lost.
 """
@@ -16,7 +17,7 @@ import sys
 import time
 
 from tether import logs
-from tether.worker import WorkerRun
+from tether.worker import StopRequested, WorkerRun
 
 log = logging.getLogger("example-worker")
 
@@ -30,13 +31,20 @@ def main() -> int:
         log.info("starting", extra={"event": "worker_started", "attempt": run.attempt, "fence": run.fence,
                                     "resumeFrom": start})
         for step in range(start, steps):
-            run.ensure_owner()  # self-fencing: no work without confirmed ownership
+            while run.signals.paused and not run.signals.stop:
+                time.sleep(0.2)  # suspended: hold on (the heartbeat goes on) until resumed
+            try:
+                run.ensure_owner()  # self-fencing: no work without confirmed ownership
+            except StopRequested as stop:
+                log.info("stopping as told", extra={"event": "worker_stopped", "reason": str(stop), "step": step})
+                return 0
             time.sleep(step_seconds)
             if run.attempt in run.payload.get("crashAttempts", []) and step >= steps // 2:
                 log.error("crashing on purpose", extra={"event": "worker_crash", "step": step})
                 return 3
             run.checkpoint(str(step + 1), flush=True)
-            run.report_usage(cents=step + 1, tokens=100 * (step + 1))
+            cents = int(run.payload.get("centsPerStep", 1))
+            run.report_usage(cents=cents * (step + 1 - start), tokens=100 * (step + 1 - start))
         if run.payload.get("effectUrl"):
             with run.http_client() as http:
                 resp = http.effect("POST", run.payload["effectUrl"], operation="deliver",

@@ -54,14 +54,32 @@ def test_exit_code_rule_fails_the_run(kube: Kube, namespace: str, operator) -> N
     assert runs.condition(run, "Failed")["status"] == "True"
 
 
-def test_stop_cancels_and_removes_the_pod(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+def test_stop_is_signalled_and_cancels(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     runs.create(kube, namespace, runs.example("long-job.yaml"))
     runs.wait_phase(kube, namespace, "long-job", "Running", timeout=30)
     kube.ok(kube.patch(Kube.wr_path(namespace, "long-job"), {"spec": {"stop": True}}))
     run = runs.wait_phase(kube, namespace, "long-job", "Cancelled", timeout=30)
     assert run["status"]["attempts"][0]["outcome"] == "Cancelled" and "holder" not in run["status"]
-    eventually(lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/long-job-a1").status_code == 404,
-               timeout=30, what="the pod is gone")
+    # The worker heard the stop signal on a heartbeat and stopped by itself, within the grace period.
+    assert '"event": "worker_stopped"' in pod_log(namespace, "long-job-a1")
+    pod = kube.get(f"/api/v1/namespaces/{namespace}/pods/long-job-a1")
+    assert pod.status_code == 404 or pod.json()["status"]["phase"] in ("Succeeded", "Failed")
+
+
+def test_stop_without_cooperation_deletes_the_pod_after_grace(kube: Kube, namespace: str, operator,  # type: ignore[no-untyped-def]
+                                                              tmp_path) -> None:
+    from tests.support.scenario import app_run
+
+    body = app_run("deaf", {"holdAttempts": [1], "outFile": str(tmp_path / "out.jsonl")})
+    body["spec"]["stopGraceSeconds"] = 2
+    body["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 1
+    runs.create(kube, namespace, body)
+    runs.wait_phase(kube, namespace, "deaf", "Running", timeout=30)
+    kube.ok(kube.patch(Kube.wr_path(namespace, "deaf"), {"spec": {"stop": True}}))
+    run = runs.wait_phase(kube, namespace, "deaf", "Cancelled", timeout=30)
+    assert run["status"]["attempts"][0]["outcome"] == "Cancelled"
+    eventually(lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/deaf-a1").status_code == 404,
+               timeout=30, what="the pod of a worker that ignored the stop is deleted")
 
 
 def test_suspend_holds_new_attempts_until_resumed(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from tether.api.models import Outcome, Phase, WorkerRun
+from tether.api.models import Outcome, Phase, Usage, WorkerRun
 from tether.core.decide import (
+    BudgetObservation,
+    ChargeBudget,
     ClearLease,
+    EnsureSignals,
     DeletePod,
     DeleteRun,
     EnsureLease,
@@ -21,6 +26,7 @@ from tether.core.decide import (
     WriteStatus,
     backoff_seconds,
     decide,
+    desired_signals,
 )
 
 T0 = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -61,8 +67,12 @@ def pod(attempt: int = 1, phase: str = "Running", **kw: Any) -> PodObservation:
 
 
 def observe(r: WorkerRun, lease_obs: LeaseObservation | None = None, pods: tuple[PodObservation, ...] = (),
-            now: dt.datetime = T0, mono: float = 105.0) -> Observed:
-    return Observed(run=r, lease=lease_obs, pods=pods, now=now, mono=mono)
+            now: dt.datetime = T0, mono: float = 105.0, budget: BudgetObservation | None = None) -> Observed:
+    o = Observed(run=r, lease=lease_obs, pods=pods, now=now, mono=mono, budget=budget)
+    if lease_obs is not None and lease_obs.signals is None:
+        # The lease already carries what the operator wants the worker to know.
+        o = replace(o, lease=replace(lease_obs, signals=desired_signals(o, None)))
+    return o
 
 
 def kinds(actions: list[Any]) -> list[str]:
@@ -88,7 +98,8 @@ def test_new_run_is_admitted_and_granted_in_order() -> None:
     assert kinds(d.actions) == ["WriteStatus", "EnsureLease", "EnsurePod"]  # status CAS first
     s = status_of(d.actions)
     assert (s.phase, s.attempt, s.fence, s.holder) == (Phase.STARTING, 1, 1, "job-a1")
-    assert d.actions[1] == EnsureLease(holder="job-a1", fence=1, duration_seconds=20)
+    assert d.actions[1].holder == "job-a1" and d.actions[1].fence == 1 and d.actions[1].duration_seconds == 20
+    assert json.loads(d.actions[1].signals)["stop"] is False
     assert d.actions[2] == EnsurePod(name="job-a1", attempt=1, fence=1, holder="job-a1")
     assert cond(s, "Admitted") == ("True", "Admitted")
     assert cond(s, "Reconciling") == ("True", "Starting")
@@ -236,12 +247,32 @@ def test_backoff_grows_and_is_capped(ended: int, seconds: float) -> None:
 # --- control fields --------------------------------------------------------------
 
 
-def test_stop_cancels_and_revokes() -> None:
-    d = decide(observe(run({"stop": True}, status=held()), lease(), (pod(),)))
-    s = status_of(d.actions)
+def test_stop_is_signalled_first_then_revoked_after_grace() -> None:
+    r = run({"stop": True, "stopGraceSeconds": 10}, status=held())
+    first = decide(observe(r, lease(), (pod(),)))
+    assert kinds(first.actions) == ["WriteStatus", "EnsureSignals"]
+    s = status_of(first.actions)
+    assert s.stop_requested_at == T0 and s.fence == 1 and s.holder == "job-a1"
+    assert json.loads(first.actions[1].signals)["stop"] is True and first.actions[1].fence == 1
+    assert first.requeue_after == 10
+    asked = held(stopRequestedAt=T0.isoformat())
+    waiting = decide(observe(run({"stop": True, "stopGraceSeconds": 10}, status=asked), lease(), (pod(),),
+                             now=T0 + dt.timedelta(seconds=4)))
+    assert kinds(waiting.actions) == ["EnsureSignals"] and waiting.requeue_after == 6
+    late = decide(observe(run({"stop": True, "stopGraceSeconds": 10}, status=asked), lease(), (pod(),),
+                          now=T0 + dt.timedelta(seconds=10)))
+    s = status_of(late.actions)
     assert (s.phase, s.fence, s.holder) == (Phase.CANCELLED, 2, None)
-    assert kinds(d.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+    assert kinds(late.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
     assert cond(s, "Stalled") == ("True", "Cancelled")
+
+
+def test_stopped_worker_exiting_ends_the_attempt_cancelled() -> None:
+    asked = held(stopRequestedAt=T0.isoformat())
+    d = decide(observe(run({"stop": True}, status=asked), lease(), (pod(phase="Failed", exit_code=1),),
+                       now=T0 + dt.timedelta(seconds=1)))
+    s = status_of(d.actions)
+    assert s.phase == Phase.CANCELLED and s.attempts[-1].outcome == Outcome.CANCELLED
 
 
 def test_stop_before_start_cancels_without_attempt() -> None:
@@ -283,7 +314,7 @@ def test_ttl_deletes_finished_run() -> None:
 def test_status_written_but_lease_and_pod_missing_are_repaired() -> None:
     d = decide(observe(run(status=held(phase="Starting")), None, ()))
     assert kinds(d.actions) == ["EnsureLease", "EnsurePod"]
-    assert d.actions[0] == EnsureLease(holder="job-a1", fence=1, duration_seconds=20)
+    assert (d.actions[0].holder, d.actions[0].fence) == ("job-a1", 1)
 
 
 def test_lease_from_previous_attempt_is_rewritten() -> None:
@@ -336,8 +367,104 @@ def test_checkpoint_folds_into_status_at_a_bounded_rate() -> None:
     first = decide(observe(run(status=held()), lease(checkpoint="10"), (pod(),)))
     s = status_of(first.actions)
     assert s.checkpoint.cursor == "10" and s.checkpoint.time == T0 and s.fence == 1
-    folded = held(checkpoint={"cursor": "10", "time": T0.isoformat()})
+    folded = held(checkpoint={"cursor": "10", "time": T0.isoformat()}, foldedAt=T0.isoformat())
     soon = decide(observe(run(status=folded), lease(checkpoint="11"), (pod(),), now=T0 + dt.timedelta(seconds=5)))
     assert soon.actions == []  # a heartbeat alone causes no WorkerRun write
     later = decide(observe(run(status=folded), lease(checkpoint="12"), (pod(),), now=T0 + dt.timedelta(seconds=10)))
     assert status_of(later.actions).checkpoint.cursor == "12"
+
+
+# --- budgets, caps, progress -----------------------------------------------------
+
+
+def test_cap_crossed_tells_worker_to_stop_then_ends_budget_exceeded() -> None:
+    spec = {"budget": {"capCents": 100}, "stopGraceSeconds": 5}
+    first = decide(observe(run(spec, status=held()), lease(usage=Usage(cents=120, tokens=5)), (pod(),)))
+    s = status_of(first.actions)
+    assert s.stop_requested_at == T0
+    sig = json.loads(next(a for a in first.actions if isinstance(a, EnsureSignals)).signals)
+    assert sig["stop"] is True and "cap of 100 cents" in sig["reason"] and sig["capCents"] == 100
+    asked = held(stopRequestedAt=T0.isoformat())
+    late = decide(observe(run(spec, status=asked), lease(usage=Usage(cents=130, tokens=5)), (pod(),),
+                          now=T0 + dt.timedelta(seconds=5)))
+    s = status_of(late.actions)
+    assert s.phase == Phase.BUDGET_EXCEEDED and s.overspend == Usage(cents=30, tokens=0)
+    assert s.usage == Usage(cents=130, tokens=5) and s.attempts[-1].usage == Usage(cents=130, tokens=5)
+    assert "DeletePod" in kinds(late.actions)
+
+
+def test_usage_alarm_is_what_remains_of_the_cap() -> None:
+    st = held(attempt=2)
+    st["attempts"][0]["usage"] = {"cents": 30, "tokens": 0}
+    d = decide(observe(run({"budget": {"capCents": 100}}, status=st), lease(attempt=2), (pod(2),)))
+    assert d.usage_alarm is not None and d.usage_alarm.cents == 70
+
+
+def test_usage_folds_at_a_bounded_rate_and_is_charged() -> None:
+    budget = BudgetObservation(name="team", remaining=Usage(cents=1000, tokens=10**6), charged=Usage())
+    r = run({"budget": {"budgetRef": {"name": "team"}}}, status=held())
+    d = decide(observe(r, lease(usage=Usage(cents=5, tokens=50)), (pod(),), budget=budget))
+    assert status_of(d.actions).usage == Usage(cents=5, tokens=50)
+    assert ChargeBudget(budget="team", total=Usage(cents=5, tokens=50)) in d.actions
+    folded = held(usage={"cents": 5, "tokens": 50}, foldedAt=T0.isoformat())
+    soon = decide(observe(run({"budget": {"budgetRef": {"name": "team"}}}, status=folded),
+                          lease(usage=Usage(cents=9, tokens=90)), (pod(),), now=T0 + dt.timedelta(seconds=3),
+                          budget=replace(budget, charged=Usage(cents=5, tokens=50))))
+    assert soon.actions == [] and soon.requeue_after == pytest.approx(7)
+
+
+def test_exhausted_budget_blocks_admission() -> None:
+    budget = BudgetObservation(name="team", exhausted=True, remaining=Usage(), next_reset_seconds=3600)
+    d = decide(observe(run({"budget": {"budgetRef": {"name": "team"}}}), budget=budget))
+    s = status_of(d.actions)
+    assert s.phase == Phase.PENDING and s.attempt == 0
+    assert cond(s, "Admitted") == ("False", "BudgetExceeded")
+    assert kinds(d.actions) == ["WriteStatus"] and d.requeue_after == 3600
+    again = decide(observe(run({"budget": {"budgetRef": {"name": "team"}}}, status=s.dump()), budget=budget))
+    assert again.actions == []  # no write while nothing changes
+    missing = decide(observe(run({"budget": {"budgetRef": {"name": "x"}}}), budget=BudgetObservation(name="x", missing=True)))
+    assert cond(status_of(missing.actions), "Admitted") == ("False", "BudgetNotFound")
+
+
+def test_raised_limit_admits() -> None:
+    st = {"phase": "Pending", "conditions": [{"type": "Admitted", "status": "False", "reason": "BudgetExceeded",
+                                              "lastTransitionTime": T0.isoformat()}]}
+    budget = BudgetObservation(name="team", remaining=Usage(cents=50, tokens=10**6))
+    d = decide(observe(run({"budget": {"budgetRef": {"name": "team"}}}, status=st), budget=budget))
+    s = status_of(d.actions)
+    assert s.phase == Phase.STARTING and cond(s, "Admitted") == ("True", "Admitted")
+
+
+def test_finished_run_is_charged_before_ttl_deletes_it() -> None:
+    spec = {"budget": {"budgetRef": {"name": "team"}}, "ttlSecondsAfterFinished": 0}
+    st = {"phase": "Succeeded", "fence": 2, "finishedAt": T0.isoformat(), "usage": {"cents": 40, "tokens": 4}}
+    budget = BudgetObservation(name="team", remaining=Usage(cents=10, tokens=10), charged=Usage(cents=30, tokens=4))
+    d = decide(observe(run(spec, status=st), budget=budget))
+    assert d.actions == [ChargeBudget(budget="team", total=Usage(cents=40, tokens=4))]
+    charged = decide(observe(run(spec, status=st), budget=replace(budget, charged=Usage(cents=40, tokens=4))))
+    assert status_of(charged.actions).budget_charged is True
+    done = decide(observe(run(spec, status={**st, "budgetCharged": True}), budget=budget))
+    assert done.actions == [DeleteRun()]
+
+
+def test_progress_deadline_stalls_a_live_worker_without_checkpoints() -> None:
+    spec = {"progressDeadlineSeconds": 15}
+    alive = lease(last_change=130.0, checkpoint="7", checkpoint_changed=100.0)
+    st = held(checkpoint={"cursor": "7", "time": T0.isoformat()}, foldedAt=T0.isoformat())
+    before = decide(observe(run(spec, status=st), alive, (pod(),), mono=114.0))
+    assert before.actions == [] and before.requeue_after == pytest.approx(1.0)
+    d = decide(observe(run(spec, status=st), alive, (pod(),), mono=115.0))
+    s = status_of(d.actions)
+    assert s.attempts[-1].outcome == Outcome.STALLED and s.phase == Phase.BACKOFF
+    assert s.checkpoint is not None and s.checkpoint.cursor == "7"  # the next attempt resumes from it
+
+
+def test_suspend_is_signalled_to_a_running_worker() -> None:
+    d = decide(observe(run(status=held()), lease(), (pod(),)))
+    assert d.actions == []
+    plain = decide(observe(run(status=held()), lease(), (pod(),))).actions
+    o = observe(run({"suspend": True}, status=held()), lease(signals=desired_signals(observe(run(status=held())), None)),
+                (pod(),))
+    paused = decide(o)
+    assert plain == [] and kinds(paused.actions) == ["EnsureSignals"]
+    assert json.loads(paused.actions[0].signals)["paused"] is True

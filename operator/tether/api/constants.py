@@ -14,8 +14,10 @@ POD_FINALIZER = f"{PREFIX}/attempt-tracking"
 # Lease annotations written by the worker on each heartbeat (one write carries all).
 ANN_CHECKPOINT = f"{PREFIX}/checkpoint"
 ANN_USAGE = f"{PREFIX}/usage"
-# Lease annotation written by the operator: the fence the lease was granted with.
+# Lease annotations written by the operator: the fence the lease was granted with, and the
+# control signals (JSON) the worker reads from every renewal's response.
 ANN_FENCE = f"{PREFIX}/fence"
+ANN_SIGNALS = f"{PREFIX}/signals"
 
 # Environment the operator gives a worker pod.
 ENV_RUN = "TETHER_RUN"
@@ -50,3 +52,6 @@ EV_CANCELLED = "Cancelled"
 EV_DEADLINE_EXCEEDED = "DeadlineExceeded"
 EV_BACKOFF = "BackoffStarted"
 EV_SUSPENDED = "Suspended"
+EV_BUDGET_EXCEEDED = "BudgetExceeded"
+EV_STOP_REQUESTED = "StopRequested"
+EV_STALLED = "Stalled"

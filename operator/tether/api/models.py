@@ -116,6 +116,7 @@ class WorkerRunSpec(_Model):
     progress_deadline_seconds: int | None = None
     suspend: bool = False
     stop: bool = False
+    stop_grace_seconds: int = 30
     ttl_seconds_after_finished: int | None = None
 
 
@@ -171,11 +172,15 @@ class WorkerRunStatus(_Model):
     ends_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     next_attempt_at: dt.datetime | None = None
+    folded_at: dt.datetime | None = None
     checkpoint: Checkpoint | None = None
     usage: Usage | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
     result: dict[str, Any] | None = None
     error: ErrorInfo | None = None
+    stop_requested_at: dt.datetime | None = None
+    overspend: Usage | None = None
+    budget_charged: bool | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
     def current(self) -> AttemptRecord | None:
@@ -208,3 +213,52 @@ class WorkerRun(_Model):
     @property
     def idempotency_key(self) -> str:
         return self.spec.idempotency_key or self.metadata.uid
+
+
+class Signals(_Model):
+    """What the control plane tells the worker, carried on the Lease it renews."""
+
+    stop: bool = False
+    paused: bool = False
+    reason: str | None = None
+    ends_at: dt.datetime | None = None
+    cap_cents: int | None = None
+    cap_tokens: int | None = None
+    # Spent by earlier attempts: the worker's own reports count from zero.
+    base_cents: int = 0
+    base_tokens: int = 0
+
+
+# --- WorkerBudget -------------------------------------------------------------
+
+BUDGET_PLURAL = "workerbudgets"
+
+
+class WorkerBudgetSpec(_Model):
+    limit_cents: int | None = None
+    limit_tokens: int | None = None
+    period: Literal["None", "Daily", "Weekly", "Monthly"] = "None"
+    time_zone: str = "UTC"
+
+
+class Charge(_Model):
+    run: str | None = None
+    cents: int = 0
+    tokens: int = 0
+
+
+class WorkerBudgetStatus(_Model):
+    observed_generation: int | None = None
+    period_start: dt.datetime | None = None
+    spent: Usage = Field(default_factory=Usage)
+    remaining: Usage | None = None
+    charges: dict[str, Charge] = Field(default_factory=dict)
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class WorkerBudget(_Model):
+    api_version: str = API_VERSION
+    kind: str = "WorkerBudget"
+    metadata: ObjectMeta
+    spec: WorkerBudgetSpec
+    status: WorkerBudgetStatus = Field(default_factory=WorkerBudgetStatus)

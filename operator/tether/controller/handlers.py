@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from tether.api import constants as c
-from tether.api.models import GROUP, PLURAL, VERSION
+from tether.api.models import BUDGET_PLURAL, GROUP, PLURAL, VERSION
 from tether.controller.runs import RunController
 from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
@@ -61,3 +61,8 @@ async def lease_event(event: dict[str, Any], **_: Any) -> None:
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_RUN: kopf.PRESENT})
 async def pod_event(event: dict[str, Any], **_: Any) -> None:
     controller().on_pod(event.get("type"), event["object"])
+
+
+@kopf.on.event(GROUP, VERSION, BUDGET_PLURAL)
+async def budget_event(event: dict[str, Any], **_: Any) -> None:
+    controller().on_budget(event.get("type"), event["object"])

@@ -14,24 +14,35 @@ from typing import Any
 
 from tether.api import constants as c
 from tether.api.models import Usage
+from tether.core.budget import valid_report
 from tether.core.decide import LeaseObservation
 
 log = logging.getLogger("tether.leases")
 
 
-def parse_usage(raw: str | None) -> Usage | None:
-    """The worker's cumulative usage report for its attempt; malformed reports are ignored."""
+def parse_usage(raw: str | None, previous: Usage | None, key: str) -> Usage | None:
+    """The worker's cumulative usage report for its attempt. Malformed reports (not
+    integers, NaN, negative, decreasing, implausibly large) are refused and logged,
+    and the previous report stands."""
     if not raw:
-        return None
+        return previous
     try:
         doc = json.loads(raw)
-        usage = Usage(cents=int(doc.get("cents", 0)), tokens=int(doc.get("tokens", 0)))
-    except (ValueError, TypeError, AttributeError):
-        log.warning("malformed usage report refused", extra={"event": "usage_rejected"})
-        return None
-    if usage.cents < 0 or usage.tokens < 0:
-        log.warning("negative usage report refused", extra={"event": "usage_rejected"})
-        return None
+        cents, tokens = doc.get("cents", 0), doc.get("tokens", 0)
+        if isinstance(cents, bool) or isinstance(tokens, bool) or not isinstance(cents, int) \
+                or not isinstance(tokens, int):
+            raise ValueError("cents and tokens must be integers")
+        usage = Usage(cents=cents, tokens=tokens)
+    except (ValueError, TypeError, AttributeError) as exc:
+        log.warning("malformed usage report refused", extra={"event": "usage_rejected", "run": key,
+                                                             "reason": str(exc)[:200]})
+        return previous
+    why = valid_report(usage, previous)
+    if why is not None:
+        log.warning("usage report refused", extra={"event": "usage_rejected", "run": key, "reason": why,
+                                                   "reported": usage.dump(),
+                                                   "previous": previous.dump() if previous else None})
+        return previous
     return usage
 
 
@@ -54,14 +65,23 @@ class LeaseTracker:
         holder, fence = spec.get("holderIdentity"), spec.get("leaseTransitions")
         rv = meta.get("resourceVersion", "")
         prev = self._items.get(key)
-        extras = {"checkpoint": ann.get(c.ANN_CHECKPOINT), "usage": parse_usage(ann.get(c.ANN_USAGE))}
         if prev is not None and fence is not None and prev.fence is not None and fence < prev.fence:
             return False  # an event older than what we already know
+        checkpoint, signals = ann.get(c.ANN_CHECKPOINT), ann.get(c.ANN_SIGNALS)
         if prev is None or (holder, fence) != (prev.holder, prev.fence):
-            self._items[key] = LeaseObservation(holder=holder, fence=fence, resource_version=rv,
-                                                last_change=mono, renewed=False, **extras)
+            self._items[key] = LeaseObservation(
+                holder=holder, fence=fence, resource_version=rv, last_change=mono, renewed=False,
+                checkpoint=checkpoint, checkpoint_changed=mono, signals=signals,
+                usage=parse_usage(ann.get(c.ANN_USAGE), None, key) if holder else None)
             return True
         if rv == prev.resource_version:
             return False
-        self._items[key] = replace(prev, resource_version=rv, last_change=mono, renewed=True, **extras)
-        return not prev.renewed
+        # Only the holder's own writes count as renewals; a signal update by the operator does not.
+        by_holder = signals == prev.signals
+        self._items[key] = replace(
+            prev, resource_version=rv, signals=signals,
+            last_change=mono if by_holder else prev.last_change,
+            renewed=prev.renewed or by_holder, checkpoint=checkpoint,
+            checkpoint_changed=mono if checkpoint != prev.checkpoint else prev.checkpoint_changed,
+            usage=parse_usage(ann.get(c.ANN_USAGE), prev.usage, key))
+        return not prev.renewed and by_holder

@@ -20,15 +20,19 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from tether.api import constants as c
-from tether.api.models import WorkerRun
+from tether.api.models import Usage, WorkerBudget, WorkerRun
 from tether.controller.leases import LeaseTracker
+from tether.core import budget as budgets
 from tether.core.decide import (
     Action,
+    BudgetObservation,
+    ChargeBudget,
     ClearLease,
     DeletePod,
     DeleteRun,
     EnsureLease,
     EnsurePod,
+    EnsureSignals,
     Observed,
     PodObservation,
     ReleasePod,
@@ -36,7 +40,7 @@ from tether.core.decide import (
     decide,
 )
 from tether.kube import resources
-from tether.kube.client import Conflict, KubeClient, NotFound
+from tether.kube.client import Conflict, Invalid, KubeClient, NotFound
 
 log = logging.getLogger("tether.controller")
 
@@ -60,6 +64,8 @@ class RunEntry:
     task: asyncio.Task[None] | None = None
     rbac_ready: bool = False
     errors: int = 0
+    usage_alarm: Usage | None = None
+    budget: str | None = None  # key of the WorkerBudget it draws from
 
 
 def _key(ns: str, name: str) -> str:
@@ -93,6 +99,7 @@ class RunController:
         self.clock = clock or Clock()
         self.leases = LeaseTracker()
         self.entries: dict[str, RunEntry] = {}
+        self.budgets: dict[str, dict[str, Any]] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
     # --- watch events --------------------------------------------------------
@@ -132,8 +139,29 @@ class RunController:
         else:
             changed = self.leases.observe(key, body, self.clock.mono())
         entry = self.entries.get(key)
-        if changed and entry is not None:
+        if entry is None:
+            return
+        tracked = self.leases.get(key)
+        alarm = entry.usage_alarm
+        if alarm is not None and tracked is not None and tracked.usage is not None and \
+                (tracked.usage.cents >= alarm.cents or tracked.usage.tokens >= alarm.tokens):
+            changed = True  # a cap or the budget is reached: act now, not at the next fold
+        if changed:
             entry.wake.set()
+
+    def on_budget(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        key = _key(meta["namespace"], meta["name"])
+        if event_type == "DELETED":
+            self.budgets.pop(key, None)
+        else:
+            self.budgets[key] = body
+            self._spawn(self._refresh_budget(meta["namespace"], meta["name"]))
+        # Runs that draw from it may be admitted now (limit raised, period rolled over).
+        for entry in self.entries.values():
+            if entry.budget == key and entry.run is not None:
+                entry.wake.set()
+                self._ensure_loop(entry)
 
     def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body["metadata"]
@@ -199,9 +227,11 @@ class RunController:
             log.error("cannot read run; waiting for a change", extra={"run": entry.key, "error": str(exc)})
             return None
         pods = tuple(p for p in (_pod_observation(b) for b in entry.pods.values()) if p is not None)
-        observed = Observed(run=run, lease=self.leases.get(entry.key), pods=pods,
-                            now=self.clock.now(), mono=self.clock.mono())
+        now = self.clock.now()
+        observed = Observed(run=run, lease=self.leases.get(entry.key), pods=pods, now=now, mono=self.clock.mono(),
+                            budget=await self._budget_observation(entry, run, now))
         decision = decide(observed)
+        entry.usage_alarm = decision.usage_alarm
         if not decision.actions:
             return decision.requeue_after
         if not await self._still_current(entry, decision.actions):
@@ -213,6 +243,52 @@ class RunController:
                 run = WorkerRun.model_validate(entry.run)
         return decision.requeue_after
 
+    async def _refresh_budget(self, ns: str, name: str) -> None:
+        """Keeps a budget's status current (remaining, period, Exhausted) when nothing is charged."""
+        try:
+            body = await self.kube.get_budget(ns, name)
+            if body is None:
+                return
+            budget = WorkerBudget.model_validate(body)
+            status = budgets.refresh(budget, self.clock.now())
+            if status.dump() == budget.status.dump():
+                return
+            body["status"] = status.dump()
+            self.budgets[_key(ns, name)] = await self.kube.replace_budget_status(body)
+        except (Conflict, NotFound):
+            pass  # a newer version arrives by watch and triggers another refresh
+        except Exception as exc:  # noqa: BLE001 - best effort; charges refresh it too
+            log.warning("budget refresh failed", extra={"budget": f"{ns}/{name}", "error": str(exc)})
+
+    async def _budget_observation(self, entry: RunEntry, run: WorkerRun, now: dt.datetime) -> BudgetObservation | None:
+        ref = run.spec.budget.budget_ref if run.spec.budget else None
+        if ref is None:
+            return None
+        key = _key(run.metadata.namespace, ref.name)
+        entry.budget = key
+        body = self.budgets.get(key)
+        if body is None:
+            # Not seen by the watch (yet): ask, so a starting operator does not think it missing.
+            body = await self.kube.get_budget(run.metadata.namespace, ref.name)
+            if body is None:
+                return BudgetObservation(name=ref.name, missing=True)
+            self.budgets[key] = body
+        budget = WorkerBudget.model_validate(body)
+        status = budgets.refresh(budget, now)
+        if status.period_start != budget.status.period_start:
+            self._spawn(self._refresh_budget(run.metadata.namespace, ref.name))
+        start = budgets.period_start(now, budget.spec)
+        next_reset = None
+        if start is not None:
+            probe = now
+            while budgets.period_start(probe, budget.spec) == start:
+                probe += dt.timedelta(hours=1)
+            next_reset = (budgets.period_start(probe, budget.spec) - now).total_seconds()  # type: ignore[operator]
+        return BudgetObservation(
+            name=ref.name, exhausted=budgets.exhausted(budget.spec, status.spent),
+            remaining=status.remaining or Usage(), charged=budgets.charged(budget, run.metadata.uid),
+            next_reset_seconds=next_reset)
+
     async def _still_current(self, entry: RunEntry, actions: list[Action]) -> bool:
         """Guards against acting on stale observations.
 
@@ -222,16 +298,18 @@ class RunController:
         """
         assert entry.run is not None
         meta = entry.run["metadata"]
-        if any(isinstance(a, WriteStatus) and a.log == "heartbeat_lost" for a in actions):
+        if any(isinstance(a, WriteStatus) and a.ends_attempt for a in actions):
+            # Confirm a lapse (a stalled watch must not kill workers) and pick up the
+            # final usage report before the attempt's books are closed.
             lease = await self.kube.get_lease(meta["namespace"], meta["name"])
             tracked = self.leases.get(entry.key)
             if lease is not None and tracked is not None and \
                     lease["metadata"]["resourceVersion"] != tracked.resource_version:
                 self.leases.observe(entry.key, lease, self.clock.mono())
-                log.info("lapse not confirmed: the lease moved", extra={"run": entry.key, "event": "lapse_unconfirmed"})
+                log.info("the lease moved; deciding again", extra={"run": entry.key, "event": "lease_refreshed"})
                 return False
         if not any(isinstance(a, WriteStatus) for a in actions) and \
-                any(isinstance(a, (EnsureLease, EnsurePod)) for a in actions):
+                any(isinstance(a, (EnsureLease, EnsurePod, ChargeBudget)) for a in actions):
             try:
                 fresh = await self.kube.get_run(meta["namespace"], meta["name"])
             except NotFound:
@@ -268,9 +346,10 @@ class RunController:
             if isinstance(action, WriteStatus):
                 return await self._write_status(entry, run, action)
             if isinstance(action, EnsureLease):
-                return await self._set_lease(entry, run, action.holder, action.fence, action.duration_seconds, now)
+                return await self._set_lease(entry, run, action.holder, action.fence, action.duration_seconds, now,
+                                             action.signals)
             if isinstance(action, ClearLease):
-                return await self._set_lease(entry, run, None, action.fence, run.spec.lease.duration_seconds, now)
+                return await self._set_lease(entry, run, None, action.fence, run.spec.lease.duration_seconds, now, "")
             if isinstance(action, EnsurePod):
                 await self._ensure_pod(entry, run, action)
             elif isinstance(action, DeletePod):
@@ -278,12 +357,39 @@ class RunController:
                 self._log("pod deleted", run, "pod_deleted", pod=action.name)
             elif isinstance(action, ReleasePod):
                 await self.kube.remove_finalizer(ns, action.name, c.POD_FINALIZER)
+            elif isinstance(action, EnsureSignals):
+                written = await self.kube.patch_lease_signals(ns, name, action.fence, action.signals)
+                self.leases.observe(entry.key, written, self.clock.mono())
+            elif isinstance(action, ChargeBudget):
+                return await self._charge(entry, run, action)
             elif isinstance(action, DeleteRun):
                 await self.kube.delete_run(ns, name, run.metadata.uid)
                 self._log("finished run deleted (ttlSecondsAfterFinished)", run, "run_deleted")
             return True
-        except Conflict:
+        except (Conflict, Invalid):
+            # Invalid: a JSON-patch test failed (the lease moved on); decide again.
             return False
+
+    async def _charge(self, entry: RunEntry, run: WorkerRun, action: ChargeBudget) -> bool:
+        """CAS on the budget's status; the per-run mark makes a repeated charge add nothing."""
+        ns = run.metadata.namespace
+        for _ in range(10):
+            body = await self.kube.get_budget(ns, action.budget)
+            if body is None:
+                return False
+            budget = WorkerBudget.model_validate(body)
+            status = budgets.apply_charge(budget, run.metadata.uid, run.metadata.name, action.total, self.clock.now())
+            before = budgets.charged(budget, run.metadata.uid)
+            body["status"] = status.dump()
+            try:
+                written = await self.kube.replace_budget_status(body)
+            except Conflict:
+                continue  # another run charged first: re-read and apply our difference again
+            self.budgets[_key(ns, action.budget)] = written
+            self._log("usage charged", run, "budget_charged", budget=action.budget,
+                      cents=action.total.cents - before.cents, tokens=action.total.tokens - before.tokens)
+            return True
+        return False
 
     async def _write_status(self, entry: RunEntry, run: WorkerRun, action: WriteStatus) -> bool:
         assert entry.run is not None
@@ -308,14 +414,14 @@ class RunController:
         return True
 
     async def _set_lease(self, entry: RunEntry, run: WorkerRun, holder: str | None, fence: int, duration: int,
-                         now: dt.datetime) -> bool:
+                         now: dt.datetime, signals: str) -> bool:
         ns, name = run.metadata.namespace, run.metadata.name
         for _ in range(5):
             current = await self.kube.get_lease(ns, name)
             if current is None:
                 if holder is None:
                     return True
-                written = await self.kube.create_lease(resources.build_lease(run, holder, fence, duration, now))
+                written = await self.kube.create_lease(resources.build_lease(run, holder, fence, duration, now, signals))
                 self.leases.observe(entry.key, written, self.clock.mono())
                 return True
             spec = current.get("spec", {}) or {}
@@ -328,7 +434,8 @@ class RunController:
                 self.leases.observe(entry.key, current, self.clock.mono())
                 return True
             try:
-                written = await self.kube.replace_lease(resources.regrant_lease(current, holder, fence, duration, now))
+                written = await self.kube.replace_lease(
+                    resources.regrant_lease(current, holder, fence, duration, now, signals))
             except Conflict:
                 continue  # the old holder renewed in between; our write must still win
             self.leases.observe(entry.key, written, self.clock.mono())

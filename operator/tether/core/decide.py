@@ -10,16 +10,19 @@ fresh observations, so every step is safe to repeat after a crash.
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tether.api import constants as c
-from tether.api.conditions import phase_conditions, set_condition
+from tether.api.conditions import get_condition, phase_conditions, set_condition
 from tether.api.models import (
     AttemptRecord,
     Checkpoint,
     ErrorInfo,
     Outcome,
     Phase,
+    Signals,
     Usage,
     WorkerRun,
     WorkerRunStatus,
@@ -48,6 +51,21 @@ class LeaseObservation:
     renewed: bool
     checkpoint: str | None = None
     usage: Usage | None = None
+    # Monotonic time the checkpoint last changed (progress), and the signals on the lease now.
+    checkpoint_changed: float = 0.0
+    signals: str | None = None
+
+
+@dataclass(frozen=True)
+class BudgetObservation:
+    """The run's WorkerBudget, refreshed for `now` (period rolled over if due)."""
+
+    name: str
+    missing: bool = False
+    exhausted: bool = False
+    remaining: Usage = field(default_factory=Usage)
+    charged: Usage = field(default_factory=Usage)  # this run's mark
+    next_reset_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,7 @@ class Observed:
     pods: tuple[PodObservation, ...]
     now: dt.datetime
     mono: float
+    budget: BudgetObservation | None = None
 
 
 # --- actions ----------------------------------------------------------------
@@ -91,6 +110,7 @@ class WriteStatus:
     events: tuple[Event, ...] = ()
     log: str = ""  # structured log event name, e.g. job_claimed
     log_fields: tuple[tuple[str, object], ...] = ()
+    ends_attempt: bool = False  # the executor first re-reads the Lease for the final usage report
 
 
 @dataclass(frozen=True)
@@ -98,6 +118,7 @@ class EnsureLease:
     holder: str
     fence: int
     duration_seconds: int
+    signals: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,7 +151,24 @@ class DeleteRun:
     pass
 
 
-Action = WriteStatus | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
+@dataclass(frozen=True)
+class EnsureSignals:
+    """Write the control signals onto the current holder's Lease (tested fence)."""
+
+    fence: int
+    signals: str
+
+
+@dataclass(frozen=True)
+class ChargeBudget:
+    """Charge the run's whole usage so far to its budget; the budget adds only what is new."""
+
+    budget: str
+    total: Usage
+
+
+Action = (WriteStatus | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun | EnsureSignals
+          | ChargeBudget)
 
 
 @dataclass
@@ -138,6 +176,8 @@ class Decision:
     actions: list[Action] = field(default_factory=list)
     # Decide again after this many seconds even if nothing changes (None: only on change).
     requeue_after: float | None = None
+    # Wake up as soon as the current attempt's reported usage reaches this (a cap or budget).
+    usage_alarm: Usage | None = None
 
     def wake(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)
@@ -205,6 +245,7 @@ class _Builder:
         self.events: list[Event] = []
         self.log = ""
         self.log_fields: dict[str, object] = {}
+        self.ends_attempt = False
 
     @property
     def generation(self) -> int:
@@ -221,11 +262,12 @@ class _Builder:
 
     def write(self) -> WriteStatus:
         return WriteStatus(status=self.status, events=tuple(self.events), log=self.log,
-                           log_fields=tuple(self.log_fields.items()))
+                           log_fields=tuple(self.log_fields.items()), ends_attempt=self.ends_attempt)
 
     def end_attempt(self, outcome: Outcome, message: str, exit_code: int | None = None) -> None:
         """Revocation: the fence moves first, so nothing the old holder writes is accepted."""
         s, o = self.status, self.o
+        self.ends_attempt = True
         s.fence += 1
         s.holder = None
         s.lease_expires_at = None
@@ -235,9 +277,12 @@ class _Builder:
             cur.ended_at = o.now
             cur.exit_code = exit_code
             cur.message = message
-            if o.lease is not None and o.lease.usage is not None:
+            if _lease_is_current(o) and o.lease is not None and o.lease.usage is not None:
                 cur.usage = o.lease.usage
-        if o.lease is not None and o.lease.checkpoint and (
+        s.usage = sum_usage(a.usage for a in s.attempts)
+        s.folded_at = o.now
+        s.stop_requested_at = None
+        if _lease_is_current(o) and o.lease is not None and o.lease.checkpoint and (
                 s.checkpoint is None or s.checkpoint.cursor != o.lease.checkpoint):
             s.checkpoint = Checkpoint(cursor=o.lease.checkpoint, time=o.now)
         reason, log = _OUTCOME_EVENT.get(outcome, (c.EV_ATTEMPT_ENDED, "attempt_ended"))
@@ -306,6 +351,83 @@ class _Builder:
         return holder, attempt, s.fence
 
 
+# --- usage, limits, signals -------------------------------------------------
+
+
+def sum_usage(items: Iterable[Usage | None]) -> Usage:
+    cents = tokens = 0
+    for u in items:
+        if u is not None:
+            cents += u.cents
+            tokens += u.tokens
+    return Usage(cents=cents, tokens=tokens)
+
+
+def _lease_is_current(o: Observed) -> bool:
+    s = o.run.status
+    return o.lease is not None and s.holder is not None and o.lease.holder == s.holder and o.lease.fence == s.fence
+
+
+def earlier_usage(s: WorkerRunStatus) -> Usage:
+    """What attempts that already ended reported."""
+    return sum_usage(a.usage for a in s.attempts if a.outcome is not None)
+
+
+def run_usage(o: Observed) -> Usage:
+    """Everything the run has reported: ended attempts plus the current one's latest report."""
+    current = o.lease.usage if _lease_is_current(o) and o.lease is not None else None
+    return sum_usage([earlier_usage(o.run.status), current])
+
+
+def over_limit(o: Observed, total: Usage) -> tuple[str, Usage] | None:
+    """(why, overspend) when the run's cap or its budget is reached."""
+    budget = o.run.spec.budget
+    if budget is not None:
+        if budget.cap_cents is not None and total.cents >= budget.cap_cents:
+            return (f"cap of {budget.cap_cents} cents reached ({total.cents} spent)",
+                    Usage(cents=total.cents - budget.cap_cents, tokens=0))
+        if budget.max_tokens is not None and total.tokens >= budget.max_tokens:
+            return (f"cap of {budget.max_tokens} tokens reached ({total.tokens} used)",
+                    Usage(cents=0, tokens=total.tokens - budget.max_tokens))
+    b = o.budget
+    if b is not None and not b.missing:
+        over_c = max(0, total.cents - b.charged.cents) - b.remaining.cents
+        over_t = max(0, total.tokens - b.charged.tokens) - b.remaining.tokens
+        if b.exhausted or over_c >= 0 or over_t >= 0:
+            return (f"WorkerBudget {b.name} is exhausted", Usage(cents=max(0, over_c), tokens=max(0, over_t)))
+    return None
+
+
+def usage_alarm(o: Observed) -> Usage | None:
+    """The current attempt's own usage at which a cap or the budget is reached."""
+    earlier = earlier_usage(o.run.status)
+    big = 2**62
+    cents, tokens = big, big
+    budget = o.run.spec.budget
+    if budget is not None:
+        if budget.cap_cents is not None:
+            cents = min(cents, budget.cap_cents - earlier.cents)
+        if budget.max_tokens is not None:
+            tokens = min(tokens, budget.max_tokens - earlier.tokens)
+    b = o.budget
+    if b is not None and not b.missing:
+        cents = min(cents, b.remaining.cents + b.charged.cents - earlier.cents)
+        tokens = min(tokens, b.remaining.tokens + b.charged.tokens - earlier.tokens)
+    if cents == big and tokens == big:
+        return None
+    return Usage(cents=max(cents, 0), tokens=max(tokens, 0))
+
+
+def desired_signals(o: Observed, stop_reason: str | None) -> str:
+    run, s = o.run, o.run.status
+    budget = run.spec.budget
+    earlier = earlier_usage(s)
+    sig = Signals(stop=stop_reason is not None, reason=stop_reason, paused=run.spec.suspend, ends_at=s.ends_at,
+                  cap_cents=budget.cap_cents if budget else None, cap_tokens=budget.max_tokens if budget else None,
+                  base_cents=earlier.cents, base_tokens=earlier.tokens)
+    return json.dumps(sig.dump(), sort_keys=True, separators=(",", ":"))
+
+
 # --- the decision -----------------------------------------------------------
 
 
@@ -317,27 +439,20 @@ def decide(o: Observed) -> Decision:
     _housekeep_pods(o, d)
 
     if s.phase is not None and s.phase.terminal:
-        if o.lease is not None and o.lease.holder is not None:
-            d.actions.append(ClearLease(fence=s.fence))  # a crash between status and lease writes
-        ttl = run.spec.ttl_seconds_after_finished
-        if ttl is not None and s.finished_at is not None:
-            due = (s.finished_at + dt.timedelta(seconds=ttl) - o.now).total_seconds()
-            if due <= 0:
-                d.actions.append(DeleteRun())
-            else:
-                d.wake(due)
+        _decide_finished(o, d)
         return d
 
     b = _Builder(o)
     active = s.holder is not None
     cur = s.current()
 
-    # Control fields and the whole-run deadline come first: they end the run whatever the worker does.
+    # The whole-run deadline ends the run whatever the worker does; a stop without a
+    # worker to tell ends it at once.
     ending: tuple[Outcome, str] | None = None
-    if run.spec.stop:
-        ending = (Outcome.CANCELLED, "spec.stop is set")
-    elif s.ends_at is not None and o.now >= s.ends_at:
+    if s.ends_at is not None and o.now >= s.ends_at:
         ending = (Outcome.DEADLINE_EXCEEDED, f"deadlineSeconds={run.spec.deadline_seconds} passed")
+    elif run.spec.stop and not active:
+        ending = (Outcome.CANCELLED, "spec.stop is set")
     if ending is not None:
         outcome, message = ending
         if active:
@@ -346,6 +461,7 @@ def decide(o: Observed) -> Decision:
         d.actions.append(b.write())
         if active:
             _revoke_followups(o, d, b.status.fence, cur)
+        _charge_if_due(o, d, b.status.usage)
         return d
     if s.ends_at is not None:
         d.wake((s.ends_at - o.now).total_seconds())
@@ -364,26 +480,102 @@ def decide(o: Observed) -> Decision:
     if s.phase == Phase.BACKOFF and s.next_attempt_at is not None and o.now < s.next_attempt_at:
         d.wake((s.next_attempt_at - o.now).total_seconds())
         return d
-    if s.phase is None:
-        b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "True", "Admitted",
-                                            "run admitted", run.metadata.generation, o.now)
+    if not _admit(o, b, d):
+        return d
     holder, attempt, fence = b.grant()
     d.actions.append(b.write())
-    d.actions.append(EnsureLease(holder=holder, fence=fence, duration_seconds=run.spec.lease.duration_seconds))
+    granted = Observed(run=run.model_copy(update={"status": b.status}), lease=None, pods=o.pods, now=o.now,
+                       mono=o.mono, budget=o.budget)
+    d.actions.append(EnsureLease(holder=holder, fence=fence, duration_seconds=run.spec.lease.duration_seconds,
+                                 signals=desired_signals(granted, None)))
     if run.spec.executor == "Pod":
         d.actions.append(EnsurePod(name=holder, attempt=attempt, fence=fence, holder=holder))
     d.wake(max(run.spec.lease.startup_grace_seconds, run.spec.lease.duration_seconds))
     return d
 
 
+def _admit(o: Observed, b: _Builder, d: Decision) -> bool:
+    """Admission: a run whose cap or budget is exhausted waits, Admitted=False."""
+    s, gen = o.run.status, o.run.metadata.generation
+    reason, message = "", ""
+    if o.budget is not None and o.budget.missing:
+        reason, message = "BudgetNotFound", f"WorkerBudget {o.budget.name} does not exist"
+    else:
+        over = over_limit(o, run_usage(o))
+        if over is not None:
+            reason, message = "BudgetExceeded", f"not launched: {over[0]}"
+    if not reason:
+        b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "True", "Admitted",
+                                            "run admitted", gen, o.now)
+        return True
+    current = get_condition(s.conditions, c.COND_ADMITTED)
+    if current is None or current.status != "False" or current.reason != reason or s.phase is None:
+        b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "False", reason, message,
+                                            gen, o.now)
+        b.set_phase(Phase.PENDING, message)
+        b.events.append(Event("Warning", c.EV_BUDGET_EXCEEDED if reason == "BudgetExceeded" else reason, message))
+        d.actions.append(b.write())
+    if o.budget is not None and o.budget.next_reset_seconds is not None:
+        d.wake(o.budget.next_reset_seconds)
+    return False
+
+
+def _decide_finished(o: Observed, d: Decision) -> None:
+    run, s = o.run, o.run.status
+    if o.lease is not None and o.lease.holder is not None:
+        d.actions.append(ClearLease(fence=s.fence))  # a crash between status and lease writes
+    needs_charge = run.spec.budget is not None and run.spec.budget.budget_ref is not None \
+        and o.budget is not None and not o.budget.missing and not s.budget_charged
+    if needs_charge:
+        total = s.usage or Usage()
+        assert o.budget is not None
+        if o.budget.charged.cents >= total.cents and o.budget.charged.tokens >= total.tokens:
+            status = s.model_copy(deep=True)
+            status.budget_charged = True
+            d.actions.append(WriteStatus(status=status, log="budget_charged"))
+        else:
+            d.actions.append(ChargeBudget(budget=o.budget.name, total=total))
+        return  # TTL waits until every cent is charged
+    ttl = run.spec.ttl_seconds_after_finished
+    if ttl is not None and s.finished_at is not None:
+        due = (s.finished_at + dt.timedelta(seconds=ttl) - o.now).total_seconds()
+        if due <= 0:
+            d.actions.append(DeleteRun())
+        else:
+            d.wake(due)
+
+
+def _charge_if_due(o: Observed, d: Decision, total: Usage | None) -> None:
+    b = o.budget
+    if b is None or b.missing or total is None:
+        return
+    if total.cents > b.charged.cents or total.tokens > b.charged.tokens:
+        d.actions.append(ChargeBudget(budget=b.name, total=total))
+
+
 def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) -> None:
     run, s = o.run, o.run.status
     assert s.holder is not None
     pod = next((p for p in o.pods if p.attempt == cur.attempt), None)
+    total = run_usage(o)
+    d.usage_alarm = usage_alarm(o)
+
+    # A stop (spec.stop, or a cap or budget crossed) is first told to the worker; its
+    # attempt ends when it stops, or when stopGraceSeconds have passed.
+    stop: tuple[Outcome, str] | None = None
+    over = over_limit(o, total)
+    if run.spec.stop:
+        stop = (Outcome.CANCELLED, "spec.stop is set")
+    elif over is not None:
+        stop = (Outcome.BUDGET_EXCEEDED, over[0])
 
     ended: tuple[Outcome, str, int | None] | None = None
     if s.result is not None:
         ended = (Outcome.SUCCEEDED, "the holder published its result", None)
+    elif stop is not None and s.stop_requested_at is not None and (
+            s.error is not None or (pod is not None and (pod.terminated or pod.deleting))
+            or o.now >= s.stop_requested_at + dt.timedelta(seconds=run.spec.stop_grace_seconds)):
+        ended = (stop[0], stop[1], pod.exit_code if pod is not None else None)
     elif s.error is not None:
         ended = (Outcome.WORKER_FAILED, f"{s.error.code or 'error'}: {s.error.message or ''}".strip(), None)
     elif pod is not None and pod.deleting:
@@ -392,18 +584,26 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
         ended = (Outcome.POD_FAILED, f"pod {pod.name} exited with code {pod.exit_code} without a result",
                  pod.exit_code)
 
-    lease_ok = (o.lease is not None and o.lease.holder == s.holder and o.lease.fence == s.fence)
+    lease_ok = _lease_is_current(o)
     if ended is None and lease_ok:
         assert o.lease is not None
         deadline = lapse_deadline(run, o.lease)
+        pd = run.spec.progress_deadline_seconds
         if o.mono >= deadline:
             ended = (Outcome.LEASE_LOST, f"no renewal observed for {run.spec.lease.duration_seconds}s", None)
             b.log_fields["silenceSeconds"] = round(o.mono - o.lease.last_change, 3)
+        elif pd is not None and o.lease.renewed and o.mono >= o.lease.checkpoint_changed + pd:
+            ended = (Outcome.STALLED, f"alive, but no new checkpoint for {pd}s (progressDeadlineSeconds)", None)
         else:
             d.wake(deadline - o.mono)
+            if pd is not None:
+                d.wake(o.lease.checkpoint_changed + pd - o.mono)
 
     if ended is not None:
         outcome, message, exit_code = ended
+        if outcome == Outcome.BUDGET_EXCEEDED and over is not None:
+            b.status.overspend = over[1]
+            message = f"{message}; overspend {over[1].cents} cents, {over[1].tokens} tokens"
         b.end_attempt(outcome, message, exit_code)
         # The worker's error is kept in the attempt record; status.error describes the run,
         # so it stays only if this failure ends the run.
@@ -413,6 +613,7 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
             b.status.error = s.error
         d.actions.append(b.write())
         _revoke_followups(o, d, b.status.fence, cur, keep_pod=outcome == Outcome.SUCCEEDED)
+        _charge_if_due(o, d, b.status.usage)
         if b.status.phase == Phase.BACKOFF:
             d.wake(0 if b.status.next_attempt_at is None else
                    (b.status.next_attempt_at - o.now).total_seconds())
@@ -421,40 +622,62 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
     # Still held. Repair a grant interrupted by a crash (status written, lease or pod not).
     if not lease_ok:
         d.actions.append(EnsureLease(holder=s.holder, fence=s.fence,
-                                     duration_seconds=run.spec.lease.duration_seconds))
+                                     duration_seconds=run.spec.lease.duration_seconds,
+                                     signals=desired_signals(o, None)))
     if run.spec.executor == "Pod" and pod is None:
         d.actions.append(EnsurePod(name=cur.pod or s.holder, attempt=cur.attempt, fence=s.fence, holder=s.holder))
     if not lease_ok:
         d.wake(1.0)
         return
-
     assert o.lease is not None
+
+    signals = desired_signals(o, stop[1] if stop is not None else None)
+    write = False
+    if stop is not None and s.stop_requested_at is None:
+        b.status.stop_requested_at = o.now
+        b.events.append(Event("Warning", c.EV_BUDGET_EXCEEDED if stop[0] == Outcome.BUDGET_EXCEEDED
+                              else c.EV_STOP_REQUESTED, f"{s.holder} told to stop: {stop[1]}"))
+        b.log, b.log_fields["reason"] = "stop_requested", stop[1]
+        write = True
+    if stop is not None:
+        requested = b.status.stop_requested_at or o.now
+        d.wake((requested + dt.timedelta(seconds=run.spec.stop_grace_seconds) - o.now).total_seconds())
     if s.phase != Phase.RUNNING and o.lease.renewed:
         b.status.last_renew_time = o.now
         b.status.lease_expires_at = o.now + dt.timedelta(seconds=run.spec.lease.duration_seconds)
         b.set_phase(Phase.RUNNING, f"{s.holder} renewed its lease", lease_reason="LeaseRenewed")
         b.events.append(Event("Normal", c.EV_LEASE_RENEWED, f"{s.holder} renewed its lease; running"))
-        b.log = "heartbeat_ok"
-        d.actions.append(b.write())
-    elif _checkpoint_due(o):
-        assert o.lease.checkpoint is not None
-        b.status.checkpoint = Checkpoint(cursor=o.lease.checkpoint, time=o.now)
-        d.actions.append(b.write())
-    elif s.observed_generation != run.metadata.generation:
+        b.log = b.log or "heartbeat_ok"
+        write = True
+    if _fold_due(o, total):
+        b.status.usage = total
+        if o.lease.checkpoint and (s.checkpoint is None or s.checkpoint.cursor != o.lease.checkpoint):
+            b.status.checkpoint = Checkpoint(cursor=o.lease.checkpoint, time=o.now)
+        b.status.folded_at = o.now
+        write = True
+        _charge_if_due(o, d, total)
+    elif s.folded_at is not None and (total != (s.usage or Usage()) or
+                                      (o.lease.checkpoint or None) != (s.checkpoint.cursor if s.checkpoint else None)):
+        d.wake(FOLD_INTERVAL_SECONDS - (o.now - s.folded_at).total_seconds())
+    if s.observed_generation != run.metadata.generation and not write:
         b.set_phase(s.phase or Phase.STARTING, f"{s.holder} holds the lease",
                     lease_reason="LeaseRenewed" if s.phase == Phase.RUNNING else "AttemptStarted")
+        write = True
+    if write:
         d.actions.append(b.write())
+    if signals != o.lease.signals:
+        d.actions.append(EnsureSignals(fence=s.fence, signals=signals))
 
 
-def _checkpoint_due(o: Observed) -> bool:
-    """A new checkpoint on the lease, and the last fold long enough ago (bounded status writes)."""
+def _fold_due(o: Observed, total: Usage) -> bool:
+    """New usage or checkpoint on the lease, and the last fold long enough ago (bounded status writes)."""
     s, lease = o.run.status, o.lease
-    if lease is None or not lease.checkpoint:
+    assert lease is not None
+    changed = total != (s.usage or Usage()) or \
+        (lease.checkpoint or None) != (s.checkpoint.cursor if s.checkpoint else None)
+    if not changed:
         return False
-    if s.checkpoint is None or s.checkpoint.time is None:
-        return True
-    return s.checkpoint.cursor != lease.checkpoint and \
-        (o.now - s.checkpoint.time).total_seconds() >= FOLD_INTERVAL_SECONDS
+    return s.folded_at is None or (o.now - s.folded_at).total_seconds() >= FOLD_INTERVAL_SECONDS
 
 
 def _revoke_followups(o: Observed, d: Decision, fence: int, cur: AttemptRecord | None,

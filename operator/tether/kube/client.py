@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tether.api.models import API_VERSION, PLURAL
+from tether.api.models import API_VERSION, BUDGET_PLURAL, PLURAL
 from tether.kube.config import KubeConfig
 
 JSON_PATCH = {"Content-Type": "application/json-patch+json"}
@@ -51,6 +51,10 @@ def _raise_for(resp: httpx.Response, what: str) -> None:
 
 def run_path(ns: str, name: str = "") -> str:
     return f"/apis/{API_VERSION}/namespaces/{ns}/{PLURAL}" + (f"/{name}" if name else "")
+
+
+def budget_path(ns: str, name: str = "") -> str:
+    return f"/apis/{API_VERSION}/namespaces/{ns}/{BUDGET_PLURAL}" + (f"/{name}" if name else "")
 
 
 def lease_path(ns: str, name: str = "") -> str:
@@ -93,6 +97,20 @@ class KubeClient:
         except NotFound:
             pass
 
+    # --- WorkerBudgets -------------------------------------------------------
+
+    async def get_budget(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._call("GET", budget_path(ns, name), f"get workerbudget {ns}/{name}")
+        except NotFound:
+            return None
+
+    async def replace_budget_status(self, budget: dict[str, Any]) -> dict[str, Any]:
+        """PUT status with the budget's resourceVersion (compare-and-swap)."""
+        meta = budget["metadata"]
+        return await self._call("PUT", budget_path(meta["namespace"], meta["name"]) + "/status",
+                                f"replace status of workerbudget {meta['namespace']}/{meta['name']}", json=budget)
+
     # --- Leases --------------------------------------------------------------
 
     async def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
@@ -110,6 +128,13 @@ class KubeClient:
         meta = lease["metadata"]
         return await self._call("PUT", lease_path(meta["namespace"], meta["name"]),
                                 f"replace lease {meta['namespace']}/{meta['name']}", json=lease)
+
+    async def patch_lease_signals(self, ns: str, name: str, fence: int, signals: str) -> dict[str, Any]:
+        """Sets the signals annotation only while the lease still carries `fence`."""
+        patch = [{"op": "test", "path": "/spec/leaseTransitions", "value": fence},
+                 {"op": "add", "path": "/metadata/annotations/tether.dev~1signals", "value": signals}]
+        return await self._call("PATCH", lease_path(ns, name), f"signal lease {ns}/{name}", json=patch,
+                                headers=JSON_PATCH)
 
     # --- Pods ----------------------------------------------------------------
 

@@ -37,18 +37,22 @@ def lease_spec(holder: str | None, fence: int, duration: int, now: dt.datetime) 
     return spec
 
 
-def build_lease(run: WorkerRun, holder: str, fence: int, duration: int, now: dt.datetime) -> dict[str, Any]:
+def build_lease(run: WorkerRun, holder: str, fence: int, duration: int, now: dt.datetime,
+                signals: str = "") -> dict[str, Any]:
+    annotations = {c.ANN_FENCE: str(fence)}
+    if signals:
+        annotations[c.ANN_SIGNALS] = signals
     return {
         "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
         "metadata": {"name": run.metadata.name, "namespace": run.metadata.namespace,
                      "labels": run_labels(run), "ownerReferences": [owner_ref(run)],
-                     "annotations": {c.ANN_FENCE: str(fence)}},
+                     "annotations": annotations},
         "spec": lease_spec(holder, fence, duration, now),
     }
 
 
 def regrant_lease(current: dict[str, Any], holder: str | None, fence: int, duration: int,
-                  now: dt.datetime) -> dict[str, Any]:
+                  now: dt.datetime, signals: str = "") -> dict[str, Any]:
     """The current Lease rewritten for a new holder (or none), keeping its resourceVersion.
 
     A new grant drops the previous attempt's usage report; the checkpoint stays
@@ -60,6 +64,10 @@ def regrant_lease(current: dict[str, Any], holder: str | None, fence: int, durat
     ann[c.ANN_FENCE] = str(fence)
     if holder is not None:
         ann.pop(c.ANN_USAGE, None)
+    if signals:
+        ann[c.ANN_SIGNALS] = signals
+    else:
+        ann.pop(c.ANN_SIGNALS, None)
     lease["spec"] = lease_spec(holder, fence, duration, now)
     return lease
 

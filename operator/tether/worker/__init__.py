@@ -10,7 +10,8 @@
         run.complete({"steps": 10})
 """
 
-from tether.worker.errors import LeaseLost, OwnershipUnknown, TetherWorkerError, ToolTimeout
-from tether.worker.run import FencedClient, WorkerRun
+from tether.worker.errors import LeaseLost, OwnershipUnknown, StopRequested, TetherWorkerError, ToolTimeout
+from tether.worker.run import ControlSignals, FencedClient, WorkerRun
 
-__all__ = ["WorkerRun", "FencedClient", "LeaseLost", "OwnershipUnknown", "ToolTimeout", "TetherWorkerError"]
+__all__ = ["WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "StopRequested",
+           "ToolTimeout", "TetherWorkerError"]

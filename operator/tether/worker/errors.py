@@ -25,3 +25,10 @@ class OwnershipUnknown(TetherWorkerError):
 class ToolTimeout(TetherWorkerError):
     """An external call did not answer in time. Ownership is not in question;
     retrying the call with the same Idempotency-Key is safe."""
+
+
+class StopRequested(TetherWorkerError):
+    """The control plane told this worker to stop (spec.stop, or a cap or budget crossed).
+
+    Finish or abandon the current step and exit; start no new side effect.
+    """

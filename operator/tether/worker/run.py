@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+from dataclasses import dataclass
 import json
 import logging
 import os
@@ -23,11 +24,24 @@ import httpx
 from tether.api import constants as c
 from tether.kube import config as kubeconfig
 from tether.kube.client import lease_path, run_path
-from tether.worker.errors import LeaseLost, OwnershipUnknown, ToolTimeout
+from tether.api.models import Signals
+from tether.worker.errors import LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout
 
 log = logging.getLogger("tether.worker")
 
 JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+
+
+@dataclass(frozen=True)
+class ControlSignals:
+    """What the control plane says, as of the last confirmed heartbeat."""
+
+    stop: bool = False
+    paused: bool = False
+    reason: str | None = None
+    ends_at: dt.datetime | None = None
+    cap_remaining_cents: int | None = None
+    cap_remaining_tokens: int | None = None
 
 
 class WorkerRun:
@@ -75,6 +89,8 @@ class WorkerRun:
         self._thread: threading.Thread | None = None
         self._pending_checkpoint: str | None = None
         self._usage: dict[str, int] | None = None
+        self._signals = Signals()
+        self.signals_seen_at: float | None = None  # monotonic time the current signals arrived
 
     # --- construction --------------------------------------------------------
 
@@ -112,8 +128,21 @@ class WorkerRun:
     def owned(self) -> bool:
         return not self.lost and not self.ownership_unknown
 
+    @property
+    def signals(self) -> ControlSignals:
+        """stop, paused, endsAt and what is left of the run's caps, as of the last heartbeat."""
+        with self._lock:
+            sig, usage = self._signals, dict(self._usage or {})
+        own_cents, own_tokens = usage.get("cents", 0), usage.get("tokens", 0)
+        return ControlSignals(
+            stop=sig.stop, paused=sig.paused, reason=sig.reason, ends_at=sig.ends_at,
+            cap_remaining_cents=None if sig.cap_cents is None else sig.cap_cents - sig.base_cents - own_cents,
+            cap_remaining_tokens=None if sig.cap_tokens is None else sig.cap_tokens - sig.base_tokens - own_tokens)
+
     def ensure_owner(self) -> None:
-        """Call before every side effect: raises LeaseLost or OwnershipUnknown."""
+        """Call before every side effect: raises LeaseLost, OwnershipUnknown or StopRequested."""
+        if self._signals.stop:
+            raise StopRequested(self._signals.reason or "the control plane asked this worker to stop")
         if self.lost:
             raise LeaseLost(f"{self.holder} lost run {self.namespace}/{self.name} (fence {self.fence})")
         if self.ownership_unknown:
@@ -202,6 +231,7 @@ class WorkerRun:
         if resp.status_code == 200:
             with self._lock:
                 self._lease = resp.json()
+            self._read_signals(self._lease)
             return True
         if resp.status_code == 409:
             # Re-read: if holder and fence are still ours, someone touched the lease
@@ -220,6 +250,21 @@ class WorkerRun:
         log.warning("heartbeat refused", extra=self._fields("heartbeat_refused", status=resp.status_code,
                                                             error=resp.text[:300]))
         return False
+
+    def _read_signals(self, lease: dict[str, Any]) -> None:
+        raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(c.ANN_SIGNALS)
+        try:
+            signals = Signals.model_validate_json(raw) if raw else Signals()
+        except ValueError:
+            log.warning("unreadable signals ignored", extra=self._fields("signals_unreadable"))
+            return
+        with self._lock:
+            changed = signals != self._signals
+            self._signals = signals
+        if changed:
+            self.signals_seen_at = self._mono()
+            log.info("control signals changed", extra=self._fields("signals_changed", stop=signals.stop,
+                                                                    paused=signals.paused, reason=signals.reason))
 
     # --- progress --------------------------------------------------------------
 
@@ -302,7 +347,8 @@ class WorkerRun:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if exc is not None and not self._finished.is_set() and not isinstance(exc, (LeaseLost, OwnershipUnknown)):
+            if exc is not None and not self._finished.is_set() and \
+                    not isinstance(exc, (LeaseLost, OwnershipUnknown, StopRequested)):
                 try:
                     self.fail(type(exc).__name__, str(exc)[:500])
                 except (LeaseLost, OwnershipUnknown, httpx.HTTPError):

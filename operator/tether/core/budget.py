@@ -1,0 +1,109 @@
+"""Budget arithmetic: periods, charges, exhaustion. Pure; tested with hypothesis.
+
+Charging is idempotent by construction: a budget remembers, per run, the total
+it has charged for that run, and a charge adds only the difference between
+the run's reported total and that mark. Repeating a charge (after a crash,
+a conflict, a retry) adds nothing; a total lower than the mark is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from tether.api.conditions import set_condition
+from tether.api.models import Charge, Usage, WorkerBudget, WorkerBudgetSpec, WorkerBudgetStatus
+
+# Reports beyond these are treated as malformed, not as spending.
+MAX_CENTS = 10**11
+MAX_TOKENS = 10**14
+
+
+def _zone(name: str) -> dt.tzinfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return dt.timezone.utc
+
+
+def period_start(now: dt.datetime, spec: WorkerBudgetSpec) -> dt.datetime | None:
+    """Start of the period containing `now` (midnight in the budget's zone), or None."""
+    if spec.period == "None":
+        return None
+    local = now.astimezone(_zone(spec.time_zone))
+    day = local.replace(hour=0, minute=0, second=0, microsecond=0)
+    if spec.period == "Weekly":
+        day = day - dt.timedelta(days=day.weekday())
+    elif spec.period == "Monthly":
+        day = day.replace(day=1)
+    # Rebuild through the zone so a DST change between day start and now is honoured.
+    start = dt.datetime(day.year, day.month, day.day, tzinfo=_zone(spec.time_zone))
+    return start.astimezone(dt.timezone.utc)
+
+
+def remaining(spec: WorkerBudgetSpec, spent: Usage) -> Usage:
+    big = 2**62
+    return Usage(cents=max(0, (spec.limit_cents if spec.limit_cents is not None else big) - spent.cents),
+                 tokens=max(0, (spec.limit_tokens if spec.limit_tokens is not None else big) - spent.tokens))
+
+
+def exhausted(spec: WorkerBudgetSpec, spent: Usage) -> bool:
+    return (spec.limit_cents is not None and spent.cents >= spec.limit_cents) or \
+        (spec.limit_tokens is not None and spent.tokens >= spec.limit_tokens)
+
+
+def refresh(budget: WorkerBudget, now: dt.datetime) -> WorkerBudgetStatus:
+    """Status with the period rolled over if due, remaining and the Exhausted condition recomputed."""
+    spec = budget.spec
+    status = budget.status.model_copy(deep=True)
+    start = period_start(now, spec)
+    if start is not None and (status.period_start is None or status.period_start < start):
+        # A new period: spending starts over. Per-run marks stay, so usage charged
+        # before the rollover is never charged again.
+        status.spent = Usage()
+        status.period_start = start
+    status.remaining = remaining(spec, status.spent)
+    gen = budget.metadata.generation
+    status.observed_generation = gen
+    if exhausted(spec, status.spent):
+        status.conditions = set_condition(status.conditions, "Exhausted", "True", "LimitReached",
+                                          "the limit for this period is reached", gen, now)
+    else:
+        status.conditions = set_condition(status.conditions, "Exhausted", "False", "WithinLimit",
+                                          "spending is within the limit", gen, now)
+    return status
+
+
+def apply_charge(budget: WorkerBudget, run_uid: str, run_name: str, total: Usage,
+                 now: dt.datetime) -> WorkerBudgetStatus:
+    """Charges what `total` (the run's whole usage so far) adds beyond the run's mark."""
+    status = refresh(budget, now)
+    mark = status.charges.get(run_uid, Charge(run=run_name))
+    delta = Usage(cents=max(0, total.cents - mark.cents), tokens=max(0, total.tokens - mark.tokens))
+    status.charges[run_uid] = Charge(run=run_name, cents=max(mark.cents, total.cents),
+                                     tokens=max(mark.tokens, total.tokens))
+    status.spent = Usage(cents=status.spent.cents + delta.cents, tokens=status.spent.tokens + delta.tokens)
+    budget = budget.model_copy(update={"status": status})
+    return refresh(budget, now)
+
+
+def charged(budget: WorkerBudget, run_uid: str) -> Usage:
+    mark = budget.status.charges.get(run_uid)
+    return Usage(cents=mark.cents, tokens=mark.tokens) if mark else Usage()
+
+
+def forget_charge(budget: WorkerBudget, run_uid: str) -> WorkerBudgetStatus:
+    status = budget.status.model_copy(deep=True)
+    status.charges.pop(run_uid, None)
+    return status
+
+
+def valid_report(report: Usage, previous: Usage | None) -> str | None:
+    """Why a worker's cumulative usage report is refused, or None if it is acceptable."""
+    if report.cents < 0 or report.tokens < 0:
+        return "negative usage"
+    if report.cents > MAX_CENTS or report.tokens > MAX_TOKENS:
+        return "implausibly large usage"
+    if previous is not None and (report.cents < previous.cents or report.tokens < previous.tokens):
+        return "usage decreased; reports are cumulative"
+    return None
