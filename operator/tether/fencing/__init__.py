@@ -6,6 +6,9 @@ entity, refuses lower fences (a worker that woke up too late), and replays
 the stored response when the same Idempotency-Key comes again.
 """
 
+from tether.fencing.asgi import FencingMiddleware, entity_of_key
 from tether.fencing.core import Accept, Decision, FenceStore, MemoryStore, Reject, Replay, StoredResponse, check
+from tether.fencing.sqlite import SQLiteStore
 
-__all__ = ["check", "Accept", "Reject", "Replay", "Decision", "FenceStore", "MemoryStore", "StoredResponse"]
+__all__ = ["check", "Accept", "Reject", "Replay", "Decision", "FenceStore", "MemoryStore", "SQLiteStore",
+           "StoredResponse", "FencingMiddleware", "entity_of_key"]

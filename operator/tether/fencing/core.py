@@ -23,6 +23,7 @@ class Accept:
 class Reject:
     highest: int
     message: str
+    status: int = 409  # 409 stale fence; 400 missing or malformed headers
 
 
 @dataclass(frozen=True)
@@ -77,11 +78,11 @@ def check(store: FenceStore, entity: str, fence: str | int | None, key: str | No
     (409) instead of receiving somebody else's stored response.
     """
     if fence is None or key is None or not key:
-        return Reject(-1, "X-Execution-Fence and Idempotency-Key headers are required")
+        return Reject(-1, "X-Execution-Fence and Idempotency-Key headers are required", 400)
     try:
         value = int(fence)
     except (TypeError, ValueError):
-        return Reject(-1, f"X-Execution-Fence must be an integer, got {fence!r}")
+        return Reject(-1, f"X-Execution-Fence must be an integer, got {fence!r}", 400)
     if value < 0:
-        return Reject(-1, "X-Execution-Fence must not be negative")
+        return Reject(-1, "X-Execution-Fence must not be negative", 400)
     return store.admit(entity, value, key)
