@@ -31,6 +31,8 @@ def main() -> int:
         log.info("starting", extra={"event": "worker_started", "attempt": run.attempt, "fence": run.fence,
                                     "resumeFrom": start})
         for step in range(start, steps):
+            if run.signals.paused:
+                log.info("paused", extra={"event": "worker_paused", "step": step})
             while run.signals.paused and not run.signals.stop:
                 time.sleep(0.2)  # suspended: hold on (the heartbeat goes on) until resumed
             try:

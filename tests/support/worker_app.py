@@ -7,6 +7,10 @@ Payload:
   effectUrl     where the side effect goes
   outFile       JSON lines of what happened, read by the test
   workSeconds   how long a normal attempt works before completing
+  usagePerSecond cents reported per second while holding (cumulative, on the heartbeat)
+  checkpoint    a checkpoint written once at start (then no progress)
+  holdSeconds   longest hold (default 120)
+While holding, every change of the control signals is recorded with the wall time it was seen.
 Attempts not in holdAttempts work `workSeconds`, send the side effect, and complete.
 SIGTERM is recorded and otherwise ignored, so a worker cut off from the cluster stays alive.
 """
@@ -39,11 +43,23 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: record(event="sigterm"))
     run.start()
-    record(event="started", owned=run.owned)
+    record(event="started", owned=run.owned, resumeFrom=run.checkpoint_cursor)
+    if p.get("checkpoint"):
+        run.checkpoint(p["checkpoint"], flush=True)
     if run.attempt in p.get("holdAttempts", []):
         gate = Path(p["gateFile"]) if p.get("gateFile") else None
-        while not (gate is not None and gate.exists()) and run.owned:
-            time.sleep(0.05)
+        began, seen = time.monotonic(), None
+        while not (gate is not None and gate.exists()) and run.owned \
+                and time.monotonic() - began < float(p.get("holdSeconds", 120)):
+            if p.get("usagePerSecond"):
+                run.report_usage(cents=int((time.monotonic() - began) * p["usagePerSecond"]))
+            sig = run.signals
+            if sig != seen:
+                record(event="signals", at=time.time(), stop=sig.stop, paused=sig.paused, reason=sig.reason,
+                       endsAt=sig.ends_at.isoformat() if sig.ends_at else None,
+                       capRemainingCents=sig.cap_remaining_cents)
+                seen = sig
+            time.sleep(0.02)
         record(event="gate", owned=run.owned, lost=run.lost, unknown=run.ownership_unknown)
     else:
         time.sleep(float(p.get("workSeconds", 0.5)))

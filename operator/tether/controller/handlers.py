@@ -7,6 +7,7 @@ nothing to WorkerRuns (ownership-dependent writes go through tether.kube).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -36,7 +37,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    _state["controller"] = RunController(KubeClient(kubeconfig.load()))
+    fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
+    _state["controller"] = RunController(KubeClient(kubeconfig.load()), fold_interval=fold)
     logging.getLogger("tether.operator").info("tether operator started", extra={"event": "operator_started"})
 
 

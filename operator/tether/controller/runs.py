@@ -94,9 +94,10 @@ def _pod_observation(pod: dict[str, Any]) -> PodObservation | None:
 
 
 class RunController:
-    def __init__(self, kube: KubeClient, clock: Clock | None = None) -> None:
+    def __init__(self, kube: KubeClient, clock: Clock | None = None, fold_interval: float = 10.0) -> None:
         self.kube = kube
         self.clock = clock or Clock()
+        self.fold_interval = fold_interval
         self.leases = LeaseTracker()
         self.entries: dict[str, RunEntry] = {}
         self.budgets: dict[str, dict[str, Any]] = {}
@@ -229,7 +230,7 @@ class RunController:
         pods = tuple(p for p in (_pod_observation(b) for b in entry.pods.values()) if p is not None)
         now = self.clock.now()
         observed = Observed(run=run, lease=self.leases.get(entry.key), pods=pods, now=now, mono=self.clock.mono(),
-                            budget=await self._budget_observation(entry, run, now))
+                            budget=await self._budget_observation(entry, run, now), fold_interval=self.fold_interval)
         decision = decide(observed)
         entry.usage_alarm = decision.usage_alarm
         if not decision.actions:

@@ -90,6 +90,8 @@ class Observed:
     now: dt.datetime
     mono: float
     budget: BudgetObservation | None = None
+    # How often heartbeat-borne progress and usage may reach the run's status (bounded writes).
+    fold_interval: float = FOLD_INTERVAL_SECONDS
 
 
 # --- actions ----------------------------------------------------------------
@@ -658,7 +660,7 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
         _charge_if_due(o, d, total)
     elif s.folded_at is not None and (total != (s.usage or Usage()) or
                                       (o.lease.checkpoint or None) != (s.checkpoint.cursor if s.checkpoint else None)):
-        d.wake(FOLD_INTERVAL_SECONDS - (o.now - s.folded_at).total_seconds())
+        d.wake(o.fold_interval - (o.now - s.folded_at).total_seconds())
     if s.observed_generation != run.metadata.generation and not write:
         b.set_phase(s.phase or Phase.STARTING, f"{s.holder} holds the lease",
                     lease_reason="LeaseRenewed" if s.phase == Phase.RUNNING else "AttemptStarted")
@@ -677,7 +679,7 @@ def _fold_due(o: Observed, total: Usage) -> bool:
         (lease.checkpoint or None) != (s.checkpoint.cursor if s.checkpoint else None)
     if not changed:
         return False
-    return s.folded_at is None or (o.now - s.folded_at).total_seconds() >= FOLD_INTERVAL_SECONDS
+    return s.folded_at is None or (o.now - s.folded_at).total_seconds() >= o.fold_interval
 
 
 def _revoke_followups(o: Observed, d: Decision, fence: int, cur: AttemptRecord | None,
