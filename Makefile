@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane test unit demo cluster clean
+.PHONY: help install control-plane tools test unit demo cluster clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -27,7 +27,10 @@ install: $(VENV)/.installed
 control-plane:
 	bash hack/build-control-plane.sh
 
-test: install control-plane
+tools:
+	bash hack/build-tools.sh
+
+test: install control-plane tools
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
 
 unit: install

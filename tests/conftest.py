@@ -91,6 +91,15 @@ def bin_dir() -> Path:
     return Path(os.environ["TETHER_TEST_BIN_DIR"])
 
 
+@pytest.fixture(scope="session")
+def tools_dir() -> Path:
+    """helm and the kstatus checker, built from Go modules (cached) by hack/build-tools.sh."""
+    import subprocess
+
+    out = subprocess.run(["bash", str(ROOT / "hack" / "build-tools.sh")], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test, with its default service account ready."""

@@ -38,20 +38,59 @@ def _operator(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    import kopf
-
     from tether import logs
 
     logs.setup(logging.DEBUG if args.verbose else logging.INFO)
-    import tether.controller.handlers  # noqa: F401 - registers the kopf handlers
+    return asyncio.run(_run_operator(args))
+
+
+async def _run_operator(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import socket
+    import uuid
+
+    import kopf
+
+    from tether import metrics
+    from tether.controller import handlers
+    from tether.controller.leader import LeaderElector
+    from tether.kube import config as kubeconfig
+    from tether.kube.client import KubeClient
+
+    log = logging.getLogger("tether.operator")
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    elector = None
+    if args.leader_elect:
+        cfg = kubeconfig.load()
+        namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace
+        identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        elector = LeaderElector(KubeClient(cfg), namespace, args.leader_election_id, identity,
+                                lease_seconds=args.leader_lease_seconds,
+                                renew_deadline=args.leader_lease_seconds * 2 / 3,
+                                retry_period=max(1.0, args.leader_lease_seconds / 7.5))
+        metrics.STATE.is_leader = False
+        await elector.acquire()
+        metrics.STATE.is_leader = True
+        handlers.configure(may_act=lambda: elector.is_leader)
 
     namespaces = args.namespace or []
-    asyncio.run(kopf.operator(
-        standalone=True,  # HA uses a Lease-based leader election, not kopf peering
+    operator = asyncio.create_task(kopf.operator(
+        standalone=True,  # HA is the Lease-based election above, not kopf peering
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
     ))
+    if elector is None:
+        await operator
+        return 0
+    holding = asyncio.create_task(elector.hold())
+    await asyncio.wait({operator, holding}, return_when=asyncio.FIRST_COMPLETED)
+    if holding.done():
+        # Exit at once: a replica that lost its lease must not act again (the standby owns it now).
+        log.error("leadership lost; exiting", extra={"event": "leader_lost"})
+        os._exit(1)
     return 0
 
 
@@ -68,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
                     help="watch only this namespace (repeatable); default: all namespaces")
     op.add_argument("--liveness", default=None,
                     help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)")
+    op.add_argument("--leader-elect", action="store_true",
+                    help="run as one of several replicas: only the holder of a Lease acts")
+    op.add_argument("--leader-election-namespace", default="",
+                    help="namespace of the leader Lease (default: $POD_NAMESPACE, else the kubeconfig's)")
+    op.add_argument("--leader-election-id", default="tether-operator-leader", help="name of the leader Lease")
+    op.add_argument("--leader-lease-seconds", type=float, default=15.0,
+                    help="leader lease duration; a standby takes over within it")
     op.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     op.set_defaults(func=_operator)
 

@@ -8,21 +8,27 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import kopf
 
+from tether import metrics
 from tether.api import constants as c
 from tether.api.models import BUDGET_PLURAL, GROUP, PLURAL, VERSION
 from tether.controller.runs import RunController
 from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
 
-_state: dict[str, Any] = {}
+_state: dict[str, Any] = {"may_act": lambda: True}
 
 
 def controller() -> RunController:
     return _state["controller"]
+
+
+def configure(may_act: Callable[[], bool]) -> None:
+    """Called before kopf starts: with leader election, only the leader acts."""
+    _state["may_act"] = may_act
 
 
 @kopf.on.startup()
@@ -38,7 +44,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
-    _state["controller"] = RunController(KubeClient(kubeconfig.load()), fold_interval=fold)
+    ctl = RunController(KubeClient(kubeconfig.load()), fold_interval=fold, may_act=_state["may_act"])
+    _state["controller"] = ctl
+    metrics.STATE.controller = ctl
     logging.getLogger("tether.operator").info("tether operator started", extra={"event": "operator_started"})
 
 

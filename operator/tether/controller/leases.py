@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from tether import metrics
 from tether.api import constants as c
 from tether.api.models import Usage
 from tether.core.budget import valid_report
@@ -34,11 +35,13 @@ def parse_usage(raw: str | None, previous: Usage | None, key: str) -> Usage | No
             raise ValueError("cents and tokens must be integers")
         usage = Usage(cents=cents, tokens=tokens)
     except (ValueError, TypeError, AttributeError) as exc:
+        metrics.USAGE_REJECTED.inc()
         log.warning("malformed usage report refused", extra={"event": "usage_rejected", "run": key,
                                                              "reason": str(exc)[:200]})
         return previous
     why = valid_report(usage, previous)
     if why is not None:
+        metrics.USAGE_REJECTED.inc()
         log.warning("usage report refused", extra={"event": "usage_rejected", "run": key, "reason": why,
                                                    "reported": usage.dump(),
                                                    "previous": previous.dump() if previous else None})

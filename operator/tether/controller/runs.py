@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
+from tether import metrics
 from tether.api import constants as c
 from tether.api.models import Usage, WorkerBudget, WorkerRun
 from tether.controller.leases import LeaseTracker
@@ -94,8 +95,10 @@ def _pod_observation(pod: dict[str, Any]) -> PodObservation | None:
 
 
 class RunController:
-    def __init__(self, kube: KubeClient, clock: Clock | None = None, fold_interval: float = 10.0) -> None:
+    def __init__(self, kube: KubeClient, clock: Clock | None = None, fold_interval: float = 10.0,
+                 may_act: Callable[[], bool] = lambda: True) -> None:
         self.kube = kube
+        self.may_act = may_act
         self.clock = clock or Clock()
         self.fold_interval = fold_interval
         self.leases = LeaseTracker()
@@ -195,15 +198,21 @@ class RunController:
     async def _loop(self, entry: RunEntry) -> None:
         while entry.run is not None:
             entry.wake.clear()
+            began = time.monotonic()
             try:
                 requeue = await self._reconcile(entry)
                 entry.errors = 0
+                metrics.RECONCILE_TOTAL.labels("workerrun", "success" if requeue is None else "requeue").inc()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - one run's failure must not stop the others
+                metrics.RECONCILE_TOTAL.labels("workerrun", "error").inc()
+                metrics.RECONCILE_ERRORS.labels("workerrun").inc()
                 entry.errors += 1
                 requeue = min(ERROR_RETRY_SECONDS[1], ERROR_RETRY_SECONDS[0] * 2 ** (entry.errors - 1))
                 log.exception("reconcile failed; retrying", extra={"run": entry.key, "retryIn": requeue})
+            finally:
+                metrics.RECONCILE_TIME.labels("workerrun").observe(time.monotonic() - began)
             if requeue == 0:
                 continue
             if requeue is None and self._idle(entry) and not entry.wake.is_set():
@@ -235,6 +244,9 @@ class RunController:
         entry.usage_alarm = decision.usage_alarm
         if not decision.actions:
             return decision.requeue_after
+        if not self.may_act():
+            log.warning("not the leader: not acting", extra={"run": entry.key, "event": "not_leader"})
+            return 1.0
         if not await self._still_current(entry, decision.actions):
             return 0
         for action in decision.actions:
@@ -387,6 +399,8 @@ class RunController:
             except Conflict:
                 continue  # another run charged first: re-read and apply our difference again
             self.budgets[_key(ns, action.budget)] = written
+            metrics.BUDGET_CHARGED_CENTS.labels(ns, action.budget).inc(max(0, action.total.cents - before.cents))
+            metrics.BUDGET_CHARGED_TOKENS.labels(ns, action.budget).inc(max(0, action.total.tokens - before.tokens))
             self._log("usage charged", run, "budget_charged", budget=action.budget,
                       cents=action.total.cents - before.cents, tokens=action.total.tokens - before.tokens)
             return True
@@ -407,12 +421,29 @@ class RunController:
                 entry.run = None
             return False
         written = WorkerRun.model_validate(entry.run)
+        self._count(action, written)
         if action.log:
             self._log(f"run {written.status.phase.value if written.status.phase else ''}", written, action.log,
                       **dict(action.log_fields))
         for ev in action.events:
             self._spawn(self._post_event(entry.run, ev.type, ev.reason, ev.message))
         return True
+
+    @staticmethod
+    def _count(action: WriteStatus, written: WorkerRun) -> None:
+        if action.log == "job_claimed":
+            metrics.ATTEMPTS_STARTED.inc()
+            if written.status.attempt > 1:
+                metrics.REGRANTS.inc()
+        if action.ends_attempt:
+            ended = [a for a in written.status.attempts if a.outcome is not None]
+            if ended:
+                metrics.ATTEMPTS_ENDED.labels(ended[-1].outcome.value).inc()  # type: ignore[union-attr]
+        if action.log == "heartbeat_lost":
+            metrics.LEASE_LAPSES.inc()
+            silence = dict(action.log_fields).get("silenceSeconds")
+            if isinstance(silence, (int, float)):
+                metrics.LAPSE_DETECTION.observe(float(silence))
 
     async def _set_lease(self, entry: RunEntry, run: WorkerRun, holder: str | None, fence: int, duration: int,
                          now: dt.datetime, signals: str) -> bool:

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds helm and the kstatus checker (hack/kstatus) from Go modules, cached
+# like the control plane. Prints the directory holding them.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
+cache="${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}"
+kstatus_sum="$(sha256sum "$here/kstatus/main.go" | cut -c1-12)"
+out="$cache/tools/helm-${HELM_VERSION}_cli-utils-${CLI_UTILS_VERSION}_${kstatus_sum}"
+if [[ -f "$out/.complete" ]]; then
+  echo "$out"
+  exit 0
+fi
+mkdir -p "$out"
+log() { echo "[build-tools] $*" >&2; }
+
+if [[ ! -x "$out/helm" ]]; then
+  work="$cache/src/helm-${HELM_VERSION}"
+  mkdir -p "$work"
+  (
+    cd "$work"
+    [[ -f go.mod ]] || go mod init tether.dev/build/helm >/dev/null 2>&1
+    go get "helm.sh/helm/v3@${HELM_VERSION}" >&2
+    log "building helm ${HELM_VERSION}"
+    go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" \
+      -o "$out/helm.tmp" helm.sh/helm/v3/cmd/helm >&2
+    mv "$out/helm.tmp" "$out/helm"
+  )
+fi
+
+if [[ ! -x "$out/kstatus-check" ]]; then
+  work="$cache/src/kstatus-${CLI_UTILS_VERSION}-${kstatus_sum}"
+  mkdir -p "$work"
+  cp "$here/kstatus/main.go" "$work/main.go"
+  (
+    cd "$work"
+    [[ -f go.mod ]] || go mod init tether.dev/build/kstatus >/dev/null 2>&1
+    go get "sigs.k8s.io/cli-utils@${CLI_UTILS_VERSION}" >&2
+    go mod tidy >&2
+    log "building kstatus-check (cli-utils ${CLI_UTILS_VERSION})"
+    go build -trimpath -ldflags "-s -w" -o "$out/kstatus-check.tmp" . >&2
+    mv "$out/kstatus-check.tmp" "$out/kstatus-check"
+  )
+fi
+touch "$out/.complete"
+echo "$out"

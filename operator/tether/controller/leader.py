@@ -1,0 +1,102 @@
+"""Lease-based leader election for HA (kopf's peering is not a lease).
+
+Like client-go's leaderelection: candidates compete for one coordination Lease
+with resourceVersion-conditional writes; expiry is judged by when *this*
+process observed the holder's last renewal, on its monotonic clock. A leader
+that cannot renew within the renew deadline stops acting at once and exits,
+so two replicas never act together for longer than that deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tether.kube import resources
+from tether.kube.client import Conflict, KubeClient
+
+log = logging.getLogger("tether.leader")
+
+
+@dataclass
+class LeaderElector:
+    kube: KubeClient
+    namespace: str
+    name: str
+    identity: str
+    lease_seconds: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    mono: Callable[[], float] = time.monotonic
+    _renewed_at: float = field(default=float("-inf"), init=False)
+    _observed: tuple[str, float] | None = field(default=None, init=False)  # (resourceVersion, first seen)
+
+    @property
+    def is_leader(self) -> bool:
+        """True only while the last successful renewal is within the renew deadline."""
+        return self.mono() - self._renewed_at < self.renew_deadline
+
+    def _body(self, current: dict | None, transitions: int) -> dict:
+        now = resources.micro_time(dt.datetime.now(dt.timezone.utc))
+        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_seconds),
+                "renewTime": now, "leaseTransitions": transitions}
+        if current is None:
+            return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": {**spec, "acquireTime": now}}
+        body = dict(current)
+        old = current.get("spec") or {}
+        body["spec"] = {**old, **spec}
+        if old.get("holderIdentity") != self.identity:
+            body["spec"]["acquireTime"] = now
+        return body
+
+    async def try_acquire_or_renew(self) -> bool:
+        started = self.mono()
+        current = await self.kube.get_lease(self.namespace, self.name)
+        try:
+            if current is None:
+                await self.kube.create_lease(self._body(None, 0))
+            else:
+                spec = current.get("spec") or {}
+                holder = spec.get("holderIdentity")
+                rv = current["metadata"]["resourceVersion"]
+                if self._observed is None or self._observed[0] != rv:
+                    self._observed = (rv, started)
+                expired = started - self._observed[1] >= float(spec.get("leaseDurationSeconds") or self.lease_seconds)
+                if holder and holder != self.identity and not expired:
+                    return False
+                transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+                await self.kube.replace_lease(self._body(current, transitions))
+        except Conflict:
+            return False
+        if not self.is_leader:
+            log.info("became leader", extra={"event": "leader_elected", "identity": self.identity})
+        self._renewed_at = started
+        return True
+
+    async def acquire(self) -> None:
+        log.info("waiting for leadership", extra={"event": "leader_waiting", "identity": self.identity,
+                                                  "lease": f"{self.namespace}/{self.name}"})
+        while not await self._attempt():
+            await asyncio.sleep(self.retry_period)
+
+    async def _attempt(self) -> bool:
+        try:
+            return await self.try_acquire_or_renew()
+        except Exception as exc:  # noqa: BLE001 - the API may be briefly unavailable
+            log.warning("leader election request failed", extra={"error": str(exc)})
+            return False
+
+    async def hold(self) -> None:
+        """Renews until leadership is lost, then returns (the caller exits)."""
+        while True:
+            await asyncio.sleep(self.retry_period)
+            await self._attempt()
+            if not self.is_leader:
+                log.error("lost leadership", extra={"event": "leader_lost", "identity": self.identity})
+                return
