@@ -21,12 +21,13 @@ func main() {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
-		obj := map[string]interface{}{}
-		if err := json.Unmarshal(data, &obj); err != nil {
+		// UnmarshalJSON keeps integers as int64, as the API machinery expects.
+		obj := &unstructured.Unstructured{}
+		if err := obj.UnmarshalJSON(data); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
-		res, err := status.Compute(&unstructured.Unstructured{Object: obj})
+		res, err := status.Compute(obj)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)

@@ -14,7 +14,9 @@ from tether.devcluster.processes import spawn, terminate
 
 
 class OperatorProcess:
-    def __init__(self, namespace: str, kubeconfig: str, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, namespace: str, kubeconfig: str, log_path: Path, extra_env: dict[str, str] | None = None,
+                 extra_args: list[str] | None = None) -> None:
+        self.extra_args = extra_args or []
         self.namespace = namespace
         self.kubeconfig = kubeconfig
         self.log_path = log_path
@@ -24,7 +26,7 @@ class OperatorProcess:
 
     def start(self) -> "OperatorProcess":
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env}
-        self.proc = spawn([sys.executable, "-m", "tether.cli", "operator", "-n", self.namespace],
+        self.proc = spawn([sys.executable, "-m", "tether.cli", "operator", "-n", self.namespace, *self.extra_args],
                           log_path=self.log_path, env=env)
         self.starts += 1
         return self
