@@ -7,13 +7,14 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools test unit demo cluster clean
+.PHONY: help install control-plane tools test unit demo cluster e2e-kind clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
 	@echo "make demo           the main job: local cluster, operator, examples, a lost worker, timelines"
 	@echo "make unit           pure unit tests only (no cluster)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
+	@echo "make e2e-kind       (Docker + kind) build the image, helm install it, run the e2e suite there"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
 
 $(VENV)/.installed: pyproject.toml
@@ -41,6 +42,9 @@ demo: install control-plane
 
 cluster: install control-plane
 	$(VENV)/bin/tether dev cluster
+
+e2e-kind: install
+	bash hack/e2e-kind.sh
 
 clean:
 	rm -rf $(VENV) .tether

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import datetime as dt
 import json
 import random
@@ -34,6 +36,7 @@ def _wall(ts: str) -> float:
     return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
+@pytest.mark.local_cluster
 def test_cap_crossed_stops_the_worker_then_its_pod(kube: Kube, namespace: str, operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # A cooperative worker (the example) and a deaf one (ignores the stop) share the scenario.
     coop = runs.example("long-job.yaml", payload={"steps": 200, "stepSeconds": 0.1, "centsPerStep": 2},
@@ -99,6 +102,7 @@ def test_exhausted_budget_blocks_admission_until_raised(kube: Kube, namespace: s
     assert wb["status"]["remaining"]["cents"] == 994
 
 
+@pytest.mark.local_cluster
 def test_every_cent_charged_once_across_crashes_retries_and_ttl(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     budget(kube, namespace, limitCents=1_000_000)
     reported: dict[tuple[str, str], int] = defaultdict(int)  # (run, holder) -> last cents on the lease
@@ -142,6 +146,7 @@ def test_every_cent_charged_once_across_crashes_retries_and_ttl(kube: Kube, name
     assert operator.events("budget_charged")
 
 
+@pytest.mark.local_cluster
 def test_malformed_usage_reports_are_refused(kube: Kube, namespace: str, operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     budget(kube, namespace)
     body = app_run("m", {"holdAttempts": [1], "outFile": str(tmp_path / "o.jsonl")})
@@ -168,6 +173,7 @@ def test_malformed_usage_reports_are_refused(kube: Kube, namespace: str, operato
                what="only valid usage charged")
 
 
+@pytest.mark.local_cluster
 def test_signals_arrive_within_one_heartbeat(kube: Kube, namespace: str, operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "o.jsonl"
     body = app_run("sig", {"holdAttempts": [1], "outFile": str(out)}, renew=1)
@@ -192,6 +198,7 @@ def test_signals_arrive_within_one_heartbeat(kube: Kube, namespace: str, operato
     assert all(d <= 1.5 for d in delays.values()), delays  # within one heartbeat interval (+ API latency)
 
 
+@pytest.mark.local_cluster
 def test_progress_deadline_stalls_and_next_attempt_gets_the_checkpoint(kube: Kube, namespace: str, operator,  # type: ignore[no-untyped-def]
                                                                        tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
@@ -207,6 +214,7 @@ def test_progress_deadline_stalls_and_next_attempt_gets_the_checkpoint(kube: Kub
     assert s["checkpoint"]["cursor"] == "cp-7"
 
 
+@pytest.mark.local_cluster
 def test_suspend_pauses_the_worker_and_resume_continues(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     body = runs.example("long-job.yaml", payload={"steps": 30, "stepSeconds": 0.2},
                         lease={"durationSeconds": 8, "renewIntervalSeconds": 1})

@@ -20,6 +20,9 @@ from tests.support.scenario import app_run, lease, lines, record_measurement, wa
 SKEW_DIR = Path(__file__).resolve().parents[1] / "support" / "clockskew"
 
 
+pytestmark = pytest.mark.local_cluster
+
+
 def _ts(value: str) -> dt.datetime:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import pod_log
 from tests.support import runs
 from tests.support.kube import Kube, eventually
 
 
+@pytest.mark.local_cluster
 def test_happy_path(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     runs.create(kube, namespace, runs.example("short-job.yaml", payload={"steps": 3, "stepSeconds": 0.3}))
     run = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Lost"), timeout=60)
@@ -54,6 +57,7 @@ def test_exit_code_rule_fails_the_run(kube: Kube, namespace: str, operator) -> N
     assert runs.condition(run, "Failed")["status"] == "True"
 
 
+@pytest.mark.local_cluster
 def test_stop_is_signalled_and_cancels(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     runs.create(kube, namespace, runs.example("long-job.yaml"))
     runs.wait_phase(kube, namespace, "long-job", "Running", timeout=30)
@@ -66,6 +70,7 @@ def test_stop_is_signalled_and_cancels(kube: Kube, namespace: str, operator) -> 
     assert pod.status_code == 404 or pod.json()["status"]["phase"] in ("Succeeded", "Failed")
 
 
+@pytest.mark.local_cluster
 def test_stop_without_cooperation_deletes_the_pod_after_grace(kube: Kube, namespace: str, operator,  # type: ignore[no-untyped-def]
                                                               tmp_path) -> None:
     from tests.support.scenario import app_run

@@ -7,12 +7,17 @@ import threading
 import time
 from collections import defaultdict
 
+import pytest
+
 from tests.support import runs
 from tests.support.kube import Kube, eventually
 from tests.support.scenario import record_measurement
 
 KILLS = 22
 RUNS = 8
+
+
+pytestmark = pytest.mark.local_cluster
 
 
 def test_operator_killed_repeatedly(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import base64
 import json
 import os
@@ -36,6 +38,7 @@ def _pid(kube: Kube, ns: str, pod: str) -> int:
     return int(body["status"]["containerStatuses"][0]["containerID"].removeprefix("process://"))
 
 
+@pytest.mark.local_cluster
 def test_helm_install_runs_under_its_rbac_and_fails_over(kube: Kube, namespace: str, tools_dir: Path) -> None:
     release = f"t{uuid.uuid4().hex[:6]}"
     lease_seconds = 6
@@ -84,6 +87,7 @@ def test_helm_install_runs_under_its_rbac_and_fails_over(kube: Kube, namespace: 
                         "--kubeconfig", _kubeconfig(), "--wait", "--timeout", "60s"], capture_output=True)
 
 
+@pytest.mark.local_cluster
 def test_worker_cannot_renew_another_runs_lease(kube: Kube, namespace: str, operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     for name in ("a", "b"):
         runs.create(kube, namespace, app_run(name, {"holdAttempts": [1], "outFile": str(tmp_path / f"{name}.jsonl")}))
@@ -116,6 +120,7 @@ def _free_port() -> int:
     return free_port()
 
 
+@pytest.mark.local_cluster
 def test_metrics_are_scraped(kube: Kube, namespace: str, tmp_path: Path) -> None:
     port = _free_port()
     op = OperatorProcess(namespace, _kubeconfig(), tmp_path / "op.log", extra_args=[f"--metrics-port={port}"],
@@ -177,6 +182,7 @@ def test_kubectl_wait_explain_columns_and_plugin(kube: Kube, namespace: str, ope
     runs.wait_phase(kube, namespace, "ctl", "Cancelled", timeout=30)
 
 
+@pytest.mark.local_cluster
 def test_kstatus_and_argo_health_of_live_runs(kube: Kube, namespace: str, operator, tools_dir: Path,  # type: ignore[no-untyped-def]
                                               tmp_path: Path) -> None:
     kube.ok(kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets",

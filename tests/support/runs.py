@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,22 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def example(name: str, **spec_overrides: Any) -> dict[str, Any]:
     body = yaml.safe_load((EXAMPLES / name).read_text())
     body = copy.deepcopy(body)
+    _image(body)
     for key, value in spec_overrides.items():
         if isinstance(value, dict) and isinstance(body["spec"].get(key), dict):
             body["spec"][key] = {**body["spec"][key], **value}
         else:
             body["spec"][key] = value
     return body
+
+
+def _image(body: dict[str, Any]) -> None:
+    """On another cluster (make e2e-kind) pods run the image built from this checkout."""
+    image = os.environ.get("TETHER_TEST_WORKER_IMAGE")
+    if image:
+        for container in body["spec"]["template"]["spec"]["containers"]:
+            container["image"] = image
+            container["imagePullPolicy"] = "Never"
 
 
 def create(kube: Kube, ns: str, body: dict[str, Any], name: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,20 @@
+# Tether operator image (also usable as the example worker image: it carries examples/).
+# Multi-stage: build a wheel and a virtualenv, copy only the virtualenv into a slim runtime.
+FROM python:3.11-slim AS build
+WORKDIR /src
+RUN python -m venv /opt/tether
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+RUN /opt/tether/bin/pip install --no-cache-dir --upgrade pip \
+ && /opt/tether/bin/pip install --no-cache-dir .
+
+FROM python:3.11-slim
+RUN groupadd --gid 65532 tether && useradd --uid 65532 --gid 65532 --no-create-home --shell /sbin/nologin tether
+COPY --from=build /opt/tether /opt/tether
+COPY examples /app/examples
+COPY tests/support/worker_app.py /app/tests/support/worker_app.py
+WORKDIR /app
+ENV PATH=/opt/tether/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+USER 65532:65532
+ENTRYPOINT ["tether"]
+CMD ["operator"]
