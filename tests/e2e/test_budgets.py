@@ -106,13 +106,17 @@ def test_exhausted_budget_blocks_admission_until_raised(kube: Kube, namespace: s
 def test_every_cent_charged_once_across_crashes_retries_and_ttl(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     budget(kube, namespace, limitCents=1_000_000)
     reported: dict[tuple[str, str], int] = defaultdict(int)  # (run, holder) -> last cents on the lease
+    last_holder: dict[str, str] = {}
     stop = threading.Event()
 
     def watch_leases() -> None:
         while not stop.is_set():
             for lease in kube.ok(kube.get(LEASES.format(ns=namespace)))["items"]:
                 ann = lease["metadata"].get("annotations") or {}
-                holder = lease["spec"].get("holderIdentity")
+                # A cleared lease keeps its last holder's final report: attribute it to that holder.
+                holder = lease["spec"].get("holderIdentity") or last_holder.get(lease["metadata"]["name"])
+                if lease["spec"].get("holderIdentity"):
+                    last_holder[lease["metadata"]["name"]] = holder
                 if "tether.dev/usage" in ann and holder:
                     cents = json.loads(ann["tether.dev/usage"])["cents"]
                     key = (lease["metadata"]["name"], holder)

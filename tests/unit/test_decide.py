@@ -468,3 +468,17 @@ def test_suspend_is_signalled_to_a_running_worker() -> None:
     paused = decide(o)
     assert plain == [] and kinds(paused.actions) == ["EnsureSignals"]
     assert json.loads(paused.actions[0].signals)["paused"] is True
+
+
+def test_usage_reported_during_revocation_is_settled_before_the_next_grant() -> None:
+    st = {"phase": "Backoff", "attempt": 1, "fence": 2, "startedAt": T0.isoformat(), "usage": {"cents": 20, "tokens": 0},
+          "nextAttemptAt": T0.isoformat(),
+          "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "PodFailed", "endedAt": T0.isoformat(),
+                        "usage": {"cents": 20, "tokens": 0}}]}
+    cleared = lease(holder=None, fence=2, usage=Usage(cents=27, tokens=3))
+    d = decide(observe(run(status=st), cleared, ()))
+    s = status_of(d.actions)
+    assert s.attempts[0].usage == Usage(cents=27, tokens=3) and s.usage == Usage(cents=27, tokens=3)
+    assert s.attempt == 1  # books first; the grant comes in the next round
+    settled = decide(observe(run(status=s.dump()), cleared, ()))
+    assert status_of(settled.actions).attempt == 2

@@ -75,7 +75,7 @@ class LeaseTracker:
             self._items[key] = LeaseObservation(
                 holder=holder, fence=fence, resource_version=rv, last_change=mono, renewed=False,
                 checkpoint=checkpoint, checkpoint_changed=mono, signals=signals,
-                usage=parse_usage(ann.get(c.ANN_USAGE), None, key) if holder else None)
+                usage=parse_usage(ann.get(c.ANN_USAGE), None, key))
             return True
         if rv == prev.resource_version:
             return False

@@ -316,8 +316,8 @@ class RunController:
             # final usage report before the attempt's books are closed.
             lease = await self.kube.get_lease(meta["namespace"], meta["name"])
             tracked = self.leases.get(entry.key)
-            if lease is not None and tracked is not None and \
-                    lease["metadata"]["resourceVersion"] != tracked.resource_version:
+            if lease is not None and (tracked is None or
+                                      lease["metadata"]["resourceVersion"] != tracked.resource_version):
                 self.leases.observe(entry.key, lease, self.clock.mono())
                 log.info("the lease moved; deciding again", extra={"run": entry.key, "event": "lease_refreshed"})
                 return False

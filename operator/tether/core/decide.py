@@ -472,7 +472,16 @@ def decide(o: Observed) -> Decision:
         _decide_active(o, b, d, cur)
         return d
 
-    # Nobody holds the run: start an attempt unless something holds it back.
+    # Nobody holds the run: finish an interrupted revocation (the lease still names the old
+    # holder), settle the last attempt's books, then start an attempt unless held back.
+    if o.lease is not None and o.lease.holder is not None:
+        d.actions.append(ClearLease(fence=s.fence))
+        d.wake(0)
+        return d
+    if _settle_usage(o, b):
+        d.actions.append(b.write())
+        _charge_if_due(o, d, b.status.usage)
+        return d
     if run.spec.suspend:
         if s.phase != Phase.SUSPENDED:
             b.set_phase(Phase.SUSPENDED, "spec.suspend is set; no new attempt starts")
@@ -526,6 +535,10 @@ def _decide_finished(o: Observed, d: Decision) -> None:
     run, s = o.run, o.run.status
     if o.lease is not None and o.lease.holder is not None:
         d.actions.append(ClearLease(fence=s.fence))  # a crash between status and lease writes
+    b = _Builder(o)
+    if _settle_usage(o, b):
+        d.actions.append(b.write())
+        return
     needs_charge = run.spec.budget is not None and run.spec.budget.budget_ref is not None \
         and o.budget is not None and not o.budget.missing and not s.budget_charged
     if needs_charge:
@@ -545,6 +558,24 @@ def _decide_finished(o: Observed, d: Decision) -> None:
             d.actions.append(DeleteRun())
         else:
             d.wake(due)
+
+
+def _settle_usage(o: Observed, b: _Builder) -> bool:
+    """Picks up usage the last holder reported between the revocation's status write and the
+    lease being cleared: the cleared lease keeps its final report, and nothing is written
+    after it. Returns True when the status changed."""
+    s = b.status
+    last = s.attempts[-1] if s.attempts else None
+    lease = o.lease
+    if s.holder is not None or last is None or last.outcome is None or lease is None or \
+            lease.holder is not None or lease.fence != s.fence or lease.usage is None:
+        return False
+    have = last.usage or Usage()
+    if lease.usage.cents <= have.cents and lease.usage.tokens <= have.tokens:
+        return False
+    last.usage = Usage(cents=max(have.cents, lease.usage.cents), tokens=max(have.tokens, lease.usage.tokens))
+    s.usage = sum_usage(a.usage for a in s.attempts)
+    return True
 
 
 def _charge_if_due(o: Observed, d: Decision, total: Usage | None) -> None:

@@ -78,6 +78,9 @@ class KubeClient:
         _raise_for(resp, what)
         return resp.json() if resp.content else {}
 
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", path, f"create {path}", json=body)
+
     # --- WorkerRuns ----------------------------------------------------------
 
     async def get_run(self, ns: str, name: str) -> dict[str, Any]:
@@ -88,6 +91,11 @@ class KubeClient:
         meta = run["metadata"]
         return await self._call("PUT", run_path(meta["namespace"], meta["name"]) + "/status",
                                 f"replace status of {meta['namespace']}/{meta['name']}", json=run)
+
+    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        """A JSON patch on the status subresource; its `test` operations make it conditional."""
+        return await self._call("PATCH", run_path(ns, name) + "/status", f"patch status of {ns}/{name}",
+                                json=patch, headers=JSON_PATCH)
 
     async def delete_run(self, ns: str, name: str, uid: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
@@ -179,6 +187,12 @@ class KubeClient:
             return await self._call("POST", path, f"create {path}/{body['metadata']['name']}", json=body)
         except Conflict:
             return await self._call("GET", f"{path}/{body['metadata']['name']}", f"get {path}")
+
+    async def delete_secret(self, ns: str, name: str) -> None:
+        try:
+            await self._call("DELETE", f"/api/v1/namespaces/{ns}/secrets/{name}", f"delete secret {ns}/{name}")
+        except NotFound:
+            pass
 
     # --- Events --------------------------------------------------------------
 

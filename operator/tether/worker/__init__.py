@@ -10,8 +10,8 @@
         run.complete({"steps": 10})
 """
 
-from tether.worker.errors import LeaseLost, OwnershipUnknown, StopRequested, TetherWorkerError, ToolTimeout
+from tether.worker.errors import ClaimRefused, LeaseLost, OwnershipUnknown, StopRequested, TetherWorkerError, ToolTimeout
 from tether.worker.run import ControlSignals, FencedClient, WorkerRun
 
-__all__ = ["WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "StopRequested",
+__all__ = ["ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "StopRequested",
            "ToolTimeout", "TetherWorkerError"]

@@ -32,3 +32,12 @@ class StopRequested(TetherWorkerError):
 
     Finish or abandon the current step and exit; start no new side effect.
     """
+
+
+class ClaimRefused(TetherWorkerError):
+    """The gateway did not hand out the run (402 budget, 409 held or nothing open, 403, ...)."""
+
+    def __init__(self, status: int, error: dict[str, object]) -> None:
+        super().__init__(f"claim refused: {status} {error.get('code', '')}: {error.get('message', '')}")
+        self.status = status
+        self.code = str(error.get("code", ""))

@@ -9,7 +9,6 @@ its fence and holder first.
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 from dataclasses import dataclass
 import json
@@ -23,13 +22,12 @@ import httpx
 
 from tether.api import constants as c
 from tether.kube import config as kubeconfig
-from tether.kube.client import lease_path, run_path
 from tether.api.models import Signals
-from tether.worker.errors import LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout
+from tether.worker.errors import ClaimRefused, LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout
+from tether.worker.transport import GatewayTransport, KubeTransport, Transport
 
 log = logging.getLogger("tether.worker")
 
-JSON_PATCH = {"Content-Type": "application/json-patch+json"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +61,7 @@ class WorkerRun:
         kube: kubeconfig.KubeConfig | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         margin: float | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.name = name
         self.namespace = namespace
@@ -76,10 +75,9 @@ class WorkerRun:
         self.idempotency_key = idempotency_key or f"{namespace}/{name}"
         self.margin = margin if margin is not None else max(1.0, 0.1 * self.lease_duration)
         self._mono = monotonic
-        self._kube = kube or kubeconfig.load()
-        self._http = self._kube.sync_client(timeout=min(10.0, max(self.renew_interval, 1.0)))
+        self._transport: Transport = transport or KubeTransport(
+            namespace, name, holder, fence, kube or kubeconfig.load(), timeout=min(10.0, max(self.renew_interval, 1.0)))
         self._lock = threading.Lock()
-        self._lease: dict[str, Any] | None = None
         # Nothing is confirmed until the first renewal succeeds (start() does one at once).
         self._confirmed_at = float("-inf")
         self._lost = threading.Event()
@@ -111,6 +109,33 @@ class WorkerRun:
             idempotency_key=e.get(c.ENV_IDEMPOTENCY_KEY, ""),
             **kw,
         )
+
+    @classmethod
+    def claim(cls, gateway: str, namespace: str, name: str, token: str, worker_id: str | None = None,
+              verify: Any = True, **kw: Any) -> "WorkerRun":
+        """An external worker: claims the run's open attempt through the Tether gateway.
+
+        Raises ClaimRefused (with the HTTP status: 402 budget, 409 held or nothing open, ...).
+        """
+        body = {"workerId": worker_id} if worker_id else {}
+        with httpx.Client(base_url=gateway, verify=verify, timeout=30,
+                          headers={"Authorization": f"Bearer {token}"}) as http:
+            resp = http.post(f"/api/v1/namespaces/{namespace}/workerruns/{name}/claim", json=body)
+        if resp.status_code != 200:
+            raise ClaimRefused(resp.status_code, resp.json().get("error", {}) if resp.content else {})
+        doc = resp.json()
+        transport = GatewayTransport(gateway, namespace, name, token, doc["holder"], doc["fence"],
+                                     timeout=min(10.0, max(float(doc["renewIntervalSeconds"]), 1.0)), verify=verify)
+        transport.tool_claim = doc.get("toolClaim")
+        return cls(name=name, namespace=namespace, holder=doc["holder"], fence=doc["fence"], attempt=doc["attempt"],
+                   lease_duration=doc["leaseDurationSeconds"], renew_interval=doc["renewIntervalSeconds"],
+                   payload=doc.get("payload"), checkpoint=doc.get("checkpoint"),
+                   idempotency_key=doc.get("idempotencyKey", ""), transport=transport, **kw)
+
+    @property
+    def tool_claim(self) -> dict[str, Any] | None:
+        """External workers: the run's short-lived ServiceAccount token, refreshed on every heartbeat."""
+        return getattr(self._transport, "tool_claim", None)
 
     # --- ownership -----------------------------------------------------------
 
@@ -174,7 +199,7 @@ class WorkerRun:
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.renew_interval + 15)
-        self._http.close()
+        self._transport.close()
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set() and not self._lost.is_set() and not self._finished.is_set():
@@ -188,7 +213,7 @@ class WorkerRun:
             return False
         started = self._mono()
         try:
-            ok = self._renew_once(retry_conflict=True)
+            ok = self._renew_once()
         except httpx.HTTPError as exc:
             # No answer: ownership becomes unknown once the deadline passes, not lost.
             log.warning("heartbeat got no answer", extra=self._fields("heartbeat_unanswered", error=str(exc)))
@@ -198,66 +223,19 @@ class WorkerRun:
             log.debug("heartbeat ok", extra=self._fields("heartbeat_ok"))
         return ok
 
-    def _get_lease(self) -> dict[str, Any] | None:
-        resp = self._http.get(lease_path(self.namespace, self.name))
-        if resp.status_code == 404:
-            return None
-        resp.raise_for_status()
-        return resp.json()
-
-    def _is_mine(self, lease: dict[str, Any] | None) -> bool:
-        spec = (lease or {}).get("spec") or {}
-        return spec.get("holderIdentity") == self.holder and spec.get("leaseTransitions") == self.fence
-
-    def _renew_once(self, retry_conflict: bool) -> bool:
+    def _renew_once(self) -> bool:
         with self._lock:
-            lease = self._lease
             checkpoint, usage = self._pending_checkpoint, self._usage
-        if lease is None:
-            lease = self._get_lease()
-        if not self._is_mine(lease):
-            self._mark_lost("the lease names another holder or fence" if lease else "the lease is gone")
-            return False
-        assert lease is not None
-        body = copy.deepcopy(lease)
-        body["spec"]["renewTime"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        ann = body["metadata"].setdefault("annotations", {}) or {}
-        body["metadata"]["annotations"] = ann
-        if checkpoint is not None:
-            ann[c.ANN_CHECKPOINT] = checkpoint
-        if usage is not None:
-            ann[c.ANN_USAGE] = json.dumps(usage, separators=(",", ":"))
-        resp = self._http.put(lease_path(self.namespace, self.name), json=body)
-        if resp.status_code == 200:
-            with self._lock:
-                self._lease = resp.json()
-            self._read_signals(self._lease)
-            return True
-        if resp.status_code == 409:
-            # Re-read: if holder and fence are still ours, someone touched the lease
-            # harmlessly (e.g. the operator's signal update); retry once.
-            fresh = self._get_lease()
-            with self._lock:
-                self._lease = fresh
-            if self._is_mine(fresh) and retry_conflict:
-                return self._renew_once(retry_conflict=False)
-            if not self._is_mine(fresh):
-                self._mark_lost("renewal conflicted and the lease is no longer ours")
-            return False
-        if resp.status_code == 404:
-            self._mark_lost("the lease is gone")
-            return False
-        log.warning("heartbeat refused", extra=self._fields("heartbeat_refused", status=resp.status_code,
-                                                            error=resp.text[:300]))
-        return False
+        result = self._transport.renew(checkpoint, dict(usage) if usage else None)
+        if result.lost:
+            self._mark_lost(result.why)
+        elif not result.ok:
+            log.warning("heartbeat refused", extra=self._fields("heartbeat_refused", reason=result.why))
+        if result.ok and result.signals is not None:
+            self._take_signals(result.signals)
+        return result.ok
 
-    def _read_signals(self, lease: dict[str, Any]) -> None:
-        raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(c.ANN_SIGNALS)
-        try:
-            signals = Signals.model_validate_json(raw) if raw else Signals()
-        except ValueError:
-            log.warning("unreadable signals ignored", extra=self._fields("signals_unreadable"))
-            return
+    def _take_signals(self, signals: Signals) -> None:
         with self._lock:
             changed = signals != self._signals
             self._signals = signals
@@ -299,37 +277,28 @@ class WorkerRun:
             raise LeaseLost("result not published: the lease is lost")
         # Usage and the last checkpoint go out with a final renewal, so nothing is left behind.
         try:
-            self._renew_once(retry_conflict=True)
+            self._renew_once()
         except httpx.HTTPError:
             pass
-        patch = [
-            {"op": "test", "path": "/status/fence", "value": self.fence},
-            {"op": "test", "path": "/status/holder", "value": self.holder},
-            {"op": "add", "path": f"/status/{field}", "value": value},
-        ]
         deadline = self._confirmed_at + self.lease_duration
         delay = 0.5
         while True:
             try:
-                resp = self._http.patch(run_path(self.namespace, self.name) + "/status", json=patch,
-                                        headers=JSON_PATCH)
+                accepted = self._transport.publish(field, value)
             except httpx.HTTPError as exc:
                 if self._mono() + delay > deadline:
                     raise OwnershipUnknown(f"could not publish the {field}: {exc}") from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 5)
                 continue
-            if resp.status_code == 200:
+            if accepted:
                 self._finished.set()
                 self._wake.set()
                 log.info("%s published", field, extra=self._fields("result_published", field=field))
                 return
-            if resp.status_code in (409, 422, 404):
-                self._mark_lost("the run's fence or holder moved on")
-                log.error("result rejected", extra=self._fields("result_rejected", field=field,
-                                                                status=resp.status_code))
-                raise LeaseLost(f"the {field} was rejected: fence {self.fence} is no longer current")
-            resp.raise_for_status()
+            self._mark_lost("the run's fence or holder moved on")
+            log.error("result rejected", extra=self._fields("result_rejected", field=field))
+            raise LeaseLost(f"the {field} was rejected: fence {self.fence} is no longer current")
 
     # --- side effects ----------------------------------------------------------
 

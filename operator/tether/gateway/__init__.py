@@ -1,0 +1,1 @@
+"""HTTP gateway for external workers: claim, heartbeat, checkpoint, complete, fail, cancel."""

@@ -1,0 +1,96 @@
+"""Request and response bodies of the gateway (the OpenAPI document is generated from them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class UsageReport(_Body):
+    cents: int = Field(ge=0, le=10**11, description="Cumulative cents of this attempt.")
+    tokens: int = Field(default=0, ge=0, le=10**14, description="Cumulative tokens of this attempt.")
+
+
+class ClaimRequest(_Body):
+    workerId: str | None = Field(default=None, max_length=253,
+                                 description="Distinguishes processes that share one identity.")
+
+
+class Fenced(_Body):
+    holder: str = Field(min_length=1, max_length=253, description="The holder returned by claim.")
+    fence: int = Field(ge=1, description="The fence returned by claim.")
+
+
+class HeartbeatRequest(Fenced):
+    usage: UsageReport | None = None
+    checkpoint: str | None = Field(default=None, max_length=1024)
+
+
+class CheckpointRequest(Fenced):
+    cursor: str = Field(min_length=1, max_length=1024)
+    usage: UsageReport | None = None
+
+
+class CompleteRequest(Fenced):
+    result: dict[str, Any]
+
+
+class ErrorDetail(_Body):
+    code: str = Field(min_length=1, max_length=128)
+    message: str = Field(default="", max_length=4096)
+
+
+class FailRequest(Fenced):
+    error: ErrorDetail
+
+
+class CancelRequest(Fenced):
+    reason: str = Field(default="", max_length=1024)
+
+
+class ToolClaim(BaseModel):
+    token: str
+    expiresAt: str
+    serviceAccount: str
+
+
+class Signals(BaseModel):
+    leaseExpiresAt: str
+    stop: bool
+    paused: bool
+    endsAt: str | None = None
+    capRemainingCents: int | None = None
+    capRemainingTokens: int | None = None
+    status: str
+    toolClaim: ToolClaim | None = None
+
+
+class ClaimResponse(Signals):
+    holder: str
+    fence: int
+    attempt: int
+    leaseDurationSeconds: int
+    renewIntervalSeconds: int
+    payload: dict[str, Any] = {}
+    checkpoint: str | None = None
+    idempotencyKey: str
+
+
+class Done(BaseModel):
+    status: str
+    fence: int
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorEnvelope(BaseModel):
+    error: ErrorBody
