@@ -61,6 +61,9 @@ async def _run_operator(args: argparse.Namespace) -> int:
     log = logging.getLogger("tether.operator")
     if args.metrics_port:
         metrics.serve(args.metrics_port)
+    gateway = None
+    if args.gateway_port:
+        gateway = asyncio.create_task(_serve_gateway(args))
     elector = None
     if args.leader_elect:
         cfg = kubeconfig.load()
@@ -94,6 +97,22 @@ async def _run_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _serve_gateway(args: argparse.Namespace) -> None:
+    """The gateway for external workers, in the operator's event loop (every replica serves it:
+    its calls are fenced, so it needs no leadership)."""
+    import uvicorn
+
+    from tether.gateway.app import build_app
+    from tether.kube import config as kubeconfig
+    from tether.kube.client import KubeClient
+
+    app = build_app(KubeClient(kubeconfig.load()), audience=args.gateway_audience or None)
+    config = uvicorn.Config(app, host=args.gateway_host, port=args.gateway_port, log_level="warning",
+                            lifespan="off", ssl_certfile=args.gateway_tls_cert or None,
+                            ssl_keyfile=args.gateway_tls_key or None)
+    await uvicorn.Server(config).serve()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tether",
@@ -115,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--leader-election-id", default="tether-operator-leader", help="name of the leader Lease")
     op.add_argument("--leader-lease-seconds", type=float, default=15.0,
                     help="leader lease duration; a standby takes over within it")
+    op.add_argument("--gateway-port", type=int, default=0, help="serve the external-worker gateway here (0: off)")
+    op.add_argument("--gateway-host", default="0.0.0.0", help="address the gateway binds")
+    op.add_argument("--gateway-tls-cert", default="", help="TLS certificate file for the gateway")
+    op.add_argument("--gateway-tls-key", default="", help="TLS key file for the gateway")
+    op.add_argument("--gateway-audience", default="tether-gateway",
+                    help="audience callers' tokens must carry (TokenReview); empty: the API server's")
     op.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     op.set_defaults(func=_operator)
 

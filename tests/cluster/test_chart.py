@@ -39,6 +39,8 @@ def render(tools_dir: Path, *sets: str) -> list[dict]:
 def test_template_renders_a_restricted_operator(tools_dir: Path) -> None:
     docs = {d["kind"]: d for d in render(tools_dir, "watchNamespaces={team-a,team-b}")}
     assert set(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"}
+    services = sorted(d["metadata"]["name"] for d in render(tools_dir) if d["kind"] == "Service")
+    assert services == ["rel-tether-gateway", "rel-tether-metrics"]
     dep = docs["Deployment"]
     pod = dep["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -59,10 +61,15 @@ def test_template_renders_a_restricted_operator(tools_dir: Path) -> None:
 
 
 def test_optional_objects(tools_dir: Path) -> None:
-    kinds = [d["kind"] for d in render(tools_dir, "metrics.serviceMonitor.enabled=true", "podDisruptionBudget.enabled=true")]
-    assert "ServiceMonitor" in kinds and "PodDisruptionBudget" in kinds
-    kinds = [d["kind"] for d in render(tools_dir, "metrics.enabled=false")]
-    assert "Service" not in kinds
+    kinds = [d["kind"] for d in render(tools_dir, "metrics.serviceMonitor.enabled=true", "podDisruptionBudget.enabled=true",
+                                       "gateway.ingress.enabled=true", "gateway.tls.secretName=gw-tls")]
+    assert "ServiceMonitor" in kinds and "PodDisruptionBudget" in kinds and "Ingress" in kinds
+    dep = next(d for d in render(tools_dir, "gateway.tls.secretName=gw-tls") if d["kind"] == "Deployment")
+    command = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--gateway-tls-cert=/etc/tether/gateway-tls/tls.crt" in command
+    names = [d["metadata"]["name"] for d in render(tools_dir, "metrics.enabled=false", "gateway.enabled=false")
+             if d["kind"] == "Service"]
+    assert names == []
 
 
 def test_values_schema_rejects_unknown_and_wrong_values(tools_dir: Path) -> None:

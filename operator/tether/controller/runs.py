@@ -450,6 +450,8 @@ class RunController:
         ns, name = run.metadata.namespace, run.metadata.name
         for _ in range(5):
             current = await self.kube.get_lease(ns, name)
+            if holder is not None and run.spec.executor == "External" and not entry.rbac_ready:
+                await self._ensure_worker_rbac(entry, run)  # the gateway's tool claims use this account
             if current is None:
                 if holder is None:
                     return True
@@ -471,15 +473,22 @@ class RunController:
             except Conflict:
                 continue  # the old holder renewed in between; our write must still win
             self.leases.observe(entry.key, written, self.clock.mono())
+            previous = spec.get("holderIdentity")
+            if previous and previous != holder and run.spec.executor == "External":
+                # Every tool credential of the old attempt is bound to this Secret: it dies with it.
+                await self.kube.delete_secret(ns, f"{previous}-toolclaim")
             return True
         return False
+
+    async def _ensure_worker_rbac(self, entry: RunEntry, run: WorkerRun) -> None:
+        for path, obj in resources.build_worker_rbac(run):
+            await self.kube.apply(path, obj)
+        entry.rbac_ready = True
 
     async def _ensure_pod(self, entry: RunEntry, run: WorkerRun, action: EnsurePod) -> None:
         ns = run.metadata.namespace
         if not entry.rbac_ready:
-            for path, obj in resources.build_worker_rbac(run):
-                await self.kube.apply(path, obj)
-            entry.rbac_ready = True
+            await self._ensure_worker_rbac(entry, run)
         pod = resources.build_pod(run, action.name, action.attempt, action.fence, action.holder)
         try:
             created = await self.kube.create_pod(pod)

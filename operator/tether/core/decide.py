@@ -575,6 +575,10 @@ def _settle_usage(o: Observed, b: _Builder) -> bool:
         return False
     last.usage = Usage(cents=max(have.cents, lease.usage.cents), tokens=max(have.tokens, lease.usage.tokens))
     s.usage = sum_usage(a.usage for a in s.attempts)
+    if s.overspend is not None:
+        over = over_limit(o, s.usage)
+        if over is not None:
+            s.overspend = over[1]
     return True
 
 

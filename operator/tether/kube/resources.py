@@ -95,7 +95,8 @@ def build_worker_rbac(run: WorkerRun) -> list[tuple[str, dict[str, Any]]]:
         "rules": [
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [name],
              "verbs": ["get", "update", "patch"]},
-            {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [name], "verbs": ["get"]},
+            # `claim` is the gateway's verb: an external worker may use this token's identity too.
+            {"apiGroups": [GROUP], "resources": [PLURAL], "resourceNames": [name], "verbs": ["get", "claim"]},
             {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "resourceNames": [name],
              "verbs": ["get", "patch"]},
         ],
