@@ -24,6 +24,7 @@ class CutProxy:
         self._server.listen(128)
         self.port = self._server.getsockname()[1]
         self._cut: set[int] = set()
+        self._all_cut = False
         self._healed = threading.Condition()
         self._closed = False
         threading.Thread(target=self._accept_loop, daemon=True).start()
@@ -41,11 +42,22 @@ class CutProxy:
             self._cut.discard(pid)
             self._healed.notify_all()
 
+    def cut_all(self) -> None:
+        """Cut every connection through this proxy (a worker whose whole network is down)."""
+        with self._healed:
+            self._all_cut = True
+
+    def heal_all(self) -> None:
+        with self._healed:
+            self._all_cut = False
+            self._healed.notify_all()
+
     def close(self) -> None:
         self._closed = True
         self._server.close()
         with self._healed:
             self._cut.clear()
+            self._all_cut = False
             self._healed.notify_all()
 
     def _owner(self, client_port: int) -> int | None:
@@ -66,7 +78,7 @@ class CutProxy:
             except OSError:
                 client.close()
                 continue
-            blocked: Callable[[], bool] = lambda: pid in self._cut  # noqa: E731
+            blocked: Callable[[], bool] = lambda: self._all_cut or pid in self._cut  # noqa: E731
             threading.Thread(target=self._pump, args=(client, upstream, blocked), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, blocked), daemon=True).start()
 

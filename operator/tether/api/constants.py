@@ -18,6 +18,8 @@ ANN_USAGE = f"{PREFIX}/usage"
 # control signals (JSON) the worker reads from every renewal's response.
 ANN_FENCE = f"{PREFIX}/fence"
 ANN_SIGNALS = f"{PREFIX}/signals"
+# Lease annotation written by the gateway: which external worker claimed the current attempt.
+ANN_CLAIMED_BY = f"{PREFIX}/claimed-by"
 
 # Environment the operator gives a worker pod.
 ENV_RUN = "TETHER_RUN"

@@ -32,7 +32,7 @@ from tether.kube.client import ApiError, Conflict, Invalid, KubeClient, NotFound
 
 log = logging.getLogger("tether.gateway")
 
-ANN_CLAIMED_BY = f"{c.PREFIX}/claimed-by"
+ANN_CLAIMED_BY = c.ANN_CLAIMED_BY
 TOOL_CLAIM_SECONDS = 600  # the shortest the TokenRequest API allows; never lengthened
 
 

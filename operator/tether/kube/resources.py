@@ -55,8 +55,8 @@ def regrant_lease(current: dict[str, Any], holder: str | None, fence: int, durat
                   now: dt.datetime, signals: str = "") -> dict[str, Any]:
     """The current Lease rewritten for a new holder (or none), keeping its resourceVersion.
 
-    A new grant drops the previous attempt's usage report; the checkpoint stays
-    for whoever resumes.
+    A new grant drops the previous attempt's usage report and claimer; the checkpoint
+    stays for whoever resumes.
     """
     lease = copy.deepcopy(current)
     ann = lease["metadata"].setdefault("annotations", {}) or {}
@@ -64,6 +64,7 @@ def regrant_lease(current: dict[str, Any], holder: str | None, fence: int, durat
     ann[c.ANN_FENCE] = str(fence)
     if holder is not None:
         ann.pop(c.ANN_USAGE, None)
+        ann.pop(c.ANN_CLAIMED_BY, None)
     if signals:
         ann[c.ANN_SIGNALS] = signals
     else:
