@@ -61,6 +61,8 @@ class Gateway:
     def __init__(self, kube: KubeClient, audience: str | None = None) -> None:
         self.kube = kube
         self.auth = Authenticator(kube, audience)
+        # holder -> uid of its tool-claim Secret (one per attempt; the operator deletes it on revocation)
+        self._secrets: dict[str, str] = {}
 
     # --- plumbing ------------------------------------------------------------
 
@@ -110,17 +112,21 @@ class Gateway:
         ns = run.metadata.namespace
         sa = resources.worker_service_account(run)
         secret = f"{holder}-toolclaim"
+        key = f"{ns}/{secret}"
         try:
-            secret_obj = await self.kube.apply(f"/api/v1/namespaces/{ns}/secrets", {
-                "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": secret, "namespace": ns, "labels": resources.run_labels(run),
-                             "ownerReferences": [resources.owner_ref(run)]}})
+            if key not in self._secrets:
+                secret_obj = await self.kube.apply(f"/api/v1/namespaces/{ns}/secrets", {
+                    "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": secret, "namespace": ns, "labels": resources.run_labels(run),
+                                 "ownerReferences": [resources.owner_ref(run)]}})
+                self._secrets[key] = secret_obj["metadata"]["uid"]
             resp = await self.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
                 "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                 "spec": {"expirationSeconds": TOOL_CLAIM_SECONDS,
                          "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": secret,
-                                            "uid": secret_obj["metadata"]["uid"]}}})
+                                            "uid": self._secrets[key]}}})
         except ApiError as exc:
+            self._secrets.pop(key, None)
             log.warning("no tool claim", extra={"event": "tool_claim_failed", "run": f"{ns}/{run.metadata.name}",
                                                 "status": exc.status})
             return None
