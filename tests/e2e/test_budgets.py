@@ -77,7 +77,9 @@ def test_cap_crossed_stops_the_worker_then_its_pod(kube: Kube, namespace: str, o
                        cooperativePodEndedAfter=round(gone["coop"] - crossed["coop"], 3),
                        deafPodGoneAfter=round(gone["deaf"] - crossed["deaf"], 3), graceSeconds=3, renewSeconds=1)
     assert coop_stop < 3, coop_stop  # told on its next heartbeat, it stopped by itself
-    assert 3 <= gone["deaf"] - crossed["deaf"] < 10  # the deaf one was deleted after the grace period
+    # The deaf one was deleted after the grace period. The operator may see the crossing a
+    # poll earlier than this test does, hence the half-second tolerance.
+    assert 3 - 0.5 <= gone["deaf"] - crossed["deaf"] < 10
 
 
 def test_exhausted_budget_blocks_admission_until_raised(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
