@@ -243,3 +243,37 @@ def test_schemathesis_against_the_gateway(kube: Kube, namespace: str, gateway: s
         check()
     assert time.monotonic() - started < 300
     assert not failures, failures[:5]
+
+
+@pytest.mark.local_cluster
+def test_gateway_serves_tls_when_configured(kube: Kube, namespace: str, tmp_path: Path) -> None:
+    from tether.devcluster import pki
+
+    ca = pki.CertificateAuthority(tmp_path)
+    serving = ca.issue("gateway", "tether-gateway", server=True)
+    port = free_port()
+    op = OperatorProcess(namespace, os.environ["TETHER_TEST_KUBECONFIG"], tmp_path / "op.log",
+                         extra_args=[f"--gateway-port={port}", "--gateway-host=127.0.0.1",
+                                     f"--gateway-tls-cert={serving.cert}", f"--gateway-tls-key={serving.key}"]).start()
+    try:
+        verify = ssl.create_default_context(cafile=str(ca.pair.cert))
+        url = f"https://127.0.0.1:{port}"
+        eventually(lambda: _up_tls(url, verify), timeout=30, what="the TLS gateway")
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).raise_for_status()  # no plain HTTP
+        token = worker_identity(kube, namespace, "ext")
+        runs.create(kube, namespace, external_run("tls-job"))
+        open_attempt(kube, namespace, "tls-job")
+        run = WorkerRun.claim(url, namespace, "tls-job", token, verify=verify)
+        with run:
+            run.complete({"over": "tls"})
+        assert runs.wait_phase(kube, namespace, "tls-job", "Succeeded", timeout=30)["status"]["result"] == {"over": "tls"}
+    finally:
+        op.stop()
+
+
+def _up_tls(url: str, verify: ssl.SSLContext) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", verify=verify, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
