@@ -141,3 +141,20 @@ def test_kubectl_talks_to_the_cluster(bin_dir: Path, namespace: str) -> None:
         [str(bin_dir / "kubectl"), "--kubeconfig", os.environ["TETHER_TEST_KUBECONFIG"], "get", "serviceaccounts",
          "-n", namespace, "-o", "name"], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "serviceaccount/default"
+
+
+@pytest.mark.local_cluster
+def test_a_second_cluster_runs_side_by_side_and_leaves_nothing(kube: Kube, bin_dir: Path) -> None:
+    import psutil
+
+    from tether.devcluster.controlplane import LocalCluster
+
+    with LocalCluster(bin_dir=bin_dir, with_kubelet=False) as second:
+        assert second.server != kube.config.server
+        with second.client() as client:
+            assert client.get("/version").json()["gitVersion"].startswith("v1.36.")
+            assert client.get("/api/v1/namespaces/default").status_code == 200
+        pids = second.pids
+        assert len(pids) == 4  # etcd, apiserver, controller manager, scheduler
+        assert kube.get("/version").status_code == 200  # the shared one is undisturbed
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -175,6 +175,11 @@ class LocalCluster:
         if not self.keep_state:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the running components."""
+        return [proc.pid for _, proc in self._procs]
+
     def check_alive(self) -> None:
         for name, proc in self._procs:
             if proc.poll() is not None:
