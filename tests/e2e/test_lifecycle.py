@@ -24,8 +24,10 @@ def test_happy_path(kube: Kube, namespace: str, operator) -> None:  # type: igno
     assert runs.condition(run, "Succeeded")["status"] == "True"
     assert runs.condition(run, "Reconciling")["status"] == "False"
     assert s["observedGeneration"] == run["metadata"]["generation"]
-    lease = kube.ok(kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/short-job"))
-    assert lease["spec"].get("holderIdentity") is None and lease["spec"]["leaseTransitions"] == 2
+    # The lease is cleared right after the status write that ended the attempt (revocation order).
+    lease = eventually(lambda: (l := kube.ok(kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/short-job")))
+                       ["spec"].get("holderIdentity") is None and l, timeout=10, what="lease cleared")
+    assert lease["spec"]["leaseTransitions"] == 2
     assert lease["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
     eventually(lambda: {"AttemptStarted", "Succeeded"} <= set(runs.events(kube, namespace, "short-job")),
                timeout=10, what="events")
