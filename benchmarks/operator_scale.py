@@ -5,7 +5,9 @@
 External runs need no pods, so this measures the operator and the API server
 alone: the time from creating N runs to all N holding a lease (each grant is a
 status CAS, a Lease create and the worker's RBAC), then the operator's CPU
-time and memory while N leases are renewed once by a fake fleet of workers.
+time and memory while N leases are renewed once by a fake fleet of workers,
+and, side by side on the same API server, how long the Kubernetes Job
+controller takes to create one pod for each of N Jobs.
 """
 
 from __future__ import annotations
@@ -64,12 +66,28 @@ def main() -> None:
                 json=lease).raise_for_status(), leases))
         beats = time.monotonic() - beat_started
         time.sleep(2)  # let the operator drain the watch events before reading its CPU time
+        # Side by side: the Kubernetes Job controller creating one pod per Job on the same API server.
+        job = lambda i: {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": f"j{i}"},  # noqa: E731
+                         "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [
+                             {"name": "c", "image": "none", "command": ["true"]}]}}}}
+        jobs_started = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: kube.post(f"/apis/batch/v1/namespaces/{NS}/jobs", json=job(i)).raise_for_status(),
+                          range(args.runs)))
+        while len(kube.get(f"/api/v1/namespaces/{NS}/pods", params={"labelSelector": "batch.kubernetes.io/job-name"})
+                  .json()["items"]) < args.runs:
+            if time.monotonic() - jobs_started > 600:
+                raise SystemExit("the Job controller did not create all pods in 600 s")
+            time.sleep(0.5)
+        jobs_seconds = time.monotonic() - jobs_started
         print(json.dumps({
             "runs": args.runs, "createSeconds": round(created, 2), "allGrantedSeconds": round(all_granted, 2),
             "grantsPerSecond": round(args.runs / all_granted, 1), "operatorCpuSecondsForGrants": round(cpu_grant, 2),
             "heartbeats": len(leases), "heartbeatSeconds": round(beats, 2),
             "operatorCpuSecondsForHeartbeats": round(sum(operator.cpu_times()[:2]) - cpu1, 3),
             "operatorRssMiB": round(operator.memory_info().rss / 2**20, 1),
+            "jobControllerPodsCreatedSeconds": round(jobs_seconds, 2),
+            "jobControllerPerSecond": round(args.runs / jobs_seconds, 1),
         }, indent=2))
 
 
