@@ -7,12 +7,6 @@
 # uses existing binaries, e.g. from setup-envtest.
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
-
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
-
 if [[ -n "${TETHER_CONTROL_PLANE_BIN:-${KUBEBUILDER_ASSETS:-}}" ]]; then
   dir="${TETHER_CONTROL_PLANE_BIN:-$KUBEBUILDER_ASSETS}"
   for b in etcd kube-apiserver; do
@@ -22,14 +16,9 @@ if [[ -n "${TETHER_CONTROL_PLANE_BIN:-${KUBEBUILDER_ASSETS:-}}" ]]; then
   exit 0
 fi
 
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
-cache="${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}"
-out="$cache/control-plane/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}"
-if [[ -f "$out/.complete" ]]; then
-  echo "$out"
-  exit 0
-fi
-mkdir -p "$out"
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+use_cached_output "$cache/control-plane/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}"
 log() { echo "[build-control-plane] $*" >&2; }
 
 # etcd: its server/go.mod has relative replaces, so build it from a consumer module.

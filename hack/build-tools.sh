@@ -3,18 +3,10 @@
 # like the control plane. Prints the directory holding them.
 set -euo pipefail
 
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false"
-cache="${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}"
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 kstatus_sum="$(sha256sum "$here/kstatus/main.go" | cut -c1-12)"
-out="$cache/tools/helm-${HELM_VERSION}_cli-utils-${CLI_UTILS_VERSION}_${kstatus_sum}"
-if [[ -f "$out/.complete" ]]; then
-  echo "$out"
-  exit 0
-fi
-mkdir -p "$out"
+use_cached_output "$cache/tools/helm-${HELM_VERSION}_cli-utils-${CLI_UTILS_VERSION}_${kstatus_sum}"
 log() { echo "[build-tools] $*" >&2; }
 
 if [[ ! -x "$out/helm" ]]; then

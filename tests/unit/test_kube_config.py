@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import base64
+import os
+import time
 from pathlib import Path
+
+import httpx
 
 import yaml
 
@@ -44,6 +48,14 @@ def test_kubeconfig_token_file_is_reread(tmp_path: Path) -> None:
     assert cfg.headers() == {"Authorization": "Bearer one"}
     token.write_text("two")
     assert cfg.headers() == {"Authorization": "Bearer two"}
+    # A long-lived client sees the rotated token on its next request, without being rebuilt.
+    auth = cfg.auth()
+    assert auth is not None
+    request = httpx.Request("GET", "https://h:1/api")
+    assert next(auth.auth_flow(request)).headers["Authorization"] == "Bearer two"
+    token.write_text("three")
+    os.utime(token, (time.time() + 5, time.time() + 5))
+    assert next(auth.auth_flow(httpx.Request("GET", "https://h:1/api"))).headers["Authorization"] == "Bearer three"
 
 
 def test_downward_api_field_refs() -> None:

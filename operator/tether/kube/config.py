@@ -31,17 +31,43 @@ class KubeConfig:
     def headers(self) -> dict[str, str]:
         token = self.token
         if self.token_file is not None:
-            # Projected tokens rotate on disk; read on every client build.
             token = self.token_file.read_text().strip()
         return {"Authorization": f"Bearer {token}"} if token else {}
 
+    def auth(self) -> httpx.Auth | None:
+        """Bearer auth applied per request, so a rotated projected token is picked up."""
+        if self.token_file is not None:
+            return _TokenFileAuth(self.token_file)
+        if self.token:
+            return _TokenFileAuth(None, self.token)
+        return None
+
     def sync_client(self, timeout: float = 10.0, server: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=server or self.server, verify=self.ssl_context,
-                            headers=self.headers(), timeout=timeout)
+        return httpx.Client(base_url=server or self.server, verify=self.ssl_context, auth=self.auth(),
+                            timeout=timeout)
 
     def async_client(self, timeout: float = 10.0) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.server, verify=self.ssl_context,
-                                 headers=self.headers(), timeout=timeout)
+        return httpx.AsyncClient(base_url=self.server, verify=self.ssl_context, auth=self.auth(), timeout=timeout)
+
+
+class _TokenFileAuth(httpx.Auth):
+    """Reads the token file again when it changed on disk (the kubelet rotates projected tokens)."""
+
+    def __init__(self, path: Path | None, token: str = "") -> None:
+        self.path = path
+        self.token = token
+        self._mtime = -1.0
+
+    def _current(self) -> str:
+        if self.path is not None:
+            mtime = self.path.stat().st_mtime
+            if mtime != self._mtime:
+                self.token, self._mtime = self.path.read_text().strip(), mtime
+        return self.token
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        request.headers["Authorization"] = f"Bearer {self._current()}"
+        yield request
 
 
 def _read_data(entry: dict[str, Any], key: str, base: Path) -> bytes | None:
