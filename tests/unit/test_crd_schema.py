@@ -17,6 +17,8 @@ def _walk(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, An
         yield from _walk(sub, f"{path}.{name}")
     if "items" in schema:
         yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
 
 
 @pytest.mark.parametrize("crd_file", CRDS, ids=[p.name for p in CRDS])
@@ -30,3 +32,35 @@ def test_every_field_has_a_description(crd_file: Path) -> None:
 
 def test_crds_exist() -> None:
     assert any(p.name == "workerruns.tether.dev.yaml" for p in CRDS)
+
+
+def _numeric_fields(crd_file: Path) -> list[tuple[str, dict[str, Any]]]:
+    crd = yaml.safe_load(crd_file.read_text())
+    return [(p, s) for version in crd["spec"]["versions"]
+            for p, s in _walk(version["schema"]["openAPIV3Schema"], "")
+            if s.get("type") in ("integer", "number")]
+
+
+def _mentions(description: str, bound: int | float) -> bool:
+    """The description states the bound, as plain digits (86400) or with separators (86,400)."""
+    number = int(bound) if float(bound).is_integer() else bound
+    return str(number) in description or f"{number:,}" in description
+
+
+@pytest.mark.parametrize("crd_file", CRDS, ids=[p.name for p in CRDS])
+def test_every_number_has_bounds_that_kubectl_explain_shows(crd_file: Path) -> None:
+    # Issue 9: values the CRD admitted without a maximum (deadlineSeconds: 1e12) crashed the
+    # operator. Every number is bounded, and `kubectl explain` tells the user the maximum.
+    fields = _numeric_fields(crd_file)
+    assert fields
+    unbounded = [p for p, s in fields if "minimum" not in s or "maximum" not in s]
+    assert not unbounded, f"{crd_file.name}: numbers without minimum/maximum: {unbounded}"
+    unexplained = [p for p, s in fields if not _mentions(s["description"], s["maximum"])]
+    assert not unexplained, f"{crd_file.name}: descriptions that do not state the maximum: {unexplained}"
+
+
+def test_chart_crds_are_copies_of_the_top_level_crds() -> None:
+    # The chart ships crds/ verbatim (tests/cluster/test_chart.py checks it too, but needs a
+    # cluster run); a bound added to one copy only would be a silent divergence.
+    chart = Path(__file__).parents[2] / "charts" / "tether" / "crds"
+    assert {p.name: p.read_bytes() for p in CRDS} == {p.name: p.read_bytes() for p in chart.glob("*.yaml")}

@@ -27,6 +27,7 @@ from tether.core.decide import (
     backoff_seconds,
     decide,
     desired_signals,
+    MAX_REQUEUE_SECONDS,
 )
 
 T0 = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.timezone.utc)
@@ -482,3 +483,84 @@ def test_usage_reported_during_revocation_is_settled_before_the_next_grant() -> 
     assert s.attempt == 1  # books first; the grant comes in the next round
     settled = decide(observe(run(status=s.dump()), cleared, ()))
     assert status_of(settled.actions).attempt == 2
+
+
+# --- values the CRD admits never crash the core (issue 9) ------------------------------
+
+
+def test_deadline_beyond_the_calendar_saturates_instead_of_overflowing() -> None:
+    # 10**12 s is beyond the CRD's maximum today, but the core must be total even so:
+    # endsAt saturates at the last representable instant, which means "never".
+    s = status_of(decide(observe(run({"deadlineSeconds": 10**12}))).actions)
+    assert s.ends_at == dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+
+
+def test_ttl_beyond_the_calendar_waits_instead_of_overflowing() -> None:
+    st = {"phase": "Succeeded", "fence": 2, "attempt": 1, "finishedAt": T0.isoformat()}
+    d = decide(observe(run({"ttlSecondsAfterFinished": 10**12}, status=st)))
+    assert d.actions == []
+    # A wait this long is re-checked daily rather than handed to a timer as 10**12 s.
+    assert d.requeue_after == MAX_REQUEUE_SECONDS
+
+
+def test_huge_backoff_factor_saturates_at_max_seconds() -> None:
+    spec = {"retry": {"maxAttempts": 5, "backoff": {"initialSeconds": 10, "maxSeconds": 60, "factor": 1e300}}}
+    assert [backoff_seconds(run(spec), n) for n in (1, 2, 3, 4, 100, 2**40)] == [10, 60, 60, 60, 60, 60]
+    # The third failure used to raise OverflowError (1e300 ** 2) and loop forever.
+    d = decide(observe(run(spec, status=held(attempt=3)), lease(3), (pod(3, phase="Failed", exit_code=1),)))
+    s = status_of(d.actions)
+    assert s.phase == Phase.BACKOFF and s.next_attempt_at == T0 + dt.timedelta(seconds=60)
+
+
+@pytest.mark.parametrize(("initial", "maximum", "factor", "ended", "seconds"), [
+    (0, 600, 100.0, 50, 0),          # no initial delay stays none
+    (10, 5, 2.0, 1, 5),              # maxSeconds below initialSeconds caps the first delay too
+    (10, 600, 1.0, 10**9, 10),       # factor 1: constant delay, however many attempts
+    (86400, 604800, 100.0, 3, 604800),
+    (1, 604800, 1.0000001, 10**6, pytest.approx(1.105171)),
+])
+def test_backoff_is_total_over_the_admitted_domain(initial: int, maximum: int, factor: float, ended: int,
+                                                   seconds: float) -> None:
+    spec = {"retry": {"backoff": {"initialSeconds": initial, "maxSeconds": maximum, "factor": factor}}}
+    assert backoff_seconds(run(spec), ended) == seconds
+
+
+# --- deadlineSeconds is a control field: status.endsAt follows it --------------------
+
+
+@pytest.mark.parametrize(("deadline", "now_s", "ends_at_s", "phase"), [
+    (600, 30, 600, None),              # unchanged: nothing to write
+    (1200, 30, 1200, None),            # raised: endsAt moves later
+    (300, 30, 300, None),              # lowered, not yet passed: endsAt moves earlier
+    (20, 30, 20, Phase.DEADLINE_EXCEEDED),  # lowered below the time already spent: ends at once
+    (None, 30, None, None),            # removed: no deadline any more
+])
+def test_ends_at_follows_a_changed_deadline(deadline: int | None, now_s: int, ends_at_s: int | None,
+                                            phase: Phase | None) -> None:
+    # The run started at T0 with deadlineSeconds 600, so endsAt was T0 + 600.
+    st = held(endsAt=(T0 + dt.timedelta(seconds=600)).isoformat())
+    spec = {} if deadline is None else {"deadlineSeconds": deadline}
+    d = decide(observe(run(spec, status=st, generation=2 if deadline != 600 else 1), lease(), (pod(),),
+                       now=T0 + dt.timedelta(seconds=now_s)))
+    want = None if ends_at_s is None else T0 + dt.timedelta(seconds=ends_at_s)
+    if deadline == 600:
+        assert not [a for a in d.actions if isinstance(a, WriteStatus)]
+        return
+    s = status_of(d.actions)
+    assert s.ends_at == want
+    if phase is not None:
+        assert s.phase == phase and s.holder is None
+        assert kinds(d.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+    else:
+        assert s.phase == Phase.RUNNING and s.holder == "job-a1" and s.fence == 1
+        # The worker learns the new endsAt from its signals on the next pass.
+        assert d.requeue_after == 0
+
+
+def test_new_ends_at_reaches_the_worker_signals() -> None:
+    st = held(endsAt=(T0 + dt.timedelta(seconds=1200)).isoformat())
+    o = observe(run({"deadlineSeconds": 1200}, status=st), lease(signals=json.dumps({"endsAt": "old"})), (pod(),))
+    d = decide(o)
+    ensure = [a for a in d.actions if isinstance(a, EnsureSignals)]
+    assert len(ensure) == 1
+    assert json.loads(ensure[0].signals)["endsAt"].startswith((T0 + dt.timedelta(seconds=1200)).strftime("%Y-%m-%dT%H:%M:%S"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from tether.api.models import (
     WorkerRun,
     WorkerRunStatus,
 )
+from tether.core.liveness import judge_from
 
 # Progress reported on heartbeats reaches the run's status at most this often.
 FOLD_INTERVAL_SECONDS = 10.0
@@ -34,6 +36,10 @@ FOLD_INTERVAL_SECONDS = 10.0
 # A pod of an attempt that already ended is left this long to exit on its own
 # after success; failed or revoked attempts' pods are deleted at once.
 POD_EXIT_GRACE_SECONDS = 30.0
+
+# The longest requeue a decision asks for. Longer waits (a TTL of months, a deadline far
+# away) are re-decided daily instead, so no executor timer is handed a delay beyond its range.
+MAX_REQUEUE_SECONDS = 86400.0
 
 
 # --- observations -----------------------------------------------------------
@@ -92,6 +98,11 @@ class Observed:
     budget: BudgetObservation | None = None
     # How often heartbeat-borne progress and usage may reach the run's status (bounded writes).
     fold_interval: float = FOLD_INTERVAL_SECONDS
+    # Monotonic time since which the API server has answered this operator without a break
+    # (None: unreachable now). No lapse is judged within a lease duration of it.
+    api_available_since: float | None = float("-inf")
+    # The namespace refused a create because it is being deleted: start no new attempt.
+    namespace_terminating: bool = False
 
 
 # --- actions ----------------------------------------------------------------
@@ -113,6 +124,7 @@ class WriteStatus:
     log: str = ""  # structured log event name, e.g. job_claimed
     log_fields: tuple[tuple[str, object], ...] = ()
     ends_attempt: bool = False  # the executor first re-reads the Lease for the final usage report
+    lapse: bool = False  # ends the attempt for silence: the executor confirms it with a timely read
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,11 @@ class DeleteRun:
 
 
 @dataclass(frozen=True)
+class RemoveFinalizer:
+    """Let a deleted run go: its attempt is ended, its usage charged, its pods released."""
+
+
+@dataclass(frozen=True)
 class EnsureSignals:
     """Write the control signals onto the current holder's Lease (tested fence)."""
 
@@ -170,7 +187,7 @@ class ChargeBudget:
 
 
 Action = (WriteStatus | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun | EnsureSignals
-          | ChargeBudget)
+          | ChargeBudget | RemoveFinalizer)
 
 
 @dataclass
@@ -182,11 +199,29 @@ class Decision:
     usage_alarm: Usage | None = None
 
     def wake(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
+        seconds = min(max(seconds, 0.0), MAX_REQUEUE_SECONDS)
         self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
 
 
 # --- helpers ----------------------------------------------------------------
+
+# The last instant a datetime can hold. Timestamps computed past it saturate here (meaning
+# "never") instead of raising OverflowError and failing every decision for the run.
+END_OF_TIME = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+
+
+def after(t: dt.datetime, seconds: float) -> dt.datetime:
+    """t + seconds, saturating at END_OF_TIME."""
+    if seconds >= (END_OF_TIME - t).total_seconds():
+        return END_OF_TIME
+    return t + dt.timedelta(seconds=seconds)
+
+
+def run_ends_at(run: WorkerRun) -> dt.datetime | None:
+    """status.endsAt as spec.deadlineSeconds says now: deadlineSeconds is a control field, so a
+    changed deadline moves endsAt (counted from the first grant), and a removed one clears it."""
+    started, deadline = run.status.started_at, run.spec.deadline_seconds
+    return None if started is None or not deadline else after(started, deadline)
 
 
 def holder_name(run: WorkerRun, attempt: int) -> str:
@@ -194,18 +229,28 @@ def holder_name(run: WorkerRun, attempt: int) -> str:
     return f"{run.metadata.name}-a{attempt}"
 
 
-def lapse_deadline(run: WorkerRun, lease: LeaseObservation) -> float:
-    """Monotonic time at which the current holder's lease counts as lapsed."""
+def lapse_deadline(run: WorkerRun, lease: LeaseObservation, api_available_since: float | None = float("-inf")) -> float:
+    """Monotonic time at which the current holder's lease counts as lapsed: a full duration of
+    silence, and a full duration of the API server answering us (an outage hides renewals)."""
     spec = run.spec.lease
     renewed = lease.renewed or run.status.phase == Phase.RUNNING
-    if renewed:
-        return lease.last_change + spec.duration_seconds
-    return lease.last_change + max(spec.startup_grace_seconds, spec.duration_seconds)
+    silence = spec.duration_seconds if renewed else max(spec.startup_grace_seconds, spec.duration_seconds)
+    judge = judge_from(api_available_since, spec.duration_seconds)
+    if judge is None:
+        return math.inf
+    return max(lease.last_change + silence, judge)
 
 
 def backoff_seconds(run: WorkerRun, ended_attempts: int) -> float:
+    """initialSeconds × factor^(ended − 1), capped at maxSeconds. Compared in log space, because
+    factor^n overflows a float long before the cap matters (factor 1e300 on the third failure)."""
     b = run.spec.retry.backoff
-    return float(min(b.max_seconds, b.initial_seconds * (b.factor ** max(ended_attempts - 1, 0))))
+    initial, cap, exponent = b.initial_seconds, b.max_seconds, max(ended_attempts - 1, 0)
+    if initial <= 0 or cap <= initial or exponent == 0 or b.factor <= 1:
+        return float(max(0, min(cap, initial)))
+    if exponent * math.log(b.factor) >= math.log(cap / initial):
+        return float(cap)
+    return float(min(cap, initial * b.factor ** exponent))
 
 
 def retry_allowed(run: WorkerRun, outcome: Outcome, exit_code: int | None) -> bool:
@@ -248,6 +293,7 @@ class _Builder:
         self.log = ""
         self.log_fields: dict[str, object] = {}
         self.ends_attempt = False
+        self.lapse = False
 
     @property
     def generation(self) -> int:
@@ -264,7 +310,8 @@ class _Builder:
 
     def write(self) -> WriteStatus:
         return WriteStatus(status=self.status, events=tuple(self.events), log=self.log,
-                           log_fields=tuple(self.log_fields.items()), ends_attempt=self.ends_attempt)
+                           log_fields=tuple(self.log_fields.items()), ends_attempt=self.ends_attempt,
+                           lapse=self.lapse)
 
     def end_attempt(self, outcome: Outcome, message: str, exit_code: int | None = None) -> None:
         """Revocation: the fence moves first, so nothing the old holder writes is accepted."""
@@ -313,7 +360,7 @@ class _Builder:
                               f"{outcome.value}: {message}", outcome)
             return
         delay = backoff_seconds(run, s.attempt)
-        s.next_attempt_at = self.o.now + dt.timedelta(seconds=delay)
+        s.next_attempt_at = after(self.o.now, delay)
         self.set_phase(Phase.BACKOFF, f"attempt {s.attempt + 1} in {delay:g}s after {outcome.value}",
                        lease_reason=outcome.value)
         self.events.append(Event("Normal", c.EV_BACKOFF, f"next attempt in {delay:g}s"))
@@ -335,12 +382,11 @@ class _Builder:
         s.next_attempt_at = None
         s.error = None
         s.last_renew_time = None
-        s.lease_expires_at = o.now + dt.timedelta(
-            seconds=max(run.spec.lease.startup_grace_seconds, run.spec.lease.duration_seconds))
+        s.lease_expires_at = after(o.now, max(run.spec.lease.startup_grace_seconds,
+                                              run.spec.lease.duration_seconds))
         if s.started_at is None:
             s.started_at = o.now
-            if run.spec.deadline_seconds:
-                s.ends_at = o.now + dt.timedelta(seconds=run.spec.deadline_seconds)
+            s.ends_at = run_ends_at(run.model_copy(update={"status": s}))
         pod = holder if run.spec.executor == "Pod" else None
         s.attempts.append(AttemptRecord(attempt=attempt, fence=s.fence, holder=holder, pod=pod,
                                         started_at=o.now))
@@ -448,10 +494,14 @@ def decide(o: Observed) -> Decision:
     active = s.holder is not None
     cur = s.current()
 
+    # endsAt follows a changed deadlineSeconds (a control field, mutable while the run is active).
+    ends_at = run_ends_at(run)
+    b.status.ends_at = ends_at
+
     # The whole-run deadline ends the run whatever the worker does; a stop without a
     # worker to tell ends it at once.
     ending: tuple[Outcome, str] | None = None
-    if s.ends_at is not None and o.now >= s.ends_at:
+    if ends_at is not None and o.now >= ends_at:
         ending = (Outcome.DEADLINE_EXCEEDED, f"deadlineSeconds={run.spec.deadline_seconds} passed")
     elif run.spec.stop and not active:
         ending = (Outcome.CANCELLED, "spec.stop is set")
@@ -465,8 +515,14 @@ def decide(o: Observed) -> Decision:
             _revoke_followups(o, d, b.status.fence, cur)
         _charge_if_due(o, d, b.status.usage)
         return d
-    if s.ends_at is not None:
-        d.wake((s.ends_at - o.now).total_seconds())
+    if ends_at != s.ends_at:
+        # Record the moved deadline first, then decide again from the written status (the
+        # worker's signals carry the new endsAt from that pass on).
+        d.actions.append(b.write())
+        d.wake(0)
+        return d
+    if ends_at is not None:
+        d.wake((ends_at - o.now).total_seconds())
 
     if active and cur is not None:
         _decide_active(o, b, d, cur)
@@ -553,7 +609,8 @@ def _decide_finished(o: Observed, d: Decision) -> None:
         return  # TTL waits until every cent is charged
     ttl = run.spec.ttl_seconds_after_finished
     if ttl is not None and s.finished_at is not None:
-        due = (s.finished_at + dt.timedelta(seconds=ttl) - o.now).total_seconds()
+        # Seconds arithmetic, not finishedAt + ttl: a datetime that far out would overflow.
+        due = ttl - (o.now - s.finished_at).total_seconds()
         if due <= 0:
             d.actions.append(DeleteRun())
         else:
@@ -611,7 +668,7 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
         ended = (Outcome.SUCCEEDED, "the holder published its result", None)
     elif stop is not None and s.stop_requested_at is not None and (
             s.error is not None or (pod is not None and (pod.terminated or pod.deleting))
-            or o.now >= s.stop_requested_at + dt.timedelta(seconds=run.spec.stop_grace_seconds)):
+            or o.now >= after(s.stop_requested_at, run.spec.stop_grace_seconds)):
         ended = (stop[0], stop[1], pod.exit_code if pod is not None else None)
     elif s.error is not None:
         ended = (Outcome.WORKER_FAILED, f"{s.error.code or 'error'}: {s.error.message or ''}".strip(), None)
@@ -624,17 +681,24 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
     lease_ok = _lease_is_current(o)
     if ended is None and lease_ok:
         assert o.lease is not None
-        deadline = lapse_deadline(run, o.lease)
+        deadline = lapse_deadline(run, o.lease, o.api_available_since)
         pd = run.spec.progress_deadline_seconds
+        judge = judge_from(o.api_available_since, run.spec.lease.duration_seconds)
         if o.mono >= deadline:
             ended = (Outcome.LEASE_LOST, f"no renewal observed for {run.spec.lease.duration_seconds}s", None)
             b.log_fields["silenceSeconds"] = round(o.mono - o.lease.last_change, 3)
-        elif pd is not None and o.lease.renewed and o.mono >= o.lease.checkpoint_changed + pd:
+            b.lapse = True
+        elif pd is not None and o.lease.renewed and judge is not None and \
+                o.mono >= max(o.lease.checkpoint_changed + pd, judge):
             ended = (Outcome.STALLED, f"alive, but no new checkpoint for {pd}s (progressDeadlineSeconds)", None)
+        elif math.isinf(deadline):
+            # The API server is unreachable: look again after a lease duration (no sooner is useful:
+            # once it answers, a full duration must pass before anything is judged).
+            d.wake(run.spec.lease.duration_seconds)
         else:
             d.wake(deadline - o.mono)
             if pd is not None:
-                d.wake(o.lease.checkpoint_changed + pd - o.mono)
+                d.wake(max(o.lease.checkpoint_changed + pd, judge or 0.0) - o.mono)
 
     if ended is not None:
         outcome, message, exit_code = ended
@@ -678,10 +742,10 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
         write = True
     if stop is not None:
         requested = b.status.stop_requested_at or o.now
-        d.wake((requested + dt.timedelta(seconds=run.spec.stop_grace_seconds) - o.now).total_seconds())
+        d.wake((after(requested, run.spec.stop_grace_seconds) - o.now).total_seconds())
     if s.phase != Phase.RUNNING and o.lease.renewed:
         b.status.last_renew_time = o.now
-        b.status.lease_expires_at = o.now + dt.timedelta(seconds=run.spec.lease.duration_seconds)
+        b.status.lease_expires_at = after(o.now, run.spec.lease.duration_seconds)
         b.set_phase(Phase.RUNNING, f"{s.holder} renewed its lease", lease_reason="LeaseRenewed")
         b.events.append(Event("Normal", c.EV_LEASE_RENEWED, f"{s.holder} renewed its lease; running"))
         b.log = b.log or "heartbeat_ok"
