@@ -77,6 +77,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
         await elector.acquire()
         metrics.STATE.is_leader = True
         handlers.configure(may_act=lambda: elector.is_leader)
+    handlers.configure(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles)
 
     namespaces = args.namespace or []
     operator = asyncio.create_task(kopf.operator(
@@ -140,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--gateway-tls-key", default="", help="TLS key file for the gateway")
     op.add_argument("--gateway-audience", default="tether-gateway",
                     help="audience callers' tokens must carry (TokenReview); empty: the API server's")
+    op.add_argument("--kube-qps", type=float, default=float(os.environ.get("TETHER_KUBE_QPS", "50")),
+                    help="client-side limit on API requests per second, like client-go's QPS (watches excluded)")
+    op.add_argument("--kube-burst", type=int, default=int(os.environ.get("TETHER_KUBE_BURST", "100")),
+                    help="requests allowed at once above --kube-qps, like client-go's Burst")
+    op.add_argument("--max-concurrent-reconciles", type=int,
+                    default=int(os.environ.get("TETHER_MAX_CONCURRENT_RECONCILES", "16")),
+                    help="runs reconciled at the same time (controller-runtime's MaxConcurrentReconciles)")
     op.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     op.set_defaults(func=_operator)
 

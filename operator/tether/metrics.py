@@ -8,7 +8,6 @@ between scrapes.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -62,24 +61,15 @@ class _StateCollector(Collector):
         ages = GaugeMetricFamily("tether_heartbeat_age_seconds",
                                  "Seconds since the operator last observed a renewal of the run's lease.",
                                  labels=["namespace", "workerrun"])
-        counts: dict[str, int] = {}
-        now = time.monotonic()
-        for key, entry in list(ctl.entries.items()):
-            status = ((entry.run or {}).get("status") or {})
-            phase = status.get("phase") or "Pending"
-            counts[phase] = counts.get(phase, 0) + 1
-            lease = ctl.leases.get(key)
-            if status.get("holder") and lease is not None and lease.holder == status.get("holder"):
-                ns, name = key.split("/", 1)
-                ages.add_metric([ns, name], max(0.0, now - lease.last_change))
-        for phase, n in sorted(counts.items()):
+        for phase, n in sorted(ctl.phase_counts().items()):
             phases.add_metric([phase], float(n))
+        for ns, name, age in ctl.heartbeat_ages():
+            ages.add_metric([ns, name], age)
         yield phases
         yield ages
         spent = GaugeMetricFamily("tether_budget_spent_cents", "Cents spent in the budget's current period.",
                                   labels=["namespace", "budget"])
-        for key, body in list(ctl.budgets.items()):
-            ns, name = key.split("/", 1)
+        for (ns, name), body in list(ctl.budgets.cache.items()):
             spent.add_metric([ns, name], float(((body.get("status") or {}).get("spent") or {}).get("cents", 0)))
         yield spent
 

@@ -359,9 +359,91 @@ def test_last_transition_time_kept_when_status_unchanged() -> None:
     assert ready_2.reason == "Running"
 
 
-def test_deleting_run_does_nothing() -> None:
-    r = run(status=held(), deletionTimestamp=T0.isoformat())
-    assert decide(observe(r, lease(), (pod(),), mono=999)).actions == []
+DELETING = {"deletionTimestamp": T0.isoformat(), "finalizers": ["tether.dev/run-cleanup"]}
+
+
+def test_deleting_a_held_run_revokes_its_attempt_first() -> None:
+    r = run(status=held(), **DELETING)
+    d = decide(observe(r, lease(), (pod(),)))
+    assert kinds(d.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+    s = status_of(d.actions)
+    assert s.holder is None and s.fence == 2 and s.phase == Phase.CANCELLED
+    assert s.attempts[-1].outcome == Outcome.CANCELLED
+
+
+def test_deleting_a_run_whose_result_landed_keeps_the_result() -> None:
+    r = run(status=held(result={"ok": True}), **DELETING)
+    s = status_of(decide(observe(r, lease(), (pod(),))).actions)
+    assert s.phase == Phase.SUCCEEDED and s.result == {"ok": True}
+
+
+@pytest.mark.parametrize("status,lease_obs,pods,budget,expected", [
+    # the lease still names the old holder: clear it first
+    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "attempts": [], "usage": {"cents": 0, "tokens": 0}},
+     lease(holder="job-a1", fence=1), (), None, ["ClearLease"]),
+    # usage reported after the revocation write: settle it into the books
+    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 3, "tokens": 0},
+      "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "Cancelled",
+                    "usage": {"cents": 3, "tokens": 0}}]},
+     lease(holder=None, fence=2, usage=Usage(cents=5, tokens=0)), (), None, ["WriteStatus"]),
+    # settled: charge what the budget has not seen
+    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": []},
+     None, (), BudgetObservation(name="b", charged=Usage(cents=3, tokens=0)), ["ChargeBudget"]),
+    # charged: delete the running pod and release every pod's finalizer
+    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": []},
+     None, (pod(), pod(2, phase="Failed")), BudgetObservation(name="b", charged=Usage(cents=5, tokens=0)),
+     ["DeletePod", "ReleasePod", "ReleasePod"]),
+    # nothing left: let it go
+    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": []},
+     None, (pod(deleting=True, has_finalizer=False),), BudgetObservation(name="b", charged=Usage(cents=5, tokens=0)),
+     ["RemoveFinalizer"]),
+])
+def test_deleting_a_run_settles_then_releases(status: dict[str, Any], lease_obs: LeaseObservation | None,
+                                              pods: tuple[PodObservation, ...], budget: BudgetObservation | None,
+                                              expected: list[str]) -> None:
+    r = run(spec={"budget": {"budgetRef": {"name": "b"}}}, status=status, **DELETING)
+    assert kinds(decide(observe(r, lease_obs, pods, budget=budget)).actions) == expected
+
+
+def test_a_lease_fence_ahead_of_the_run_is_foreign_and_revoked_past() -> None:
+    r = run(status=held())
+    d = decide(observe(r, lease(fence=9), (pod(),)))
+    assert kinds(d.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+    s = status_of(d.actions)
+    assert s.fence == 10 and s.holder is None and s.phase == Phase.BACKOFF
+    assert any(cond.reason == "LeaseTampered" for cond in s.conditions)
+    assert d.actions[1] == ClearLease(fence=10)
+
+
+def test_a_foreign_fence_on_a_finished_run_moves_its_fence_too() -> None:
+    r = run(status={"phase": "Succeeded", "fence": 2, "attempt": 1, "attempts": []})
+    d = decide(observe(r, lease(holder=None, fence=5)))
+    assert kinds(d.actions) == ["WriteStatus", "ClearLease"] and status_of(d.actions).fence == 6
+
+
+@pytest.mark.parametrize("available_since,mono,lost", [
+    (float("-inf"), 121.0, True),   # API reachable all along: 21 s of silence > 20 s lease
+    (None, 500.0, False),           # API unreachable now: silence says nothing
+    (110.0, 121.0, False),          # API back at 110: judge nothing before 130
+    (110.0, 130.5, True),           # a full duration after it came back, still silent
+])
+def test_no_lapse_is_judged_until_the_api_answered_for_a_full_duration(
+        available_since: float | None, mono: float, lost: bool) -> None:
+    o = replace(observe(run(status=held()), lease(last_change=100.0), (pod(),), mono=mono),
+                api_available_since=available_since)
+    d = decide(o)
+    ended = [a for a in d.actions if isinstance(a, WriteStatus) and a.ends_attempt]
+    assert bool(ended) == lost
+    if lost:
+        assert ended[0].lapse
+    else:
+        assert d.requeue_after is not None and d.requeue_after > 0
+
+
+def test_a_terminating_namespace_gets_no_new_attempt() -> None:
+    o = replace(observe(run(status={"phase": "Backoff", "fence": 2, "attempt": 1, "attempts": []})),
+                namespace_terminating=True)
+    assert decide(o).actions == []
 
 
 def test_checkpoint_folds_into_status_at_a_bounded_rate() -> None:

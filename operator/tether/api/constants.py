@@ -10,6 +10,9 @@ LABEL_ATTEMPT = f"{PREFIX}/attempt"
 # Pods carry this finalizer so that Tether sees every attempt's end, even a deleted pod's
 # (the Kubernetes Job controller tracks its pods the same way).
 POD_FINALIZER = f"{PREFIX}/attempt-tracking"
+# WorkerRuns carry this finalizer so that deleting one ends its attempt, charges its final
+# usage and releases its pods before it is gone.
+RUN_FINALIZER = f"{PREFIX}/run-cleanup"
 
 # Lease annotations written by the worker on each heartbeat (one write carries all).
 ANN_CHECKPOINT = f"{PREFIX}/checkpoint"
@@ -57,3 +60,6 @@ EV_SUSPENDED = "Suspended"
 EV_BUDGET_EXCEEDED = "BudgetExceeded"
 EV_STOP_REQUESTED = "StopRequested"
 EV_STALLED = "Stalled"
+
+# Condition and Event reason when the Lease's fence was moved by someone other than Tether.
+REASON_LEASE_TAMPERED = "LeaseTampered"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import Any
 
 import kopf
 
@@ -18,17 +18,19 @@ from tether.api.models import BUDGET_PLURAL, GROUP, PLURAL, VERSION
 from tether.controller.runs import RunController
 from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
+from tether.kube.ratelimit import TokenBucket
 
-_state: dict[str, Any] = {"may_act": lambda: True}
+_state: dict[str, Any] = {"may_act": lambda: True, "qps": 50.0, "burst": 100, "workers": 16}
 
 
 def controller() -> RunController:
     return _state["controller"]
 
 
-def configure(may_act: Callable[[], bool]) -> None:
-    """Called before kopf starts: with leader election, only the leader acts."""
-    _state["may_act"] = may_act
+def configure(**settings: Any) -> None:
+    """Called before kopf starts: `may_act` (with leader election, only the leader acts),
+    `qps`/`burst` (client-side rate limit), `workers` (concurrent reconciles)."""
+    _state.update(settings)
 
 
 @kopf.on.startup()
@@ -44,7 +46,9 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
-    ctl = RunController(KubeClient(kubeconfig.load()), fold_interval=fold, may_act=_state["may_act"])
+    kube = KubeClient(kubeconfig.load(), limiter=TokenBucket(_state["qps"], _state["burst"]))
+    ctl = RunController(kube, fold_interval=fold, may_act=_state["may_act"], workers=_state["workers"])
+    ctl.start()
     _state["controller"] = ctl
     metrics.STATE.controller = ctl
     logging.getLogger("tether.operator").info("tether operator started", extra={"event": "operator_started"})

@@ -1,32 +1,37 @@
-"""Per-run reconcile loops: observations in, decide(), actions out.
+"""The WorkerRun controller: watch events fill a cache and queue keys; workers reconcile.
 
-Watch events (delivered by the kopf handlers) only update in-memory
-observations and wake the run's own asyncio task; the task decides and acts.
-Each run sleeps until its next deadline (lease lapse, backoff, TTL), so there
-is no periodic sweep over all runs, and a heartbeat wakes nobody unless it
-changes what is decided.
+The shape is controller-runtime's:
+- watch events (from the kopf handlers) only update the cache and add the run's key to a
+  rate-limited work queue; a burst of events for one run is one reconcile;
+- a bounded number of workers take keys; one key is never reconciled twice at once;
+- a reconcile takes one immutable snapshot (run, lease observation, pods), decides, and
+  every write it makes is conditional on that snapshot: the status PUT carries the
+  snapshot's resourceVersion, never a newer one that arrived meanwhile;
+- a conflict means "decide again from fresh data"; an error backs the key off
+  exponentially; a timed pass (lease deadline, backoff, TTL) is `add_after`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
 
 from tether import metrics
 from tether.api import constants as c
-from tether.api.models import Usage, WorkerBudget, WorkerRun
+from tether.api.conditions import get_condition, set_condition
+from tether.api.models import Phase, WorkerRun
+from tether.controller.budgets import BudgetBook
 from tether.controller.leases import LeaseTracker
-from tether.core import budget as budgets
+from tether.controller.rbac import WorkerRbac, owned_by
+from tether.controller.workqueue import ExponentialBackoff, WorkQueue
 from tether.core.decide import (
     Action,
-    BudgetObservation,
     ChargeBudget,
     ClearLease,
     DeletePod,
@@ -34,18 +39,28 @@ from tether.core.decide import (
     EnsureLease,
     EnsurePod,
     EnsureSignals,
+    LeaseObservation,
     Observed,
     PodObservation,
     ReleasePod,
+    RemoveFinalizer,
     WriteStatus,
     decide,
 )
+from tether.core.liveness import mass_lapse
 from tether.kube import resources
-from tether.kube.client import Conflict, Invalid, KubeClient, NotFound
+from tether.kube.client import ApiError, Conflict, Forbidden, Invalid, KubeClient, NotFound, Unavailable, lease_path
+from tether.kube.health import SLOW_SECONDS
 
 log = logging.getLogger("tether.controller")
 
-ERROR_RETRY_SECONDS = (1.0, 30.0)
+RunKey = tuple[str, str]  # (namespace, name)
+
+# How long a namespace that refused a create as "being terminated" gets no new attempts.
+TERMINATING_NAMESPACE_SECONDS = 30.0
+# A reconcile that acted is followed at once by another pass; past this many passes in a
+# row that all acted, the next ones back off (a decision that never converges must not spin).
+MAX_ACTING_STREAK = 8
 
 
 @dataclass
@@ -56,28 +71,51 @@ class Clock:
     mono: Callable[[], float] = time.monotonic
 
 
-@dataclass
-class RunEntry:
-    key: str
-    run: dict[str, Any] | None = None
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    rbac_ready: bool = False
-    errors: int = 0
-    usage_alarm: Usage | None = None
-    budget: str | None = None  # key of the WorkerBudget it draws from
+@dataclass(frozen=True)
+class Snapshot:
+    """What one reconcile decided from. `body` is the run exactly as read: never mutated,
+    and its resourceVersion is the precondition of the status write."""
+
+    key: RunKey
+    body: dict[str, Any]
+    run: WorkerRun
+    lease: LeaseObservation | None
+    pods: tuple[PodObservation, ...]
+
+    @property
+    def uid(self) -> str:
+        return self.run.metadata.uid
 
 
-def _key(ns: str, name: str) -> str:
-    return f"{ns}/{name}"
+class Again(Exception):
+    """The snapshot is out of date (a conflict, a moved lease): decide again from fresh data."""
 
 
-def _fence(body: dict[str, Any] | None) -> int:
-    return int(((body or {}).get("status") or {}).get("fence") or 0)
+class Inconclusive(Exception):
+    """A lapse could not be confirmed (slow or failed read, an outage): look again later."""
+
+    def __init__(self, why: str, retry_in: float) -> None:
+        super().__init__(why)
+        self.retry_in = retry_in
 
 
-def _pod_observation(pod: dict[str, Any]) -> PodObservation | None:
+class SpecError(Exception):
+    """The API server refused an object built from the spec (422, 403 by policy): not transient."""
+
+    def __init__(self, reason: str, api_error: ApiError) -> None:
+        super().__init__(api_error.message)
+        self.reason = reason
+        self.api_error = api_error
+
+
+def owner_uid(obj: dict[str, Any]) -> str | None:
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == "WorkerRun" and ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+def pod_observation(pod: dict[str, Any]) -> PodObservation | None:
     meta, status = pod["metadata"], pod.get("status", {}) or {}
     try:
         attempt = int(meta.get("labels", {}).get(c.LABEL_ATTEMPT, ""))
@@ -94,246 +132,370 @@ def _pod_observation(pod: dict[str, Any]) -> PodObservation | None:
                           has_finalizer=c.POD_FINALIZER in (meta.get("finalizers") or []))
 
 
+def _fence(body: dict[str, Any] | None) -> int:
+    return int(((body or {}).get("status") or {}).get("fence") or 0)
+
+
+@dataclass
+class _KeyState:
+    """Per-run bookkeeping that is not an observation of the cluster."""
+
+    usage_alarm: Any = None
+    acting_streak: int = 0
+    last_problem: str = ""  # the last error logged, so each is logged once per change
+
+
 class RunController:
     def __init__(self, kube: KubeClient, clock: Clock | None = None, fold_interval: float = 10.0,
-                 may_act: Callable[[], bool] = lambda: True) -> None:
+                 may_act: Callable[[], bool] = lambda: True, workers: int = 16) -> None:
         self.kube = kube
         self.may_act = may_act
         self.clock = clock or Clock()
         self.fold_interval = fold_interval
-        self.leases = LeaseTracker()
-        self.entries: dict[str, RunEntry] = {}
-        self.budgets: dict[str, dict[str, Any]] = {}
+        self.workers = workers
+        self.queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0))
+        self.runs: dict[RunKey, dict[str, Any]] = {}
+        self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
+        self.leases = LeaseTracker()  # keyed by the owning run's UID
+        self.budgets = BudgetBook(kube, self.clock.now)
+        self.rbac = WorkerRbac(kube)
+        self.state: dict[RunKey, _KeyState] = {}
+        self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen terminating
+        self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
+        self._dispatch: dict[type, Callable[[Snapshot, Any], Awaitable[Snapshot]]] = {
+            WriteStatus: self._write_status,
+            EnsureLease: self._ensure_lease,
+            ClearLease: self._clear_lease,
+            EnsurePod: self._ensure_pod,
+            DeletePod: self._delete_pod,
+            ReleasePod: self._release_pod,
+            EnsureSignals: self._ensure_signals,
+            ChargeBudget: self._charge,
+            DeleteRun: self._delete_run,
+            RemoveFinalizer: self._remove_finalizer,
+        }
 
-    # --- watch events --------------------------------------------------------
+    # --- life cycle ----------------------------------------------------------
 
-    def _entry(self, key: str) -> RunEntry:
-        entry = self.entries.get(key)
-        if entry is None:
-            entry = self.entries[key] = RunEntry(key=key)
-        return entry
+    def start(self) -> None:
+        """Starts the workers and the API health probe (in the running event loop)."""
+        if self._tasks:
+            return
+        self._tasks = [asyncio.create_task(self._worker(), name=f"reconcile worker {i}") for i in range(self.workers)]
+        self._tasks.append(asyncio.create_task(self.kube.health.probe_forever(self.kube.ready), name="api probe"))
+
+    async def stop(self) -> None:
+        self.queue.shutdown()
+        tasks = self._tasks + list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.budgets.stop()
+
+    def _state(self, key: RunKey) -> _KeyState:
+        st = self.state.get(key)
+        if st is None:
+            st = self.state[key] = _KeyState()
+        return st
+
+    # --- watch events: cache and queue, nothing else ------------------------
 
     def on_run(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body["metadata"]
-        entry = self._entry(_key(meta["namespace"], meta["name"]))
+        key = (meta["namespace"], meta["name"])
+        cached = self.runs.get(key)
         if event_type == "DELETED":
-            entry.run = None
-            self.leases.forget(entry.key)
-            entry.wake.set()
+            if cached is not None and cached["metadata"].get("uid") == meta.get("uid"):
+                del self.runs[key]
+            self.leases.forget(meta.get("uid", ""))
+            self.rbac.forget(meta.get("uid", ""))
+            self.queue.add(key)  # release what is left of it (pods)
             return
-        if entry.run is not None:
-            if meta.get("resourceVersion") == entry.run["metadata"].get("resourceVersion"):
+        if cached is not None:
+            if meta.get("resourceVersion") == cached["metadata"].get("resourceVersion"):
                 return
-            if meta.get("uid") == entry.run["metadata"].get("uid") and _fence(body) < _fence(entry.run):
-                return  # older than what our own write returned
-        entry.run = body
-        self._ensure_loop(entry)
-        entry.wake.set()
+            if meta.get("uid") == cached["metadata"].get("uid") and _fence(body) < _fence(cached):
+                return  # older than what our own write returned (the fence never decreases)
+            if meta.get("generation") != cached["metadata"].get("generation"):
+                self.queue.forget(key)  # a new spec: an error backoff of the old one no longer applies
+        self.runs[key] = body
+        self.queue.add(key)
 
     def on_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         run_name = (meta.get("labels") or {}).get(c.LABEL_RUN)
-        if not run_name:
+        uid = owner_uid(body)
+        if not run_name or uid is None:
             return
-        key = _key(meta["namespace"], run_name)
+        key = (meta["namespace"], run_name)
         if event_type == "DELETED":
-            self.leases.forget(key)
+            self.leases.forget(uid)
             changed = True
         else:
-            changed = self.leases.observe(key, body, self.clock.mono())
-        entry = self.entries.get(key)
-        if entry is None:
-            return
-        tracked = self.leases.get(key)
-        alarm = entry.usage_alarm
+            changed = self.leases.observe(uid, body, self.clock.mono())
+        tracked = self.leases.get(uid)
+        alarm = self.state[key].usage_alarm if key in self.state else None
         if alarm is not None and tracked is not None and tracked.usage is not None and \
                 (tracked.usage.cents >= alarm.cents or tracked.usage.tokens >= alarm.tokens):
             changed = True  # a cap or the budget is reached: act now, not at the next fold
-        if changed:
-            entry.wake.set()
+        if changed and key in self.runs:
+            self.queue.add(key)
 
     def on_budget(self, event_type: str | None, body: dict[str, Any]) -> None:
-        meta = body["metadata"]
-        key = _key(meta["namespace"], meta["name"])
-        if event_type == "DELETED":
-            self.budgets.pop(key, None)
-        else:
-            self.budgets[key] = body
-            self._spawn(self._refresh_budget(meta["namespace"], meta["name"]))
+        ns, name = self.budgets.on_event(event_type, body)
         # Runs that draw from it may be admitted now (limit raised, period rolled over).
-        for entry in self.entries.values():
-            if entry.budget == key and entry.run is not None:
-                entry.wake.set()
-                self._ensure_loop(entry)
+        for key, run in self.runs.items():
+            ref = ((run.get("spec") or {}).get("budget") or {}).get("budgetRef") or {}
+            if key[0] == ns and ref.get("name") == name:
+                self.queue.add(key)
 
     def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         run_name = (meta.get("labels") or {}).get(c.LABEL_RUN)
         if not run_name:
             return
-        entry = self._entry(_key(meta["namespace"], run_name))
-        before = entry.pods.get(meta["name"])
+        key = (meta["namespace"], run_name)
+        pods = self.pods.setdefault(key, {})
+        before = pods.get(meta["name"])
         if event_type == "DELETED":
-            entry.pods.pop(meta["name"], None)
+            pods.pop(meta["name"], None)
+            if not pods:
+                del self.pods[key]
         else:
-            entry.pods[meta["name"]] = body
-        if before is None or event_type == "DELETED" or _pod_observation(before) != _pod_observation(body):
-            entry.wake.set()
-            if entry.run is not None:
-                self._ensure_loop(entry)
+            pods[meta["name"]] = body
+        if before is None or event_type == "DELETED" or pod_observation(before) != pod_observation(body):
+            self.queue.add(key)
 
-    # --- loops ---------------------------------------------------------------
+    # --- workers -------------------------------------------------------------
 
-    def _ensure_loop(self, entry: RunEntry) -> None:
-        if entry.task is None or entry.task.done():
-            entry.task = asyncio.create_task(self._loop(entry), name=f"run {entry.key}")
-
-    async def stop(self) -> None:
-        tasks = [e.task for e in self.entries.values() if e.task is not None] + list(self._background)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _loop(self, entry: RunEntry) -> None:
-        while entry.run is not None:
-            entry.wake.clear()
+    async def _worker(self) -> None:
+        while (key := await self.queue.get()) is not None:
             began = time.monotonic()
             try:
-                requeue = await self._reconcile(entry)
-                entry.errors = 0
-                metrics.RECONCILE_TOTAL.labels("workerrun", "success" if requeue is None else "requeue").inc()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - one run's failure must not stop the others
-                metrics.RECONCILE_TOTAL.labels("workerrun", "error").inc()
-                metrics.RECONCILE_ERRORS.labels("workerrun").inc()
-                entry.errors += 1
-                requeue = min(ERROR_RETRY_SECONDS[1], ERROR_RETRY_SECONDS[0] * 2 ** (entry.errors - 1))
-                log.exception("reconcile failed; retrying", extra={"run": entry.key, "retryIn": requeue})
+                await self._process(key)
             finally:
+                self.queue.done(key)
                 metrics.RECONCILE_TIME.labels("workerrun").observe(time.monotonic() - began)
-            if requeue == 0:
-                continue
-            if requeue is None and self._idle(entry) and not entry.wake.is_set():
-                break  # an event that arrived while reconciling set `wake`: go round once more
-            try:
-                await asyncio.wait_for(entry.wake.wait(), timeout=requeue)
-            except asyncio.TimeoutError:
-                pass
-        if entry.run is None and not entry.pods:
-            self.entries.pop(entry.key, None)
 
-    def _idle(self, entry: RunEntry) -> bool:
-        """A finished run with nothing left to clean up needs no task until something changes."""
-        phase = ((entry.run or {}).get("status") or {}).get("phase")
-        return phase in {"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded"}
-
-    async def _reconcile(self, entry: RunEntry) -> float | None:
-        assert entry.run is not None
+    async def _process(self, key: RunKey) -> None:
+        st = self._state(key)
         try:
-            run = WorkerRun.model_validate(entry.run)
-        except ValidationError as exc:
-            log.error("cannot read run; waiting for a change", extra={"run": entry.key, "error": str(exc)})
-            return None
-        pods = tuple(p for p in (_pod_observation(b) for b in entry.pods.values()) if p is not None)
-        now = self.clock.now()
-        observed = Observed(run=run, lease=self.leases.get(entry.key), pods=pods, now=now, mono=self.clock.mono(),
-                            budget=await self._budget_observation(entry, run, now), fold_interval=self.fold_interval)
-        decision = decide(observed)
-        entry.usage_alarm = decision.usage_alarm
-        if not decision.actions:
-            return decision.requeue_after
-        if not self.may_act():
-            log.warning("not the leader: not acting", extra={"run": entry.key, "event": "not_leader"})
-            return 1.0
-        if not await self._still_current(entry, decision.actions):
-            return 0
-        for action in decision.actions:
-            if not await self._execute(entry, run, action):
-                return 0
-            if isinstance(action, WriteStatus) and entry.run is not None:
-                run = WorkerRun.model_validate(entry.run)
-        return decision.requeue_after
+            requeue, acted = await self._reconcile(key)
+        except asyncio.CancelledError:
+            raise
+        except Again:
+            metrics.RECONCILE_TOTAL.labels("workerrun", "requeue").inc()
+            self.queue.add_rate_limited(key)
+            return
+        except Inconclusive as exc:
+            metrics.RECONCILE_TOTAL.labels("workerrun", "requeue").inc()
+            self._problem(key, "lapse not judged yet", "lapse_inconclusive", str(exc), logging.INFO)
+            self.queue.add_after(key, exc.retry_in)
+            return
+        except SpecError as exc:
+            metrics.RECONCILE_TOTAL.labels("workerrun", "error").inc()
+            metrics.RECONCILE_ERRORS.labels("workerrun").inc()
+            delay = self.queue.add_rate_limited(key)
+            self._problem(key, "the API server refused an object built from the spec", "reconcile_refused",
+                          str(exc), logging.WARNING, retryIn=round(delay, 3), reason=exc.reason)
+            await self._record_refusal(key, exc)
+            return
+        except (Unavailable, Conflict, NotFound) as exc:
+            metrics.RECONCILE_TOTAL.labels("workerrun", "error").inc()
+            metrics.RECONCILE_ERRORS.labels("workerrun").inc()
+            delay = self.queue.add_rate_limited(key)
+            self._problem(key, "reconcile failed; retrying", "reconcile_failed", str(exc), logging.WARNING,
+                          retryIn=round(delay, 3))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: log its traceback, keep the other runs going
+            metrics.RECONCILE_TOTAL.labels("workerrun", "error").inc()
+            metrics.RECONCILE_ERRORS.labels("workerrun").inc()
+            delay = self.queue.add_rate_limited(key)
+            if st.last_problem != f"bug:{exc}":
+                st.last_problem = f"bug:{exc}"
+                log.exception("reconcile failed unexpectedly; retrying",
+                              extra={"run": "/".join(key), "retryIn": round(delay, 3), "event": "reconcile_bug"})
+            return
+        metrics.RECONCILE_TOTAL.labels("workerrun", "success" if requeue is None else "requeue").inc()
+        if st.last_problem:
+            log.info("reconcile succeeded again", extra={"run": "/".join(key), "event": "reconcile_recovered"})
+            st.last_problem = ""
+        if acted:
+            st.acting_streak += 1
+            if st.acting_streak > MAX_ACTING_STREAK:
+                self.queue.add_rate_limited(key)
+            else:
+                self.queue.add(key)  # one more pass on the state our writes produced
+            return
+        st.acting_streak = 0
+        self.queue.forget(key)
+        if requeue is not None:
+            self.queue.add_after(key, requeue)
+        if key not in self.runs and key not in self.pods:
+            self.state.pop(key, None)
+            self.queue.drop(key)
 
-    async def _refresh_budget(self, ns: str, name: str) -> None:
-        """Keeps a budget's status current (remaining, period, Exhausted) when nothing is charged."""
-        try:
-            body = await self.kube.get_budget(ns, name)
-            if body is None:
-                return
-            budget = WorkerBudget.model_validate(body)
-            status = budgets.refresh(budget, self.clock.now())
-            if status.dump() == budget.status.dump():
-                return
-            body["status"] = status.dump()
-            self.budgets[_key(ns, name)] = await self.kube.replace_budget_status(body)
-        except (Conflict, NotFound):
-            pass  # a newer version arrives by watch and triggers another refresh
-        except Exception as exc:  # noqa: BLE001 - best effort; charges refresh it too
-            log.warning("budget refresh failed", extra={"budget": f"{ns}/{name}", "error": str(exc)})
+    def _problem(self, key: RunKey, msg: str, event: str, detail: str, level: int, **extra: Any) -> None:
+        """Logs a problem once per change, not on every retry."""
+        st = self._state(key)
+        if st.last_problem == f"{event}:{detail}":
+            return
+        st.last_problem = f"{event}:{detail}"
+        log.log(level, msg, extra={"run": "/".join(key), "event": event, "error": detail[:500], **extra})
 
-    async def _budget_observation(self, entry: RunEntry, run: WorkerRun, now: dt.datetime) -> BudgetObservation | None:
-        ref = run.spec.budget.budget_ref if run.spec.budget else None
-        if ref is None:
-            return None
-        key = _key(run.metadata.namespace, ref.name)
-        entry.budget = key
-        body = self.budgets.get(key)
+    # --- one reconcile -------------------------------------------------------
+
+    def snapshot(self, key: RunKey) -> Snapshot | None:
+        body = self.runs.get(key)
         if body is None:
-            # Not seen by the watch (yet): ask, so a starting operator does not think it missing.
-            body = await self.kube.get_budget(run.metadata.namespace, ref.name)
-            if body is None:
-                return BudgetObservation(name=ref.name, missing=True)
-            self.budgets[key] = body
-        budget = WorkerBudget.model_validate(body)
-        status = budgets.refresh(budget, now)
-        if status.period_start != budget.status.period_start:
-            self._spawn(self._refresh_budget(run.metadata.namespace, ref.name))
-        start = budgets.period_start(now, budget.spec)
-        next_reset = None
-        if start is not None:
-            probe = now
-            while budgets.period_start(probe, budget.spec) == start:
-                probe += dt.timedelta(hours=1)
-            next_reset = (budgets.period_start(probe, budget.spec) - now).total_seconds()  # type: ignore[operator]
-        return BudgetObservation(
-            name=ref.name, exhausted=budgets.exhausted(budget.spec, status.spent),
-            remaining=status.remaining or Usage(), charged=budgets.charged(budget, run.metadata.uid),
-            next_reset_seconds=next_reset)
+            return None
+        run = WorkerRun.model_validate(body)
+        pods = tuple(p for p in (pod_observation(b) for b in self.pods.get(key, {}).values()
+                                 if owner_uid(b) == run.metadata.uid) if p is not None)
+        return Snapshot(key=key, body=body, run=run, lease=self.leases.get(run.metadata.uid), pods=pods)
 
-    async def _still_current(self, entry: RunEntry, actions: list[Action]) -> bool:
-        """Guards against acting on stale observations.
+    async def _reconcile(self, key: RunKey) -> tuple[float | None, bool]:
+        """Returns (seconds until the next timed pass or None, whether anything was written)."""
+        try:
+            snap = self.snapshot(key)
+        except ValidationError as exc:
+            self._problem(key, "cannot read run; waiting for a change", "run_unreadable", str(exc), logging.ERROR)
+            return None, False
+        if await self._release_strays(key, snap):
+            return None, True
+        if snap is None:
+            return None, False
+        if not self.may_act():
+            return 1.0, False
+        if snap.run.metadata.deletion_timestamp is None and c.RUN_FINALIZER not in snap.run.metadata.finalizers:
+            await self._add_finalizer(snap)
+            return None, True
+        ns = snap.run.metadata.namespace
+        now, mono = self.clock.now(), self.clock.mono()
+        observed = Observed(run=snap.run, lease=snap.lease, pods=snap.pods, now=now, mono=mono,
+                            budget=await self.budgets.observe(snap.run, now), fold_interval=self.fold_interval,
+                            api_available_since=self.kube.health.available_since,
+                            namespace_terminating=mono - self.terminating.get(ns, -1e18) < TERMINATING_NAMESPACE_SECONDS)
+        decision = decide(observed)
+        self._state(key).usage_alarm = decision.usage_alarm
+        if not decision.actions:
+            return decision.requeue_after, False
+        await self._confirm(snap, decision.actions)
+        for action in decision.actions:
+            snap = await self._dispatch[type(action)](snap, action)
+        return decision.requeue_after, True
 
-        A lapse is confirmed with a fresh GET of the Lease (a stalled watch must
-        not make every worker look dead), and repairs that are not preceded by
-        a status write (after a crash) are confirmed with a fresh GET of the run.
-        """
-        assert entry.run is not None
-        meta = entry.run["metadata"]
-        if any(isinstance(a, WriteStatus) and a.ends_attempt for a in actions):
-            # Confirm a lapse (a stalled watch must not kill workers) and pick up the
-            # final usage report before the attempt's books are closed.
-            lease = await self.kube.get_lease(meta["namespace"], meta["name"])
-            tracked = self.leases.get(entry.key)
-            if lease is not None and (tracked is None or
-                                      lease["metadata"]["resourceVersion"] != tracked.resource_version):
-                self.leases.observe(entry.key, lease, self.clock.mono())
-                log.info("the lease moved; deciding again", extra={"run": entry.key, "event": "lease_refreshed"})
-                return False
-        if not any(isinstance(a, WriteStatus) for a in actions) and \
-                any(isinstance(a, (EnsureLease, EnsurePod, ChargeBudget)) for a in actions):
+    async def _release_strays(self, key: RunKey, snap: Snapshot | None) -> bool:
+        """Pods labelled for this run name that no live run owns (the run was deleted, or a namesake
+        replaced it): delete them and drop Tether's finalizer, so nothing hangs in Terminating."""
+        uid = snap.uid if snap is not None else None
+        strays = [p for p in self.pods.get(key, {}).values() if owner_uid(p) != uid]
+        if not strays:
+            return False
+        if snap is None:
+            # The cache may simply not have seen the run yet: ask before releasing anything.
             try:
-                fresh = await self.kube.get_run(meta["namespace"], meta["name"])
+                fresh = await self.kube.get_run(*key)
             except NotFound:
-                entry.run = None
-                return False
-            if fresh["metadata"]["resourceVersion"] != meta["resourceVersion"]:
-                entry.run = fresh
-                return False
+                fresh = None
+            if fresh is not None:
+                self.on_run("ADDED", fresh)
+                raise Again()
+        for pod in strays:
+            name = pod["metadata"]["name"]
+            if not pod["metadata"].get("deletionTimestamp"):
+                await self.kube.delete_pod(key[0], name)
+            await self.kube.remove_finalizer(key[0], name, c.POD_FINALIZER)
+            log.info("released a pod of a deleted run", extra={"run": "/".join(key), "pod": name,
+                                                              "event": "stray_pod_released"})
         return True
 
-    # --- actions -------------------------------------------------------------
+    async def _add_finalizer(self, snap: Snapshot) -> None:
+        """Deleting a run must end its attempt and settle its books first: hold it with a finalizer."""
+        meta = snap.body["metadata"]
+        try:
+            written = await self.kube.set_run_finalizers(
+                meta["namespace"], meta["name"], meta["resourceVersion"],
+                list(snap.run.metadata.finalizers) + [c.RUN_FINALIZER])
+        except (Conflict, NotFound):
+            await self._refresh_run(snap.key)
+            raise Again() from None
+        self._store_written(snap, written)
+
+    async def _confirm(self, snap: Snapshot, actions: list[Action]) -> None:
+        """Checks what a decision rests on before acting on it.
+
+        Ending an attempt re-reads the Lease: the final usage report must be in the books, and a
+        lapse is only real if a fresh, timely read shows no renewal. Repairs that are not
+        preceded by a status write re-read the run, so they never act on a stale cache.
+        """
+        ns, name = snap.run.metadata.namespace, snap.run.metadata.name
+        ending = next((a for a in actions if isinstance(a, WriteStatus) and a.ends_attempt), None)
+        if ending is not None:
+            since = self.kube.health.available_since
+            try:
+                lease, took = await self.kube.timed_get(lease_path(ns, name), f"get lease {ns}/{name}")
+            except Unavailable as exc:
+                if ending.lapse:
+                    raise Inconclusive(f"lease read failed: {exc}", 1.0) from None
+                raise
+            if lease is not None and owner_uid(lease) == snap.uid and (
+                    snap.lease is None or lease["metadata"]["resourceVersion"] != snap.lease.resource_version):
+                self.leases.observe(snap.uid, lease, self.clock.mono())
+                raise Again()
+            if ending.lapse:
+                if took > SLOW_SECONDS or since is None or self.kube.health.available_since != since:
+                    raise Inconclusive(f"the confirming read took {took:.1f}s or met an outage", 1.0)
+                self._check_mass_lapse(snap)
+        if not any(isinstance(a, WriteStatus) for a in actions) and \
+                any(isinstance(a, (EnsureLease, EnsurePod, ChargeBudget)) for a in actions):
+            fresh = await self._refresh_run(snap.key)
+            if fresh is None or fresh["metadata"]["resourceVersion"] != snap.body["metadata"]["resourceVersion"]:
+                raise Again()
+
+    def _check_mass_lapse(self, snap: Snapshot) -> None:
+        """Many leases lapsing together points at the control plane or this operator's view of it,
+        not at the workers: then a lapse must last a second full duration before it counts."""
+        mono = self.clock.mono()
+        active = overdue = 0
+        for body in self.runs.values():
+            status = body.get("status") or {}
+            holder = status.get("holder")
+            if not holder:
+                continue
+            active += 1
+            lease = self.leases.get(body["metadata"].get("uid", ""))
+            duration = ((body.get("spec") or {}).get("lease") or {}).get("durationSeconds", 0)
+            if lease is not None and lease.holder == holder and mono - lease.last_change >= duration:
+                overdue += 1
+        assert snap.lease is not None
+        silence = mono - snap.lease.last_change
+        duration = snap.run.spec.lease.duration_seconds
+        if mass_lapse(overdue, active) and silence < 2 * duration:
+            self._problem(snap.key, "many leases lapsed at once; suspecting the control plane, not the workers",
+                          "mass_lapse_suspected", f"{overdue}/{active} overdue", logging.WARNING)
+            raise Inconclusive(f"{overdue} of {active} leases overdue", 2 * duration - silence)
+
+    async def _refresh_run(self, key: RunKey) -> dict[str, Any] | None:
+        try:
+            fresh = await self.kube.get_run(*key)
+        except NotFound:
+            return None
+        self.on_run("MODIFIED", fresh)
+        self.runs[key] = fresh  # a GET is the newest view, even if its fence looks lower
+        return fresh
+
+    def _store_written(self, snap: Snapshot, written: dict[str, Any]) -> Snapshot:
+        """Our write succeeded against the snapshot, so nothing came between the two: cache the
+        result unless the watch already brought it (or something newer)."""
+        cached = self.runs.get(snap.key)
+        if cached is None or cached["metadata"].get("resourceVersion") == \
+                snap.body["metadata"].get("resourceVersion"):
+            self.runs[snap.key] = written
+        return replace(snap, body=written, run=WorkerRun.model_validate(written))
+
+    # --- actions: each returns the snapshot the next action works from -------
 
     def _log(self, msg: str, run: WorkerRun, event: str, level: int = logging.INFO, **extra: Any) -> None:
         s = run.status
@@ -352,82 +514,23 @@ class RunController:
         except Exception as exc:  # noqa: BLE001 - events are best effort
             log.warning("event not posted", extra={"reason": reason, "error": str(exc)})
 
-    async def _execute(self, entry: RunEntry, run: WorkerRun, action: Action) -> bool:
-        ns, name = run.metadata.namespace, run.metadata.name
-        now = self.clock.now()
+    async def _write_status(self, snap: Snapshot, action: WriteStatus) -> Snapshot:
+        # The snapshot's own metadata: its resourceVersion is the compare-and-swap precondition.
+        body = {**snap.body, "status": action.status.dump()}
         try:
-            if isinstance(action, WriteStatus):
-                return await self._write_status(entry, run, action)
-            if isinstance(action, EnsureLease):
-                return await self._set_lease(entry, run, action.holder, action.fence, action.duration_seconds, now,
-                                             action.signals)
-            if isinstance(action, ClearLease):
-                return await self._set_lease(entry, run, None, action.fence, run.spec.lease.duration_seconds, now, "")
-            if isinstance(action, EnsurePod):
-                await self._ensure_pod(entry, run, action)
-            elif isinstance(action, DeletePod):
-                await self.kube.delete_pod(ns, action.name)
-                self._log("pod deleted", run, "pod_deleted", pod=action.name)
-            elif isinstance(action, ReleasePod):
-                await self.kube.remove_finalizer(ns, action.name, c.POD_FINALIZER)
-            elif isinstance(action, EnsureSignals):
-                written = await self.kube.patch_lease_signals(ns, name, action.fence, action.signals)
-                self.leases.observe(entry.key, written, self.clock.mono())
-            elif isinstance(action, ChargeBudget):
-                return await self._charge(entry, run, action)
-            elif isinstance(action, DeleteRun):
-                await self.kube.delete_run(ns, name, run.metadata.uid)
-                self._log("finished run deleted (ttlSecondsAfterFinished)", run, "run_deleted")
-            return True
-        except (Conflict, Invalid):
-            # Invalid: a JSON-patch test failed (the lease moved on); decide again.
-            return False
-
-    async def _charge(self, entry: RunEntry, run: WorkerRun, action: ChargeBudget) -> bool:
-        """CAS on the budget's status; the per-run mark makes a repeated charge add nothing."""
-        ns = run.metadata.namespace
-        for _ in range(10):
-            body = await self.kube.get_budget(ns, action.budget)
-            if body is None:
-                return False
-            budget = WorkerBudget.model_validate(body)
-            status = budgets.apply_charge(budget, run.metadata.uid, run.metadata.name, action.total, self.clock.now())
-            before = budgets.charged(budget, run.metadata.uid)
-            body["status"] = status.dump()
-            try:
-                written = await self.kube.replace_budget_status(body)
-            except Conflict:
-                continue  # another run charged first: re-read and apply our difference again
-            self.budgets[_key(ns, action.budget)] = written
-            metrics.BUDGET_CHARGED_CENTS.labels(ns, action.budget).inc(max(0, action.total.cents - before.cents))
-            metrics.BUDGET_CHARGED_TOKENS.labels(ns, action.budget).inc(max(0, action.total.tokens - before.tokens))
-            self._log("usage charged", run, "budget_charged", budget=action.budget,
-                      cents=action.total.cents - before.cents, tokens=action.total.tokens - before.tokens)
-            return True
-        return False
-
-    async def _write_status(self, entry: RunEntry, run: WorkerRun, action: WriteStatus) -> bool:
-        assert entry.run is not None
-        body = copy.deepcopy(entry.run)
-        body["status"] = action.status.dump()
-        meta = body["metadata"]
-        try:
-            entry.run = await self.kube.replace_run_status(body)
+            written = await self.kube.replace_run_status(body)
         except (Conflict, NotFound):
             # Someone else wrote first (a worker's result, a spec change): decide again on fresh data.
-            try:
-                entry.run = await self.kube.get_run(meta["namespace"], meta["name"])
-            except NotFound:
-                entry.run = None
-            return False
-        written = WorkerRun.model_validate(entry.run)
-        self._count(action, written)
+            await self._refresh_run(snap.key)
+            raise Again() from None
+        snap = self._store_written(snap, written)
+        self._count(action, snap.run)
         if action.log:
-            self._log(f"run {written.status.phase.value if written.status.phase else ''}", written, action.log,
+            self._log(f"run {snap.run.status.phase.value if snap.run.status.phase else ''}", snap.run, action.log,
                       **dict(action.log_fields))
         for ev in action.events:
-            self._spawn(self._post_event(entry.run, ev.type, ev.reason, ev.message))
-        return True
+            self._spawn(self._post_event(written, ev.type, ev.reason, ev.message))
+        return snap
 
     @staticmethod
     def _count(action: WriteStatus, written: WorkerRun) -> None:
@@ -439,65 +542,197 @@ class RunController:
             ended = [a for a in written.status.attempts if a.outcome is not None]
             if ended:
                 metrics.ATTEMPTS_ENDED.labels(ended[-1].outcome.value).inc()  # type: ignore[union-attr]
-        if action.log == "heartbeat_lost":
+        if action.lapse:
             metrics.LEASE_LAPSES.inc()
             silence = dict(action.log_fields).get("silenceSeconds")
             if isinstance(silence, (int, float)):
                 metrics.LAPSE_DETECTION.observe(float(silence))
 
-    async def _set_lease(self, entry: RunEntry, run: WorkerRun, holder: str | None, fence: int, duration: int,
-                         now: dt.datetime, signals: str) -> bool:
+    async def _ensure_lease(self, snap: Snapshot, action: EnsureLease) -> Snapshot:
+        if snap.run.spec.executor == "External":
+            await self._rbac(snap)  # the gateway's tool claims use the worker's account
+        await self._set_lease(snap, action.holder, action.fence, action.duration_seconds, action.signals)
+        return snap
+
+    async def _clear_lease(self, snap: Snapshot, action: ClearLease) -> Snapshot:
+        await self._set_lease(snap, None, action.fence, snap.run.spec.lease.duration_seconds, "")
+        return snap
+
+    async def _set_lease(self, snap: Snapshot, holder: str | None, fence: int, duration: int, signals: str) -> None:
+        run = snap.run
         ns, name = run.metadata.namespace, run.metadata.name
+        now = self.clock.now()
         for _ in range(5):
             current = await self.kube.get_lease(ns, name)
-            if holder is not None and run.spec.executor == "External" and not entry.rbac_ready:
-                await self._ensure_worker_rbac(entry, run)  # the gateway's tool claims use this account
+            if current is not None and owner_uid(current) != snap.uid:
+                # Left by a deleted run of the same name (or not Tether's): never adopt it.
+                await self.kube.delete_object(lease_path(ns, name), current["metadata"]["uid"])
+                current = None
             if current is None:
                 if holder is None:
-                    return True
-                written = await self.kube.create_lease(resources.build_lease(run, holder, fence, duration, now, signals))
-                self.leases.observe(entry.key, written, self.clock.mono())
-                return True
+                    await self._delete_tool_claim(snap, None)
+                    return
+                try:
+                    written = await self._refusable(self.kube.create_lease(
+                        resources.build_lease(run, holder, fence, duration, now, signals)), "LeaseRefused", ns)
+                except Conflict:
+                    continue
+                self.leases.observe(snap.uid, written, self.clock.mono())
+                return
             spec = current.get("spec", {}) or {}
             have = spec.get("leaseTransitions") or 0
             if have > fence:
-                # Never move a lease's fence backwards, whatever a stale decision says.
-                self._log("lease already has a higher fence", run, "lease_fence_ahead", logging.WARNING, leaseFence=have)
-                return False
-            if spec.get("holderIdentity") == holder and have == fence:
-                self.leases.observe(entry.key, current, self.clock.mono())
-                return True
+                # Someone other than Tether moved the fence ahead: decide (revoke past it) on what is there.
+                self.leases.observe(snap.uid, current, self.clock.mono())
+                raise Again()
+            previous = spec.get("holderIdentity")
+            if previous == holder and have == fence:
+                self.leases.observe(snap.uid, current, self.clock.mono())
+                if holder is None:
+                    await self._delete_tool_claim(snap, None)
+                return
             try:
-                written = await self.kube.replace_lease(
-                    resources.regrant_lease(current, holder, fence, duration, now, signals))
+                written = await self._refusable(self.kube.replace_lease(
+                    resources.regrant_lease(current, holder, fence, duration, now, signals)), "LeaseRefused", ns)
             except Conflict:
                 continue  # the old holder renewed in between; our write must still win
-            self.leases.observe(entry.key, written, self.clock.mono())
-            previous = spec.get("holderIdentity")
-            if previous and previous != holder and run.spec.executor == "External":
-                # Every tool credential of the old attempt is bound to this Secret: it dies with it.
-                await self.kube.delete_secret(ns, f"{previous}-toolclaim")
-            return True
-        return False
+            self.leases.observe(snap.uid, written, self.clock.mono())
+            if previous != holder:
+                await self._delete_tool_claim(snap, previous)
+            return
+        raise Again()
 
-    async def _ensure_worker_rbac(self, entry: RunEntry, run: WorkerRun) -> None:
-        for path, obj in resources.build_worker_rbac(run):
-            await self.kube.apply(path, obj)
-        entry.rbac_ready = True
+    async def _delete_tool_claim(self, snap: Snapshot, previous: str | None) -> None:
+        """Every tool credential of an ended External attempt is bound to its Secret: it dies with it.
+        Idempotent: a revocation that finds the Lease already cleared still deletes it."""
+        if snap.run.spec.executor != "External":
+            return
+        ns = snap.run.metadata.namespace
+        holders = {previous} if previous else set()
+        holders.update(a.holder for a in snap.run.status.attempts if a.outcome is not None and a.holder)
+        for holder in holders:
+            await self.kube.delete_secret(ns, f"{holder}-toolclaim")
 
-    async def _ensure_pod(self, entry: RunEntry, run: WorkerRun, action: EnsurePod) -> None:
+    async def _refusable(self, call: Awaitable[dict[str, Any]], reason: str, ns: str) -> dict[str, Any]:
+        """Turns the API server's refusal of an object built from the spec into a SpecError
+        (recorded, backed off), and learns from a namespace that is being deleted."""
+        try:
+            return await call
+        except Invalid as exc:
+            raise SpecError(reason, exc) from None
+        except Forbidden as exc:
+            if exc.namespace_terminating:
+                self.terminating[ns] = self.clock.mono()
+            raise SpecError(reason, exc) from None
+
+    async def _rbac(self, snap: Snapshot) -> None:
+        try:
+            await self.rbac.ensure(snap.run)
+        except Invalid as exc:
+            raise SpecError("WorkerIdentityRefused", exc) from None
+
+    async def _ensure_pod(self, snap: Snapshot, action: EnsurePod) -> Snapshot:
+        run = snap.run
         ns = run.metadata.namespace
-        if not entry.rbac_ready:
-            await self._ensure_worker_rbac(entry, run)
+        await self._rbac(snap)
         pod = resources.build_pod(run, action.name, action.attempt, action.fence, action.holder)
         try:
-            created = await self.kube.create_pod(pod)
+            created = await self._refusable(self.kube.create_pod(pod), "PodRefused", ns)
             self._log("pod created", run, "pod_created", pod=action.name)
         except Conflict:
-            # Same deterministic name: the pod from before a crash. Adopt it.
+            # Same deterministic name: the pod from before a crash. Adopt it, if it is this run's.
             existing = await self.kube.get_pod(ns, action.name)
             if existing is None:
-                raise
+                raise Again() from None
+            if owner_uid(existing) != snap.uid:
+                self.on_pod("MODIFIED", existing)  # a stray of a deleted namesake: released next pass
+                raise Again() from None
             created = existing
             self._log("pod adopted", run, "pod_adopted", pod=action.name)
-        entry.pods[action.name] = created
+        self.on_pod("ADDED", created)
+        return snap
+
+    async def _delete_pod(self, snap: Snapshot, action: DeletePod) -> Snapshot:
+        await self.kube.delete_pod(snap.run.metadata.namespace, action.name)
+        self._log("pod deleted", snap.run, "pod_deleted", pod=action.name)
+        return snap
+
+    async def _release_pod(self, snap: Snapshot, action: ReleasePod) -> Snapshot:
+        await self.kube.remove_finalizer(snap.run.metadata.namespace, action.name, c.POD_FINALIZER)
+        return snap
+
+    async def _ensure_signals(self, snap: Snapshot, action: EnsureSignals) -> Snapshot:
+        ns, name = snap.run.metadata.namespace, snap.run.metadata.name
+        try:
+            written = await self.kube.patch_lease_signals(ns, name, action.fence, action.signals)
+        except (Invalid, NotFound):
+            raise Again() from None  # the `test` failed: the lease moved on
+        self.leases.observe(snap.uid, written, self.clock.mono())
+        return snap
+
+    async def _charge(self, snap: Snapshot, action: ChargeBudget) -> Snapshot:
+        added = await self.budgets.charge(snap.run, action.budget, action.total)
+        if added is None:
+            raise Again()
+        self._log("usage charged", snap.run, "budget_charged", budget=action.budget,
+                  cents=added.cents, tokens=added.tokens)
+        return snap
+
+    async def _delete_run(self, snap: Snapshot, action: DeleteRun) -> Snapshot:
+        await self.kube.delete_run(snap.run.metadata.namespace, snap.run.metadata.name, snap.uid)
+        self._log("finished run deleted (ttlSecondsAfterFinished)", snap.run, "run_deleted")
+        return snap
+
+    async def _remove_finalizer(self, snap: Snapshot, action: RemoveFinalizer) -> Snapshot:
+        meta = snap.body["metadata"]
+        try:
+            written = await self.kube.set_run_finalizers(
+                meta["namespace"], meta["name"], meta["resourceVersion"],
+                [f for f in snap.run.metadata.finalizers if f != c.RUN_FINALIZER])
+        except (Conflict, NotFound):
+            await self._refresh_run(snap.key)
+            raise Again() from None
+        self._log("run released for deletion: attempt ended, usage charged, pods released", snap.run,
+                  "run_finalized")
+        return self._store_written(snap, written)
+
+    async def _record_refusal(self, key: RunKey, exc: SpecError) -> None:
+        """Records a refusal on the run (condition and Event) once per distinct message,
+        conditional on the run as read, like every other status write."""
+        snap = self.snapshot(key)
+        if snap is None:
+            return
+        run = snap.run
+        message = f"{exc.api_error.what}: {exc.api_error.message}"[:1024]
+        current = get_condition(run.status.conditions, c.COND_STALLED)
+        if current is not None and current.status == "True" and current.reason == exc.reason and \
+                current.message == message:
+            return
+        status = run.status.model_copy(deep=True)
+        status.conditions = set_condition(status.conditions, c.COND_STALLED, "True", exc.reason, message,
+                                          run.metadata.generation, self.clock.now())
+        try:
+            written = await self.kube.replace_run_status({**snap.body, "status": status.dump()})
+        except ApiError:
+            return  # recorded on a later pass
+        self._store_written(snap, written)
+        self._spawn(self._post_event(written, "Warning", exc.reason, message))
+
+    # --- views for metrics ---------------------------------------------------
+
+    def phase_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for body in list(self.runs.values()):
+            phase = (body.get("status") or {}).get("phase") or Phase.PENDING.value
+            counts[phase] = counts.get(phase, 0) + 1
+        return counts
+
+    def heartbeat_ages(self) -> list[tuple[str, str, float]]:
+        now = self.clock.mono()
+        out = []
+        for (ns, name), body in list(self.runs.items()):
+            holder = (body.get("status") or {}).get("holder")
+            lease = self.leases.get(body["metadata"].get("uid", ""))
+            if holder and lease is not None and lease.holder == holder:
+                out.append((ns, name, max(0.0, now - lease.last_change)))
+        return out
