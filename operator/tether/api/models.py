@@ -197,6 +197,7 @@ class ObjectMeta(_Model):
     deletion_timestamp: dt.datetime | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+    finalizers: list[str] = Field(default_factory=list)
 
 
 class WorkerRun(_Model):

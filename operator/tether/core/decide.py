@@ -482,7 +482,12 @@ def desired_signals(o: Observed, stop_reason: str | None) -> str:
 def decide(o: Observed) -> Decision:
     run, s = o.run, o.run.status
     d = Decision()
+    ahead = _foreign_fence(o)
+    if ahead is not None:
+        _decide_foreign_fence(o, d, ahead)
+        return d
     if run.metadata.deletion_timestamp is not None:
+        _decide_deleting(o, d)
         return d
     _housekeep_pods(o, d)
 
@@ -547,6 +552,9 @@ def decide(o: Observed) -> Decision:
     if s.phase == Phase.BACKOFF and s.next_attempt_at is not None and o.now < s.next_attempt_at:
         d.wake((s.next_attempt_at - o.now).total_seconds())
         return d
+    if o.namespace_terminating:
+        d.wake(30.0)  # its runs are about to be deleted: starting attempts there only fails
+        return d
     if not _admit(o, b, d):
         return d
     holder, attempt, fence = b.grant()
@@ -585,6 +593,71 @@ def _admit(o: Observed, b: _Builder, d: Decision) -> bool:
     if o.budget is not None and o.budget.next_reset_seconds is not None:
         d.wake(o.budget.next_reset_seconds)
     return False
+
+
+def _foreign_fence(o: Observed) -> int | None:
+    """The run's Lease carries a fence the run never issued: someone other than Tether wrote it."""
+    lease = o.lease
+    if lease is not None and lease.fence is not None and lease.fence > o.run.status.fence:
+        return lease.fence
+    return None
+
+
+def _decide_foreign_fence(o: Observed, d: Decision, lease_fence: int) -> None:
+    """A foreign write to the Lease is an attack or a bug; either way nobody can be sure who owns
+    the run. Converge: end the current attempt, move the run's fence past the Lease's, record it,
+    and let the retry rules go on with a Lease rewritten by Tether."""
+    s = o.run.status
+    b = _Builder(o)
+    message = (f"the Lease carries fence {lease_fence}, ahead of the run's {s.fence}: "
+               "it was written by someone other than Tether")
+    cur = s.current()
+    active = s.holder is not None
+    if active:
+        b.end_attempt(Outcome.LEASE_LOST, message)
+        b.finish_after(Outcome.LEASE_LOST, message, None)
+    b.status.fence = max(b.status.fence, lease_fence + 1)
+    b.status.conditions = set_condition(b.status.conditions, c.COND_LEASE_HELD, "False", c.REASON_LEASE_TAMPERED,
+                                        message, o.run.metadata.generation, o.now)
+    b.events.append(Event("Warning", c.REASON_LEASE_TAMPERED, message))
+    b.log, b.log_fields["leaseFence"] = "lease_tampered", lease_fence
+    d.actions.append(b.write())
+    if active:
+        _revoke_followups(o, d, b.status.fence, cur)
+    else:
+        d.actions.append(ClearLease(fence=b.status.fence))
+
+
+def _decide_deleting(o: Observed, d: Decision) -> None:
+    """A deleted run (held by Tether's finalizer) ends its attempt, settles and charges its usage,
+    releases its pods, and only then lets go."""
+    s = o.run.status
+    b = _Builder(o)
+    if s.holder is not None:
+        cur = s.current()
+        outcome, message = ((Outcome.SUCCEEDED, "the holder published its result") if s.result is not None
+                            else (Outcome.CANCELLED, "the WorkerRun is being deleted"))
+        b.end_attempt(outcome, message)
+        b.finish_after(outcome, message, None)
+        d.actions.append(b.write())
+        _revoke_followups(o, d, b.status.fence, cur)
+        return
+    if o.lease is not None and o.lease.holder is not None:
+        d.actions.append(ClearLease(fence=s.fence))
+        return
+    if _settle_usage(o, b):
+        d.actions.append(b.write())
+        return
+    _charge_if_due(o, d, s.usage)
+    if d.actions:
+        return
+    for pod in o.pods:
+        if not pod.terminated and not pod.deleting:
+            d.actions.append(DeletePod(pod.name))
+        if pod.has_finalizer:
+            d.actions.append(ReleasePod(pod.name))
+    if not d.actions:
+        d.actions.append(RemoveFinalizer())
 
 
 def _decide_finished(o: Observed, d: Decision) -> None:

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from typing import Any
 
 import httpx
 
 from tether.api.models import API_VERSION, BUDGET_PLURAL, PLURAL
 from tether.kube.config import KubeConfig
+from tether.protocol import JSON_PATCH, rfc3339
+from tether.kube.health import ApiHealth
+from tether.kube.ratelimit import TokenBucket
 
-JSON_PATCH = {"Content-Type": "application/json-patch+json"}
+SLOW_PROBE_TIMEOUT = 4.0
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 
 
@@ -23,6 +27,7 @@ class ApiError(Exception):
     def __init__(self, status: int, body: str, what: str) -> None:
         self.status = status
         self.body = body
+        self.what = what
         try:
             self.message = json.loads(body).get("message", body)
         except ValueError:
@@ -42,10 +47,24 @@ class Invalid(ApiError):
     """422: validation failed, or a JSON patch `test` did not hold."""
 
 
+class Forbidden(ApiError):
+    """403: RBAC, or the namespace is being terminated."""
+
+    @property
+    def namespace_terminating(self) -> bool:
+        return "being terminated" in self.message
+
+
+class Unavailable(ApiError):
+    """The API server did not answer usefully (transport error, timeout, 429, 5xx): try later."""
+
+
 def _raise_for(resp: httpx.Response, what: str) -> None:
     if resp.status_code < 300:
         return
-    cls = {409: Conflict, 404: NotFound, 422: Invalid}.get(resp.status_code, ApiError)
+    if resp.status_code == 429 or resp.status_code >= 500:
+        raise Unavailable(resp.status_code, resp.text, what)
+    cls = {409: Conflict, 404: NotFound, 422: Invalid, 403: Forbidden}.get(resp.status_code, ApiError)
     raise cls(resp.status_code, resp.text, what)
 
 
@@ -66,17 +85,48 @@ def pod_path(ns: str, name: str = "") -> str:
 
 
 class KubeClient:
-    def __init__(self, cfg: KubeConfig, timeout: float = 15.0) -> None:
+    """`limiter` bounds the request rate (client-go's QPS/Burst); `health` learns of every
+    failure to reach the API server, so lapses are not judged during an outage."""
+
+    def __init__(self, cfg: KubeConfig, timeout: float = 15.0, limiter: TokenBucket | None = None,
+                 health: ApiHealth | None = None) -> None:
         self.cfg = cfg
         self.http = cfg.async_client(timeout=timeout)
+        self.limiter = limiter
+        self.health = health or ApiHealth()
+        self.requests = 0
 
     async def close(self) -> None:
         await self.http.aclose()
 
     async def _call(self, method: str, path: str, what: str, **kw: Any) -> dict[str, Any]:
-        resp = await self.http.request(method, path, **kw)
+        if self.limiter is not None:
+            await self.limiter.acquire()
+        self.requests += 1
+        try:
+            resp = await self.http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            self.health.failure(f"{what}: {type(exc).__name__}")
+            raise Unavailable(0, str(exc) or type(exc).__name__, what) from exc
+        if resp.status_code == 429 or resp.status_code >= 500:
+            self.health.failure(f"{what}: HTTP {resp.status_code}")
         _raise_for(resp, what)
         return resp.json() if resp.content else {}
+
+    async def timed_get(self, path: str, what: str) -> tuple[dict[str, Any] | None, float]:
+        """A GET and how long it took (monotonic seconds); None for 404."""
+        began = time.monotonic()
+        try:
+            body: dict[str, Any] | None = await self._call("GET", path, what)
+        except NotFound:
+            body = None
+        return body, time.monotonic() - began
+
+    async def ready(self) -> bool:
+        """The API server's /readyz (it checks etcd too), without the rate limit: a probe must
+        not queue behind a burst of reconciles and mistake that for an outage."""
+        resp = await self.http.get("/readyz", timeout=SLOW_PROBE_TIMEOUT)
+        return resp.status_code == 200
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", path, f"create {path}", json=body)
@@ -96,6 +146,12 @@ class KubeClient:
         """A JSON patch on the status subresource; its `test` operations make it conditional."""
         return await self._call("PATCH", run_path(ns, name) + "/status", f"patch status of {ns}/{name}",
                                 json=patch, headers=JSON_PATCH)
+
+    async def set_run_finalizers(self, ns: str, name: str, resource_version: str, finalizers: list[str]) -> dict[str, Any]:
+        """Replaces the finalizer list, conditional on the resourceVersion the change was decided on."""
+        patch = {"metadata": {"resourceVersion": resource_version, "finalizers": finalizers}}
+        return await self._call("PATCH", run_path(ns, name), f"set finalizers of {ns}/{name}", json=patch,
+                                headers=MERGE_PATCH)
 
     async def delete_run(self, ns: str, name: str, uid: str) -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
@@ -188,6 +244,20 @@ class KubeClient:
         except Conflict:
             return await self._call("GET", f"{path}/{body['metadata']['name']}", f"get {path}")
 
+    async def get_object(self, path: str) -> dict[str, Any] | None:
+        try:
+            return await self._call("GET", path, f"get {path}")
+        except NotFound:
+            return None
+
+    async def delete_object(self, path: str, uid: str) -> None:
+        """Deletes exactly the object with this UID (a precondition), never a namesake."""
+        try:
+            await self._call("DELETE", path, f"delete {path}",
+                             json={"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}})
+        except (NotFound, Conflict):
+            pass
+
     async def delete_secret(self, ns: str, name: str) -> None:
         try:
             await self._call("DELETE", f"/api/v1/namespaces/{ns}/secrets/{name}", f"delete secret {ns}/{name}")
@@ -198,7 +268,7 @@ class KubeClient:
 
     async def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = obj["metadata"]
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(dt.datetime.now(dt.timezone.utc))
         event = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
