@@ -7,15 +7,13 @@ observed is the operator's business, never the worker's timestamps.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from typing import Any
 
-from tether import metrics
+from tether import metrics, protocol
 from tether.api import constants as c
 from tether.api.models import Usage
-from tether.core.budget import valid_report
 from tether.core.decide import LeaseObservation
 
 log = logging.getLogger("tether.leases")
@@ -25,21 +23,16 @@ def parse_usage(raw: str | None, previous: Usage | None, key: str) -> Usage | No
     """The worker's cumulative usage report for its attempt. Malformed reports (not
     integers, NaN, negative, decreasing, implausibly large) are refused and logged,
     and the previous report stands."""
-    if not raw:
-        return previous
     try:
-        doc = json.loads(raw)
-        cents, tokens = doc.get("cents", 0), doc.get("tokens", 0)
-        if isinstance(cents, bool) or isinstance(tokens, bool) or not isinstance(cents, int) \
-                or not isinstance(tokens, int):
-            raise ValueError("cents and tokens must be integers")
-        usage = Usage(cents=cents, tokens=tokens)
-    except (ValueError, TypeError, AttributeError) as exc:
+        usage = protocol.parse_usage(raw)
+    except ValueError as exc:
         metrics.USAGE_REJECTED.inc()
         log.warning("malformed usage report refused", extra={"event": "usage_rejected", "run": key,
                                                              "reason": str(exc)[:200]})
         return previous
-    why = valid_report(usage, previous)
+    if usage is None:
+        return previous
+    why = protocol.valid_report(usage, previous)
     if why is not None:
         metrics.USAGE_REJECTED.inc()
         log.warning("usage report refused", extra={"event": "usage_rejected", "run": key, "reason": why,
@@ -62,11 +55,9 @@ class LeaseTracker:
     def observe(self, key: str, lease: dict[str, Any], mono: float) -> bool:
         """Records a Lease seen by watch, GET or our own write. Returns True when it matters
         to the run's decision (new holder or fence, or the first renewal)."""
-        spec = lease.get("spec", {}) or {}
-        meta = lease.get("metadata", {}) or {}
-        ann = meta.get("annotations", {}) or {}
-        holder, fence = spec.get("holderIdentity"), spec.get("leaseTransitions")
-        rv = meta.get("resourceVersion", "")
+        ann = protocol.annotations(lease)
+        holder, fence = protocol.lease_holder(lease)
+        rv = (lease.get("metadata") or {}).get("resourceVersion", "")
         prev = self._items.get(key)
         if prev is not None and fence is not None and prev.fence is not None and fence < prev.fence:
             return False  # an event older than what we already know

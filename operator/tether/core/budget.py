@@ -13,10 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from tether.api.conditions import set_condition
 from tether.api.models import Charge, Usage, WorkerBudget, WorkerBudgetSpec, WorkerBudgetStatus
-
-# Reports beyond these are treated as malformed, not as spending.
-MAX_CENTS = 10**11
-MAX_TOKENS = 10**14
+from tether.protocol import MAX_CENTS, MAX_TOKENS, valid_report  # noqa: F401  (re-exported: one definition)
 
 
 def _zone(name: str) -> dt.tzinfo:
@@ -97,13 +94,3 @@ def forget_charge(budget: WorkerBudget, run_uid: str) -> WorkerBudgetStatus:
     status.charges.pop(run_uid, None)
     return status
 
-
-def valid_report(report: Usage, previous: Usage | None) -> str | None:
-    """Why a worker's cumulative usage report is refused, or None if it is acceptable."""
-    if report.cents < 0 or report.tokens < 0:
-        return "negative usage"
-    if report.cents > MAX_CENTS or report.tokens > MAX_TOKENS:
-        return "implausibly large usage"
-    if previous is not None and (report.cents < previous.cents or report.tokens < previous.tokens):
-        return "usage decreased; reports are cumulative"
-    return None

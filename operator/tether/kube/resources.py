@@ -12,11 +12,7 @@ from typing import Any
 
 from tether.api import constants as c
 from tether.api.models import API_VERSION, GROUP, PLURAL, WorkerRun
-
-
-def micro_time(t: dt.datetime) -> str:
-    """Lease times are MicroTime: RFC 3339 with microseconds."""
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+from tether.protocol import micro_time  # noqa: F401  (Lease times; callers use resources.micro_time)
 
 
 def owner_ref(run: WorkerRun) -> dict[str, Any]:

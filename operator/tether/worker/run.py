@@ -20,14 +20,14 @@ from typing import Any, Callable
 
 import httpx
 
+from tether import protocol
 from tether.api import constants as c
+from tether.api.models import Signals, Usage
 from tether.kube import config as kubeconfig
-from tether.api.models import Signals
 from tether.worker.errors import ClaimRefused, LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout
-from tether.worker.transport import GatewayTransport, KubeTransport, Transport
+from tether.worker.transport import GatewayTransport, KubeTransport, Transport, error_body
 
 log = logging.getLogger("tether.worker")
-
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class WorkerRun:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pending_checkpoint: str | None = None
-        self._usage: dict[str, int] | None = None
+        self._usage: Usage | None = None
         self._signals = Signals()
         self.signals_seen_at: float | None = None  # monotonic time the current signals arrived
 
@@ -122,10 +122,11 @@ class WorkerRun:
                           headers={"Authorization": f"Bearer {token}"}) as http:
             resp = http.post(f"/api/v1/namespaces/{namespace}/workerruns/{name}/claim", json=body)
         if resp.status_code != 200:
-            raise ClaimRefused(resp.status_code, resp.json().get("error", {}) if resp.content else {})
+            raise ClaimRefused(resp.status_code, error_body(resp))
         doc = resp.json()
         transport = GatewayTransport(gateway, namespace, name, token, doc["holder"], doc["fence"],
-                                     timeout=min(10.0, max(float(doc["renewIntervalSeconds"]), 1.0)), verify=verify)
+                                     timeout=min(10.0, max(float(doc["renewIntervalSeconds"]), 1.0)), verify=verify,
+                                     worker_id=worker_id)
         transport.tool_claim = doc.get("toolClaim")
         return cls(name=name, namespace=namespace, holder=doc["holder"], fence=doc["fence"], attempt=doc["attempt"],
                    lease_duration=doc["leaseDurationSeconds"], renew_interval=doc["renewIntervalSeconds"],
@@ -157,12 +158,10 @@ class WorkerRun:
     def signals(self) -> ControlSignals:
         """stop, paused, endsAt and what is left of the run's caps, as of the last heartbeat."""
         with self._lock:
-            sig, usage = self._signals, dict(self._usage or {})
-        own_cents, own_tokens = usage.get("cents", 0), usage.get("tokens", 0)
-        return ControlSignals(
-            stop=sig.stop, paused=sig.paused, reason=sig.reason, ends_at=sig.ends_at,
-            cap_remaining_cents=None if sig.cap_cents is None else sig.cap_cents - sig.base_cents - own_cents,
-            cap_remaining_tokens=None if sig.cap_tokens is None else sig.cap_tokens - sig.base_tokens - own_tokens)
+            sig, usage = self._signals, self._usage
+        cents, tokens = protocol.remaining(sig, usage)
+        return ControlSignals(stop=sig.stop, paused=sig.paused, reason=sig.reason, ends_at=sig.ends_at,
+                              cap_remaining_cents=cents, cap_remaining_tokens=tokens)
 
     def ensure_owner(self) -> None:
         """Call before every side effect: raises LeaseLost, OwnershipUnknown or StopRequested."""
@@ -203,9 +202,23 @@ class WorkerRun:
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set() and not self._lost.is_set() and not self._finished.is_set():
-            self.renew()
+            try:
+                self.renew()
+            except Exception as exc:  # noqa: BLE001 - the heartbeat must outlive any one failure
+                # Not an httpx error, so a bug or a reply nobody expected (a proxy's HTML page,
+                # a malformed Lease). A dead thread would leave the worker believing it owns the
+                # run until its deadline passes silently; instead the failure is logged and the
+                # renewal counts as unconfirmed, so ownership turns unknown on schedule and a
+                # later renewal can confirm it again.
+                log.error("heartbeat failed unexpectedly", exc_info=exc,
+                          extra=self._fields("heartbeat_error", error=f"{type(exc).__name__}: {exc}"[:300]))
             self._wake.wait(timeout=self.renew_interval)
             self._wake.clear()
+
+    @property
+    def heartbeating(self) -> bool:
+        """Whether the heartbeat thread is running."""
+        return self._thread is not None and self._thread.is_alive()
 
     def renew(self) -> bool:
         """One heartbeat: a conditional update of the Lease. Returns True when confirmed."""
@@ -226,7 +239,7 @@ class WorkerRun:
     def _renew_once(self) -> bool:
         with self._lock:
             checkpoint, usage = self._pending_checkpoint, self._usage
-        result = self._transport.renew(checkpoint, dict(usage) if usage else None)
+        result = self._transport.renew(checkpoint, usage)
         if result.lost:
             self._mark_lost(result.why)
         elif not result.ok:
@@ -255,11 +268,16 @@ class WorkerRun:
             self._wake.set()
 
     def report_usage(self, cents: int, tokens: int = 0) -> None:
-        """Cumulative usage of this attempt; rides on the next heartbeat."""
-        if cents < 0 or tokens < 0:
-            raise ValueError("usage is cumulative and never negative")
+        """Cumulative usage of this attempt; rides on the next heartbeat.
+
+        Raises ValueError for a report the operator would refuse (negative, decreasing,
+        implausibly large), here where the caller can still fix it."""
+        usage = Usage(cents=int(cents), tokens=int(tokens))
         with self._lock:
-            self._usage = {"cents": int(cents), "tokens": int(tokens)}
+            why = protocol.valid_report(usage, self._usage)
+            if why is not None:
+                raise ValueError(f"usage report refused: {why}")
+            self._usage = usage
 
     # --- results ---------------------------------------------------------------
 

@@ -1,0 +1,188 @@
+"""The ownership protocol's vocabulary, in one place: pure functions, no I/O.
+
+Every party that speaks the protocol uses these, so they cannot drift apart:
+the pod worker's transport (worker/transport.py), the SDK (worker/run.py), the
+gateway that speaks it for external workers (gateway/), and the operator
+(kube/, controller/). What lives here:
+
+- whether a Lease is held by a given holder and fence (`holds`);
+- the renewal a worker writes (`renewal`) and the fenced result patch (`fenced_patch`);
+- the usage annotation: its format, its parser and which reports are acceptable;
+- the control signals on the Lease and the cap arithmetic on them;
+- wire formats: the JSON-patch content type and Kubernetes time stamps.
+
+It imports only the API models, so the SDK stays independent of the controller.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from typing import Any, Mapping
+
+from tether.api import constants as c
+from tether.api.models import Signals, Usage
+
+JSON_PATCH: dict[str, str] = {"Content-Type": "application/json-patch+json"}
+
+# Reports beyond these are treated as malformed, not as spending (the CRD's own bounds).
+MAX_CENTS = 10**11
+MAX_TOKENS = 10**14
+
+
+# --- time stamps ----------------------------------------------------------------
+
+
+def micro_time(t: dt.datetime) -> str:
+    """Kubernetes MicroTime (Lease times): RFC 3339, UTC, microseconds."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def rfc3339(t: dt.datetime) -> str:
+    """Kubernetes Time (whole seconds, UTC): Events, and the gateway's replies."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- who holds the Lease ----------------------------------------------------------
+
+
+def annotations(obj: Mapping[str, Any] | None) -> dict[str, str]:
+    return dict(((obj or {}).get("metadata") or {}).get("annotations") or {})
+
+
+def lease_holder(lease: Mapping[str, Any] | None) -> tuple[str | None, int | None]:
+    """(holderIdentity, leaseTransitions): the Lease's holder and the fence it was granted with."""
+    spec = (lease or {}).get("spec") or {}
+    return spec.get("holderIdentity"), spec.get("leaseTransitions")
+
+
+def holds(lease: Mapping[str, Any] | None, holder: str | None, fence: int | None) -> bool:
+    """Whether the Lease names exactly this holder and fence. Nobody (None) holds anything:
+    a cleared Lease matches no holder, so a revoked attempt cannot mistake it for its own."""
+    if holder is None or lease is None:
+        return False
+    return lease_holder(lease) == (holder, fence)
+
+
+# --- usage ------------------------------------------------------------------------
+
+
+def usage_annotation(usage: Usage | Mapping[str, int]) -> str:
+    """The `tether.dev/usage` value: the attempt's cumulative usage, compact JSON."""
+    cents, tokens = (usage.cents, usage.tokens) if isinstance(usage, Usage) else \
+        (usage.get("cents", 0), usage.get("tokens", 0))
+    return json.dumps({"cents": cents, "tokens": tokens}, separators=(",", ":"))
+
+
+def parse_usage(raw: str | None) -> Usage | None:
+    """The usage annotation as written by a worker; None when absent.
+
+    Raises ValueError when it is not `{"cents": int, "tokens": int}` (booleans and floats are
+    not integers here: JSON `true` or `1.5` is a malformed report, not one cent)."""
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    cents, tokens = doc.get("cents", 0), doc.get("tokens", 0)
+    if isinstance(cents, bool) or isinstance(tokens, bool) or not isinstance(cents, int) \
+            or not isinstance(tokens, int):
+        raise ValueError("cents and tokens must be integers")
+    return Usage(cents=cents, tokens=tokens)
+
+
+def valid_report(report: Usage, previous: Usage | None) -> str | None:
+    """Why a worker's cumulative usage report is refused, or None if it is acceptable."""
+    if report.cents < 0 or report.tokens < 0:
+        return "negative usage"
+    if report.cents > MAX_CENTS or report.tokens > MAX_TOKENS:
+        return "implausibly large usage"
+    if previous is not None and (report.cents < previous.cents or report.tokens < previous.tokens):
+        return "usage decreased; reports are cumulative"
+    return None
+
+
+def lease_usage(lease: Mapping[str, Any] | None) -> Usage | None:
+    """The usage the Lease carries now, or None when there is none or it is malformed."""
+    try:
+        return parse_usage(annotations(lease).get(c.ANN_USAGE))
+    except ValueError:
+        return None
+
+
+# --- control signals and caps -----------------------------------------------------
+
+
+def lease_signals(lease: Mapping[str, Any] | None) -> Signals | None:
+    """The operator's signals on the Lease; no annotation means no signal (defaults).
+    None when the annotation is malformed: keep the last good signals rather than guess."""
+    raw = annotations(lease).get(c.ANN_SIGNALS)
+    if not raw:
+        return Signals()
+    try:
+        return Signals.model_validate_json(raw)
+    except ValueError:
+        return None
+
+
+def cap_remaining(cap: int | None, base: int, own: int) -> int | None:
+    """What is left of a run's cap for the current attempt: the cap minus what earlier
+    attempts spent (`base`) minus the attempt's own report. None: no cap."""
+    return None if cap is None else cap - base - own
+
+
+def remaining(signals: Signals, own: Usage | None) -> tuple[int | None, int | None]:
+    """(cents, tokens) left of the run's caps, counting the attempt's own usage `own`."""
+    own = own or Usage()
+    return (cap_remaining(signals.cap_cents, signals.base_cents, own.cents),
+            cap_remaining(signals.cap_tokens, signals.base_tokens, own.tokens))
+
+
+def signals_from_remaining(stop: bool, paused: bool, ends_at: str | dt.datetime | None, cents_left: int | None,
+                           tokens_left: int | None, own: Usage | None) -> Signals:
+    """The inverse of `remaining`: signals equivalent to a reply that states what was left when
+    `own` was reported (the gateway's flat reply). `remaining(result, later_own)` then counts
+    usage reported after that reply, as it does for a pod worker."""
+    own = own or Usage()
+    return Signals.model_validate({"stop": stop, "paused": paused, "ends_at": ends_at,
+                                   "cap_cents": None if cents_left is None else cents_left + own.cents,
+                                   "cap_tokens": None if tokens_left is None else tokens_left + own.tokens})
+
+
+# --- the worker's two writes -----------------------------------------------------
+
+
+def renewal(lease: Mapping[str, Any], now: dt.datetime, *, checkpoint: str | None = None,
+            usage: Usage | Mapping[str, int] | None = None,
+            extra_annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The body of a heartbeat: the Lease as last seen (its resourceVersion makes the PUT a
+    compare-and-swap), renewTime set, checkpoint and usage riding on the same write."""
+    body = copy.deepcopy(dict(lease))
+    body["spec"] = dict(body.get("spec") or {})
+    body["spec"]["renewTime"] = micro_time(now)
+    meta = body.setdefault("metadata", {})
+    ann = dict(meta.get("annotations") or {})
+    if checkpoint is not None:
+        ann[c.ANN_CHECKPOINT] = checkpoint
+    if usage is not None:
+        ann[c.ANN_USAGE] = usage_annotation(usage)
+    ann.update(extra_annotations or {})
+    meta["annotations"] = ann
+    return body
+
+
+RESULT_FIELDS = ("result", "error")
+
+
+def fenced_patch(holder: str, fence: int, field: str, value: Any) -> list[dict[str, Any]]:
+    """The JSON patch that publishes a result or an error only while `fence` and `holder` are
+    still the run's: the API server applies the `add` only if both `test`s hold (else 422)."""
+    if field not in RESULT_FIELDS:
+        raise ValueError(f"a worker publishes only {RESULT_FIELDS}, not {field!r}")
+    return [{"op": "test", "path": "/status/fence", "value": fence},
+            {"op": "test", "path": "/status/holder", "value": holder},
+            {"op": "add", "path": f"/status/{field}", "value": value}]

@@ -1,0 +1,126 @@
+"""The worker SDK without a cluster: the heartbeat thread and the gateway transport's tolerance."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from tether.api.models import Signals, Usage
+from tether.worker import WorkerRun
+from tether.worker.transport import GatewayTransport, Renewal
+
+
+class FlakyTransport:
+    """Renewals that fail with exceptions no one planned for (not httpx errors), then recover."""
+
+    def __init__(self, failures: dict[int, Exception]) -> None:
+        self.failures = failures
+        self.calls = 0
+        self.changed = threading.Condition()
+
+    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+        with self.changed:
+            self.calls += 1
+            number = self.calls
+            self.changed.notify_all()
+        if number in self.failures:
+            raise self.failures[number]
+        return Renewal(ok=True, signals=Signals())
+
+    def publish(self, field: str, value: dict[str, Any]) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+    def wait_calls(self, n: int, timeout: float = 10) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.calls >= n, timeout=timeout)
+
+
+def _run(transport: FlakyTransport, clock: list[float]) -> WorkerRun:
+    return WorkerRun(name="job", namespace="ns", holder="job-a1", fence=1, attempt=1, lease_duration=10,
+                     renew_interval=0.01, transport=transport, monotonic=lambda: clock[0])
+
+
+def test_heartbeat_thread_survives_an_unexpected_exception(caplog: pytest.LogCaptureFixture) -> None:
+    transport = FlakyTransport({2: ValueError("Expecting value: line 1 column 1"), 3: KeyError("spec")})
+    clock = [100.0]
+    run = _run(transport, clock).start()
+    try:
+        # Renewal 1 is start()'s; 2 and 3 blow up; the thread must go on to renew again.
+        assert transport.wait_calls(5), f"the heartbeat thread stopped after {transport.calls} renewals"
+        assert run.heartbeating and run.owned and not run.lost
+        errors = [r for r in caplog.records if getattr(r, "event", None) == "heartbeat_error"]
+        assert len(errors) >= 2 and errors[0].levelno == logging.ERROR and errors[0].exc_info
+        assert "ValueError" in errors[0].error  # type: ignore[attr-defined]
+    finally:
+        run.stop()
+
+
+def test_failed_renewals_let_ownership_turn_unknown_on_schedule() -> None:
+    """A renewal that raised confirms nothing: the deadline runs from the last good one."""
+    transport = FlakyTransport({n: RuntimeError("boom") for n in range(2, 10**6)})
+    clock = [100.0]
+    run = _run(transport, clock).start()
+    try:
+        assert transport.wait_calls(3)
+        assert run.owned
+        clock[0] += 10  # the whole lease duration later, with no renewal confirmed since start()
+        assert run.ownership_unknown and not run.lost and run.heartbeating
+    finally:
+        run.stop()
+
+
+def test_report_usage_refuses_what_the_operator_would_refuse() -> None:
+    run = _run(FlakyTransport({}), [0.0])
+    run.report_usage(cents=10, tokens=5)
+    with pytest.raises(ValueError, match="decreased"):
+        run.report_usage(cents=9, tokens=5)
+    with pytest.raises(ValueError, match="negative"):
+        run.report_usage(cents=-1)
+    with pytest.raises(ValueError, match="implausibly"):
+        run.report_usage(cents=10**12)
+    run.report_usage(cents=10, tokens=6)
+    assert run.signals.cap_remaining_cents is None
+
+
+def _gateway(handler: Any, worker_id: str | None = "w1") -> GatewayTransport:
+    transport = GatewayTransport("http://gw", "ns", "job", "tok", "job-a1", 1, timeout=5, worker_id=worker_id)
+    transport._http = httpx.Client(base_url="http://gw", transport=httpx.MockTransport(handler))  # noqa: SLF001
+    return transport
+
+
+def test_gateway_transport_survives_answers_that_are_not_json() -> None:
+    """A proxy in front of the gateway answers HTML: that is a refusal, not a crash of the heartbeat."""
+    status = [502]
+    t = _gateway(lambda request: httpx.Response(status[0], text="<html>Bad gateway</html>"))
+    refused = t.renew(None, None)
+    assert not refused.ok and not refused.lost and "502" in refused.why
+    status[0] = 404
+    gone = t.renew(None, None)
+    assert not gone.ok and gone.lost
+
+
+def test_gateway_transport_sends_the_claimant_and_counts_caps_like_the_pod_path() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        import json
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"stop": False, "paused": False, "capRemainingCents": 380,
+                                         "capRemainingTokens": None, "leaseExpiresAt": "x", "status": "Running"})
+
+    t = _gateway(handler)
+    renewal = t.renew("row-7", Usage(cents=120, tokens=9))
+    assert seen == [{"holder": "job-a1", "fence": 1, "workerId": "w1", "checkpoint": "row-7",
+                     "usage": {"cents": 120, "tokens": 9}}]
+    assert renewal.ok and renewal.signals is not None
+    run = _run(FlakyTransport({}), [0.0])
+    run._take_signals(renewal.signals)  # noqa: SLF001
+    run.report_usage(cents=150)  # 30 more cents after the heartbeat: they count against the cap
+    assert run.signals.cap_remaining_cents == 350 and run.signals.cap_remaining_tokens is None
