@@ -3,75 +3,171 @@ Lease and status operations as a pod worker (one protocol, two transports).
 
 POST /api/v1/namespaces/{ns}/workerruns/{name}/{claim|heartbeat|checkpoint|complete|fail|cancel}
 
-200 ok · 401/403 auth · 402 budget exceeded (admission first) · 404 no such run ·
-409 held by another / nothing to claim · 410 stale fence · 422 malformed body (names the field)
+200 ok · 401/403 auth (403 NotClaimant: the attempt was claimed by another identity) ·
+402 budget exceeded (admission first) · 404 no such run · 409 held by another / nothing to claim ·
+410 stale fence · 413 body too large · 422 malformed body (names the field) ·
+503 the Kubernetes API cannot be reached (Retry-After) · every answer, errors included, is JSON:
+`{"error": {"code", "message", "field"?}}`.
+
+What is written to the Lease and the run's status, and when a Lease counts as the caller's, comes
+from tether.protocol, the module the SDK's pod transport uses: the gateway translates HTTP onto
+the protocol, it does not re-implement it.
 """
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import json
 import logging
-from typing import Any
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
+import httpx
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from tether import protocol
 from tether.api import constants as c
-from tether.api.models import Signals as LeaseSignals
-from tether.api.models import WorkerRun
+from tether.api.models import Signals, Usage, WorkerRun
 from tether.gateway import models as m
 from tether.gateway.auth import AuthError, Authenticator, Caller
 from tether.gateway.openapi import openapi_document
 from tether.kube import resources
-from tether.kube.client import ApiError, Conflict, Invalid, KubeClient, NotFound, lease_path
+from tether.kube.client import ApiError, Conflict, Invalid, KubeClient, NotFound
 
 log = logging.getLogger("tether.gateway")
 
-ANN_CLAIMED_BY = c.ANN_CLAIMED_BY
 TOOL_CLAIM_SECONDS = 600  # the shortest the TokenRequest API allows; never lengthened
+# A result must fit in the run's status, which etcd stores in one value (1.5 MiB by default):
+# larger bodies are refused before they are read, never forwarded to the API server.
+MAX_BODY_BYTES = 1024 * 1024
+# Real results are shallow; deep nesting only exhausts recursion (json, pydantic, the API server).
+MAX_DEPTH = 32
+RETRY_AFTER_SECONDS = 5
+# Tool-claim Secret uids remembered per attempt; forgetting one costs one extra GET.
+SECRET_CACHE = 4096
 
 
 class Failure(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.field = status, code, message, field
+        self.headers = headers or {}
 
 
-def _error(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
+def _error(status: int, code: str, message: str, field: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     if field:
         body["field"] = field
-    return JSONResponse({"error": body}, status_code=status)
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _unavailable(what: str) -> Failure:
+    return Failure(503, "Unavailable", f"the Kubernetes API cannot be reached ({what}); retry later",
+                   headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _iso(t: dt.datetime) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _depth(doc: Any) -> int:
+    """Nesting depth of a parsed JSON document, without recursion (which is what is at risk)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, level = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+@dataclass(frozen=True)
+class Claimant:
+    """Who claimed an attempt: the authenticated identity and, optionally, which of its processes.
+
+    Stored in the Lease annotation `tether.dev/claimed-by`. For a given holder and fence it is
+    written once (by the claim's compare-and-swap) and never changed: a new grant changes the
+    holder and fence and drops it. So a later call that finds the caller's claim on the Lease
+    still holding its fence may act on that attempt."""
+
+    user: str
+    uid: str
+    worker: str | None = None
+    legacy: str | None = None  # a claim written before claimants were JSON: "<user>[/<worker>]"
+
+    @classmethod
+    def of(cls, caller: Caller, worker: str | None) -> "Claimant":
+        return cls(caller.username, caller.uid, worker or None)
+
+    def encode(self) -> str:
+        return json.dumps({"user": self.user, "uid": self.uid, "workerId": self.worker}, separators=(",", ":"),
+                          sort_keys=True)
+
+    @classmethod
+    def parse(cls, raw: str | None) -> "Claimant | None":
+        if not raw:
+            return None
+        try:
+            doc = json.loads(raw)
+            return cls(str(doc["user"]), str(doc.get("uid") or ""), doc.get("workerId") or None)
+        except (ValueError, TypeError, KeyError):
+            return cls("", "", None, legacy=raw)
+
+    def same_identity(self, caller: Caller) -> bool:
+        if self.legacy is not None:
+            return self.legacy == caller.username or self.legacy.startswith(f"{caller.username}/")
+        return self.user == caller.username and self.uid == caller.uid
+
+    def same_worker(self, worker: str | None) -> bool:
+        if self.legacy is not None:
+            return worker is None or self.legacy.endswith(f"/{worker}")
+        return worker is None or self.worker is None or worker == self.worker
 
 
 class Gateway:
-    def __init__(self, kube: KubeClient, audience: str | None = None) -> None:
+    def __init__(self, kube: KubeClient, audience: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.kube = kube
         self.auth = Authenticator(kube, audience)
-        # holder -> uid of its tool-claim Secret (one per attempt; the operator deletes it on revocation)
-        self._secrets: dict[str, str] = {}
+        self.max_body_bytes = max_body_bytes
+        # "<ns>/<holder>-toolclaim" -> uid of the attempt's tool-claim Secret (the operator deletes it on revocation)
+        self._secrets: OrderedDict[str, str] = OrderedDict()
 
     # --- plumbing ------------------------------------------------------------
 
+    async def _read(self, request: Request) -> bytes:
+        """The body, refused as soon as it is known to exceed the limit (never read whole)."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise Failure(413, "BodyTooLarge", f"the body exceeds {self.max_body_bytes} bytes")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > self.max_body_bytes:
+                raise Failure(413, "BodyTooLarge", f"the body exceeds {self.max_body_bytes} bytes")
+        return bytes(raw)
+
     async def _body(self, request: Request, model: type[BaseModel]) -> Any:
-        raw = await request.body()
+        raw = await self._read(request)
         try:
             doc = json.loads(raw or b"{}")
+        except RecursionError as exc:
+            raise Failure(422, "MalformedBody", f"the body is nested deeper than {MAX_DEPTH} levels") from exc
         except ValueError as exc:
             raise Failure(422, "MalformedBody", f"the body is not JSON: {exc}") from exc
+        if _depth(doc) > MAX_DEPTH:
+            raise Failure(422, "MalformedBody", f"the body is nested deeper than {MAX_DEPTH} levels")
         try:
             return model.model_validate(doc)
         except ValidationError as exc:
@@ -91,75 +187,102 @@ class Gateway:
         return caller
 
     def _signals(self, run: WorkerRun, lease: dict[str, Any], usage: m.UsageReport | None) -> dict[str, Any]:
-        ann = (lease.get("metadata") or {}).get("annotations") or {}
-        try:
-            sig = LeaseSignals.model_validate_json(ann[c.ANN_SIGNALS]) if ann.get(c.ANN_SIGNALS) else LeaseSignals()
-        except ValueError:
-            sig = LeaseSignals()
-        own_c, own_t = (usage.cents, usage.tokens) if usage else _lease_usage(lease)
+        sig = protocol.lease_signals(lease) or Signals()
+        own = Usage(cents=usage.cents, tokens=usage.tokens) if usage else protocol.lease_usage(lease)
+        cents, tokens = protocol.remaining(sig, own)
         return {
-            "leaseExpiresAt": _iso(_now() + dt.timedelta(seconds=run.spec.lease.duration_seconds)),
+            "leaseExpiresAt": protocol.rfc3339(_now() + dt.timedelta(seconds=run.spec.lease.duration_seconds)),
             "stop": sig.stop, "paused": sig.paused,
-            "endsAt": _iso(sig.ends_at) if sig.ends_at else None,
-            "capRemainingCents": None if sig.cap_cents is None else sig.cap_cents - sig.base_cents - own_c,
-            "capRemainingTokens": None if sig.cap_tokens is None else sig.cap_tokens - sig.base_tokens - own_t,
+            "endsAt": protocol.rfc3339(sig.ends_at) if sig.ends_at else None,
+            "capRemainingCents": cents, "capRemainingTokens": tokens,
             "status": run.status.phase.value if run.status.phase else "Pending",
         }
 
-    async def _tool_claim(self, run: WorkerRun, holder: str) -> dict[str, Any] | None:
+    @staticmethod
+    def _check_claimant(lease: dict[str, Any], caller: Caller, worker: str | None, attempt: str) -> None:
+        """Only the claimant drives an attempt: a caller with `claim` RBAC on the run may claim
+        an open attempt, not heartbeat, checkpoint or publish one that someone else claimed."""
+        claimant = Claimant.parse(protocol.annotations(lease).get(c.ANN_CLAIMED_BY))
+        if claimant is None:
+            raise Failure(403, "NotClaimant", f"{attempt} has not been claimed: claim it first")
+        if not claimant.same_identity(caller):
+            raise Failure(403, "NotClaimant", f"{attempt} was claimed by another identity; only the claimant "
+                                              "may drive it")
+        if not claimant.same_worker(worker):
+            raise Failure(409, "HeldByAnother", f"{attempt} was claimed by another worker of this identity")
+
+    async def _tool_claim(self, run: WorkerRun, holder: str, fence: int) -> dict[str, Any] | None:
         """A short-lived token of the run's ServiceAccount, bound to a per-attempt Secret that
         the operator deletes on revocation (which invalidates every such token at once)."""
-        ns = run.metadata.namespace
+        ns, name = run.metadata.namespace, run.metadata.name
         sa = resources.worker_service_account(run)
         secret = f"{holder}-toolclaim"
         key = f"{ns}/{secret}"
         try:
-            if key not in self._secrets:
-                secret_obj = await self.kube.apply(f"/api/v1/namespaces/{ns}/secrets", {
+            uid = self._secrets.get(key)
+            if uid is None:
+                created = await self.kube.apply(f"/api/v1/namespaces/{ns}/secrets", {
                     "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                     "metadata": {"name": secret, "namespace": ns, "labels": resources.run_labels(run),
                                  "ownerReferences": [resources.owner_ref(run)]}})
-                self._secrets[key] = secret_obj["metadata"]["uid"]
+                uid = created["metadata"]["uid"]
+                # Revocation may have landed since the caller's renewal: it cleared the Lease and
+                # then deleted a Secret that did not exist yet. A fresh read *after* the create
+                # settles it: still held means the clearing, and the operator's delete that
+                # follows it, come later and will find this Secret; not held means we delete it.
+                if not protocol.holds(await self.kube.get_lease(ns, name), holder, fence):
+                    await self.kube.delete_secret(ns, secret)
+                    log.info("tool claim withheld: attempt revoked", extra={
+                        "event": "tool_claim_revoked", "run": f"{ns}/{name}", "holder": holder, "fence": fence})
+                    return None
+                self._secrets[key] = uid
+                while len(self._secrets) > SECRET_CACHE:
+                    self._secrets.popitem(last=False)
             resp = await self.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
                 "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                 "spec": {"expirationSeconds": TOOL_CLAIM_SECONDS,
-                         "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": secret,
-                                            "uid": self._secrets[key]}}})
+                         "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": secret, "uid": uid}}})
         except ApiError as exc:
+            # Typically the Secret is gone (revoked): every token bound to it is dead too.
             self._secrets.pop(key, None)
-            log.warning("no tool claim", extra={"event": "tool_claim_failed", "run": f"{ns}/{run.metadata.name}",
+            log.warning("no tool claim", extra={"event": "tool_claim_failed", "run": f"{ns}/{name}",
                                                 "status": exc.status})
             return None
         return {"token": resp["status"]["token"], "expiresAt": resp["status"]["expirationTimestamp"],
                 "serviceAccount": sa}
 
-    async def _fenced_lease(self, run: WorkerRun, body: m.Fenced) -> dict[str, Any]:
-        lease = await self.kube.get_lease(run.metadata.namespace, run.metadata.name)
-        spec = (lease or {}).get("spec") or {}
-        if lease is None or spec.get("holderIdentity") != body.holder or spec.get("leaseTransitions") != body.fence:
-            raise Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
-        return lease
+    async def _renew(self, run: WorkerRun, caller: Caller, body: m.Fenced, usage: m.UsageReport | None,
+                     checkpoint: str | None, claim: Claimant | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The pod worker's conditional Lease renewal, with the claimant inside the compare-and-swap.
 
-    async def _renew(self, run: WorkerRun, body: m.Fenced, usage: m.UsageReport | None,
-                     checkpoint: str | None, claimed_by: str | None = None) -> dict[str, Any]:
-        """The same conditional Lease update a pod worker makes (resourceVersion precondition)."""
-        for _ in range(2):
-            lease = await self._fenced_lease(run, body)
-            updated = copy.deepcopy(lease)
-            updated["spec"]["renewTime"] = resources.micro_time(_now())
-            ann = updated["metadata"].setdefault("annotations", {}) or {}
-            updated["metadata"]["annotations"] = ann
-            if usage is not None:
-                prev = _lease_usage(lease)
-                if usage.cents < prev[0] or usage.tokens < prev[1]:
-                    raise Failure(422, "MalformedBody", "usage: reports are cumulative and may not decrease", "usage")
-                ann[c.ANN_USAGE] = json.dumps(usage.model_dump(), separators=(",", ":"))
-            if checkpoint is not None:
-                ann[c.ANN_CHECKPOINT] = checkpoint
-            if claimed_by is not None:
-                ann[ANN_CLAIMED_BY] = claimed_by
+        Every check (holder and fence, claimant, usage) is made on the very Lease object whose
+        resourceVersion the PUT carries, so a concurrent claim or grant makes the PUT fail with
+        409 and the checks run again on the newer object; none of them can be outdated when the
+        write lands. A claim writes the claimant; every other call must come from it.
+        Returns the Lease as written and as it was before."""
+        ns, name = run.metadata.namespace, run.metadata.name
+        attempt = f"attempt {body.holder} (fence {body.fence})"
+        for _ in range(2):  # the protocol's rule: on a conflict re-read, and retry once if still ours
+            lease = await self.kube.get_lease(ns, name)
+            if lease is None or not protocol.holds(lease, body.holder, body.fence):
+                if claim is not None:
+                    raise Failure(409, "NotClaimable", "the attempt is being granted or revoked; retry shortly")
+                raise Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
+            if claim is not None:
+                current = Claimant.parse(protocol.annotations(lease).get(c.ANN_CLAIMED_BY))
+                if current is not None and current != claim:
+                    raise Failure(409, "HeldByAnother", f"{attempt} is held by another worker")
+            else:
+                self._check_claimant(lease, caller, body.workerId, attempt)
+            report = Usage(cents=usage.cents, tokens=usage.tokens) if usage is not None else None
+            if report is not None:
+                why = protocol.valid_report(report, protocol.lease_usage(lease))
+                if why is not None:
+                    raise Failure(422, "MalformedBody", f"usage: {why}", "usage")
+            updated = protocol.renewal(lease, _now(), checkpoint=checkpoint, usage=report,
+                                       extra_annotations={c.ANN_CLAIMED_BY: claim.encode()} if claim else None)
             try:
-                return await self.kube.replace_lease(updated)
+                return await self.kube.replace_lease(updated), lease
             except Conflict:
                 continue
         raise Failure(409, "Conflict", "the lease changed twice during the call; retry")
@@ -178,56 +301,59 @@ class Gateway:
         s = run.status
         if s.holder is None:
             raise Failure(409, "NotClaimable", f"no attempt is open (phase {s.phase.value if s.phase else 'Pending'})")
-        who = caller.username + (f"/{body.workerId}" if body.workerId else "")
-        fenced = m.Fenced(holder=s.holder, fence=s.fence)
-        try:
-            lease = await self._fenced_lease(run, fenced)
-        except Failure as exc:
-            raise Failure(409, "NotClaimable", "the attempt is being granted; retry shortly") from exc
-        current = ((lease.get("metadata") or {}).get("annotations") or {}).get(ANN_CLAIMED_BY)
-        if current and current != who:
-            raise Failure(409, "HeldByAnother", f"attempt {s.attempt} is held by another worker")
-        lease = await self._renew(run, fenced, None, None, claimed_by=who)
-        if current is None:
+        who = Claimant.of(caller, body.workerId)
+        lease, before = await self._renew(run, caller, m.Fenced(holder=s.holder, fence=s.fence), None, None, claim=who)
+        if c.ANN_CLAIMED_BY not in protocol.annotations(before):
             log.info("claimed", extra={"event": "job_claimed", "run": f"{ns}/{name}", "attempt": s.attempt,
-                                       "fence": s.fence, "holder": s.holder, "worker": who})
+                                       "fence": s.fence, "holder": s.holder, "worker": body.workerId})
         return {**self._signals(run, lease, None), "holder": s.holder, "fence": s.fence, "attempt": s.attempt,
                 "leaseDurationSeconds": run.spec.lease.duration_seconds,
                 "renewIntervalSeconds": run.spec.lease.renew_interval_seconds,
                 "payload": run.spec.payload or {}, "checkpoint": s.checkpoint.cursor if s.checkpoint else None,
-                "idempotencyKey": run.idempotency_key, "toolClaim": await self._tool_claim(run, s.holder)}
+                "idempotencyKey": run.idempotency_key, "toolClaim": await self._tool_claim(run, s.holder, s.fence)}
 
     async def heartbeat(self, request: Request, ns: str, name: str) -> dict[str, Any]:
-        await self._caller(request, ns, name)
+        caller = await self._caller(request, ns, name)
         body: m.HeartbeatRequest = await self._body(request, m.HeartbeatRequest)
         run = await self._run(ns, name)
-        lease = await self._renew(run, body, body.usage, body.checkpoint)
-        return {**self._signals(run, lease, body.usage), "toolClaim": await self._tool_claim(run, body.holder)}
+        lease, _ = await self._renew(run, caller, body, body.usage, body.checkpoint)
+        return {**self._signals(run, lease, body.usage),
+                "toolClaim": await self._tool_claim(run, body.holder, body.fence)}
 
     async def checkpoint(self, request: Request, ns: str, name: str) -> dict[str, Any]:
-        await self._caller(request, ns, name)
+        caller = await self._caller(request, ns, name)
         body: m.CheckpointRequest = await self._body(request, m.CheckpointRequest)
         run = await self._run(ns, name)
-        lease = await self._renew(run, body, body.usage, body.cursor)
+        lease, _ = await self._renew(run, caller, body, body.usage, body.cursor)
         return self._signals(run, lease, body.usage)
 
     async def _publish(self, request: Request, ns: str, name: str, model: type[m.Fenced], field: str) -> dict[str, Any]:
-        await self._caller(request, ns, name)
+        caller = await self._caller(request, ns, name)
         body = await self._body(request, model)
         value = {"result": lambda: body.result, "error": lambda: body.error.model_dump(),
                  "cancel": lambda: {"code": "WorkerCancelled", "message": body.reason}}[field]()
-        patch = [{"op": "test", "path": "/status/fence", "value": body.fence},
-                 {"op": "test", "path": "/status/holder", "value": body.holder},
-                 {"op": "add", "path": f"/status/{'result' if field == 'result' else 'error'}", "value": value}]
+        stale = Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
+        lease = await self.kube.get_lease(ns, name)
+        if lease is None or not protocol.holds(lease, body.holder, body.fence):
+            self._rejected(ns, name, body)
+            raise stale
+        # The claimant of a holder and fence never changes (see Claimant), so checking it here and
+        # publishing with the fence `test` below is as strict as one compare-and-swap of both.
+        self._check_claimant(lease, caller, body.workerId, f"attempt {body.holder} (fence {body.fence})")
+        patch = protocol.fenced_patch(body.holder, body.fence, "result" if field == "result" else "error", value)
         try:
             written = await self.kube.patch_run_status(ns, name, patch)
         except Invalid as exc:
-            log.warning("result rejected", extra={"event": "result_rejected", "run": f"{ns}/{name}",
-                                                  "fence": body.fence, "holder": body.holder})
-            raise Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current") from exc
+            self._rejected(ns, name, body)
+            raise stale from exc
         except NotFound as exc:
             raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
         return {"status": (written.get("status") or {}).get("phase", ""), "fence": body.fence}
+
+    @staticmethod
+    def _rejected(ns: str, name: str, body: m.Fenced) -> None:
+        log.warning("result rejected", extra={"event": "result_rejected", "run": f"{ns}/{name}",
+                                              "fence": body.fence, "holder": body.holder})
 
     async def complete(self, request: Request, ns: str, name: str) -> dict[str, Any]:
         return await self._publish(request, ns, name, m.CompleteRequest, "result")
@@ -239,37 +365,54 @@ class Gateway:
         return await self._publish(request, ns, name, m.CancelRequest, "cancel")
 
 
-def _lease_usage(lease: dict[str, Any]) -> tuple[int, int]:
-    raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(c.ANN_USAGE)
-    try:
-        doc = json.loads(raw) if raw else {}
-        return int(doc.get("cents", 0)), int(doc.get("tokens", 0))
-    except (ValueError, TypeError, AttributeError):
-        return 0, 0
-
-
 OPERATIONS = ("claim", "heartbeat", "checkpoint", "complete", "fail", "cancel")
 
+Handler = Callable[[Request, str, str], Awaitable[dict[str, Any]]]
 
-def build_app(kube: KubeClient, audience: str | None = None) -> Starlette:
-    gateway = Gateway(kube, audience)
 
-    def endpoint(op: str):  # type: ignore[no-untyped-def]
-        handler = getattr(gateway, op)
+def _answer(op: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def call(request: Request) -> Response:
+        ns, name = request.path_params["namespace"], request.path_params["name"]
+        try:
+            return JSONResponse(await handler(request, ns, name))
+        except AuthError as exc:
+            return _error(exc.status, exc.code, exc.message)
+        except Failure as exc:
+            return _error(exc.status, exc.code, exc.message, exc.field, exc.headers)
+        except ApiError as exc:
+            if exc.status == 0 or exc.status == 429 or exc.status >= 500:  # 0: no answer at all
+                log.warning("API unavailable", extra={"event": "gateway_api_unavailable", "op": op,
+                                                      "status": exc.status})
+                failure = _unavailable(f"HTTP {exc.status}" if exc.status else "no answer")
+                return _error(failure.status, failure.code, failure.message, headers=failure.headers)
+            log.error("API error", extra={"event": "gateway_api_error", "op": op, "status": exc.status})
+            return _error(502, "UpstreamError", f"the Kubernetes API answered {exc.status}")
+        except httpx.TransportError as exc:
+            log.warning("API unreachable", extra={"event": "gateway_api_unavailable", "op": op,
+                                                  "error": type(exc).__name__})
+            failure = _unavailable(type(exc).__name__)
+            return _error(failure.status, failure.code, failure.message, headers=failure.headers)
+        except Exception as exc:  # noqa: BLE001 - a bug still gets a JSON answer
+            return await _bug(request, exc)
 
-        async def call(request: Request) -> JSONResponse:
-            ns, name = request.path_params["namespace"], request.path_params["name"]
-            try:
-                return JSONResponse(await handler(request, ns, name))
-            except AuthError as exc:
-                return _error(exc.status, exc.code, exc.message)
-            except Failure as exc:
-                return _error(exc.status, exc.code, exc.message, exc.field)
-            except ApiError as exc:
-                log.error("API error", extra={"event": "gateway_api_error", "op": op, "status": exc.status})
-                return _error(502, "UpstreamError", f"the Kubernetes API answered {exc.status}")
+    return call
 
-        return call
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    """Starlette's own answers (unknown route 404, wrong method 405) in the error envelope."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    return _error(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}))
+
+
+async def _bug(request: Request, exc: Exception) -> Response:
+    """Anything unforeseen: logged once with its traceback (it is a bug), answered in the envelope."""
+    log.error("gateway bug", exc_info=exc, extra={"event": "gateway_bug", "path": request.url.path})
+    return _error(500, "InternalError", "the gateway failed; the error is logged")
+
+
+def build_app(kube: KubeClient, audience: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+    gateway = Gateway(kube, audience, max_body_bytes)
 
     async def openapi(_: Request) -> JSONResponse:
         return JSONResponse(openapi_document())
@@ -277,7 +420,9 @@ def build_app(kube: KubeClient, audience: str | None = None) -> Starlette:
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"ok": True})
 
-    routes = [Route(f"/api/v1/namespaces/{{namespace}}/workerruns/{{name}}/{op}", endpoint(op), methods=["POST"])
-              for op in OPERATIONS]
+    routes = [Route(f"/api/v1/namespaces/{{namespace}}/workerruns/{{name}}/{op}", _answer(op, getattr(gateway, op)),
+                    methods=["POST"]) for op in OPERATIONS]
     routes += [Route("/openapi.json", openapi, methods=["GET"]), Route("/healthz", healthz, methods=["GET"])]
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _bug})
+    app.state.gateway = gateway  # for tests and introspection
+    return app

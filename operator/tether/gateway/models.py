@@ -6,24 +6,32 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tether.protocol import MAX_CENTS, MAX_TOKENS
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class UsageReport(_Body):
-    cents: int = Field(ge=0, le=10**11, description="Cumulative cents of this attempt.")
-    tokens: int = Field(default=0, ge=0, le=10**14, description="Cumulative tokens of this attempt.")
+    cents: int = Field(ge=0, le=MAX_CENTS, description="Cumulative cents of this attempt.")
+    tokens: int = Field(default=0, ge=0, le=MAX_TOKENS, description="Cumulative tokens of this attempt.")
+
+
+def _worker_id() -> Any:
+    return Field(default=None, max_length=253,
+                 description="Distinguishes processes that share one identity; a later call that names a "
+                             "worker must name the one that claimed.")
 
 
 class ClaimRequest(_Body):
-    workerId: str | None = Field(default=None, max_length=253,
-                                 description="Distinguishes processes that share one identity.")
+    workerId: str | None = _worker_id()
 
 
 class Fenced(_Body):
     holder: str = Field(min_length=1, max_length=253, description="The holder returned by claim.")
     fence: int = Field(ge=1, description="The fence returned by claim.")
+    workerId: str | None = _worker_id()
 
 
 class HeartbeatRequest(Fenced):

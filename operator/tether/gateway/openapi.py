@@ -27,14 +27,20 @@ _SUMMARIES = {
 }
 _ERRORS = {
     "401": "No valid bearer token (TokenReview, audience checked).",
-    "403": "RBAC does not allow verb `claim` on this workerrun (SubjectAccessReview).",
+    "403": "RBAC does not allow verb `claim` on this workerrun (SubjectAccessReview), or "
+           "(`NotClaimant`) the attempt was claimed by another identity, or not claimed yet.",
     "404": "No such workerrun.",
     "409": "Held by another worker, or no attempt open to claim.",
     "402": "Budget exceeded: the run is not admitted.",
     "410": "The fence is stale: another attempt owns the run now.",
-    "422": "Malformed body; `error.field` names the field.",
-    "502": "The Kubernetes API failed.",
+    "413": "The body is larger than the gateway accepts (1 MiB by default).",
+    "422": "Malformed body (not JSON, nested too deep, or invalid); `error.field` names the field.",
+    "500": "A bug in the gateway; it is logged.",
+    "502": "The Kubernetes API refused the gateway's own request.",
+    "503": "The Kubernetes API cannot be reached; retry after `Retry-After` seconds.",
 }
+_HEADERS = {"503": {"Retry-After": {"description": "Seconds to wait before retrying.", "required": True,
+                                    "schema": {"type": "integer", "minimum": 1}}}}
 
 
 def _schemas() -> dict[str, Any]:
@@ -54,7 +60,8 @@ def openapi_document() -> dict[str, Any]:
               {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}]
     for op, req in _REQUESTS.items():
         errors = {code: {"description": text, "content": {"application/json": {
-            "schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}}}
+            "schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}},
+            **({"headers": _HEADERS[code]} if code in _HEADERS else {})}
             for code, text in _ERRORS.items() if code != "402" or op == "claim"}
         paths[f"/api/v1/namespaces/{{namespace}}/workerruns/{{name}}/{op}"] = {"post": {
             "operationId": op, "summary": _SUMMARIES[op], "parameters": params,

@@ -1,0 +1,147 @@
+"""The gateway answers every request with JSON in its error envelope, bounds what it reads, and
+says 503 + Retry-After when the Kubernetes API cannot be reached. No cluster needed: the
+Kubernetes side is either unreachable for real (a closed port) or a stub that fails the test
+when the gateway forwards anything it should have refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+from typing import Any, AsyncIterator
+
+import httpx
+import pytest
+
+from tether.gateway.app import MAX_DEPTH, build_app
+from tether.kube.client import KubeClient
+from tether.kube.config import KubeConfig
+
+OP = "/api/v1/namespaces/ns/workerruns/job"
+AUTH = {"Authorization": "Bearer t0ken"}
+
+
+class AuthOnlyKube:
+    """Answers TokenReview and SubjectAccessReview (the caller is allowed); anything else means
+    the gateway forwarded a request it should have refused."""
+
+    def __init__(self) -> None:
+        self.forwarded: list[str] = []
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path.endswith("/tokenreviews"):
+            return {"status": {"authenticated": True, "audiences": ["tether-gateway"],
+                               "user": {"username": "system:serviceaccount:ns:ext", "uid": "u1"}}}
+        if path.endswith("/subjectaccessreviews"):
+            return {"status": {"allowed": True}}
+        self.forwarded.append(path)
+        raise AssertionError(f"forwarded to the API server: POST {path}")
+
+    def __getattr__(self, name: str) -> Any:
+        async def forwarded(*args: Any, **kw: Any) -> Any:
+            self.forwarded.append(name)
+            raise AssertionError(f"forwarded to the API server: {name}")
+        return forwarded
+
+
+def _call(app: Any, method: str, path: str, **kw: Any) -> httpx.Response:
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            return await client.request(method, path, **kw)
+    return asyncio.run(go())
+
+
+def _envelope(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json"), resp.headers
+    error = resp.json()["error"]
+    assert error["code"] == code and error["message"], error
+    return error
+
+
+def test_unknown_routes_and_methods_answer_in_the_envelope() -> None:
+    app = build_app(AuthOnlyKube(), "tether-gateway")  # type: ignore[arg-type]
+    _envelope(_call(app, "POST", f"{OP}/explode", json={}), 404, "NotFound")
+    _envelope(_call(app, "GET", "/nothing-here"), 404, "NotFound")
+    wrong = _call(app, "GET", f"{OP}/claim")
+    _envelope(wrong, 405, "MethodNotAllowed")
+    assert wrong.headers["allow"] == "POST"
+
+
+def test_a_10_mb_body_is_refused_before_it_is_read_or_forwarded() -> None:
+    kube = AuthOnlyKube()
+    app = build_app(kube, "tether-gateway")  # type: ignore[arg-type]
+    big = json.dumps({"holder": "job-a1", "fence": 1, "result": {"blob": "x" * 10_000_000}})
+    error = _envelope(_call(app, "POST", f"{OP}/complete", content=big, headers=AUTH), 413, "BodyTooLarge")
+    assert "1048576" in error["message"]
+    assert kube.forwarded == []
+
+
+def test_a_streamed_body_without_length_is_cut_off_at_the_limit() -> None:
+    kube = AuthOnlyKube()
+    app = build_app(kube, "tether-gateway", max_body_bytes=64 * 1024)  # type: ignore[arg-type]
+    sent = [0]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(1000):  # 16 MiB if read whole
+            sent[0] += 1
+            yield b" " * 16384
+
+    _envelope(_call(app, "POST", f"{OP}/heartbeat", content=chunks(), headers=AUTH), 413, "BodyTooLarge")
+    assert sent[0] < 10 and kube.forwarded == []
+
+
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 100_000], ids=["just-too-deep", "recursion-bomb"])
+def test_deeply_nested_json_is_a_422(depth: int) -> None:
+    kube = AuthOnlyKube()
+    app = build_app(kube, "tether-gateway")  # type: ignore[arg-type]
+    nested = '{"holder":"job-a1","fence":1,"result":' + '{"a":' * (depth - 1) + "1" + "}" * (depth - 1) + "}"
+    error = _envelope(_call(app, "POST", f"{OP}/complete", content=nested, headers=AUTH), 422, "MalformedBody")
+    assert "nested deeper" in error["message"] and kube.forwarded == []
+
+
+def test_reasonable_nesting_is_accepted_by_the_body_parser() -> None:
+    """The limit leaves room for real results: depth MAX_DEPTH passes the parser and reaches the
+    next step (here the stub API, which the test turns into a marker)."""
+    kube = AuthOnlyKube()
+    app = build_app(kube, "tether-gateway")  # type: ignore[arg-type]
+    nested = '{"holder":"job-a1","fence":1,"result":' + '{"a":' * (MAX_DEPTH - 2) + "1" + "}" * (MAX_DEPTH - 2) + "}"
+    resp = _call(app, "POST", f"{OP}/complete", content=nested, headers=AUTH)
+    _envelope(resp, 500, "InternalError")  # the stub's AssertionError: the body got through
+    assert kube.forwarded == ["get_lease"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+def test_an_unreachable_api_server_is_a_503_with_retry_after() -> None:
+    kube = KubeClient(KubeConfig(server=f"https://127.0.0.1:{_closed_port()}", ssl_context=ssl.create_default_context()),
+                      timeout=5)
+    app = build_app(kube, "tether-gateway")
+    resp = _call(app, "POST", f"{OP}/claim", json={}, headers=AUTH)
+    _envelope(resp, 503, "Unavailable")
+    assert int(resp.headers["retry-after"]) >= 1
+
+
+@pytest.mark.parametrize("status", [500, 503, 429])
+def test_an_api_server_that_answers_errors_is_a_503(status: int) -> None:
+    kube = KubeClient(KubeConfig(server="https://api", ssl_context=ssl.create_default_context()))
+    kube.http = httpx.AsyncClient(base_url="https://api", transport=httpx.MockTransport(
+        lambda request: httpx.Response(status, text="etcdserver: request timed out")))
+    resp = _call(build_app(kube, "tether-gateway"), "POST", f"{OP}/heartbeat", json={}, headers=AUTH)
+    _envelope(resp, 503, "Unavailable")
+    assert resp.headers["retry-after"]
+
+
+def test_a_bug_is_a_500_in_the_envelope(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken(AuthOnlyKube):
+        async def get_run(self, ns: str, name: str) -> dict[str, Any]:
+            raise KeyError("metadata")
+
+    resp = _call(build_app(Broken(), "tether-gateway"), "POST", f"{OP}/claim", json={}, headers=AUTH)  # type: ignore[arg-type]
+    _envelope(resp, 500, "InternalError")
+    assert any(getattr(r, "event", None) == "gateway_bug" and r.exc_info for r in caplog.records)
