@@ -646,3 +646,21 @@ def test_new_ends_at_reaches_the_worker_signals() -> None:
     ensure = [a for a in d.actions if isinstance(a, EnsureSignals)]
     assert len(ensure) == 1
     assert json.loads(ensure[0].signals)["endsAt"].startswith((T0 + dt.timedelta(seconds=1200)).strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def test_over_long_checkpoint_is_not_written_into_the_status() -> None:
+    # Found by tests/unit/test_decide_total.py: Lease annotations admit 256 KiB, the CRD's
+    # status.checkpoint.cursor 1024 characters. Folding a longer cursor made every status
+    # write fail with 422; it is ignored instead and the recorded checkpoint stands.
+    st = held(checkpoint={"cursor": "row-1", "time": T0.isoformat()}, foldedAt=T0.isoformat())
+    r = run(status=st)
+    long = lease(checkpoint="x" * 1025, usage=Usage(cents=5, tokens=0))
+    d = decide(observe(r, long, (pod(),), now=T0 + dt.timedelta(seconds=30)))
+    s = status_of(d.actions)
+    assert s.checkpoint is not None and s.checkpoint.cursor == "row-1" and s.usage == Usage(cents=5, tokens=0)
+    fits = decide(observe(r, lease(checkpoint="y" * 1024), (pod(),), now=T0 + dt.timedelta(seconds=30)))
+    assert status_of(fits.actions).checkpoint.cursor == "y" * 1024
+    # Nothing new but the over-long cursor: no write at all, rather than one per fold interval.
+    idle = decide(observe(r, lease(checkpoint="x" * 1025), (pod(),), now=T0 + dt.timedelta(seconds=30)))
+    assert not [a for a in idle.actions if isinstance(a, WriteStatus)]
+

@@ -331,9 +331,9 @@ class _Builder:
         s.usage = sum_usage(a.usage for a in s.attempts)
         s.folded_at = o.now
         s.stop_requested_at = None
-        if _lease_is_current(o) and o.lease is not None and o.lease.checkpoint and (
-                s.checkpoint is None or s.checkpoint.cursor != o.lease.checkpoint):
-            s.checkpoint = Checkpoint(cursor=o.lease.checkpoint, time=o.now)
+        cursor = reported_cursor(o)
+        if _lease_is_current(o) and cursor and (s.checkpoint is None or s.checkpoint.cursor != cursor):
+            s.checkpoint = Checkpoint(cursor=cursor, time=o.now)
         reason, log = _OUTCOME_EVENT.get(outcome, (c.EV_ATTEMPT_ENDED, "attempt_ended"))
         attempt = cur.attempt if cur else s.attempt
         self.events.append(Event("Normal" if outcome == Outcome.SUCCEEDED else "Warning", reason,
@@ -400,6 +400,19 @@ class _Builder:
 
 
 # --- usage, limits, signals -------------------------------------------------
+
+
+# status.checkpoint.cursor's maxLength in the CRD. Lease annotations admit far longer values, and
+# a status write carrying one would be refused (422) on every pass.
+MAX_CURSOR_LENGTH = 1024
+
+
+def reported_cursor(o: Observed) -> str | None:
+    """The checkpoint on the Lease, or the one already recorded when the Lease has none or one
+    too long to record (ignored like a malformed usage report)."""
+    recorded = o.run.status.checkpoint.cursor if o.run.status.checkpoint else None
+    cursor = o.lease.checkpoint if o.lease is not None else None
+    return cursor if cursor and len(cursor) <= MAX_CURSOR_LENGTH else recorded
 
 
 def sum_usage(items: Iterable[Usage | None]) -> Usage:
@@ -825,13 +838,14 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
         write = True
     if _fold_due(o, total):
         b.status.usage = total
-        if o.lease.checkpoint and (s.checkpoint is None or s.checkpoint.cursor != o.lease.checkpoint):
-            b.status.checkpoint = Checkpoint(cursor=o.lease.checkpoint, time=o.now)
+        cursor = reported_cursor(o)
+        if cursor and (s.checkpoint is None or s.checkpoint.cursor != cursor):
+            b.status.checkpoint = Checkpoint(cursor=cursor, time=o.now)
         b.status.folded_at = o.now
         write = True
         _charge_if_due(o, d, total)
     elif s.folded_at is not None and (total != (s.usage or Usage()) or
-                                      (o.lease.checkpoint or None) != (s.checkpoint.cursor if s.checkpoint else None)):
+                                      reported_cursor(o) != (s.checkpoint.cursor if s.checkpoint else None)):
         d.wake(o.fold_interval - (o.now - s.folded_at).total_seconds())
     if s.observed_generation != run.metadata.generation and not write:
         b.set_phase(s.phase or Phase.STARTING, f"{s.holder} holds the lease",
@@ -848,7 +862,7 @@ def _fold_due(o: Observed, total: Usage) -> bool:
     s, lease = o.run.status, o.lease
     assert lease is not None
     changed = total != (s.usage or Usage()) or \
-        (lease.checkpoint or None) != (s.checkpoint.cursor if s.checkpoint else None)
+        reported_cursor(o) != (s.checkpoint.cursor if s.checkpoint else None)
     if not changed:
         return False
     return s.folded_at is None or (o.now - s.folded_at).total_seconds() >= o.fold_interval
