@@ -8,8 +8,10 @@ Payload:
   outFile       JSON lines of what happened, read by the test
   workSeconds   how long a normal attempt works before completing
   usagePerSecond cents reported per second while holding (cumulative, on the heartbeat)
+  usageCents    a fixed usage (cents) reported once at start, flushed with a renewal
   checkpoint    a checkpoint written once at start (then no progress)
   holdSeconds   longest hold (default 120)
+  holdWhileUnknown  keep holding while ownership is unknown (an outage); stop only when lost
 While holding, every change of the control signals is recorded with the wall time it was seen.
 Attempts not in holdAttempts work `workSeconds`, send the side effect, and complete.
 SIGTERM is recorded and otherwise ignored, so a worker cut off from the cluster stays alive.
@@ -46,10 +48,16 @@ def main() -> int:
     record(event="started", owned=run.owned, resumeFrom=run.checkpoint_cursor)
     if p.get("checkpoint"):
         run.checkpoint(p["checkpoint"], flush=True)
+    if p.get("usageCents"):
+        run.report_usage(cents=int(p["usageCents"]))
+        run.renew()
+        record(event="usage_reported", cents=int(p["usageCents"]))
     if run.attempt in p.get("holdAttempts", []):
         gate = Path(p["gateFile"]) if p.get("gateFile") else None
         began, seen = time.monotonic(), None
-        while not (gate is not None and gate.exists()) and run.owned \
+        # holdWhileUnknown: a healthy worker that waits out an outage (only a confirmed loss ends it).
+        holding = (lambda: not run.lost) if p.get("holdWhileUnknown") else (lambda: run.owned)
+        while not (gate is not None and gate.exists()) and holding() \
                 and time.monotonic() - began < float(p.get("holdSeconds", 120)):
             if p.get("usagePerSecond"):
                 run.report_usage(cents=int((time.monotonic() - began) * p["usagePerSecond"]))

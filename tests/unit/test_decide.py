@@ -664,3 +664,10 @@ def test_over_long_checkpoint_is_not_written_into_the_status() -> None:
     idle = decide(observe(r, lease(checkpoint="x" * 1025), (pod(),), now=T0 + dt.timedelta(seconds=30)))
     assert not [a for a in idle.actions if isinstance(a, WriteStatus)]
 
+
+def test_the_stop_signal_does_not_change_with_each_usage_report_over_the_cap() -> None:
+    r = run(spec={"budget": {"capCents": 10}}, status=held(stopRequestedAt=T0.isoformat()))
+    first = decide(observe(r, lease(usage=Usage(cents=12, tokens=0), signals="{}"), (pod(),)))
+    second = decide(observe(r, lease(usage=Usage(cents=15, tokens=0), signals="{}"), (pod(),)))
+    sig = [a.signals for d in (first, second) for a in d.actions if isinstance(a, EnsureSignals)]
+    assert len(sig) == 2 and sig[0] == sig[1] and json.loads(sig[0])["stop"] is True

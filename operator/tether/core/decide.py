@@ -441,14 +441,16 @@ def run_usage(o: Observed) -> Usage:
 
 
 def over_limit(o: Observed, total: Usage) -> tuple[str, Usage] | None:
-    """(why, overspend) when the run's cap or its budget is reached."""
+    """(why, overspend) when the run's cap or its budget is reached. `why` goes onto the Lease as
+    the stop reason, so it names the limit, not the live total (which would rewrite the Lease
+    on every heartbeat)."""
     budget = o.run.spec.budget
     if budget is not None:
         if budget.cap_cents is not None and total.cents >= budget.cap_cents:
-            return (f"cap of {budget.cap_cents} cents reached ({total.cents} spent)",
+            return (f"cap of {budget.cap_cents} cents reached",
                     Usage(cents=total.cents - budget.cap_cents, tokens=0))
         if budget.max_tokens is not None and total.tokens >= budget.max_tokens:
-            return (f"cap of {budget.max_tokens} tokens reached ({total.tokens} used)",
+            return (f"cap of {budget.max_tokens} tokens reached",
                     Usage(cents=0, tokens=total.tokens - budget.max_tokens))
     b = o.budget
     if b is not None and not b.missing:
@@ -852,6 +854,12 @@ def _decide_active(o: Observed, b: _Builder, d: Decision, cur: AttemptRecord) ->
                     lease_reason="LeaseRenewed" if s.phase == Phase.RUNNING else "AttemptStarted")
         write = True
     if write:
+        if o.lease.renewed:
+            # Refreshed on every status write (folds come at a bounded rate), never by their own
+            # write: heartbeats cost no WorkerRun writes. The time is when *this operator* saw it.
+            seen = o.now - dt.timedelta(seconds=max(0.0, o.mono - o.lease.last_change))
+            b.status.last_renew_time = seen
+            b.status.lease_expires_at = seen + dt.timedelta(seconds=run.spec.lease.duration_seconds)
         d.actions.append(b.write())
     if signals != o.lease.signals:
         d.actions.append(EnsureSignals(fence=s.fence, signals=signals))
