@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
+import pytest
+
 from tests.support.kube import Kube
 
 
@@ -49,3 +54,86 @@ def test_fence_never_decreases(kube: Kube, namespace: str) -> None:
 def test_retry_rule_needs_exactly_one_matcher(kube: Kube, namespace: str) -> None:
     resp = kube.post(Kube.wr_path(namespace), _run(retry={"rules": [{"action": "Retry"}]}))
     assert resp.status_code == 422 and "spec.retry.rules[0]" in resp.json()["message"], resp.text
+
+
+# --- issue 9: bounds, names, budgetRef, deadlineSeconds ---------------------------------
+
+
+def _refused(resp: httpx.Response, *fragments: str) -> str:
+    assert resp.status_code == 422, f"{resp.status_code} {resp.text}"
+    message = resp.json()["message"]
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+@pytest.mark.parametrize(("spec", "field", "maximum"), [
+    ({"deadlineSeconds": 10**12}, "spec.deadlineSeconds", "31536000"),
+    ({"ttlSecondsAfterFinished": 10**12}, "spec.ttlSecondsAfterFinished", "31536000"),
+    ({"retry": {"backoff": {"factor": 1e300}}}, "spec.retry.backoff.factor", "100"),
+    ({"retry": {"backoff": {"maxSeconds": 2**31 - 1}}}, "spec.retry.backoff.maxSeconds", "604800"),
+    ({"budget": {"capCents": 2**62}}, "spec.budget.capCents", "1000000000000"),
+])
+def test_numbers_above_their_maximum_are_refused(kube: Kube, namespace: str, spec: dict[str, Any], field: str,
+                                                 maximum: str) -> None:
+    # These values used to be admitted and crashed the operator's decisions (OverflowError).
+    _refused(kube.post(Kube.wr_path(namespace), _run(**spec)), field, maximum)
+
+
+def test_numbers_at_their_maximum_are_admitted(kube: Kube, namespace: str) -> None:
+    spec = {"deadlineSeconds": 31536000, "ttlSecondsAfterFinished": 31536000, "progressDeadlineSeconds": 31536000,
+            "retry": {"maxAttempts": 100, "backoff": {"initialSeconds": 86400, "maxSeconds": 604800, "factor": 100}},
+            "budget": {"capCents": 10**12, "maxTokens": 10**15}}
+    created = kube.ok(kube.post(Kube.wr_path(namespace), _run(**spec)))
+    assert created["spec"]["retry"]["backoff"]["factor"] == 100
+
+
+def test_status_numbers_are_bounded_too(kube: Kube, namespace: str) -> None:
+    # The fence is mirrored into the Lease's int32 leaseTransitions: a larger one could never be granted.
+    path = _started(kube, namespace)
+    _refused(kube.patch(path + "/status", {"status": {"fence": 2**31}}), "status.fence", "2147483647")
+    assert kube.ok(kube.patch(path + "/status", {"status": {"fence": 2**31 - 1}}))["status"]["fence"] == 2**31 - 1
+
+
+def test_name_longer_than_58_characters_is_refused(kube: Kube, namespace: str) -> None:
+    # A longer name made each attempt's pod `<name>-a<N>` and its labels exceed 63 characters:
+    # the API server answered 422 on every attempt. Now the run itself is refused, saying why.
+    message = _refused(kube.post(Kube.wr_path(namespace), _run("n" * 59)), "metadata.name must be at most 58 characters")
+    assert "Choose a shorter name" in message
+    longest = "n" * 58
+    assert kube.ok(kube.post(Kube.wr_path(namespace), _run(longest)))["metadata"]["name"] == longest
+    # The longest pod name this allows, and its label value, fit: attempts go up to 100.
+    assert len(f"{longest}-a100") == 63
+
+
+def test_generated_names_are_held_to_the_same_limit(kube: Kube, namespace: str) -> None:
+    body = _run()
+    body["metadata"] = {"generateName": "g" * 54}  # the API server appends 5 random characters
+    _refused(kube.post(Kube.wr_path(namespace), body), "metadata.name must be at most 58 characters")
+    body["metadata"] = {"generateName": "g" * 53}
+    assert len(kube.ok(kube.post(Kube.wr_path(namespace), body))["metadata"]["name"]) == 58
+
+
+def test_budget_ref_cannot_change_or_go_once_set(kube: Kube, namespace: str) -> None:
+    kube.ok(kube.post(Kube.wr_path(namespace), _run(budget={"budgetRef": {"name": "team-a"}})))
+    path = Kube.wr_path(namespace, "r")
+    fragments = ("spec.budget.budgetRef cannot be changed or removed once set",)
+    _refused(kube.patch(path, {"spec": {"budget": {"budgetRef": {"name": "team-b"}}}}), *fragments)
+    _refused(kube.patch(path, {"spec": {"budget": {"budgetRef": None}}}), *fragments)
+    _refused(kube.patch(path, {"spec": {"budget": None}}), *fragments)
+    # The caps beside it stay control fields.
+    capped = kube.ok(kube.patch(path, {"spec": {"budget": {"capCents": 700}}}))
+    assert capped["spec"]["budget"] == {"capCents": 700, "budgetRef": {"name": "team-a"}}
+
+
+def test_budget_ref_may_be_added_later(kube: Kube, namespace: str) -> None:
+    path = _started(kube, namespace)
+    added = kube.ok(kube.patch(path, {"spec": {"budget": {"budgetRef": {"name": "team-a"}}}}))
+    assert added["spec"]["budget"]["budgetRef"] == {"name": "team-a"}
+
+
+def test_deadline_stays_mutable_after_start(kube: Kube, namespace: str) -> None:
+    # deadlineSeconds is a control field: the operator moves status.endsAt to follow it.
+    path = _started(kube, namespace)
+    assert kube.ok(kube.patch(path, {"spec": {"deadlineSeconds": 600}}))["spec"]["deadlineSeconds"] == 600
+    assert "deadlineSeconds" not in kube.ok(kube.patch(path, {"spec": {"deadlineSeconds": None}}))["spec"]
