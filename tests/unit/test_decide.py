@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tether.api.models import Outcome, Phase, Usage, WorkerRun
+from tether.api.models import MAX_STATUS_NUMBER, Outcome, Phase, Usage, WorkerRun
 from tether.core.decide import (
     BudgetObservation,
     ChargeBudget,
@@ -671,3 +671,16 @@ def test_the_stop_signal_does_not_change_with_each_usage_report_over_the_cap() -
     second = decide(observe(r, lease(usage=Usage(cents=15, tokens=0), signals="{}"), (pod(),)))
     sig = [a.signals for d in (first, second) for a in d.actions if isinstance(a, EnsureSignals)]
     assert len(sig) == 2 and sig[0] == sig[1] and json.loads(sig[0])["stop"] is True
+
+
+def test_run_usage_saturates_at_the_crds_maximum() -> None:
+    # 100 attempts, each reporting the largest plausible usage (10**14 tokens), add up past
+    # 2**53 - 1, the CRD's maximum for status.usage: such a status write would be refused forever.
+    st = held(attempt=100)
+    for a in st["attempts"]:
+        a["usage"] = {"cents": 10**11, "tokens": 10**14}
+    r = run({"retry": {"maxAttempts": 100}}, status=st)
+    d = decide(observe(r, lease(100, usage=Usage(cents=10**11, tokens=10**14)), (pod(100, phase="Failed", exit_code=1),)))
+    s = status_of(d.actions)
+    assert s.phase == Phase.FAILED
+    assert s.usage == Usage(cents=100 * 10**11, tokens=MAX_STATUS_NUMBER)

@@ -17,6 +17,10 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "workerruns"
 
+# The CRDs' maximum for status counters (usage, spend, generations): the largest integer JSON
+# carries exactly. Sums saturate here, because a larger value makes the API server refuse the write.
+MAX_STATUS_NUMBER = 2**53 - 1
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")

@@ -12,7 +12,7 @@ import datetime as dt
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from tether.api.conditions import set_condition
-from tether.api.models import Charge, Usage, WorkerBudget, WorkerBudgetSpec, WorkerBudgetStatus
+from tether.api.models import MAX_STATUS_NUMBER, Charge, Usage, WorkerBudget, WorkerBudgetSpec, WorkerBudgetStatus
 from tether.protocol import MAX_CENTS, MAX_TOKENS, valid_report  # noqa: F401  (re-exported: one definition)
 
 
@@ -39,7 +39,7 @@ def period_start(now: dt.datetime, spec: WorkerBudgetSpec) -> dt.datetime | None
 
 
 def remaining(spec: WorkerBudgetSpec, spent: Usage) -> Usage:
-    big = 2**62
+    big = MAX_STATUS_NUMBER  # "no limit": the most the CRD lets the status say
     return Usage(cents=max(0, (spec.limit_cents if spec.limit_cents is not None else big) - spent.cents),
                  tokens=max(0, (spec.limit_tokens if spec.limit_tokens is not None else big) - spent.tokens))
 
@@ -79,7 +79,9 @@ def apply_charge(budget: WorkerBudget, run_uid: str, run_name: str, total: Usage
     delta = Usage(cents=max(0, total.cents - mark.cents), tokens=max(0, total.tokens - mark.tokens))
     status.charges[run_uid] = Charge(run=run_name, cents=max(mark.cents, total.cents),
                                      tokens=max(mark.tokens, total.tokens))
-    status.spent = Usage(cents=status.spent.cents + delta.cents, tokens=status.spent.tokens + delta.tokens)
+    # Saturates at the CRD's maximum (far past any limit, so exhaustion is unchanged).
+    status.spent = Usage(cents=min(status.spent.cents + delta.cents, MAX_STATUS_NUMBER),
+                         tokens=min(status.spent.tokens + delta.tokens, MAX_STATUS_NUMBER))
     budget = budget.model_copy(update={"status": status})
     return refresh(budget, now)
 

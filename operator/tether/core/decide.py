@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from tether.api import constants as c
 from tether.api.conditions import get_condition, phase_conditions, set_condition
 from tether.api.models import (
+    MAX_STATUS_NUMBER,
     AttemptRecord,
     Checkpoint,
     ErrorInfo,
@@ -421,7 +422,9 @@ def sum_usage(items: Iterable[Usage | None]) -> Usage:
         if u is not None:
             cents += u.cents
             tokens += u.tokens
-    return Usage(cents=cents, tokens=tokens)
+    # Saturates at the CRD's maximum: 100 attempts of the largest plausible report exceed it,
+    # and a status carrying more would be refused on every write.
+    return Usage(cents=min(cents, MAX_STATUS_NUMBER), tokens=min(tokens, MAX_STATUS_NUMBER))
 
 
 def _lease_is_current(o: Observed) -> bool:
