@@ -144,6 +144,40 @@ def test_auth_and_input_errors(kube: Kube, namespace: str, gateway: str) -> None
 
 
 @pytest.mark.local_cluster
+def test_only_the_claimant_drives_an_attempt(kube: Kube, namespace: str, gateway: str) -> None:
+    """`claim` RBAC lets a caller claim an open attempt, not drive one someone else claimed."""
+    owner = worker_identity(kube, namespace, "ext")
+    stranger = worker_identity(kube, namespace, "other")
+    runs.create(kube, namespace, external_run("mine"))
+    run = open_attempt(kube, namespace, "mine")
+    fenced = {"holder": run["status"]["holder"], "fence": run["status"]["fence"]}
+    # Nobody claimed yet: holder and fence read from the status are not enough.
+    unclaimed = call(gateway, namespace, "mine", "heartbeat", stranger, fenced)
+    assert unclaimed.status_code == 403 and unclaimed.json()["error"]["code"] == "NotClaimant", unclaimed.text
+    assert call(gateway, namespace, "mine", "claim", owner, {"workerId": "w1"}).status_code == 200
+    bodies = {"heartbeat": {**fenced, "checkpoint": "stolen", "usage": {"cents": 999}},
+              "checkpoint": {**fenced, "cursor": "stolen"}, "complete": {**fenced, "result": {"by": "stranger"}},
+              "fail": {**fenced, "error": {"code": "Stolen"}}, "cancel": {**fenced, "reason": "stolen"}}
+    for op, body in bodies.items():
+        refused = call(gateway, namespace, "mine", op, stranger, body)
+        assert refused.status_code == 403, (op, refused.text)
+        assert refused.json()["error"]["code"] == "NotClaimant" and "another identity" in refused.json()["error"]["message"]
+    # The same identity naming another worker is a mix-up between its processes: 409.
+    other_worker = call(gateway, namespace, "mine", "heartbeat", owner, {**fenced, "workerId": "w2"})
+    assert other_worker.status_code == 409 and other_worker.json()["error"]["code"] == "HeldByAnother"
+    lease = kube.ok(kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/mine"))
+    annotations = lease["metadata"].get("annotations") or {}
+    assert annotations.get("tether.dev/checkpoint") != "stolen" and "tether.dev/usage" not in annotations
+    status = runs.get(kube, namespace, "mine")["status"]
+    assert "result" not in status and "error" not in status
+    # The claimant still drives it.
+    assert call(gateway, namespace, "mine", "heartbeat", owner, {**fenced, "workerId": "w1"}).status_code == 200
+    done = call(gateway, namespace, "mine", "complete", owner, {**fenced, "result": {"by": "owner"}})
+    assert done.status_code == 200, done.text
+    assert runs.wait_phase(kube, namespace, "mine", "Succeeded", timeout=30)["status"]["result"] == {"by": "owner"}
+
+
+@pytest.mark.local_cluster
 def test_budget_exceeded_is_402(kube: Kube, namespace: str, gateway: str) -> None:
     kube.ok(kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets",
                       {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget", "metadata": {"name": "b"},

@@ -1,0 +1,211 @@
+"""Interleavings the gateway must survive, forced deterministically against the real API server.
+
+The gateway runs in this process (its ASGI app over httpx), talking to the real kube-apiserver
+through a KubeClient whose hooks hold a call at the exact point where a race bites. No operator
+runs: the test grants the attempt itself, as the operator would (status, then Lease), so
+nothing else moves the objects while the interleaving is forced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+from typing import Any, Awaitable, Callable
+
+import httpx
+import pytest
+
+from tether.api.models import WorkerRun
+from tether.gateway.app import build_app
+from tether.kube import config as kubeconfig
+from tether.kube import resources
+from tether.kube.client import KubeClient, lease_path, run_path
+from tests.e2e.test_gateway import AUDIENCE, ca_only, external_run, worker_identity
+from tests.support import runs
+from tests.support.kube import Kube
+
+pytestmark = pytest.mark.local_cluster
+
+
+class HookedKube(KubeClient):
+    """The real client; `before_replace_lease` / `before_apply` run just before those calls go out."""
+
+    def __init__(self) -> None:
+        super().__init__(kubeconfig.load(os.environ["TETHER_TEST_KUBECONFIG"]))
+        self.before_replace_lease: Callable[[], Awaitable[None]] | None = None
+        self.before_apply: Callable[[str], Awaitable[None]] | None = None
+
+    async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        if self.before_replace_lease is not None:
+            await self.before_replace_lease()
+        return await super().replace_lease(lease)
+
+    async def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.before_apply is not None:
+            await self.before_apply(path)
+        return await super().apply(path, body)
+
+
+def grant(kube: Kube, ns: str, name: str) -> tuple[str, int]:
+    """What the operator does to open attempt 1: fence and holder in status, then the Lease; and the
+    run's ServiceAccount, which tool claims are minted for."""
+    run = runs.create(kube, ns, external_run(name))
+    holder = f"{name}-a1"
+    kube.ok(kube.patch(run_path(ns, name) + "/status",
+                       {"status": {"phase": "Starting", "attempt": 1, "fence": 1, "holder": holder}}))
+    model = WorkerRun.model_validate(runs.get(kube, ns, name))
+    kube.ok(kube.post(lease_path(ns), resources.build_lease(model, holder, 1, 30, dt.datetime.now(dt.timezone.utc))))
+    kube.ok(kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts",
+                      {"metadata": {"name": resources.worker_service_account(model)}}))
+    return holder, 1
+
+
+async def _post(app: Any, ns: str, name: str, op: str, token: str, body: dict[str, Any]) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw", timeout=30) as client:
+        return await client.post(f"/api/v1/namespaces/{ns}/workerruns/{name}/{op}", json=body,
+                                 headers={"Authorization": f"Bearer {token}"})
+
+
+def _both_write_after_both_read(kube: HookedKube) -> None:
+    """The first two Lease writes wait for each other: both claims have read the Lease (and seen
+    it unclaimed) before either writes, the interleaving that let both win."""
+    barrier = asyncio.Barrier(2)
+    held = [0]
+
+    async def hold() -> None:
+        held[0] += 1
+        if held[0] <= 2:
+            await asyncio.wait_for(barrier.wait(), timeout=20)
+
+    kube.before_replace_lease = hold
+
+
+def test_two_concurrent_claims_cannot_both_win(kube: Kube, namespace: str) -> None:
+    token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
+    holder, fence = grant(kube, namespace, "race")
+
+    async def scenario() -> list[httpx.Response]:
+        client = HookedKube()
+        try:
+            _both_write_after_both_read(client)
+            app = build_app(client, AUDIENCE)
+            return list(await asyncio.gather(*(_post(app, namespace, "race", "claim", token, {"workerId": w})
+                                               for w in ("w1", "w2"))))
+        finally:
+            await client.close()
+
+    answers = asyncio.run(scenario())
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200, 409], [r.text for r in answers]
+    winner = next(r for r in answers if r.status_code == 200).json()
+    loser = next(r for r in answers if r.status_code == 409).json()
+    assert (winner["holder"], winner["fence"]) == (holder, fence)
+    assert loser["error"]["code"] == "HeldByAnother"
+    claimed = kube.ok(kube.get(lease_path(namespace, "race")))["metadata"]["annotations"]["tether.dev/claimed-by"]
+    assert '"workerId":"w1"' in claimed or '"workerId":"w2"' in claimed
+
+
+def test_a_claim_repeated_by_the_same_worker_during_the_race_still_succeeds(kube: Kube, namespace: str) -> None:
+    """The retry rule: a conflict caused by the claimant itself is re-read and retried, not refused."""
+    token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
+    grant(kube, namespace, "same")
+
+    async def scenario() -> list[httpx.Response]:
+        client = HookedKube()
+        try:
+            _both_write_after_both_read(client)
+            app = build_app(client, AUDIENCE)
+            return list(await asyncio.gather(*(_post(app, namespace, "same", "claim", token, {"workerId": "w1"})
+                                               for _ in range(2))))
+        finally:
+            await client.close()
+
+    assert [r.status_code for r in asyncio.run(scenario())] == [200, 200]
+
+
+def test_many_concurrent_claims_have_one_winner(kube: Kube, namespace: str) -> None:
+    """No forced interleaving: eight workers race as they would in the wild."""
+    token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
+    grant(kube, namespace, "herd")
+
+    async def scenario() -> list[httpx.Response]:
+        client = HookedKube()
+        try:
+            app = build_app(client, AUDIENCE)
+            return list(await asyncio.gather(*(_post(app, namespace, "herd", "claim", token, {"workerId": f"w{i}"})
+                                               for i in range(8))))
+        finally:
+            await client.close()
+
+    answers = asyncio.run(scenario())
+    assert sorted(r.status_code for r in answers) == [200] + [409] * 7, [r.text for r in answers]
+    # The winner is the only one that may heartbeat.
+    winner = next(i for i, r in enumerate(answers) if r.status_code == 200)
+    fenced = {"holder": "herd-a1", "fence": 1}
+
+    async def heartbeats() -> list[int]:
+        client = HookedKube()
+        try:
+            app = build_app(client, AUDIENCE)
+            return [(await _post(app, namespace, "herd", "heartbeat", token, {**fenced, "workerId": f"w{i}"})).status_code
+                    for i in range(8)]
+        finally:
+            await client.close()
+
+    codes = asyncio.run(heartbeats())
+    assert codes[winner] == 200 and all(code == 409 for i, code in enumerate(codes) if i != winner), codes
+
+
+def test_revocation_between_renewal_and_mint_leaves_no_credential(kube: Kube, namespace: str) -> None:
+    """The operator revokes the attempt (status fence bump, Lease cleared, tool-claim Secret deleted)
+    after the claim's renewal and before the gateway creates that Secret: the delete finds nothing.
+    The gateway must not leave a live Secret, nor hand out a working token, for the revoked attempt."""
+    token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
+    holder, fence = grant(kube, namespace, "late")
+    secret = f"/api/v1/namespaces/{namespace}/secrets/{holder}-toolclaim"
+
+    async def revoke(path: str) -> None:
+        if not path.endswith("/secrets"):
+            return
+        async with kube.config.async_client(timeout=30) as api:
+            bumped = await api.patch(run_path(namespace, "late") + "/status", headers={
+                "Content-Type": "application/json-patch+json"}, json=[
+                {"op": "test", "path": "/status/fence", "value": fence},
+                {"op": "replace", "path": "/status/fence", "value": fence + 1},
+                {"op": "replace", "path": "/status/holder", "value": None}])
+            assert bumped.status_code == 200, bumped.text
+            lease = (await api.get(lease_path(namespace, "late"))).json()
+            lease["spec"] = {"holderIdentity": None, "leaseTransitions": fence + 1, "leaseDurationSeconds": 30}
+            cleared = await api.put(lease_path(namespace, "late"), json=lease)
+            assert cleared.status_code == 200, cleared.text
+            assert (await api.delete(secret)).status_code == 404  # nothing to delete yet: the race
+
+    async def scenario() -> httpx.Response:
+        client = HookedKube()
+        client.before_apply = revoke
+        try:
+            return await _post(build_app(client, AUDIENCE), namespace, "late", "claim", token, {"workerId": "w1"})
+        finally:
+            await client.close()
+
+    answer = asyncio.run(scenario())
+    assert answer.status_code == 200, answer.text  # the claim itself landed before the revocation
+    tool = answer.json()["toolClaim"]
+    if tool is not None:  # had a token been handed out, it must not work
+        who = httpx.post(f"{kube.config.server}/apis/authentication.k8s.io/v1/selfsubjectreviews", verify=ca_only(),
+                         headers={"Authorization": f"Bearer {tool['token']}"},
+                         json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+        assert who.status_code == 401, who.text
+    assert tool is None
+    assert kube.get(secret).status_code == 404, "the revoked attempt's tool-claim Secret survived"
+    # And the worker learns of the revocation on its next call.
+    async def heartbeat() -> httpx.Response:
+        client = HookedKube()
+        try:
+            return await _post(build_app(client, AUDIENCE), namespace, "late", "heartbeat", token,
+                               {"holder": holder, "fence": fence, "workerId": "w1"})
+        finally:
+            await client.close()
+
+    assert asyncio.run(heartbeat()).status_code == 410
