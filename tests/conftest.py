@@ -40,14 +40,18 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _wants_cluster(config) or config.option.collectonly:
         return
     from tether.devcluster.controlplane import LocalCluster, resolve_binaries
-    from tether.devcluster.crds import install_crds
+    from tether.devcluster.crds import install_crds, install_policies
 
     bin_dir = resolve_binaries()
-    _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")))
+    # The audit log is the fault trials' independent oracle; it costs one JSON line per write.
+    _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")), audit=True)
     _cluster.__enter__()
     with _cluster.client() as client:
         install_crds(client)
+        # Every test runs with fencing enforced by the API server, as a chart install has it.
+        install_policies(client)
     os.environ["TETHER_TEST_KUBECONFIG"] = str(_cluster.kubeconfig)
+    os.environ["TETHER_TEST_AUDIT_LOG"] = str(_cluster.audit_log)
     os.environ["TETHER_TEST_BIN_DIR"] = str(bin_dir)
     os.environ["TETHER_TEST_STATE_DIR"] = str(_cluster.state_dir)
     config.stash[_startup_key] = _cluster.startup_seconds

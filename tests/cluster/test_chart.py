@@ -38,7 +38,8 @@ def render(tools_dir: Path, *sets: str) -> list[dict]:
 
 def test_template_renders_a_restricted_operator(tools_dir: Path) -> None:
     docs = {d["kind"]: d for d in render(tools_dir, "watchNamespaces={team-a,team-b}")}
-    assert set(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment"}
+    assert set(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
+                         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     services = sorted(d["metadata"]["name"] for d in render(tools_dir) if d["kind"] == "Service")
     assert services == ["rel-tether-gateway", "rel-tether-metrics"]
     dep = docs["Deployment"]
@@ -70,6 +71,42 @@ def test_optional_objects(tools_dir: Path) -> None:
     names = [d["metadata"]["name"] for d in render(tools_dir, "metrics.enabled=false", "gateway.enabled=false")
              if d["kind"] == "Service"]
     assert names == []
+
+
+def _plain_policies() -> dict[str, dict]:
+    docs = [d for p in sorted((ROOT / "policies").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    return {d["metadata"]["name"].removeprefix("tether-"): d for d in docs}
+
+
+def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:
+    plain = _plain_policies()
+    chart = {d["metadata"]["name"].removeprefix("rel-tether-"): d for d in render(tools_dir)
+             if d["kind"].startswith("ValidatingAdmissionPolicy")}
+    assert set(chart) == set(plain) == {"worker-status-fencing", "worker-lease-fencing"}
+    for name, doc in chart.items():
+        assert doc["kind"] == plain[name]["kind"]
+        spec = dict(doc["spec"])
+        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            assert spec.pop("policyName") == f"rel-tether-{name}"
+            assert spec == {k: v for k, v in plain[name]["spec"].items() if k != "policyName"}
+            continue
+        # The chart adds one thing: its own operator is exempt by name (with or without rbac.create).
+        own, *conditions = spec.pop("matchConditions")
+        assert own == {"name": "not-the-operator",
+                       "expression": "request.userInfo.username != 'system:serviceaccount:tether-system:rel-tether'"}
+        assert conditions == plain[name]["spec"]["matchConditions"]
+        assert spec == {k: v for k, v in plain[name]["spec"].items() if k != "matchConditions"}
+    # The plain policies exempt the operator by the `fence` verb, which the chart's role grants.
+    role = next(d for d in render(tools_dir) if d["kind"] == "ClusterRole")
+    assert any("workerruns" in r["resources"] and "fence" in r["verbs"] for r in role["rules"])
+
+
+def test_admission_policies_can_be_turned_off(tools_dir: Path) -> None:
+    kinds = [d["kind"] for d in render(tools_dir, "admissionPolicy.enabled=false")]
+    assert "ValidatingAdmissionPolicy" not in kinds and "ValidatingAdmissionPolicyBinding" not in kinds
+    result = helm(tools_dir, "template", "rel", str(CHART), "--kube-version", "1.36.3",
+                  "--set", "admissionPolicy.enabled=yes")
+    assert result.returncode != 0 and "admissionPolicy" in result.stderr
 
 
 def test_values_schema_rejects_unknown_and_wrong_values(tools_dir: Path) -> None:

@@ -93,8 +93,11 @@ def test_worker_cannot_renew_another_runs_lease(kube: Kube, namespace: str, oper
         runs.create(kube, namespace, app_run(name, {"holdAttempts": [1], "outFile": str(tmp_path / f"{name}.jsonl")}))
     for name in ("a", "b"):
         runs.wait_phase(kube, namespace, name, "Running", timeout=30)
-    token = kube.ok(kube.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/a-worker/token",
-                              {"spec": {"expirationSeconds": 600}}))["status"]["token"]
+    # Bound to a's pod, as the kubelet binds it: the admission policy lets only the holder's pod renew.
+    pod_a = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/pods/a-a1"))["metadata"]
+    token = kube.ok(kube.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/a-worker/token", {"spec": {
+        "expirationSeconds": 600,
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "a-a1", "uid": pod_a["uid"]}}}))["status"]["token"]
     # Only the CA: the admin kubeconfig's context also carries a client certificate, which would win.
     ca = ssl.create_default_context(cadata=base64.b64decode(
         yaml.safe_load(Path(_kubeconfig()).read_text())["clusters"][0]["cluster"]["certificate-authority-data"]).decode())

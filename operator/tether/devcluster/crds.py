@@ -1,8 +1,9 @@
-"""Installs Tether's CRDs into a cluster and waits until they are served."""
+"""Installs Tether's CRDs and admission policies into a cluster and waits until they are served."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -12,12 +13,28 @@ from tether.devcluster.processes import wait_for
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
+ADMISSION_PATH = "/apis/admissionregistration.k8s.io/v1"
+ADMISSION_COLLECTIONS = {
+    "ValidatingAdmissionPolicy": f"{ADMISSION_PATH}/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": f"{ADMISSION_PATH}/validatingadmissionpolicybindings",
+}
+
+
+def _top_level_dir(name: str) -> Path:
+    for parent in Path(__file__).resolve().parents:
+        if (parent / name).is_dir() and (parent / "pyproject.toml").exists():
+            return parent / name
+    raise FileNotFoundError(f"{name}/ not found next to the tether sources")
+
+
 def crd_dir() -> Path:
     """The top-level crds/ folder of a source checkout."""
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "crds").is_dir() and (parent / "pyproject.toml").exists():
-            return parent / "crds"
-    raise FileNotFoundError("crds/ not found next to the tether sources")
+    return _top_level_dir("crds")
+
+
+def policy_dir() -> Path:
+    """The top-level policies/ folder (ValidatingAdmissionPolicies) of a source checkout."""
+    return _top_level_dir("policies")
 
 
 def install_crds(client: httpx.Client, directory: Path | None = None, timeout: float = 60) -> list[str]:
@@ -42,3 +59,47 @@ def install_crds(client: httpx.Client, directory: Path | None = None, timeout: f
 def _established(client: httpx.Client, name: str) -> bool:
     conds = client.get(f"{CRD_PATH}/{name}").json().get("status", {}).get("conditions", [])
     return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+
+def _create_or_replace(client: httpx.Client, collection: str, obj: dict[str, Any]) -> None:
+    name = obj["metadata"]["name"]
+    resp = client.post(collection, json=obj)
+    if resp.status_code == 409:
+        current = client.get(f"{collection}/{name}").json()
+        obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+        resp = client.put(f"{collection}/{name}", json=obj)
+    if resp.status_code >= 400:
+        raise RuntimeError(f"installing {obj['kind']} {name} failed: {resp.status_code} {resp.text}")
+
+
+def install_policies(client: httpx.Client, directory: Path | None = None,
+                     timeout: float = 60) -> dict[str, list[str]]:
+    """Creates or replaces every admission policy and binding in `directory`.
+
+    Returns each policy's type-checking warnings once the API server has checked it
+    (status.observedGeneration caught up): expressions that do not fit the matched
+    resources' schemas show up there, not as errors.
+    """
+    policies: list[str] = []
+    for path in sorted((directory or policy_dir()).glob("*.yaml")):
+        for obj in yaml.safe_load_all(path.read_text()):
+            if not obj:
+                continue
+            collection = ADMISSION_COLLECTIONS.get(obj.get("kind", ""))
+            if collection is None:
+                raise RuntimeError(f"{path.name}: unexpected kind {obj.get('kind')!r}")
+            _create_or_replace(client, collection, obj)
+            if obj["kind"] == "ValidatingAdmissionPolicy":
+                policies.append(obj["metadata"]["name"])
+    warnings: dict[str, list[str]] = {}
+    for name in policies:
+        url = f"{ADMISSION_COLLECTIONS['ValidatingAdmissionPolicy']}/{name}"
+        wait_for(lambda: _type_checked(client, url), timeout=timeout, what=f"policy {name} type-checked")
+        checking = client.get(url).json().get("status", {}).get("typeChecking") or {}
+        warnings[name] = [w["warning"] for w in checking.get("expressionWarnings") or []]
+    return warnings
+
+
+def _type_checked(client: httpx.Client, url: str) -> bool:
+    policy = client.get(url).json()
+    return policy.get("status", {}).get("observedGeneration") == policy["metadata"].get("generation")

@@ -2,10 +2,19 @@
 
 There is no container runtime here. For each pod bound to its node it runs
 the first container's command as a local process with the pod's environment
-and a real service-account token (TokenRequest, bound to the pod), and
-reports phase, container state and exit code back like a kubelet would. A
-pod's process sees a kubeconfig through $KUBECONFIG, so any Kubernetes client
+and a real service-account token, and reports phase, container state and exit
+code back like a kubelet would. A pod's process sees a kubeconfig through
+$KUBECONFIG whose user reads that token from a file, so any Kubernetes client
 finds the API server with the pod's own identity and RBAC.
+
+The token is minted as the real kubelet mints a projected service-account
+token: a TokenRequest on the pod's ServiceAccount with a `boundObjectRef` to
+the pod, for the API server's own audiences. The API server therefore puts the
+pod's name and UID into the caller's userInfo.extra
+(`authentication.kubernetes.io/pod-name`, `.../pod-uid`), which Tether's
+admission policies compare with the run's holder, and stops accepting the
+token once the pod is gone. Like the kubelet, it rotates the token file at 80%
+of the token's lifetime; clients re-read the file when it changes.
 
 Dev feature: the pod annotation `dev.tether.dev/api-server` points that
 kubeconfig at another address (tests put a TCP proxy there to cut a worker
@@ -40,6 +49,9 @@ log = logging.getLogger("process-kubelet")
 API_SERVER_ANNOTATION = "dev.tether.dev/api-server"
 NODE_HEARTBEAT_SECONDS = 10
 TOKEN_SECONDS = 3600
+# The real kubelet refreshes a projected token once 80% of its lifetime has passed.
+TOKEN_REFRESH_FRACTION = 0.8
+TOKEN_RETRY_SECONDS = 10
 
 
 def _now() -> str:
@@ -56,6 +68,12 @@ class PodProcess:
     killing: bool = False
     restarts: int = 0
     started_at: str = ""
+    token_refresher: asyncio.Task[None] | None = None
+
+    def stop_token_refresh(self) -> None:
+        if self.token_refresher is not None:
+            self.token_refresher.cancel()
+            self.token_refresher = None
 
 
 class ProcessKubelet:
@@ -173,6 +191,8 @@ class ProcessKubelet:
 
     async def forget(self, uid: str) -> None:
         entry = self.pods.pop(uid, None)
+        if entry is not None:
+            entry.stop_token_refresh()
         if entry is not None and entry.proc is not None and entry.proc.returncode is None:
             _signal_group(entry.proc.pid, signal.SIGKILL)
 
@@ -181,6 +201,7 @@ class ProcessKubelet:
         entry = self.pods.get(meta["uid"])
         if entry is not None:
             entry.killing = True
+            entry.stop_token_refresh()
             if entry.proc is not None and entry.proc.returncode is None:
                 _signal_group(entry.proc.pid, signal.SIGTERM)
                 try:
@@ -215,11 +236,12 @@ class ProcessKubelet:
                 env[item["name"]] = base64.b64decode(value).decode() if kind == "secrets" else value
         return env
 
-    async def _write_credentials(self, pod: dict[str, Any], pod_dir: Path) -> Path | None:
+    async def _mint_token(self, pod: dict[str, Any]) -> tuple[str, float]:
+        """A pod-bound token of the pod's ServiceAccount and its lifetime in seconds."""
         spec, meta = pod["spec"], pod["metadata"]
-        if spec.get("automountServiceAccountToken") is False:
-            return None
         sa = spec.get("serviceAccountName") or "default"
+        # No audiences: the token is then for the API server's own (--api-audiences), which is
+        # what it expects of its clients, exactly as for a projected token without an audience.
         req = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                "spec": {"expirationSeconds": TOKEN_SECONDS,
                         "boundObjectRef": {"kind": "Pod", "apiVersion": "v1",
@@ -227,9 +249,34 @@ class ProcessKubelet:
         resp = await self.client.post(
             f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{sa}/token", json=req)
         resp.raise_for_status()
+        status = resp.json()["status"]
+        expires = dt.datetime.fromisoformat(status["expirationTimestamp"].replace("Z", "+00:00"))
+        return status["token"], (expires - dt.datetime.now(dt.timezone.utc)).total_seconds()
+
+    async def _refresh_token(self, pod: dict[str, Any], path: Path, lifetime: float) -> None:
+        """Rewrites the token file before the token expires, for as long as the pod runs."""
+        delay = lifetime * TOKEN_REFRESH_FRACTION
+        while True:
+            await asyncio.sleep(max(delay, 1.0))
+            try:
+                token, lifetime = await self._mint_token(pod)
+            except httpx.HTTPError as exc:
+                log.warning("token refresh for %s/%s failed: %s", pod["metadata"]["namespace"],
+                            pod["metadata"]["name"], exc)
+                delay = TOKEN_RETRY_SECONDS
+                continue
+            _write_atomically(path, token)
+            delay = lifetime * TOKEN_REFRESH_FRACTION
+
+    async def _write_credentials(self, pod: dict[str, Any], pod_dir: Path, entry: PodProcess) -> Path | None:
+        spec, meta = pod["spec"], pod["metadata"]
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        token, lifetime = await self._mint_token(pod)
         sa_dir = pod_dir / "serviceaccount"
         sa_dir.mkdir(parents=True, exist_ok=True)
-        (sa_dir / "token").write_text(resp.json()["status"]["token"])
+        _write_atomically(sa_dir / "token", token)
+        entry.token_refresher = asyncio.create_task(self._refresh_token(pod, sa_dir / "token", lifetime))
         (sa_dir / "ca.crt").write_bytes(self.ca_pem)
         (sa_dir / "namespace").write_text(meta["namespace"])
         server = meta.get("annotations", {}).get(API_SERVER_ANNOTATION, self.cfg.server)
@@ -263,11 +310,12 @@ class ProcessKubelet:
             env.update({"HOME": str(pod_dir), "HOSTNAME": meta["name"],
                         "KUBERNETES_SERVICE_HOST": server.hostname or "127.0.0.1",
                         "KUBERNETES_SERVICE_PORT": str(server.port or 443)})
-            kubecfg = await self._write_credentials(pod, pod_dir)
+            kubecfg = await self._write_credentials(pod, pod_dir, entry)
             if kubecfg is not None:
                 env["KUBECONFIG"] = str(kubecfg)
             env.update(await self._resolve_env(pod, container))
         except httpx.HTTPError as exc:
+            entry.stop_token_refresh()
             await self.set_status(pod, entry, phase="Failed", exit_code=128,
                                   message=f"could not prepare the pod: {exc}")
             return
@@ -288,6 +336,7 @@ class ProcessKubelet:
                     start_new_session=True, preexec_fn=_die_with_parent)
             except OSError as exc:
                 logfile.close()
+                entry.stop_token_refresh()
                 await self.set_status(pod, entry, phase="Failed", exit_code=127, message=str(exc))
                 return
             finally:
@@ -303,6 +352,7 @@ class ProcessKubelet:
                 return
             again = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
             if not again:
+                entry.stop_token_refresh()
                 await self.set_status(pod, entry, phase="Succeeded" if code == 0 else "Failed",
                                       exit_code=code)
                 return
@@ -365,6 +415,14 @@ def _field_ref(pod: dict[str, Any], path: str) -> str:
             key = path[len(prefix) + 1:-1].strip("'\"")
             return str(meta.get(source, {}).get(key, ""))
     return ""
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replaces the file in one rename, so a client never reads half a token."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o600)
+    os.replace(tmp, path)
 
 
 def _signal_group(pid: int, sig: int) -> None:

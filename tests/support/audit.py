@@ -1,0 +1,171 @@
+"""The API server's audit log, read into typed records.
+
+The local control plane writes it when started with `audit=True` (the test session's
+cluster does; TETHER_TEST_AUDIT_LOG names the file). It is an account of every write
+that Tether's own code did not produce, so the fault trials' oracle judges from it:
+who wrote which Lease or status, with which body, and what the API server answered.
+Only events of stage ResponseComplete are kept: one per finished request.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
+VALIDATION_FAILURE = "validation.policy.admission.k8s.io/validation_failure"
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    resource: str
+    namespace: str
+    name: str
+    api_group: str = ""
+    subresource: str = ""
+
+    @classmethod
+    def parse(cls, doc: dict[str, Any]) -> "ObjectRef":
+        return cls(resource=doc.get("resource", ""), namespace=doc.get("namespace", ""),
+                   name=doc.get("name", ""), api_group=doc.get("apiGroup", ""),
+                   subresource=doc.get("subresource", ""))
+
+
+@dataclass(frozen=True)
+class User:
+    username: str
+    groups: tuple[str, ...] = ()
+    extra: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def pod(self) -> str | None:
+        """The pod a pod-bound service-account token names (the kubelet's tokens do)."""
+        names = self.extra.get(POD_NAME_KEY, ())
+        return names[0] if len(names) == 1 else None
+
+    @classmethod
+    def parse(cls, doc: dict[str, Any]) -> "User":
+        return cls(username=doc.get("username", ""), groups=tuple(doc.get("groups") or ()),
+                   extra={k: tuple(v) for k, v in (doc.get("extra") or {}).items()})
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    audit_id: str
+    verb: str
+    request_uri: str
+    user: User
+    object_ref: ObjectRef | None
+    code: int
+    message: str
+    request_object: dict[str, Any] | None
+    response_object: dict[str, Any] | None
+    received: dt.datetime
+    completed: dt.datetime
+    annotations: dict[str, str]
+
+    @property
+    def accepted(self) -> bool:
+        return 200 <= self.code < 300
+
+    @property
+    def is_write(self) -> bool:
+        return self.verb in WRITE_VERBS
+
+    @property
+    def dry_run(self) -> bool:
+        """Admitted or refused like a write, but never stored."""
+        return "dryRun=" in self.request_uri
+
+    @property
+    def denied_by(self) -> list[str]:
+        """Admission policies that refused the request (their bindings audit refusals)."""
+        raw = self.annotations.get(VALIDATION_FAILURE)
+        return [entry["policy"] for entry in json.loads(raw)] if raw else []
+
+    def about(self, resource: str, namespace: str | None = None, name: str | None = None,
+              subresource: str = "") -> bool:
+        ref = self.object_ref
+        return (ref is not None and ref.resource == resource and ref.subresource == subresource
+                and (namespace is None or ref.namespace == namespace) and (name is None or ref.name == name))
+
+    @classmethod
+    def parse(cls, doc: dict[str, Any]) -> "AuditRecord":
+        status = doc.get("responseStatus") or {}
+        ref = doc.get("objectRef")
+        return cls(
+            audit_id=doc["auditID"], verb=doc["verb"], request_uri=doc.get("requestURI", ""),
+            user=User.parse(doc.get("user") or {}),
+            object_ref=ObjectRef.parse(ref) if ref else None,
+            code=int(status.get("code", 0)), message=status.get("message", ""),
+            request_object=doc.get("requestObject"), response_object=doc.get("responseObject"),
+            received=_time(doc["requestReceivedTimestamp"]), completed=_time(doc["stageTimestamp"]),
+            annotations=doc.get("annotations") or {},
+        )
+
+
+def _time(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+class AuditLog:
+    """One audit log file, read whole or followed from where the last read stopped."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._offset = 0
+
+    @classmethod
+    def from_env(cls) -> "AuditLog":
+        path = os.environ.get("TETHER_TEST_AUDIT_LOG")
+        if not path:
+            raise RuntimeError("no audit log: the local control plane sets TETHER_TEST_AUDIT_LOG")
+        return cls(path)
+
+    def read(self) -> list[AuditRecord]:
+        """Every completed request in the log so far."""
+        return self._parse(self.path.read_bytes())[0]
+
+    def follow(self) -> list[AuditRecord]:
+        """Completed requests logged since the previous follow() (all of them the first time)."""
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        records, used = self._parse(chunk)
+        self._offset += used
+        return records
+
+    def skip_to_end(self) -> None:
+        """Makes the next follow() start after everything logged so far."""
+        self._offset = self.path.stat().st_size
+
+    def wait_for(self, predicate: Callable[[AuditRecord], bool], timeout: float = 10,
+                 what: str = "an audit event") -> AuditRecord:
+        """Polls the log (events land as requests complete) for the first record that matches."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = next((r for r in self.read() if predicate(r)), None)
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what} in {self.path}")
+            time.sleep(0.1)
+
+    @staticmethod
+    def _parse(data: bytes) -> tuple[list[AuditRecord], int]:
+        # The API server may be writing the last line right now: stop at the last newline.
+        end = data.rfind(b"\n") + 1
+        records = []
+        for line in data[:end].splitlines():
+            if not line.strip():
+                continue
+            doc = json.loads(line)
+            if doc.get("stage") == "ResponseComplete":
+                records.append(AuditRecord.parse(doc))
+        return records, end
