@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import os
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 import httpx
 import pytest
@@ -26,6 +26,8 @@ from tests.support import runs
 from tests.support.kube import Kube
 
 pytestmark = pytest.mark.local_cluster
+
+T = TypeVar("T")
 
 
 class HookedKube(KubeClient):
@@ -67,6 +69,19 @@ async def _post(app: Any, ns: str, name: str, op: str, token: str, body: dict[st
                                  headers={"Authorization": f"Bearer {token}"})
 
 
+def through_gateway(calls: Callable[[Any], Awaitable[T]], hook: Callable[[HookedKube], None] | None = None) -> T:
+    """Runs `calls(app)` against a fresh in-process gateway whose client `hook` prepared."""
+    async def go() -> T:
+        client = HookedKube()
+        try:
+            if hook is not None:
+                hook(client)
+            return await calls(build_app(client, AUDIENCE))
+        finally:
+            await client.close()
+    return asyncio.run(go())
+
+
 def _both_write_after_both_read(kube: HookedKube) -> None:
     """The first two Lease writes wait for each other: both claims have read the Lease (and seen
     it unclaimed) before either writes, the interleaving that let both win."""
@@ -85,17 +100,11 @@ def test_two_concurrent_claims_cannot_both_win(kube: Kube, namespace: str) -> No
     token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
     holder, fence = grant(kube, namespace, "race")
 
-    async def scenario() -> list[httpx.Response]:
-        client = HookedKube()
-        try:
-            _both_write_after_both_read(client)
-            app = build_app(client, AUDIENCE)
-            return list(await asyncio.gather(*(_post(app, namespace, "race", "claim", token, {"workerId": w})
-                                               for w in ("w1", "w2"))))
-        finally:
-            await client.close()
+    async def claims(app: Any) -> list[httpx.Response]:
+        return list(await asyncio.gather(*(_post(app, namespace, "race", "claim", token, {"workerId": w})
+                                           for w in ("w1", "w2"))))
 
-    answers = asyncio.run(scenario())
+    answers = through_gateway(claims, _both_write_after_both_read)
     codes = sorted(r.status_code for r in answers)
     assert codes == [200, 409], [r.text for r in answers]
     winner = next(r for r in answers if r.status_code == 200).json()
@@ -111,17 +120,11 @@ def test_a_claim_repeated_by_the_same_worker_during_the_race_still_succeeds(kube
     token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
     grant(kube, namespace, "same")
 
-    async def scenario() -> list[httpx.Response]:
-        client = HookedKube()
-        try:
-            _both_write_after_both_read(client)
-            app = build_app(client, AUDIENCE)
-            return list(await asyncio.gather(*(_post(app, namespace, "same", "claim", token, {"workerId": "w1"})
-                                               for _ in range(2))))
-        finally:
-            await client.close()
+    async def claims(app: Any) -> list[httpx.Response]:
+        return list(await asyncio.gather(*(_post(app, namespace, "same", "claim", token, {"workerId": "w1"})
+                                           for _ in range(2))))
 
-    assert [r.status_code for r in asyncio.run(scenario())] == [200, 200]
+    assert [r.status_code for r in through_gateway(claims, _both_write_after_both_read)] == [200, 200]
 
 
 def test_many_concurrent_claims_have_one_winner(kube: Kube, namespace: str) -> None:
@@ -129,31 +132,21 @@ def test_many_concurrent_claims_have_one_winner(kube: Kube, namespace: str) -> N
     token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
     grant(kube, namespace, "herd")
 
-    async def scenario() -> list[httpx.Response]:
-        client = HookedKube()
-        try:
-            app = build_app(client, AUDIENCE)
-            return list(await asyncio.gather(*(_post(app, namespace, "herd", "claim", token, {"workerId": f"w{i}"})
-                                               for i in range(8))))
-        finally:
-            await client.close()
+    async def claims(app: Any) -> list[httpx.Response]:
+        return list(await asyncio.gather(*(_post(app, namespace, "herd", "claim", token, {"workerId": f"w{i}"})
+                                           for i in range(8))))
 
-    answers = asyncio.run(scenario())
+    answers = through_gateway(claims)
     assert sorted(r.status_code for r in answers) == [200] + [409] * 7, [r.text for r in answers]
     # The winner is the only one that may heartbeat.
     winner = next(i for i, r in enumerate(answers) if r.status_code == 200)
     fenced = {"holder": "herd-a1", "fence": 1}
 
-    async def heartbeats() -> list[int]:
-        client = HookedKube()
-        try:
-            app = build_app(client, AUDIENCE)
-            return [(await _post(app, namespace, "herd", "heartbeat", token, {**fenced, "workerId": f"w{i}"})).status_code
-                    for i in range(8)]
-        finally:
-            await client.close()
+    async def heartbeats(app: Any) -> list[int]:
+        return [(await _post(app, namespace, "herd", "heartbeat", token, {**fenced, "workerId": f"w{i}"})).status_code
+                for i in range(8)]
 
-    codes = asyncio.run(heartbeats())
+    codes = through_gateway(heartbeats)
     assert codes[winner] == 200 and all(code == 409 for i, code in enumerate(codes) if i != winner), codes
 
 
@@ -181,15 +174,11 @@ def test_revocation_between_renewal_and_mint_leaves_no_credential(kube: Kube, na
             assert cleared.status_code == 200, cleared.text
             assert (await api.delete(secret)).status_code == 404  # nothing to delete yet: the race
 
-    async def scenario() -> httpx.Response:
-        client = HookedKube()
+    def revoke_on_secret_create(client: HookedKube) -> None:
         client.before_apply = revoke
-        try:
-            return await _post(build_app(client, AUDIENCE), namespace, "late", "claim", token, {"workerId": "w1"})
-        finally:
-            await client.close()
 
-    answer = asyncio.run(scenario())
+    answer = through_gateway(lambda app: _post(app, namespace, "late", "claim", token, {"workerId": "w1"}),
+                             revoke_on_secret_create)
     assert answer.status_code == 200, answer.text  # the claim itself landed before the revocation
     tool = answer.json()["toolClaim"]
     if tool is not None:  # had a token been handed out, it must not work
@@ -200,12 +189,6 @@ def test_revocation_between_renewal_and_mint_leaves_no_credential(kube: Kube, na
     assert tool is None
     assert kube.get(secret).status_code == 404, "the revoked attempt's tool-claim Secret survived"
     # And the worker learns of the revocation on its next call.
-    async def heartbeat() -> httpx.Response:
-        client = HookedKube()
-        try:
-            return await _post(build_app(client, AUDIENCE), namespace, "late", "heartbeat", token,
-                               {"holder": holder, "fence": fence, "workerId": "w1"})
-        finally:
-            await client.close()
-
-    assert asyncio.run(heartbeat()).status_code == 410
+    heartbeat = through_gateway(lambda app: _post(app, namespace, "late", "heartbeat", token,
+                                                  {"holder": holder, "fence": fence, "workerId": "w1"}))
+    assert heartbeat.status_code == 410, heartbeat.text
