@@ -124,3 +124,18 @@ def test_gateway_transport_sends_the_claimant_and_counts_caps_like_the_pod_path(
     run._take_signals(renewal.signals)  # noqa: SLF001
     run.report_usage(cents=150)  # 30 more cents after the heartbeat: they count against the cap
     assert run.signals.cap_remaining_cents == 350 and run.signals.cap_remaining_tokens is None
+
+
+@pytest.mark.parametrize(("status", "code", "outcome"), [
+    (200, None, True), (410, "StaleFence", False), (403, "NotClaimant", False), (409, "HeldByAnother", False),
+    (503, "Unavailable", "raises"), (403, "Forbidden", "raises")])
+def test_gateway_publish_tells_refusal_from_no_answer(status: int, code: str | None, outcome: Any) -> None:
+    """Refused for good (not ours) ends the attempt for this worker; 503 or an RBAC hiccup says
+    nothing about ownership and is retried until the lease deadline."""
+    body = {"status": "Succeeded", "fence": 1} if code is None else {"error": {"code": code, "message": "m"}}
+    t = _gateway(lambda request: httpx.Response(status, json=body))
+    if outcome == "raises":
+        with pytest.raises(httpx.HTTPStatusError):
+            t.publish("result", {"ok": True})
+    else:
+        assert t.publish("result", {"ok": True}) is outcome

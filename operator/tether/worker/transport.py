@@ -88,12 +88,8 @@ class KubeTransport:
         patch = protocol.fenced_patch(self.holder, self.fence, field, value)
         resp = self._http.patch(run_path(self.namespace, self.name) + "/status", json=patch,
                                 headers=protocol.JSON_PATCH)
-        if resp.status_code == 200:
-            return True
-        if resp.status_code in (409, 422, 404):
-            return False
-        resp.raise_for_status()
-        return False
+        # 422: a `test` failed, the fence or holder moved on.
+        return _published(resp, refused=resp.status_code in (404, 409, 422))
 
 
 class GatewayTransport:
@@ -133,12 +129,20 @@ class GatewayTransport:
     def publish(self, field: str, value: dict[str, Any]) -> bool:
         op, body = ("complete", {"result": value}) if field == "result" else ("fail", {"error": value})
         resp = self._http.post(f"{self._prefix}/{op}", json={**self._fenced, **body})
-        if resp.status_code == 200:
-            return True
-        if resp.status_code in (404, 409, 410):
-            return False
-        resp.raise_for_status()
+        refused = resp.status_code in (404, 409, 410) or error_body(resp).get("code") == "NotClaimant"
+        return _published(resp, refused)
+
+
+def _published(resp: httpx.Response, refused: bool) -> bool:
+    """True: published. False: refused for good (the attempt is not ours). Anything else raises
+    httpx.HTTPStatusError, which the SDK retries until its lease deadline (an answer that says
+    nothing about ownership, such as 503)."""
+    if resp.status_code == 200:
+        return True
+    if refused:
         return False
+    resp.raise_for_status()
+    return False
 
 
 def error_body(resp: httpx.Response) -> dict[str, Any]:
