@@ -33,6 +33,10 @@ ENV_ATTEMPT = "TETHER_ATTEMPT"
 ENV_LEASE_DURATION = "TETHER_LEASE_DURATION_SECONDS"
 ENV_RENEW_INTERVAL = "TETHER_RENEW_INTERVAL_SECONDS"
 ENV_PAYLOAD = "TETHER_PAYLOAD"
+# Set instead of TETHER_PAYLOAD when the payload is too large for the environment: its value,
+# "spec.payload", says where the worker reads it (its own WorkerRun, with its own credentials).
+ENV_PAYLOAD_FROM = "TETHER_PAYLOAD_FROM"
+PAYLOAD_FROM_RUN = "spec.payload"
 ENV_CHECKPOINT = "TETHER_CHECKPOINT"
 ENV_IDEMPOTENCY_KEY = "TETHER_IDEMPOTENCY_KEY"
 

@@ -106,6 +106,20 @@ def build_worker_rbac(run: WorkerRun) -> list[tuple[str, dict[str, Any]]]:
     return objects
 
 
+# Payloads up to this size (compact JSON, UTF-8) ride in TETHER_PAYLOAD. Linux refuses to exec
+# a process with one environment string over 128 KiB (MAX_ARG_STRLEN): the pod exits 127 on every
+# attempt. Larger payloads stay in the WorkerRun, and the worker reads spec.payload from there.
+INLINE_PAYLOAD_BYTES = 32 * 1024
+
+
+def payload_env(run: WorkerRun) -> dict[str, str]:
+    """How the worker gets its payload: inline, or a pointer to its WorkerRun's spec.payload."""
+    inline = json.dumps(run.spec.payload or {}, separators=(",", ":"))
+    if len(inline.encode()) <= INLINE_PAYLOAD_BYTES:
+        return {c.ENV_PAYLOAD: inline}
+    return {c.ENV_PAYLOAD_FROM: c.PAYLOAD_FROM_RUN}
+
+
 def worker_env(run: WorkerRun, holder: str, attempt: int, fence: int) -> list[dict[str, str]]:
     s = run.status
     env = {
@@ -116,7 +130,7 @@ def worker_env(run: WorkerRun, holder: str, attempt: int, fence: int) -> list[di
         c.ENV_ATTEMPT: str(attempt),
         c.ENV_LEASE_DURATION: str(run.spec.lease.duration_seconds),
         c.ENV_RENEW_INTERVAL: str(run.spec.lease.renew_interval_seconds),
-        c.ENV_PAYLOAD: json.dumps(run.spec.payload or {}, separators=(",", ":")),
+        **payload_env(run),
         c.ENV_IDEMPOTENCY_KEY: run.idempotency_key,
     }
     if s.checkpoint is not None:
@@ -134,7 +148,8 @@ def build_pod(run: WorkerRun, name: str, attempt: int, fence: int, holder: str) 
     spec["restartPolicy"] = "Never"
     spec["serviceAccountName"] = worker_service_account(run)
     env = worker_env(run, holder, attempt, fence)
-    ours = {e["name"] for e in env}
+    # Both payload variables are Tether's: a template's own would shadow the real payload.
+    ours = {e["name"] for e in env} | {c.ENV_PAYLOAD, c.ENV_PAYLOAD_FROM}
     for container in spec.get("containers", []):
         container["env"] = [e for e in container.get("env", []) or [] if e.get("name") not in ours] + env
     return {

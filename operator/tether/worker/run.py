@@ -16,18 +16,44 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import httpx
 
 from tether import protocol
 from tether.api import constants as c
-from tether.api.models import Signals, Usage
+from tether.api.models import GROUP, PLURAL, VERSION, Signals, Usage
 from tether.kube import config as kubeconfig
 from tether.worker.errors import ClaimRefused, LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout
 from tether.worker.transport import GatewayTransport, KubeTransport, Transport, error_body
 
 log = logging.getLogger("tether.worker")
+
+
+def load_payload(env: Mapping[str, str], kube: kubeconfig.KubeConfig | None = None,
+                 attempts: int = 3, backoff: float = 1.0) -> dict[str, Any]:
+    """The run's payload: inline in TETHER_PAYLOAD, or, when it was too large for the environment
+    (TETHER_PAYLOAD_FROM=spec.payload), read from the pod's own WorkerRun with its own credentials."""
+    if c.ENV_PAYLOAD in env:
+        return json.loads(env[c.ENV_PAYLOAD] or "{}")
+    source = env.get(c.ENV_PAYLOAD_FROM)
+    if source is None:
+        return {}
+    if source != c.PAYLOAD_FROM_RUN:
+        raise ValueError(f"{c.ENV_PAYLOAD_FROM}={source!r}: this SDK reads only {c.PAYLOAD_FROM_RUN!r}")
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{env[c.ENV_NAMESPACE]}/{PLURAL}/{env[c.ENV_RUN]}"
+    with (kube or kubeconfig.load()).sync_client(timeout=30) as http:
+        for attempt in range(attempts):
+            try:
+                resp = http.get(path)
+                if resp.status_code < 500 or attempt + 1 == attempts:
+                    resp.raise_for_status()  # 403/404 will not heal: the attempt fails and says why
+                    return resp.json().get("spec", {}).get("payload") or {}
+            except httpx.TransportError:
+                if attempt + 1 == attempts:
+                    raise
+            time.sleep(backoff * 2**attempt)  # a brief API hiccup at start-up should not cost the attempt
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 @dataclass(frozen=True)
@@ -104,7 +130,7 @@ class WorkerRun:
             attempt=int(e[c.ENV_ATTEMPT]),
             lease_duration=float(e[c.ENV_LEASE_DURATION]),
             renew_interval=float(e[c.ENV_RENEW_INTERVAL]),
-            payload=json.loads(e.get(c.ENV_PAYLOAD) or "{}"),
+            payload=load_payload(e, kw.get("kube")),
             checkpoint=e.get(c.ENV_CHECKPOINT),
             idempotency_key=e.get(c.ENV_IDEMPOTENCY_KEY, ""),
             **kw,
