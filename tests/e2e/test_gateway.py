@@ -140,7 +140,7 @@ def test_auth_and_input_errors(kube: Kube, namespace: str, gateway: str) -> None
                                                                  "result": {}, "extra": 1})
     assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "extra"
     stale = call(gateway, namespace, "job", "heartbeat", token, {"holder": c["holder"], "fence": c["fence"] + 1})
-    assert stale.status_code == 410 and stale.json()["error"]["code"] == "StaleFence"
+    assert stale.status_code == 410 and stale.json()["error"]["code"] == "StaleFence", stale.text
 
 
 @pytest.mark.local_cluster

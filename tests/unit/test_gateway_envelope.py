@@ -145,3 +145,22 @@ def test_a_bug_is_a_500_in_the_envelope(caplog: pytest.LogCaptureFixture) -> Non
     resp = _call(build_app(Broken(), "tether-gateway"), "POST", f"{OP}/claim", json={}, headers=AUTH)  # type: ignore[arg-type]
     _envelope(resp, 500, "InternalError")
     assert any(getattr(r, "event", None) == "gateway_bug" and r.exc_info for r in caplog.records)
+
+
+def test_claimant_record_round_trip_and_claims_written_before_it_was_json() -> None:
+    from tether.gateway.app import Claimant
+    from tether.gateway.auth import Caller
+
+    ext = Caller("system:serviceaccount:ns:ext", "u1", (), {})
+    other = Caller("system:serviceaccount:ns:other", "u2", (), {})
+    mine = Claimant.parse(Claimant.of(ext, "w1").encode())
+    assert mine == Claimant("system:serviceaccount:ns:ext", "u1", "w1")
+    assert mine.is_claim_of(ext, "w1") and not mine.is_claim_of(ext, "w2") and not mine.is_claim_of(other, "w1")
+    assert mine.same_identity(ext) and not mine.same_identity(other)
+    # A recreated ServiceAccount of the same name is another identity (its uid differs).
+    assert not mine.same_identity(Caller(ext.username, "u9", (), {}))
+    assert mine.same_worker(None) and mine.same_worker("w1") and not mine.same_worker("w2")
+    legacy = Claimant.parse("system:serviceaccount:ns:ext/w1")
+    assert legacy is not None and legacy.is_claim_of(ext, "w1") and legacy.same_identity(ext)
+    assert not legacy.is_claim_of(ext, "w2") and not legacy.same_identity(other)
+    assert Claimant.parse(None) is None and Claimant.parse("") is None

@@ -125,6 +125,12 @@ class Claimant:
         except (ValueError, TypeError, KeyError):
             return cls("", "", None, legacy=raw)
 
+    def is_claim_of(self, caller: Caller, worker: str | None) -> bool:
+        """Whether a claim by `caller` (as `worker`) is this very claim (a repeated claim is idempotent)."""
+        if self.legacy is not None:
+            return self.legacy == caller.username + (f"/{worker}" if worker else "")
+        return self.same_identity(caller) and self.worker == (worker or None)
+
     def same_identity(self, caller: Caller) -> bool:
         if self.legacy is not None:
             return self.legacy == caller.username or self.legacy.startswith(f"{caller.username}/")
@@ -252,7 +258,7 @@ class Gateway:
                 "serviceAccount": sa}
 
     async def _renew(self, run: WorkerRun, caller: Caller, body: m.Fenced, usage: m.UsageReport | None,
-                     checkpoint: str | None, claim: Claimant | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                     checkpoint: str | None, claim: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """The pod worker's conditional Lease renewal, with the claimant inside the compare-and-swap.
 
         Every check (holder and fence, claimant, usage) is made on the very Lease object whose
@@ -265,12 +271,12 @@ class Gateway:
         for _ in range(2):  # the protocol's rule: on a conflict re-read, and retry once if still ours
             lease = await self.kube.get_lease(ns, name)
             if lease is None or not protocol.holds(lease, body.holder, body.fence):
-                if claim is not None:
+                if claim:
                     raise Failure(409, "NotClaimable", "the attempt is being granted or revoked; retry shortly")
                 raise Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
-            if claim is not None:
+            if claim:
                 current = Claimant.parse(protocol.annotations(lease).get(c.ANN_CLAIMED_BY))
-                if current is not None and current != claim:
+                if current is not None and not current.is_claim_of(caller, body.workerId):
                     raise Failure(409, "HeldByAnother", f"{attempt} is held by another worker")
             else:
                 self._check_claimant(lease, caller, body.workerId, attempt)
@@ -279,8 +285,8 @@ class Gateway:
                 why = protocol.valid_report(report, protocol.lease_usage(lease))
                 if why is not None:
                     raise Failure(422, "MalformedBody", f"usage: {why}", "usage")
-            updated = protocol.renewal(lease, _now(), checkpoint=checkpoint, usage=report,
-                                       extra_annotations={c.ANN_CLAIMED_BY: claim.encode()} if claim else None)
+            claimant = {c.ANN_CLAIMED_BY: Claimant.of(caller, body.workerId).encode()} if claim else None
+            updated = protocol.renewal(lease, _now(), checkpoint=checkpoint, usage=report, extra_annotations=claimant)
             try:
                 return await self.kube.replace_lease(updated), lease
             except Conflict:
@@ -301,8 +307,8 @@ class Gateway:
         s = run.status
         if s.holder is None:
             raise Failure(409, "NotClaimable", f"no attempt is open (phase {s.phase.value if s.phase else 'Pending'})")
-        who = Claimant.of(caller, body.workerId)
-        lease, before = await self._renew(run, caller, m.Fenced(holder=s.holder, fence=s.fence), None, None, claim=who)
+        fenced = m.Fenced(holder=s.holder, fence=s.fence, workerId=body.workerId)
+        lease, before = await self._renew(run, caller, fenced, None, None, claim=True)
         if c.ANN_CLAIMED_BY not in protocol.annotations(before):
             log.info("claimed", extra={"event": "job_claimed", "run": f"{ns}/{name}", "attempt": s.attempt,
                                        "fence": s.fence, "holder": s.holder, "worker": body.workerId})
