@@ -57,12 +57,17 @@ def lease_holder(lease: Mapping[str, Any] | None) -> tuple[str | None, int | Non
     return spec.get("holderIdentity"), spec.get("leaseTransitions")
 
 
+def same_owner(lease_holder_identity: str | None, lease_fence: int | None, holder: str | None,
+               fence: int | None) -> bool:
+    """Whether a Lease's (holderIdentity, leaseTransitions) name exactly this holder and fence.
+    Nobody (None) holds anything: a cleared Lease matches no holder, so a revoked attempt cannot
+    mistake it for its own."""
+    return holder is not None and (lease_holder_identity, lease_fence) == (holder, fence)
+
+
 def holds(lease: Mapping[str, Any] | None, holder: str | None, fence: int | None) -> bool:
-    """Whether the Lease names exactly this holder and fence. Nobody (None) holds anything:
-    a cleared Lease matches no holder, so a revoked attempt cannot mistake it for its own."""
-    if holder is None or lease is None:
-        return False
-    return lease_holder(lease) == (holder, fence)
+    """Whether the Lease object names exactly this holder and fence (see `same_owner`)."""
+    return lease is not None and same_owner(*lease_holder(lease), holder, fence)
 
 
 # --- usage ------------------------------------------------------------------------
@@ -115,6 +120,12 @@ def lease_usage(lease: Mapping[str, Any] | None) -> Usage | None:
 
 
 # --- control signals and caps -----------------------------------------------------
+
+
+def signals_annotation(signals: Signals) -> str:
+    """The `tether.dev/signals` value the operator writes: canonical JSON, so equal signals give
+    equal strings and an unchanged signal costs no write."""
+    return json.dumps(signals.dump(), sort_keys=True, separators=(",", ":"))
 
 
 def lease_signals(lease: Mapping[str, Any] | None) -> Signals | None:

@@ -26,6 +26,7 @@ def test_holds_only_for_the_exact_holder_and_fence() -> None:
     assert not protocol.holds(None, "job-a2", 3)
     # A cleared Lease (revocation) is nobody's, not even a caller that says "no holder".
     assert not protocol.holds(_lease(None, 4), None, 4)
+    assert protocol.same_owner("job-a2", 3, "job-a2", 3) and not protocol.same_owner(None, 4, None, 4)
 
 
 def test_renewal_keeps_the_resource_version_and_carries_progress_on_the_same_write() -> None:
@@ -68,6 +69,9 @@ def test_signals_on_the_lease() -> None:
     assert protocol.lease_signals(_lease("a", 1, **{c.ANN_SIGNALS: "not json"})) is None
     sig = Signals(stop=True, cap_cents=500, base_cents=100)
     assert protocol.lease_signals(_lease("a", 1, **{c.ANN_SIGNALS: json.dumps(sig.dump())})) == sig
+    written = protocol.signals_annotation(sig)
+    assert protocol.lease_signals(_lease("a", 1, **{c.ANN_SIGNALS: written})) == sig
+    assert written == protocol.signals_annotation(Signals.model_validate(json.loads(written)))  # canonical
 
 
 caps = st.one_of(st.none(), st.integers(0, 10**9))
