@@ -350,7 +350,7 @@ def test_the_operator_and_admins_are_not_workers(kube: Kube, scene: Scene) -> No
 
 @pytest.mark.local_cluster
 def test_audit_log_records_refused_and_accepted_writes(scene: Scene) -> None:
-    log = AuditLog.from_env()
+    log = AuditLog.from_env(from_end=True)
     stale_patch = scene.stale.patch(scene.status_path, json={"status": {"result": {"late": True}}}, headers=MERGE_PATCH)
     refused(stale_patch, STATUS_POLICY)
     lease = scene.lease()
@@ -358,7 +358,7 @@ def test_audit_log_records_refused_and_accepted_writes(scene: Scene) -> None:
     renewed = _ok(scene.current.put(scene.lease_path, json=lease))
 
     def by(pod: str, resource: str, subresource: str = "") -> Any:
-        # The fixture's dry-run probe of the policies is in the log too.
+        # Dry runs (the fixture's probe of the policies) are admitted or refused, never stored.
         return lambda r: (r.user.pod == pod and r.is_write and not r.dry_run
                           and r.about(resource, scene.ns, scene.run, subresource=subresource))
 
@@ -382,7 +382,7 @@ def test_audit_log_records_refused_and_accepted_writes(scene: Scene) -> None:
 def test_kubelet_workers_run_under_the_policy(kube: Kube, namespace: str, operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A real worker pod (process kubelet, its pod-bound token) renews and completes; the audit
     log shows each of its writes made as its pod and accepted."""
-    log = AuditLog.from_env()
+    log = AuditLog.from_env(from_end=True)
     runs.create(kube, namespace, app_run("real", {"workSeconds": 2, "checkpoint": "c1", "usageCents": 3},
                                                 duration=8, renew=1))
     run = runs.wait_phase(kube, namespace, "real", ("Succeeded", "Failed", "Lost"), timeout=90)

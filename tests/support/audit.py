@@ -115,57 +115,70 @@ def _time(text: str) -> dt.datetime:
 
 
 class AuditLog:
-    """One audit log file, read whole or followed from where the last read stopped."""
+    """One audit log file, parsed incrementally: each byte is read once however often it is polled.
 
-    def __init__(self, path: Path | str) -> None:
+    `read()` returns every record seen so far, `follow()` only those new since its last call.
+    With `from_end=True` the log starts empty at the moment of construction, so a test sees
+    only what it caused, however long the session's log has grown.
+    """
+
+    def __init__(self, path: Path | str, from_end: bool = False) -> None:
         self.path = Path(path)
-        self._offset = 0
+        self._records: list[AuditRecord] = []
+        self._parsed = 0  # bytes of the file turned into _records (always a line boundary)
+        self._cursor = 0  # index into _records where the next follow() starts
+        if from_end:
+            data = self.path.read_bytes()
+            self._parsed = data.rfind(b"\n") + 1
 
     @classmethod
-    def from_env(cls) -> "AuditLog":
+    def from_env(cls, from_end: bool = False) -> "AuditLog":
         path = os.environ.get("TETHER_TEST_AUDIT_LOG")
         if not path:
             raise RuntimeError("no audit log: the local control plane sets TETHER_TEST_AUDIT_LOG")
-        return cls(path)
+        return cls(path, from_end=from_end)
 
     def read(self) -> list[AuditRecord]:
-        """Every completed request in the log so far."""
-        return self._parse(self.path.read_bytes())[0]
+        """Every completed request logged so far (since construction, with from_end)."""
+        self._catch_up()
+        return list(self._records)
 
     def follow(self) -> list[AuditRecord]:
         """Completed requests logged since the previous follow() (all of them the first time)."""
-        with self.path.open("rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        records, used = self._parse(chunk)
-        self._offset += used
-        return records
+        self._catch_up()
+        new, self._cursor = self._records[self._cursor:], len(self._records)
+        return new
 
     def skip_to_end(self) -> None:
         """Makes the next follow() start after everything logged so far."""
-        self._offset = self.path.stat().st_size
+        self._catch_up()
+        self._cursor = len(self._records)
 
     def wait_for(self, predicate: Callable[[AuditRecord], bool], timeout: float = 10,
                  what: str = "an audit event") -> AuditRecord:
         """Polls the log (events land as requests complete) for the first record that matches."""
         deadline = time.monotonic() + timeout
+        checked = 0
         while True:
-            found = next((r for r in self.read() if predicate(r)), None)
+            self._catch_up()
+            found = next((r for r in self._records[checked:] if predicate(r)), None)
             if found is not None:
                 return found
+            checked = len(self._records)
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what} in {self.path}")
             time.sleep(0.1)
 
-    @staticmethod
-    def _parse(data: bytes) -> tuple[list[AuditRecord], int]:
+    def _catch_up(self) -> None:
+        with self.path.open("rb") as f:
+            f.seek(self._parsed)
+            data = f.read()
         # The API server may be writing the last line right now: stop at the last newline.
         end = data.rfind(b"\n") + 1
-        records = []
         for line in data[:end].splitlines():
             if not line.strip():
                 continue
             doc = json.loads(line)
             if doc.get("stage") == "ResponseComplete":
-                records.append(AuditRecord.parse(doc))
-        return records, end
+                self._records.append(AuditRecord.parse(doc))
+        self._parsed += end
