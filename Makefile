@@ -7,12 +7,13 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools test unit demo cluster e2e-kind clean
+.PHONY: help install control-plane tools test unit chaos demo cluster e2e-kind clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
 	@echo "make demo           the main job: local cluster, operator, examples, a lost worker, timelines"
 	@echo "make unit           pure unit tests only (no cluster)"
+	@echo "make chaos          seeded fault trials judged from the audit log (TRIALS=300 SEED=1; not in make test)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
 	@echo "make e2e-kind       (Docker + kind) build the image, helm install it, run the e2e suite there"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
@@ -36,6 +37,12 @@ test: install control-plane tools
 
 unit: install
 	$(PY) -m pytest -m unit -p no:cacheprovider -q tests/unit
+
+# Randomized fault trials (benchmarks/chaos.py): trial i has seed SEED+i; a failure prints its replay command.
+TRIALS ?= 300
+SEED ?= 1
+chaos: install control-plane
+	$(PY) benchmarks/chaos.py --trials $(TRIALS) --seed $(SEED)
 
 demo: install control-plane
 	$(VENV)/bin/tether dev demo

@@ -12,6 +12,8 @@ Payload:
   checkpoint    a checkpoint written once at start (then no progress)
   holdSeconds   longest hold (default 120)
   holdWhileUnknown  keep holding while ownership is unknown (an outage); stop only when lost
+  failAttempts  attempts that publish an error (code "Injected") instead of a result
+  stopOnSignal  leave the hold when the control plane says stop, and exit without a result
 While holding, every change of the control signals is recorded with the wall time it was seen.
 Attempts not in holdAttempts work `workSeconds`, send the side effect, and complete.
 SIGTERM is recorded and otherwise ignored, so a worker cut off from the cluster stays alive.
@@ -59,8 +61,15 @@ def main() -> int:
         holding = (lambda: not run.lost) if p.get("holdWhileUnknown") else (lambda: run.owned)
         while not (gate is not None and gate.exists()) and holding() \
                 and time.monotonic() - began < float(p.get("holdSeconds", 120)):
+            if p.get("stopOnSignal") and run.signals.stop:
+                # A worker that honours the kill switch: it ends without publishing anything.
+                record(event="stopped", reason=run.signals.reason)
+                run.stop()
+                return 0
             if p.get("usagePerSecond"):
-                run.report_usage(cents=int((time.monotonic() - began) * p["usagePerSecond"]))
+                # Cumulative: on top of the usage reported at start (reports never decrease).
+                run.report_usage(cents=int(p.get("usageCents", 0)) +
+                                 int((time.monotonic() - began) * p["usagePerSecond"]))
             sig = run.signals
             if sig != seen:
                 record(event="signals", at=time.time(), stop=sig.stop, paused=sig.paused, reason=sig.reason,
@@ -83,7 +92,10 @@ def main() -> int:
     renewed = run.renew()
     record(event="renew", renewed=renewed, lost=run.lost, unknown=run.ownership_unknown)
     try:
-        run.complete({"attempt": run.attempt})
+        if run.attempt in p.get("failAttempts", []):
+            run.fail("Injected", f"attempt {run.attempt} fails on purpose")
+        else:
+            run.complete({"attempt": run.attempt})
         record(event="complete", accepted=True)
     except (LeaseLost, OwnershipUnknown) as exc:
         record(event="complete", accepted=False, error=type(exc).__name__)

@@ -1,0 +1,829 @@
+"""Randomized, seeded fault trials on a real control plane, judged by tests/support/oracle.py.
+
+One trial, in its own namespace:
+
+1. a plan is drawn from the trial's seed (`draw_plan`): 2-4 WorkerRuns of
+   tests/support/worker_app.py with short leases (renew 1 s, duration 8 s), some charging a
+   WorkerBudget, some failing their first attempt or carrying a small cap, and 3-6 faults
+   at random times in an 18 s window (plus, where allowed, an API server pause);
+2. the operator (one replica, or two with leader election) talks to the API server through
+   one fault-injecting proxy (tests/support/apiproxy.py), every worker pod through another,
+   so faults can be aimed at the operator or at one worker (by the pod its token names);
+3. the faults run, each on its own thread, then everything heals: proxies cleared, frozen
+   workers continued, operators running, suspended runs resumed, every worker's gate open;
+4. the system gets a bounded time to settle (every run terminal and charged); runs that are
+   still live have their Lease watched for a few renew intervals;
+5. the oracle judges the namespace's audit records and the final objects.
+
+The plan is a pure function of the seed (and whether the API pause may be drawn), so
+`replay_command(seed)` re-runs the same faults against the same runs. The interleaving is the
+machine's: a replay brings the same pressure, not the same nanoseconds. Each fault thread waits
+for its scheduled moment with a timed wait: that delay is the fault, not a stand-in for a
+condition; every condition (a holder, a revocation, a settled run) is polled with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import threading
+import time
+import traceback
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from tether.devcluster import pki
+from tests.support.apiproxy import ApiProxy
+from tests.support.audit import AuditRecord
+from tests.support.kube import Kube
+from tests.support.operator_process import OperatorProcess
+from tests.support.oracle import ANY_POD, TERMINAL, TrialFacts, Verdict, judge
+from tests.support.scenario import app_run
+
+LEASE_SECONDS = 8  # the CRD wants durationSeconds > 2 * renewIntervalSeconds + 5
+RENEW_SECONDS = 1
+STARTUP_GRACE_SECONDS = 15  # a Python worker on a busy 2-core machine needs a few seconds to start
+FAULT_WINDOW = 18.0
+SETTLE_SECONDS = 60.0
+LEADER_LEASE_SECONDS = 4
+API_SERVER_ANNOTATION = "dev.tether.dev/api-server"
+BUDGET = "team"
+
+# Every kind a plan may draw, with its weight. Worker faults weigh most: they are what ends
+# attempts, and revocations are where the promise is at stake.
+FAULT_WEIGHTS: dict[str, int] = {
+    "operator-delay": 3, "operator-error": 3, "operator-watch-expired": 2, "operator-drop": 2,
+    "operator-watch-hold": 2, "operator-watch-reset": 1, "operator-cut": 2, "operator-kill": 3,
+    "worker-delay": 2, "worker-error": 2, "worker-drop": 2, "worker-freeze": 4, "worker-partition": 4,
+    "worker-kill": 2, "worker-complete-while-revoked": 4,
+    "run-delete": 2, "run-stop": 2, "run-suspend": 2, "run-recreate": 2,
+}
+API_PAUSE = "api-pause"
+FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, API_PAUSE)
+
+
+# --- the plan ------------------------------------------------------------------------------
+
+
+@dataclass
+class RunPlan:
+    name: str
+    budget: bool  # names the trial's WorkerBudget
+    usage_per_second: int  # cents reported while holding, cumulative per attempt
+    usage_cents: int  # reported once at start
+    fail_first: bool  # attempt 1 publishes an error
+    cap_cents: int | None  # spec.budget.capCents: ends BudgetExceeded once crossed
+    gate_at: float | None  # seconds into the trial when its workers may finish (None: after the faults)
+
+
+@dataclass
+class FaultPlan:
+    kind: str
+    at: float  # seconds into the trial
+    run: int | None  # index into Plan.runs of the run it is aimed at
+    seconds: float = 0.0  # how long it lasts (0: instant)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    seed: int
+    allow_api_pause: bool
+    runs: list[RunPlan]
+    ha: bool  # two operator replicas with leader election
+    faults: list[FaultPlan]
+
+    @property
+    def api_pause(self) -> bool:
+        return any(f.kind == API_PAUSE for f in self.faults)
+
+
+def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WINDOW) -> Plan:
+    """The trial for `seed`: runs, operator topology and faults, from this seed alone."""
+    rng = random.Random(seed)
+    runs = [RunPlan(name=f"run{i}", budget=rng.random() < 0.6, usage_per_second=rng.choice([0, 1, 2, 3, 5]),
+                    usage_cents=rng.choice([0, 0, 7, 13]), fail_first=rng.random() < 0.15,
+                    cap_cents=25 if rng.random() < 0.15 else None,
+                    gate_at=round(rng.uniform(4, window), 1) if rng.random() < 0.35 else None)
+            for i in range(rng.randint(2, 4))]
+    ha = rng.random() < 0.2
+    kinds, weights = list(FAULT_WEIGHTS), list(FAULT_WEIGHTS.values())
+    faults = [_draw_fault(rng, rng.choices(kinds, weights)[0], len(runs), window) for _ in range(rng.randint(3, 6))]
+    if allow_api_pause and rng.random() < 0.15:
+        faults.append(_draw_fault(rng, API_PAUSE, len(runs), window))
+    faults.sort(key=lambda f: f.at)
+    return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults)
+
+
+def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> FaultPlan:
+    past_lease = lambda: round(LEASE_SECONDS + rng.uniform(1, 6), 1)  # noqa: E731
+    some = lambda lo, hi: round(rng.uniform(lo, hi), 1)  # noqa: E731
+    target = rng.randrange(n_runs) if kind.startswith(("worker-", "run-")) else None
+    seconds, params = 0.0, {}
+    if kind in ("operator-delay", "worker-delay"):
+        seconds = some(3, 10)
+        params = {"delay": some(0.2, 3.5), "phase": rng.choice(["request", "response"]),
+                  "probability": some(0.3, 1.0), "method": rng.choice([None, "GET", "PUT|PATCH|POST"])}
+    elif kind in ("operator-error", "worker-error"):
+        seconds = some(3, 10)
+        params = {"code": rng.choice([429, 500, 503]), "phase": rng.choice(["request", "response"]),
+                  "probability": some(0.2, 0.9), "method": rng.choice([None, "GET", "PUT|PATCH|POST"])}
+    elif kind in ("operator-drop", "worker-drop"):
+        seconds = some(3, 8)
+        params = {"phase": rng.choice(["request", "response"]), "probability": some(0.2, 0.7),
+                  "method": rng.choice([None, "PUT|PATCH|POST"])}
+    elif kind == "operator-watch-expired":
+        seconds, params = 5.0, {"times": rng.randint(1, 3)}
+    elif kind == "operator-watch-hold":
+        seconds = some(2, 10)
+    elif kind == "operator-cut":
+        seconds = some(2, 12)
+    elif kind == "operator-kill":
+        params = {"down": some(0, 4)}
+    elif kind in ("worker-freeze", "worker-partition"):
+        seconds = past_lease()
+    elif kind == "worker-complete-while-revoked":
+        params = {"variant": rng.choice(["after-revocation", "during-confirmation"])}
+    elif kind == API_PAUSE:
+        seconds = round(LEASE_SECONDS + rng.uniform(2, 8), 1)
+        params = {"component": rng.choice(["kube-apiserver", "kube-apiserver", "etcd"])}
+    elif kind == "run-suspend":
+        seconds = some(2, 8)
+    at = round(rng.uniform(1.0, max(1.5, window - min(seconds, window - 3))), 1)
+    return FaultPlan(kind=kind, at=at, run=target, seconds=seconds, params=params)
+
+
+def replay_command(seed: int, allow_api_pause: bool = True) -> str:
+    flags = "" if allow_api_pause else " --no-api-pause"
+    return f"flock /tmp/tether-cluster.lock .venv/bin/python benchmarks/chaos.py --replay {seed}{flags}"
+
+
+# --- where a trial runs ----------------------------------------------------------------------
+
+
+@dataclass
+class ClusterHandle:
+    """A control plane with an audit log. `pause_pids` only for a private one (never pause a shared one)."""
+
+    kubeconfig: Path
+    audit_log: Path
+    ca: pki.CertPair | None = None  # signs the proxies' certificates; worker pods trust only this CA
+    pause_pids: dict[str, int] = field(default_factory=dict)
+    label: str = "shared"
+
+    @classmethod
+    def from_env(cls) -> "ClusterHandle":
+        """The test session's shared control plane (tests/conftest.py); it must not be paused."""
+        state = Path(os.environ["TETHER_TEST_STATE_DIR"])
+        return cls(Path(os.environ["TETHER_TEST_KUBECONFIG"]), Path(os.environ["TETHER_TEST_AUDIT_LOG"]),
+                   pki.CertPair(state / "pki" / "ca.crt", state / "pki" / "ca.key"))
+
+    @classmethod
+    def from_local(cls, cluster: Any, label: str, pausable: bool = False) -> "ClusterHandle":
+        """From a started tether.devcluster.controlplane.LocalCluster(audit=True)."""
+        ca = pki.CertPair(cluster.state_dir / "pki" / "ca.crt", cluster.state_dir / "pki" / "ca.key")
+        pids = {name: proc.pid for name, proc in cluster._procs} if pausable else {}
+        return cls(Path(cluster.kubeconfig), Path(cluster.audit_log), ca, pids, label)
+
+
+def read_audit(path: Path, offset: int, namespace: str) -> tuple[list[AuditRecord], list[str]]:
+    """Completed requests about `namespace` logged after byte `offset`: parsed, and raw lines (kept as evidence)."""
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read()
+    data = data[: data.rfind(b"\n") + 1]  # the API server may be writing the last line
+    needle = f'"namespace":"{namespace}"'.encode()
+    records, raw = [], []
+    for line in data.splitlines():
+        if needle not in line:
+            continue  # cheap: most of a shared cluster's log is about other namespaces
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the offset: written before the trial's namespace existed
+        if doc.get("stage") == "ResponseComplete" and (doc.get("objectRef") or {}).get("namespace") == namespace:
+            records.append(AuditRecord.parse(doc))
+            raw.append(line.decode())
+    return records, raw
+
+
+# --- one trial -----------------------------------------------------------------------------
+
+
+@dataclass
+class TrialResult:
+    plan: Plan
+    verdict: Verdict
+    namespace: str
+    seconds: float
+    faults: Counter[str]  # executed, by kind
+    skipped: Counter[str]  # drawn but found no target (e.g. the run had already ended)
+    notes: list[str]  # what the harness saw that is not an invariant (operator exits, fault errors)
+    artifacts: Path | None  # kept only when the trial failed
+    error: str | None = None  # the harness itself broke: the trial proves nothing and counts as failed
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok and self.error is None
+
+    def summary(self) -> str:
+        kinds = ",".join(f.kind for f in self.plan.faults)
+        verdict = "ok" if self.ok else "HARNESS ERROR" if self.error else \
+            "VIOLATED " + ",".join(str(i) for i in sorted(self.verdict.by_invariant()))
+        return (f"seed {self.plan.seed}: {len(self.plan.runs)} runs{' ha' if self.plan.ha else ''}, "
+                f"faults [{kinds}] -> {verdict} ({self.seconds:.0f}s)")
+
+    def report(self) -> str:
+        """What a failing trial prints: seed, each violation with its evidence, and how to replay it."""
+        lines = [f"TRIAL FAILED  seed {self.plan.seed}  namespace {self.namespace}"]
+        for v in self.verdict.violations:
+            lines.append(f"  - {v}")
+        if self.error:
+            lines.append(f"  harness error: {self.error}")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        if self.artifacts is not None:
+            lines.append(f"  evidence kept in {self.artifacts} (plan, audit records, operator and worker logs)")
+        lines.append(f"  replay: {replay_command(self.plan.seed, self.plan.allow_api_pause)}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The worker a fault is aimed at: its run's UID, its pod (the holder), fence and process id."""
+
+    uid: str
+    pod: str
+    fence: int
+    pid: int
+
+
+def _signal(pid: int, sig: int) -> bool:
+    """Signals a worker's process group (the process kubelet starts each pod in a session of its own)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class _Operators:
+    """The operator replicas, restarted like a Deployment would when one exits on its own."""
+
+    def __init__(self, namespace: str, kubeconfig: Path, workdir: Path, ha: bool) -> None:
+        args = ["--leader-elect", "--leader-election-namespace", namespace,
+                "--leader-lease-seconds", str(LEADER_LEASE_SECONDS)] if ha else []
+        self.replicas = [
+            OperatorProcess(namespace, str(kubeconfig), workdir / f"operator-{i}.log",
+                            extra_env={"TETHER_FOLD_INTERVAL_SECONDS": "1", "POD_NAME": f"replica-{i}"},
+                            extra_args=args)
+            for i in range(2 if ha else 1)]
+        self.ha = ha
+        self.lock = threading.Lock()
+        self.down: set[int] = set()  # killed on purpose, not yet restarted
+        self.exits: list[str] = []
+
+    def start(self) -> None:
+        for op in self.replicas:
+            op.start()
+
+    def kill(self, index: int) -> None:
+        with self.lock:
+            self.down.add(index)
+            self.replicas[index].kill()
+
+    def restart(self, index: int) -> None:
+        with self.lock:
+            self.down.discard(index)
+            self.replicas[index].start()
+
+    def supervise(self) -> None:
+        """Restarts replicas that exited by themselves (an HA leader that lost its lease exits on purpose)."""
+        with self.lock:
+            for i, op in enumerate(self.replicas):
+                if i in self.down or op.proc is None or op.proc.poll() is None:
+                    continue
+                last = [e.get("event") for e in op.logs()[-5:]]
+                self.exits.append(f"operator replica {i} exited with {op.proc.returncode} (last events {last})")
+                op.start()
+
+    def ensure_running(self) -> None:
+        for i in sorted(self.down):
+            self.restart(i)
+        self.supervise()
+
+    def stop(self) -> None:
+        for op in self.replicas:
+            op.stop()
+
+    def leader(self, kube: Kube, namespace: str) -> int:
+        """Which replica leads now (HA), by the leader Lease's holder; replica 0 without HA."""
+        if not self.ha:
+            return 0
+        resp = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/tether-operator-leader")
+        holder = ((resp.json().get("spec") or {}).get("holderIdentity") or "") if resp.status_code == 200 else ""
+        m = re.match(r"replica-(\d+)_", holder)
+        return int(m.group(1)) if m else 0
+
+
+class Trial:
+    """Runs one plan on one cluster and judges it. `run()` cleans up whatever happens."""
+
+    def __init__(self, plan: Plan, cluster: ClusterHandle, workdir: Path, *, settle_seconds: float = SETTLE_SECONDS,
+                 strict_window: bool = False, keep: str = "failed") -> None:
+        self.plan, self.cluster = plan, cluster
+        self.workdir = workdir
+        self.settle_seconds = settle_seconds
+        self.strict_window = strict_window
+        self.keep = keep  # "failed" | "always" | "never"
+        self.ns = f"chaos-{plan.seed % 100000}-{uuid.uuid4().hex[:5]}"
+        self.kube = Kube(str(cluster.kubeconfig))
+        self.faults: Counter[str] = Counter()
+        self.skipped: Counter[str] = Counter()
+        self.notes: list[str] = []
+        self.faulted: set[tuple[str, str]] = set()
+        self.deleted: set[str] = set()  # run names deleted for good
+        self.suspended: set[str] = set()
+        self.frozen: dict[int, str] = {}  # pid -> pod, continued when the faults end
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.t0 = 0.0
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _body(self, rp: RunPlan) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "holdAttempts": list(range(1, 101)), "holdSeconds": 600, "holdWhileUnknown": True,
+            "stopOnSignal": True, "gateFile": str(self.workdir / f"{rp.name}.gate"),
+            "outFile": str(self.workdir / f"{rp.name}.jsonl"),
+        }
+        if rp.usage_per_second:
+            payload["usagePerSecond"] = rp.usage_per_second
+        if rp.usage_cents:
+            payload["usageCents"] = rp.usage_cents
+        if rp.fail_first:
+            payload["failAttempts"] = [1]
+        body = app_run(rp.name, payload, duration=LEASE_SECONDS, renew=RENEW_SECONDS,
+                       annotations={API_SERVER_ANNOTATION: self.worker_proxy.url}, max_attempts=4)
+        spec = body["spec"]
+        spec["lease"]["startupGraceSeconds"] = STARTUP_GRACE_SECONDS
+        spec["stopGraceSeconds"] = 3
+        spec["template"]["spec"]["terminationGracePeriodSeconds"] = 2
+        budget: dict[str, Any] = {}
+        if rp.budget:
+            budget["budgetRef"] = {"name": BUDGET}
+        if rp.cap_cents is not None:
+            budget["capCents"] = rp.cap_cents
+        if budget:
+            spec["budget"] = budget
+        return body
+
+    def _setup(self) -> None:
+        kube, ns = self.kube, self.ns
+        kube.ok(kube.post("/api/v1/namespaces", {"metadata": {"name": ns, "labels": {"tether.dev/test": "true"}}}))
+        self._poll(lambda: kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code == 200, 60,
+                   "the namespace's default service account")
+        if any(rp.budget for rp in self.plan.runs):
+            kube.ok(kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{ns}/workerbudgets",
+                              {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget",
+                               "metadata": {"name": BUDGET}, "spec": {"limitCents": 10**9}}))
+        seed = self.plan.seed
+        self.op_proxy = ApiProxy(self.cluster.kubeconfig, seed=seed, ca=self.cluster.ca,
+                                 workdir=self.workdir / "operator-proxy")
+        self.worker_proxy = ApiProxy(self.cluster.kubeconfig, seed=seed + 1, ca=self.cluster.ca,
+                                     workdir=self.workdir / "worker-proxy")
+        self.operators = _Operators(ns, self.op_proxy.kubeconfig, self.workdir, self.plan.ha)
+        self.operators.start()
+        self.bodies = {rp.name: self._body(rp) for rp in self.plan.runs}
+        for body in self.bodies.values():
+            kube.ok(kube.post(Kube.wr_path(ns), body))
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def _poll(self, predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = predicate()
+            except httpx.HTTPError:
+                value = None  # the API server may be paused by the trial itself
+            if value:
+                return value
+            if time.monotonic() > deadline or self.stop.is_set():
+                raise TimeoutError(f"no {what} within {timeout:.0f}s")
+            time.sleep(interval)
+
+    def _run(self, name: str) -> dict[str, Any] | None:
+        resp = self.kube.get(Kube.wr_path(self.ns, name))
+        return resp.json() if resp.status_code == 200 else None
+
+    def _holder(self, name: str, timeout: float = 12.0) -> Target | None:
+        """The run's worker once the run is Running with its pod's process up; None if it is not within `timeout`."""
+        def find() -> Target | None:
+            run = self._run(name)
+            s = (run or {}).get("status") or {}
+            if run is None or s.get("phase") != "Running" or not s.get("holder"):
+                return None
+            pod = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods/{s['holder']}")
+            if pod.status_code != 200:
+                return None
+            statuses = (pod.json().get("status") or {}).get("containerStatuses") or []
+            m = re.match(r"process://(\d+)$", statuses[0].get("containerID", "")) if statuses else None
+            if m is None or int(m.group(1)) == 0 or "running" not in (statuses[0].get("state") or {}):
+                return None
+            return Target(run["metadata"]["uid"], s["holder"], int(s["fence"]), int(m.group(1)))
+        try:
+            return self._poll(find, timeout, f"holder of {name}", interval=0.3)
+        except TimeoutError:
+            return None
+
+    def _mark(self, uid: str, pod: str) -> None:
+        with self.lock:
+            self.faulted.add((uid, pod))
+
+    def _wait(self, seconds: float) -> None:
+        """The fault's own duration (the delay is the fault); ends early only when the trial aborts."""
+        self.stop.wait(max(0.0, seconds))
+
+    def _patch_spec(self, name: str, spec: dict[str, Any]) -> bool:
+        return self.kube.patch(Kube.wr_path(self.ns, name), {"spec": spec}).status_code == 200
+
+    def _client(self, pod: str) -> str:
+        return rf"^{re.escape(self.ns)}/{re.escape(pod)}$"
+
+    # --- faults -------------------------------------------------------------------------------
+
+    def _fault(self, f: FaultPlan) -> None:
+        self._wait(self.t0 + f.at - time.monotonic())
+        if self.stop.is_set():
+            return
+        name = self.plan.runs[f.run].name if f.run is not None else ""
+        act = getattr(self, "_f_" + f.kind.replace("-", "_"))
+        if f.kind.startswith("worker-"):
+            # Aimed at the run's current worker: found (and recorded as faulted) before it is hit.
+            target = self._holder(name)
+            if target is not None:
+                self._mark(target.uid, target.pod)
+            done = False if target is None else act(f, name, target)
+        else:
+            done = act(f, name)
+        with self.lock:
+            (self.faults if done is not False else self.skipped)[f.kind] += 1
+            if done is False:
+                self.notes.append(f"{f.kind} at {f.at}s on {name or 'the cluster'}: skipped, no live target")
+
+    def _proxy_rule(self, proxy: ApiProxy, f: FaultPlan, client: str | None) -> None:
+        p = f.params
+        crit: dict[str, Any] = {"probability": p.get("probability", 1.0)}
+        if p.get("method"):
+            crit["method"] = p["method"]
+        if client:
+            crit["client"] = client
+        kind = f.kind.split("-", 1)[1]
+        if kind == "delay":
+            rule = proxy.delay(p["delay"], phase=p["phase"], **crit)
+        elif kind == "error":
+            rule = proxy.status(p["code"], phase=p["phase"], **crit)
+        else:
+            rule = proxy.drop(phase=p["phase"], **crit)
+        self._lasting(f.seconds, rule.remove)
+
+    def _lasting(self, seconds: float, undo: Callable[[], Any]) -> None:
+        """Keeps a fault in place for its duration, then undoes it (also when the trial aborts)."""
+        try:
+            self._wait(seconds)
+        finally:
+            undo()
+
+    def _f_operator_delay(self, f: FaultPlan, _: str) -> None:
+        self._proxy_rule(self.op_proxy, f, None)
+
+    _f_operator_error = _f_operator_delay
+    _f_operator_drop = _f_operator_delay
+
+    def _f_operator_watch_expired(self, f: FaultPlan, _: str) -> None:
+        self._lasting(f.seconds, self.op_proxy.status(410, watch=True, times=f.params["times"]).remove)
+
+    def _f_operator_watch_hold(self, f: FaultPlan, _: str) -> None:
+        self.op_proxy.hold_watches()
+        self._lasting(f.seconds, self.op_proxy.release_watches)
+
+    def _f_operator_watch_reset(self, f: FaultPlan, _: str) -> None:
+        self.op_proxy.reset_watches()
+
+    def _f_operator_cut(self, f: FaultPlan, _: str) -> None:
+        self.op_proxy.cut()
+        self._lasting(f.seconds, self.op_proxy.heal)
+
+    def _f_operator_kill(self, f: FaultPlan, _: str) -> None:
+        index = self.operators.leader(self.kube, self.ns)
+        self.operators.kill(index)
+        self._lasting(f.params["down"], lambda: self.operators.restart(index))
+
+    def _f_worker_delay(self, f: FaultPlan, name: str, target: Target) -> None:
+        self._proxy_rule(self.worker_proxy, f, self._client(target.pod))
+
+    _f_worker_error = _f_worker_delay
+    _f_worker_drop = _f_worker_delay
+
+    def _f_worker_freeze(self, f: FaultPlan, name: str, target: Target) -> bool:
+        if not _signal(target.pid, signal.SIGSTOP):
+            return False
+        with self.lock:
+            self.frozen[target.pid] = target.pod
+        self._lasting(f.seconds, lambda: self._thaw(target.pid))
+        return True
+
+    def _thaw(self, pid: int) -> None:
+        with self.lock:
+            self.frozen.pop(pid, None)
+        _signal(pid, signal.SIGCONT)
+
+    def _f_worker_partition(self, f: FaultPlan, name: str, target: Target) -> None:
+        # Everything it sends waits at the proxy, and arrives late when the partition heals.
+        self._lasting(f.seconds, self.worker_proxy.gate(client=self._client(target.pod), times=None).release)
+
+    def _f_worker_kill(self, f: FaultPlan, name: str, target: Target) -> bool:
+        return _signal(target.pid, signal.SIGKILL)
+
+    def _f_worker_complete_while_revoked(self, f: FaultPlan, name: str, target: Target) -> None:
+        """The worker publishes its result just as the operator revokes it.
+
+        Its renewals are held at the proxy, so its lease lapses; its result PATCH is held too.
+        after-revocation: the PATCH goes on once the operator's fence bump is in (it must be refused).
+        during-confirmation: the PATCH goes on while the operator's confirming Lease GET is held, and
+        lands before the revocation (it must be kept, and the run succeed)."""
+        pod, fence = target.pod, target.fence
+        client = self._client(pod)
+        renewals = self.worker_proxy.gate(client=client, method="PUT", path=rf"/leases/{re.escape(name)}$", times=None)
+        results = self.worker_proxy.gate(client=client, method="PATCH",
+                                         path=rf"/workerruns/{re.escape(name)}/status$", times=None)
+        confirm = None
+        if f.params["variant"] == "during-confirmation":
+            confirm = self.op_proxy.gate(method="GET", path=rf"/namespaces/{self.ns}/leases/{re.escape(name)}$")
+        try:
+            (self.workdir / f"{name}.gate").touch()  # the worker stops holding and publishes
+            deadline = 2 * LEASE_SECONDS + STARTUP_GRACE_SECONDS
+            results.wait_arrived(timeout=deadline)
+            if confirm is None:
+                self._poll(lambda: int(((self._run(name) or {}).get("status") or {}).get("fence", 0)) > fence,
+                           deadline, f"revocation of {pod}")
+                results.release()
+            else:
+                confirm.wait_arrived(timeout=deadline)
+                results.release()
+                self.worker_proxy.wait_for_request(
+                    lambda r: r.method == "PATCH" and r.client == f"{self.ns}/{pod}" and r.status is not None,
+                    timeout=15)
+        except TimeoutError as exc:
+            self.notes.append(f"{f.kind} on {pod}: {exc}")
+        finally:
+            results.release()
+            renewals.release()
+            if confirm is not None:
+                confirm.release()
+
+    def _f_api_pause(self, f: FaultPlan, _: str) -> bool:
+        pid = self.cluster.pause_pids.get(f.params["component"])
+        if pid is None:
+            return False  # never on a shared control plane
+        os.kill(pid, signal.SIGSTOP)
+        self._lasting(f.seconds, lambda: os.kill(pid, signal.SIGCONT))
+        return True
+
+    def _f_run_delete(self, f: FaultPlan, name: str) -> bool:
+        if self.kube.delete(Kube.wr_path(self.ns, name)).status_code != 200:
+            return False
+        with self.lock:
+            self.deleted.add(name)
+        return True
+
+    def _f_run_stop(self, f: FaultPlan, name: str) -> bool:
+        return self._patch_spec(name, {"stop": True})
+
+    def _f_run_suspend(self, f: FaultPlan, name: str) -> bool:
+        if not self._patch_spec(name, {"suspend": True}):
+            return False
+        with self.lock:
+            self.suspended.add(name)
+        self._wait(f.seconds)
+        if self._patch_spec(name, {"suspend": False}):
+            with self.lock:
+                self.suspended.discard(name)
+        return True
+
+    def _f_run_recreate(self, f: FaultPlan, name: str) -> bool:
+        if not self._f_run_delete(f, name):
+            return False
+        try:
+            self._poll(lambda: self.kube.get(Kube.wr_path(self.ns, name)).status_code == 404, 30,
+                       f"deletion of {name}")
+        except TimeoutError as exc:
+            self.notes.append(f"run-recreate: {exc}")
+            return True
+        if self.kube.post(Kube.wr_path(self.ns), self.bodies[name]).status_code == 201:
+            with self.lock:
+                self.deleted.discard(name)
+        return True
+
+    # --- the trial ------------------------------------------------------------------------------
+
+    def _heal(self) -> None:
+        self.op_proxy.clear()
+        self.worker_proxy.clear()
+        for pid in list(self.frozen):
+            self._thaw(pid)
+        for pid_name in ("kube-apiserver", "etcd"):
+            pid = self.cluster.pause_pids.get(pid_name)
+            if pid is not None:
+                os.kill(pid, signal.SIGCONT)
+        self.operators.ensure_running()
+        for name in list(self.suspended):
+            self._poll(lambda: self._patch_spec(name, {"suspend": False}), 30, f"resume of {name}")
+        for rp in self.plan.runs:
+            (self.workdir / f"{rp.name}.gate").touch()
+
+    def _settled(self) -> bool:
+        self.operators.supervise()
+        for rp in self.plan.runs:
+            resp = self.kube.get(Kube.wr_path(self.ns, rp.name))
+            if rp.name in self.deleted:
+                if resp.status_code != 404:
+                    return False
+                continue
+            if resp.status_code != 200:
+                return False
+            run = resp.json()
+            s = run.get("status") or {}
+            if s.get("phase") not in TERMINAL or s.get("holder") is not None:
+                return False
+            if (run["spec"].get("budget") or {}).get("budgetRef") and not s.get("budgetCharged"):
+                return False
+        return True
+
+    def _watch_leases(self, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Each live run's Lease now, and once it changed (or after a few renew intervals)."""
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases/"
+        get = lambda n: (r := self.kube.get(path + n)).status_code == 200 and r.json() or None  # noqa: E731
+        before = {n: get(n) for n in names}
+        after: dict[str, Any] = {}
+        deadline = time.monotonic() + 4 * RENEW_SECONDS + 4
+        while time.monotonic() < deadline and len(after) < len(names):
+            for n in names:
+                if n in after:
+                    continue
+                now = get(n)
+                if now is not None and before[n] is not None and \
+                        now["metadata"]["resourceVersion"] != before[n]["metadata"]["resourceVersion"]:
+                    after[n] = now
+            time.sleep(0.2)
+        for n in names:
+            after.setdefault(n, get(n))
+        return before, after
+
+    def run(self) -> TrialResult:
+        started = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "plan.json").write_text(json.dumps(asdict(self.plan), indent=1))
+        offset = self.cluster.audit_log.stat().st_size
+        verdict = Verdict()
+        raw: list[str] = []
+        error: str | None = None
+        self.op_proxy = self.worker_proxy = None  # type: ignore[assignment]
+        self.operators = None  # type: ignore[assignment]
+        try:
+            self._setup()
+            self.t0 = time.monotonic()
+            threads = [threading.Thread(target=self._guard, args=(self._fault, f), daemon=True,
+                                        name=f"fault-{f.kind}") for f in self.plan.faults]
+            threads += [threading.Thread(target=self._guard, args=(self._open_gate, rp), daemon=True)
+                        for rp in self.plan.runs if rp.gate_at is not None]
+            for t in threads:
+                t.start()
+            end = self.t0 + FAULT_WINDOW + 4 * LEASE_SECONDS  # the longest fault ends well before this
+            for t in threads:
+                while t.is_alive() and time.monotonic() < end:
+                    self.operators.supervise()
+                    t.join(timeout=0.5)
+            if any(t.is_alive() for t in threads):
+                self.notes.append("harness: a fault thread outlived its bound")
+            self._heal()
+            try:
+                self._poll(self._settled, self.settle_seconds, "settled trial", interval=0.5)
+            except TimeoutError:
+                pass  # the oracle says what did not settle
+            runs = self.kube.ok(self.kube.get(Kube.wr_path(self.ns)))["items"]
+            live = [r["metadata"]["name"] for r in runs if (r.get("status") or {}).get("phase") not in TERMINAL]
+            before, after = self._watch_leases(live) if live else ({}, {})
+            runs = self.kube.ok(self.kube.get(Kube.wr_path(self.ns)))["items"]
+            budgets = self.kube.ok(self.kube.get(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerbudgets"))
+            records, raw = read_audit(self.cluster.audit_log, offset, self.ns)
+            facts = TrialFacts(namespace=self.ns, faulted=set(self.faulted), runs=runs, budgets=budgets["items"],
+                               leases_before=before, leases_after=after)
+            verdict = judge(records, facts, strict_window=self.strict_window)
+        except Exception as exc:  # noqa: BLE001 - a broken trial is reported and counted, never passed
+            error = f"{exc!r}"
+            self.notes.append(traceback.format_exc())
+        finally:
+            self.notes.extend(self.operators.exits if self.operators else [])
+            self.stop.set()
+            self._teardown()
+            keep = self.keep == "always" or (self.keep == "failed" and (not verdict.ok or error is not None))
+            if keep:
+                (self.workdir / "audit.jsonl").write_text("\n".join(raw) + "\n")
+                (self.workdir / "verdict.txt").write_text(
+                    "\n".join([str(v) for v in verdict.violations] + verdict.window_renewals + self.notes) + "\n")
+            else:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        return TrialResult(self.plan, verdict, self.ns, time.monotonic() - started, self.faults, self.skipped,
+                           self.notes, self.workdir if keep else None, error)
+
+    def _guard(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - one fault's failure must not end the trial
+            with self.lock:
+                self.notes.append(f"harness: {fn.__name__}{args!r} failed: {exc!r}")
+
+    def _open_gate(self, rp: RunPlan) -> None:
+        assert rp.gate_at is not None
+        self._wait(self.t0 + rp.gate_at - time.monotonic())
+        (self.workdir / f"{rp.name}.gate").touch()
+
+    def _teardown(self) -> None:
+        """Deletes the runs while the operator still runs (their finalizers need it), then everything else."""
+        for pid in list(self.frozen):
+            self._thaw(pid)
+        try:
+            if self.operators is not None and self.op_proxy is not None:
+                self.op_proxy.clear()
+                self.worker_proxy.clear()
+                self.operators.ensure_running()
+                self.kube.delete(Kube.wr_path(self.ns))
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and self.kube.get(Kube.wr_path(self.ns)).json().get("items"):
+                    time.sleep(0.5)
+        except Exception as exc:  # noqa: BLE001 - teardown is best effort; the namespace goes anyway
+            self.notes.append(f"teardown: {exc!r}")
+        finally:
+            if self.operators is not None:
+                self.operators.stop()
+            for proxy in (self.op_proxy, self.worker_proxy):
+                if proxy is not None:
+                    proxy.close()
+            self.kube.delete(f"/api/v1/namespaces/{self.ns}")
+
+
+# --- many trials ---------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    trials: int = 0
+    failed: list[TrialResult] = field(default_factory=list)
+    harness_errors: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+    violations: Counter[int] = field(default_factory=Counter)
+    stats: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def add(self, result: TrialResult) -> None:
+        self.trials += 1
+        self.faults.update(result.faults)
+        self.skipped.update(result.skipped)
+        self.violations.update(result.verdict.by_invariant())
+        self.stats.update(result.verdict.stats)
+        self.seconds += result.seconds
+        self.harness_errors += result.error is not None
+        if not result.ok:
+            self.failed.append(result)
+
+    def report(self) -> str:
+        from tests.support.oracle import INVARIANTS
+
+        lines = [f"{self.trials} trials in {self.seconds / 60:.1f} min, {len(self.failed)} failed "
+                 f"({self.harness_errors} of them by a harness error)"]
+        lines.append("faults injected, by kind (skipped: drawn, but no live target):")
+        for kind in FAULT_KINDS:
+            if self.faults[kind] or self.skipped[kind]:
+                lines.append(f"  {kind:32} {self.faults[kind]:5}" +
+                             (f"   (skipped {self.skipped[kind]})" if self.skipped[kind] else ""))
+        lines.append("violations, by invariant:")
+        for i, title in INVARIANTS.items():
+            lines.append(f"  {i}. {title:75} {self.violations[i]}")
+        lines.append("what the oracle saw:")
+        for key, n in sorted(self.stats.items()):
+            lines.append(f"  {key:60} {n}")
+        if self.failed:
+            lines.append("failed seeds: " + " ".join(str(r.plan.seed) for r in self.failed))
+        return "\n".join(lines)

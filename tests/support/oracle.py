@@ -1,0 +1,540 @@
+"""The fault trials' oracle: Tether's safety promise judged from the API server's audit log and
+the final objects, never from Tether's logs or the status it claims.
+
+Six invariants (`INVARIANTS`), checked by `judge()` over one namespace:
+
+1. No write by a worker is accepted after its fence was superseded. Who held which fence, and
+   when that ended, is rebuilt from the accepted WorkerRun status writes (the operator's
+   compare-and-swaps and the workers' fenced patches, in commit order); every accepted Lease
+   update or status patch made with a pod-bound token is then checked against the tenure of
+   the pod it names.
+2. No accepted result or error is later erased or replaced: once a worker's fenced patch
+   published one, every later version of the run keeps it (an error may move into its
+   attempt's record when a retry follows, as the operator documents), and a terminal phase
+   stays what it was.
+3. At most one pod per attempt, ever: accepted pod creations, per run incarnation and name.
+4. Every budget's charges equal the final usage of every attempt that named it, to the cent,
+   no run charged twice: the budget's marks never shrink, its `spent` moves by exactly the
+   marks' growth, a finished run's mark equals its recorded usage, and each attempt's
+   recorded usage equals the last usage its worker reported in an accepted renewal.
+5. Nothing is stuck: every run that still exists is terminal, suspended on request, or held
+   by a holder whose Lease was renewed while the harness watched; no deleted run lingers.
+6. No worker the harness never faulted is declared lost (an attempt ending `LeaseLost`).
+
+Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
+storage assigns every write the store's global revision, so these integers order writes to
+different objects too (a run's status and its Lease). Tether itself treats resourceVersions
+as opaque; the oracle may rely on the storage it runs against. Pod creations are logged
+without a body (level Metadata), so they are placed in time by their audit timestamps.
+
+The revocation window. Revocation writes the run's status first (the fence moves) and clears
+the Lease second. A renewal accepted between the two is after the fence moved, yet the API
+server accepts it, because the Lease still names the worker: README documents this window.
+`judge()` counts such renewals in `Verdict.window_renewals` and reports them as violations
+only with `strict_window=True`. A renewal accepted after the Lease was cleared, and any
+status write after the fence moved, are always violations.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from tests.support.audit import AuditRecord
+
+INVARIANTS: dict[int, str] = {
+    1: "no worker write accepted after its fence was superseded",
+    2: "no accepted result or error erased or replaced",
+    3: "at most one pod per attempt",
+    4: "budget charges equal the final usage of every attempt, each run charged once",
+    5: "every run terminal or live with a renewing holder (nothing stuck)",
+    6: "no unfaulted worker declared lost",
+}
+
+TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded"})
+USAGE_ANNOTATION = "tether.dev/usage"
+LEASE_LOST = "LeaseLost"
+WORKER_FAILED = "WorkerFailed"
+# A fault aimed at every attempt of a run (rather than at one pod) is recorded with this pod name.
+ANY_POD = "*"
+_POD_NAME = re.compile(r"^(?P<run>.+)-a(?P<attempt>\d+)$")
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: int
+    subject: str  # the run, budget or pod it is about
+    evidence: str
+
+    @property
+    def title(self) -> str:
+        return INVARIANTS[self.invariant]
+
+    def __str__(self) -> str:
+        return f"invariant {self.invariant} ({self.title}): {self.subject}: {self.evidence}"
+
+
+@dataclass
+class TrialFacts:
+    """What the harness knows besides the audit log: whom it faulted, and the final objects."""
+
+    namespace: str
+    # (run uid, pod name) of every worker a fault was aimed at; pod ANY_POD: every attempt of that run.
+    faulted: set[tuple[str, str]] = field(default_factory=set)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # the WorkerRuns that exist at the end
+    budgets: list[dict[str, Any]] = field(default_factory=list)  # the WorkerBudgets at the end
+    # Per run name, the run's Lease at the start and at the end of a watch of a few renew intervals
+    # (None: no Lease). Only runs that are not terminal need them.
+    leases_before: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    leases_after: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    violations: list[Violation] = field(default_factory=list)
+    # Accepted renewals inside the documented revocation window (see the module docstring).
+    window_renewals: list[str] = field(default_factory=list)
+    stats: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def by_invariant(self) -> Counter[int]:
+        return Counter(v.invariant for v in self.violations)
+
+
+# --- what the audit log says, typed ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Write:
+    """One accepted write with a body: a WorkerRun status, a Lease or a WorkerBudget status."""
+
+    rv: int
+    body: dict[str, Any]  # the object as stored (the response)
+    pod: str | None  # the pod of a pod-bound token, None for every other identity
+    user: str
+    verb: str
+    when: dt.datetime
+    audit_id: str
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.body.get("status") or {}
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.body.get("spec") or {}
+
+    def describe(self) -> str:
+        who = f"pod {self.pod}" if self.pod else self.user
+        return f"{self.verb} by {who} at {self.when.time().isoformat()} (rv {self.rv}, audit {self.audit_id[:8]})"
+
+
+def _rv(obj: Mapping[str, Any]) -> int | None:
+    raw = (obj.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _owner_uid(obj: Mapping[str, Any]) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "WorkerRun":
+            return str(ref.get("uid"))
+    return None
+
+
+def _usage_of(lease: Mapping[str, Any]) -> tuple[int, int] | None:
+    raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(USAGE_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+        return int(doc.get("cents", 0)), int(doc.get("tokens", 0))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _usage(doc: Mapping[str, Any] | None) -> tuple[int, int]:
+    doc = doc or {}
+    return int(doc.get("cents") or 0), int(doc.get("tokens") or 0)
+
+
+def _write(rec: AuditRecord) -> _Write | None:
+    body = rec.response_object
+    if not rec.accepted or rec.dry_run or not isinstance(body, dict):
+        return None
+    rv = _rv(body)
+    if rv is None:
+        return None
+    return _Write(rv=rv, body=body, pod=rec.user.pod, user=rec.user.username, verb=rec.verb,
+                  when=rec.completed, audit_id=rec.audit_id)
+
+
+@dataclass
+class _Tenure:
+    """One grant: `holder` held the run with `fence` from `granted` until `superseded` (rvs)."""
+
+    uid: str
+    holder: str
+    fence: int
+    granted: _Write
+    superseded: _Write | None = None
+    lease_cleared: _Write | None = None  # the first Lease write that named someone else, after the grant
+
+
+class _History:
+    """The namespace's accepted writes, grouped and ordered."""
+
+    def __init__(self, records: Iterable[AuditRecord], namespace: str) -> None:
+        self.run_writes: dict[str, list[_Write]] = defaultdict(list)  # by run uid
+        self.run_names: dict[str, str] = {}
+        self.lease_writes: dict[str, list[_Write]] = defaultdict(list)  # by owning run uid
+        self.budget_writes: dict[str, list[_Write]] = defaultdict(list)  # by budget name
+        self.worker_writes: list[tuple[str, _Write]] = []  # ("lease" | "status", write)
+        self.refused_worker_writes: Counter[str] = Counter()
+        self.pod_creates: list[AuditRecord] = []
+        self.run_creates: dict[str, list[AuditRecord]] = defaultdict(list)  # by run name
+        for rec in records:
+            ref = rec.object_ref
+            if ref is None or ref.namespace != namespace:
+                continue
+            if ref.resource == "pods" and ref.subresource == "" and rec.verb == "create":
+                if rec.accepted and not rec.dry_run:
+                    self.pod_creates.append(rec)
+                continue
+            if ref.resource == "workerruns" and ref.subresource == "" and rec.verb == "create":
+                if rec.accepted and not rec.dry_run:
+                    self.run_creates[ref.name].append(rec)
+                continue
+            is_status = ref.subresource == "status" and rec.verb in ("update", "patch")
+            is_lease = ref.resource == "leases" and ref.subresource == "" and rec.verb in ("create", "update", "patch")
+            if not (is_status or is_lease):
+                continue
+            kind = "lease" if is_lease else "status"
+            if rec.user.pod is not None and not rec.accepted:
+                self.refused_worker_writes[f"{kind} {rec.code}"] += 1
+            w = _write(rec)
+            if w is None:
+                continue
+            if is_lease:
+                uid = _owner_uid(w.body)
+                if uid is None:
+                    continue  # not a run's Lease (the operators' leader election)
+                self.lease_writes[uid].append(w)
+            elif ref.resource == "workerruns":
+                uid = str(w.body["metadata"].get("uid"))
+                self.run_writes[uid].append(w)
+                self.run_names[uid] = ref.name
+            elif ref.resource == "workerbudgets":
+                self.budget_writes[ref.name].append(w)
+                continue
+            if w.pod is not None:
+                self.worker_writes.append((kind, w))
+        for group in (self.run_writes, self.lease_writes, self.budget_writes):
+            for writes in group.values():
+                writes.sort(key=lambda w: w.rv)
+        self.worker_writes.sort(key=lambda kw: kw[1].rv)
+
+    def name(self, uid: str) -> str:
+        return f"{self.run_names.get(uid, '?')} (uid {uid[:8]})"
+
+    def tenures(self) -> dict[tuple[str, str], _Tenure]:
+        """Every grant, by (run uid, holder), with when it was superseded and its Lease cleared."""
+        out: dict[tuple[str, str], _Tenure] = {}
+        for uid, writes in self.run_writes.items():
+            current: _Tenure | None = None
+            for w in writes:
+                holder, fence = w.status.get("holder"), int(w.status.get("fence") or 0)
+                if current is not None and (holder, fence) != (current.holder, current.fence):
+                    current.superseded = w
+                    current = None
+                if holder and current is None and (uid, holder) not in out:
+                    current = _Tenure(uid=uid, holder=holder, fence=fence, granted=w)
+                    out[(uid, holder)] = current
+            for t in out.values():
+                if t.uid != uid or t.superseded is None:
+                    continue
+                t.lease_cleared = next(
+                    (lw for lw in self.lease_writes.get(uid, ()) if lw.pod is None and lw.rv > t.granted.rv and
+                     ((lw.spec.get("holderIdentity"), lw.spec.get("leaseTransitions")) != (t.holder, t.fence))),
+                    None)
+        return out
+
+
+# --- the invariants ----------------------------------------------------------------------
+
+
+def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool = False) -> Verdict:
+    """Checks the six invariants over `facts.namespace`; see the module docstring."""
+    history = _History(records, facts.namespace)
+    verdict = Verdict()
+    final = {str(r["metadata"]["uid"]): r for r in facts.runs}
+    tenures = history.tenures()
+    _fences(history, tenures, verdict, strict_window)
+    _results(history, final, verdict)
+    _pods(history, verdict)
+    _budgets(history, final, tenures, facts, verdict)
+    _nothing_stuck(facts, verdict)
+    _unfaulted_lost(history, facts, verdict)
+    verdict.stats["worker writes accepted"] += len(history.worker_writes)
+    for what, n in history.refused_worker_writes.items():
+        verdict.stats[f"worker writes refused ({what})"] += n
+    verdict.stats["pods created"] += len(history.pod_creates)
+    return verdict
+
+
+def _last_state(history: _History, final: Mapping[str, dict[str, Any]], uid: str) -> dict[str, Any]:
+    """The run as it ended: the object that exists now, else its last accepted status write."""
+    if uid in final:
+        return final[uid]
+    writes = history.run_writes.get(uid)
+    return writes[-1].body if writes else {}
+
+
+def _fences(history: _History, tenures: Mapping[tuple[str, str], _Tenure], verdict: Verdict,
+            strict_window: bool) -> None:
+    """Invariant 1."""
+    for kind, w in history.worker_writes:
+        uid = str(w.body["metadata"].get("uid")) if kind == "status" else _owner_uid(w.body)
+        assert w.pod is not None and uid is not None
+        subject = f"{history.name(uid)} pod {w.pod}"
+        tenure = tenures.get((uid, w.pod))
+        if tenure is None:
+            verdict.violations.append(Violation(1, subject, f"accepted {kind} {w.describe()} from a pod that "
+                                                            "never held the run"))
+            continue
+        if tenure.superseded is None or w.rv < tenure.superseded.rv:
+            continue
+        moved = (f"fence {tenure.fence} was superseded by {tenure.superseded.describe()} "
+                 f"(fence {tenure.superseded.status.get('fence')}, holder {tenure.superseded.status.get('holder')})")
+        if kind == "lease" and (tenure.lease_cleared is None or w.rv < tenure.lease_cleared.rv):
+            note = f"{subject}: renewal {w.describe()} after {moved}, before the Lease was cleared"
+            verdict.window_renewals.append(note)
+            verdict.stats["renewals in the revocation window"] += 1
+            if strict_window:
+                verdict.violations.append(Violation(1, subject, f"accepted renewal {w.describe()} after {moved}"))
+            continue
+        after_clear = f"; the Lease was cleared by {tenure.lease_cleared.describe()}" if kind == "lease" and \
+            tenure.lease_cleared is not None else ""
+        verdict.violations.append(Violation(1, subject, f"accepted {kind} write {w.describe()} after {moved}"
+                                                        f"{after_clear}"))
+
+
+def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Verdict) -> None:
+    """Invariant 2."""
+    for uid, writes in history.run_writes.items():
+        subject = history.name(uid)
+        states: list[tuple[str, dict[str, Any]]] = [(w.describe(), w.status) for w in writes]
+        if uid in final:
+            states.append(("the final object", final[uid].get("status") or {}))
+        published: dict[str, tuple[Any, str, str]] = {}  # field -> (value, pod, where)
+        terminal: tuple[str, str] | None = None  # (phase, where)
+        reported: set[str] = set()
+        for i, (where, status) in enumerate(states):
+            w = writes[i] if i < len(writes) else None
+            for fld, (value, pod, first) in published.items():
+                if fld in reported or status.get(fld) == value:
+                    continue
+                if fld == "error" and _error_recorded(status, pod, value):
+                    continue
+                verdict.violations.append(Violation(
+                    2, subject, f"{fld} {_short(value)} published by pod {pod} ({first}) is "
+                                f"{'erased' if status.get(fld) is None else 'replaced by ' + _short(status.get(fld))} "
+                                f"in {where}"))
+                reported.add(fld)
+            if terminal is not None and status.get("phase") != terminal[0] and "phase" not in reported:
+                verdict.violations.append(Violation(
+                    2, subject, f"terminal phase {terminal[0]} ({terminal[1]}) replaced by {status.get('phase')} "
+                                f"in {where}"))
+                reported.add("phase")
+            if w is not None and w.pod is not None:
+                for fld in ("result", "error"):
+                    if status.get(fld) is not None and fld not in published:
+                        published[fld] = (status[fld], w.pod, where)
+                        verdict.stats[f"{fld}s accepted from workers"] += 1
+            if terminal is None and status.get("phase") in TERMINAL:
+                terminal = (status["phase"], where)
+
+
+def _error_recorded(status: Mapping[str, Any], pod: str, error: Mapping[str, Any]) -> bool:
+    """A worker's error that led to a retry lives on in its attempt's record (outcome and message)."""
+    code = str((error or {}).get("code") or "error")
+    return any(a.get("holder") == pod and a.get("outcome") == WORKER_FAILED and code in str(a.get("message") or "")
+               for a in status.get("attempts") or [])
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _pods(history: _History, verdict: Verdict) -> None:
+    """Invariant 3: per run incarnation (the latest creation of a run of that name before the pod's)."""
+    seen: dict[tuple[str, int, str], list[AuditRecord]] = defaultdict(list)
+    for rec in history.pod_creates:
+        assert rec.object_ref is not None
+        pod = rec.object_ref.name
+        m = _POD_NAME.match(pod)
+        if m is None:
+            continue  # not an attempt's pod
+        creates = history.run_creates.get(m["run"], [])
+        incarnation = sum(1 for c in creates if c.completed <= rec.received)
+        seen[(m["run"], incarnation, pod)].append(rec)
+    for (run, incarnation, pod), recs in seen.items():
+        if len(recs) > 1:
+            when = ", ".join(f"{r.user.username} at {r.completed.time().isoformat()} (audit {r.audit_id[:8]})"
+                             for r in recs)
+            verdict.violations.append(Violation(3, f"run {run} (incarnation {incarnation}) pod {pod}",
+                                                f"{len(recs)} accepted creations: {when}"))
+
+
+def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Mapping[tuple[str, str], _Tenure],
+             facts: TrialFacts, verdict: Verdict) -> None:
+    """Invariant 4."""
+    # Each attempt's recorded usage against the last usage its worker reported in an accepted renewal.
+    for uid in history.run_writes:
+        state = _last_state(history, final, uid)
+        for attempt in (state.get("status") or {}).get("attempts") or []:
+            holder = attempt.get("holder")
+            if not holder or attempt.get("outcome") is None:
+                continue  # still running: its usage is folded at a bounded rate
+            reports = [w for w in history.lease_writes.get(uid, ()) if w.pod == holder and _usage_of(w.body)]
+            reported = _usage_of(reports[-1].body) if reports else (0, 0)
+            recorded = _usage(attempt.get("usage"))
+            if reported != recorded:
+                last = f"{reports[-1].describe()}" if reports else "no accepted report"
+                verdict.violations.append(Violation(
+                    4, f"{history.name(uid)} attempt {attempt.get('attempt')}",
+                    f"worker {holder} last reported {reported[0]} cents / {reported[1]} tokens ({last}); "
+                    f"the attempt records {recorded[0]} / {recorded[1]}"))
+    budgets = {b["metadata"]["name"]: b for b in facts.budgets}
+    for name in sorted(set(budgets) | set(history.budget_writes)):
+        _budget_walk(name, history.budget_writes.get(name, []), verdict)
+        body = budgets.get(name)
+        if body is None:
+            continue
+        status = body.get("status") or {}
+        charges = status.get("charges") or {}
+        spent = _usage(status.get("spent"))
+        marks = (sum(int(c.get("cents") or 0) for c in charges.values()),
+                 sum(int(c.get("tokens") or 0) for c in charges.values()))
+        if spent != marks:
+            verdict.violations.append(Violation(4, f"budget {name}", f"spent {spent} but the runs' charges add up to "
+                                                                     f"{marks}: {_short(charges)}"))
+        charged_runs = {uid for uid in history.run_writes
+                        if ((_last_state(history, final, uid).get("spec") or {}).get("budget") or {})
+                        .get("budgetRef", {}).get("name") == name}
+        for uid in sorted(charged_runs | set(charges)):
+            state = _last_state(history, final, uid)
+            run_status = state.get("status") or {}
+            usage = (sum(_usage(a.get("usage"))[0] for a in run_status.get("attempts") or []),
+                     sum(_usage(a.get("usage"))[1] for a in run_status.get("attempts") or []))
+            mark = _usage(charges.get(uid))
+            finished = run_status.get("phase") in TERMINAL or uid not in final
+            subject = f"budget {name}, run {history.name(uid)}"
+            if uid not in charged_runs:
+                verdict.violations.append(Violation(4, subject, f"charged {mark} by a run that never named it"))
+            elif finished and mark != usage:
+                ended = "deleted" if uid not in final else run_status.get("phase")
+                verdict.violations.append(Violation(
+                    4, subject, f"run {ended} with {usage[0]} cents / {usage[1]} tokens over its attempts, "
+                                f"charged {mark[0]} / {mark[1]}"))
+            elif not finished and (mark[0] > usage[0] or mark[1] > usage[1]):
+                verdict.violations.append(Violation(4, subject, f"charged {mark} beyond the run's usage {usage}"))
+            if finished:
+                verdict.stats["cents charged to budgets"] += mark[0]
+
+
+def _budget_walk(name: str, writes: list[_Write], verdict: Verdict) -> None:
+    """Between two versions of a budget, marks never shrink or vanish and `spent` moves by the marks' growth
+    (a new period may reset `spent`; the marks stay, so nothing is charged again)."""
+    for prev, cur in zip(writes, writes[1:]):
+        new_period = prev.status.get("periodStart") != cur.status.get("periodStart")
+        p_marks = (prev.status.get("charges") or {})
+        c_marks = (cur.status.get("charges") or {})
+        growth = [0, 0]
+        for uid, p in p_marks.items():
+            c = c_marks.get(uid)
+            if c is None or _usage(c)[0] < _usage(p)[0] or _usage(c)[1] < _usage(p)[1]:
+                verdict.violations.append(Violation(
+                    4, f"budget {name}", f"run {p.get('run')} (uid {uid[:8]}) mark {_usage(p)} became "
+                                         f"{_usage(c) if c else 'absent'} in {cur.describe()}: its usage can be "
+                                         "charged again"))
+        for uid, c in c_marks.items():
+            p_usage = _usage(p_marks.get(uid))
+            growth[0] += max(0, _usage(c)[0] - p_usage[0])
+            growth[1] += max(0, _usage(c)[1] - p_usage[1])
+        moved = (_usage(cur.status.get("spent"))[0] - _usage(prev.status.get("spent"))[0],
+                 _usage(cur.status.get("spent"))[1] - _usage(prev.status.get("spent"))[1])
+        if moved != tuple(growth) and not new_period:
+            verdict.violations.append(Violation(
+                4, f"budget {name}", f"spent moved by {moved} while the marks grew by {tuple(growth)} "
+                                     f"({prev.describe()} -> {cur.describe()})"))
+
+
+def _nothing_stuck(facts: TrialFacts, verdict: Verdict) -> None:
+    """Invariant 5."""
+    for run in facts.runs:
+        meta, status, spec = run["metadata"], run.get("status") or {}, run.get("spec") or {}
+        subject = f"{meta['name']} (uid {str(meta.get('uid'))[:8]})"
+        phase, holder = status.get("phase"), status.get("holder")
+        if meta.get("deletionTimestamp"):
+            verdict.violations.append(Violation(5, subject, f"deleted at {meta['deletionTimestamp']} but still there "
+                                                            f"(finalizers {meta.get('finalizers')}, phase {phase})"))
+            continue
+        if phase in TERMINAL:
+            if holder is not None:
+                verdict.violations.append(Violation(5, subject, f"terminal ({phase}) with holder {holder}"))
+            continue
+        if spec.get("suspend") and phase == "Suspended":
+            continue
+        before, after = facts.leases_before.get(meta["name"]), facts.leases_after.get(meta["name"])
+        fence = status.get("fence")
+
+        def held(lease: Mapping[str, Any] | None) -> bool:
+            s = (lease or {}).get("spec") or {}
+            return holder is not None and s.get("holderIdentity") == holder and s.get("leaseTransitions") == fence
+
+        if holder is None:
+            verdict.violations.append(Violation(5, subject, f"phase {phase} with no holder: nothing runs it"))
+        elif not (held(before) and held(after)):
+            verdict.violations.append(Violation(5, subject, f"phase {phase}, holder {holder} fence {fence}, but the "
+                                                            f"Lease says {_lease_brief(after)}"))
+        elif _rv(before or {}) == _rv(after or {}):
+            verdict.violations.append(Violation(5, subject, f"phase {phase}, holder {holder}: its Lease was not "
+                                                            f"renewed while watched ({_lease_brief(after)})"))
+
+
+def _lease_brief(lease: Mapping[str, Any] | None) -> str:
+    if lease is None:
+        return "no Lease"
+    s = lease.get("spec") or {}
+    return f"holder {s.get('holderIdentity')} fence {s.get('leaseTransitions')} rv {_rv(lease)}"
+
+
+def _unfaulted_lost(history: _History, facts: TrialFacts, verdict: Verdict) -> None:
+    """Invariant 6."""
+    for uid, writes in history.run_writes.items():
+        seen: set[str] = set()
+        for w in writes:
+            for attempt in w.status.get("attempts") or []:
+                holder, outcome = attempt.get("holder"), attempt.get("outcome")
+                if outcome is None or not holder or holder in seen:
+                    continue
+                seen.add(holder)
+                verdict.stats[f"attempts ended {outcome}"] += 1
+                if outcome != LEASE_LOST:
+                    continue
+                if (uid, holder) in facts.faulted or (uid, ANY_POD) in facts.faulted:
+                    continue
+                verdict.violations.append(Violation(
+                    6, f"{history.name(uid)} pod {holder}",
+                    f"declared LeaseLost ({attempt.get('message')}) by {w.describe()}, but no fault was aimed at it"))

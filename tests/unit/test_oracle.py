@@ -1,0 +1,446 @@
+"""The fault trials' oracle on synthetic audit logs: each invariant passes a correct history and
+catches the violation it exists for.
+
+The records are built as kube-apiserver writes them (audit.k8s.io/v1 Event JSON) and parsed by
+the same reader the trials use, so a change of the log's shape breaks these tests too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.support.audit import AuditRecord
+from tests.support.oracle import ANY_POD, TrialFacts, Verdict, judge
+
+NS = "trial"
+T0 = dt.datetime(2026, 11, 30, 12, tzinfo=dt.timezone.utc)
+OPERATOR = {"username": "tether-admin", "groups": ["system:masters"]}
+
+
+class Log:
+    """A synthetic audit log of one namespace; every accepted write gets the next resourceVersion."""
+
+    def __init__(self) -> None:
+        self.rv = 100
+        self.clock = T0
+        self.records: list[AuditRecord] = []
+
+    def _event(self, verb: str, resource: str, name: str, user: dict[str, Any], code: int,
+               response: dict[str, Any] | None = None, subresource: str = "", group: str = "") -> None:
+        self.clock += dt.timedelta(milliseconds=10)
+        stamp = self.clock.isoformat().replace("+00:00", "Z")
+        ref = {"resource": resource, "namespace": NS, "name": name, "apiGroup": group}
+        if subresource:
+            ref["subresource"] = subresource
+        doc = {"kind": "Event", "apiVersion": "audit.k8s.io/v1", "stage": "ResponseComplete",
+               "auditID": str(uuid.uuid4()), "verb": verb,
+               "requestURI": f"/apis/{group}/v1/namespaces/{NS}/{resource}/{name}", "user": user,
+               "objectRef": ref, "responseStatus": {"code": code},
+               "requestReceivedTimestamp": stamp, "stageTimestamp": stamp}
+        if response is not None and 200 <= code < 300:
+            doc["responseObject"] = response
+        self.records.append(AuditRecord.parse(json.loads(json.dumps(doc))))
+
+    def _next_rv(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    @staticmethod
+    def worker(pod: str) -> dict[str, Any]:
+        return {"username": f"system:serviceaccount:{NS}:w", "groups": ["system:serviceaccounts"],
+                "extra": {"authentication.kubernetes.io/pod-name": [pod]}}
+
+    def run_status(self, run: "Run", status: dict[str, Any], pod: str | None = None, code: int = 200) -> None:
+        body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+                "metadata": {"name": run.name, "namespace": NS, "uid": run.uid,
+                             "resourceVersion": self._next_rv() if code < 300 else "0"},
+                "spec": run.spec, "status": status}
+        user = self.worker(pod) if pod else OPERATOR
+        self._event("patch" if pod else "update", "workerruns", run.name, user, code, body, "status", "tether.dev")
+        if code < 300:
+            run.status = status
+
+    def lease(self, run: "Run", holder: str | None, fence: int, usage: int | None = None, pod: str | None = None,
+              code: int = 200) -> None:
+        ann = {"tether.dev/fence": str(fence)}
+        if usage is not None:
+            ann["tether.dev/usage"] = json.dumps({"cents": usage, "tokens": 0})
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": run.name, "namespace": NS, "resourceVersion": self._next_rv() if code < 300 else "0",
+                             "labels": {"tether.dev/run": run.name}, "annotations": ann,
+                             "ownerReferences": [{"kind": "WorkerRun", "name": run.name, "uid": run.uid}]},
+                "spec": {"holderIdentity": holder, "leaseTransitions": fence, "leaseDurationSeconds": 8}}
+        self._event("update", "leases", run.name, self.worker(pod) if pod else OPERATOR, code, body,
+                    group="coordination.k8s.io")
+        if code < 300:
+            run.lease = body
+
+    def budget(self, name: str, spent: int, charges: dict[str, tuple[str, int]]) -> dict[str, Any]:
+        body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget",
+                "metadata": {"name": name, "namespace": NS, "uid": "b-" + name, "resourceVersion": self._next_rv()},
+                "spec": {"limitCents": 10_000},
+                "status": {"spent": {"cents": spent, "tokens": 0},
+                           "charges": {uid: {"run": run, "cents": cents, "tokens": 0}
+                                       for uid, (run, cents) in charges.items()}}}
+        self._event("update", "workerbudgets", name, OPERATOR, 200, body, "status", "tether.dev")
+        return body
+
+    def create(self, resource: str, name: str) -> None:
+        self._event("create", resource, name, OPERATOR, 201, group="tether.dev" if resource == "workerruns" else "")
+
+
+class Run:
+    """A WorkerRun driven through the ownership protocol, writing what Tether writes."""
+
+    def __init__(self, log: Log, name: str = "r", budget: str | None = None) -> None:
+        self.log, self.name, self.uid = log, name, str(uuid.uuid4())
+        self.spec: dict[str, Any] = {"lease": {"durationSeconds": 8, "renewIntervalSeconds": 1}}
+        if budget:
+            self.spec["budget"] = {"budgetRef": {"name": budget}}
+        self.status: dict[str, Any] = {}
+        self.lease: dict[str, Any] | None = None
+        log.create("workerruns", name)
+
+    def pod(self, attempt: int) -> str:
+        return f"{self.name}-a{attempt}"
+
+    def grant(self) -> str:
+        s = json.loads(json.dumps(self.status))
+        attempt, fence = s.get("attempt", 0) + 1, s.get("fence", 0) + 1
+        pod = self.pod(attempt)
+        s.update(attempt=attempt, fence=fence, holder=pod, phase="Starting", error=None)
+        s.setdefault("attempts", []).append({"attempt": attempt, "fence": fence, "holder": pod, "pod": pod})
+        self.log.run_status(self, s)
+        self.log.lease(self, pod, fence)
+        self.log.create("pods", pod)
+        return pod
+
+    def renew(self, pod: str, usage: int | None = None, code: int = 200) -> None:
+        assert self.lease is not None
+        self.log.lease(self, self.lease["spec"]["holderIdentity"], self.lease["spec"]["leaseTransitions"],
+                       usage=usage, pod=pod, code=code)
+
+    def publish(self, pod: str, field: str = "result", value: Any = None, code: int = 200) -> None:
+        s = json.loads(json.dumps(self.status))
+        s[field] = value if value is not None else {"attempt": s.get("attempt")}
+        self.log.run_status(self, s, pod=pod, code=code)
+
+    def end(self, outcome: str, phase: str, usage: int = 0, clear_lease: bool = True, **changes: Any) -> None:
+        """The operator's revocation: status first (fence +1, holder none), then the Lease."""
+        s = json.loads(json.dumps(self.status))
+        s["attempts"][-1].update(outcome=outcome, usage={"cents": usage, "tokens": 0},
+                                 message=changes.pop("message", f"{outcome}"))
+        s.update(fence=s["fence"] + 1, holder=None, phase=phase, **changes)
+        s["usage"] = {"cents": sum(a.get("usage", {}).get("cents", 0) for a in s["attempts"]), "tokens": 0}
+        self.log.run_status(self, s)
+        if clear_lease:
+            self.clear_lease()
+
+    def clear_lease(self) -> None:
+        self.log.lease(self, None, self.status["fence"])
+
+    def write(self, **changes: Any) -> None:
+        s = json.loads(json.dumps(self.status))
+        s.update(changes)
+        self.log.run_status(self, s)
+
+    def final(self) -> dict[str, Any]:
+        return {"metadata": {"name": self.name, "namespace": NS, "uid": self.uid, "resourceVersion": str(self.log.rv)},
+                "spec": self.spec, "status": self.status}
+
+
+def facts(*runs: Run, budgets: list[dict[str, Any]] | None = None, faulted: set[tuple[str, str]] | None = None,
+          **kw: Any) -> TrialFacts:
+    return TrialFacts(namespace=NS, runs=[r.final() for r in runs], budgets=budgets or [],
+                      faulted=faulted or set(), **kw)
+
+
+def invariants(verdict: Verdict) -> list[int]:
+    return sorted({v.invariant for v in verdict.violations})
+
+
+def lost_and_retried(log: Log) -> tuple[Run, str, str]:
+    """r-a1 stops renewing, is revoked (LeaseLost) and r-a2 finishes: the correct history."""
+    run = Run(log)
+    a1 = run.grant()
+    run.renew(a1, usage=3)
+    run.end("LeaseLost", "Backoff", usage=3)
+    a2 = run.grant()
+    run.renew(a2, usage=2)
+    run.publish(a2)
+    run.end("Succeeded", "Succeeded", usage=2)
+    return run, a1, a2
+
+
+# --- a correct history passes ---------------------------------------------------------
+
+
+def test_a_correct_history_passes_every_invariant() -> None:
+    log = Log()
+    run, a1, _ = lost_and_retried(log)
+    run.renew(a1, code=403)  # the late worker is refused: that is the system working
+    verdict = judge(log.records, facts(run, faulted={(run.uid, a1)}))
+    assert verdict.ok, verdict.violations
+    assert verdict.stats["worker writes refused (lease 403)"] == 1
+    assert verdict.stats["attempts ended LeaseLost"] == 1
+    assert verdict.stats["results accepted from workers"] == 1
+
+
+def test_records_of_other_namespaces_are_ignored() -> None:
+    log = Log()
+    run, a1, _ = lost_and_retried(log)
+    other = judge(log.records, TrialFacts(namespace="elsewhere"))
+    assert other.ok and other.stats["worker writes accepted"] == 0
+
+
+# --- 1. fences ----------------------------------------------------------------------------
+
+
+def test_1_a_result_accepted_after_the_fence_moved_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.end("LeaseLost", "Backoff", clear_lease=False)
+    run.publish(a1)  # the API server should have refused it (test on /status/fence)
+    verdict = judge(log.records, facts(run, faulted={(run.uid, a1)}))
+    assert 1 in invariants(verdict)
+    assert "accepted status write" in str(verdict.violations[0]) and "superseded" in str(verdict.violations[0])
+
+
+def test_1_a_renewal_accepted_after_the_lease_was_cleared_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.end("LeaseLost", "Lost")
+    # As if the admission policy let a stale worker rewrite the cleared Lease.
+    run.log.lease(run, a1, 1, pod=a1)
+    verdict = judge(log.records, facts(run, faulted={(run.uid, a1)}))
+    assert invariants(verdict) == [1]
+    assert "the Lease was cleared" in str(verdict.violations[0])
+
+
+def test_1_a_renewal_inside_the_revocation_window_is_counted_and_strict_mode_fails_it() -> None:
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.end("LeaseLost", "Lost", clear_lease=False)
+    run.renew(a1)  # after the fence bump, before the Lease clear: the documented window
+    run.clear_lease()
+    f = facts(run, faulted={(run.uid, a1)})
+    lenient = judge(log.records, f)
+    assert lenient.ok and len(lenient.window_renewals) == 1
+    assert invariants(judge(log.records, f, strict_window=True)) == [1]
+
+
+def test_1_a_write_from_a_pod_that_never_held_the_run_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    run.grant()
+    run.log.lease(run, "r-a1", 1, pod="r-a7")
+    assert invariants(judge(log.records, facts(run))) == [1, 5]  # and the run is not renewed by its holder
+
+
+# --- 2. results ----------------------------------------------------------------------------
+
+
+def test_2_an_erased_result_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.publish(a1)
+    # The operator's write computed from a snapshot older than the result (the review's critical defect).
+    run.end("LeaseLost", "Backoff", result=None)
+    run.grant()
+    verdict = judge(log.records, facts(run, faulted={(run.uid, a1)}))
+    assert 2 in invariants(verdict)
+    assert "erased" in next(str(v) for v in verdict.violations if v.invariant == 2)
+
+
+def test_2_a_replaced_result_is_caught_and_a_kept_one_passes() -> None:
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.publish(a1, value={"answer": 1})
+    run.end("Succeeded", "Succeeded")
+    assert judge(log.records, facts(run)).ok
+    run.write(result={"answer": 2})
+    assert invariants(judge(log.records, facts(run))) == [2]
+
+
+def test_2_a_workers_error_may_move_into_its_attempt_record_but_not_vanish() -> None:
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.publish(a1, "error", {"code": "Injected", "message": "boom"})
+    # Retry: the run's error is cleared, the attempt keeps it (what decide() documents).
+    run.end("WorkerFailed", "Backoff", error=None, message="Injected: boom")
+    a2 = run.grant()
+    run.publish(a2)
+    run.end("Succeeded", "Succeeded")
+    assert judge(log.records, facts(run)).ok
+
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.publish(a1, "error", {"code": "Injected", "message": "boom"})
+    run.end("Cancelled", "Cancelled", error={"code": "Cancelled", "message": "spec.stop is set"},
+            message="spec.stop is set")
+    verdict = judge(log.records, facts(run))
+    assert invariants(verdict) == [2] and "replaced by" in str(verdict.violations[0])
+
+
+def test_2_a_terminal_phase_that_changes_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    run.grant()
+    run.end("Cancelled", "Cancelled")
+    run.write(phase="Running")
+    assert 2 in invariants(judge(log.records, facts(run)))
+
+
+# --- 3. pods -------------------------------------------------------------------------------
+
+
+def test_3_a_second_pod_for_the_same_attempt_is_caught() -> None:
+    log = Log()
+    run, _, _ = lost_and_retried(log)
+    log.create("pods", "r-a2")
+    verdict = judge(log.records, facts(run, faulted={(run.uid, ANY_POD)}))
+    assert invariants(verdict) == [3] and "2 accepted creations" in str(verdict.violations[0])
+
+
+def test_3_a_recreated_run_may_reuse_its_pod_names() -> None:
+    log = Log()
+    first = Run(log)
+    first.grant()
+    first.end("Cancelled", "Cancelled")
+    second = Run(log)  # same name, new UID
+    second.grant()
+    second.end("Cancelled", "Cancelled")
+    assert judge(log.records, facts(second)).ok  # first is gone: only the second exists at the end
+
+
+# --- 4. budgets ----------------------------------------------------------------------------
+
+
+def _charged_runs(log: Log, lost_usage: int = 3) -> tuple[Run, Run, dict[str, Any]]:
+    one = Run(log, "one", budget="team")
+    pod = one.grant()
+    one.renew(pod, usage=5)
+    one.end("Succeeded", "Succeeded", usage=5)
+    two = Run(log, "two", budget="team")
+    pod = two.grant()
+    two.renew(pod, usage=lost_usage)
+    two.end("Cancelled", "Cancelled", usage=lost_usage)
+    log.budget("team", 0, {})
+    log.budget("team", 5, {one.uid: ("one", 5)})
+    final = log.budget("team", 5 + lost_usage, {one.uid: ("one", 5), two.uid: ("two", lost_usage)})
+    return one, two, final
+
+
+def test_4_exact_charges_pass_even_for_a_deleted_run() -> None:
+    log = Log()
+    one, _two, budget = _charged_runs(log)
+    # `two` was deleted: only its audit history knows its usage.
+    assert judge(log.records, facts(one, budgets=[budget])).ok
+
+
+def test_4_spent_beyond_the_marks_is_a_double_charge() -> None:
+    log = Log()
+    one, two, _ = _charged_runs(log)
+    final = log.budget("team", 13, {one.uid: ("one", 5), two.uid: ("two", 3)})  # charged `one` again
+    verdict = judge(log.records, facts(one, two, budgets=[final]))
+    assert invariants(verdict) == [4]
+    assert any("spent moved by (5, 0) while the marks grew by (0, 0)" in str(v) for v in verdict.violations)
+
+
+def test_4_a_mark_that_shrinks_is_caught() -> None:
+    log = Log()
+    one, two, _ = _charged_runs(log)
+    final = log.budget("team", 8, {two.uid: ("two", 3)})  # `one`'s mark dropped: it could be charged again
+    assert 4 in invariants(judge(log.records, facts(one, two, budgets=[final])))
+
+
+def test_4_a_finished_run_charged_less_than_its_usage_is_caught() -> None:
+    log = Log()
+    one = Run(log, "one", budget="team")
+    pod = one.grant()
+    one.renew(pod, usage=9)
+    one.end("Succeeded", "Succeeded", usage=9)
+    budget = log.budget("team", 4, {one.uid: ("one", 4)})
+    verdict = judge(log.records, facts(one, budgets=[budget]))
+    assert invariants(verdict) == [4] and "charged 4" in str(verdict.violations[0])
+
+
+def test_4_usage_reported_but_not_recorded_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    pod = run.grant()
+    run.end("LeaseLost", "Lost", usage=2, clear_lease=False)
+    run.renew(pod, usage=6)  # in the revocation window: the operator must still settle it
+    run.clear_lease()
+    verdict = judge(log.records, facts(run, faulted={(run.uid, pod)}))
+    assert invariants(verdict) == [4]
+    assert "last reported 6 cents" in str(verdict.violations[0]) and "records 2" in str(verdict.violations[0])
+
+
+# --- 5. nothing stuck -------------------------------------------------------------------------
+
+
+def test_5_a_live_run_whose_lease_is_renewed_passes_and_a_silent_one_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    pod = run.grant()
+    run.renew(pod)
+    before = run.lease
+    run.renew(pod)
+    assert judge(log.records, facts(run, leases_before={"r": before}, leases_after={"r": run.lease})).ok
+    verdict = judge(log.records, facts(run, leases_before={"r": run.lease}, leases_after={"r": run.lease}))
+    assert invariants(verdict) == [5] and "not renewed" in str(verdict.violations[0])
+
+
+def test_5_a_run_nobody_holds_and_a_deleted_run_that_lingers_are_caught() -> None:
+    log = Log()
+    run = Run(log)
+    run.write(phase="Backoff")
+    verdict = judge(log.records, facts(run))
+    assert invariants(verdict) == [5] and "no holder" in str(verdict.violations[0])
+    final = run.final()
+    final["metadata"]["deletionTimestamp"] = "2026-11-30T12:00:00Z"
+    final["metadata"]["finalizers"] = ["tether.dev/run-cleanup"]
+    stuck = judge(log.records, TrialFacts(namespace=NS, runs=[final]))
+    assert "still there" in str(stuck.violations[0])
+
+
+def test_5_suspended_on_request_is_not_stuck() -> None:
+    log = Log()
+    run = Run(log)
+    run.spec["suspend"] = True
+    run.write(phase="Suspended")
+    assert judge(log.records, facts(run)).ok
+
+
+# --- 6. no false loss -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("faulted, ok", [(set(), False), ({"a1"}, True), ({ANY_POD}, True), ({"a2"}, False)])
+def test_6_lost_only_if_faulted(faulted: set[str], ok: bool) -> None:
+    log = Log()
+    run, _a1, _a2 = lost_and_retried(log)
+    pods = {(run.uid, p if p == ANY_POD else f"r-{p}") for p in faulted}
+    verdict = judge(log.records, facts(run, faulted=pods))
+    assert verdict.ok is ok
+    if not ok:
+        assert invariants(verdict) == [6] and "r-a1" in verdict.violations[0].subject
+
+
+def test_6_a_fault_on_a_namesake_does_not_excuse_a_new_run() -> None:
+    log = Log()
+    run, a1, _ = lost_and_retried(log)
+    verdict = judge(log.records, facts(run, faulted={("some-other-uid", a1)}))
+    assert invariants(verdict) == [6]
