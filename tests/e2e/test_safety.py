@@ -6,6 +6,7 @@ operator really sent), never from the operator's own view.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -35,7 +36,7 @@ def external_run(name: str, duration: int = 8, renew: int = 1, **spec: Any) -> d
 
 def held_by(kube: Kube, ns: str, name: str) -> dict[str, Any]:
     """Waits until the run is granted and its Lease names the holder; returns the run."""
-    run = eventually(lambda: (r := runs.get(kube, ns, name))["status"].get("holder") and r, timeout=60,
+    run = eventually(lambda: (r := runs.get(kube, ns, name)).get("status", {}).get("holder") and r, timeout=60,
                      what=f"{name} granted")
     eventually(lambda: lease(kube, ns, name)["spec"].get("holderIdentity") == run["status"]["holder"],
                timeout=30, what=f"{name}'s lease written")
@@ -153,12 +154,26 @@ def test_deleting_a_namespace_ends_promptly_and_grants_nothing_new(kube: Kube, t
             runs.wait_phase(kube, ns, f"r{i}", "Running", timeout=60)
         granted_before = len(op.events("job_claimed"))
         kube.ok(kube.delete(f"/api/v1/namespaces/{ns}"))
-        eventually(lambda: kube.get(f"/api/v1/namespaces/{ns}").status_code == 404, timeout=120,
-                   what="the namespace gone")
+        try:
+            eventually(lambda: kube.get(f"/api/v1/namespaces/{ns}").status_code == 404, timeout=120,
+                       what="the namespace gone")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; left: {_remaining(kube, ns)}") from None
     finally:
         op.stop()
     assert len(op.events("job_claimed")) == granted_before == 3
     assert not op.events("reconcile_bug")
+
+
+def _remaining(kube: Kube, ns: str) -> str:
+    """What still holds a namespace in Terminating (for the failure message)."""
+    out = [json.dumps(kube.get(f"/api/v1/namespaces/{ns}").json().get("status"))]
+    for path in (f"/api/v1/namespaces/{ns}/pods", Kube.wr_path(ns), LEASES.format(ns=ns)):
+        for item in kube.get(path).json().get("items", []):
+            meta = item["metadata"]
+            out.append(f"{path.rsplit('/', 1)[-1]}/{meta['name']} finalizers={meta.get('finalizers')} "
+                       f"deleting={bool(meta.get('deletionTimestamp'))}")
+    return "; ".join(out)
 
 
 def test_a_tampered_lease_fence_is_revoked_past_and_the_run_goes_on(kube: Kube, namespace: str, operator,

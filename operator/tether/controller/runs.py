@@ -49,7 +49,17 @@ from tether.core.decide import (
 )
 from tether.core.liveness import mass_lapse
 from tether.kube import resources
-from tether.kube.client import ApiError, Conflict, Forbidden, Invalid, KubeClient, NotFound, Unavailable, lease_path
+from tether.kube.client import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    Invalid,
+    KubeClient,
+    NotFound,
+    Unavailable,
+    lease_path,
+    run_path,
+)
 from tether.kube.health import SLOW_SECONDS
 
 log = logging.getLogger("tether.controller")
@@ -61,6 +71,8 @@ TERMINATING_NAMESPACE_SECONDS = 30.0
 # A reconcile that acted is followed at once by another pass; past this many passes in a
 # row that all acted, the next ones back off (a decision that never converges must not spin).
 MAX_ACTING_STREAK = 8
+# How often a namespace being deleted (no longer watched by kopf) is listed.
+SWEEP_SECONDS = 2.0
 
 
 @dataclass
@@ -161,6 +173,7 @@ class RunController:
         self.rbac = WorkerRbac(kube)
         self.state: dict[RunKey, _KeyState] = {}
         self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen terminating
+        self._sweepers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._dispatch: dict[type, Callable[[Snapshot, Any], Awaitable[Snapshot]]] = {
@@ -187,7 +200,7 @@ class RunController:
 
     async def stop(self) -> None:
         self.queue.shutdown()
-        tasks = self._tasks + list(self._background)
+        tasks = self._tasks + list(self._background) + list(self._sweepers.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -284,9 +297,14 @@ class RunController:
             requeue, acted = await self._reconcile(key)
         except asyncio.CancelledError:
             raise
-        except Again:
+        except Again as exc:
             metrics.RECONCILE_TOTAL.labels("workerrun", "requeue").inc()
-            self.queue.add_rate_limited(key)
+            delay = self.queue.add_rate_limited(key)
+            log.debug("deciding again", extra={"run": "/".join(key), "event": "reconcile_again",
+                                               "reason": str(exc), "retryIn": round(delay, 3)})
+            if self.queue.backoff.failures(key) == MAX_ACTING_STREAK:
+                self._problem(key, "the run's state keeps moving under its reconciles", "reconcile_churn",
+                              str(exc), logging.WARNING)
             return
         except Inconclusive as exc:
             metrics.RECONCILE_TOTAL.labels("workerrun", "requeue").inc()
@@ -378,6 +396,8 @@ class RunController:
                             api_available_since=self.kube.health.available_since,
                             namespace_terminating=mono - self.terminating.get(ns, -1e18) < TERMINATING_NAMESPACE_SECONDS)
         decision = decide(observed)
+        log.debug("decided", extra={"run": "/".join(key), "event": "decided", "requeueAfter": decision.requeue_after,
+                                    "actions": [type(a).__name__ for a in decision.actions]})
         self._state(key).usage_alarm = decision.usage_alarm
         if not decision.actions:
             return decision.requeue_after, False
@@ -401,12 +421,12 @@ class RunController:
                 fresh = None
             if fresh is not None:
                 self.on_run("ADDED", fresh)
-                raise Again()
+                raise Again("the run exists after all")
         for pod in strays:
             name = pod["metadata"]["name"]
             if not pod["metadata"].get("deletionTimestamp"):
                 await self.kube.delete_pod(key[0], name)
-            await self.kube.remove_finalizer(key[0], name, c.POD_FINALIZER)
+            self._pod_written(key, name, await self.kube.remove_finalizer(key[0], name, c.POD_FINALIZER))
             log.info("released a pod of a deleted run", extra={"run": "/".join(key), "pod": name,
                                                               "event": "stray_pod_released"})
         return True
@@ -420,7 +440,7 @@ class RunController:
                 list(snap.run.metadata.finalizers) + [c.RUN_FINALIZER])
         except (Conflict, NotFound):
             await self._refresh_run(snap.key)
-            raise Again() from None
+            raise Again("finalizer write conflicted") from None
         self._store_written(snap, written)
 
     async def _confirm(self, snap: Snapshot, actions: list[Action]) -> None:
@@ -443,16 +463,74 @@ class RunController:
             if lease is not None and owner_uid(lease) == snap.uid and (
                     snap.lease is None or lease["metadata"]["resourceVersion"] != snap.lease.resource_version):
                 self.leases.observe(snap.uid, lease, self.clock.mono())
-                raise Again()
+                raise Again("the lease moved")
             if ending.lapse:
                 if took > SLOW_SECONDS or since is None or self.kube.health.available_since != since:
                     raise Inconclusive(f"the confirming read took {took:.1f}s or met an outage", 1.0)
                 self._check_mass_lapse(snap)
+        grant = next((a for a in actions if isinstance(a, WriteStatus) and a.grants), None)
+        if grant is not None and grant.status.attempt > 1 and await self._namespace_terminating(ns):
+            # The namespace controller deletes pods first: a vanished pod there is no reason to retry.
+            self._mark_terminating(ns)
+            raise Again("the namespace is being deleted")
         if not any(isinstance(a, WriteStatus) for a in actions) and \
                 any(isinstance(a, (EnsureLease, EnsurePod, ChargeBudget)) for a in actions):
             fresh = await self._refresh_run(snap.key)
             if fresh is None or fresh["metadata"]["resourceVersion"] != snap.body["metadata"]["resourceVersion"]:
-                raise Again()
+                raise Again("the run moved")
+
+    async def _namespace_terminating(self, ns: str) -> bool:
+        try:
+            body = await self.kube.get_object(f"/api/v1/namespaces/{ns}")
+        except Forbidden:
+            return False  # without the right to look, the create's 403 is the signal
+        return body is None or bool(body["metadata"].get("deletionTimestamp"))
+
+    def _mark_terminating(self, ns: str) -> None:
+        self.terminating[ns] = self.clock.mono()
+        if ns not in self._sweepers:
+            task = asyncio.create_task(self._sweep(ns), name=f"sweep {ns}")
+            self._sweepers[ns] = task
+            task.add_done_callback(lambda _: self._sweepers.pop(ns, None))
+
+    async def _sweep(self, ns: str) -> None:
+        """kopf stops watching a namespace once it is being deleted, yet its runs still need their
+        cleanup (our finalizer holds them). Until the namespace is gone, list what is left there
+        every few seconds and feed it to the cache as the watch would have."""
+        while True:
+            try:
+                if await self.kube.get_object(f"/api/v1/namespaces/{ns}") is None:
+                    break
+                runs = await self.kube.list_objects(run_path(ns))
+                pods = await self.kube.list_objects(f"/api/v1/namespaces/{ns}/pods", c.LABEL_RUN)
+                leases = await self.kube.list_objects(lease_path(ns), c.LABEL_RUN)
+            except (Unavailable, Forbidden, NotFound) as exc:
+                log.warning("cannot list a namespace being deleted", extra={"namespace": ns, "error": str(exc)})
+            else:
+                self._replace_namespace(ns, runs, pods, leases)
+            self.terminating[ns] = self.clock.mono()
+            await asyncio.sleep(SWEEP_SECONDS)
+        self._replace_namespace(ns, [], [], [])
+
+    def _replace_namespace(self, ns: str, runs: list[dict[str, Any]], pods: list[dict[str, Any]],
+                           leases: list[dict[str, Any]]) -> None:
+        """Like an informer's relist: what is listed is current, what is not listed is gone."""
+        for body in runs:
+            self.on_run("MODIFIED", body)
+        listed = {r["metadata"]["name"] for r in runs}
+        for (rns, name), body in list(self.runs.items()):
+            if rns == ns and name not in listed:
+                self.on_run("DELETED", body)
+        for body in leases:
+            self.on_lease("MODIFIED", body)
+        for body in pods:
+            self.on_pod("MODIFIED", body)
+        listed = {p["metadata"]["name"] for p in pods}
+        for key, cached in list(self.pods.items()):
+            if key[0] == ns:
+                for name, body in list(cached.items()):
+                    if name not in listed:
+                        self.on_pod("DELETED", body)
 
     def _check_mass_lapse(self, snap: Snapshot) -> None:
         """Many leases lapsing together points at the control plane or this operator's view of it,
@@ -522,7 +600,7 @@ class RunController:
         except (Conflict, NotFound):
             # Someone else wrote first (a worker's result, a spec change): decide again on fresh data.
             await self._refresh_run(snap.key)
-            raise Again() from None
+            raise Again("status write conflicted") from None
         snap = self._store_written(snap, written)
         self._count(action, snap.run)
         if action.log:
@@ -569,6 +647,7 @@ class RunController:
                 await self.kube.delete_object(lease_path(ns, name), current["metadata"]["uid"])
                 current = None
             if current is None:
+                self.leases.forget(snap.uid)  # what we knew of it is gone with it
                 if holder is None:
                     await self._delete_tool_claim(snap, None)
                     return
@@ -584,7 +663,7 @@ class RunController:
             if have > fence:
                 # Someone other than Tether moved the fence ahead: decide (revoke past it) on what is there.
                 self.leases.observe(snap.uid, current, self.clock.mono())
-                raise Again()
+                raise Again("the lease carries a foreign fence")
             previous = spec.get("holderIdentity")
             if previous == holder and have == fence:
                 self.leases.observe(snap.uid, current, self.clock.mono())
@@ -600,7 +679,7 @@ class RunController:
             if previous != holder:
                 await self._delete_tool_claim(snap, previous)
             return
-        raise Again()
+        raise Again("the lease kept changing")
 
     async def _delete_tool_claim(self, snap: Snapshot, previous: str | None) -> None:
         """Every tool credential of an ended External attempt is bound to its Secret: it dies with it.
@@ -622,7 +701,7 @@ class RunController:
             raise SpecError(reason, exc) from None
         except Forbidden as exc:
             if exc.namespace_terminating:
-                self.terminating[ns] = self.clock.mono()
+                self._mark_terminating(ns)
             raise SpecError(reason, exc) from None
 
     async def _rbac(self, snap: Snapshot) -> None:
@@ -643,37 +722,49 @@ class RunController:
             # Same deterministic name: the pod from before a crash. Adopt it, if it is this run's.
             existing = await self.kube.get_pod(ns, action.name)
             if existing is None:
-                raise Again() from None
+                raise Again("the pod vanished") from None
             if owner_uid(existing) != snap.uid:
                 self.on_pod("MODIFIED", existing)  # a stray of a deleted namesake: released next pass
-                raise Again() from None
+                raise Again("a namesake's pod is in the way") from None
             created = existing
             self._log("pod adopted", run, "pod_adopted", pod=action.name)
         self.on_pod("ADDED", created)
         return snap
 
     async def _delete_pod(self, snap: Snapshot, action: DeletePod) -> Snapshot:
-        await self.kube.delete_pod(snap.run.metadata.namespace, action.name)
+        self._pod_written(snap.key, action.name, await self.kube.delete_pod(snap.run.metadata.namespace, action.name))
         self._log("pod deleted", snap.run, "pod_deleted", pod=action.name)
         return snap
 
     async def _release_pod(self, snap: Snapshot, action: ReleasePod) -> Snapshot:
-        await self.kube.remove_finalizer(snap.run.metadata.namespace, action.name, c.POD_FINALIZER)
+        self._pod_written(snap.key, action.name, await self.kube.remove_finalizer(
+            snap.run.metadata.namespace, action.name, c.POD_FINALIZER))
         return snap
+
+    def _pod_written(self, key: RunKey, name: str, body: dict[str, Any] | None) -> None:
+        """Our own write's answer updates the cache at once: the next pass must not act on the
+        pod as it was (and in a namespace being deleted, no watch event will follow)."""
+        if body is not None:
+            self.on_pod("MODIFIED", body)
+            return
+        pods = self.pods.get(key, {})
+        pods.pop(name, None)
+        if not pods:
+            self.pods.pop(key, None)
 
     async def _ensure_signals(self, snap: Snapshot, action: EnsureSignals) -> Snapshot:
         ns, name = snap.run.metadata.namespace, snap.run.metadata.name
         try:
             written = await self.kube.patch_lease_signals(ns, name, action.fence, action.signals)
         except (Invalid, NotFound):
-            raise Again() from None  # the `test` failed: the lease moved on
+            raise Again("the lease moved on") from None  # the `test` failed: the lease moved on
         self.leases.observe(snap.uid, written, self.clock.mono())
         return snap
 
     async def _charge(self, snap: Snapshot, action: ChargeBudget) -> Snapshot:
         added = await self.budgets.charge(snap.run, action.budget, action.total)
         if added is None:
-            raise Again()
+            raise Again("the budget could not be charged")
         self._log("usage charged", snap.run, "budget_charged", budget=action.budget,
                   cents=added.cents, tokens=added.tokens)
         return snap
@@ -691,7 +782,7 @@ class RunController:
                 [f for f in snap.run.metadata.finalizers if f != c.RUN_FINALIZER])
         except (Conflict, NotFound):
             await self._refresh_run(snap.key)
-            raise Again() from None
+            raise Again("finalizer removal conflicted") from None
         self._log("run released for deletion: attempt ended, usage charged, pods released", snap.run,
                   "run_finalized")
         return self._store_written(snap, written)

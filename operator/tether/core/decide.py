@@ -126,6 +126,7 @@ class WriteStatus:
     log_fields: tuple[tuple[str, object], ...] = ()
     ends_attempt: bool = False  # the executor first re-reads the Lease for the final usage report
     lapse: bool = False  # ends the attempt for silence: the executor confirms it with a timely read
+    grants: bool = False  # starts an attempt (bumps the fence and names a holder)
 
 
 @dataclass(frozen=True)
@@ -295,6 +296,7 @@ class _Builder:
         self.log_fields: dict[str, object] = {}
         self.ends_attempt = False
         self.lapse = False
+        self.grants = False
 
     @property
     def generation(self) -> int:
@@ -312,7 +314,7 @@ class _Builder:
     def write(self) -> WriteStatus:
         return WriteStatus(status=self.status, events=tuple(self.events), log=self.log,
                            log_fields=tuple(self.log_fields.items()), ends_attempt=self.ends_attempt,
-                           lapse=self.lapse)
+                           lapse=self.lapse, grants=self.grants)
 
     def end_attempt(self, outcome: Outcome, message: str, exit_code: int | None = None) -> None:
         """Revocation: the fence moves first, so nothing the old holder writes is accepted."""
@@ -397,6 +399,7 @@ class _Builder:
         self.events.append(Event("Normal", c.EV_ATTEMPT_STARTED,
                                  f"attempt {attempt} granted to {holder} with fence {s.fence}"))
         self.log = "job_claimed"
+        self.grants = True
         return holder, attempt, s.fence
 
 

@@ -212,28 +212,36 @@ class KubeClient:
         except NotFound:
             return None
 
-    async def delete_pod(self, ns: str, name: str) -> None:
+    async def delete_pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        """Returns the pod as the deletion left it (None when it is gone)."""
         try:
-            await self._call("DELETE", pod_path(ns, name), f"delete pod {ns}/{name}",
-                             json={"kind": "DeleteOptions", "apiVersion": "v1"})
+            body = await self._call("DELETE", pod_path(ns, name), f"delete pod {ns}/{name}",
+                                    json={"kind": "DeleteOptions", "apiVersion": "v1"})
         except NotFound:
-            pass
+            return None
+        return body if body.get("kind") == "Pod" else None
 
-    async def remove_finalizer(self, ns: str, name: str, finalizer: str) -> None:
-        """JSON patch that tests the finalizer's position, so a concurrent change cannot be clobbered."""
+    async def remove_finalizer(self, ns: str, name: str, finalizer: str) -> dict[str, Any] | None:
+        """JSON patch that tests the finalizer's position, so a concurrent change cannot be clobbered.
+        Returns the pod as it is now (None when it is gone)."""
         pod = await self.get_pod(ns, name)
         if pod is None:
-            return
+            return None
         finalizers = pod["metadata"].get("finalizers", [])
         if finalizer not in finalizers:
-            return
+            return pod
         i = finalizers.index(finalizer)
         patch = [{"op": "test", "path": f"/metadata/finalizers/{i}", "value": finalizer},
                  {"op": "remove", "path": f"/metadata/finalizers/{i}"}]
         try:
-            await self._call("PATCH", pod_path(ns, name), f"release pod {ns}/{name}", json=patch, headers=JSON_PATCH)
+            return await self._call("PATCH", pod_path(ns, name), f"release pod {ns}/{name}", json=patch,
+                                    headers=JSON_PATCH)
         except NotFound:
-            pass
+            return None
+
+    async def list_objects(self, path: str, label_selector: str = "") -> list[dict[str, Any]]:
+        params = {"labelSelector": label_selector} if label_selector else {}
+        return list((await self._call("GET", path, f"list {path}", params=params)).get("items") or [])
 
     # --- RBAC and service accounts for workers -------------------------------
 
