@@ -692,7 +692,8 @@ class Trial:
 
     def run(self) -> TrialResult:
         started = time.monotonic()
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)  # a replay must not find the last one's open gates
+        self.workdir.mkdir(parents=True)
         (self.workdir / "plan.json").write_text(json.dumps(asdict(self.plan), indent=1))
         offset = self.cluster.audit_log.stat().st_size
         verdict = Verdict()

@@ -10,8 +10,9 @@ Six invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    the pod it names.
 2. No accepted result or error is later erased or replaced: once a worker's fenced patch
    published one, every later version of the run keeps it (an error may move into its
-   attempt's record when a retry follows, as the operator documents), and a terminal phase
-   stays what it was.
+   attempt's record when a retry follows, as the operator documents), a run with a result is
+   never granted to another worker (the work would run twice), and a terminal phase stays
+   what it was.
 3. At most one pod per attempt, ever: accepted pod creations, per run incarnation and name.
 4. Every budget's charges equal the final usage of every attempt that named it, to the cent,
    no run charged twice: the budget's marks never shrink, its `spent` moves by exactly the
@@ -291,12 +292,19 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
     return verdict
 
 
+def _final_is_newest(history: _History, final: Mapping[str, dict[str, Any]], uid: str) -> bool:
+    """Whether the object read at the end is at least as new as every write the audit log holds
+    (the log may already hold a write made after the harness read the object)."""
+    writes = history.run_writes.get(uid)
+    return uid in final and (not writes or (_rv(final[uid]) or 0) >= writes[-1].rv)
+
+
 def _last_state(history: _History, final: Mapping[str, dict[str, Any]], uid: str) -> dict[str, Any]:
-    """The run as it ended: the object that exists now, else its last accepted status write."""
-    if uid in final:
+    """The run as it ended: the newer of the object read at the end and its last accepted status write."""
+    if _final_is_newest(history, final, uid):
         return final[uid]
     writes = history.run_writes.get(uid)
-    return writes[-1].body if writes else {}
+    return writes[-1].body if writes else final.get(uid, {})
 
 
 def _fences(history: _History, tenures: Mapping[tuple[str, str], _Tenure], verdict: Verdict,
@@ -333,7 +341,7 @@ def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Ve
     for uid, writes in history.run_writes.items():
         subject = history.name(uid)
         states: list[tuple[str, dict[str, Any]]] = [(w.describe(), w.status) for w in writes]
-        if uid in final:
+        if _final_is_newest(history, final, uid):
             states.append(("the final object", final[uid].get("status") or {}))
         published: dict[str, tuple[Any, str, str]] = {}  # field -> (value, pod, where)
         terminal: tuple[str, str] | None = None  # (phase, where)
@@ -355,6 +363,13 @@ def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Ve
                     2, subject, f"terminal phase {terminal[0]} ({terminal[1]}) replaced by {status.get('phase')} "
                                 f"in {where}"))
                 reported.add("phase")
+            if "result" in published and status.get("holder") not in (None, published["result"][1]) \
+                    and "regrant" not in reported:
+                # The result stands, yet the work is handed out again: it would run twice.
+                verdict.violations.append(Violation(
+                    2, subject, f"result published by pod {published['result'][1]} ({published['result'][2]}), "
+                                f"yet {status.get('holder')} was granted the run in {where}"))
+                reported.add("regrant")
             if w is not None and w.pod is not None:
                 for fld in ("result", "error"):
                     if status.get(fld) is not None and fld not in published:

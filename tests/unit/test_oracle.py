@@ -294,6 +294,19 @@ def test_2_a_workers_error_may_move_into_its_attempt_record_but_not_vanish() -> 
     assert invariants(verdict) == [2] and "replaced by" in str(verdict.violations[0])
 
 
+def test_2_a_run_granted_again_after_its_result_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.publish(a1)
+    run.end("LeaseLost", "Backoff")  # the result is kept, but the run goes on as if it had none
+    a2 = run.grant()
+    run.publish(a2, code=403)
+    verdict = judge(log.records, facts(run, faulted={(run.uid, a1)}))
+    assert 2 in invariants(verdict)
+    assert "yet r-a2 was granted" in next(str(v) for v in verdict.violations if v.invariant == 2)
+
+
 def test_2_a_terminal_phase_that_changes_is_caught() -> None:
     log = Log()
     run = Run(log)
