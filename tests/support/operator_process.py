@@ -26,6 +26,11 @@ class OperatorProcess:
 
     def start(self) -> "OperatorProcess":
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env}
+        # TETHER_TEST_OPERATOR_SRC: run another build of the operator (e.g. an older commit's
+        # operator/ folder) under the same tests, to show a test fails without a fix.
+        if os.environ.get("TETHER_TEST_OPERATOR_SRC"):
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ["TETHER_TEST_OPERATOR_SRC"],
+                                                               env.get("PYTHONPATH")]))
         self.proc = spawn([sys.executable, "-m", "tether.cli", "operator", "-n", self.namespace, *self.extra_args],
                           log_path=self.log_path, env=env)
         self.starts += 1
