@@ -12,7 +12,7 @@ from typing import Iterator
 import httpx
 
 from tether.devcluster.controlplane import LocalCluster, resolve_binaries
-from tether.devcluster.crds import install_crds
+from tether.devcluster.crds import install_crds, install_policies
 from tether.devcluster.processes import free_port, spawn, terminate, wait_for
 
 
@@ -22,6 +22,7 @@ def cluster_with_operator(namespace: str, gateway: bool = False) -> Iterator[tup
     with LocalCluster(bin_dir=resolve_binaries(), with_kubelet=False) as cluster:
         client = cluster.client(timeout=30)
         install_crds(client)
+        install_policies(client)
         client.post("/api/v1/namespaces", json={"metadata": {"name": namespace}}).raise_for_status()
         wait_for(lambda: client.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default").status_code == 200,
                  timeout=60, what="namespace")

@@ -13,7 +13,7 @@ from tether import __version__
 
 def _dev_cluster(args: argparse.Namespace) -> int:
     from tether.devcluster.controlplane import LocalCluster, resolve_binaries
-    from tether.devcluster.crds import install_crds
+    from tether.devcluster.crds import install_crds, install_policies
 
     bin_dir = resolve_binaries()
     state = Path(args.state_dir).resolve() if args.state_dir else Path.cwd() / ".tether" / "cluster"
@@ -23,6 +23,7 @@ def _dev_cluster(args: argparse.Namespace) -> int:
     with cluster:
         with cluster.client() as client:
             install_crds(client)
+            install_policies(client)
         print(f"# control plane up in {cluster.startup_seconds:.1f}s; logs in {cluster.log_dir}")
         print(f"export KUBECONFIG={cluster.kubeconfig}")
         print(f"export PATH={bin_dir}:$PATH   # kubectl {os.path.basename(str(bin_dir))}")
@@ -107,7 +108,8 @@ async def _serve_gateway(args: argparse.Namespace) -> None:
     from tether.kube import config as kubeconfig
     from tether.kube.client import KubeClient
 
-    app = build_app(KubeClient(kubeconfig.load()), audience=args.gateway_audience or None)
+    # A short timeout: a caller waiting on an unreachable API server gets 503 + Retry-After soon.
+    app = build_app(KubeClient(kubeconfig.load(), timeout=5.0), audience=args.gateway_audience or None)
     config = uvicorn.Config(app, host=args.gateway_host, port=args.gateway_port, log_level="warning",
                             lifespan="off", ssl_certfile=args.gateway_tls_cert or None,
                             ssl_keyfile=args.gateway_tls_key or None)

@@ -139,3 +139,17 @@ def test_gateway_publish_tells_refusal_from_no_answer(status: int, code: str | N
             t.publish("result", {"ok": True})
     else:
         assert t.publish("result", {"ok": True}) is outcome
+
+
+def test_a_refusal_by_the_fencing_policy_means_lost_but_rbac_does_not() -> None:
+    import httpx
+
+    from tether.worker.transport import fenced_by_policy
+
+    policy = httpx.Response(403, text='workerruns.tether.dev "job" is forbidden: ValidatingAdmissionPolicy '
+                                      "'tether-worker-status-fencing' with binding 'tether-worker-status-fencing' "
+                                      "denied request: pod job-a1 does not hold WorkerRun job")
+    rbac = httpx.Response(403, text='leases.coordination.k8s.io "job" is forbidden: User '
+                                    '"system:serviceaccount:ns:job-worker" cannot update resource "leases"')
+    assert fenced_by_policy(policy) and not fenced_by_policy(rbac)
+    assert not fenced_by_policy(httpx.Response(422, text="ValidatingAdmissionPolicy tether-worker"))

@@ -18,7 +18,7 @@ import httpx
 import yaml
 
 from tether.devcluster.controlplane import LocalCluster, repo_root, resolve_binaries
-from tether.devcluster.crds import install_crds
+from tether.devcluster.crds import install_crds, install_policies
 from tether.devcluster.processes import spawn, terminate, wait_for
 
 NS = "demo"
@@ -72,6 +72,7 @@ def run_demo(keep: bool) -> int:
     with LocalCluster(bin_dir=bin_dir, state_dir=state) as cluster:
         client = cluster.client(timeout=30)
         install_crds(client)
+        install_policies(client)
         _say(f"    up in {cluster.startup_seconds:.1f}s; CRDs installed")
         op_log = root / ".tether" / "demo-operator.log"
         op_log.unlink(missing_ok=True)

@@ -82,14 +82,17 @@ class KubeTransport:
             return Renewal(ok=False, why="renewal conflicted twice")
         if resp.status_code == 404:
             return Renewal(ok=False, lost=True, why="the lease is gone")
+        if fenced_by_policy(resp):
+            return Renewal(ok=False, lost=True, why=f"the API server's fencing policy refused: {resp.text[:200]}")
         return Renewal(ok=False, why=f"renewal refused: {resp.status_code} {resp.text[:200]}")
 
     def publish(self, field: str, value: dict[str, Any]) -> bool:
         patch = protocol.fenced_patch(self.holder, self.fence, field, value)
         resp = self._http.patch(run_path(self.namespace, self.name) + "/status", json=patch,
                                 headers=protocol.JSON_PATCH)
-        # 422: a `test` failed, the fence or holder moved on.
-        return _published(resp, refused=resp.status_code in (404, 409, 422))
+        # 422: a `test` failed, the fence or holder moved on; 403 from the fencing policy: the same,
+        # said by the API server itself.
+        return _published(resp, refused=resp.status_code in (404, 409, 422) or fenced_by_policy(resp))
 
 
 class GatewayTransport:
@@ -131,6 +134,12 @@ class GatewayTransport:
         resp = self._http.post(f"{self._prefix}/{op}", json={**self._fenced, **body})
         refused = resp.status_code in (404, 409, 410) or error_body(resp).get("code") == "NotClaimant"
         return _published(resp, refused)
+
+
+def fenced_by_policy(resp: httpx.Response) -> bool:
+    """A 403 from Tether's admission policy (the write is not this attempt's to make), as opposed
+    to RBAC's 403 (a misconfigured worker identity), which says nothing about ownership."""
+    return resp.status_code == 403 and "ValidatingAdmissionPolicy" in resp.text and "tether-worker" in resp.text
 
 
 def _published(resp: httpx.Response, refused: bool) -> bool:
