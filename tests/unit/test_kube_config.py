@@ -30,7 +30,7 @@ def test_kubeconfig_with_embedded_client_cert(tmp_path: Path) -> None:
     cfg = config.load(path)
     assert cfg.server == "https://127.0.0.1:6443"
     assert cfg.namespace == "agents"
-    assert cfg.headers() == {}
+    assert cfg.auth() is None  # the client certificate authenticates
 
 
 def test_kubeconfig_token_file_is_reread(tmp_path: Path) -> None:
@@ -45,14 +45,14 @@ def test_kubeconfig_token_file_is_reread(tmp_path: Path) -> None:
         "current-context": "x",
     }))
     cfg = config.load(path)
-    assert cfg.headers() == {"Authorization": "Bearer one"}
-    token.write_text("two")
-    assert cfg.headers() == {"Authorization": "Bearer two"}
     # A long-lived client sees the rotated token on its next request, without being rebuilt.
     auth = cfg.auth()
     assert auth is not None
     request = httpx.Request("GET", "https://h:1/api")
-    assert next(auth.auth_flow(request)).headers["Authorization"] == "Bearer two"
+    assert next(auth.auth_flow(request)).headers["Authorization"] == "Bearer one"
+    token.write_text("two")
+    os.utime(token, (time.time() + 2, time.time() + 2))
+    assert next(auth.auth_flow(httpx.Request("GET", "https://h:1/api"))).headers["Authorization"] == "Bearer two"
     token.write_text("three")
     os.utime(token, (time.time() + 5, time.time() + 5))
     assert next(auth.auth_flow(httpx.Request("GET", "https://h:1/api"))).headers["Authorization"] == "Bearer three"

@@ -34,10 +34,6 @@ def set_condition(conditions: list[Condition], type_: str, status: Status, reaso
     return out
 
 
-def remove_condition(conditions: list[Condition], type_: str) -> list[Condition]:
-    return [cond for cond in conditions if cond.type != type_]
-
-
 def get_condition(conditions: list[Condition], type_: str) -> Condition | None:
     return next((cond for cond in conditions if cond.type == type_), None)
 

@@ -45,12 +45,16 @@ def parse_usage(raw: str | None, previous: Usage | None, key: str) -> Usage | No
 class LeaseTracker:
     def __init__(self) -> None:
         self._items: dict[str, LeaseObservation] = {}
+        # The usage annotation as last parsed: an unchanged report is not parsed (nor refused
+        # and logged) again on every heartbeat.
+        self._raw_usage: dict[str, str | None] = {}
 
     def get(self, key: str) -> LeaseObservation | None:
         return self._items.get(key)
 
     def forget(self, key: str) -> None:
         self._items.pop(key, None)
+        self._raw_usage.pop(key, None)
 
     def observe(self, key: str, lease: dict[str, Any], mono: float) -> bool:
         """Records a Lease seen by watch, GET or our own write. Returns True when it matters
@@ -62,7 +66,9 @@ class LeaseTracker:
         if prev is not None and fence is not None and prev.fence is not None and fence < prev.fence:
             return False  # an event older than what we already know
         checkpoint, signals = ann.get(c.ANN_CHECKPOINT), ann.get(c.ANN_SIGNALS)
+        raw_usage = ann.get(c.ANN_USAGE)
         if prev is None or (holder, fence) != (prev.holder, prev.fence):
+            self._raw_usage[key] = raw_usage
             self._items[key] = LeaseObservation(
                 holder=holder, fence=fence, resource_version=rv, last_change=mono, renewed=False,
                 checkpoint=checkpoint, checkpoint_changed=mono, signals=signals,
@@ -72,10 +78,12 @@ class LeaseTracker:
             return False
         # Only the holder's own writes count as renewals; a signal update by the operator does not.
         by_holder = signals == prev.signals
+        usage = prev.usage if raw_usage == self._raw_usage.get(key) else parse_usage(raw_usage, prev.usage, key)
+        self._raw_usage[key] = raw_usage
         self._items[key] = replace(
             prev, resource_version=rv, signals=signals,
             last_change=mono if by_holder else prev.last_change,
             renewed=prev.renewed or by_holder, checkpoint=checkpoint,
             checkpoint_changed=mono if checkpoint != prev.checkpoint else prev.checkpoint_changed,
-            usage=parse_usage(ann.get(c.ANN_USAGE), prev.usage, key))
+            usage=usage)
         return not prev.renewed and by_holder

@@ -89,10 +89,3 @@ def apply_charge(budget: WorkerBudget, run_uid: str, run_name: str, total: Usage
 def charged(budget: WorkerBudget, run_uid: str) -> Usage:
     mark = budget.status.charges.get(run_uid)
     return Usage(cents=mark.cents, tokens=mark.tokens) if mark else Usage()
-
-
-def forget_charge(budget: WorkerBudget, run_uid: str) -> WorkerBudgetStatus:
-    status = budget.status.model_copy(deep=True)
-    status.charges.pop(run_uid, None)
-    return status
-

@@ -28,12 +28,6 @@ class KubeConfig:
     token_file: Path | None = None
     namespace: str = "default"
 
-    def headers(self) -> dict[str, str]:
-        token = self.token
-        if self.token_file is not None:
-            token = self.token_file.read_text().strip()
-        return {"Authorization": f"Bearer {token}"} if token else {}
-
     def auth(self) -> httpx.Auth | None:
         """Bearer auth applied per request, so a rotated projected token is picked up."""
         if self.token_file is not None:
