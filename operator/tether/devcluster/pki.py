@@ -74,6 +74,22 @@ class CertificateAuthority:
         )
         self.pair = self._write("ca", self._cert, self._key)
 
+    @classmethod
+    def load(cls, pair: CertPair, directory: Path) -> "CertificateAuthority":
+        """An existing CA (a running cluster's) that issues into `directory`, leaving its own files alone.
+
+        Tests use it to give a proxy in front of the API server a serving certificate that
+        the cluster's clients (a pod's kubeconfig trusts only the cluster CA) already trust."""
+        self = cls.__new__(cls)
+        self.directory = directory
+        self._cert = x509.load_pem_x509_certificate(pair.cert_pem())
+        key = serialization.load_pem_private_key(pair.key_pem(), password=None)
+        if not isinstance(key, rsa.RSAPrivateKey):
+            raise TypeError(f"{pair.key}: expected an RSA key")
+        self._key = key
+        self.pair = pair
+        return self
+
     def _write(self, stem: str, cert: x509.Certificate, key: rsa.RSAPrivateKey) -> CertPair:
         cert_path = self.directory / f"{stem}.crt"
         key_path = self.directory / f"{stem}.key"
