@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from tether.devcluster.controlplane import LocalCluster, resolve_binaries  # noqa: E402
 from tether.devcluster.crds import install_crds, install_policies  # noqa: E402
-from tests.support.chaos import ClusterHandle, Tally, Trial, draw_plan  # noqa: E402
+from tests.support.chaos import ClusterHandle, Tally, Trial, draw_plan, timeline  # noqa: E402
 
 
 def _start(stack: contextlib.ExitStack, label: str, pausable: bool) -> ClusterHandle:
@@ -41,6 +42,18 @@ def _start(stack: contextlib.ExitStack, label: str, pausable: bool) -> ClusterHa
     print(f"{label} control plane at {cluster.server} in {time.monotonic() - began:.0f}s "
           f"(audit log {cluster.audit_log})", flush=True)
     return ClusterHandle.from_local(cluster, label, pausable=pausable)
+
+
+def _snapshot(rev: str) -> tuple[str, Path]:
+    """The operator package as committed at `rev` (git archive: the work tree and index stay untouched).
+
+    Others edit this checkout while trials run; a trial should judge a build, not a half-saved file."""
+    sha = subprocess.run(["git", "rev-parse", "--verify", f"{rev}^{{commit}}"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    dest = Path(tempfile.mkdtemp(prefix=f"tether-src-{sha[:8]}-"))
+    archive = subprocess.run(["git", "archive", sha, "operator"], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return sha, dest / "operator"
 
 
 def main() -> int:
@@ -57,8 +70,25 @@ def main() -> int:
     parser.add_argument("--keep", choices=["failed", "always", "never"], default="failed",
                         help="which trials' evidence to keep under .tether/chaos/")
     parser.add_argument("--fail-fast", action="store_true", help="stop at the first failed trial")
+    parser.add_argument("--timeline", type=Path, metavar="DIR",
+                        help="print a kept trial's audit writes and operator events in time order, and exit")
+    parser.add_argument("--run", help="with --timeline: only this run")
+    parser.add_argument("--source", metavar="REV",
+                        help="run the operator and the worker SDK as committed at REV (e.g. HEAD) instead of the "
+                             "work tree")
     args = parser.parse_args()
+    if args.timeline:
+        print(timeline(args.timeline, args.run))
+        return 0
     os.chdir(ROOT)  # the process kubelet runs tests/support/worker_app.py relative to its working directory
+    source = None
+    if args.source:
+        source, package = _snapshot(args.source)
+        # The operator (tests/support/operator_process.py) and, through the process kubelet's environment,
+        # every worker pod import tether from there.
+        os.environ["TETHER_TEST_OPERATOR_SRC"] = str(package)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package), os.environ.get("PYTHONPATH")]))
+        print(f"operator and worker SDK from {source} ({package})", flush=True)
 
     seeds = [args.replay] if args.replay is not None else [args.seed + i for i in range(args.trials)]
     evidence = ROOT / ".tether" / "chaos"
@@ -75,7 +105,7 @@ def main() -> int:
                 shared = shared or _start(stack, "shared", pausable=False)
                 cluster = shared
             result = Trial(plan, cluster, evidence / f"seed-{seed}", settle_seconds=args.settle,
-                           strict_window=args.strict_window, keep=args.keep).run()
+                           strict_window=args.strict_window, keep=args.keep, source=source).run()
             tally.add(result)
             print(f"[{tally.trials}/{len(seeds)}] {result.summary()}", flush=True)
             if not result.ok:

@@ -63,12 +63,15 @@ BUDGET = "team"
 FAULT_WEIGHTS: dict[str, int] = {
     "operator-delay": 3, "operator-error": 3, "operator-watch-expired": 2, "operator-drop": 2,
     "operator-watch-hold": 2, "operator-watch-reset": 1, "operator-cut": 2, "operator-kill": 3,
+    "operator-kill-mid-grant": 2, "operator-kill-mid-revocation": 2,
     "worker-delay": 2, "worker-error": 2, "worker-drop": 2, "worker-freeze": 4, "worker-partition": 4,
     "worker-kill": 2, "worker-complete-while-revoked": 4,
     "run-delete": 2, "run-stop": 2, "run-suspend": 2, "run-recreate": 2,
 }
 API_PAUSE = "api-pause"
 FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, API_PAUSE)
+# Kinds that hit one run's current worker: it is found, and recorded as faulted, first.
+AIMED_AT_WORKER = frozenset(k for k in FAULT_KINDS if k.startswith("worker-")) | {"operator-kill-mid-revocation"}
 
 
 # --- the plan ------------------------------------------------------------------------------
@@ -127,7 +130,7 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
 def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> FaultPlan:
     past_lease = lambda: round(LEASE_SECONDS + rng.uniform(1, 6), 1)  # noqa: E731
     some = lambda lo, hi: round(rng.uniform(lo, hi), 1)  # noqa: E731
-    target = rng.randrange(n_runs) if kind.startswith(("worker-", "run-")) else None
+    target = rng.randrange(n_runs) if kind in AIMED_AT_WORKER or kind.startswith("run-") else None
     seconds, params = 0.0, {}
     if kind in ("operator-delay", "worker-delay"):
         seconds = some(3, 10)
@@ -149,6 +152,10 @@ def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> Fa
         seconds = some(2, 12)
     elif kind == "operator-kill":
         params = {"down": some(0, 4)}
+    elif kind == "operator-kill-mid-grant":
+        params = {"down": some(0, 3), "late": some(0, 3)}
+    elif kind == "operator-kill-mid-revocation":
+        params = {"down": some(0, 3), "thaw": some(0, 4), "late": some(0, 3)}
     elif kind in ("worker-freeze", "worker-partition"):
         seconds = past_lease()
     elif kind == "worker-complete-while-revoked":
@@ -162,8 +169,9 @@ def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> Fa
     return FaultPlan(kind=kind, at=at, run=target, seconds=seconds, params=params)
 
 
-def replay_command(seed: int, allow_api_pause: bool = True) -> str:
-    flags = "" if allow_api_pause else " --no-api-pause"
+def replay_command(seed: int, allow_api_pause: bool = True, source: str | None = None) -> str:
+    """The one line that re-runs a trial; `source`: the commit whose operator it ran (benchmarks/chaos.py --source)."""
+    flags = ("" if allow_api_pause else " --no-api-pause") + (f" --source {source}" if source else "")
     return f"flock /tmp/tether-cluster.lock .venv/bin/python benchmarks/chaos.py --replay {seed}{flags}"
 
 
@@ -230,6 +238,7 @@ class TrialResult:
     notes: list[str]  # what the harness saw that is not an invariant (operator exits, fault errors)
     artifacts: Path | None  # kept only when the trial failed
     error: str | None = None  # the harness itself broke: the trial proves nothing and counts as failed
+    source: str | None = None  # the commit the operator and workers ran from (None: the working tree)
 
     @property
     def ok(self) -> bool:
@@ -253,7 +262,7 @@ class TrialResult:
             lines.append(f"  note: {note}")
         if self.artifacts is not None:
             lines.append(f"  evidence kept in {self.artifacts} (plan, audit records, operator and worker logs)")
-        lines.append(f"  replay: {replay_command(self.plan.seed, self.plan.allow_api_pause)}")
+        lines.append(f"  replay: {replay_command(self.plan.seed, self.plan.allow_api_pause, self.source)}")
         return "\n".join(lines)
 
 
@@ -339,12 +348,13 @@ class Trial:
     """Runs one plan on one cluster and judges it. `run()` cleans up whatever happens."""
 
     def __init__(self, plan: Plan, cluster: ClusterHandle, workdir: Path, *, settle_seconds: float = SETTLE_SECONDS,
-                 strict_window: bool = False, keep: str = "failed") -> None:
+                 strict_window: bool = False, keep: str = "failed", source: str | None = None) -> None:
         self.plan, self.cluster = plan, cluster
         self.workdir = workdir
         self.settle_seconds = settle_seconds
         self.strict_window = strict_window
         self.keep = keep  # "failed" | "always" | "never"
+        self.source = source
         self.ns = f"chaos-{plan.seed % 100000}-{uuid.uuid4().hex[:5]}"
         self.kube = Kube(str(cluster.kubeconfig))
         self.faults: Counter[str] = Counter()
@@ -468,7 +478,7 @@ class Trial:
             return
         name = self.plan.runs[f.run].name if f.run is not None else ""
         act = getattr(self, "_f_" + f.kind.replace("-", "_"))
-        if f.kind.startswith("worker-"):
+        if f.kind in AIMED_AT_WORKER:
             # Aimed at the run's current worker: found (and recorded as faulted) before it is hit.
             target = self._holder(name)
             if target is not None:
@@ -525,9 +535,50 @@ class Trial:
         self._lasting(f.seconds, self.op_proxy.heal)
 
     def _f_operator_kill(self, f: FaultPlan, _: str) -> None:
+        self._kill_leader(f.params["down"])
+
+    def _kill_leader(self, down: float) -> None:
+        """kill -9 of the acting operator; a new process starts `down` seconds later."""
         index = self.operators.leader(self.kube, self.ns)
         self.operators.kill(index)
-        self._lasting(f.params["down"], lambda: self.operators.restart(index))
+        self._lasting(down, lambda: self.operators.restart(index))
+
+    def _f_operator_kill_mid_grant(self, f: FaultPlan, _: str) -> bool:
+        """The operator dies with a pod creation in flight (the grant's status and Lease are written);
+        the request still reaches the API server, late, after its successor started: one pod, adopted."""
+        gate = self.op_proxy.gate(method="POST", path=rf"/namespaces/{re.escape(self.ns)}/pods$")
+        try:
+            gate.wait_arrived(timeout=15)
+        except TimeoutError:
+            gate.release()
+            return False  # no grant came along
+        try:
+            self._kill_leader(f.params["down"])
+            self._wait(f.params["late"])
+        finally:
+            gate.release()
+        return True
+
+    def _f_operator_kill_mid_revocation(self, f: FaultPlan, name: str, target: Target) -> bool:
+        """The worker freezes past its lease; the operator bumps the fence and dies with its Lease clear in
+        flight. The worker wakes while the Lease still names it (its renewals land in the revocation
+        window, with usage to settle); the old clear arrives late, after the successor started."""
+        gate = self.op_proxy.gate(method="PUT", path=rf"/namespaces/{re.escape(self.ns)}/leases/{re.escape(name)}$")
+        try:
+            if not _signal(target.pid, signal.SIGSTOP):
+                return False
+            with self.lock:
+                self.frozen[target.pid] = target.pod
+            gate.wait_arrived(timeout=2 * LEASE_SECONDS + 10)
+            self._kill_leader(f.params["down"])
+            self._lasting(f.params["thaw"], lambda: self._thaw(target.pid))
+            self._wait(f.params["late"])
+        except TimeoutError as exc:
+            self.notes.append(f"{f.kind} on {target.pod}: {exc}")
+        finally:
+            gate.release()
+            self._thaw(target.pid)
+        return True
 
     def _f_worker_delay(self, f: FaultPlan, name: str, target: Target) -> None:
         self._proxy_rule(self.worker_proxy, f, self._client(target.pod))
@@ -731,6 +782,7 @@ class Trial:
             facts = TrialFacts(namespace=self.ns, faulted=set(self.faulted), runs=runs, budgets=budgets["items"],
                                leases_before=before, leases_after=after)
             verdict = judge(records, facts, strict_window=self.strict_window)
+            self._misinformed(records, verdict)
         except Exception as exc:  # noqa: BLE001 - a broken trial is reported and counted, never passed
             error = f"{exc!r}"
             self.notes.append(traceback.format_exc())
@@ -738,7 +790,9 @@ class Trial:
             self.notes.extend(self.operators.exits if self.operators else [])
             self.stop.set()
             self._teardown()
-            keep = self.keep == "always" or (self.keep == "failed" and (not verdict.ok or error is not None))
+            # Kept too: trials where a worker was misinformed about its own result (worth a look).
+            notable = bool(verdict.stats["workers told their accepted result was refused or unknown"])
+            keep = self.keep == "always" or (self.keep == "failed" and (not verdict.ok or error is not None or notable))
             if keep:
                 (self.workdir / "audit.jsonl").write_text("\n".join(raw) + "\n")
                 (self.workdir / "verdict.txt").write_text(
@@ -746,7 +800,22 @@ class Trial:
             else:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         return TrialResult(self.plan, verdict, self.ns, time.monotonic() - started, self.faults, self.skipped,
-                           self.notes, self.workdir if keep else None, error)
+                           self.notes, self.workdir if keep else None, error, self.source)
+
+    def _misinformed(self, records: list[AuditRecord], verdict: Verdict) -> None:
+        """Workers told their result was refused although the API server had accepted it (an answer
+        lost on the way, then a retry refused because the result was already there). Not a breach of
+        the six invariants (the result stands), but the worker drew the wrong conclusion: noted."""
+        published = {(r.object_ref.name, r.user.pod) for r in records
+                     if r.accepted and r.user.pod and r.object_ref is not None and r.object_ref.subresource == "status"}
+        for rp in self.plan.runs:
+            out = self.workdir / f"{rp.name}.jsonl"
+            lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.exists() else []
+            for entry in lines:
+                pod = f"{rp.name}-a{entry.get('attempt')}"
+                if entry.get("event") == "complete" and not entry.get("accepted") and (rp.name, pod) in published:
+                    verdict.stats["workers told their accepted result was refused or unknown"] += 1
+                    self.notes.append(f"{pod} was told {entry.get('error')} though its result was accepted")
 
     def _guard(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
@@ -828,3 +897,48 @@ class Tally:
         if self.failed:
             lines.append("failed seeds: " + " ".join(str(r.plan.seed) for r in self.failed))
         return "\n".join(lines)
+
+
+# --- diagnosis -----------------------------------------------------------------------------
+
+
+def timeline(evidence: Path, run: str | None = None) -> str:
+    """One time-ordered account of a kept trial: the audit log's writes (who, what, answer, the run's
+    fence/holder/phase or the Lease's holder/fence) merged with the operators' log events.
+    `run`: only what concerns that run (its status, Lease, pods, and its log lines)."""
+    rows: list[tuple[str, str]] = []
+    for line in (evidence / "audit.jsonl").read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = AuditRecord.parse(json.loads(line))
+        ref = rec.object_ref
+        if ref is None or rec.verb in ("get", "list", "watch"):
+            continue
+        if run is not None and ref.name != run and not ref.name.startswith(f"{run}-a"):
+            continue
+        body, what = rec.response_object or {}, ""
+        if ref.resource == "workerruns" and ref.subresource == "status" and body:
+            s = body.get("status") or {}
+            last = (s.get("attempts") or [{}])[-1]
+            what = (f"phase={s.get('phase')} fence={s.get('fence')} holder={s.get('holder')} "
+                    f"last={last.get('attempt')}:{last.get('outcome')} result={'yes' if s.get('result') else 'no'}")
+        elif ref.resource == "leases" and body:
+            spec = body.get("spec") or {}
+            what = f"holder={spec.get('holderIdentity')} fence={spec.get('leaseTransitions')}"
+        who = f"pod {rec.user.pod}" if rec.user.pod else rec.user.username.rsplit(":", 1)[-1]
+        rv = (body.get("metadata") or {}).get("resourceVersion", "")
+        rows.append((rec.completed.isoformat(timespec="milliseconds"),
+                     f"API  {rec.verb:6} {ref.resource}{'/' + ref.subresource if ref.subresource else ''} "
+                     f"{ref.name} by {who} -> {rec.code} rv={rv} {what} {rec.message[:120] if not rec.accepted else ''}"))
+    for log in sorted(evidence.glob("operator-*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if run is not None and not str(doc.get("run", "")).endswith(f"/{run}"):
+                continue
+            extra = {k: v for k, v in doc.items() if k not in ("ts", "level", "logger", "msg", "error")}
+            rows.append((doc.get("ts", ""), f"{log.stem[-1]}OP {doc.get('msg', '')} {json.dumps(extra)[:300]}"))
+    rows.sort(key=lambda r: r[0].replace("+00:00", ""))
+    return "\n".join(f"{ts[11:23]} {text}" for ts, text in rows)
