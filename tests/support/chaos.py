@@ -791,7 +791,7 @@ class Trial:
             self.stop.set()
             self._teardown()
             # Kept too: trials where a worker was misinformed about its own result (worth a look).
-            notable = bool(verdict.stats["workers told their accepted result was refused or unknown"])
+            notable = bool(verdict.stats["workers told their accepted result was refused"])
             keep = self.keep == "always" or (self.keep == "failed" and (not verdict.ok or error is not None or notable))
             if keep:
                 (self.workdir / "audit.jsonl").write_text("\n".join(raw) + "\n")
@@ -803,9 +803,10 @@ class Trial:
                            self.notes, self.workdir if keep else None, error, self.source)
 
     def _misinformed(self, records: list[AuditRecord], verdict: Verdict) -> None:
-        """Workers told their result was refused although the API server had accepted it (an answer
-        lost on the way, then a retry refused because the result was already there). Not a breach of
-        the six invariants (the result stands), but the worker drew the wrong conclusion: noted."""
+        """Workers whose result the API server accepted but who were told otherwise: LeaseLost (an answer
+        lost on the way, then a retry refused because the result was already there: the worker draws
+        the wrong conclusion) or OwnershipUnknown (the request was held up and landed after the worker
+        gave up: honest). Not a breach of the six invariants (the result stands): noted and counted."""
         published = {(r.object_ref.name, r.user.pod) for r in records
                      if r.accepted and r.user.pod and r.object_ref is not None and r.object_ref.subresource == "status"}
         for rp in self.plan.runs:
@@ -814,7 +815,9 @@ class Trial:
             for entry in lines:
                 pod = f"{rp.name}-a{entry.get('attempt')}"
                 if entry.get("event") == "complete" and not entry.get("accepted") and (rp.name, pod) in published:
-                    verdict.stats["workers told their accepted result was refused or unknown"] += 1
+                    # OwnershipUnknown is honest (its request was still on its way); LeaseLost is wrong.
+                    told = "refused" if entry.get("error") == "LeaseLost" else "unknown"
+                    verdict.stats[f"workers told their accepted result was {told}"] += 1
                     self.notes.append(f"{pod} was told {entry.get('error')} though its result was accepted")
 
     def _guard(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -916,7 +919,7 @@ def timeline(evidence: Path, run: str | None = None) -> str:
             continue
         if run is not None and ref.name != run and not ref.name.startswith(f"{run}-a"):
             continue
-        body, what = rec.response_object or {}, ""
+        body, what = (rec.response_object or {}) if rec.accepted else {}, ""  # a refusal's body is a Status
         if ref.resource == "workerruns" and ref.subresource == "status" and body:
             s = body.get("status") or {}
             last = (s.get("attempts") or [{}])[-1]
