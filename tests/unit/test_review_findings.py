@@ -1,0 +1,89 @@
+"""Adversarial review of the restructured controller (pure parts): each test pins one defect.
+
+They are written against the promise, not the code: they fail while the defect is there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from tether.api.models import Outcome, Phase, WorkerRun
+from tether.core.decide import (
+    EnsureLease,
+    EnsurePod,
+    LeaseObservation,
+    Observed,
+    Revoke,
+    WriteStatus,
+    decide,
+    desired_signals,
+)
+
+T0 = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def _run(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None) -> WorkerRun:
+    return WorkerRun.model_validate({
+        "metadata": {"name": "job", "namespace": "ns", "uid": "u-1", "generation": 1},
+        "spec": {"template": {"spec": {"containers": [{"name": "w", "command": ["w"]}]}},
+                 "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5, "startupGraceSeconds": 30},
+                 "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 0, "maxSeconds": 60, "factor": 2}},
+                 **(spec or {})},
+        "status": status or {},
+    })
+
+
+def _held(**extra: Any) -> dict[str, Any]:
+    """Attempt 1 holds the run (fence 1) and is running."""
+    return {"phase": "Running", "attempt": 1, "fence": 1, "holder": "job-a1", "startedAt": T0.isoformat(),
+            "observedGeneration": 1,
+            "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "pod": "job-a1",
+                          "startedAt": T0.isoformat()}], **extra}
+
+
+def _observe(run: WorkerRun, holder: str | None, fence: int, now: dt.datetime, mono: float = 105.0) -> Observed:
+    lease = LeaseObservation(holder=holder, fence=fence, resource_version="7", last_change=100.0, renewed=True)
+    o = Observed(run=run, lease=lease, pods=(), now=now, mono=mono)
+    # The Lease already carries the signals the operator wants (no EnsureSignals noise).
+    return Observed(run=run, lease=LeaseObservation(**{**lease.__dict__, "signals": desired_signals(o, None)}),
+                    pods=(), now=now, mono=mono)
+
+
+def _status_write(actions: list[Any]) -> WriteStatus:
+    writes = [a.status_write if isinstance(a, Revoke) else a for a in actions if isinstance(a, (WriteStatus, Revoke))]
+    assert len(writes) == 1, actions
+    return writes[0]
+
+
+def test_a_result_accepted_before_the_deadline_pass_is_not_turned_into_deadline_exceeded() -> None:
+    """The worker's fenced result was accepted by the API server (its fence and holder were
+    current), but the operator's next pass comes after endsAt (it was restarting, lagging, or the
+    result landed in the deadline's last moments). _decide_unfinished checks the deadline before
+    the held attempt's result, so the run ends DeadlineExceeded with an error, its attempt recorded
+    as DeadlineExceeded: an accepted result is reported as a failure, and whoever waits on the run
+    does the work again."""
+    run = _run({"deadlineSeconds": 60}, _held(result={"answer": 42}, endsAt=(T0 + dt.timedelta(seconds=60)).isoformat()))
+    d = decide(_observe(run, "job-a1", 1, now=T0 + dt.timedelta(seconds=61)))
+    s = _status_write(d.actions).status
+    assert s.attempts[-1].outcome == Outcome.SUCCEEDED, s.attempts[-1]
+    assert s.phase == Phase.SUCCEEDED and s.error is None
+    assert s.result == {"answer": 42}
+
+
+def test_a_run_whose_result_was_accepted_is_never_granted_again_after_a_foreign_lease_write() -> None:
+    """A foreign write to the Lease (fence ahead of the run's) meets a run whose holder already
+    published its result (accepted; the operator has not ended the attempt yet). decide_foreign_fence
+    ignores the result: the attempt ends LeaseLost and the run goes to Backoff with status.result
+    still set, and the next pass grants attempt 2 (a new pod that runs the work again) — which the
+    following pass ends 'Succeeded' with attempt 1's result."""
+    run = _run(status=_held(result={"answer": 42}))
+    d1 = decide(_observe(run, "job-a1", 9, now=T0))  # someone wrote leaseTransitions=9
+    s1 = _status_write(d1.actions).status
+    # The next pass: the status as written, the Lease cleared at the new fence.
+    run2 = _run(status=s1.dump())
+    d2 = decide(_observe(run2, None, s1.fence, now=T0 + dt.timedelta(seconds=1)))
+    granted = [a for a in d2.actions if isinstance(a, (EnsureLease, EnsurePod))
+               or (isinstance(a, WriteStatus) and a.grants)]
+    assert not granted, f"a run with an accepted result was granted again: {d2.actions}"
+    assert s1.phase == Phase.SUCCEEDED and s1.attempts[0].outcome == Outcome.SUCCEEDED, (s1.phase, s1.attempts)
