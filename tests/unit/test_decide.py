@@ -12,6 +12,7 @@ import pytest
 from tether.api.models import MAX_STATUS_NUMBER, Outcome, Phase, Usage, WorkerRun
 from tether.core.decide import (
     BudgetObservation,
+    Change,
     ChargeBudget,
     ClearLease,
     EnsureSignals,
@@ -23,6 +24,7 @@ from tether.core.decide import (
     Observed,
     PodObservation,
     ReleasePod,
+    Revoke,
     WriteStatus,
     backoff_seconds,
     decide,
@@ -81,7 +83,7 @@ def kinds(actions: list[Any]) -> list[str]:
 
 
 def status_of(actions: list[Any]):  # type: ignore[no-untyped-def]
-    writes = [a for a in actions if isinstance(a, WriteStatus)]
+    writes = [a.status_write if isinstance(a, Revoke) else a for a in actions if isinstance(a, (WriteStatus, Revoke))]
     assert len(writes) == 1, actions
     return writes[0].status
 
@@ -106,7 +108,7 @@ def test_new_run_is_admitted_and_granted_in_order() -> None:
     assert cond(s, "Reconciling") == ("True", "Starting")
     assert cond(s, "LeaseHeld")[0] == "True"
     assert s.observed_generation == 1
-    assert d.actions[0].log == "job_claimed"
+    assert d.actions[0].change == Change.GRANTED and d.actions[0].grants
     assert d.requeue_after == 30
 
 
@@ -128,12 +130,12 @@ def test_deadline_sets_ends_at_on_first_grant() -> None:
     [
         # Granted, no renewal yet: startup grace (30s) from when the grant was observed.
         ("Starting", False, 120.0, [], 10.0),
-        ("Starting", False, 131.0, ["WriteStatus", "ClearLease", "DeletePod"], None),
+        ("Starting", False, 131.0, ["Revoke"], None),
         # First renewal observed: Starting -> Running.
         ("Starting", True, 105.0, ["WriteStatus"], 15.0),
         # Running: lapse after lease duration (20s) without a new resourceVersion.
         ("Running", True, 119.0, [], 1.0),
-        ("Running", True, 120.0, ["WriteStatus", "ClearLease", "DeletePod"], None),
+        ("Running", True, 120.0, ["Revoke"], None),
     ],
 )
 def test_lease_lapse_timing(phase: str, renewed: bool, mono: float, expect_actions: list[str], wake: float | None) -> None:
@@ -148,7 +150,7 @@ def test_first_renewal_moves_to_running() -> None:
     s = status_of(d.actions)
     assert s.phase == Phase.RUNNING and s.fence == 1
     assert cond(s, "LeaseHeld") == ("True", "LeaseRenewed")
-    assert d.actions[0].log == "heartbeat_ok"
+    assert d.actions[0].change == Change.RENEWED
 
 
 def test_steady_heartbeats_write_nothing() -> None:
@@ -163,8 +165,12 @@ def test_lapse_revokes_then_backs_off() -> None:
     assert s.attempts[-1].outcome == Outcome.LEASE_LOST and s.attempts[-1].ended_at == T0
     assert s.checkpoint is not None and s.checkpoint.cursor == "row-9"
     assert s.next_attempt_at == T0 + dt.timedelta(seconds=10)
-    assert d.actions[1] == ClearLease(fence=2) and d.actions[2] == DeletePod("job-a1")
-    assert d.actions[0].log == "heartbeat_lost"
+    # One composite action: status (fence 2) -> Lease cleared at fence 2 -> pod -> (no tool claims: a pod run).
+    assert kinds(d.actions) == ["Revoke"]
+    revoke = d.actions[0]
+    assert revoke.fence == 2 and revoke.pods_to_delete == ("job-a1",) and revoke.tool_claim_holders == ()
+    write = revoke.status_write
+    assert write.change == Change.ATTEMPT_ENDED and write.ended == Outcome.LEASE_LOST and write.lapse
     assert cond(s, "LeaseHeld") == ("False", "LeaseLost")
     assert d.requeue_after == 10
 
@@ -183,7 +189,7 @@ def test_result_succeeds_run_and_keeps_pod_to_exit() -> None:
     s = status_of(d.actions)
     assert (s.phase, s.fence, s.holder) == (Phase.SUCCEEDED, 2, None)
     assert s.attempts[-1].outcome == Outcome.SUCCEEDED
-    assert kinds(d.actions) == ["WriteStatus", "ClearLease"]
+    assert kinds(d.actions) == ["Revoke"] and d.actions[0].pods_to_delete == ()  # the pod exits on its own
     assert cond(s, "Ready") == ("True", "Succeeded") and cond(s, "Succeeded") == ("True", "Succeeded")
     assert cond(s, "Reconciling")[0] == "False"
 
@@ -264,7 +270,7 @@ def test_stop_is_signalled_first_then_revoked_after_grace() -> None:
                           now=T0 + dt.timedelta(seconds=10)))
     s = status_of(late.actions)
     assert (s.phase, s.fence, s.holder) == (Phase.CANCELLED, 2, None)
-    assert kinds(late.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+    assert kinds(late.actions) == ["Revoke"] and late.actions[0].pods_to_delete == ("job-a1",)
     assert cond(s, "Stalled") == ("True", "Cancelled")
 
 
@@ -365,7 +371,7 @@ DELETING = {"deletionTimestamp": T0.isoformat(), "finalizers": ["tether.dev/run-
 def test_deleting_a_held_run_revokes_its_attempt_first() -> None:
     r = run(status=held(), **DELETING)
     d = decide(observe(r, lease(), (pod(),)))
-    assert kinds(d.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+    assert kinds(d.actions) == ["Revoke"] and d.actions[0].pods_to_delete == ("job-a1",)
     s = status_of(d.actions)
     assert s.holder is None and s.fence == 2 and s.phase == Phase.CANCELLED
     assert s.attempts[-1].outcome == Outcome.CANCELLED
@@ -408,11 +414,11 @@ def test_deleting_a_run_settles_then_releases(status: dict[str, Any], lease_obs:
 def test_a_lease_fence_ahead_of_the_run_is_foreign_and_revoked_past() -> None:
     r = run(status=held())
     d = decide(observe(r, lease(fence=9), (pod(),)))
-    assert kinds(d.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+    assert kinds(d.actions) == ["Revoke"] and d.actions[0].pods_to_delete == ("job-a1",)
     s = status_of(d.actions)
     assert s.fence == 10 and s.holder is None and s.phase == Phase.BACKOFF
     assert any(cond.reason == "LeaseTampered" for cond in s.conditions)
-    assert d.actions[1] == ClearLease(fence=10)
+    assert d.actions[0].fence == 10 and d.actions[0].status_write.change == Change.LEASE_TAMPERED
 
 
 def test_a_foreign_fence_on_a_finished_run_moves_its_fence_too() -> None:
@@ -432,10 +438,10 @@ def test_no_lapse_is_judged_until_the_api_answered_for_a_full_duration(
     o = replace(observe(run(status=held()), lease(last_change=100.0), (pod(),), mono=mono),
                 api_available_since=available_since)
     d = decide(o)
-    ended = [a for a in d.actions if isinstance(a, WriteStatus) and a.ends_attempt]
+    ended = [a.status_write for a in d.actions if isinstance(a, Revoke)]
     assert bool(ended) == lost
     if lost:
-        assert ended[0].lapse
+        assert ended[0].ends_attempt and ended[0].lapse
     else:
         assert d.requeue_after is not None and d.requeue_after > 0
 
@@ -473,7 +479,7 @@ def test_cap_crossed_tells_worker_to_stop_then_ends_budget_exceeded() -> None:
     s = status_of(late.actions)
     assert s.phase == Phase.BUDGET_EXCEEDED and s.overspend == Usage(cents=30, tokens=0)
     assert s.usage == Usage(cents=130, tokens=5) and s.attempts[-1].usage == Usage(cents=130, tokens=5)
-    assert "DeletePod" in kinds(late.actions)
+    assert late.actions[0].pods_to_delete == ("job-a1",)
 
 
 def test_usage_alarm_is_what_remains_of_the_cap() -> None:
@@ -632,11 +638,11 @@ def test_ends_at_follows_a_changed_deadline(deadline: int | None, now_s: int, en
     assert s.ends_at == want
     if phase is not None:
         assert s.phase == phase and s.holder is None
-        assert kinds(d.actions) == ["WriteStatus", "ClearLease", "DeletePod"]
+        assert kinds(d.actions) == ["Revoke"]
     else:
         assert s.phase == Phase.RUNNING and s.holder == "job-a1" and s.fence == 1
-        # The worker learns the new endsAt from its signals on the next pass.
-        assert d.requeue_after == 0
+        # The worker learns the new endsAt from its signals on the next pass, which comes at once.
+        assert d.again_now and d.requeue_after is None
 
 
 def test_new_ends_at_reaches_the_worker_signals() -> None:
@@ -684,3 +690,114 @@ def test_run_usage_saturates_at_the_crds_maximum() -> None:
     s = status_of(d.actions)
     assert s.phase == Phase.FAILED
     assert s.usage == Usage(cents=100 * 10**11, tokens=MAX_STATUS_NUMBER)
+
+
+# --- revocation is one action, its order explicit (issue 9 §4) ----------------------------
+
+
+def test_an_external_attempt_is_revoked_with_its_tool_claim() -> None:
+    r = run({"executor": "External", "template": None}, status=held())
+    d = decide(observe(r, lease(), (), mono=200))
+    assert kinds(d.actions) == ["Revoke"]
+    revoke = d.actions[0]
+    # status (fence 1 -> 2, no holder) -> Lease cleared at 2 -> no pod -> job-a1's tool-claim Secret
+    assert revoke.status_write.status.fence == revoke.fence == 2 and revoke.status_write.status.holder is None
+    assert revoke.pods_to_delete == () and revoke.tool_claim_holders == ("job-a1",)
+
+
+def test_a_revocation_is_followed_by_the_charge_of_its_final_usage() -> None:
+    budget = BudgetObservation(name="team", remaining=Usage(cents=1000, tokens=10**6))
+    r = run({"budget": {"budgetRef": {"name": "team"}}}, status=held())
+    d = decide(observe(r, lease(usage=Usage(cents=7, tokens=0)), (pod(),), mono=200, budget=budget))
+    assert kinds(d.actions) == ["Revoke", "ChargeBudget"]
+    assert d.actions[1] == ChargeBudget(budget="team", total=Usage(cents=7, tokens=0))
+
+
+# --- the fence range is finite: Lease.spec.leaseTransitions and status.fence are int32 --------
+
+FENCE_MAX = 2**31 - 1
+
+
+def test_a_foreign_fence_at_the_int32_maximum_fails_the_run_instead_of_overflowing() -> None:
+    d = decide(observe(run(status=held()), lease(fence=FENCE_MAX), (pod(),)))
+    assert kinds(d.actions) == ["Revoke"] and d.actions[0].pods_to_delete == ("job-a1",)
+    write = d.actions[0].status_write
+    s = write.status
+    assert s.fence == d.actions[0].fence == FENCE_MAX  # never 2**31: the CRD would refuse it (422 loop)
+    assert (s.phase, s.holder, s.next_attempt_at) == (Phase.FAILED, None, None)
+    assert cond(s, "Failed") == ("True", "FenceExhausted") and cond(s, "Stalled") == ("True", "FenceExhausted")
+    assert cond(s, "LeaseHeld") == ("False", "LeaseTampered")
+    assert s.error is not None and s.error.code == "FenceExhausted"
+    assert {e.reason for e in write.events} >= {"FenceExhausted", "LeaseTampered"}
+    assert write.change == Change.FENCE_EXHAUSTED
+
+
+@pytest.mark.parametrize("lease_fence", [FENCE_MAX - 2, FENCE_MAX - 1, FENCE_MAX])
+def test_a_foreign_fence_leaving_no_room_for_an_attempt_fails_a_waiting_run(lease_fence: int) -> None:
+    st = {"phase": "Backoff", "attempt": 1, "fence": 2, "nextAttemptAt": T0.isoformat(), "attempts": []}
+    d = decide(observe(run(status=st), lease(holder=None, fence=lease_fence)))
+    assert kinds(d.actions) == ["WriteStatus", "ClearLease"]
+    s = status_of(d.actions)
+    assert s.phase == Phase.FAILED and s.fence == min(lease_fence + 1, FENCE_MAX)
+    assert d.actions[1] == ClearLease(fence=s.fence)
+    # Converged: the next pass sees the Lease at the run's fence and a finished run.
+    after_write = decide(observe(run(status=s.dump()), lease(holder=None, fence=s.fence)))
+    assert after_write.actions == []
+
+
+def test_a_foreign_fence_with_room_left_lets_the_run_go_on() -> None:
+    st = {"phase": "Backoff", "attempt": 1, "fence": 2, "nextAttemptAt": T0.isoformat(), "attempts": []}
+    d = decide(observe(run(status=st), lease(holder=None, fence=FENCE_MAX - 3)))
+    s = status_of(d.actions)
+    assert s.phase == Phase.BACKOFF and s.fence == FENCE_MAX - 2
+
+
+def test_a_foreign_fence_at_the_maximum_on_a_finished_run_keeps_its_phase() -> None:
+    r = run(status={"phase": "Succeeded", "fence": 2, "attempt": 1, "attempts": [], "result": {"ok": 1}})
+    s = status_of(decide(observe(r, lease(holder=None, fence=FENCE_MAX))).actions)
+    assert s.phase == Phase.SUCCEEDED and s.fence == FENCE_MAX and s.result == {"ok": 1}
+
+
+def test_no_grant_without_fences_for_its_revocation() -> None:
+    st = {"phase": "Backoff", "attempt": 1, "fence": FENCE_MAX - 1, "nextAttemptAt": T0.isoformat(), "attempts": []}
+    d = decide(observe(run(status=st), lease(holder=None, fence=FENCE_MAX - 1)))
+    assert kinds(d.actions) == ["WriteStatus"]
+    s = status_of(d.actions)
+    assert s.phase == Phase.FAILED and s.fence == FENCE_MAX - 1 and cond(s, "Failed")[1] == "FenceExhausted"
+
+
+# --- no magic values ------------------------------------------------------------------------
+
+
+def test_a_progress_deadline_sets_no_timer_before_the_first_renewal() -> None:
+    # Found while splitting the core: the progress timer ran from the grant, so once it passed
+    # the decision asked for a pass "0 s from now" with nothing to do, until the first renewal.
+    r = run({"progressDeadlineSeconds": 15}, status=held(phase="Starting"))
+    d = decide(observe(r, lease(renewed=False, checkpoint_changed=100.0), (pod(),), mono=120.0))
+    assert d.actions == [] and d.requeue_after == pytest.approx(10.0)  # the startup grace, nothing sooner
+
+
+def test_a_usage_alarm_without_a_token_limit_has_none() -> None:
+    d = decide(observe(run({"budget": {"capCents": 100}}, status=held()), lease(), (pod(),)))
+    assert d.usage_alarm is not None and (d.usage_alarm.cents, d.usage_alarm.tokens) == (100, None)
+    assert d.usage_alarm.reached(Usage(cents=100, tokens=0)) and not d.usage_alarm.reached(Usage(cents=99, tokens=10**14))
+    assert decide(observe(run(status=held()), lease(), (pod(),))).usage_alarm is None
+
+
+def test_grant_signals_come_from_the_status_being_written() -> None:
+    # The first grant sets endsAt: the Lease it writes already tells the worker.
+    d = decide(observe(run({"budget": {"capCents": 100}, "deadlineSeconds": 600})))
+    s = status_of(d.actions)
+    sig = json.loads(next(a for a in d.actions if isinstance(a, EnsureLease)).signals)
+    assert s.ends_at == T0 + dt.timedelta(seconds=600)
+    assert sig["endsAt"].startswith(s.ends_at.strftime("%Y-%m-%dT%H:%M:%S"))
+    assert (sig["capCents"], sig["baseCents"], sig["stop"]) == (100, 0, False)
+    # A later grant: what ended attempts spent is the base the worker's own reports add to.
+    st = {"phase": "Backoff", "attempt": 1, "fence": 2, "startedAt": T0.isoformat(), "nextAttemptAt": T0.isoformat(),
+          "endsAt": (T0 + dt.timedelta(seconds=600)).isoformat(),
+          "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "PodFailed", "endedAt": T0.isoformat(),
+                        "usage": {"cents": 30, "tokens": 0}}]}
+    d = decide(observe(run({"budget": {"capCents": 100}, "deadlineSeconds": 600}, status=st)))
+    assert status_of(d.actions).holder == "job-a2"
+    sig = json.loads(next(a for a in d.actions if isinstance(a, EnsureLease)).signals)
+    assert (sig["capCents"], sig["baseCents"]) == (100, 30)

@@ -26,11 +26,15 @@ from tether.api.models import ErrorInfo, Usage, WorkerRun
 from tether.core import decide as core
 from tether.core.budget import MAX_CENTS, MAX_TOKENS
 from tether.core.decide import (
+    Action,
     BudgetObservation,
+    ClearLease,
     Decision,
+    DeletePod,
     LeaseObservation,
     Observed,
     PodObservation,
+    Revoke,
     WriteStatus,
     backoff_seconds,
     decide,
@@ -60,6 +64,18 @@ MUTABLE = ["suspend", "stop", "budget", "deadlineSeconds", "progressDeadlineSeco
 # --- a simulated run: the executor's side of each action, the worker's and kubelet's events ---
 
 
+def steps(actions: list[Action]) -> list[Any]:
+    """The actions as the executor performs them: a Revoke is its steps, in its order (its
+    tool-claim Secrets leave no trace in this world)."""
+    out: list[Any] = []
+    for action in actions:
+        if isinstance(action, Revoke):
+            out += [action.status_write, ClearLease(action.fence), *map(DeletePod, action.pods_to_delete)]
+        else:
+            out.append(action)
+    return out
+
+
 @dataclass
 class World:
     run: WorkerRun
@@ -81,7 +97,7 @@ class World:
 
     def apply(self, d: Decision) -> None:
         """What the executor does with each action, in order (every write succeeds here)."""
-        for action in d.actions:
+        for action in steps(d.actions):
             kind = type(action).__name__
             if isinstance(action, WriteStatus):
                 self.run = self.run.model_copy(update={"status": action.status.model_copy(deep=True)})
@@ -181,7 +197,7 @@ def step(world: World, data: st.DataObject, last: Decision | None) -> None:
 
 def check(world: World, d: Decision) -> None:
     assert d.requeue_after is None or 0 <= d.requeue_after <= core.MAX_REQUEUE_SECONDS, d.requeue_after
-    for action in d.actions:
+    for action in steps(d.actions):
         if isinstance(action, WriteStatus):
             before = world.run.status
             problems = schema_violations(action.status.dump(), STATUS_SCHEMA, ".status")

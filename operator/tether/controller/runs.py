@@ -25,13 +25,14 @@ from pydantic import ValidationError
 from tether import metrics
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
-from tether.api.models import Phase, WorkerRun
+from tether.api.models import Outcome, Phase, WorkerRun
 from tether.controller.budgets import BudgetBook
 from tether.controller.leases import LeaseTracker
 from tether.controller.rbac import WorkerRbac, owned_by
 from tether.controller.workqueue import ExponentialBackoff, WorkQueue
 from tether.core.decide import (
     Action,
+    Change,
     ChargeBudget,
     ClearLease,
     DeletePod,
@@ -44,6 +45,8 @@ from tether.core.decide import (
     PodObservation,
     ReleasePod,
     RemoveFinalizer,
+    Revoke,
+    UsageAlarm,
     WriteStatus,
     decide,
 )
@@ -73,6 +76,30 @@ TERMINATING_NAMESPACE_SECONDS = 30.0
 MAX_ACTING_STREAK = 8
 # How often a namespace being deleted (no longer watched by kopf) is listed.
 SWEEP_SECONDS = 2.0
+
+# The log's name for what a status write changed (the core names facts, not log lines; tests
+# and dashboards grep these names, so they stay stable).
+LOG_EVENTS: dict[Change, str] = {
+    Change.GRANTED: "job_claimed",
+    Change.RENEWED: "heartbeat_ok",
+    Change.STOP_REQUESTED: "stop_requested",
+    Change.LEASE_TAMPERED: "lease_tampered",
+    Change.FENCE_EXHAUSTED: "fence_exhausted",
+    Change.BUDGET_CHARGED: "budget_charged",
+}
+ENDED_LOG_EVENTS: dict[Outcome, str] = {
+    Outcome.LEASE_LOST: "heartbeat_lost",
+    Outcome.SUCCEEDED: "job_succeeded",
+    Outcome.CANCELLED: "job_cancelled",
+    Outcome.DEADLINE_EXCEEDED: "deadline_exceeded",
+}
+
+
+def log_event(write: WriteStatus) -> str:
+    """The log event name of a status write ("": the write is not logged)."""
+    if write.change is Change.ATTEMPT_ENDED:
+        return ENDED_LOG_EVENTS.get(write.ended, "attempt_ended") if write.ended else "attempt_ended"
+    return LOG_EVENTS.get(write.change, "") if write.change else ""
 
 
 @dataclass
@@ -152,7 +179,7 @@ def _fence(body: dict[str, Any] | None) -> int:
 class _KeyState:
     """Per-run bookkeeping that is not an observation of the cluster."""
 
-    usage_alarm: Any = None
+    usage_alarm: UsageAlarm | None = None
     acting_streak: int = 0
     last_problem: str = ""  # the last error logged, so each is logged once per change
 
@@ -178,6 +205,7 @@ class RunController:
         self._background: set[asyncio.Task[Any]] = set()
         self._dispatch: dict[type, Callable[[Snapshot, Any], Awaitable[Snapshot]]] = {
             WriteStatus: self._write_status,
+            Revoke: self._revoke,
             EnsureLease: self._ensure_lease,
             ClearLease: self._clear_lease,
             EnsurePod: self._ensure_pod,
@@ -249,8 +277,7 @@ class RunController:
             changed = self.leases.observe(uid, body, self.clock.mono())
         tracked = self.leases.get(uid)
         alarm = self.state[key].usage_alarm if key in self.state else None
-        if alarm is not None and tracked is not None and tracked.usage is not None and \
-                (tracked.usage.cents >= alarm.cents or tracked.usage.tokens >= alarm.tokens):
+        if alarm is not None and tracked is not None and tracked.usage is not None and alarm.reached(tracked.usage):
             changed = True  # a cap or the budget is reached: act now, not at the next fold
         if changed and key in self.runs:
             self.queue.add(key)
@@ -374,7 +401,8 @@ class RunController:
         return Snapshot(key=key, body=body, run=run, lease=self.leases.get(run.metadata.uid), pods=pods)
 
     async def _reconcile(self, key: RunKey) -> tuple[float | None, bool]:
-        """Returns (seconds until the next timed pass or None, whether anything was written)."""
+        """Returns (seconds until the next timed pass or None, whether to pass again at once:
+        something was written, or the decision asked for it)."""
         try:
             snap = self.snapshot(key)
         except ValidationError as exc:
@@ -400,7 +428,7 @@ class RunController:
                                     "actions": [type(a).__name__ for a in decision.actions]})
         self._state(key).usage_alarm = decision.usage_alarm
         if not decision.actions:
-            return decision.requeue_after, False
+            return decision.requeue_after, decision.again_now
         await self._confirm(snap, decision.actions)
         for action in decision.actions:
             snap = await self._dispatch[type(action)](snap, action)
@@ -451,7 +479,7 @@ class RunController:
         preceded by a status write re-read the run, so they never act on a stale cache.
         """
         ns, name = snap.run.metadata.namespace, snap.run.metadata.name
-        ending = next((a for a in actions if isinstance(a, WriteStatus) and a.ends_attempt), None)
+        ending = next((a.status_write for a in actions if isinstance(a, Revoke)), None)
         if ending is not None:
             since = self.kube.health.available_since
             try:
@@ -473,7 +501,7 @@ class RunController:
             # The namespace controller deletes pods first: a vanished pod there is no reason to retry.
             self._mark_terminating(ns)
             raise Again("the namespace is being deleted")
-        if not any(isinstance(a, WriteStatus) for a in actions) and \
+        if not any(isinstance(a, (WriteStatus, Revoke)) for a in actions) and \
                 any(isinstance(a, (EnsureLease, EnsurePod, ChargeBudget)) for a in actions):
             fresh = await self._refresh_run(snap.key)
             if fresh is None or fresh["metadata"]["resourceVersion"] != snap.body["metadata"]["resourceVersion"]:
@@ -603,16 +631,17 @@ class RunController:
             raise Again("status write conflicted") from None
         snap = self._store_written(snap, written)
         self._count(action, snap.run)
-        if action.log:
-            self._log(f"run {snap.run.status.phase.value if snap.run.status.phase else ''}", snap.run, action.log,
-                      **dict(action.log_fields))
+        event = log_event(action)
+        if event:
+            self._log(f"run {snap.run.status.phase.value if snap.run.status.phase else ''}", snap.run, event,
+                      **dict(action.details))
         for ev in action.events:
             self._spawn(self._post_event(written, ev.type, ev.reason, ev.message))
         return snap
 
     @staticmethod
     def _count(action: WriteStatus, written: WorkerRun) -> None:
-        if action.log == "job_claimed":
+        if action.grants:
             metrics.ATTEMPTS_STARTED.inc()
             if written.status.attempt > 1:
                 metrics.REGRANTS.inc()
@@ -622,7 +651,7 @@ class RunController:
                 metrics.ATTEMPTS_ENDED.labels(ended[-1].outcome.value).inc()  # type: ignore[union-attr]
         if action.lapse:
             metrics.LEASE_LAPSES.inc()
-            silence = dict(action.log_fields).get("silenceSeconds")
+            silence = dict(action.details).get("silenceSeconds")
             if isinstance(silence, (int, float)):
                 metrics.LAPSE_DETECTION.observe(float(silence))
 
@@ -636,7 +665,10 @@ class RunController:
         await self._set_lease(snap, None, action.fence, snap.run.spec.lease.duration_seconds, "")
         return snap
 
-    async def _set_lease(self, snap: Snapshot, holder: str | None, fence: int, duration: int, signals: str) -> None:
+    async def _set_lease(self, snap: Snapshot, holder: str | None, fence: int, duration: int, signals: str,
+                         tool_claims: bool = True) -> None:
+        """Writes the Lease for `holder` at `fence` (None: clears it). A holder that loses the Lease
+        loses its tool-claim Secret too, unless `tool_claims` is False (the caller deletes it later)."""
         run = snap.run
         ns, name = run.metadata.namespace, run.metadata.name
         now = self.clock.now()
@@ -649,7 +681,8 @@ class RunController:
             if current is None:
                 self.leases.forget(snap.uid)  # what we knew of it is gone with it
                 if holder is None:
-                    await self._delete_tool_claim(snap, None)
+                    if tool_claims:
+                        await self._delete_tool_claim(snap, None)
                     return
                 try:
                     written = await self._refusable(self.kube.create_lease(
@@ -667,7 +700,7 @@ class RunController:
             previous = spec.get("holderIdentity")
             if previous == holder and have == fence:
                 self.leases.observe(snap.uid, current, self.clock.mono())
-                if holder is None:
+                if holder is None and tool_claims:
                     await self._delete_tool_claim(snap, None)
                 return
             try:
@@ -676,10 +709,24 @@ class RunController:
             except Conflict:
                 continue  # the old holder renewed in between; our write must still win
             self.leases.observe(snap.uid, written, self.clock.mono())
-            if previous != holder:
+            if previous != holder and tool_claims:
                 await self._delete_tool_claim(snap, previous)
             return
         raise Again("the lease kept changing")
+
+    async def _revoke(self, snap: Snapshot, action: Revoke) -> Snapshot:
+        """Revocation in the protocol's order: status (the fence moves), Lease (cleared at the new
+        fence), pods, tool-claim Secrets. The first failure raises and stops it. Every step is
+        idempotent: a pass interrupted after the status write finds no holder and a Lease that
+        still names one, clears it (ClearLease, which deletes the tool claims too), and deletes
+        the pod as one of an ended attempt."""
+        snap = await self._write_status(snap, action.status_write)
+        await self._set_lease(snap, None, action.fence, snap.run.spec.lease.duration_seconds, "", tool_claims=False)
+        for name in action.pods_to_delete:
+            snap = await self._delete_pod(snap, DeletePod(name))
+        for holder in action.tool_claim_holders:
+            await self._delete_tool_claim(snap, holder)
+        return snap
 
     async def _delete_tool_claim(self, snap: Snapshot, previous: str | None) -> None:
         """Every tool credential of an ended External attempt is bound to its Secret: it dies with it.

@@ -1,11 +1,22 @@
 """Pure rules for judging worker liveness without trusting the operator's own view too far.
 
+Two separate controls, as DESIGN.md asks: the lease (is the worker alive?) and the progress
+deadline (is it still producing checkpoints?). Both are judged on the operator's monotonic
+clock, from when *it* observed each change, and neither is judged until the API server has
+answered for a full lease duration: an outage hides renewals.
+
 Kubernetes' node lifecycle controller faces the same question for kubelets: when a large
 share of heartbeats stop together, the likelier cause is the control plane or the observer's
 connection to it, not that every worker died at the same moment.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tether.api.models import Phase, WorkerRun
+from tether.core.observe import LeaseObservation
 
 # At least this many overdue leases, and at least this share of the held ones, is a mass lapse
 # (the node lifecycle controller's --unhealthy-zone-threshold is 55 %, from 3 nodes).
@@ -23,3 +34,50 @@ def judge_from(api_available_since: float | None, duration: float) -> float | No
     if api_available_since is None:
         return None
     return api_available_since + duration
+
+
+def lapse_deadline(run: WorkerRun, lease: LeaseObservation, api_available_since: float | None = float("-inf")) -> float:
+    """Monotonic time at which the current holder's lease counts as lapsed: a full duration of
+    silence, and a full duration of the API server answering us (an outage hides renewals)."""
+    spec = run.spec.lease
+    renewed = lease.renewed or run.status.phase == Phase.RUNNING
+    silence = spec.duration_seconds if renewed else max(spec.startup_grace_seconds, spec.duration_seconds)
+    judge = judge_from(api_available_since, spec.duration_seconds)
+    if judge is None:
+        return math.inf
+    return max(lease.last_change + silence, judge)
+
+
+def progress_deadline(run: WorkerRun, lease: LeaseObservation, api_available_since: float | None) -> float | None:
+    """Monotonic time at which a renewing holder without a new checkpoint counts as stalled.
+    None: no progressDeadlineSeconds, or the holder has not renewed yet (until then the lease
+    alone judges it, and its first renewal brings a new pass anyway)."""
+    pd = run.spec.progress_deadline_seconds
+    if pd is None or not lease.renewed:
+        return None
+    judge = judge_from(api_available_since, run.spec.lease.duration_seconds)
+    return math.inf if judge is None else max(lease.checkpoint_changed + pd, judge)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The lease's verdict on the current attempt: lapsed, stalled, or look again later."""
+
+    lapsed: bool = False
+    stalled: bool = False
+    silence: float = 0.0  # seconds without a renewal observed, when lapsed
+    recheck_in: float | None = None  # seconds until the verdict can change, when neither
+
+
+def judge(run: WorkerRun, lease: LeaseObservation, mono: float, api_available_since: float | None) -> Verdict:
+    lapse = lapse_deadline(run, lease, api_available_since)
+    progress = progress_deadline(run, lease, api_available_since)
+    if mono >= lapse:
+        return Verdict(lapsed=True, silence=mono - lease.last_change)
+    if progress is not None and mono >= progress:
+        return Verdict(stalled=True)
+    if math.isinf(lapse):
+        # The API server is unreachable: look again after a lease duration (no sooner is useful:
+        # once it answers, a full duration must pass before anything is judged).
+        return Verdict(recheck_in=run.spec.lease.duration_seconds)
+    return Verdict(recheck_in=min(lapse, progress if progress is not None else math.inf) - mono)

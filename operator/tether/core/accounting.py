@@ -1,0 +1,101 @@
+"""Usage bookkeeping: what a run has spent, when the worker's reports reach its status (folds,
+at a bounded rate), settling the last report that arrived during a revocation, and charging
+the budget so that every cent is charged exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tether.api.models import MAX_STATUS_NUMBER, Usage, WorkerRunStatus
+from tether.core.actions import Action, ChargeBudget, Change, WriteStatus
+from tether.core.observe import Observed, current_lease
+
+# status.checkpoint.cursor's maxLength in the CRD. Lease annotations admit far longer values, and
+# a status write carrying one would be refused (422) on every pass.
+MAX_CURSOR_LENGTH = 1024
+
+
+def sum_usage(items: Iterable[Usage | None]) -> Usage:
+    cents = tokens = 0
+    for u in items:
+        if u is not None:
+            cents += u.cents
+            tokens += u.tokens
+    # Saturates at the CRD's maximum: 100 attempts of the largest plausible report exceed it,
+    # and a status carrying more would be refused on every write.
+    return Usage(cents=min(cents, MAX_STATUS_NUMBER), tokens=min(tokens, MAX_STATUS_NUMBER))
+
+
+def earlier_usage(s: WorkerRunStatus) -> Usage:
+    """What attempts that already ended reported."""
+    return sum_usage(a.usage for a in s.attempts if a.outcome is not None)
+
+
+def run_usage(o: Observed) -> Usage:
+    """Everything the run has reported: ended attempts plus the current one's latest report."""
+    lease = current_lease(o)
+    return sum_usage([earlier_usage(o.run.status), lease.usage if lease is not None else None])
+
+
+def reported_cursor(o: Observed) -> str | None:
+    """The checkpoint on the Lease, or the one already recorded when the Lease has none or one
+    too long to record (ignored like a malformed usage report)."""
+    recorded = o.run.status.checkpoint.cursor if o.run.status.checkpoint else None
+    cursor = o.lease.checkpoint if o.lease is not None else None
+    return cursor if cursor and len(cursor) <= MAX_CURSOR_LENGTH else recorded
+
+
+def unfolded(o: Observed, total: Usage) -> bool:
+    """The Lease reports usage or a checkpoint the run's status does not show yet."""
+    s = o.run.status
+    return total != (s.usage or Usage()) or reported_cursor(o) != (s.checkpoint.cursor if s.checkpoint else None)
+
+
+def fold_wait(o: Observed) -> float:
+    """Seconds until the next fold may be written (<= 0: now). Heartbeats cost no WorkerRun
+    writes: what they report reaches the status at most once per fold interval."""
+    folded_at = o.run.status.folded_at
+    return 0.0 if folded_at is None else o.fold_interval - (o.now - folded_at).total_seconds()
+
+
+def settle_usage(o: Observed, s: WorkerRunStatus) -> bool:
+    """Picks up usage the last holder reported between the revocation's status write and the
+    lease being cleared: the cleared lease keeps its final report, and nothing is written
+    after it. Updates `s`; returns True when it changed."""
+    last = s.attempts[-1] if s.attempts else None
+    lease = o.lease
+    if s.holder is not None or last is None or last.outcome is None or lease is None or \
+            lease.holder is not None or lease.fence != s.fence or lease.usage is None:
+        return False
+    have = last.usage or Usage()
+    if lease.usage.cents <= have.cents and lease.usage.tokens <= have.tokens:
+        return False
+    last.usage = Usage(cents=max(have.cents, lease.usage.cents), tokens=max(have.tokens, lease.usage.tokens))
+    s.usage = sum_usage(a.usage for a in s.attempts)
+    return True
+
+
+def charge_due(o: Observed, total: Usage | None) -> ChargeBudget | None:
+    """A charge of the run's total, if its budget has not seen all of it yet."""
+    b = o.budget
+    if b is None or b.missing or total is None:
+        return None
+    if total.cents > b.charged.cents or total.tokens > b.charged.tokens:
+        return ChargeBudget(budget=b.name, total=total)
+    return None
+
+
+def charge_finished(o: Observed) -> Action | None:
+    """What a finished run still owes its budget: a charge until the budget has every cent, then
+    one status write recording that (the TTL waits for it). None: nothing is owed."""
+    run, s = o.run, o.run.status
+    if run.spec.budget is None or run.spec.budget.budget_ref is None or o.budget is None or \
+            o.budget.missing or s.budget_charged:
+        return None
+    total = s.usage or Usage()
+    if o.budget.charged.cents >= total.cents and o.budget.charged.tokens >= total.tokens:
+        status = s.model_copy(deep=True)
+        status.budget_charged = True
+        return WriteStatus(status=status, change=Change.BUDGET_CHARGED)
+    return ChargeBudget(budget=o.budget.name, total=total)

@@ -1,0 +1,185 @@
+"""What the core asks the executor to do: actions, and the Decision that carries them.
+
+Every action is a frozen value. The executor runs a Decision's actions in list order and
+stops at the first failure, then decides again from fresh observations, so every action must
+be safe to repeat. Where the order is a safety property it is not left to the list:
+revocation is one action, `Revoke`, whose steps have a fixed, documented order.
+
+The core names what happened (`Change`, the ended attempt's `Outcome`); the words the
+operator logs for it are the executor's business.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from tether.api.models import Outcome, Usage, WorkerRunStatus
+
+# The longest requeue a decision asks for. Longer waits (a TTL of months, a deadline far
+# away) are re-decided daily instead, so no executor timer is handed a delay beyond its range.
+MAX_REQUEUE_SECONDS = 86400.0
+
+
+class Change(enum.Enum):
+    """What a status write records, beyond the status itself (for the log and metrics)."""
+
+    GRANTED = "granted"  # an attempt started: the fence moved and names a holder
+    RENEWED = "renewed"  # the holder's first renewal was seen: Starting -> Running
+    STOP_REQUESTED = "stop_requested"  # the holder is told to stop (spec.stop, a cap, the budget)
+    ATTEMPT_ENDED = "attempt_ended"  # the attempt ended; WriteStatus.ended says how
+    LEASE_TAMPERED = "lease_tampered"  # the Lease carried a fence the run never issued
+    FENCE_EXHAUSTED = "fence_exhausted"  # no fence is left for another attempt: the run failed
+    BUDGET_CHARGED = "budget_charged"  # a finished run's usage is charged in full
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class WriteStatus:
+    """Replace status with a resourceVersion precondition (compare-and-swap)."""
+
+    status: WorkerRunStatus
+    events: tuple[Event, ...] = ()
+    change: Change | None = None
+    # Facts about the change worth a log field, e.g. ("silenceSeconds", 21.3).
+    details: tuple[tuple[str, object], ...] = ()
+    ended: Outcome | None = None  # the attempt this write ends, and how
+    lapse: bool = False  # ends the attempt for silence: the executor confirms it with a timely read
+    grants: bool = False  # starts an attempt (bumps the fence and names a holder)
+
+    @property
+    def ends_attempt(self) -> bool:
+        """The executor first re-reads the Lease for the final usage report."""
+        return self.ended is not None
+
+
+@dataclass(frozen=True)
+class EnsureLease:
+    holder: str
+    fence: int
+    duration_seconds: int
+    signals: str = ""
+
+
+@dataclass(frozen=True)
+class ClearLease:
+    fence: int
+
+
+@dataclass(frozen=True)
+class EnsurePod:
+    name: str
+    attempt: int
+    fence: int
+    holder: str
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+
+
+@dataclass(frozen=True)
+class ReleasePod:
+    """Remove Tether's finalizer: the attempt's end is recorded."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class DeleteRun:
+    pass
+
+
+@dataclass(frozen=True)
+class RemoveFinalizer:
+    """Let a deleted run go: its attempt is ended, its usage charged, its pods released."""
+
+
+@dataclass(frozen=True)
+class EnsureSignals:
+    """Write the control signals onto the current holder's Lease (tested fence)."""
+
+    fence: int
+    signals: str
+
+
+@dataclass(frozen=True)
+class ChargeBudget:
+    """Charge the run's whole usage so far to its budget; the budget adds only what is new."""
+
+    budget: str
+    total: Usage
+
+
+@dataclass(frozen=True)
+class Revoke:
+    """End the current attempt. The executor runs the steps in exactly this order and stops at
+    the first failure:
+
+    1. `status_write`: the fence moves past the holder's and `holder` is cleared (compare-and-
+       swap). From here on nothing the old holder writes is accepted, so this comes first.
+    2. the Lease is cleared at the new fence: the old holder's renewals fail.
+    3. `pods_to_delete`: the attempt's pod, once it can no longer write anything that counts.
+    4. `tool_claim_holders`: their tool-claim Secrets, so every tool credential minted for the
+       attempt dies with them.
+
+    Every step is idempotent. A pass interrupted after step 1 finds a run without a holder
+    whose Lease still names one, clears it (`ClearLease`), and deletes the leftover pod as
+    a pod of an ended attempt.
+    """
+
+    status_write: WriteStatus
+    pods_to_delete: tuple[str, ...] = ()
+    tool_claim_holders: tuple[str, ...] = ()
+
+    @property
+    def fence(self) -> int:
+        """The fence the Lease is cleared at: the one the status write moves to."""
+        return self.status_write.status.fence
+
+
+Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
+          | EnsureSignals | ChargeBudget | RemoveFinalizer)
+
+
+@dataclass(frozen=True)
+class UsageAlarm:
+    """The current attempt's own usage at which a cap or the budget is reached; None: that count
+    has no limit."""
+
+    cents: int | None = None
+    tokens: int | None = None
+
+    def reached(self, usage: Usage) -> bool:
+        return (self.cents is not None and usage.cents >= self.cents) or \
+            (self.tokens is not None and usage.tokens >= self.tokens)
+
+
+@dataclass
+class Decision:
+    actions: list[Action] = field(default_factory=list)
+    # Decide again after this many seconds even if nothing changes (None: only on change).
+    requeue_after: float | None = None
+    # Decide again as soon as these actions are done: the next step depends on what they wrote.
+    again_now: bool = False
+    # Wake up as soon as the current attempt's reported usage reaches this (a cap or budget).
+    usage_alarm: UsageAlarm | None = None
+
+    def wake(self, seconds: float) -> None:
+        """Ask for a timed pass `seconds` from now (the earliest of all asked for wins)."""
+        seconds = min(max(seconds, 0.0), MAX_REQUEUE_SECONDS)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+    def again(self) -> None:
+        self.again_now = True
+
+    def add(self, action: Action | None) -> None:
+        if action is not None:
+            self.actions.append(action)

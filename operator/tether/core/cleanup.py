@@ -1,0 +1,86 @@
+"""Runs past their attempts: a run being deleted (held by Tether's finalizer until its books
+are closed), a finished run (charge, then TTL), and pods of attempts that ended.
+"""
+
+from __future__ import annotations
+
+from tether.api.models import Outcome
+from tether.core.accounting import charge_due, charge_finished
+from tether.core.actions import ClearLease, Decision, DeletePod, DeleteRun, ReleasePod, RemoveFinalizer
+from tether.core.lifecycle import StatusBuilder, revoke
+from tether.core.observe import Observed
+
+# A pod of an attempt that already ended is left this long to exit on its own
+# after success; failed or revoked attempts' pods are deleted at once.
+POD_EXIT_GRACE_SECONDS = 30.0
+
+
+def decide_deleting(o: Observed, d: Decision) -> None:
+    """A deleted run (held by Tether's finalizer) ends its attempt, settles and charges its usage,
+    releases its pods, and only then lets go."""
+    s = o.run.status
+    b = StatusBuilder(o)
+    if s.holder is not None:
+        outcome, message = ((Outcome.SUCCEEDED, "the holder published its result") if s.result is not None
+                            else (Outcome.CANCELLED, "the WorkerRun is being deleted"))
+        b.end_attempt(outcome, message)
+        b.finish_after(outcome, message, None)
+        d.actions.append(revoke(o, b, s.current()))
+        return
+    if o.lease is not None and o.lease.holder is not None:
+        d.actions.append(ClearLease(fence=s.fence))
+        return
+    if b.settle_usage():
+        d.actions.append(b.write())
+        return
+    d.add(charge_due(o, s.usage))
+    if d.actions:
+        return
+    for pod in o.pods:
+        if not pod.terminated and not pod.deleting:
+            d.actions.append(DeletePod(pod.name))
+        if pod.has_finalizer:
+            d.actions.append(ReleasePod(pod.name))
+    if not d.actions:
+        d.actions.append(RemoveFinalizer())
+
+
+def decide_finished(o: Observed, d: Decision) -> None:
+    run, s = o.run, o.run.status
+    if o.lease is not None and o.lease.holder is not None:
+        d.actions.append(ClearLease(fence=s.fence))  # a crash between status and lease writes
+    b = StatusBuilder(o)
+    if b.settle_usage():
+        d.actions.append(b.write())
+        return
+    owed = charge_finished(o)
+    if owed is not None:
+        d.actions.append(owed)
+        return  # TTL waits until every cent is charged
+    ttl = run.spec.ttl_seconds_after_finished
+    if ttl is not None and s.finished_at is not None:
+        # Seconds arithmetic, not finishedAt + ttl: a datetime that far out would overflow.
+        due = ttl - (o.now - s.finished_at).total_seconds()
+        if due <= 0:
+            d.actions.append(DeleteRun())
+        else:
+            d.wake(due)
+
+
+def housekeep_pods(o: Observed, d: Decision) -> None:
+    """Pods of attempts that no longer hold the run: delete the running ones, release the rest."""
+    s = o.run.status
+    by_attempt = {a.attempt: a for a in s.attempts}
+    for pod in o.pods:
+        if s.holder is not None and pod.attempt == s.attempt:
+            continue
+        record = by_attempt.get(pod.attempt)
+        if not pod.terminated and not pod.deleting:
+            ended_for = 0.0 if record is None or record.ended_at is None else (o.now - record.ended_at).total_seconds()
+            succeeded = record is not None and record.outcome == Outcome.SUCCEEDED
+            if succeeded and ended_for < POD_EXIT_GRACE_SECONDS:
+                d.wake(POD_EXIT_GRACE_SECONDS - ended_for)
+            else:
+                d.actions.append(DeletePod(pod.name))
+        elif pod.has_finalizer and (pod.terminated or pod.deleting):
+            d.actions.append(ReleasePod(pod.name))

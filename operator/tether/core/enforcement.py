@@ -1,0 +1,118 @@
+"""Limits and the control channel: the run's deadline (endsAt), its caps and its budget, the
+stop they cause, admission, and the signals the worker reads on every renewal.
+
+Cap arithmetic is the protocol's (`tether.protocol.cap_remaining`), so the operator, the SDK
+and the gateway agree on what is left of a cap.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from tether import protocol
+from tether.api.models import Outcome, Signals, Usage, WorkerRunSpec, WorkerRunStatus
+from tether.core.accounting import earlier_usage, run_usage
+from tether.core.actions import UsageAlarm
+from tether.core.clock import after
+from tether.core.observe import Observed
+
+
+def run_ends_at(spec: WorkerRunSpec, started_at: dt.datetime | None) -> dt.datetime | None:
+    """status.endsAt as spec.deadlineSeconds says now: deadlineSeconds is a control field, so a
+    changed deadline moves endsAt (counted from the first grant), and a removed one clears it."""
+    deadline = spec.deadline_seconds
+    return None if started_at is None or not deadline else after(started_at, deadline)
+
+
+def over_limit(o: Observed, total: Usage) -> tuple[str, Usage] | None:
+    """(why, overspend) when the run's cap or its budget is reached. `why` goes onto the Lease as
+    the stop reason, so it names the limit, not the live total (which would rewrite the Lease
+    on every heartbeat)."""
+    budget = o.run.spec.budget
+    if budget is not None:
+        left = protocol.cap_remaining(budget.cap_cents, 0, total.cents)
+        if left is not None and left <= 0:
+            return f"cap of {budget.cap_cents} cents reached", Usage(cents=-left, tokens=0)
+        left = protocol.cap_remaining(budget.max_tokens, 0, total.tokens)
+        if left is not None and left <= 0:
+            return f"cap of {budget.max_tokens} tokens reached", Usage(cents=0, tokens=-left)
+    b = o.budget
+    if b is not None and not b.missing:
+        # Only what the budget has not been charged yet draws on what it has left.
+        over_c = max(0, total.cents - b.charged.cents) - b.remaining.cents
+        over_t = max(0, total.tokens - b.charged.tokens) - b.remaining.tokens
+        if b.exhausted or over_c >= 0 or over_t >= 0:
+            return f"WorkerBudget {b.name} is exhausted", Usage(cents=max(0, over_c), tokens=max(0, over_t))
+    return None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why the holder must stop: first told on its Lease, then revoked after stopGraceSeconds."""
+
+    outcome: Outcome  # Cancelled (spec.stop) or BudgetExceeded
+    reason: str
+    overspend: Usage | None = None  # beyond the cap or budget, for BudgetExceeded
+
+
+def stop_for(o: Observed, total: Usage) -> Stop | None:
+    if o.run.spec.stop:
+        return Stop(Outcome.CANCELLED, "spec.stop is set")
+    over = over_limit(o, total)
+    if over is not None:
+        return Stop(Outcome.BUDGET_EXCEEDED, over[0], over[1])
+    return None
+
+
+def stop_due(o: Observed) -> dt.datetime:
+    """When a stop told to the holder ends its attempt whatever it does (stopGraceSeconds)."""
+    return after(o.run.status.stop_requested_at or o.now, o.run.spec.stop_grace_seconds)
+
+
+def _least(*limits: int | None) -> int | None:
+    """The tightest of the limits that exist, never below zero; None when none exists."""
+    present = [x for x in limits if x is not None]
+    return max(min(present), 0) if present else None
+
+
+def usage_alarm(o: Observed) -> UsageAlarm | None:
+    """The current attempt's own usage at which a cap or the budget is reached."""
+    earlier = earlier_usage(o.run.status)
+    budget = o.run.spec.budget
+    pool = o.budget if o.budget is not None and not o.budget.missing else None
+    cents = _least(protocol.cap_remaining(budget.cap_cents if budget else None, earlier.cents, 0),
+                   protocol.cap_remaining(pool.remaining.cents + pool.charged.cents if pool else None,
+                                          earlier.cents, 0))
+    tokens = _least(protocol.cap_remaining(budget.max_tokens if budget else None, earlier.tokens, 0),
+                    protocol.cap_remaining(pool.remaining.tokens + pool.charged.tokens if pool else None,
+                                           earlier.tokens, 0))
+    if cents is None and tokens is None:
+        return None
+    return UsageAlarm(cents=cents, tokens=tokens)
+
+
+def signals_for(spec: WorkerRunSpec, status: WorkerRunStatus, stop_reason: str | None) -> str:
+    """The signals annotation for the holder of `status`: computed from the status being
+    written, so a grant's Lease carries the signals of the attempt it starts."""
+    budget = spec.budget
+    earlier = earlier_usage(status)
+    return protocol.signals_annotation(Signals(
+        stop=stop_reason is not None, reason=stop_reason, paused=spec.suspend, ends_at=status.ends_at,
+        cap_cents=budget.cap_cents if budget else None, cap_tokens=budget.max_tokens if budget else None,
+        base_cents=earlier.cents, base_tokens=earlier.tokens))
+
+
+def desired_signals(o: Observed, stop_reason: str | None) -> str:
+    return signals_for(o.run.spec, o.run.status, stop_reason)
+
+
+def admission_refusal(o: Observed) -> tuple[str, str] | None:
+    """(reason, message) when the run may not start an attempt: its budget is missing, or its
+    cap or budget is already reached."""
+    if o.budget is not None and o.budget.missing:
+        return "BudgetNotFound", f"WorkerBudget {o.budget.name} does not exist"
+    over = over_limit(o, run_usage(o))
+    if over is not None:
+        return "BudgetExceeded", f"not launched: {over[0]}"
+    return None

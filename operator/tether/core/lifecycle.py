@@ -1,0 +1,329 @@
+"""An attempt's life in the run's status: admission and grant, what ends an attempt, its
+revocation, and retry or finish after it, with the rules those follow (retry rules, backoff,
+terminal phases, the fence range). A Lease fence the run never issued is handled here too:
+it is a revocation past that fence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tether.api import constants as c
+from tether.api.conditions import get_condition, phase_conditions, set_condition
+from tether.api.models import AttemptRecord, Checkpoint, ErrorInfo, Outcome, Phase, Usage, WorkerRun
+from tether.core.accounting import reported_cursor, settle_usage, sum_usage
+from tether.core.actions import Change, ClearLease, Decision, Event, Revoke, WriteStatus
+from tether.core.clock import after
+from tether.core.enforcement import Stop, admission_refusal, over_limit, run_ends_at, stop_due
+from tether.core.observe import Observed, PodObservation, current_lease
+
+# status.fence and Lease.spec.leaseTransitions are int32 in the API: the largest fence there is.
+MAX_FENCE = 2**31 - 1
+# An attempt takes two fences: its grant and its revocation.
+FENCES_PER_ATTEMPT = 2
+
+REASON_FENCE_EXHAUSTED = "FenceExhausted"
+
+_TERMINAL_OUTCOMES = {
+    Outcome.SUCCEEDED: Phase.SUCCEEDED,
+    Outcome.CANCELLED: Phase.CANCELLED,
+    Outcome.BUDGET_EXCEEDED: Phase.BUDGET_EXCEEDED,
+    Outcome.DEADLINE_EXCEEDED: Phase.DEADLINE_EXCEEDED,
+}
+
+_OUTCOME_EVENT = {
+    Outcome.LEASE_LOST: c.EV_LEASE_LOST,
+    Outcome.SUCCEEDED: c.EV_SUCCEEDED,
+    Outcome.CANCELLED: c.EV_CANCELLED,
+    Outcome.DEADLINE_EXCEEDED: c.EV_DEADLINE_EXCEEDED,
+}
+
+
+def holder_name(run: WorkerRun, attempt: int) -> str:
+    """Deterministic per attempt, so a retried grant adopts instead of duplicating."""
+    return f"{run.metadata.name}-a{attempt}"
+
+
+def backoff_seconds(run: WorkerRun, ended_attempts: int) -> float:
+    """initialSeconds × factor^(ended − 1), capped at maxSeconds. Compared in log space, because
+    factor^n overflows a float long before the cap matters (factor 1e300 on the third failure)."""
+    b = run.spec.retry.backoff
+    initial, cap, exponent = b.initial_seconds, b.max_seconds, max(ended_attempts - 1, 0)
+    if initial <= 0 or cap <= initial or exponent == 0 or b.factor <= 1:
+        return float(max(0, min(cap, initial)))
+    if exponent * math.log(b.factor) >= math.log(cap / initial):
+        return float(cap)
+    return float(min(cap, initial * b.factor ** exponent))
+
+
+def retry_allowed(run: WorkerRun, outcome: Outcome, exit_code: int | None) -> bool:
+    """First matching rule decides; without a match, failed attempts are retried."""
+    for rule in run.spec.retry.rules:
+        matched = False
+        if rule.on_reasons is not None:
+            matched = outcome in rule.on_reasons
+        elif rule.on_exit_codes is not None and exit_code is not None:
+            inside = exit_code in rule.on_exit_codes.values
+            matched = inside if rule.on_exit_codes.operator == "In" else not inside
+        if matched:
+            return rule.action == "Retry"
+    return True
+
+
+def room_for_attempt(fence: int) -> bool:
+    """Whether another attempt's fences (its grant and its revocation) still fit after `fence`."""
+    return fence <= MAX_FENCE - FENCES_PER_ATTEMPT
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How an attempt (or a run without one) ends."""
+
+    outcome: Outcome
+    message: str
+    exit_code: int | None = None
+
+
+def attempt_end(o: Observed, pod: PodObservation | None, stop: Stop | None) -> Ending | None:
+    """What ended the current attempt, other than its lease: a result, a stop that was told and
+    is over (the worker stopped, or stopGraceSeconds passed), an error, or its pod."""
+    s = o.run.status
+    if s.result is not None:
+        return Ending(Outcome.SUCCEEDED, "the holder published its result")
+    if stop is not None and s.stop_requested_at is not None and (
+            s.error is not None or (pod is not None and (pod.terminated or pod.deleting)) or o.now >= stop_due(o)):
+        return Ending(stop.outcome, stop.reason, pod.exit_code if pod is not None else None)
+    if s.error is not None:
+        return Ending(Outcome.WORKER_FAILED, f"{s.error.code or 'error'}: {s.error.message or ''}".strip())
+    if pod is not None and pod.deleting:
+        return Ending(Outcome.POD_VANISHED, f"pod {pod.name} was deleted")
+    if pod is not None and pod.terminated:
+        return Ending(Outcome.POD_FAILED, f"pod {pod.name} exited with code {pod.exit_code} without a result",
+                      pod.exit_code)
+    return None
+
+
+class StatusBuilder:
+    """Accumulates one status write for one decision, from a copy of the observed status."""
+
+    def __init__(self, o: Observed) -> None:
+        self.o = o
+        self.run = o.run
+        self.status = o.run.status.model_copy(deep=True)
+        self.events: list[Event] = []
+        self.change: Change | None = None
+        self.details: dict[str, object] = {}
+        self.ended: Outcome | None = None
+        self.lapse = False
+        self.grants = False
+
+    @property
+    def generation(self) -> int:
+        return self.run.metadata.generation
+
+    def set_phase(self, phase: Phase, message: str, lease_reason: str = "") -> None:
+        s = self.status
+        s.phase = phase
+        s.observed_generation = self.generation
+        s.conditions = phase_conditions(s.conditions, phase, s.holder, message, self.generation,
+                                        self.o.now, lease_reason)
+        if phase.terminal and s.finished_at is None:
+            s.finished_at = self.o.now
+
+    def write(self) -> WriteStatus:
+        return WriteStatus(status=self.status, events=tuple(self.events), change=self.change,
+                           details=tuple(self.details.items()), ended=self.ended, lapse=self.lapse,
+                           grants=self.grants)
+
+    def settle_usage(self) -> bool:
+        """Books the last holder's final report (see accounting.settle_usage); an overspend
+        already recorded follows it."""
+        if not settle_usage(self.o, self.status):
+            return False
+        if self.status.overspend is not None:
+            over = over_limit(self.o, self.status.usage or Usage())
+            if over is not None:
+                self.status.overspend = over[1]
+        return True
+
+    def end_attempt(self, outcome: Outcome, message: str, exit_code: int | None = None) -> None:
+        """Revocation: the fence moves first, so nothing the old holder writes is accepted."""
+        s, o = self.status, self.o
+        lease = current_lease(o)
+        self.ended, self.change = outcome, Change.ATTEMPT_ENDED
+        s.fence += 1
+        s.holder = None
+        s.lease_expires_at = None
+        cur = s.current()
+        if cur is not None and cur.outcome is None:
+            cur.outcome = outcome
+            cur.ended_at = o.now
+            cur.exit_code = exit_code
+            cur.message = message
+            if lease is not None and lease.usage is not None:
+                cur.usage = lease.usage
+        s.usage = sum_usage(a.usage for a in s.attempts)
+        s.folded_at = o.now
+        s.stop_requested_at = None
+        cursor = reported_cursor(o)
+        if lease is not None and cursor and (s.checkpoint is None or s.checkpoint.cursor != cursor):
+            s.checkpoint = Checkpoint(cursor=cursor, time=o.now)
+        attempt = cur.attempt if cur else s.attempt
+        self.events.append(Event("Normal" if outcome == Outcome.SUCCEEDED else "Warning",
+                                 _OUTCOME_EVENT.get(outcome, c.EV_ATTEMPT_ENDED),
+                                 f"attempt {attempt} ended: {outcome.value}: {message}"))
+
+    def finish_after(self, outcome: Outcome, message: str, exit_code: int | None) -> None:
+        """After an attempt ended: retry (Backoff) or end the run."""
+        s, run = self.status, self.run
+        terminal = _TERMINAL_OUTCOMES.get(outcome)
+        if terminal is not None:
+            self.set_phase(terminal, message, lease_reason=outcome.value)
+            if terminal == Phase.SUCCEEDED:
+                s.error = None
+            elif s.error is None:
+                s.error = ErrorInfo(code=outcome.value, message=message)
+            return
+        if not retry_allowed(run, outcome, exit_code):
+            self.fail(Phase.FAILED, f"retry rules end the run after {outcome.value}: {message}", outcome.value)
+            return
+        if s.attempt >= run.spec.retry.max_attempts:
+            phase = Phase.LOST if outcome == Outcome.LEASE_LOST else Phase.FAILED
+            self.fail(phase, f"{s.attempt} of {run.spec.retry.max_attempts} attempts used; last: "
+                             f"{outcome.value}: {message}", outcome.value)
+            return
+        delay = backoff_seconds(run, s.attempt)
+        s.next_attempt_at = after(self.o.now, delay)
+        self.set_phase(Phase.BACKOFF, f"attempt {s.attempt + 1} in {delay:g}s after {outcome.value}",
+                       lease_reason=outcome.value)
+        self.events.append(Event("Normal", c.EV_BACKOFF, f"next attempt in {delay:g}s"))
+
+    def conclude(self, ending: Ending) -> None:
+        """Ends the held attempt and decides what follows. The worker's error is kept in the
+        attempt record; status.error describes the run, so it stays only if this failure ends it."""
+        error = self.status.error
+        self.end_attempt(ending.outcome, ending.message, ending.exit_code)
+        self.status.error = None
+        self.finish_after(ending.outcome, ending.message, ending.exit_code)
+        if ending.outcome == Outcome.WORKER_FAILED and self.status.phase == Phase.FAILED:
+            self.status.error = error
+
+    def fail(self, phase: Phase, message: str, code: str) -> None:
+        s = self.status
+        if s.error is None:
+            s.error = ErrorInfo(code=code, message=message)
+        self.set_phase(phase, message, lease_reason=code)
+        self.events.append(Event("Warning", phase.value, message))
+
+    def exhaust_fences(self, message: str) -> None:
+        """No fence is left for another attempt (the API stores fences as int32): end the run
+        Failed, with the reason on its conditions, rather than write a fence it would refuse."""
+        s = self.status
+        s.next_attempt_at = None
+        s.error = ErrorInfo(code=REASON_FENCE_EXHAUSTED, message=message)
+        self.set_phase(Phase.FAILED, message, lease_reason=REASON_FENCE_EXHAUSTED)
+        for cond in (c.COND_FAILED, c.COND_STALLED):
+            s.conditions = set_condition(s.conditions, cond, "True", REASON_FENCE_EXHAUSTED, message,
+                                         self.generation, self.o.now)
+        self.events.append(Event("Warning", REASON_FENCE_EXHAUSTED, message))
+        self.change = Change.FENCE_EXHAUSTED
+
+    def grant(self) -> tuple[str, int, int]:
+        s, o, run = self.status, self.o, self.run
+        attempt = s.attempt + 1
+        holder = holder_name(run, attempt)
+        s.fence += 1
+        s.attempt = attempt
+        s.holder = holder
+        s.next_attempt_at = None
+        s.error = None
+        s.last_renew_time = None
+        s.lease_expires_at = after(o.now, max(run.spec.lease.startup_grace_seconds,
+                                              run.spec.lease.duration_seconds))
+        if s.started_at is None:
+            s.started_at = o.now
+            s.ends_at = run_ends_at(run.spec, s.started_at)
+        pod = holder if run.spec.executor == "Pod" else None
+        s.attempts.append(AttemptRecord(attempt=attempt, fence=s.fence, holder=holder, pod=pod,
+                                        started_at=o.now))
+        # Keep the history bounded (the CRD allows 100 entries).
+        s.attempts = s.attempts[-100:]
+        self.set_phase(Phase.STARTING, f"attempt {attempt} granted to {holder} with fence {s.fence}")
+        self.events.append(Event("Normal", c.EV_ATTEMPT_STARTED,
+                                 f"attempt {attempt} granted to {holder} with fence {s.fence}"))
+        self.change = Change.GRANTED
+        self.grants = True
+        return holder, attempt, s.fence
+
+
+def revoke(o: Observed, b: StatusBuilder, cur: AttemptRecord | None, keep_pod: bool = False) -> Revoke:
+    """The revocation of attempt `cur`, whose end `b` has recorded. A succeeded attempt's pod is
+    left to exit on its own (it published its result and is finishing)."""
+    pods = () if cur is None or keep_pod else tuple(
+        p.name for p in o.pods if p.attempt == cur.attempt and not p.deleting and not p.terminated)
+    claims = (cur.holder,) if cur is not None and cur.holder and o.run.spec.executor == "External" else ()
+    return Revoke(status_write=b.write(), pods_to_delete=pods, tool_claim_holders=claims)
+
+
+def admit(o: Observed, b: StatusBuilder, d: Decision) -> bool:
+    """Admission: a run whose cap or budget is exhausted waits, Admitted=False."""
+    s, gen = o.run.status, o.run.metadata.generation
+    refusal = admission_refusal(o)
+    if refusal is None:
+        b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "True", "Admitted",
+                                            "run admitted", gen, o.now)
+        return True
+    reason, message = refusal
+    current = get_condition(s.conditions, c.COND_ADMITTED)
+    if current is None or current.status != "False" or current.reason != reason or s.phase is None:
+        b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "False", reason, message,
+                                            gen, o.now)
+        b.set_phase(Phase.PENDING, message)
+        b.events.append(Event("Warning", c.EV_BUDGET_EXCEEDED if reason == "BudgetExceeded" else reason, message))
+        d.actions.append(b.write())
+    if o.budget is not None and o.budget.next_reset_seconds is not None:
+        d.wake(o.budget.next_reset_seconds)
+    return False
+
+
+def foreign_fence(o: Observed) -> int | None:
+    """The run's Lease carries a fence the run never issued: someone other than Tether wrote it."""
+    lease = o.lease
+    if lease is not None and lease.fence is not None and lease.fence > o.run.status.fence:
+        return lease.fence
+    return None
+
+
+def decide_foreign_fence(o: Observed, d: Decision, lease_fence: int) -> None:
+    """A foreign write to the Lease is an attack or a bug; either way nobody can be sure who owns
+    the run. Converge: end the current attempt, move the run's fence past the Lease's, record it,
+    and let the retry rules go on with a Lease rewritten by Tether. When no fence is left past
+    it for another attempt, the run ends Failed instead."""
+    s = o.run.status
+    b = StatusBuilder(o)
+    message = (f"the Lease carries fence {lease_fence}, ahead of the run's {s.fence}: "
+               "it was written by someone other than Tether")
+    cur = s.current()
+    active = s.holder is not None
+    # A result the API server accepted while the fence and holder were the run's stands: a later
+    # foreign write to the Lease cannot undo it (and the work must not run again).
+    ending = Ending(Outcome.SUCCEEDED, "the holder published its result") if s.result is not None \
+        else Ending(Outcome.LEASE_LOST, message)
+    if active:
+        b.end_attempt(ending.outcome, ending.message)
+        b.finish_after(ending.outcome, ending.message, None)
+    b.status.fence = max(b.status.fence, min(lease_fence + 1, MAX_FENCE))
+    b.change = Change.LEASE_TAMPERED
+    exhausted = not room_for_attempt(b.status.fence) and not (b.status.phase is not None and b.status.phase.terminal)
+    if exhausted:
+        b.exhaust_fences(f"{message}; no fence is left for another attempt (the largest is {MAX_FENCE})")
+    b.status.conditions = set_condition(b.status.conditions, c.COND_LEASE_HELD, "False", c.REASON_LEASE_TAMPERED,
+                                        message, o.run.metadata.generation, o.now)
+    b.events.append(Event("Warning", c.REASON_LEASE_TAMPERED, message))
+    b.details["leaseFence"] = lease_fence
+    if active:
+        d.actions.append(revoke(o, b, cur, keep_pod=ending.outcome == Outcome.SUCCEEDED))
+    else:
+        d.actions.append(b.write())
+        d.actions.append(ClearLease(fence=b.status.fence))

@@ -1,0 +1,90 @@
+"""What one decision sees: the run, its Lease as this operator observed it, its pods, its
+budget, and both clocks. Frozen values: the core reads them and never changes them.
+
+The wall clock (`now`) stamps the status and measures deadlines; the monotonic clock (`mono`)
+times lease lapses, because the operator judges silence by when *it* saw each renewal, never by
+the worker's timestamps.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from tether import protocol
+from tether.api.models import Usage, WorkerRun
+
+# Progress reported on heartbeats reaches the run's status at most this often.
+FOLD_INTERVAL_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class LeaseObservation:
+    holder: str | None
+    fence: int | None
+    resource_version: str
+    # Monotonic time when this operator first saw the current resourceVersion
+    # (or wrote it). The worker's own timestamps are never used.
+    last_change: float
+    # Whether a resourceVersion written by the holder (not by the grant) was seen.
+    renewed: bool
+    checkpoint: str | None = None
+    usage: Usage | None = None
+    # Monotonic time the checkpoint last changed (progress), and the signals on the lease now.
+    checkpoint_changed: float = 0.0
+    signals: str | None = None
+
+
+@dataclass(frozen=True)
+class BudgetObservation:
+    """The run's WorkerBudget, refreshed for `now` (period rolled over if due)."""
+
+    name: str
+    missing: bool = False
+    exhausted: bool = False
+    remaining: Usage = field(default_factory=Usage)
+    charged: Usage = field(default_factory=Usage)  # this run's mark
+    next_reset_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    name: str
+    attempt: int
+    phase: str
+    exit_code: int | None = None
+    deleting: bool = False
+    has_finalizer: bool = True
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Observed:
+    run: WorkerRun
+    lease: LeaseObservation | None
+    pods: tuple[PodObservation, ...]
+    now: dt.datetime
+    mono: float
+    budget: BudgetObservation | None = None
+    # How often heartbeat-borne progress and usage may reach the run's status (bounded writes).
+    fold_interval: float = FOLD_INTERVAL_SECONDS
+    # Monotonic time since which the API server has answered this operator without a break
+    # (None: unreachable now). No lapse is judged within a lease duration of it.
+    api_available_since: float | None = float("-inf")
+    # The namespace refused a create because it is being deleted: start no new attempt.
+    namespace_terminating: bool = False
+
+    def pod_of(self, attempt: int) -> PodObservation | None:
+        return next((p for p in self.pods if p.attempt == attempt), None)
+
+
+def current_lease(o: Observed) -> LeaseObservation | None:
+    """The Lease if it names exactly the run's holder and fence, else None: only then do its
+    renewals, usage and checkpoint speak for the current attempt."""
+    s = o.run.status
+    if o.lease is not None and protocol.same_owner(o.lease.holder, o.lease.fence, s.holder, s.fence):
+        return o.lease
+    return None
