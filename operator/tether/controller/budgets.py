@@ -61,7 +61,9 @@ class BudgetBook:
             status = budgets.refresh(budget, self.now())
             if status.dump() == budget.status.dump():
                 return
-            self.cache[key] = await self.kube.replace_budget_status({**body, "status": status.dump()})
+            written = await self.kube.replace_budget_status({**body, "status": status.dump()})
+            if key in self.cache:  # never bring back a budget whose deletion was seen meanwhile
+                self.cache[key] = written
         except (Conflict, NotFound):
             pass  # a newer version arrives by watch and triggers another refresh
         except Exception as exc:  # noqa: BLE001 - best effort; charges refresh it too
@@ -104,6 +106,7 @@ class BudgetBook:
         for _ in range(10):
             body = await self.kube.get_budget(ns, budget_name)
             if body is None:
+                self.cache.pop((ns, budget_name), None)  # gone: the next observation says so
                 return None
             budget = WorkerBudget.model_validate(body)
             status = budgets.apply_charge(budget, run.metadata.uid, run.metadata.name, total, self.now())
@@ -112,7 +115,8 @@ class BudgetBook:
                 written = await self.kube.replace_budget_status({**body, "status": status.dump()})
             except Conflict:
                 continue  # another run charged first: re-read and apply our difference again
-            self.cache[(ns, budget_name)] = written
+            if (ns, budget_name) in self.cache:
+                self.cache[(ns, budget_name)] = written
             added = Usage(cents=max(0, total.cents - before.cents), tokens=max(0, total.tokens - before.tokens))
             metrics.BUDGET_CHARGED_CENTS.labels(ns, budget_name).inc(added.cents)
             metrics.BUDGET_CHARGED_TOKENS.labels(ns, budget_name).inc(added.tokens)

@@ -60,6 +60,7 @@ from tether.kube.client import (
     KubeClient,
     NotFound,
     Unavailable,
+    budget_path,
     lease_path,
     run_path,
 )
@@ -314,6 +315,12 @@ class RunController:
             began = time.monotonic()
             try:
                 await self._process(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a worker must outlive any bug in error handling
+                log.exception("reconcile worker caught an error", extra={"run": "/".join(key),
+                                                                         "event": "reconcile_bug"})
+                self.queue.add_rate_limited(key)
             finally:
                 self.queue.done(key)
                 metrics.RECONCILE_TIME.labels("workerrun").observe(time.monotonic() - began)
@@ -408,10 +415,9 @@ class RunController:
         except ValidationError as exc:
             self._problem(key, "cannot read run; waiting for a change", "run_unreadable", str(exc), logging.ERROR)
             return None, False
-        if await self._release_strays(key, snap):
-            return None, True
+        released = await self._release_strays(key, snap)
         if snap is None:
-            return None, False
+            return None, released
         if not self.may_act():
             return 1.0, False
         if snap.run.metadata.deletion_timestamp is None and c.RUN_FINALIZER not in snap.run.metadata.finalizers:
@@ -438,8 +444,13 @@ class RunController:
         """Pods labelled for this run name that no live run owns (the run was deleted, or a namesake
         replaced it): delete them and drop Tether's finalizer, so nothing hangs in Terminating."""
         uid = snap.uid if snap is not None else None
-        strays = [p for p in self.pods.get(key, {}).values() if owner_uid(p) != uid]
-        if not strays:
+        # Only pods a (deleted) WorkerRun controls, and only those that still need us: a pod already
+        # deleting without our finalizer is the kubelet's business, and must not block the new run.
+        strays = [p for p in self.pods.get(key, {}).values()
+                  if owner_uid(p) not in (None, uid)
+                  and (not p["metadata"].get("deletionTimestamp")
+                       or c.POD_FINALIZER in (p["metadata"].get("finalizers") or []))]
+        if not strays or not self.may_act():
             return False
         if snap is None:
             # The cache may simply not have seen the run yet: ask before releasing anything.
@@ -532,10 +543,15 @@ class RunController:
                 runs = await self.kube.list_objects(run_path(ns))
                 pods = await self.kube.list_objects(f"/api/v1/namespaces/{ns}/pods", c.LABEL_RUN)
                 leases = await self.kube.list_objects(lease_path(ns), c.LABEL_RUN)
+                budgets = await self.kube.list_objects(budget_path(ns))
             except (Unavailable, Forbidden, NotFound) as exc:
                 log.warning("cannot list a namespace being deleted", extra={"namespace": ns, "error": str(exc)})
             else:
                 self._replace_namespace(ns, runs, pods, leases)
+                listed = {b["metadata"]["name"] for b in budgets}
+                for (bns, name), body in list(self.budgets.cache.items()):
+                    if bns == ns and name not in listed:
+                        self.budgets.on_event("DELETED", body)
             self.terminating[ns] = self.clock.mono()
             await asyncio.sleep(SWEEP_SECONDS)
         self._replace_namespace(ns, [], [], [])
@@ -587,6 +603,9 @@ class RunController:
         try:
             fresh = await self.kube.get_run(*key)
         except NotFound:
+            gone = self.runs.get(key)
+            if gone is not None:
+                self.on_run("DELETED", gone)
             return None
         self.on_run("MODIFIED", fresh)
         self.runs[key] = fresh  # a GET is the newest view, even if its fence looks lower
@@ -596,9 +615,9 @@ class RunController:
         """Our write succeeded against the snapshot, so nothing came between the two: cache the
         result unless the watch already brought it (or something newer)."""
         cached = self.runs.get(snap.key)
-        if cached is None or cached["metadata"].get("resourceVersion") == \
+        if cached is not None and cached["metadata"].get("resourceVersion") == \
                 snap.body["metadata"].get("resourceVersion"):
-            self.runs[snap.key] = written
+            self.runs[snap.key] = written  # (never re-adds a run whose deletion was seen meanwhile)
         return replace(snap, body=written, run=WorkerRun.model_validate(written))
 
     # --- actions: each returns the snapshot the next action works from -------
@@ -675,7 +694,12 @@ class RunController:
         for _ in range(5):
             current = await self.kube.get_lease(ns, name)
             if current is not None and owner_uid(current) != snap.uid:
-                # Left by a deleted run of the same name (or not Tether's): never adopt it.
+                if owner_uid(current) is None:
+                    # Not Tether's (an application's own Lease of that name): never touch it.
+                    raise SpecError("LeaseConflict", Conflict(
+                        409, f"Lease {ns}/{name} exists and no WorkerRun controls it; rename the run or the Lease",
+                        f"lease {ns}/{name}"))
+                # Left by a deleted run of the same name: never adopt it.
                 await self.kube.delete_object(lease_path(ns, name), current["metadata"]["uid"])
                 current = None
             if current is None:

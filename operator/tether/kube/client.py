@@ -64,7 +64,8 @@ def _raise_for(resp: httpx.Response, what: str) -> None:
         return
     if resp.status_code == 429 or resp.status_code >= 500:
         raise Unavailable(resp.status_code, resp.text, what)
-    cls = {409: Conflict, 404: NotFound, 422: Invalid, 403: Forbidden}.get(resp.status_code, ApiError)
+    # 400: an object the API server cannot even decode (e.g. cpu: "abc"), a refusal like 422.
+    cls = {409: Conflict, 404: NotFound, 400: Invalid, 422: Invalid, 403: Forbidden}.get(resp.status_code, ApiError)
     raise cls(resp.status_code, resp.text, what)
 
 
@@ -99,8 +100,8 @@ class KubeClient:
     async def close(self) -> None:
         await self.http.aclose()
 
-    async def _call(self, method: str, path: str, what: str, **kw: Any) -> dict[str, Any]:
-        if self.limiter is not None:
+    async def _call(self, method: str, path: str, what: str, limited: bool = True, **kw: Any) -> dict[str, Any]:
+        if limited and self.limiter is not None:
             await self.limiter.acquire()
         self.requests += 1
         try:
@@ -108,16 +109,18 @@ class KubeClient:
         except httpx.TransportError as exc:
             self.health.failure(f"{what}: {type(exc).__name__}")
             raise Unavailable(0, str(exc) or type(exc).__name__, what) from exc
-        if resp.status_code == 429 or resp.status_code >= 500:
-            self.health.failure(f"{what}: HTTP {resp.status_code}")
+        # A 5xx or 429 is an answer (a broken webhook, an oversized write, priority and fairness):
+        # reachability is judged from transport failures and the /readyz probe, not from those.
         _raise_for(resp, what)
         return resp.json() if resp.content else {}
 
     async def timed_get(self, path: str, what: str) -> tuple[dict[str, Any] | None, float]:
         """A GET and how long it took (monotonic seconds); None for 404."""
+        if self.limiter is not None:
+            await self.limiter.acquire()  # waiting for our own rate limit is not the API's latency
         began = time.monotonic()
         try:
-            body: dict[str, Any] | None = await self._call("GET", path, what)
+            body: dict[str, Any] | None = await self._call("GET", path, what, limited=False)
         except NotFound:
             body = None
         return body, time.monotonic() - began
