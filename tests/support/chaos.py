@@ -46,7 +46,7 @@ from tests.support.apiproxy import ApiProxy
 from tests.support.audit import AuditRecord
 from tests.support.kube import Kube
 from tests.support.operator_process import OperatorProcess
-from tests.support.oracle import ANY_POD, TERMINAL, TrialFacts, Verdict, judge
+from tests.support.oracle import TERMINAL, TrialFacts, Verdict, judge
 from tests.support.scenario import app_run
 
 LEASE_SECONDS = 8  # the CRD wants durationSeconds > 2 * renewIntervalSeconds + 5
@@ -467,6 +467,14 @@ class Trial:
     def _patch_spec(self, name: str, spec: dict[str, Any]) -> bool:
         return self.kube.patch(Kube.wr_path(self.ns, name), {"spec": spec}).status_code == 200
 
+    def _resume(self, name: str) -> bool:
+        """spec.suspend back to false; a run that was deleted meanwhile needs no resuming."""
+        code = self.kube.patch(Kube.wr_path(self.ns, name), {"spec": {"suspend": False}}).status_code
+        if code in (200, 404):
+            with self.lock:
+                self.suspended.discard(name)
+        return code in (200, 404)
+
     def _client(self, pod: str) -> str:
         return rf"^{re.escape(self.ns)}/{re.escape(pod)}$"
 
@@ -667,9 +675,7 @@ class Trial:
         with self.lock:
             self.suspended.add(name)
         self._wait(f.seconds)
-        if self._patch_spec(name, {"suspend": False}):
-            with self.lock:
-                self.suspended.discard(name)
+        self._resume(name)
         return True
 
     def _f_run_recreate(self, f: FaultPlan, name: str) -> bool:
@@ -699,7 +705,7 @@ class Trial:
                 os.kill(pid, signal.SIGCONT)
         self.operators.ensure_running()
         for name in list(self.suspended):
-            self._poll(lambda: self._patch_spec(name, {"suspend": False}), 30, f"resume of {name}")
+            self._poll(lambda: self._resume(name), 30, f"resume of {name}")
         for rp in self.plan.runs:
             (self.workdir / f"{rp.name}.gate").touch()
 
