@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +83,8 @@ def main() -> int:
         print(timeline(args.timeline, args.run))
         return 0
     os.chdir(ROOT)  # the process kubelet runs tests/support/worker_app.py relative to its working directory
+    # A trial that hangs shows where: `kill -USR1 <pid>` prints every thread's stack.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     source = None
     if args.source:
         source, package = _snapshot(args.source)
@@ -104,8 +108,11 @@ def main() -> int:
             else:
                 shared = shared or _start(stack, "shared", pausable=False)
                 cluster = shared
+            # A trial takes well under 3 minutes; past 5, every thread's stack goes to stderr.
+            faulthandler.dump_traceback_later(300, repeat=True)
             result = Trial(plan, cluster, evidence / f"seed-{seed}", settle_seconds=args.settle,
                            strict_window=args.strict_window, keep=args.keep, source=source).run()
+            faulthandler.cancel_dump_traceback_later()
             tally.add(result)
             print(f"[{tally.trials}/{len(seeds)}] {result.summary()}", flush=True)
             if not result.ok:
