@@ -801,3 +801,13 @@ def test_grant_signals_come_from_the_status_being_written() -> None:
     assert status_of(d.actions).holder == "job-a2"
     sig = json.loads(next(a for a in d.actions if isinstance(a, EnsureLease)).signals)
     assert (sig["capCents"], sig["baseCents"]) == (100, 30)
+
+
+def test_a_workers_error_is_not_replaced_when_a_cap_ends_the_run_at_the_same_time() -> None:
+    # Found by fault trial seed 324: the worker's accepted error was overwritten by BudgetExceeded.
+    r = run(spec={"budget": {"capCents": 10}},
+            status=held(stopRequestedAt=T0.isoformat(), error={"code": "Injected", "message": "boom"}))
+    d = decide(observe(r, lease(usage=Usage(cents=12, tokens=0)), (pod(),)))
+    s = status_of(d.actions)
+    assert s.phase == Phase.BUDGET_EXCEEDED
+    assert s.error is not None and s.error.code == "Injected"

@@ -206,7 +206,10 @@ class StatusBuilder:
         self.end_attempt(ending.outcome, ending.message, ending.exit_code)
         self.status.error = None
         self.finish_after(ending.outcome, ending.message, ending.exit_code)
-        if ending.outcome == Outcome.WORKER_FAILED and self.status.phase == Phase.FAILED:
+        phase = self.status.phase
+        if error is not None and phase is not None and phase.terminal and phase != Phase.SUCCEEDED:
+            # An error the API server accepted from the worker is never replaced (a stop or a cap
+            # that ends the run at the same time is in the phase and the attempt record).
             self.status.error = error
 
     def fail(self, phase: Phase, message: str, code: str) -> None:
