@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import json
 import os
 import signal
 import subprocess
@@ -75,12 +76,23 @@ def main() -> int:
     parser.add_argument("--timeline", type=Path, metavar="DIR",
                         help="print a kept trial's audit writes and operator events in time order, and exit")
     parser.add_argument("--run", help="with --timeline: only this run")
+    parser.add_argument("--results", type=Path, default=ROOT / ".tether" / "chaos" / "results.jsonl",
+                        help="each trial's record is appended here (one JSON line)")
+    parser.add_argument("--summarize", action="store_true",
+                        help="print the totals of every trial in the results file, and exit")
     parser.add_argument("--source", metavar="REV",
                         help="run the operator and the worker SDK as committed at REV (e.g. HEAD) instead of the "
                              "work tree")
     args = parser.parse_args()
     if args.timeline:
         print(timeline(args.timeline, args.run))
+        return 0
+    if args.summarize:
+        total = Tally()
+        for line in args.results.read_text().splitlines():
+            if line.strip():
+                total.add(json.loads(line))
+        print(total.report())
         return 0
     os.chdir(ROOT)  # the process kubelet runs tests/support/worker_app.py relative to its working directory
     # A trial that hangs shows where: `kill -USR1 <pid>` prints every thread's stack.
@@ -113,7 +125,10 @@ def main() -> int:
             result = Trial(plan, cluster, evidence / f"seed-{seed}", settle_seconds=args.settle,
                            strict_window=args.strict_window, keep=args.keep, source=source).run()
             faulthandler.cancel_dump_traceback_later()
-            tally.add(result)
+            tally.add(result.record())
+            args.results.parent.mkdir(parents=True, exist_ok=True)
+            with args.results.open("a") as out:
+                out.write(json.dumps(result.record()) + "\n")
             print(f"[{tally.trials}/{len(seeds)}] {result.summary()}", flush=True)
             if not result.ok:
                 print(result.report(), flush=True)

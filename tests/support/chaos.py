@@ -251,6 +251,14 @@ class TrialResult:
         return (f"seed {self.plan.seed}: {len(self.plan.runs)} runs{' ha' if self.plan.ha else ''}, "
                 f"faults [{kinds}] -> {verdict} ({self.seconds:.0f}s)")
 
+    def record(self) -> dict[str, Any]:
+        """The trial as one JSON line of a campaign's results file."""
+        return {"seed": self.plan.seed, "ok": self.ok, "error": self.error, "seconds": round(self.seconds, 1),
+                "source": self.source, "namespace": self.namespace, "faults": dict(self.faults),
+                "skipped": dict(self.skipped), "by_invariant": dict(self.verdict.by_invariant()),
+                "violations": [str(v) for v in self.verdict.violations], "stats": dict(self.verdict.stats),
+                "replay": replay_command(self.plan.seed, self.plan.allow_api_pause, self.source)}
+
     def report(self) -> str:
         """What a failing trial prints: seed, each violation with its evidence, and how to replay it."""
         lines = [f"TRIAL FAILED  seed {self.plan.seed}  namespace {self.namespace}"]
@@ -867,8 +875,10 @@ class Trial:
 
 @dataclass
 class Tally:
+    """Totals over trials, from their records (so several batches' results files add up too)."""
+
     trials: int = 0
-    failed: list[TrialResult] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # seeds
     harness_errors: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
@@ -876,16 +886,17 @@ class Tally:
     stats: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
 
-    def add(self, result: TrialResult) -> None:
+    def add(self, record: dict[str, Any]) -> None:
+        """One trial's `TrialResult.record()`."""
         self.trials += 1
-        self.faults.update(result.faults)
-        self.skipped.update(result.skipped)
-        self.violations.update(result.verdict.by_invariant())
-        self.stats.update(result.verdict.stats)
-        self.seconds += result.seconds
-        self.harness_errors += result.error is not None
-        if not result.ok:
-            self.failed.append(result)
+        self.faults.update(record["faults"])
+        self.skipped.update(record["skipped"])
+        self.violations.update({int(k): n for k, n in record["by_invariant"].items()})
+        self.stats.update(record["stats"])
+        self.seconds += record["seconds"]
+        self.harness_errors += record["error"] is not None
+        if not record["ok"]:
+            self.failed.append(record["seed"])
 
     def report(self) -> str:
         from tests.support.oracle import INVARIANTS
@@ -904,7 +915,7 @@ class Tally:
         for key, n in sorted(self.stats.items()):
             lines.append(f"  {key:60} {n}")
         if self.failed:
-            lines.append("failed seeds: " + " ".join(str(r.plan.seed) for r in self.failed))
+            lines.append("failed seeds: " + " ".join(str(seed) for seed in self.failed))
         return "\n".join(lines)
 
 
