@@ -57,6 +57,14 @@ def lease_holder(lease: Mapping[str, Any] | None) -> tuple[str | None, int | Non
     return spec.get("holderIdentity"), spec.get("leaseTransitions")
 
 
+def controller_uid(obj: Mapping[str, Any] | None) -> str | None:
+    """The UID of the WorkerRun that controls this object (its Lease, pod or Secret), if any."""
+    for ref in ((obj or {}).get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "WorkerRun" and ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
 def same_owner(lease_holder_identity: str | None, lease_fence: int | None, holder: str | None,
                fence: int | None) -> bool:
     """Whether a Lease's (holderIdentity, leaseTransitions) name exactly this holder and fence.
@@ -65,9 +73,13 @@ def same_owner(lease_holder_identity: str | None, lease_fence: int | None, holde
     return holder is not None and (lease_holder_identity, lease_fence) == (holder, fence)
 
 
-def holds(lease: Mapping[str, Any] | None, holder: str | None, fence: int | None) -> bool:
-    """Whether the Lease object names exactly this holder and fence (see `same_owner`)."""
-    return lease is not None and same_owner(*lease_holder(lease), holder, fence)
+def holds(lease: Mapping[str, Any] | None, holder: str | None, fence: int | None,
+          run_uid: str | None = None) -> bool:
+    """Whether the Lease object names exactly this holder and fence (see `same_owner`) and, when
+    `run_uid` is given, belongs to that run: a run deleted and re-created under the same name
+    starts again at holder `<name>-a1` and fence 1, and only the UID tells the two apart."""
+    return (lease is not None and same_owner(*lease_holder(lease), holder, fence)
+            and (run_uid is None or controller_uid(lease) == run_uid))
 
 
 # --- usage ------------------------------------------------------------------------
@@ -189,11 +201,15 @@ def renewal(lease: Mapping[str, Any], now: dt.datetime, *, checkpoint: str | Non
 RESULT_FIELDS = ("result", "error")
 
 
-def fenced_patch(holder: str, fence: int, field: str, value: Any) -> list[dict[str, Any]]:
+def fenced_patch(holder: str, fence: int, field: str, value: Any,
+                 run_uid: str | None = None) -> list[dict[str, Any]]:
     """The JSON patch that publishes a result or an error only while `fence` and `holder` are
-    still the run's: the API server applies the `add` only if both `test`s hold (else 422)."""
+    still the run's (and, given `run_uid`, only to that run, never to a namesake created since):
+    the API server applies the `add` only if every `test` holds (else 422)."""
     if field not in RESULT_FIELDS:
         raise ValueError(f"a worker publishes only {RESULT_FIELDS}, not {field!r}")
-    return [{"op": "test", "path": "/status/fence", "value": fence},
+    same_run = [] if run_uid is None else [{"op": "test", "path": "/metadata/uid", "value": run_uid}]
+    return [*same_run,
+            {"op": "test", "path": "/status/fence", "value": fence},
             {"op": "test", "path": "/status/holder", "value": holder},
             {"op": "add", "path": f"/status/{field}", "value": value}]

@@ -19,8 +19,9 @@ from tests.support.kube import Kube
 pytestmark = pytest.mark.local_cluster  # it signals worker processes of the process kubelet
 
 # Chosen so that together they draw every fault kind but the API pause, and two with HA operators
-# (one of them kills the leader).
-SEEDS = [7392, 27296, 30542, 12988, 22045, 8392]
+# (one of them kills the leader). 378 re-creates a run while its old pod is still terminating: before
+# the fix the old worker took the new run's Lease and completed it (same holder name and fence).
+SEEDS = [7392, 27296, 30542, 12988, 22045, 8392, 378]
 
 
 def test_the_fixed_set_draws_every_fault_kind_but_the_api_pause() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
+POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
 VALIDATION_FAILURE = "validation.policy.admission.k8s.io/validation_failure"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
@@ -48,6 +49,12 @@ class User:
         """The pod a pod-bound service-account token names (the kubelet's tokens do)."""
         names = self.extra.get(POD_NAME_KEY, ())
         return names[0] if len(names) == 1 else None
+
+    @property
+    def pod_uid(self) -> str | None:
+        """The UID of that pod: tells a pod from a namesake created after it was deleted."""
+        uids = self.extra.get(POD_UID_KEY, ())
+        return uids[0] if len(uids) == 1 else None
 
     @classmethod
     def parse(cls, doc: dict[str, Any]) -> "User":

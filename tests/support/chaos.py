@@ -821,14 +821,17 @@ class Trial:
         lost on the way, then a retry refused because the result was already there: the worker draws
         the wrong conclusion) or OwnershipUnknown (the request was held up and landed after the worker
         gave up: honest). Not a breach of the six invariants (the result stands): noted and counted."""
-        published = {(r.object_ref.name, r.user.pod) for r in records
-                     if r.accepted and r.user.pod and r.object_ref is not None and r.object_ref.subresource == "status"}
+        # By run UID too: a run re-created under its name reuses the pod names.
+        published = {(r.object_ref.name, r.user.pod, str(((r.response_object or {}).get("metadata") or {}).get("uid")))
+                     for r in records if r.accepted and r.user.pod and r.object_ref is not None
+                     and r.object_ref.subresource == "status"}
         for rp in self.plan.runs:
             out = self.workdir / f"{rp.name}.jsonl"
             lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.exists() else []
             for entry in lines:
                 pod = f"{rp.name}-a{entry.get('attempt')}"
-                if entry.get("event") == "complete" and not entry.get("accepted") and (rp.name, pod) in published:
+                if entry.get("event") == "complete" and not entry.get("accepted") and \
+                        (rp.name, pod, str(entry.get("runUid"))) in published:
                     # OwnershipUnknown is honest (its request was still on its way); LeaseLost is wrong.
                     told = "refused" if entry.get("error") == "LeaseLost" else "unknown"
                     verdict.stats[f"workers told their accepted result was {told}"] += 1

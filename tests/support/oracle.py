@@ -119,6 +119,7 @@ class _Write:
     rv: int
     body: dict[str, Any]  # the object as stored (the response)
     pod: str | None  # the pod of a pod-bound token, None for every other identity
+    pod_uid: str | None
     user: str
     verb: str
     when: dt.datetime
@@ -175,7 +176,7 @@ def _write(rec: AuditRecord) -> _Write | None:
     rv = _rv(body)
     if rv is None:
         return None
-    return _Write(rv=rv, body=body, pod=rec.user.pod, user=rec.user.username, verb=rec.verb,
+    return _Write(rv=rv, body=body, pod=rec.user.pod, pod_uid=rec.user.pod_uid, user=rec.user.username, verb=rec.verb,
                   when=rec.completed, audit_id=rec.audit_id)
 
 
@@ -202,6 +203,7 @@ class _History:
         self.worker_writes: list[tuple[str, _Write]] = []  # ("lease" | "status", write)
         self.refused_worker_writes: Counter[str] = Counter()
         self.pod_creates: list[AuditRecord] = []
+        self.pod_owners: dict[str, str] = {}  # pod uid -> uid of the run that controls the pod
         self.run_creates: dict[str, list[AuditRecord]] = defaultdict(list)  # by run name
         for rec in records:
             ref = rec.object_ref
@@ -210,6 +212,9 @@ class _History:
             if ref.resource == "pods" and ref.subresource == "" and rec.verb == "create":
                 if rec.accepted and not rec.dry_run:
                     self.pod_creates.append(rec)
+                    pod, owner = rec.response_object or {}, _owner_uid(rec.response_object or {})
+                    if owner is not None and (pod.get("metadata") or {}).get("uid"):
+                        self.pod_owners[str(pod["metadata"]["uid"])] = owner
                 continue
             if ref.resource == "workerruns" and ref.subresource == "" and rec.verb == "create":
                 if rec.accepted and not rec.dry_run:
@@ -314,6 +319,12 @@ def _fences(history: _History, tenures: Mapping[tuple[str, str], _Tenure], verdi
         uid = str(w.body["metadata"].get("uid")) if kind == "status" else _owner_uid(w.body)
         assert w.pod is not None and uid is not None
         subject = f"{history.name(uid)} pod {w.pod}"
+        owner = history.pod_owners.get(w.pod_uid or "")
+        if owner is not None and owner != uid:
+            # Same pod name, another run: a deleted namesake's worker (holder and fence repeat).
+            verdict.violations.append(Violation(1, subject, f"accepted {kind} {w.describe()} from the pod of "
+                                                            f"another run, {history.name(owner)}"))
+            continue
         tenure = tenures.get((uid, w.pod))
         if tenure is None:
             verdict.violations.append(Violation(1, subject, f"accepted {kind} {w.describe()} from a pod that "
@@ -511,6 +522,8 @@ def _nothing_stuck(facts: TrialFacts, verdict: Verdict) -> None:
             continue
         if spec.get("suspend") and phase == "Suspended":
             continue
+        if holder is None and phase == "Pending" and _cap_used_up(spec, status):
+            continue  # held back by admission until a person raises the cap (README, Budgets)
         before, after = facts.leases_before.get(meta["name"]), facts.leases_after.get(meta["name"])
         fence = status.get("fence")
 
@@ -526,6 +539,14 @@ def _nothing_stuck(facts: TrialFacts, verdict: Verdict) -> None:
         elif _rv(before or {}) == _rv(after or {}):
             verdict.violations.append(Violation(5, subject, f"phase {phase}, holder {holder}: its Lease was not "
                                                             f"renewed while watched ({_lease_brief(after)})"))
+
+
+def _cap_used_up(spec: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """The run's own cap is reached by the usage its attempts recorded: it may not start another."""
+    budget = spec.get("budget") or {}
+    cents, tokens = _usage(status.get("usage"))
+    return ((budget.get("capCents") is not None and cents >= int(budget["capCents"]))
+            or (budget.get("maxTokens") is not None and tokens >= int(budget["maxTokens"])))
 
 
 def _lease_brief(lease: Mapping[str, Any] | None) -> str:

@@ -43,7 +43,8 @@ def main() -> int:
     def record(**kw: object) -> None:
         if out is not None:
             with out.open("a") as f:
-                f.write(json.dumps({"attempt": run.attempt, "fence": run.fence, "pid": os.getpid(), **kw}) + "\n")
+                f.write(json.dumps({"attempt": run.attempt, "fence": run.fence, "pid": os.getpid(),
+                                    "runUid": os.environ.get("TETHER_RUN_UID"), **kw}) + "\n")
 
     signal.signal(signal.SIGTERM, lambda *_: record(event="sigterm"))
     run.start()

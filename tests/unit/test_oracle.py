@@ -51,22 +51,25 @@ class Log:
         return str(self.rv)
 
     @staticmethod
-    def worker(pod: str) -> dict[str, Any]:
-        return {"username": f"system:serviceaccount:{NS}:w", "groups": ["system:serviceaccounts"],
-                "extra": {"authentication.kubernetes.io/pod-name": [pod]}}
+    def worker(pod: str, pod_uid: str | None = None) -> dict[str, Any]:
+        extra = {"authentication.kubernetes.io/pod-name": [pod]}
+        if pod_uid:
+            extra["authentication.kubernetes.io/pod-uid"] = [pod_uid]
+        return {"username": f"system:serviceaccount:{NS}:w", "groups": ["system:serviceaccounts"], "extra": extra}
 
-    def run_status(self, run: "Run", status: dict[str, Any], pod: str | None = None, code: int = 200) -> None:
+    def run_status(self, run: "Run", status: dict[str, Any], pod: str | None = None, code: int = 200,
+                   pod_uid: str | None = None) -> None:
         body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
                 "metadata": {"name": run.name, "namespace": NS, "uid": run.uid,
                              "resourceVersion": self._next_rv() if code < 300 else "0"},
                 "spec": run.spec, "status": status}
-        user = self.worker(pod) if pod else OPERATOR
+        user = self.worker(pod, pod_uid) if pod else OPERATOR
         self._event("patch" if pod else "update", "workerruns", run.name, user, code, body, "status", "tether.dev")
         if code < 300:
             run.status = status
 
     def lease(self, run: "Run", holder: str | None, fence: int, usage: int | None = None, pod: str | None = None,
-              code: int = 200) -> None:
+              code: int = 200, pod_uid: str | None = None) -> None:
         ann = {"tether.dev/fence": str(fence)}
         if usage is not None:
             ann["tether.dev/usage"] = json.dumps({"cents": usage, "tokens": 0})
@@ -75,7 +78,7 @@ class Log:
                              "labels": {"tether.dev/run": run.name}, "annotations": ann,
                              "ownerReferences": [{"kind": "WorkerRun", "name": run.name, "uid": run.uid}]},
                 "spec": {"holderIdentity": holder, "leaseTransitions": fence, "leaseDurationSeconds": 8}}
-        self._event("update", "leases", run.name, self.worker(pod) if pod else OPERATOR, code, body,
+        self._event("update", "leases", run.name, self.worker(pod, pod_uid) if pod else OPERATOR, code, body,
                     group="coordination.k8s.io")
         if code < 300:
             run.lease = body
@@ -90,8 +93,9 @@ class Log:
         self._event("update", "workerbudgets", name, OPERATOR, 200, body, "status", "tether.dev")
         return body
 
-    def create(self, resource: str, name: str) -> None:
-        self._event("create", resource, name, OPERATOR, 201, group="tether.dev" if resource == "workerruns" else "")
+    def create(self, resource: str, name: str, response: dict[str, Any] | None = None) -> None:
+        self._event("create", resource, name, OPERATOR, 201, response,
+                    group="tether.dev" if resource == "workerruns" else "")
 
 
 class Run:
@@ -104,6 +108,7 @@ class Run:
             self.spec["budget"] = {"budgetRef": {"name": budget}}
         self.status: dict[str, Any] = {}
         self.lease: dict[str, Any] | None = None
+        self.pod_uids: dict[str, str] = {}
         log.create("workerruns", name)
 
     def pod(self, attempt: int) -> str:
@@ -117,18 +122,23 @@ class Run:
         s.setdefault("attempts", []).append({"attempt": attempt, "fence": fence, "holder": pod, "pod": pod})
         self.log.run_status(self, s)
         self.log.lease(self, pod, fence)
-        self.log.create("pods", pod)
+        self.pod_uids[pod] = str(uuid.uuid4())
+        self.log.create("pods", pod, {"metadata": {"name": pod, "namespace": NS, "uid": self.pod_uids[pod],
+                                                   "ownerReferences": [{"kind": "WorkerRun", "name": self.name,
+                                                                        "uid": self.uid, "controller": True}]}})
         return pod
 
-    def renew(self, pod: str, usage: int | None = None, code: int = 200) -> None:
+    def renew(self, pod: str, usage: int | None = None, code: int = 200, pod_uid: str | None = None) -> None:
+        """A renewal by `pod` (by default this run's pod of that name; `pod_uid` says which one)."""
         assert self.lease is not None
         self.log.lease(self, self.lease["spec"]["holderIdentity"], self.lease["spec"]["leaseTransitions"],
-                       usage=usage, pod=pod, code=code)
+                       usage=usage, pod=pod, code=code, pod_uid=pod_uid or self.pod_uids.get(pod))
 
-    def publish(self, pod: str, field: str = "result", value: Any = None, code: int = 200) -> None:
+    def publish(self, pod: str, field: str = "result", value: Any = None, code: int = 200,
+                pod_uid: str | None = None) -> None:
         s = json.loads(json.dumps(self.status))
         s[field] = value if value is not None else {"attempt": s.get("attempt")}
-        self.log.run_status(self, s, pod=pod, code=code)
+        self.log.run_status(self, s, pod=pod, code=code, pod_uid=pod_uid or self.pod_uids.get(pod))
 
     def end(self, outcome: str, phase: str, usage: int = 0, clear_lease: bool = True, **changes: Any) -> None:
         """The operator's revocation: status first (fence +1, holder none), then the Lease."""
@@ -243,6 +253,24 @@ def test_1_a_write_from_a_pod_that_never_held_the_run_is_caught() -> None:
     run.grant()
     run.log.lease(run, "r-a1", 1, pod="r-a7")
     assert invariants(judge(log.records, facts(run))) == [1, 5]  # and the run is not renewed by its holder
+
+
+def test_1_a_deleted_namesakes_worker_writing_to_the_new_run_is_caught() -> None:
+    """Seed 378: the re-created run reuses holder r-a1 and fence 1; only the pod UID in the
+    token tells the old run's still-terminating worker from the new one."""
+    log = Log()
+    first = Run(log)
+    a1 = first.grant()
+    first.end("Cancelled", "Cancelled")
+    second = Run(log)  # same name, new UID
+    assert second.grant() == a1
+    second.renew(a1, usage=2)  # the new run's own worker: fine
+    assert 1 not in invariants(judge(log.records, facts(second)))
+    second.renew(a1, usage=4, pod_uid=first.pod_uids[a1])
+    second.publish(a1, pod_uid=first.pod_uids[a1])
+    verdict = judge(log.records, facts(second))
+    assert {v.invariant for v in verdict.violations} >= {1}
+    assert sum("from the pod of another run" in v.evidence for v in verdict.violations) == 2
 
 
 # --- 2. results ----------------------------------------------------------------------------
@@ -436,6 +464,18 @@ def test_5_suspended_on_request_is_not_stuck() -> None:
     run.spec["suspend"] = True
     run.write(phase="Suspended")
     assert judge(log.records, facts(run)).ok
+
+
+def test_5_pending_is_not_stuck_only_when_the_runs_own_cap_is_used_up() -> None:
+    """Seed 381: the worker spent past capCents while the operator was down; its attempt ended
+    LeaseLost and the run waits, as documented, for someone to raise the cap."""
+    log = Log()
+    run = Run(log)
+    run.spec["budget"] = {"capCents": 25}
+    run.write(phase="Pending", fence=2, usage={"cents": 175, "tokens": 0})
+    assert judge(log.records, facts(run)).ok
+    run.write(usage={"cents": 24, "tokens": 0})
+    assert invariants(judge(log.records, facts(run))) == [5]
 
 
 # --- 6. no false loss -----------------------------------------------------------------------

@@ -99,3 +99,21 @@ def test_fenced_patch_tests_fence_and_holder_before_it_adds() -> None:
                      {"op": "add", "path": "/status/result", "value": {"ok": True}}]
     with pytest.raises(ValueError):
         protocol.fenced_patch("job-a2", 3, "fence", 9)  # a worker never writes anything else
+
+
+def test_a_namesakes_lease_is_not_held_when_the_run_uid_is_known() -> None:
+    """Seed 378: a run deleted and re-created under its name starts again at holder job-a1 and
+    fence 1. The old run's worker, still terminating, must not take the new Lease for its own."""
+    lease = _lease("job-a1", 1)
+    lease["metadata"]["ownerReferences"] = [{"kind": "WorkerRun", "name": "job", "uid": "new", "controller": True}]
+    assert protocol.controller_uid(lease) == "new"
+    assert protocol.holds(lease, "job-a1", 1, "new")
+    assert not protocol.holds(lease, "job-a1", 1, "old")
+    assert not protocol.holds(_lease("job-a1", 1), "job-a1", 1, "new")  # no owner: not provably the run's
+    assert protocol.holds(lease, "job-a1", 1)  # callers that do not know the UID keep the old rule
+
+
+def test_fenced_patch_names_the_run_by_uid_when_known() -> None:
+    patch = protocol.fenced_patch("job-a1", 1, "error", {"code": "X"}, run_uid="u-7")
+    assert patch[0] == {"op": "test", "path": "/metadata/uid", "value": "u-7"}
+    assert patch[-1] == {"op": "add", "path": "/status/error", "value": {"code": "X"}}

@@ -87,3 +87,17 @@ def test_a_run_whose_result_was_accepted_is_never_granted_again_after_a_foreign_
                or (isinstance(a, WriteStatus) and a.grants)]
     assert not granted, f"a run with an accepted result was granted again: {d2.actions}"
     assert s1.phase == Phase.SUCCEEDED and s1.attempts[0].outcome == Outcome.SUCCEEDED, (s1.phase, s1.attempts)
+
+
+def test_no_attempt_is_granted_while_a_deleted_namesakes_pod_of_that_name_remains() -> None:
+    """Seed 378: the old run's pod `job-a1` was still terminating when the run was re-created.
+    Its worker's token is valid until the pod is gone and names pod `job-a1`: granting holder
+    `job-a1` before then hands the new run to the old worker (it renewed and completed it)."""
+    run = _run()
+    blocked = Observed(run=run, lease=None, pods=(), now=T0, mono=100.0, foreign_pods=frozenset({"job-a1"}))
+    d = decide(blocked)
+    assert not d.actions and d.requeue_after is not None and d.requeue_after <= 1.0
+    other = Observed(run=run, lease=None, pods=(), now=T0, mono=100.0, foreign_pods=frozenset({"job-a2"}))
+    granted = decide(other)
+    assert any(isinstance(a, EnsureLease) and a.holder == "job-a1" for a in granted.actions)
+    assert any(isinstance(a, EnsurePod) and a.name == "job-a1" for a in granted.actions)

@@ -153,3 +153,45 @@ def test_a_refusal_by_the_fencing_policy_means_lost_but_rbac_does_not() -> None:
                                     '"system:serviceaccount:ns:job-worker" cannot update resource "leases"')
     assert fenced_by_policy(policy) and not fenced_by_policy(rbac)
     assert not fenced_by_policy(httpx.Response(422, text="ValidatingAdmissionPolicy tether-worker"))
+
+
+class _MockKube:
+    """Stands in for a kubeconfig: hands the transport an httpx client over a mock API."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    def sync_client(self, timeout: float) -> httpx.Client:
+        return httpx.Client(base_url="http://api", transport=httpx.MockTransport(self.handler), timeout=timeout)
+
+
+def test_the_pod_transport_never_takes_a_re_created_namesakes_lease_for_its_own() -> None:
+    """Seed 378: after its run was deleted and re-created, the old worker's renewal conflicted,
+    it re-read the Lease, found holder job-a1 and fence 1 (the new run's first attempt) and
+    renewed it. With the run's UID it sees another run's Lease, and stops."""
+    from tether.worker.transport import KubeTransport
+
+    def lease(uid: str, rv: str) -> dict[str, Any]:
+        return {"metadata": {"name": "job", "resourceVersion": rv,
+                             "ownerReferences": [{"kind": "WorkerRun", "uid": uid, "controller": True}]},
+                "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1}}
+
+    puts: list[dict[str, Any]] = []
+
+    def api(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json=lease("new-uid", "9"))
+        puts.append(request.read().decode())
+        return httpx.Response(409, json={"kind": "Status", "code": 409})
+
+    t = KubeTransport("ns", "job", "job-a1", 1, _MockKube(api), timeout=1.0, run_uid="old-uid")  # type: ignore[arg-type]
+    t._lease = lease("old-uid", "5")  # what it renewed last, before the run was deleted
+    renewal = t.renew(None, None)
+    assert renewal.lost and not renewal.ok
+    assert len(puts) == 1  # the conflicting PUT only: no renewal of the namesake's Lease
+    patches: list[Any] = []
+    t2 = KubeTransport("ns", "job", "job-a1", 1, _MockKube(
+        lambda r: (patches.append(r.read()), httpx.Response(422, json={"code": 422}))[1]), timeout=1.0,
+        run_uid="old-uid")  # type: ignore[arg-type]
+    assert not t2.publish("result", {"ok": True})
+    assert b'"/metadata/uid"' in patches[0] and b'"old-uid"' in patches[0]

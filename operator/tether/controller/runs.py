@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
 
-from tether import metrics
+from tether import metrics, protocol
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
 from tether.api.models import Outcome, Phase, WorkerRun
@@ -121,6 +121,8 @@ class Snapshot:
     run: WorkerRun
     lease: LeaseObservation | None
     pods: tuple[PodObservation, ...]
+    # Names of pods labelled for this run's name that another (deleted) run controls.
+    foreign_pods: frozenset[str] = frozenset()
 
     @property
     def uid(self) -> str:
@@ -146,13 +148,6 @@ class SpecError(Exception):
         super().__init__(api_error.message)
         self.reason = reason
         self.api_error = api_error
-
-
-def owner_uid(obj: dict[str, Any]) -> str | None:
-    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("kind") == "WorkerRun" and ref.get("controller"):
-            return str(ref.get("uid"))
-    return None
 
 
 def pod_observation(pod: dict[str, Any]) -> PodObservation | None:
@@ -267,7 +262,7 @@ class RunController:
     def on_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         run_name = (meta.get("labels") or {}).get(c.LABEL_RUN)
-        uid = owner_uid(body)
+        uid = protocol.controller_uid(body)
         if not run_name or uid is None:
             return
         key = (meta["namespace"], run_name)
@@ -403,9 +398,11 @@ class RunController:
         if body is None:
             return None
         run = WorkerRun.model_validate(body)
-        pods = tuple(p for p in (pod_observation(b) for b in self.pods.get(key, {}).values()
-                                 if owner_uid(b) == run.metadata.uid) if p is not None)
-        return Snapshot(key=key, body=body, run=run, lease=self.leases.get(run.metadata.uid), pods=pods)
+        mine = {n: b for n, b in self.pods.get(key, {}).items() if protocol.controller_uid(b) == run.metadata.uid}
+        pods = tuple(p for p in map(pod_observation, mine.values()) if p is not None)
+        foreign = frozenset(self.pods.get(key, {})) - frozenset(mine)
+        return Snapshot(key=key, body=body, run=run, lease=self.leases.get(run.metadata.uid), pods=pods,
+                        foreign_pods=foreign)
 
     async def _reconcile(self, key: RunKey) -> tuple[float | None, bool]:
         """Returns (seconds until the next timed pass or None, whether to pass again at once:
@@ -425,7 +422,8 @@ class RunController:
             return None, True
         ns = snap.run.metadata.namespace
         now, mono = self.clock.now(), self.clock.mono()
-        observed = Observed(run=snap.run, lease=snap.lease, pods=snap.pods, now=now, mono=mono,
+        observed = Observed(run=snap.run, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
+                            now=now, mono=mono,
                             budget=await self.budgets.observe(snap.run, now), fold_interval=self.fold_interval,
                             api_available_since=self.kube.health.available_since,
                             namespace_terminating=mono - self.terminating.get(ns, -1e18) < TERMINATING_NAMESPACE_SECONDS)
@@ -447,7 +445,7 @@ class RunController:
         # Only pods a (deleted) WorkerRun controls, and only those that still need us: a pod already
         # deleting without our finalizer is the kubelet's business, and must not block the new run.
         strays = [p for p in self.pods.get(key, {}).values()
-                  if owner_uid(p) not in (None, uid)
+                  if protocol.controller_uid(p) not in (None, uid)
                   and (not p["metadata"].get("deletionTimestamp")
                        or c.POD_FINALIZER in (p["metadata"].get("finalizers") or []))]
         if not strays or not self.may_act():
@@ -499,7 +497,7 @@ class RunController:
                 if ending.lapse:
                     raise Inconclusive(f"lease read failed: {exc}", 1.0) from None
                 raise
-            if lease is not None and owner_uid(lease) == snap.uid and (
+            if lease is not None and protocol.controller_uid(lease) == snap.uid and (
                     snap.lease is None or lease["metadata"]["resourceVersion"] != snap.lease.resource_version):
                 self.leases.observe(snap.uid, lease, self.clock.mono())
                 raise Again("the lease moved")
@@ -693,8 +691,8 @@ class RunController:
         now = self.clock.now()
         for _ in range(5):
             current = await self.kube.get_lease(ns, name)
-            if current is not None and owner_uid(current) != snap.uid:
-                if owner_uid(current) is None:
+            if current is not None and protocol.controller_uid(current) != snap.uid:
+                if protocol.controller_uid(current) is None:
                     # Not Tether's (an application's own Lease of that name): never touch it.
                     raise SpecError("LeaseConflict", Conflict(
                         409, f"Lease {ns}/{name} exists and no WorkerRun controls it; rename the run or the Lease",
@@ -794,7 +792,7 @@ class RunController:
             existing = await self.kube.get_pod(ns, action.name)
             if existing is None:
                 raise Again("the pod vanished") from None
-            if owner_uid(existing) != snap.uid:
+            if protocol.controller_uid(existing) != snap.uid:
                 self.on_pod("MODIFIED", existing)  # a stray of a deleted namesake: released next pass
                 raise Again("a namesake's pod is in the way") from None
             created = existing

@@ -57,6 +57,7 @@ from tether.core.lifecycle import (
     backoff_seconds,
     decide_foreign_fence,
     foreign_fence,
+    holder_name,
     revoke,
     room_for_attempt,
 )
@@ -153,6 +154,9 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
         d.wake(30.0)  # its runs are about to be deleted: starting attempts there only fails
         return
     if not admit(o, b, d):
+        return
+    if holder_name(run, s.attempt + 1) in o.foreign_pods:
+        d.wake(1.0)  # the pod's deletion wakes us sooner
         return
     if not room_for_attempt(s.fence):
         b.exhaust_fences(f"fence {s.fence} leaves no room for another attempt's grant and revocation")

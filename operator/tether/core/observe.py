@@ -76,6 +76,10 @@ class Observed:
     api_available_since: float | None = float("-inf")
     # The namespace refused a create because it is being deleted: start no new attempt.
     namespace_terminating: bool = False
+    # Pods labelled for this run's name that another run controls: a deleted namesake's, still
+    # terminating. Its worker's token stays valid until the pod is gone, and it would own a
+    # holder of the same name, so that holder is not granted before then.
+    foreign_pods: frozenset[str] = frozenset()
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

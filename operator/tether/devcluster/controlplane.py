@@ -51,7 +51,9 @@ AUDIT_POLICY = {
          "resources": [{"group": "tether.dev", "resources": ["workerruns/status", "workerbudgets/status"]}]},
         {"level": "Metadata", "resources": [{"group": "tether.dev"}]},
         {"level": "Metadata", "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
-        {"level": "Metadata", "verbs": ["create", "delete"], "resources": [{"group": "", "resources": ["pods"]}]},
+        # A pod's creation with its UID and owner: which run a pod-bound token's worker belongs to.
+        {"level": "RequestResponse", "verbs": ["create"], "resources": [{"group": "", "resources": ["pods"]}]},
+        {"level": "Metadata", "verbs": ["delete"], "resources": [{"group": "", "resources": ["pods"]}]},
         {"level": "None"},
     ],
 }

@@ -236,7 +236,7 @@ class Gateway:
                 # then deleted a Secret that did not exist yet. A fresh read *after* the create
                 # settles it: still held means the clearing, and the operator's delete that
                 # follows it, come later and will find this Secret; not held means we delete it.
-                if not protocol.holds(await self.kube.get_lease(ns, name), holder, fence):
+                if not protocol.holds(await self.kube.get_lease(ns, name), holder, fence, run.metadata.uid):
                     await self.kube.delete_secret(ns, secret)
                     log.info("tool claim withheld: attempt revoked", extra={
                         "event": "tool_claim_revoked", "run": f"{ns}/{name}", "holder": holder, "fence": fence})
@@ -270,7 +270,7 @@ class Gateway:
         attempt = f"attempt {body.holder} (fence {body.fence})"
         for _ in range(2):  # the protocol's rule: on a conflict re-read, and retry once if still ours
             lease = await self.kube.get_lease(ns, name)
-            if lease is None or not protocol.holds(lease, body.holder, body.fence):
+            if lease is None or not protocol.holds(lease, body.holder, body.fence, body.runUid):
                 if claim:
                     raise Failure(409, "NotClaimable", "the attempt is being granted or revoked; retry shortly")
                 raise Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
@@ -307,12 +307,13 @@ class Gateway:
         s = run.status
         if s.holder is None:
             raise Failure(409, "NotClaimable", f"no attempt is open (phase {s.phase.value if s.phase else 'Pending'})")
-        fenced = m.Fenced(holder=s.holder, fence=s.fence, workerId=body.workerId)
+        fenced = m.Fenced(holder=s.holder, fence=s.fence, workerId=body.workerId, runUid=run.metadata.uid)
         lease, before = await self._renew(run, caller, fenced, None, None, claim=True)
         if c.ANN_CLAIMED_BY not in protocol.annotations(before):
             log.info("claimed", extra={"event": "job_claimed", "run": f"{ns}/{name}", "attempt": s.attempt,
                                        "fence": s.fence, "holder": s.holder, "worker": body.workerId})
         return {**self._signals(run, lease, None), "holder": s.holder, "fence": s.fence, "attempt": s.attempt,
+                "runUid": run.metadata.uid,
                 "leaseDurationSeconds": run.spec.lease.duration_seconds,
                 "renewIntervalSeconds": run.spec.lease.renew_interval_seconds,
                 "payload": run.spec.payload or {}, "checkpoint": s.checkpoint.cursor if s.checkpoint else None,
@@ -340,13 +341,14 @@ class Gateway:
                  "cancel": lambda: {"code": "WorkerCancelled", "message": body.reason}}[field]()
         stale = Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
         lease = await self.kube.get_lease(ns, name)
-        if lease is None or not protocol.holds(lease, body.holder, body.fence):
+        if lease is None or not protocol.holds(lease, body.holder, body.fence, body.runUid):
             self._rejected(ns, name, body)
             raise stale
         # The claimant of a holder and fence never changes (see Claimant), so checking it here and
         # publishing with the fence `test` below is as strict as one compare-and-swap of both.
         self._check_claimant(lease, caller, body.workerId, f"attempt {body.holder} (fence {body.fence})")
-        patch = protocol.fenced_patch(body.holder, body.fence, "result" if field == "result" else "error", value)
+        patch = protocol.fenced_patch(body.holder, body.fence, "result" if field == "result" else "error", value,
+                                      body.runUid)
         try:
             written = await self.kube.patch_run_status(ns, name, patch)
         except Invalid as exc:

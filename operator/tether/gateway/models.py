@@ -32,6 +32,9 @@ class Fenced(_Body):
     holder: str = Field(min_length=1, max_length=253, description="The holder returned by claim.")
     fence: int = Field(ge=1, description="The fence returned by claim.")
     workerId: str | None = _worker_id()
+    runUid: str | None = Field(default=None, max_length=128,
+                               description="The runUid returned by claim: the call then acts only on that run, "
+                                           "never on one re-created under the same name since.")
 
 
 class HeartbeatRequest(Fenced):
@@ -82,6 +85,7 @@ class ClaimResponse(Signals):
     holder: str
     fence: int
     attempt: int
+    runUid: str = Field(description="Send it back with every call: the run may be re-created under its name.")
     leaseDurationSeconds: int
     renewIntervalSeconds: int
     payload: dict[str, Any] = {}

@@ -125,6 +125,7 @@ def worker_env(run: WorkerRun, holder: str, attempt: int, fence: int) -> list[di
     env = {
         c.ENV_RUN: run.metadata.name,
         c.ENV_NAMESPACE: run.metadata.namespace,
+        c.ENV_RUN_UID: run.metadata.uid,
         c.ENV_HOLDER: holder,
         c.ENV_FENCE: str(fence),
         c.ENV_ATTEMPT: str(attempt),

@@ -88,6 +88,7 @@ class WorkerRun:
         monotonic: Callable[[], float] = time.monotonic,
         margin: float | None = None,
         transport: Transport | None = None,
+        run_uid: str | None = None,
     ) -> None:
         self.name = name
         self.namespace = namespace
@@ -102,7 +103,8 @@ class WorkerRun:
         self.margin = margin if margin is not None else max(1.0, 0.1 * self.lease_duration)
         self._mono = monotonic
         self._transport: Transport = transport or KubeTransport(
-            namespace, name, holder, fence, kube or kubeconfig.load(), timeout=min(10.0, max(self.renew_interval, 1.0)))
+            namespace, name, holder, fence, kube or kubeconfig.load(), timeout=min(10.0, max(self.renew_interval, 1.0)),
+            run_uid=run_uid)
         self._lock = threading.Lock()
         # Nothing is confirmed until the first renewal succeeds (start() does one at once).
         self._confirmed_at = float("-inf")
@@ -133,6 +135,7 @@ class WorkerRun:
             payload=load_payload(e, kw.get("kube")),
             checkpoint=e.get(c.ENV_CHECKPOINT),
             idempotency_key=e.get(c.ENV_IDEMPOTENCY_KEY, ""),
+            run_uid=e.get(c.ENV_RUN_UID) or None,
             **kw,
         )
 
@@ -152,7 +155,7 @@ class WorkerRun:
         doc = resp.json()
         transport = GatewayTransport(gateway, namespace, name, token, doc["holder"], doc["fence"],
                                      timeout=min(10.0, max(float(doc["renewIntervalSeconds"]), 1.0)), verify=verify,
-                                     worker_id=worker_id)
+                                     worker_id=worker_id, run_uid=doc.get("runUid"))
         transport.tool_claim = doc.get("toolClaim")
         return cls(name=name, namespace=namespace, holder=doc["holder"], fence=doc["fence"], attempt=doc["attempt"],
                    lease_duration=doc["leaseDurationSeconds"], renew_interval=doc["renewIntervalSeconds"],

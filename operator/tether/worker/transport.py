@@ -43,8 +43,9 @@ class KubeTransport:
     """The pod worker's path: a resourceVersion-conditional Lease update, a fenced JSON patch."""
 
     def __init__(self, namespace: str, name: str, holder: str, fence: int, cfg: kubeconfig.KubeConfig,
-                 timeout: float) -> None:
+                 timeout: float, run_uid: str | None = None) -> None:
         self.namespace, self.name, self.holder, self.fence = namespace, name, holder, fence
+        self.run_uid = run_uid  # the Lease and run must be this run's, not a re-created namesake's
         self._http = cfg.sync_client(timeout=timeout)
         self._lease: dict[str, Any] | None = None
 
@@ -59,7 +60,7 @@ class KubeTransport:
         return resp.json()
 
     def _is_mine(self, lease: dict[str, Any] | None) -> bool:
-        return protocol.holds(lease, self.holder, self.fence)
+        return protocol.holds(lease, self.holder, self.fence, self.run_uid)
 
     def renew(self, checkpoint: str | None, usage: Usage | None, retry_conflict: bool = True) -> Renewal:
         lease = self._lease if self._lease is not None else self._get_lease()
@@ -87,7 +88,7 @@ class KubeTransport:
         return Renewal(ok=False, why=f"renewal refused: {resp.status_code} {resp.text[:200]}")
 
     def publish(self, field: str, value: dict[str, Any]) -> bool:
-        patch = protocol.fenced_patch(self.holder, self.fence, field, value)
+        patch = protocol.fenced_patch(self.holder, self.fence, field, value, self.run_uid)
         resp = self._http.patch(run_path(self.namespace, self.name) + "/status", json=patch,
                                 headers=protocol.JSON_PATCH)
         # 422: a `test` failed, the fence or holder moved on; 403 from the fencing policy: the same,
@@ -99,13 +100,16 @@ class GatewayTransport:
     """The external worker's path: the same operations as JSON calls to the Tether gateway."""
 
     def __init__(self, base_url: str, namespace: str, name: str, token: str, holder: str, fence: int,
-                 timeout: float, verify: Any = True, worker_id: str | None = None) -> None:
+                 timeout: float, verify: Any = True, worker_id: str | None = None,
+                 run_uid: str | None = None) -> None:
         self.holder, self.fence = holder, fence
         # Every call names the attempt and, when the claim named one, the worker: the gateway
         # accepts calls only from the identity (and worker) that claimed the attempt.
         self._fenced: dict[str, Any] = {"holder": holder, "fence": fence}
         if worker_id:
             self._fenced["workerId"] = worker_id
+        if run_uid:
+            self._fenced["runUid"] = run_uid
         self._prefix = f"/api/v1/namespaces/{namespace}/workerruns/{name}"
         self._http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"},
                                   timeout=timeout, verify=verify)
