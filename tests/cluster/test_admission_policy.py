@@ -246,6 +246,8 @@ def test_holder_cannot_change_holder_fence_or_the_operators_fields(scene: Scene)
         ({"spec": {"leaseDurationSeconds": 3600}}, "refused change to spec.leaseDurationSeconds"),
         ({"metadata": {"annotations": {"tether.dev/fence": "9"}}}, "refused change to annotation tether.dev/fence"),
         ({"metadata": {"annotations": {"tether.dev/signals": "{}"}}}, "refused change to annotation tether.dev/signals"),
+        ({"metadata": {"annotations": {"tether.dev/claimed-by": "{}"}}},
+         "refused change to annotation tether.dev/claimed-by"),
         ({"metadata": {"labels": {"tether.dev/run": None}}}, "refused change to metadata.labels"),
     ]
     for patch, fragment in cases:

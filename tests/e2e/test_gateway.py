@@ -118,6 +118,31 @@ def test_claim_heartbeat_checkpoint_complete(kube: Kube, namespace: str, gateway
 
 
 @pytest.mark.local_cluster
+def test_progress_reaches_the_status_within_a_fold_interval_not_a_lease_later(
+        kube: Kube, namespace: str, gateway: str) -> None:
+    """A heartbeat's usage and checkpoint were folded only when something else woke the run
+    (at worst the lapse check a lease duration later): `test_claim_heartbeat_checkpoint_complete`
+    stopped heartbeating while it waited for the fold and lost the run about half the time. With
+    a 60 s lease, the fold (interval 1 s here) must not wait for the lease."""
+    token = worker_identity(kube, namespace, "ext")
+    runs.create(kube, namespace, external_run(
+        "slow", lease={"durationSeconds": 60, "renewIntervalSeconds": 20, "startupGraceSeconds": 60}))
+    open_attempt(kube, namespace, "slow")
+    c = call(gateway, namespace, "slow", "claim", token, {}).json()
+    eventually(lambda: runs.get(kube, namespace, "slow")["status"].get("phase") == "Running", timeout=20,
+               what="first renewal recorded")
+    fenced = {"holder": c["holder"], "fence": c["fence"]}
+    for i in range(1, 4):
+        began = time.monotonic()
+        hb = call(gateway, namespace, "slow", "checkpoint", token,
+                  {**fenced, "cursor": f"row-{i}", "usage": {"cents": 10 * i, "tokens": 0}})
+        assert hb.status_code == 200, hb.text
+        eventually(lambda: (s := runs.get(kube, namespace, "slow")["status"]).get("checkpoint", {}).get("cursor")
+                   == f"row-{i}" and s["usage"]["cents"] == 10 * i, timeout=10, what=f"report {i} folded")
+        assert time.monotonic() - began < 10
+
+
+@pytest.mark.local_cluster
 def test_auth_and_input_errors(kube: Kube, namespace: str, gateway: str) -> None:
     runs.create(kube, namespace, external_run("job"))
     open_attempt(kube, namespace, "job")

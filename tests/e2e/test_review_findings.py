@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tether.api import constants as c
 from tests.support import runs
 from tests.support.apiproxy import ApiProxy
 from tests.support.kube import Kube, eventually
@@ -100,7 +101,11 @@ def test_a_namesakes_pod_stuck_terminating_does_not_block_the_new_run(kube: Kube
     old pod is a "stray" (owner uid is A's), it is already deleting and has no Tether finalizer, so
     nothing is done — yet _release_strays returns True and _reconcile returns before deciding.
     B is never granted (not even given its finalizer) for as long as the old pod exists: forever on
-    a dead node. Nothing may hang on another object's termination."""
+    a dead node. Nothing may hang on another object's termination.
+
+    Nor may B be granted while the old pod's worker can still act (seed 378 of the fault trials):
+    B's first holder is `x-a1` again, and the API server accepts the old pod's bound token until a
+    minute past its deletionTimestamp. So B waits exactly that long, not forever."""
     pods = PODS.format(ns=namespace)
     runs.create(kube, namespace, external_run("x"))
     a = held_by(kube, namespace, "x")
@@ -116,10 +121,21 @@ def test_a_namesakes_pod_stuck_terminating_does_not_block_the_new_run(kube: Kube
         pod = kube.ok(kube.get(f"{pods}/x-a1"))
         assert pod["metadata"].get("deletionTimestamp"), "Tether deleted A's pod while ending A"
 
+        deleting = dt.datetime.fromisoformat(pod["metadata"]["deletionTimestamp"].replace("Z", "+00:00"))
+        token_dead_at = deleting + dt.timedelta(seconds=60)  # kube-apiserver's leeway for bound tokens
         runs.create(kube, namespace, external_run("x"))  # B, same name
+        eventually(lambda: c.RUN_FINALIZER in (runs.get(kube, namespace, "x")["metadata"].get("finalizers") or []),
+                   timeout=30, what="B reconciled")
+        if dt.datetime.now(dt.timezone.utc) < token_dead_at - dt.timedelta(seconds=5):
+            assert not runs.get(kube, namespace, "x").get("status", {}).get("holder"), \
+                "B granted holder x-a1 while A's pod x-a1 could still act"
+        wait = (token_dead_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
         b = eventually(lambda: (r := runs.get(kube, namespace, "x")).get("status", {}).get("holder") and r,
-                       timeout=30, what="B granted while A's pod is still terminating")
+                       timeout=max(wait, 0) + 40, what="B granted while A's pod is still terminating")
         assert b["metadata"]["uid"] != a["metadata"]["uid"]
+        started = dt.datetime.fromisoformat(b["status"]["startedAt"].replace("Z", "+00:00"))
+        assert started >= token_dead_at, f"B granted at {started}, before A's pod token died at {token_dead_at}"
+        assert kube.ok(kube.get(f"{pods}/x-a1"))["metadata"]["uid"] == pod["metadata"]["uid"]  # still there
     finally:
         drop_finalizers(kube, f"{pods}/x-a1")
 

@@ -10,8 +10,10 @@ from typing import Any
 
 from tether.api.models import Outcome, Phase, WorkerRun
 from tether.core.decide import (
+    ClearLease,
     EnsureLease,
     EnsurePod,
+    ForeignPod,
     LeaseObservation,
     Observed,
     Revoke,
@@ -89,15 +91,49 @@ def test_a_run_whose_result_was_accepted_is_never_granted_again_after_a_foreign_
     assert s1.phase == Phase.SUCCEEDED and s1.attempts[0].outcome == Outcome.SUCCEEDED, (s1.phase, s1.attempts)
 
 
-def test_no_attempt_is_granted_while_a_deleted_namesakes_pod_of_that_name_remains() -> None:
+def test_no_attempt_is_granted_while_a_deleted_namesakes_pod_of_that_name_may_still_act() -> None:
     """Seed 378: the old run's pod `job-a1` was still terminating when the run was re-created.
-    Its worker's token is valid until the pod is gone and names pod `job-a1`: granting holder
-    `job-a1` before then hands the new run to the old worker (it renewed and completed it)."""
+    The API server accepts its worker's pod-bound token until a minute past the pod's
+    deletionTimestamp, and that token names pod `job-a1`: granting holder `job-a1` before then
+    hands the new run to the old worker (it renewed and completed it). After that the pod may
+    linger (a dead node, a foreign finalizer), but it can no longer act: grant."""
     run = _run()
-    blocked = Observed(run=run, lease=None, pods=(), now=T0, mono=100.0, foreign_pods=frozenset({"job-a1"}))
-    d = decide(blocked)
-    assert not d.actions and d.requeue_after is not None and d.requeue_after <= 1.0
-    other = Observed(run=run, lease=None, pods=(), now=T0, mono=100.0, foreign_pods=frozenset({"job-a2"}))
-    granted = decide(other)
-    assert any(isinstance(a, EnsureLease) and a.holder == "job-a1" for a in granted.actions)
-    assert any(isinstance(a, EnsurePod) and a.name == "job-a1" for a in granted.actions)
+
+    def decide_with(*pods: ForeignPod) -> Any:
+        return decide(Observed(run=run, lease=None, pods=(), now=T0, mono=100.0, foreign_pods=pods))
+
+    def granted(d: Any) -> bool:
+        return any(isinstance(a, EnsureLease) and a.holder == "job-a1" for a in d.actions) and \
+            any(isinstance(a, EnsurePod) and a.name == "job-a1" for a in d.actions)
+
+    live = decide_with(ForeignPod("job-a1", None))
+    assert not live.actions and live.requeue_after == 1.0
+    dying = decide_with(ForeignPod("job-a1", T0 + dt.timedelta(seconds=42)))
+    assert not dying.actions and dying.requeue_after == 42.0
+    assert granted(decide_with(ForeignPod("job-a1", T0 - dt.timedelta(seconds=1))))  # its token is dead
+    assert granted(decide_with(ForeignPod("job-a2", None)))  # another name: not in the way
+
+
+def _ended_external(ended_ago: float, phase: str = "Backoff") -> WorkerRun:
+    ended = (T0 - dt.timedelta(seconds=ended_ago)).isoformat()
+    return _run({"executor": "External", "template": None}, {
+        "phase": phase, "attempt": 1, "fence": 2, "holder": None, "startedAt": T0.isoformat(),
+        "nextAttemptAt": (T0 + dt.timedelta(seconds=60)).isoformat(),
+        "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "startedAt": T0.isoformat(),
+                      "endedAt": ended, "outcome": "LeaseLost"}]})
+
+
+def test_an_interrupted_revocation_still_deletes_the_external_attempts_tool_claim() -> None:
+    """A revocation interrupted after the Lease clear left the tool-claim Secret, and its tokens
+    kept working: nothing deleted it until the run was. Until this operator has seen it deleted
+    (and while a token minted before the end may still live), the revocation is finished."""
+    cleared = LeaseObservation(holder=None, fence=2, resource_version="9", last_change=100.0, renewed=False)
+    for phase in ("Backoff", "Lost"):
+        run = _ended_external(5.0, phase)
+        pending = decide(Observed(run=run, lease=cleared, pods=(), now=T0, mono=200.0))
+        assert ClearLease(fence=2) in pending.actions, phase
+        done = decide(Observed(run=run, lease=cleared, pods=(), now=T0, mono=200.0, tool_claims_cleared=True))
+        assert ClearLease(fence=2) not in done.actions, phase
+    # Tokens live 10 minutes at most: an attempt that ended longer ago has none left.
+    old = decide(Observed(run=_ended_external(700.0), lease=cleared, pods=(), now=T0, mono=200.0))
+    assert ClearLease(fence=2) not in old.actions

@@ -40,6 +40,7 @@ from tether.core.decide import (
     EnsureLease,
     EnsurePod,
     EnsureSignals,
+    ForeignPod,
     LeaseObservation,
     Observed,
     PodObservation,
@@ -121,8 +122,8 @@ class Snapshot:
     run: WorkerRun
     lease: LeaseObservation | None
     pods: tuple[PodObservation, ...]
-    # Names of pods labelled for this run's name that another (deleted) run controls.
-    foreign_pods: frozenset[str] = frozenset()
+    # Pods labelled for this run's name that another (deleted) run controls.
+    foreign_pods: tuple[ForeignPod, ...] = ()
 
     @property
     def uid(self) -> str:
@@ -148,6 +149,17 @@ class SpecError(Exception):
         super().__init__(api_error.message)
         self.reason = reason
         self.api_error = api_error
+
+
+# kube-apiserver accepts a pod-bound token until a minute (its JWT leeway) past the pod's
+# deletionTimestamp; five seconds more for clock skew between it and us.
+BOUND_TOKEN_AFTER_DELETION = dt.timedelta(seconds=65)
+
+
+def foreign_pod(pod: dict[str, Any]) -> ForeignPod:
+    deleting = pod["metadata"].get("deletionTimestamp")
+    dead_at = dt.datetime.fromisoformat(deleting.replace("Z", "+00:00")) + BOUND_TOKEN_AFTER_DELETION if deleting else None
+    return ForeignPod(name=pod["metadata"]["name"], token_dead_at=dead_at)
 
 
 def pod_observation(pod: dict[str, Any]) -> PodObservation | None:
@@ -195,6 +207,8 @@ class RunController:
         self.budgets = BudgetBook(kube, self.clock.now)
         self.rbac = WorkerRbac(kube)
         self.state: dict[RunKey, _KeyState] = {}
+        # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
+        self.tool_claims_cleared: dict[str, int] = {}
         self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen terminating
         self._sweepers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -247,6 +261,7 @@ class RunController:
                 del self.runs[key]
             self.leases.forget(meta.get("uid", ""))
             self.rbac.forget(meta.get("uid", ""))
+            self.tool_claims_cleared.pop(meta.get("uid", ""), None)
             self.queue.add(key)  # release what is left of it (pods)
             return
         if cached is not None:
@@ -266,12 +281,18 @@ class RunController:
         if not run_name or uid is None:
             return
         key = (meta["namespace"], run_name)
+        before = self.leases.get(uid)
         if event_type == "DELETED":
             self.leases.forget(uid)
             changed = True
         else:
             changed = self.leases.observe(uid, body, self.clock.mono())
         tracked = self.leases.get(uid)
+        if not changed and key in self.runs and before is not None and tracked is not None and \
+                (before.usage, before.checkpoint) != (tracked.usage, tracked.checkpoint):
+            # New progress or spending reaches the status within one fold interval (one timer per
+            # run, however many heartbeats), not only at the next lapse check a lease later.
+            self.queue.add_after(key, self.fold_interval)
         alarm = self.state[key].usage_alarm if key in self.state else None
         if alarm is not None and tracked is not None and tracked.usage is not None and alarm.reached(tracked.usage):
             changed = True  # a cap or the budget is reached: act now, not at the next fold
@@ -400,7 +421,7 @@ class RunController:
         run = WorkerRun.model_validate(body)
         mine = {n: b for n, b in self.pods.get(key, {}).items() if protocol.controller_uid(b) == run.metadata.uid}
         pods = tuple(p for p in map(pod_observation, mine.values()) if p is not None)
-        foreign = frozenset(self.pods.get(key, {})) - frozenset(mine)
+        foreign = tuple(foreign_pod(b) for n, b in self.pods.get(key, {}).items() if n not in mine)
         return Snapshot(key=key, body=body, run=run, lease=self.leases.get(run.metadata.uid), pods=pods,
                         foreign_pods=foreign)
 
@@ -423,6 +444,7 @@ class RunController:
         ns = snap.run.metadata.namespace
         now, mono = self.clock.now(), self.clock.mono()
         observed = Observed(run=snap.run, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
+                            tool_claims_cleared=self.tool_claims_cleared.get(snap.uid) == snap.run.status.fence,
                             now=now, mono=mono,
                             budget=await self.budgets.observe(snap.run, now), fold_interval=self.fold_interval,
                             api_available_since=self.kube.health.available_since,
@@ -553,6 +575,7 @@ class RunController:
             self.terminating[ns] = self.clock.mono()
             await asyncio.sleep(SWEEP_SECONDS)
         self._replace_namespace(ns, [], [], [])
+        self.terminating.pop(ns, None)  # a namespace of that name created later starts afresh
 
     def _replace_namespace(self, ns: str, runs: list[dict[str, Any]], pods: list[dict[str, Any]],
                            leases: list[dict[str, Any]]) -> None:
@@ -760,6 +783,7 @@ class RunController:
         holders.update(a.holder for a in snap.run.status.attempts if a.outcome is not None and a.holder)
         for holder in holders:
             await self.kube.delete_secret(ns, f"{holder}-toolclaim")
+        self.tool_claims_cleared[snap.uid] = snap.run.status.fence
 
     async def _refusable(self, call: Awaitable[dict[str, Any]], reason: str, ns: str) -> dict[str, Any]:
         """Turns the API server's refusal of an object built from the spec into a SpecError
@@ -839,7 +863,12 @@ class RunController:
         return snap
 
     async def _delete_run(self, snap: Snapshot, action: DeleteRun) -> Snapshot:
-        await self.kube.delete_run(snap.run.metadata.namespace, snap.run.metadata.name, snap.uid)
+        try:
+            await self.kube.delete_run(snap.run.metadata.namespace, snap.run.metadata.name, snap.uid,
+                                       snap.body["metadata"]["resourceVersion"])
+        except Conflict:
+            await self._refresh_run(snap.key)
+            raise Again("the run changed after its TTL was judged") from None
         self._log("finished run deleted (ttlSecondsAfterFinished)", snap.run, "run_deleted")
         return snap
 

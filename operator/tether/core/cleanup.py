@@ -10,6 +10,23 @@ from tether.core.actions import ClearLease, Decision, DeletePod, DeleteRun, Rele
 from tether.core.lifecycle import StatusBuilder, revoke
 from tether.core.observe import Observed
 
+# The gateway mints tool-claim tokens for 10 minutes: an attempt that ended longer ago has no live
+# token left, whatever became of its Secret.
+TOOL_CLAIM_TOKEN_SECONDS = 600.0
+
+
+def revocation_unfinished(o: Observed) -> bool:
+    """Nobody holds the run, yet a revocation's later steps may be missing: the Lease still names
+    a holder (interrupted after the status write), or an External attempt ended recently and this
+    operator has not seen its tool-claim Secret deleted (interrupted after the Lease clear: the
+    Secret's tokens work until it goes). ClearLease finishes both."""
+    if o.lease is not None and o.lease.holder is not None:
+        return True
+    last = o.run.status.current()
+    return (o.run.spec.executor == "External" and not o.tool_claims_cleared and last is not None
+            and last.ended_at is not None and (o.now - last.ended_at).total_seconds() < TOOL_CLAIM_TOKEN_SECONDS)
+
+
 # A pod of an attempt that already ended is left this long to exit on its own
 # after success; failed or revoked attempts' pods are deleted at once.
 POD_EXIT_GRACE_SECONDS = 30.0
@@ -27,7 +44,7 @@ def decide_deleting(o: Observed, d: Decision) -> None:
         b.finish_after(outcome, message, None)
         d.actions.append(revoke(o, b, s.current()))
         return
-    if o.lease is not None and o.lease.holder is not None:
+    if revocation_unfinished(o):
         d.actions.append(ClearLease(fence=s.fence))
         return
     if b.settle_usage():
@@ -47,8 +64,8 @@ def decide_deleting(o: Observed, d: Decision) -> None:
 
 def decide_finished(o: Observed, d: Decision) -> None:
     run, s = o.run, o.run.status
-    if o.lease is not None and o.lease.holder is not None:
-        d.actions.append(ClearLease(fence=s.fence))  # a crash between status and lease writes
+    if revocation_unfinished(o):
+        d.actions.append(ClearLease(fence=s.fence))  # a crash between the status write and the last step
     b = StatusBuilder(o)
     if b.settle_usage():
         d.actions.append(b.write())

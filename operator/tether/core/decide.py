@@ -38,7 +38,7 @@ from tether.core.actions import (
     UsageAlarm,
     WriteStatus,
 )
-from tether.core.cleanup import decide_deleting, decide_finished, housekeep_pods
+from tether.core.cleanup import decide_deleting, decide_finished, housekeep_pods, revocation_unfinished
 from tether.core.clock import after
 from tether.core.enforcement import (
     Stop,
@@ -62,11 +62,18 @@ from tether.core.lifecycle import (
     room_for_attempt,
 )
 from tether.core.liveness import judge
-from tether.core.observe import BudgetObservation, LeaseObservation, Observed, PodObservation, current_lease
+from tether.core.observe import (
+    BudgetObservation,
+    ForeignPod,
+    LeaseObservation,
+    Observed,
+    PodObservation,
+    current_lease,
+)
 
 __all__ = [
     "MAX_REQUEUE_SECONDS", "Action", "BudgetObservation", "Change", "ChargeBudget", "ClearLease", "Decision",
-    "DeletePod", "DeleteRun", "EnsureLease", "EnsurePod", "EnsureSignals", "Event", "LeaseObservation",
+    "DeletePod", "DeleteRun", "EnsureLease", "EnsurePod", "EnsureSignals", "Event", "ForeignPod", "LeaseObservation",
     "Observed", "PodObservation", "ReleasePod", "RemoveFinalizer", "Revoke", "UsageAlarm", "WriteStatus",
     "after", "backoff_seconds", "decide", "desired_signals",
 ]
@@ -133,7 +140,7 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
     """Nobody holds the run: finish an interrupted revocation (the lease still names the old
     holder), settle the last attempt's books, then start an attempt unless held back."""
     run, s = o.run, o.run.status
-    if o.lease is not None and o.lease.holder is not None:
+    if revocation_unfinished(o):
         d.actions.append(ClearLease(fence=s.fence))
         d.again()
         return
@@ -155,8 +162,11 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
         return
     if not admit(o, b, d):
         return
-    if holder_name(run, s.attempt + 1) in o.foreign_pods:
-        d.wake(1.0)  # the pod's deletion wakes us sooner
+    blocker = next((p for p in o.foreign_pods if p.name == holder_name(run, s.attempt + 1)), None)
+    if blocker is not None and (blocker.token_dead_at is None or o.now < blocker.token_dead_at):
+        # A deleted namesake's pod of that name: its worker, with a token the API server still
+        # accepts, would take the new holder for its own. Bounded: grace period plus a minute.
+        d.wake(1.0 if blocker.token_dead_at is None else (blocker.token_dead_at - o.now).total_seconds())
         return
     if not room_for_attempt(s.fence):
         b.exhaust_fences(f"fence {s.fence} leaves no room for another attempt's grant and revocation")

@@ -62,6 +62,14 @@ class PodObservation:
 
 
 @dataclass(frozen=True)
+class ForeignPod:
+    name: str
+    # When the API server stops accepting the pod's bound token (kube-apiserver: a minute past
+    # the pod's deletionTimestamp); None while the pod is not being deleted.
+    token_dead_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
 class Observed:
     run: WorkerRun
     lease: LeaseObservation | None
@@ -76,10 +84,11 @@ class Observed:
     api_available_since: float | None = float("-inf")
     # The namespace refused a create because it is being deleted: start no new attempt.
     namespace_terminating: bool = False
-    # Pods labelled for this run's name that another run controls: a deleted namesake's, still
-    # terminating. Its worker's token stays valid until the pod is gone, and it would own a
-    # holder of the same name, so that holder is not granted before then.
-    foreign_pods: frozenset[str] = frozenset()
+    # Pods labelled for this run's name that another run controls: a deleted namesake's. Its
+    # worker would own a holder of the same name while its token is accepted.
+    foreign_pods: tuple["ForeignPod", ...] = ()
+    # This operator deleted the tool-claim Secrets of the run's ended attempts at its current fence.
+    tool_claims_cleared: bool = False
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

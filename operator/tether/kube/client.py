@@ -156,8 +156,11 @@ class KubeClient:
         return await self._call("PATCH", run_path(ns, name), f"set finalizers of {ns}/{name}", json=patch,
                                 headers=MERGE_PATCH)
 
-    async def delete_run(self, ns: str, name: str, uid: str) -> None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid},
+    async def delete_run(self, ns: str, name: str, uid: str, resource_version: str) -> None:
+        """Deletes the run exactly as it was judged (UID and resourceVersion preconditions):
+        Conflict if it changed since."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1",
+                "preconditions": {"uid": uid, "resourceVersion": resource_version},
                 "propagationPolicy": "Background"}
         try:
             await self._call("DELETE", run_path(ns, name), f"delete workerrun {ns}/{name}", json=body)
