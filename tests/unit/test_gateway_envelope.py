@@ -164,3 +164,33 @@ def test_claimant_record_round_trip_and_claims_written_before_it_was_json() -> N
     assert legacy is not None and legacy.is_claim_of(ext, "w1") and legacy.same_identity(ext)
     assert not legacy.is_claim_of(ext, "w2") and not legacy.same_identity(other)
     assert Claimant.parse(None) is None and Claimant.parse("") is None
+
+
+class RevokedKube(AuthOnlyKube):
+    """The revocation window: the run's status already names the next fence, the Lease still
+    names the old holder (its clear is the next step). Reading is allowed; any write or token
+    mint is forwarded and fails the test."""
+
+    async def get_run(self, ns: str, name: str) -> dict[str, Any]:
+        return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+                "metadata": {"name": "job", "namespace": "ns", "uid": "run-1", "resourceVersion": "8"},
+                "spec": {"executor": "External", "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5}},
+                "status": {"phase": "Backoff", "attempt": 1, "fence": 2, "holder": None}}
+
+    async def get_lease(self, ns: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": "job", "namespace": "ns", "resourceVersion": "7",
+                             "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1", "controller": True}]},
+                "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1}}
+
+
+@pytest.mark.parametrize("op, extra", [("heartbeat", {}), ("checkpoint", {"cursor": "row-1"})])
+def test_a_revoked_attempt_renews_nothing_and_gets_no_tool_credential_before_its_lease_is_cleared(
+        op: str, extra: dict[str, Any]) -> None:
+    """Revocation moves the run's fence first and clears the Lease second. In between, the
+    gateway used to renew the old attempt's Lease (it still named it) and mint it a fresh tool
+    credential. It checks the run's status first now."""
+    kube = RevokedKube()
+    app = build_app(kube, "tether-gateway")  # type: ignore[arg-type]
+    error = _envelope(_call(app, "POST", f"{OP}/{op}", json={"holder": "job-a1", "fence": 1, **extra},
+                            headers=AUTH), 410, "StaleFence")
+    assert "no longer current" in error["message"] and kube.forwarded == []

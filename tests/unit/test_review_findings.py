@@ -134,6 +134,6 @@ def test_an_interrupted_revocation_still_deletes_the_external_attempts_tool_clai
         assert ClearLease(fence=2) in pending.actions, phase
         done = decide(Observed(run=run, lease=cleared, pods=(), now=T0, mono=200.0, tool_claims_cleared=True))
         assert ClearLease(fence=2) not in done.actions, phase
-    # Tokens live 10 minutes at most: an attempt that ended longer ago has none left.
-    old = decide(Observed(run=_ended_external(700.0), lease=cleared, pods=(), now=T0, mono=200.0))
+    # Tokens live 10 minutes (+70 s of leeway and cache): an attempt that ended longer ago has none left.
+    old = decide(Observed(run=_ended_external(800.0), lease=cleared, pods=(), now=T0, mono=200.0))
     assert ClearLease(fence=2) not in old.actions

@@ -152,13 +152,19 @@ class SpecError(Exception):
 
 
 # kube-apiserver accepts a pod-bound token until a minute (its JWT leeway) past the pod's
-# deletionTimestamp; five seconds more for clock skew between it and us.
-BOUND_TOKEN_AFTER_DELETION = dt.timedelta(seconds=65)
+# deletionTimestamp, and caches a successful authentication for 10 s; 15 s more for clock skew.
+BOUND_TOKEN_AFTER_DELETION = dt.timedelta(seconds=85)
+# Once the pod is gone its token fails the API server's lookup, except from that 10 s cache and
+# its pod lister's lag.
+BOUND_TOKEN_AFTER_GONE = dt.timedelta(seconds=20)
 
 
-def foreign_pod(pod: dict[str, Any]) -> ForeignPod:
+def foreign_pod(pod: dict[str, Any], gone_at: dt.datetime | None = None) -> ForeignPod:
+    """A pod another run controls, and until when the API server may accept its bound token."""
     deleting = pod["metadata"].get("deletionTimestamp")
     dead_at = dt.datetime.fromisoformat(deleting.replace("Z", "+00:00")) + BOUND_TOKEN_AFTER_DELETION if deleting else None
+    if gone_at is not None:
+        dead_at = min(dead_at, gone_at + BOUND_TOKEN_AFTER_GONE) if dead_at else gone_at + BOUND_TOKEN_AFTER_GONE
     return ForeignPod(name=pod["metadata"]["name"], token_dead_at=dead_at)
 
 
@@ -209,7 +215,10 @@ class RunController:
         self.state: dict[RunKey, _KeyState] = {}
         # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
         self.tool_claims_cleared: dict[str, int] = {}
-        self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen terminating
+        self.terminating: dict[str, float] = {}
+        # Pods that were deleted, by (run key, name): (their controller's UID, as ForeignPod). A
+        # namesake's pod can still act for a few seconds after it is gone (see foreign_pod).
+        self.pod_tombstones: dict[tuple[RunKey, str], tuple[str | None, ForeignPod]] = {}  # namespace -> monotonic time it was seen terminating
         self._sweepers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -289,7 +298,8 @@ class RunController:
             changed = self.leases.observe(uid, body, self.clock.mono())
         tracked = self.leases.get(uid)
         if not changed and key in self.runs and before is not None and tracked is not None and \
-                (before.usage, before.checkpoint) != (tracked.usage, tracked.checkpoint):
+                (before.usage, before.checkpoint) != (tracked.usage, tracked.checkpoint) and \
+                not self.queue.backoff.failures(key):  # never cut an error backoff short
             # New progress or spending reaches the status within one fold interval (one timer per
             # run, however many heartbeats), not only at the next lapse check a lease later.
             self.queue.add_after(key, self.fold_interval)
@@ -319,6 +329,10 @@ class RunController:
             pods.pop(meta["name"], None)
             if not pods:
                 del self.pods[key]
+            now = self.clock.now()
+            for k in [k for k, (_, tomb) in self.pod_tombstones.items() if (tomb.token_dead_at or now) <= now]:
+                del self.pod_tombstones[k]
+            self.pod_tombstones[(key, meta["name"])] = (protocol.controller_uid(body), foreign_pod(body, now))
         else:
             pods[meta["name"]] = body
         if before is None or event_type == "DELETED" or pod_observation(before) != pod_observation(body):
@@ -421,7 +435,10 @@ class RunController:
         run = WorkerRun.model_validate(body)
         mine = {n: b for n, b in self.pods.get(key, {}).items() if protocol.controller_uid(b) == run.metadata.uid}
         pods = tuple(p for p in map(pod_observation, mine.values()) if p is not None)
-        foreign = tuple(foreign_pod(b) for n, b in self.pods.get(key, {}).items() if n not in mine)
+        live = self.pods.get(key, {})
+        foreign = tuple(foreign_pod(b) for n, b in live.items() if n not in mine) + tuple(
+            tomb for (k, n), (owner, tomb) in self.pod_tombstones.items()
+            if k == key and n not in live and owner != run.metadata.uid)
         return Snapshot(key=key, body=body, run=run, lease=self.leases.get(run.metadata.uid), pods=pods,
                         foreign_pods=foreign)
 
@@ -528,6 +545,14 @@ class RunController:
                     raise Inconclusive(f"the confirming read took {took:.1f}s or met an outage", 1.0)
                 self._check_mass_lapse(snap)
         grant = next((a for a in actions if isinstance(a, WriteStatus) and a.grants), None)
+        if grant is not None and grant.status.holder and grant.status.holder not in self.pods.get(snap.key, {}):
+            # A deleted namesake's pod of the holder's name that the pod watch has not delivered
+            # (after a restart the run may be listed first): its worker would take the grant.
+            pod = await self.kube.get_pod(ns, grant.status.holder)
+            if pod is not None and protocol.controller_uid(pod) != snap.uid:
+                self.on_pod("MODIFIED", pod)
+                if grant.status.holder in self.pods.get(snap.key, {}):
+                    raise Again(f"pod {grant.status.holder} of another run exists")
         if grant is not None and grant.status.attempt > 1 and await self._namespace_terminating(ns):
             # The namespace controller deletes pods first: a vanished pod there is no reason to retry.
             self._mark_terminating(ns)

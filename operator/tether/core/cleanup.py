@@ -10,9 +10,10 @@ from tether.core.actions import ClearLease, Decision, DeletePod, DeleteRun, Rele
 from tether.core.lifecycle import StatusBuilder, revoke
 from tether.core.observe import Observed
 
-# The gateway mints tool-claim tokens for 10 minutes: an attempt that ended longer ago has no live
-# token left, whatever became of its Secret.
-TOOL_CLAIM_TOKEN_SECONDS = 600.0
+# The gateway mints tool-claim tokens for 10 minutes, and never once the run's status has moved on
+# (the attempt's end); kube-apiserver accepts them a minute past expiry (JWT leeway) and caches a
+# success for 10 s. An attempt that ended longer ago than that, plus a margin, has no live token.
+TOOL_CLAIM_TOKEN_SECONDS = 600.0 + 60.0 + 10.0 + 50.0
 
 
 def revocation_unfinished(o: Observed) -> bool:

@@ -268,6 +268,10 @@ class Gateway:
         Returns the Lease as written and as it was before."""
         ns, name = run.metadata.namespace, run.metadata.name
         attempt = f"attempt {body.holder} (fence {body.fence})"
+        if not claim and (run.status.holder, run.status.fence) != (body.holder, body.fence):
+            # Revocation writes the run's status first: from then on the attempt renews nothing and
+            # gets no new tool credential, even while its Lease is not cleared yet.
+            raise Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
         for _ in range(2):  # the protocol's rule: on a conflict re-read, and retry once if still ours
             lease = await self.kube.get_lease(ns, name)
             if lease is None or not protocol.holds(lease, body.holder, body.fence, body.runUid):

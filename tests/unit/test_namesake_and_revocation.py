@@ -1,0 +1,190 @@
+"""The controller layer around a re-created namesake, interrupted revocations and report folds
+(review of the seed-378 fix). The Kubernetes side is a small in-memory fake: these pin what the
+controller asks before it writes, not the API server's behaviour (the e2e and chaos tests do)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from tether.api import constants as c
+from tether.api.models import WorkerRun
+from tether.controller.runs import Again, Clock, RunController, foreign_pod
+from tether.core.cleanup import revocation_unfinished
+from tether.core.decide import EnsureLease, LeaseObservation, Observed, decide
+from tether.kube.client import Conflict
+
+T0 = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+class _Health:
+    available_since = float("-inf")
+
+
+class FakeKube:
+    """Records the writes; holds the pods that exist in the API (whatever the watch delivered)."""
+
+    def __init__(self, pods: dict[str, dict[str, Any]]) -> None:
+        self.health = _Health()
+        self.pods = pods
+        self.calls: list[str] = []
+        self.rv = 10
+
+    def _stored(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        meta = {**obj["metadata"], "resourceVersion": str(self.rv), "uid": obj["metadata"].get("uid", f"x{self.rv}")}
+        return {**obj, "metadata": meta}
+
+    async def replace_run_status(self, run: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("status")
+        return self._stored(run)
+
+    async def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def create_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(f"create_lease {lease['spec']['holderIdentity']}")
+        return self._stored(lease)
+
+    async def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return self._stored(obj)
+
+    async def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        if pod["metadata"]["name"] in self.pods:
+            raise Conflict(409, "exists", "create pod")
+        return self._stored(pod)
+
+    async def get_pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"get_pod {name}")
+        return self.pods.get(name)
+
+    async def delete_pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"delete_pod {name}")
+        pod = self.pods[name]
+        pod["metadata"]["deletionTimestamp"] = T0.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return pod
+
+    async def remove_finalizer(self, ns: str, name: str, finalizer: str) -> dict[str, Any] | None:
+        return self.pods.get(name)
+
+    async def post_event(self, *a: Any) -> None:
+        pass
+
+
+def _old_pod(deleting: dt.datetime | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "job-a1", "namespace": "ns", "uid": "pod-old", "resourceVersion": "5",
+                            "labels": {c.LABEL_RUN: "job", c.LABEL_ATTEMPT: "1"},
+                            "ownerReferences": [{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+                                                 "name": "job", "uid": "run-OLD", "controller": True}]}
+    if deleting is not None:
+        meta["deletionTimestamp"] = deleting.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": {"phase": "Running"}}
+
+
+def _new_run() -> dict[str, Any]:
+    return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+            "metadata": {"name": "job", "namespace": "ns", "uid": "run-NEW", "generation": 1,
+                         "resourceVersion": "9", "finalizers": [c.RUN_FINALIZER]},
+            "spec": {"template": {"spec": {"containers": [{"name": "w", "command": ["w"]}]}},
+                     "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5, "startupGraceSeconds": 30}},
+            "status": {}}
+
+
+def test_a_namesakes_pod_the_watch_has_not_delivered_holds_the_grant() -> None:
+    """After a restart the run watch may list the re-created run before the pod watch lists the
+    old run's pod job-a1: the grant must look for that pod itself before it writes anything."""
+    async def go() -> tuple[FakeKube, RunController]:
+        kube = FakeKube({"job-a1": _old_pod()})
+        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+        ctl.on_run("ADDED", _new_run())
+        with pytest.raises(Again):
+            await ctl._reconcile(("ns", "job"))
+        # Now it knows the pod: it deletes it (a deleted run's) and waits until its token is dead.
+        requeue, _ = await ctl._reconcile(("ns", "job"))
+        assert requeue == 1.0  # decided on the pod as it was before the delete
+        requeue, _ = await ctl._reconcile(("ns", "job"))
+        assert requeue == pytest.approx(85.0)
+        return kube, ctl
+
+    kube, ctl = asyncio.run(go())
+    assert kube.calls == ["get_pod job-a1", "delete_pod job-a1"], kube.calls  # no status write, no Lease
+    assert "job-a1" in ctl.pods[("ns", "job")]
+
+
+def test_a_deleted_namesakes_pod_holds_the_grant_for_the_token_cache_after_it_is_gone() -> None:
+    """The pod's DELETED event: its token may still authenticate from the API server's 10 s
+    cache and lister lag, so the name stays taken for 20 s; after that the run is granted."""
+    now = [T0]
+
+    async def go() -> list[str]:
+        kube = FakeKube({})
+        ctl = RunController(kube, clock=Clock(now=lambda: now[0], mono=lambda: 100.0))  # type: ignore[arg-type]
+        ctl.on_pod("ADDED", _old_pod())
+        ctl.on_pod("DELETED", _old_pod(deleting=T0))
+        ctl.on_run("ADDED", _new_run())
+        requeue, acted = await ctl._reconcile(("ns", "job"))
+        assert not acted and requeue == pytest.approx(20.0)
+        now[0] = T0 + dt.timedelta(seconds=21)
+        await ctl._reconcile(("ns", "job"))
+        return kube.calls
+
+    calls = asyncio.run(go())
+    assert calls[:3] == ["get_pod job-a1", "status", "create_lease job-a1"], calls
+
+
+def test_the_grant_waits_past_the_token_leeway_and_the_auth_cache() -> None:
+    """A bound token is accepted while deletionTimestamp >= now - 60 s, and a success is cached
+    10 s: a renewal validated at D+59.9 s still works at D+69.9 s."""
+    run = WorkerRun.model_validate(_new_run())
+    for ago, blocked in ((69.0, True), (80.0, True), (86.0, False)):
+        pod = foreign_pod(_old_pod(deleting=T0 - dt.timedelta(seconds=ago)))
+        d = decide(Observed(run=run, lease=None, pods=(), now=T0, mono=100.0, foreign_pods=(pod,)))
+        assert any(isinstance(a, EnsureLease) for a in d.actions) is not blocked, ago
+
+
+def test_the_tool_claim_horizon_covers_the_token_lifetime_and_leeway() -> None:
+    """A tool-claim token minted as the attempt ended (600 s) is accepted until about +670 s."""
+    cleared = LeaseObservation(holder=None, fence=2, resource_version="9", last_change=100.0, renewed=False)
+    for ago, pending in ((610.0, True), (700.0, True), (725.0, False)):
+        ended = (T0 - dt.timedelta(seconds=ago)).isoformat()
+        run = WorkerRun.model_validate({**_new_run(), "spec": {"executor": "External", "lease": {
+            "durationSeconds": 20, "renewIntervalSeconds": 5}}, "status": {
+            "phase": "Backoff", "attempt": 1, "fence": 2, "holder": None, "startedAt": ended,
+            "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "startedAt": ended, "endedAt": ended,
+                          "outcome": "LeaseLost"}]}})
+        assert revocation_unfinished(Observed(run=run, lease=cleared, pods=(), now=T0, mono=200.0)) is pending, ago
+
+
+def _lease(usage: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": "job", "namespace": "ns", "resourceVersion": rv, "labels": {c.LABEL_RUN: "job"},
+                         "annotations": {c.ANN_USAGE: usage},
+                         "ownerReferences": [{"kind": "WorkerRun", "uid": "run-NEW", "controller": True}]},
+            "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1}}
+
+
+def test_a_report_is_folded_within_a_fold_interval_but_never_cuts_an_error_backoff_short() -> None:
+    async def go() -> tuple[float, float, float]:
+        ctl = RunController(None, clock=Clock(now=lambda: T0), fold_interval=10.0)  # type: ignore[arg-type]
+        key = ("ns", "job")
+        ctl.runs[key] = _new_run()
+        ctl.on_lease("MODIFIED", _lease('{"cents":1,"tokens":1}', "1"))
+        ctl.on_lease("MODIFIED", _lease('{"cents":1,"tokens":1}', "2"))  # the first renewal
+        ctl.queue._timers.clear()
+        ctl.on_lease("MODIFIED", _lease('{"cents":2,"tokens":1}', "3"))  # new usage
+        fold = ctl.queue._timers[key][0] - ctl.queue._mono()
+        ctl.queue._timers.pop(key)[1].cancel()
+        for _ in range(13):
+            ctl.queue.backoff.when(key)
+        delay = ctl.queue.add_rate_limited(key)  # failing reconciles, backed off to the cap
+        ctl.on_lease("MODIFIED", _lease('{"cents":3,"tokens":1}', "4"))
+        due = ctl.queue._timers[key][0] - ctl.queue._mono()
+        for _, handle in ctl.queue._timers.values():
+            handle.cancel()
+        return fold, delay, due
+
+    fold, delay, due = asyncio.run(go())
+    assert 9.0 < fold <= 10.0
+    assert due > delay - 1, f"a backoff of {delay}s replaced by a pass in {due:.1f}s"
