@@ -99,3 +99,13 @@ def test_sdk_retries_a_server_error_but_not_a_refusal() -> None:
 def test_sdk_refuses_a_source_it_does_not_know() -> None:
     with pytest.raises(ValueError, match="TETHER_PAYLOAD_FROM"):
         load_payload({**ENV, c.ENV_PAYLOAD_FROM: "configmap/x"}, _Kube(lambda r: httpx.Response(500)))  # type: ignore[arg-type]
+
+
+def test_sdk_never_takes_a_re_created_namesakes_payload_for_its_own() -> None:
+    """The old run's pod starting late would otherwise run the new run's input."""
+    from tether.worker.errors import LeaseLost
+
+    kube = _Kube(lambda r: httpx.Response(200, json={"metadata": {"uid": "new"}, "spec": {"payload": {"n": 2}}}))
+    with pytest.raises(LeaseLost):
+        load_payload({**ENV, c.ENV_RUN_UID: "old"}, kube)  # type: ignore[arg-type]
+    assert load_payload({**ENV, c.ENV_RUN_UID: "new"}, kube) == {"n": 2}  # type: ignore[arg-type]

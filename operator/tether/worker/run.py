@@ -48,7 +48,12 @@ def load_payload(env: Mapping[str, str], kube: kubeconfig.KubeConfig | None = No
                 resp = http.get(path)
                 if resp.status_code < 500 or attempt + 1 == attempts:
                     resp.raise_for_status()  # 403/404 will not heal: the attempt fails and says why
-                    return resp.json().get("spec", {}).get("payload") or {}
+                    run = resp.json()
+                    uid = env.get(c.ENV_RUN_UID)
+                    if uid and (run.get("metadata") or {}).get("uid") != uid:
+                        # Re-created under the same name since this pod started: not our input.
+                        raise LeaseLost(f"{env[c.ENV_RUN]} was re-created (uid {uid} is gone)")
+                    return run.get("spec", {}).get("payload") or {}
             except httpx.TransportError:
                 if attempt + 1 == attempts:
                     raise
