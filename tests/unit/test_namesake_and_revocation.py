@@ -188,3 +188,36 @@ def test_a_report_is_folded_within_a_fold_interval_but_never_cuts_an_error_backo
     fold, delay, due = asyncio.run(go())
     assert 9.0 < fold <= 10.0
     assert due > delay - 1, f"a backoff of {delay}s replaced by a pass in {due:.1f}s"
+
+
+def _budget(spent: int, exhausted: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"name": "team", "namespace": "ns", "generation": 1, "resourceVersion": rv},
+            "spec": {"limitCents": 100},
+            "status": {"spent": {"cents": spent, "tokens": 0}, "periodStart": None,
+                       "conditions": [{"type": "Exhausted", "status": exhausted}]}}
+
+
+def test_a_charge_wakes_only_the_runs_waiting_for_admission_and_running_out_wakes_all() -> None:
+    """Every fold of every run charges the budget: waking every run on it per charge made the
+    work per heartbeat grow with the number of runs sharing the budget."""
+    def run(name: str, budget: str, holder: str | None) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "resourceVersion": "1"},
+                "spec": {"budget": {"budgetRef": {"name": budget}}}, "status": {"holder": holder}}
+
+    async def go() -> list[list[Any]]:
+        ctl = RunController(None, clock=Clock(now=lambda: T0))  # type: ignore[arg-type]
+        ctl.budgets._refresh_soon = lambda key: None  # type: ignore[method-assign]  # no API here
+        for body in (run("held", "team", "held-a1"), run("waiting", "team", None), run("other", "else", None)):
+            ctl.on_run("ADDED", body)
+        seen = []
+        for budget in (_budget(10, "False", "1"), _budget(20, "False", "2"), _budget(100, "True", "3")):
+            ctl.queue._queue.clear()
+            ctl.queue._dirty.clear()
+            ctl.on_budget("MODIFIED", budget)
+            seen.append(sorted(k[1] for k in ctl.queue._queue))
+        return seen
+
+    first, charge, exhausted = asyncio.run(go())
+    assert first == ["held", "waiting"]  # first sight: everyone on it
+    assert charge == ["waiting"]
+    assert exhausted == ["held", "waiting"]

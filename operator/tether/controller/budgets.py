@@ -87,13 +87,8 @@ class BudgetBook:
         status = budgets.refresh(budget, now)
         if status.period_start != budget.status.period_start:
             self._refresh_soon(key)
-        start = budgets.period_start(now, budget.spec)
-        next_reset = None
-        if start is not None:
-            probe = now
-            while budgets.period_start(probe, budget.spec) == start:
-                probe += dt.timedelta(hours=1)
-            next_reset = (budgets.period_start(probe, budget.spec) - now).total_seconds()  # type: ignore[operator]
+        reset = budgets.next_period_start(now, budget.spec)
+        next_reset = None if reset is None else (reset - now).total_seconds()
         return BudgetObservation(
             name=ref.name, exhausted=budgets.exhausted(budget.spec, status.spent),
             remaining=status.remaining or Usage(), charged=budgets.charged(budget, run.metadata.uid),

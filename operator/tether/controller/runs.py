@@ -159,6 +159,18 @@ BOUND_TOKEN_AFTER_DELETION = dt.timedelta(seconds=85)
 BOUND_TOKEN_AFTER_GONE = dt.timedelta(seconds=20)
 
 
+def _budget_of(key: RunKey, run: dict[str, Any]) -> tuple[str, str]:
+    ref = ((run.get("spec") or {}).get("budget") or {}).get("budgetRef") or {}
+    return key[0], str(ref.get("name") or "")
+
+
+def _budget_gate(budget: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a WorkerBudget decides whether runs may spend: its spec, period and exhaustion."""
+    status = budget.get("status") or {}
+    exhausted = next((x.get("status") for x in status.get("conditions") or [] if x.get("type") == "Exhausted"), None)
+    return budget["metadata"].get("generation"), status.get("periodStart"), exhausted
+
+
 def foreign_pod(pod: dict[str, Any], gone_at: dt.datetime | None = None) -> ForeignPod:
     """A pod another run controls, and until when the API server may accept its bound token."""
     deleting = pod["metadata"].get("deletionTimestamp")
@@ -216,6 +228,8 @@ class RunController:
         # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
         self.tool_claims_cleared: dict[str, int] = {}
         self.terminating: dict[str, float] = {}
+        # (namespace, budget name) -> the runs that draw on it (a budgetRef never changes).
+        self.budget_runs: dict[tuple[str, str], set[RunKey]] = {}
         # Pods that were deleted, by (run key, name): (their controller's UID, as ForeignPod). A
         # namesake's pod can still act for a few seconds after it is gone (see foreign_pod).
         self.pod_tombstones: dict[tuple[RunKey, str], tuple[str | None, ForeignPod]] = {}  # namespace -> monotonic time it was seen terminating
@@ -268,6 +282,7 @@ class RunController:
         if event_type == "DELETED":
             if cached is not None and cached["metadata"].get("uid") == meta.get("uid"):
                 del self.runs[key]
+                self.budget_runs.get(_budget_of(key, body), set()).discard(key)
             self.leases.forget(meta.get("uid", ""))
             self.rbac.forget(meta.get("uid", ""))
             self.tool_claims_cleared.pop(meta.get("uid", ""), None)
@@ -281,6 +296,7 @@ class RunController:
             if meta.get("generation") != cached["metadata"].get("generation"):
                 self.queue.forget(key)  # a new spec: an error backoff of the old one no longer applies
         self.runs[key] = body
+        self.budget_runs.setdefault(_budget_of(key, body), set()).add(key)
         self.queue.add(key)
 
     def on_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
@@ -310,11 +326,16 @@ class RunController:
             self.queue.add(key)
 
     def on_budget(self, event_type: str | None, body: dict[str, Any]) -> None:
-        ns, name = self.budgets.on_event(event_type, body)
-        # Runs that draw from it may be admitted now (limit raised, period rolled over).
-        for key, run in self.runs.items():
-            ref = ((run.get("spec") or {}).get("budget") or {}).get("budgetRef") or {}
-            if key[0] == ns and ref.get("name") == name:
+        meta = body["metadata"]
+        before = self.budgets.cache.get((meta["namespace"], meta["name"]))
+        budget = self.budgets.on_event(event_type, body)
+        # A charge (every fold of every run on it) concerns only runs waiting to be admitted; a
+        # new limit or period, or the budget running out or coming back, concerns all its runs.
+        # Held runs see the spending of others at their own next pass (at most a fold interval).
+        everyone = event_type == "DELETED" or before is None or _budget_gate(before) != _budget_gate(body)
+        for key in list(self.budget_runs.get(budget, ())):
+            run = self.runs.get(key)
+            if run is not None and (everyone or not (run.get("status") or {}).get("holder")):
                 self.queue.add(key)
 
     def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
@@ -655,6 +676,7 @@ class RunController:
             return None
         self.on_run("MODIFIED", fresh)
         self.runs[key] = fresh  # a GET is the newest view, even if its fence looks lower
+        self.budget_runs.setdefault(_budget_of(key, fresh), set()).add(key)
         return fresh
 
     def _store_written(self, snap: Snapshot, written: dict[str, Any]) -> Snapshot:

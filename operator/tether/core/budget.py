@@ -38,6 +38,20 @@ def period_start(now: dt.datetime, spec: WorkerBudgetSpec) -> dt.datetime | None
     return start.astimezone(dt.timezone.utc)
 
 
+def next_period_start(now: dt.datetime, spec: WorkerBudgetSpec) -> dt.datetime | None:
+    """Start of the period after the one containing `now` (local midnight), or None."""
+    start = period_start(now, spec)
+    if start is None:
+        return None
+    zone = _zone(spec.time_zone)
+    day = start.astimezone(zone).date()
+    if spec.period == "Monthly":
+        day = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+    else:
+        day = day + dt.timedelta(days=7 if spec.period == "Weekly" else 1)
+    return dt.datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(dt.timezone.utc)
+
+
 def remaining(spec: WorkerBudgetSpec, spent: Usage) -> Usage:
     big = MAX_STATUS_NUMBER  # "no limit": the most the CRD lets the status say
     return Usage(cents=max(0, (spec.limit_cents if spec.limit_cents is not None else big) - spent.cents),
