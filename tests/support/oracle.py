@@ -388,6 +388,12 @@ def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Ve
                         verdict.stats[f"{fld}s accepted from workers"] += 1
             if terminal is None and status.get("phase") in TERMINAL:
                 terminal = (status["phase"], where)
+        if "result" in published and terminal is not None and terminal[0] != "Succeeded" \
+                and "phase" not in reported:
+            # The worker was told its result stands: the run must not end as if it never came.
+            verdict.violations.append(Violation(
+                2, subject, f"result published by pod {published['result'][1]} ({published['result'][2]}), "
+                            f"yet the run ended {terminal[0]} ({terminal[1]})"))
 
 
 def _error_recorded(status: Mapping[str, Any], pod: str, error: Mapping[str, Any]) -> bool:
@@ -403,16 +409,18 @@ def _short(value: Any) -> str:
 
 
 def _pods(history: _History, verdict: Verdict) -> None:
-    """Invariant 3: per run incarnation (the latest creation of a run of that name before the pod's)."""
-    seen: dict[tuple[str, int, str], list[AuditRecord]] = defaultdict(list)
+    """Invariant 3: per run incarnation — the run that controls the pod (its creation is audited
+    with its body), else the latest creation of a run of that name before the pod's."""
+    seen: dict[tuple[str, int | str, str], list[AuditRecord]] = defaultdict(list)
     for rec in history.pod_creates:
         assert rec.object_ref is not None
         pod = rec.object_ref.name
         m = _POD_NAME.match(pod)
         if m is None:
             continue  # not an attempt's pod
+        owner = _owner_uid(rec.response_object or {})
         creates = history.run_creates.get(m["run"], [])
-        incarnation = sum(1 for c in creates if c.completed <= rec.received)
+        incarnation = owner if owner is not None else sum(1 for c in creates if c.completed <= rec.received)
         seen[(m["run"], incarnation, pod)].append(rec)
     for (run, incarnation, pod), recs in seen.items():
         if len(recs) > 1:
@@ -473,8 +481,13 @@ def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Ma
                 verdict.violations.append(Violation(
                     4, subject, f"run {ended} with {usage[0]} cents / {usage[1]} tokens over its attempts, "
                                 f"charged {mark[0]} / {mark[1]}"))
-            elif not finished and (mark[0] > usage[0] or mark[1] > usage[1]):
-                verdict.violations.append(Violation(4, subject, f"charged {mark} beyond the run's usage {usage}"))
+            elif not finished:
+                # A live run is charged what its status has folded (status.usage), which includes the
+                # running attempt; the attempt records get that usage only when it ends.
+                folded = _usage(run_status.get("usage"))
+                most = (max(usage[0], folded[0]), max(usage[1], folded[1]))
+                if mark[0] > most[0] or mark[1] > most[1]:
+                    verdict.violations.append(Violation(4, subject, f"charged {mark} beyond the run's usage {most}"))
             if finished:
                 verdict.stats["cents charged to budgets"] += mark[0]
 

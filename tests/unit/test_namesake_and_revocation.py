@@ -32,6 +32,7 @@ class FakeKube:
         self.pods = pods
         self.calls: list[str] = []
         self.rv = 10
+        self.lease: dict[str, Any] | None = None
 
     def _stored(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.rv += 1
@@ -43,7 +44,12 @@ class FakeKube:
         return self._stored(run)
 
     async def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
-        return None
+        return self.lease
+
+    async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(f"replace_lease {lease['spec']['holderIdentity']} {lease['spec']['leaseTransitions']}")
+        self.lease = self._stored(lease)
+        return self.lease
 
     async def create_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(f"create_lease {lease['spec']['holderIdentity']}")
@@ -221,3 +227,36 @@ def test_a_charge_wakes_only_the_runs_waiting_for_admission_and_running_out_wake
     assert first == ["held", "waiting"]  # first sight: everyone on it
     assert charge == ["waiting"]
     assert exhausted == ["held", "waiting"]
+
+
+def test_a_grant_never_overwrites_a_lease_that_still_names_an_ended_attempt() -> None:
+    """Seed 7: a leader revoked attempt 1 (status: fence 2, holder none) and lost leadership
+    before clearing the Lease; the frozen worker thawed and reported 2 cents on the uncleared
+    Lease. The new leader's cache had no Lease yet: it granted attempt 2 over it, and the 2 cents
+    were never charged. The grant reads the Lease first: clear it (keeping the report), settle."""
+    ended = (T0 - dt.timedelta(seconds=5)).isoformat()
+    run = {**_new_run(), "status": {
+        "phase": "Backoff", "attempt": 1, "fence": 2, "holder": None, "startedAt": ended,
+        "nextAttemptAt": ended, "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "pod": "job-a1",
+                                              "startedAt": ended, "endedAt": ended, "outcome": "LeaseLost"}]}}
+    uncleared = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": "job", "namespace": "ns", "resourceVersion": "7", "labels": {c.LABEL_RUN: "job"},
+                              "annotations": {c.ANN_USAGE: '{"cents":2,"tokens":0}'},
+                              "ownerReferences": [{"kind": "WorkerRun", "name": "job", "uid": "run-NEW",
+                                                   "controller": True}]},
+                 "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1, "leaseDurationSeconds": 20}}
+
+    async def go() -> FakeKube:
+        kube = FakeKube({})
+        kube.lease = uncleared
+        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+        ctl.on_run("ADDED", run)  # the Lease is not in this operator's cache
+        with pytest.raises(Again):
+            await ctl._reconcile(("ns", "job"))
+        assert kube.calls == []  # nothing granted
+        await ctl._reconcile(("ns", "job"))  # now it sees the Lease: clear it first
+        return kube
+
+    kube = asyncio.run(go())
+    assert kube.calls[0] == "replace_lease None 2", kube.calls
+    assert kube.lease is not None and kube.lease["metadata"]["annotations"][c.ANN_USAGE] == '{"cents":2,"tokens":0}'

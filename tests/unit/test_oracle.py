@@ -122,11 +122,15 @@ class Run:
         s.setdefault("attempts", []).append({"attempt": attempt, "fence": fence, "holder": pod, "pod": pod})
         self.log.run_status(self, s)
         self.log.lease(self, pod, fence)
+        self.create_pod(pod)
+        return pod
+
+    def create_pod(self, pod: str) -> None:
+        """The operator's creation of the attempt's pod, audited with its body (uid, owner)."""
         self.pod_uids[pod] = str(uuid.uuid4())
         self.log.create("pods", pod, {"metadata": {"name": pod, "namespace": NS, "uid": self.pod_uids[pod],
                                                    "ownerReferences": [{"kind": "WorkerRun", "name": self.name,
                                                                         "uid": self.uid, "controller": True}]}})
-        return pod
 
     def renew(self, pod: str, usage: int | None = None, code: int = 200, pod_uid: str | None = None) -> None:
         """A renewal by `pod` (by default this run's pod of that name; `pod_uid` says which one)."""
@@ -350,9 +354,25 @@ def test_2_a_terminal_phase_that_changes_is_caught() -> None:
 def test_3_a_second_pod_for_the_same_attempt_is_caught() -> None:
     log = Log()
     run, _, _ = lost_and_retried(log)
-    log.create("pods", "r-a2")
+    run.create_pod("r-a2")
     verdict = judge(log.records, facts(run, faulted={(run.uid, ANY_POD)}))
     assert invariants(verdict) == [3] and "2 accepted creations" in str(verdict.violations[0])
+
+
+def test_3_a_late_pod_of_a_deleted_run_is_not_counted_against_its_namesake() -> None:
+    """A pod POST of the old run held up (operator killed mid-grant) lands after the namesake was
+    created: it belongs to the old run (its owner), not to the new one."""
+    log = Log()
+    first = Run(log)
+    first.grant()
+    second = Run(log)  # same name, created now
+    late = {"metadata": {"name": "r-a1", "namespace": NS, "uid": "late",
+                         "ownerReferences": [{"kind": "WorkerRun", "name": "r", "uid": first.uid, "controller": True}]}}
+    log.create("pods", "r-a1", late)  # a second r-a1 for the old run: a violation, but the old run's
+    second.grant()
+    second.end("Cancelled", "Cancelled")
+    verdict = judge(log.records, facts(second))
+    assert [v.subject for v in verdict.violations if v.invariant == 3] == [f"run r (incarnation {first.uid}) pod r-a1"]
 
 
 def test_3_a_recreated_run_may_reuse_its_pod_names() -> None:
@@ -497,3 +517,25 @@ def test_6_a_fault_on_a_namesake_does_not_excuse_a_new_run() -> None:
     run, a1, _ = lost_and_retried(log)
     verdict = judge(log.records, facts(run, faulted={("some-other-uid", a1)}))
     assert invariants(verdict) == [6]
+
+
+def test_2_a_run_that_ends_otherwise_after_accepting_a_result_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.publish(a1)
+    run.end("LeaseLost", "Lost")  # as if a lapse were judged over the accepted result
+    verdict = judge(log.records, facts(run, faulted={(run.uid, a1)}))
+    assert any(v.invariant == 2 and "yet the run ended Lost" in v.evidence for v in verdict.violations)
+
+
+def test_4_a_live_run_is_charged_its_folded_usage_without_a_false_alarm() -> None:
+    log = Log()
+    run = Run(log, budget="team")
+    a1 = run.grant()
+    run.renew(a1, usage=7)
+    run.write(usage={"cents": 7, "tokens": 0})  # the fold
+    budget = log.budget("team", 7, {run.uid: ("r", 7)})
+    run.renew(a1)
+    f = facts(run, budgets=[budget], leases_before={"r": run.lease}, leases_after={"r": run.lease})
+    assert 4 not in invariants(judge(log.records, f))

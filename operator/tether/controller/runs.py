@@ -544,8 +544,11 @@ class RunController:
         """Checks what a decision rests on before acting on it.
 
         Ending an attempt re-reads the Lease: the final usage report must be in the books, and a
-        lapse is only real if a fresh, timely read shows no renewal. Repairs that are not
-        preceded by a status write re-read the run, so they never act on a stale cache.
+        lapse is only real if a fresh, timely read shows no renewal. A grant re-reads it too: a
+        Lease that still names an ended attempt (a revocation interrupted before its clear, seen
+        by an operator whose cache lacks it, e.g. a new leader) must be cleared and its last
+        report settled first, never overwritten. Repairs that are not preceded by a status write
+        re-read the run, so they never act on a stale cache.
         """
         ns, name = snap.run.metadata.namespace, snap.run.metadata.name
         ending = next((a.status_write for a in actions if isinstance(a, Revoke)), None)
@@ -566,6 +569,12 @@ class RunController:
                     raise Inconclusive(f"the confirming read took {took:.1f}s or met an outage", 1.0)
                 self._check_mass_lapse(snap)
         grant = next((a for a in actions if isinstance(a, WriteStatus) and a.grants), None)
+        if grant is not None:
+            lease = await self.kube.get_lease(ns, name)
+            if lease is not None and protocol.controller_uid(lease) == snap.uid and (
+                    snap.lease is None or lease["metadata"]["resourceVersion"] != snap.lease.resource_version):
+                self.leases.observe(snap.uid, lease, self.clock.mono())
+                raise Again("the lease is not as the grant saw it")
         if grant is not None and grant.status.holder and grant.status.holder not in self.pods.get(snap.key, {}):
             # A deleted namesake's pod of the holder's name that the pod watch has not delivered
             # (after a restart the run may be listed first): its worker would take the grant.
