@@ -494,14 +494,21 @@ class Trial:
             return
         name = self.plan.runs[f.run].name if f.run is not None else ""
         act = getattr(self, "_f_" + f.kind.replace("-", "_"))
-        if f.kind in AIMED_AT_WORKER:
-            # Aimed at the run's current worker: found (and recorded as faulted) before it is hit.
-            target = self._holder(name)
-            if target is not None:
-                self._mark(target.uid, target.pod)
-            done = False if target is None else act(f, name, target)
-        else:
-            done = act(f, name)
+        try:
+            if f.kind in AIMED_AT_WORKER:
+                # Aimed at the run's current worker: found (and recorded as faulted) before it is hit.
+                target = self._holder(name)
+                if target is not None:
+                    self._mark(target.uid, target.pod)
+                done = False if target is None else act(f, name, target)
+            else:
+                done = act(f, name)
+        except Exception as exc:  # noqa: BLE001 - counted as not injected, never as injected
+            with self.lock:
+                self.skipped[f.kind] += 1
+                self.notes.append(f"{f.kind} at {f.at}s on {name or 'the cluster'}: not injected, "
+                                  f"the harness failed: {exc!r}")
+            return
         with self.lock:
             (self.faults if done is not False else self.skipped)[f.kind] += 1
             if done is False:
@@ -906,7 +913,8 @@ class Tally:
 
         lines = [f"{self.trials} trials in {self.seconds / 60:.1f} min, {len(self.failed)} failed "
                  f"({self.harness_errors} of them by a harness error)"]
-        lines.append("faults injected, by kind (skipped: drawn, but no live target):")
+        lines.append("faults injected, by kind (skipped: drawn but not injected: no live target, or the "
+                     "harness failed; see the trial's notes):")
         for kind in FAULT_KINDS:
             if self.faults[kind] or self.skipped[kind]:
                 lines.append(f"  {kind:32} {self.faults[kind]:5}" +
