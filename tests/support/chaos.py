@@ -375,6 +375,7 @@ class Trial:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.t0 = 0.0
+        self._settle_view: list[str] | None = None  # what the previous settle poll saw
 
     # --- setup -------------------------------------------------------------------------------
 
@@ -725,7 +726,10 @@ class Trial:
             (self.workdir / f"{rp.name}.gate").touch()
 
     def _settled(self) -> bool:
+        """Every run ended (or deleted as planned), its revocation finished (the Lease cleared), its
+        budget charged, and nothing moved since the previous poll: the books are closed."""
         self.operators.supervise()
+        view: list[str] = []
         for rp in self.plan.runs:
             resp = self.kube.get(Kube.wr_path(self.ns, rp.name))
             if rp.name in self.deleted:
@@ -740,7 +744,13 @@ class Trial:
                 return False
             if (run["spec"].get("budget") or {}).get("budgetRef") and not s.get("budgetCharged"):
                 return False
-        return True
+            lease = self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases/{rp.name}")
+            if lease.status_code == 200 and (lease.json().get("spec") or {}).get("holderIdentity") is not None:
+                return False
+            view += [run["metadata"]["resourceVersion"],
+                     lease.json()["metadata"]["resourceVersion"] if lease.status_code == 200 else "-"]
+        quiet, self._settle_view = view == self._settle_view, view
+        return quiet
 
     def _watch_leases(self, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Each live run's Lease now, and once it changed (or after a few renew intervals)."""

@@ -137,3 +137,34 @@ def test_an_interrupted_revocation_still_deletes_the_external_attempts_tool_clai
     # Tokens live 10 minutes (+70 s of leeway and cache): an attempt that ended longer ago has none left.
     old = decide(Observed(run=_ended_external(800.0), lease=cleared, pods=(), now=T0, mono=200.0))
     assert ClearLease(fence=2) not in old.actions
+
+
+def test_a_finished_runs_books_close_only_after_its_revocation_and_a_late_report_is_owed_again() -> None:
+    """Seed 109: the operator was killed between ending the run (Cancelled, 8 cents recorded)
+    and clearing its Lease; the worker's last report said 10. The next pass cleared the Lease and
+    marked budgetCharged in the same pass; settling the 10 afterwards left 2 cents uncharged (until
+    the run was deleted, had it ever been)."""
+    from tether.core.decide import BudgetObservation, ChargeBudget
+    from tether.api.models import Usage
+
+    ended = T0.isoformat()
+    run = _run({"budget": {"budgetRef": {"name": "team"}}}, {
+        "phase": "Cancelled", "attempt": 1, "fence": 2, "holder": None, "startedAt": ended, "finishedAt": ended,
+        "usage": {"cents": 8, "tokens": 0}, "budgetCharged": True,
+        "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "pod": "job-a1", "startedAt": ended,
+                      "endedAt": ended, "outcome": "Cancelled", "usage": {"cents": 8, "tokens": 0}}]})
+    budget = BudgetObservation(name="team", remaining=Usage(cents=1000), charged=Usage(cents=8))
+
+    def lease(holder: str | None, fence: int) -> LeaseObservation:
+        return LeaseObservation(holder=holder, fence=fence, resource_version="9", last_change=100.0, renewed=True,
+                                usage=Usage(cents=10))
+
+    uncleared = decide(Observed(run=run, lease=lease("job-a1", 1), pods=(), now=T0, mono=200.0, budget=budget))
+    assert uncleared.actions == [ClearLease(fence=2)]  # nothing booked before the clear
+    cleared = decide(Observed(run=run, lease=lease(None, 2), pods=(), now=T0, mono=200.0, budget=budget))
+    status = _status_write(cleared.actions).status
+    assert status.usage == Usage(cents=10) and status.attempts[-1].usage == Usage(cents=10)
+    assert not status.budget_charged  # owed again
+    settled = _run({"budget": {"budgetRef": {"name": "team"}}}, status.dump())
+    owed = decide(Observed(run=settled, lease=lease(None, 2), pods=(), now=T0, mono=200.0, budget=budget))
+    assert ChargeBudget(budget="team", total=Usage(cents=10)) in owed.actions

@@ -66,7 +66,11 @@ def decide_deleting(o: Observed, d: Decision) -> None:
 def decide_finished(o: Observed, d: Decision) -> None:
     run, s = o.run, o.run.status
     if revocation_unfinished(o):
-        d.actions.append(ClearLease(fence=s.fence))  # a crash between the status write and the last step
+        # A crash between the status write and the last step. The books close only after it: the
+        # cleared Lease holds the worker's final report, which settle_usage then records.
+        d.actions.append(ClearLease(fence=s.fence))
+        d.again()
+        return
     b = StatusBuilder(o)
     if b.settle_usage():
         d.actions.append(b.write())

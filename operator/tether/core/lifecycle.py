@@ -141,6 +141,9 @@ class StatusBuilder:
         already recorded follows it."""
         if not settle_usage(self.o, self.status):
             return False
+        if self.status.budget_charged:
+            # More usage than the budget was told of: it is owed again (charged before the TTL).
+            self.status.budget_charged = False
         if self.status.overspend is not None:
             over = over_limit(self.o, self.status.usage or Usage())
             if over is not None:
