@@ -809,9 +809,11 @@ class Trial:
             before, after = self._watch_leases(live) if live else ({}, {})
             runs = self.kube.ok(self.kube.get(Kube.wr_path(self.ns)))["items"]
             budgets = self.kube.ok(self.kube.get(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerbudgets"))
+            leases = self.kube.ok(self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases"))["items"]
             records, raw = read_audit(self.cluster.audit_log, offset, self.ns)
             facts = TrialFacts(namespace=self.ns, faulted=set(self.faulted), runs=runs, budgets=budgets["items"],
-                               leases_before=before, leases_after=after)
+                               leases_before=before, leases_after=after,
+                               leases_final={x["metadata"]["name"]: x for x in leases})
             verdict = judge(records, facts, strict_window=self.strict_window)
             self._misinformed(records, verdict)
         except Exception as exc:  # noqa: BLE001 - a broken trial is reported and counted, never passed

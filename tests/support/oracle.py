@@ -92,6 +92,8 @@ class TrialFacts:
     # (None: no Lease). Only runs that are not terminal need them.
     leases_before: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     leases_after: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # Every run's Lease at the end, by run name (None: no Lease).
+    leases_final: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -532,6 +534,12 @@ def _nothing_stuck(facts: TrialFacts, verdict: Verdict) -> None:
         if phase in TERMINAL:
             if holder is not None:
                 verdict.violations.append(Violation(5, subject, f"terminal ({phase}) with holder {holder}"))
+            lease = facts.leases_final.get(meta["name"])
+            if lease is not None and _owner_uid(lease) == str(meta.get("uid")) and \
+                    (lease.get("spec") or {}).get("holderIdentity") is not None:
+                # The revocation never finished: the old worker may still renew (and report) forever.
+                verdict.violations.append(Violation(5, subject, f"terminal ({phase}) but its Lease still names "
+                                                                f"{_lease_brief(lease)}"))
             continue
         if spec.get("suspend") and phase == "Suspended":
             continue

@@ -539,3 +539,15 @@ def test_4_a_live_run_is_charged_its_folded_usage_without_a_false_alarm() -> Non
     run.renew(a1)
     f = facts(run, budgets=[budget], leases_before={"r": run.lease}, leases_after={"r": run.lease})
     assert 4 not in invariants(judge(log.records, f))
+
+
+def test_5_a_terminal_run_whose_lease_was_never_cleared_is_caught() -> None:
+    """A revocation that stopped after its status write: the old worker keeps renewing."""
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    run.end("LeaseLost", "Lost", clear_lease=False)
+    verdict = judge(log.records, facts(run, faulted={(run.uid, a1)}, leases_final={"r": run.lease}))
+    assert any(v.invariant == 5 and "Lease still names" in v.evidence for v in verdict.violations)
+    run.clear_lease()
+    assert judge(log.records, facts(run, faulted={(run.uid, a1)}, leases_final={"r": run.lease})).ok
