@@ -206,6 +206,7 @@ class _History:
         self.refused_worker_writes: Counter[str] = Counter()
         self.pod_creates: list[AuditRecord] = []
         self.pod_owners: dict[str, str] = {}  # pod uid -> uid of the run that controls the pod
+        self.pods_created: set[tuple[str, str]] = set()  # (run uid, pod name)
         self.run_creates: dict[str, list[AuditRecord]] = defaultdict(list)  # by run name
         for rec in records:
             ref = rec.object_ref
@@ -217,6 +218,7 @@ class _History:
                     pod, owner = rec.response_object or {}, _owner_uid(rec.response_object or {})
                     if owner is not None and (pod.get("metadata") or {}).get("uid"):
                         self.pod_owners[str(pod["metadata"]["uid"])] = owner
+                        self.pods_created.add((owner, ref.name))
                 continue
             if ref.resource == "workerruns" and ref.subresource == "" and rec.verb == "create":
                 if rec.accepted and not rec.dry_run:
@@ -591,6 +593,11 @@ def _unfaulted_lost(history: _History, facts: TrialFacts, verdict: Verdict) -> N
                 if outcome != LEASE_LOST:
                     continue
                 if (uid, holder) in facts.faulted or (uid, ANY_POD) in facts.faulted:
+                    continue
+                pod = attempt.get("pod")
+                if pod and (uid, pod) not in history.pods_created:
+                    # No worker ever ran (the operator's pod creations failed): nobody was declared lost.
+                    verdict.stats["attempts ended LeaseLost before their pod existed"] += 1
                     continue
                 verdict.violations.append(Violation(
                     6, f"{history.name(uid)} pod {holder}",

@@ -519,6 +519,21 @@ def test_6_a_fault_on_a_namesake_does_not_excuse_a_new_run() -> None:
     assert invariants(verdict) == [6]
 
 
+def test_6_an_attempt_whose_pod_was_never_created_had_no_worker_to_declare_lost() -> None:
+    """Seed 178: the operator's requests were dropped (30-50%) until the startup grace ran out;
+    attempt 1's pod was never created, and it ended LeaseLost. Nobody was declared lost."""
+    log = Log()
+    run = Run(log)
+    s = {"attempt": 1, "fence": 1, "holder": "r-a1", "phase": "Starting",
+         "attempts": [{"attempt": 1, "fence": 1, "holder": "r-a1", "pod": "r-a1"}]}
+    log.run_status(run, s)
+    log.lease(run, "r-a1", 1)  # no pod creation
+    run.end("LeaseLost", "Backoff")
+    verdict = judge(log.records, facts(run))
+    assert 6 not in invariants(verdict)
+    assert verdict.stats["attempts ended LeaseLost before their pod existed"] == 1
+
+
 def test_2_a_run_that_ends_otherwise_after_accepting_a_result_is_caught() -> None:
     log = Log()
     run = Run(log)
