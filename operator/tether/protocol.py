@@ -201,6 +201,21 @@ def renewal(lease: Mapping[str, Any], now: dt.datetime, *, checkpoint: str | Non
 RESULT_FIELDS = ("result", "error")
 
 
+# The attempt outcome that only a published result or error produces.
+PUBLISHED_OUTCOME = {"result": "Succeeded", "error": "WorkerFailed"}
+
+
+def publication_recorded(run: Mapping[str, Any], holder: str, fence: int, field: str, value: Any) -> bool:
+    """Whether the run shows that this attempt's `field` was accepted: after a request whose answer
+    was lost, the retry is refused (a success moves the fence too), yet the first one landed."""
+    status = run.get("status") or {}
+    if status.get("holder") == holder and status.get("fence") == fence:
+        return status.get(field) == value
+    mine = [a for a in status.get("attempts") or [] if a.get("holder") == holder and a.get("fence") == fence]
+    return bool(mine) and mine[-1].get("outcome") == PUBLISHED_OUTCOME.get(field) and \
+        (field != "result" or status.get("result") == value)
+
+
 def fenced_patch(holder: str, fence: int, field: str, value: Any,
                  run_uid: str | None = None) -> list[dict[str, Any]]:
     """The JSON patch that publishes a result or an error only while `fence` and `holder` are

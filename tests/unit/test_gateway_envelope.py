@@ -194,3 +194,30 @@ def test_a_revoked_attempt_renews_nothing_and_gets_no_tool_credential_before_its
     error = _envelope(_call(app, "POST", f"{OP}/{op}", json={"holder": "job-a1", "fence": 1, **extra},
                             headers=AUTH), 410, "StaleFence")
     assert "no longer current" in error["message"] and kube.forwarded == []
+
+
+class ConcludedKube(AuthOnlyKube):
+    """The attempt's result was accepted and the run concluded (fence moved, Lease cleared)."""
+
+    async def get_run(self, ns: str, name: str) -> dict[str, Any]:
+        return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+                "metadata": {"name": "job", "namespace": "ns", "uid": "run-1", "resourceVersion": "9"},
+                "spec": {"executor": "External", "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5}},
+                "status": {"phase": "Succeeded", "attempt": 1, "fence": 2, "holder": None, "result": {"ok": 1},
+                           "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "Succeeded"}]}}
+
+    async def get_lease(self, ns: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": "job", "namespace": "ns", "resourceVersion": "8",
+                             "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1", "controller": True}]},
+                "spec": {"holderIdentity": None, "leaseTransitions": 2}}
+
+
+def test_a_repeated_complete_whose_first_answer_was_lost_is_answered_200_only_for_the_same_result() -> None:
+    app = build_app(ConcludedKube(), "tether-gateway")  # type: ignore[arg-type]
+    fenced = {"holder": "job-a1", "fence": 1, "runUid": "run-1"}
+    same = _call(app, "POST", f"{OP}/complete", json={**fenced, "result": {"ok": 1}}, headers=AUTH)
+    assert same.status_code == 200, same.text
+    _envelope(_call(app, "POST", f"{OP}/complete", json={**fenced, "result": {"ok": 2}}, headers=AUTH),
+              410, "StaleFence")
+    _envelope(_call(app, "POST", f"{OP}/complete", json={**fenced, "runUid": "other", "result": {"ok": 1}},
+                    headers=AUTH), 410, "StaleFence")

@@ -117,3 +117,23 @@ def test_fenced_patch_names_the_run_by_uid_when_known() -> None:
     patch = protocol.fenced_patch("job-a1", 1, "error", {"code": "X"}, run_uid="u-7")
     assert patch[0] == {"op": "test", "path": "/metadata/uid", "value": "u-7"}
     assert patch[-1] == {"op": "add", "path": "/status/error", "value": {"code": "X"}}
+
+
+def test_a_publication_is_recognised_in_the_run_after_its_answer_was_lost() -> None:
+    """Seeds 149 and 184: the result's PATCH landed, its answer was dropped, the retry met the
+    moved fence (a success moves it too) and the worker was told LeaseLost."""
+    value = {"ok": 1}
+    held = {"status": {"holder": "job-a1", "fence": 1, "result": value}}
+    assert protocol.publication_recorded(held, "job-a1", 1, "result", value)
+    assert not protocol.publication_recorded(held, "job-a1", 1, "result", {"ok": 2})
+    done = {"status": {"holder": None, "fence": 2, "result": value, "attempts": [
+        {"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "Succeeded"}]}}
+    assert protocol.publication_recorded(done, "job-a1", 1, "result", value)
+    assert not protocol.publication_recorded(done, "job-a2", 3, "result", value)  # not this attempt's
+    lost = {"status": {"holder": None, "fence": 2, "attempts": [
+        {"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "LeaseLost"}]}}
+    assert not protocol.publication_recorded(lost, "job-a1", 1, "result", value)
+    failed = {"status": {"holder": "job-a2", "fence": 3, "attempts": [
+        {"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "WorkerFailed"},
+        {"attempt": 2, "fence": 3, "holder": "job-a2"}]}}
+    assert protocol.publication_recorded(failed, "job-a1", 1, "error", {"code": "X", "message": ""})

@@ -195,3 +195,45 @@ def test_the_pod_transport_never_takes_a_re_created_namesakes_lease_for_its_own(
         run_uid="old-uid")  # type: ignore[arg-type]
     assert not t2.publish("result", {"ok": True})
     assert b'"/metadata/uid"' in patches[0] and b'"old-uid"' in patches[0]
+
+
+class LostAnswerTransport:
+    """The first publication lands but its answer is lost; the retry is refused (fence moved)."""
+
+    def __init__(self, landed: bool) -> None:
+        self.landed = landed
+        self.calls: list[str] = []
+
+    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+        return Renewal(ok=True, signals=Signals())
+
+    def publish(self, field: str, value: dict[str, Any]) -> bool:
+        self.calls.append("publish")
+        if len(self.calls) == 1:
+            raise httpx.ReadTimeout("answer lost")
+        return False
+
+    def recorded(self, field: str, value: dict[str, Any]) -> bool:
+        self.calls.append("recorded")
+        return self.landed
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_result_whose_answer_was_lost_is_not_reported_refused_if_it_landed(landed: bool) -> None:
+    from tether.worker.errors import LeaseLost
+
+    transport = LostAnswerTransport(landed)
+    clock = [0.0]
+    run = WorkerRun(name="job", namespace="ns", holder="job-a1", fence=1, attempt=1, lease_duration=30,
+                    renew_interval=10, transport=transport, monotonic=lambda: clock[0])
+    run.renew()
+    if landed:
+        run.complete({"ok": 1})
+        assert run.owned or not run.lost
+    else:
+        with pytest.raises(LeaseLost):
+            run.complete({"ok": 1})
+    assert transport.calls == ["publish", "publish", "recorded"]

@@ -344,23 +344,37 @@ class Gateway:
         value = {"result": lambda: body.result, "error": lambda: body.error.model_dump(),
                  "cancel": lambda: {"code": "WorkerCancelled", "message": body.reason}}[field]()
         stale = Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
+        fld = "result" if field == "result" else "error"
         lease = await self.kube.get_lease(ns, name)
         if lease is None or not protocol.holds(lease, body.holder, body.fence, body.runUid):
+            if await self._recorded(ns, name, body, fld, value):
+                return {"status": "", "fence": body.fence}  # a retry of an accepted call: its answer was lost
             self._rejected(ns, name, body)
             raise stale
         # The claimant of a holder and fence never changes (see Claimant), so checking it here and
         # publishing with the fence `test` below is as strict as one compare-and-swap of both.
         self._check_claimant(lease, caller, body.workerId, f"attempt {body.holder} (fence {body.fence})")
-        patch = protocol.fenced_patch(body.holder, body.fence, "result" if field == "result" else "error", value,
-                                      body.runUid)
+        patch = protocol.fenced_patch(body.holder, body.fence, fld, value, body.runUid)
         try:
             written = await self.kube.patch_run_status(ns, name, patch)
         except Invalid as exc:
+            if await self._recorded(ns, name, body, fld, value):
+                return {"status": "", "fence": body.fence}
             self._rejected(ns, name, body)
             raise stale from exc
         except NotFound as exc:
             raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
         return {"status": (written.get("status") or {}).get("phase", ""), "fence": body.fence}
+
+    async def _recorded(self, ns: str, name: str, body: m.Fenced, field: str, value: Any) -> bool:
+        """Whether the run already holds exactly this attempt's publication (see protocol)."""
+        try:
+            run = await self.kube.get_run(ns, name)
+        except NotFound:
+            return False
+        if body.runUid is not None and run["metadata"].get("uid") != body.runUid:
+            return False
+        return protocol.publication_recorded(run, body.holder, body.fence, field, value)
 
     @staticmethod
     def _rejected(ns: str, name: str, body: m.Fenced) -> None:

@@ -334,10 +334,14 @@ class WorkerRun:
             pass
         deadline = self._confirmed_at + self.lease_duration
         delay = 0.5
+        unanswered = False  # a request whose answer was lost may have landed
         while True:
             try:
                 accepted = self._transport.publish(field, value)
+                if not accepted and unanswered:
+                    accepted = self._transport.recorded(field, value)
             except httpx.HTTPError as exc:
+                unanswered = True
                 if self._mono() + delay > deadline:
                     raise OwnershipUnknown(f"could not publish the {field}: {exc}") from exc
                 time.sleep(delay)

@@ -36,6 +36,8 @@ class Transport(Protocol):
 
     def publish(self, field: str, value: dict[str, Any]) -> bool: ...
 
+    def recorded(self, field: str, value: dict[str, Any]) -> bool: ...
+
     def close(self) -> None: ...
 
 
@@ -95,6 +97,16 @@ class KubeTransport:
         # said by the API server itself.
         return _published(resp, refused=resp.status_code in (404, 409, 422) or fenced_by_policy(resp))
 
+    def recorded(self, field: str, value: dict[str, Any]) -> bool:
+        resp = self._http.get(run_path(self.namespace, self.name))
+        if resp.status_code == 404:
+            return False
+        resp.raise_for_status()
+        run = resp.json()
+        if self.run_uid is not None and (run.get("metadata") or {}).get("uid") != self.run_uid:
+            return False
+        return protocol.publication_recorded(run, self.holder, self.fence, field, value)
+
 
 class GatewayTransport:
     """The external worker's path: the same operations as JSON calls to the Tether gateway."""
@@ -138,6 +150,9 @@ class GatewayTransport:
         resp = self._http.post(f"{self._prefix}/{op}", json={**self._fenced, **body})
         refused = resp.status_code in (404, 409, 410) or error_body(resp).get("code") == "NotClaimant"
         return _published(resp, refused)
+
+    def recorded(self, field: str, value: dict[str, Any]) -> bool:
+        return False  # the gateway answers a repeated publication of an accepted value with 200
 
 
 def fenced_by_policy(resp: httpx.Response) -> bool:
