@@ -22,7 +22,7 @@ from tests.support import runs
 from tests.support.apiproxy import ApiProxy
 from tests.support.kube import Kube, eventually
 from tests.support.operator_process import OperatorProcess
-from tests.support.scenario import lease
+from tests.support.scenario import lease, fenced_result, held_by
 
 pytestmark = pytest.mark.local_cluster
 
@@ -38,23 +38,6 @@ def external_run(name: str, duration: int = 8, renew: int = 1, **spec: Any) -> d
                      "lease": {"durationSeconds": duration, "renewIntervalSeconds": renew,
                                "startupGraceSeconds": duration},
                      "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 0}}, **spec}}
-
-
-def held_by(kube: Kube, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
-    """Waits until the run is granted and its Lease names the holder; returns the run."""
-    run = eventually(lambda: (r := runs.get(kube, ns, name)).get("status", {}).get("holder") and r,
-                     timeout=timeout, what=f"{name} granted")
-    eventually(lambda: lease(kube, ns, name)["spec"].get("holderIdentity") == run["status"]["holder"],
-               timeout=30, what=f"{name}'s lease written")
-    return run
-
-
-def fenced_result(kube: Kube, ns: str, name: str, fence: int, holder: str, result: dict[str, Any]) -> int:
-    """The worker SDK's complete(): one JSON patch whose tests pin fence and holder."""
-    patch = [{"op": "test", "path": "/status/fence", "value": fence},
-             {"op": "test", "path": "/status/holder", "value": holder},
-             {"op": "add", "path": "/status/result", "value": result}]
-    return kube.patch(Kube.wr_path(ns, name) + "/status", patch, kind="json").status_code
 
 
 def report_usage(kube: Kube, ns: str, name: str, cents: int) -> None:

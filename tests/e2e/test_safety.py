@@ -19,7 +19,7 @@ from tests.support import runs
 from tests.support.apiproxy import ApiProxy
 from tests.support.kube import Kube, eventually
 from tests.support.operator_process import OperatorProcess
-from tests.support.scenario import app_run, lease, lines, wait_line
+from tests.support.scenario import app_run, lease, lines, wait_line, fenced_result, held_by
 
 pytestmark = pytest.mark.local_cluster
 
@@ -32,23 +32,6 @@ def external_run(name: str, duration: int = 8, renew: int = 1, **spec: Any) -> d
                      "lease": {"durationSeconds": duration, "renewIntervalSeconds": renew,
                                "startupGraceSeconds": duration},
                      "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 0}}, **spec}}
-
-
-def held_by(kube: Kube, ns: str, name: str) -> dict[str, Any]:
-    """Waits until the run is granted and its Lease names the holder; returns the run."""
-    run = eventually(lambda: (r := runs.get(kube, ns, name)).get("status", {}).get("holder") and r, timeout=60,
-                     what=f"{name} granted")
-    eventually(lambda: lease(kube, ns, name)["spec"].get("holderIdentity") == run["status"]["holder"],
-               timeout=30, what=f"{name}'s lease written")
-    return run
-
-
-def fenced_result(kube: Kube, ns: str, name: str, fence: int, holder: str, result: dict[str, Any]) -> int:
-    """The worker SDK's complete(): one JSON patch whose tests pin fence and holder."""
-    patch = [{"op": "test", "path": "/status/fence", "value": fence},
-             {"op": "test", "path": "/status/holder", "value": holder},
-             {"op": "add", "path": "/status/result", "value": result}]
-    return kube.patch(Kube.wr_path(ns, name) + "/status", patch, kind="json").status_code
 
 
 def proxied_operator(proxy: ApiProxy, namespace: str, tmp_path: Path) -> OperatorProcess:

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tether import protocol
+from tests.support import runs
 from tests.support.kube import Kube, eventually
 
 MEASUREMENTS = Path(__file__).resolve().parents[2] / ".tether" / "measurements.jsonl"
@@ -73,3 +75,18 @@ def record_measurement(name: str, **values: Any) -> None:
     MEASUREMENTS.parent.mkdir(exist_ok=True)
     with MEASUREMENTS.open("a") as f:
         f.write(json.dumps({"name": name, "pid": os.getpid(), **values}) + "\n")
+
+
+def held_by(kube: Kube, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    """Waits until the run is granted and its Lease names the holder; returns the run."""
+    run = eventually(lambda: (r := runs.get(kube, ns, name)).get("status", {}).get("holder") and r,
+                     timeout=timeout, what=f"{name} granted")
+    eventually(lambda: lease(kube, ns, name)["spec"].get("holderIdentity") == run["status"]["holder"],
+               timeout=30, what=f"{name}'s lease written")
+    return run
+
+
+def fenced_result(kube: Kube, ns: str, name: str, fence: int, holder: str, result: dict[str, Any]) -> int:
+    """The worker SDK's complete(): one JSON patch whose tests pin fence and holder."""
+    patch = protocol.fenced_patch(holder, fence, "result", result)
+    return kube.patch(Kube.wr_path(ns, name) + "/status", patch, kind="json").status_code
