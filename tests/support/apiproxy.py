@@ -752,11 +752,20 @@ class ApiProxy:
             await out.prepare(request)
             stream.started = True
             self._update(rec, status=upstream.status)
+            if length is not None:
+                # With a Content-Length the client has the whole answer after the last chunk, before
+                # write_eof: read it all, so the record is complete before any of it goes out.
+                body = await upstream.read()
+                await self._flow(rec.watch)
+                self._update(rec, finished=time.monotonic())
+                await out.write(body)
+                await out.write_eof()
+                return out
             # iter_any: every chunk as soon as it arrives, so watch events are not held back by buffering.
             async for chunk in upstream.content.iter_any():
                 await self._flow(rec.watch)
                 await out.write(chunk)
-            # Before the last byte: a client holding the whole answer finds its record complete.
+            # Before the terminating chunk: a client holding the whole answer finds its record complete.
             self._update(rec, finished=time.monotonic())
             await out.write_eof()
             return out
