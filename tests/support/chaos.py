@@ -319,9 +319,13 @@ class _Operators:
             self.replicas[index].kill()
 
     def restart(self, index: int) -> None:
+        """Starts the replica again unless it runs: with overlapping kills, the later kill's restart may
+        come first, and a second process of one replica would be two operators without an election."""
         with self.lock:
             self.down.discard(index)
-            self.replicas[index].start()
+            op = self.replicas[index]
+            if op.proc is None or op.proc.poll() is not None:
+                op.start()
 
     def supervise(self) -> None:
         """Restarts replicas that exited by themselves (an HA leader that lost its lease exits on purpose)."""

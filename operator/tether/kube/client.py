@@ -244,6 +244,8 @@ class KubeClient:
                                     headers=JSON_PATCH)
         except NotFound:
             return None
+        except Invalid as exc:  # the `test` failed: the finalizers changed between the read and the patch
+            raise Conflict(409, exc.body, f"release pod {ns}/{name}: finalizers moved") from None
 
     async def list_objects(self, path: str, label_selector: str = "") -> list[dict[str, Any]]:
         params = {"labelSelector": label_selector} if label_selector else {}
