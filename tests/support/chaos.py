@@ -24,6 +24,7 @@ condition; every condition (a holder, a revocation, a settled run) is polled wit
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import random
@@ -814,10 +815,13 @@ class Trial:
             runs = self.kube.ok(self.kube.get(Kube.wr_path(self.ns)))["items"]
             budgets = self.kube.ok(self.kube.get(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerbudgets"))
             leases = self.kube.ok(self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases"))["items"]
+            pods = self.kube.ok(self.kube.get(f"/api/v1/namespaces/{self.ns}/pods"))["items"]
+            judged_at = dt.datetime.now(dt.timezone.utc)
             records, raw = read_audit(self.cluster.audit_log, offset, self.ns)
             facts = TrialFacts(namespace=self.ns, faulted=set(self.faulted), runs=runs, budgets=budgets["items"],
                                leases_before=before, leases_after=after,
-                               leases_final={x["metadata"]["name"]: x for x in leases})
+                               leases_final={x["metadata"]["name"]: x for x in leases},
+                               pods_final=pods, judged_at=judged_at)
             verdict = judge(records, facts, strict_window=self.strict_window)
             self._misinformed(records, verdict)
         except Exception as exc:  # noqa: BLE001 - a broken trial is reported and counted, never passed

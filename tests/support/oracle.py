@@ -94,6 +94,8 @@ class TrialFacts:
     leases_after: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     # Every run's Lease at the end, by run name (None: no Lease).
     leases_final: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    pods_final: list[dict[str, Any]] = field(default_factory=list)  # the pods that exist at the end
+    judged_at: dt.datetime | None = None  # when the final objects were read
 
 
 @dataclass
@@ -207,6 +209,7 @@ class _History:
         self.pod_creates: list[AuditRecord] = []
         self.pod_owners: dict[str, str] = {}  # pod uid -> uid of the run that controls the pod
         self.pods_created: set[tuple[str, str]] = set()  # (run uid, pod name)
+        self.pod_deletes: dict[str, dt.datetime] = {}  # pod name -> its last accepted delete request
         self.run_creates: dict[str, list[AuditRecord]] = defaultdict(list)  # by run name
         for rec in records:
             ref = rec.object_ref
@@ -219,6 +222,10 @@ class _History:
                     if owner is not None and (pod.get("metadata") or {}).get("uid"):
                         self.pod_owners[str(pod["metadata"]["uid"])] = owner
                         self.pods_created.add((owner, ref.name))
+                continue
+            if ref.resource == "pods" and ref.subresource == "" and rec.verb == "delete":
+                if rec.accepted and not rec.dry_run:
+                    self.pod_deletes[ref.name] = rec.received
                 continue
             if ref.resource == "workerruns" and ref.subresource == "" and rec.verb == "create":
                 if rec.accepted and not rec.dry_run:
@@ -292,7 +299,7 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
     _results(history, final, verdict)
     _pods(history, verdict)
     _budgets(history, final, tenures, facts, verdict)
-    _nothing_stuck(facts, verdict)
+    _nothing_stuck(facts, history, verdict)
     _unfaulted_lost(history, facts, verdict)
     verdict.stats["worker writes accepted"] += len(history.worker_writes)
     for what, n in history.refused_worker_writes.items():
@@ -523,7 +530,7 @@ def _budget_walk(name: str, writes: list[_Write], verdict: Verdict) -> None:
                                      f"({prev.describe()} -> {cur.describe()})"))
 
 
-def _nothing_stuck(facts: TrialFacts, verdict: Verdict) -> None:
+def _nothing_stuck(facts: TrialFacts, history: _History, verdict: Verdict) -> None:
     """Invariant 5."""
     for run in facts.runs:
         meta, status, spec = run["metadata"], run.get("status") or {}, run.get("spec") or {}
@@ -547,6 +554,9 @@ def _nothing_stuck(facts: TrialFacts, verdict: Verdict) -> None:
             continue
         if holder is None and phase == "Pending" and _cap_used_up(spec, status):
             continue  # held back by admission until a person raises the cap (README, Budgets)
+        if holder is None and phase == "Pending" and _namesake_in_the_way(run, facts, history):
+            verdict.stats["runs still waiting for a deleted namesake's pod"] += 1
+            continue  # the documented wait (README, "A re-created run")
         before, after = facts.leases_before.get(meta["name"]), facts.leases_after.get(meta["name"])
         fence = status.get("fence")
 
@@ -562,6 +572,29 @@ def _nothing_stuck(facts: TrialFacts, verdict: Verdict) -> None:
         elif _rv(before or {}) == _rv(after or {}):
             verdict.violations.append(Violation(5, subject, f"phase {phase}, holder {holder}: its Lease was not "
                                                             f"renewed while watched ({_lease_brief(after)})"))
+
+
+# The longest a re-created run may wait for its namesake's pod: the pod's grace period (30 s by
+# default) plus the 85 s the operator allows a bound token past the pod's deletionTimestamp.
+NAMESAKE_WAIT = dt.timedelta(seconds=30 + 85 + 5)
+
+
+def _namesake_in_the_way(run: Mapping[str, Any], facts: TrialFacts, history: _History) -> bool:
+    """The run says it waits for a deleted namesake's pod (LeaseHeld=False, NamesakePodTerminating),
+    and the audit log and the final objects agree: a pod of its next holder's name, created for
+    another run, still exists or was deleted less than NAMESAKE_WAIT ago."""
+    meta, status = run["metadata"], run.get("status") or {}
+    held = next((x for x in status.get("conditions") or [] if x.get("type") == "LeaseHeld"), {})
+    if held.get("reason") != "NamesakePodTerminating":
+        return False
+    name = f"{meta['name']}-a{int(status.get('attempt') or 0) + 1}"
+    uid = str(meta.get("uid"))
+    if not any(pod == name and owner != uid for owner, pod in history.pods_created):
+        return False
+    if any(p["metadata"]["name"] == name and _owner_uid(p) != uid for p in facts.pods_final):
+        return True
+    deleted = history.pod_deletes.get(name)
+    return deleted is not None and facts.judged_at is not None and facts.judged_at - deleted < NAMESAKE_WAIT
 
 
 def _cap_used_up(spec: Mapping[str, Any], status: Mapping[str, Any]) -> bool:

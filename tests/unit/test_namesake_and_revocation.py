@@ -116,7 +116,8 @@ def test_a_namesakes_pod_the_watch_has_not_delivered_holds_the_grant() -> None:
         return kube, ctl
 
     kube, ctl = asyncio.run(go())
-    assert kube.calls == ["get_pod job-a1", "delete_pod job-a1"], kube.calls  # no status write, no Lease
+    # No Lease, no pod: only the status that says why the run waits (pod not deleted, then terminating).
+    assert kube.calls == ["get_pod job-a1", "delete_pod job-a1", "status", "status"], kube.calls
     assert "job-a1" in ctl.pods[("ns", "job")]
 
 
@@ -132,13 +133,15 @@ def test_a_deleted_namesakes_pod_holds_the_grant_for_the_token_cache_after_it_is
         ctl.on_pod("DELETED", _old_pod(deleting=T0))
         ctl.on_run("ADDED", _new_run())
         requeue, acted = await ctl._reconcile(("ns", "job"))
-        assert not acted and requeue == pytest.approx(20.0)
+        assert acted and requeue == pytest.approx(20.0)  # acted: it said why it waits
+        status = ctl.runs[("ns", "job")]["status"]
+        assert status["phase"] == "Pending" and "job-a1" in status["conditions"][-1]["message"]
         now[0] = T0 + dt.timedelta(seconds=21)
         await ctl._reconcile(("ns", "job"))
         return kube.calls
 
     calls = asyncio.run(go())
-    assert calls[:3] == ["get_pod job-a1", "status", "create_lease job-a1"], calls
+    assert calls[:4] == ["status", "get_pod job-a1", "status", "create_lease job-a1"], calls
 
 
 def test_the_grant_waits_past_the_token_leeway_and_the_auth_cache() -> None:

@@ -498,6 +498,36 @@ def test_5_pending_is_not_stuck_only_when_the_runs_own_cap_is_used_up() -> None:
     assert invariants(judge(log.records, facts(run))) == [5]
 
 
+def test_5_pending_behind_a_namesakes_pod_is_not_stuck_only_while_that_pod_can_still_act() -> None:
+    """Seed 59: the run was re-created while the old run's pod was terminating; the operator waits
+    (grace period plus 85 s) before it grants the pod's name again, and says so on the run. The
+    oracle excuses that wait only when the audit log and the final objects show such a pod."""
+    log = Log()
+    old = Run(log)
+    old.grant()
+    run = Run(log)  # same name, new uid
+    waiting = {"type": "LeaseHeld", "status": "False", "reason": "NamesakePodTerminating",
+               "message": "pod r-a1 of a deleted WorkerRun of this name is terminating"}
+    run.write(phase="Pending", conditions=[waiting])
+    log._event("delete", "pods", "r-a1", OPERATOR, 200)
+    deleted = log.clock
+
+    def judged(after: float, pods: list[dict[str, Any]] | None = None) -> Verdict:
+        return judge(log.records, facts(run, pods_final=pods or [],
+                                        judged_at=deleted + dt.timedelta(seconds=after)))
+
+    assert judged(60).ok and judged(60).stats["runs still waiting for a deleted namesake's pod"] == 1
+    assert invariants(judged(200)) == [5]  # long past any token the pod could hold
+    lingering = {"metadata": {"name": "r-a1", "ownerReferences": [{"kind": "WorkerRun", "uid": old.uid,
+                                                                  "controller": True}]}}
+    assert judged(200, [lingering]).ok  # still there (a dead node): still in the way
+    # The same condition with no namesake's pod in the audit log is a run nobody starts.
+    alone = Log()
+    lone = Run(alone)
+    lone.write(phase="Pending", conditions=[waiting])
+    assert invariants(judge(alone.records, facts(lone, judged_at=alone.clock))) == [5]
+
+
 # --- 6. no false loss -----------------------------------------------------------------------
 
 

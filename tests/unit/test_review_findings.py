@@ -106,10 +106,25 @@ def test_no_attempt_is_granted_while_a_deleted_namesakes_pod_of_that_name_may_st
         return any(isinstance(a, EnsureLease) and a.holder == "job-a1" for a in d.actions) and \
             any(isinstance(a, EnsurePod) and a.name == "job-a1" for a in d.actions)
 
+    def waits_visibly(d: Any, *words: str) -> WorkerRun:
+        """No grant; the run says why it waits, on a condition a user (and kstatus) reads."""
+        assert not granted(d) and [type(a) for a in d.actions] == [WriteStatus]
+        status = d.actions[0].status
+        held = next(cond for cond in status.conditions if cond.type == "LeaseHeld")
+        assert status.phase == Phase.PENDING and held.status == "False" and held.reason == "NamesakePodTerminating"
+        assert all(w in held.message for w in words), held.message
+        return run.model_copy(update={"status": status})
+
     live = decide_with(ForeignPod("job-a1", None))
-    assert not live.actions and live.requeue_after == 1.0
+    assert live.requeue_after == 1.0
+    waiting = waits_visibly(live, "job-a1", "not deleted yet")
+    # Said once: the next pass over the same wait writes nothing.
+    again = decide(Observed(run=waiting, lease=None, pods=(), now=T0, mono=101.0,
+                            foreign_pods=(ForeignPod("job-a1", None),)))
+    assert not again.actions and again.requeue_after == 1.0
     dying = decide_with(ForeignPod("job-a1", T0 + dt.timedelta(seconds=42)))
-    assert not dying.actions and dying.requeue_after == 42.0
+    assert dying.requeue_after == 42.0
+    waits_visibly(dying, "job-a1", "terminating", (T0 + dt.timedelta(seconds=42)).isoformat(timespec="seconds"))
     assert granted(decide_with(ForeignPod("job-a1", T0 - dt.timedelta(seconds=1))))  # its token is dead
     assert granted(decide_with(ForeignPod("job-a2", None)))  # another name: not in the way
 

@@ -66,6 +66,8 @@ EV_SUSPENDED = "Suspended"
 EV_BUDGET_EXCEEDED = "BudgetExceeded"
 EV_STOP_REQUESTED = "StopRequested"
 EV_STALLED = "Stalled"
+# Why nobody holds a re-created run yet: a pod of its deleted namesake has the next holder's name.
+REASON_NAMESAKE_POD = "NamesakePodTerminating"
 
 # Condition and Event reason when the Lease's fence was moved by someone other than Tether.
 REASON_LEASE_TAMPERED = "LeaseTampered"

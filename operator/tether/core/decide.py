@@ -60,6 +60,7 @@ from tether.core.lifecycle import (
     holder_name,
     revoke,
     room_for_attempt,
+    wait_for_namesake,
 )
 from tether.core.liveness import judge
 from tether.core.observe import (
@@ -166,7 +167,7 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
     if blocker is not None and (blocker.token_dead_at is None or o.now < blocker.token_dead_at):
         # A deleted namesake's pod of that name: its worker, with a token the API server still
         # accepts, would take the new holder for its own. Bounded: grace period plus a minute.
-        d.wake(1.0 if blocker.token_dead_at is None else (blocker.token_dead_at - o.now).total_seconds())
+        wait_for_namesake(o, b, d, blocker)
         return
     if not room_for_attempt(s.fence):
         b.exhaust_fences(f"fence {s.fence} leaves no room for another attempt's grant and revocation")

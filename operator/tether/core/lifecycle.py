@@ -16,7 +16,7 @@ from tether.core.accounting import reported_cursor, settle_usage, sum_usage
 from tether.core.actions import Change, ClearLease, Decision, Event, Revoke, WriteStatus
 from tether.core.clock import after
 from tether.core.enforcement import Stop, admission_refusal, over_limit, run_ends_at, stop_due
-from tether.core.observe import Observed, PodObservation, current_lease
+from tether.core.observe import ForeignPod, Observed, PodObservation, current_lease
 
 # status.fence and Lease.spec.leaseTransitions are int32 in the API: the largest fence there is.
 MAX_FENCE = 2**31 - 1
@@ -291,6 +291,30 @@ def admit(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     if o.budget is not None and o.budget.next_reset_seconds is not None:
         d.wake(o.budget.next_reset_seconds)
     return False
+
+
+def wait_for_namesake(o: Observed, b: StatusBuilder, d: Decision, blocker: ForeignPod) -> None:
+    """The next holder's name is taken by a pod of a deleted run of the same name: wait it out, and
+    say so on the run (Pending, LeaseHeld=False reason NamesakePodTerminating) and in an Event."""
+    if blocker.token_dead_at is None:
+        message = f"pod {blocker.name} of a deleted WorkerRun of this name is not deleted yet"
+        d.wake(1.0)
+    else:
+        message = (f"pod {blocker.name} of a deleted WorkerRun of this name is terminating; its worker's token "
+                   f"is accepted until {blocker.token_dead_at.isoformat(timespec='seconds')}")
+        d.wake((blocker.token_dead_at - o.now).total_seconds())
+    s = o.run.status
+    if s.phase not in (None, Phase.PENDING):
+        return  # a run in Backoff keeps its phase and timing; the wait only shifts its next attempt
+    held = get_condition(s.conditions, c.COND_LEASE_HELD)
+    if s.phase == Phase.PENDING and held is not None and held.reason == c.REASON_NAMESAKE_POD and \
+            held.message == message:
+        return
+    b.set_phase(Phase.PENDING, message, lease_reason=c.REASON_NAMESAKE_POD)
+    b.status.conditions = set_condition(b.status.conditions, c.COND_LEASE_HELD, "False", c.REASON_NAMESAKE_POD,
+                                        message, o.run.metadata.generation, o.now)
+    b.events.append(Event("Normal", c.REASON_NAMESAKE_POD, message))
+    d.actions.append(b.write())
 
 
 def foreign_fence(o: Observed) -> int | None:
