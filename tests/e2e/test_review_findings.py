@@ -112,6 +112,15 @@ def test_a_namesakes_pod_stuck_terminating_does_not_block_the_new_run(kube: Kube
         if dt.datetime.now(dt.timezone.utc) < token_dead_at - dt.timedelta(seconds=5):
             assert not runs.get(kube, namespace, "x").get("status", {}).get("holder"), \
                 "B granted holder x-a1 while A's pod x-a1 could still act"
+            # The wait is visible: on B's conditions, and in an Event naming the pod.
+            waiting = eventually(lambda: next((cond for cond in runs.get(kube, namespace, "x").get("status", {})
+                                              .get("conditions") or [] if cond["type"] == "LeaseHeld"
+                                              and cond["reason"] == "NamesakePodTerminating"), None),
+                                 timeout=20, what="B says why it waits")
+            assert "x-a1" in waiting["message"] and "terminating" in waiting["message"]
+            assert runs.get(kube, namespace, "x")["status"]["phase"] == "Pending"
+            events = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
+            assert any(e["reason"] == "NamesakePodTerminating" and "x-a1" in e["message"] for e in events)
         wait = (token_dead_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
         b = eventually(lambda: (r := runs.get(kube, namespace, "x")).get("status", {}).get("holder") and r,
                        timeout=max(wait, 0) + 40, what="B granted while A's pod is still terminating")
