@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import threading
 from typing import Any
@@ -195,6 +197,48 @@ def test_the_pod_transport_never_takes_a_re_created_namesakes_lease_for_its_own(
         run_uid="old-uid")  # type: ignore[arg-type]
     assert not t2.publish("result", {"ok": True})
     assert b'"/metadata/uid"' in patches[0] and b'"old-uid"' in patches[0]
+
+
+def test_the_blocking_and_the_asyncio_pod_transports_run_the_same_protocol() -> None:
+    """The benchmark fleet plays workers with AsyncKubeTransport: its requests and verdicts must be
+    the SDK's, request for request (a renewal that conflicts, re-reads, retries; a fenced publish)."""
+    from tether.worker.transport import AsyncKubeTransport, KubeTransport
+
+    def script() -> tuple[list[tuple[str, str, bytes]], Any]:
+        seen: list[tuple[str, str, bytes]] = []
+        rv = [5]
+
+        def api(request: httpx.Request) -> httpx.Response:
+            seen.append((request.method, request.url.path, request.read()))
+            lease = {"metadata": {"name": "job", "resourceVersion": str(rv[0]),
+                                  "ownerReferences": [{"kind": "WorkerRun", "uid": "u", "controller": True}]},
+                     "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1}}
+            if request.method == "PUT" and len(seen) == 2:
+                rv[0] += 1  # the operator wrote the signals in between
+                return httpx.Response(409, json={"kind": "Status", "code": 409})
+            if request.method == "PATCH":
+                return httpx.Response(422, json={"code": 422})
+            return httpx.Response(200, json=lease)
+        return seen, api
+
+    seen_sync, api = script()
+    t = KubeTransport("ns", "job", "job-a1", 1, _MockKube(api), timeout=1.0, run_uid="u")  # type: ignore[arg-type]
+    sync = (t.renew("c1", Usage(cents=3)), t.publish("result", {"n": 1}))
+
+    seen_async, api = script()
+
+    async def go() -> tuple[Any, Any]:
+        async with httpx.AsyncClient(base_url="http://api", transport=httpx.MockTransport(api)) as http:
+            a = AsyncKubeTransport("ns", "job", "job-a1", 1, http, run_uid="u")
+            return await a.renew("c1", Usage(cents=3)), await a.publish("result", {"n": 1})
+
+    asynced = asyncio.run(go())
+    assert sync[0].ok and sync == asynced
+    assert sync[1] is False  # the fence test failed: refused for good
+    strip = [(m, p, json.loads(b)["spec"].get("holderIdentity") if m == "PUT" else b) for m, p, b in seen_sync]
+    assert [m for m, _, _ in seen_sync] == ["GET", "PUT", "GET", "PUT", "PATCH"]
+    assert strip == [(m, p, json.loads(b)["spec"].get("holderIdentity") if m == "PUT" else b)
+                     for m, p, b in seen_async]
 
 
 class LostAnswerTransport:

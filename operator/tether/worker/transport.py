@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
 
 import httpx
 
@@ -21,6 +21,8 @@ from tether import protocol
 from tether.api.models import Signals, Usage
 from tether.kube import config as kubeconfig
 from tether.kube.client import lease_path, run_path
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -41,45 +43,57 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class KubeTransport:
-    """The pod worker's path: a resourceVersion-conditional Lease update, a fenced JSON patch."""
+@dataclass(frozen=True)
+class Call:
+    """One request of a transport operation, made by whichever client drives it."""
 
-    def __init__(self, namespace: str, name: str, holder: str, fence: int, cfg: kubeconfig.KubeConfig,
-                 timeout: float, run_uid: str | None = None) -> None:
+    method: str
+    path: str
+    json: Any = None
+    headers: dict[str, str] | None = None
+
+
+# An operation without I/O: it yields the requests it needs, is sent each answer, returns its outcome.
+Steps = Generator[Call, httpx.Response, T]
+
+
+class KubeSteps:
+    """The pod worker's path — a resourceVersion-conditional Lease update, a fenced JSON patch —
+    as steps without I/O, so a blocking worker (KubeTransport) and an asyncio fleet of simulated
+    workers (AsyncKubeTransport, benchmarks) run the same protocol code."""
+
+    def __init__(self, namespace: str, name: str, holder: str, fence: int, run_uid: str | None = None) -> None:
         self.namespace, self.name, self.holder, self.fence = namespace, name, holder, fence
         self.run_uid = run_uid  # the Lease and run must be this run's, not a re-created namesake's
-        self._http = cfg.sync_client(timeout=timeout)
         self._lease: dict[str, Any] | None = None
 
-    def close(self) -> None:
-        self._http.close()
-
-    def _get_lease(self) -> dict[str, Any] | None:
-        resp = self._http.get(lease_path(self.namespace, self.name))
+    def _get_lease(self) -> Steps[dict[str, Any] | None]:
+        resp = yield Call("GET", lease_path(self.namespace, self.name))
         if resp.status_code == 404:
             return None
         resp.raise_for_status()
-        return resp.json()
+        lease: dict[str, Any] = resp.json()
+        return lease
 
     def _is_mine(self, lease: dict[str, Any] | None) -> bool:
         return protocol.holds(lease, self.holder, self.fence, self.run_uid)
 
-    def renew(self, checkpoint: str | None, usage: Usage | None, retry_conflict: bool = True) -> Renewal:
-        lease = self._lease if self._lease is not None else self._get_lease()
+    def renew_steps(self, checkpoint: str | None, usage: Usage | None, retry_conflict: bool = True) -> Steps[Renewal]:
+        lease = self._lease if self._lease is not None else (yield from self._get_lease())
         if lease is None or not self._is_mine(lease):
             return Renewal(ok=False, lost=True,
                            why="the lease names another holder or fence" if lease else "the lease is gone")
         body = protocol.renewal(lease, dt.datetime.now(dt.timezone.utc), checkpoint=checkpoint, usage=usage)
-        resp = self._http.put(lease_path(self.namespace, self.name), json=body)
+        resp = yield Call("PUT", lease_path(self.namespace, self.name), json=body)
         if resp.status_code == 200:
             self._lease = resp.json()
             return Renewal(ok=True, signals=protocol.lease_signals(self._lease))
         if resp.status_code == 409:
             # Re-read: still our holder and fence means someone touched the lease harmlessly
             # (the operator updating the signals); retry once.
-            self._lease = self._get_lease()
+            self._lease = yield from self._get_lease()
             if self._is_mine(self._lease) and retry_conflict:
-                return self.renew(checkpoint, usage, retry_conflict=False)
+                return (yield from self.renew_steps(checkpoint, usage, retry_conflict=False))
             if not self._is_mine(self._lease):
                 return Renewal(ok=False, lost=True, why="renewal conflicted and the lease is no longer ours")
             return Renewal(ok=False, why="renewal conflicted twice")
@@ -89,16 +103,16 @@ class KubeTransport:
             return Renewal(ok=False, lost=True, why=f"the API server's fencing policy refused: {resp.text[:200]}")
         return Renewal(ok=False, why=f"renewal refused: {resp.status_code} {resp.text[:200]}")
 
-    def publish(self, field: str, value: dict[str, Any]) -> bool:
+    def publish_steps(self, field: str, value: dict[str, Any]) -> Steps[bool]:
         patch = protocol.fenced_patch(self.holder, self.fence, field, value, self.run_uid)
-        resp = self._http.patch(run_path(self.namespace, self.name) + "/status", json=patch,
-                                headers=protocol.JSON_PATCH)
+        resp = yield Call("PATCH", run_path(self.namespace, self.name) + "/status", json=patch,
+                          headers=protocol.JSON_PATCH)
         # 422: a `test` failed, the fence or holder moved on; 403 from the fencing policy: the same,
         # said by the API server itself.
         return _published(resp, refused=resp.status_code in (404, 409, 422) or fenced_by_policy(resp))
 
-    def recorded(self, field: str, value: dict[str, Any]) -> bool:
-        resp = self._http.get(run_path(self.namespace, self.name))
+    def recorded_steps(self, field: str, value: dict[str, Any]) -> Steps[bool]:
+        resp = yield Call("GET", run_path(self.namespace, self.name))
         if resp.status_code == 404:
             return False
         resp.raise_for_status()
@@ -106,6 +120,71 @@ class KubeTransport:
         if self.run_uid is not None and (run.get("metadata") or {}).get("uid") != self.run_uid:
             return False
         return protocol.publication_recorded(run, self.holder, self.fence, field, value)
+
+
+def drive(steps: Steps[T], send: Callable[[Call], httpx.Response]) -> T:
+    """Runs an operation's steps with a blocking client."""
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(send(call))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+async def drive_async(steps: Steps[T], send: Callable[[Call], Awaitable[httpx.Response]]) -> T:
+    """Runs an operation's steps with an asyncio client."""
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(await send(call))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+class KubeTransport(KubeSteps):
+    """The pod worker's transport, with its own blocking client."""
+
+    def __init__(self, namespace: str, name: str, holder: str, fence: int, cfg: kubeconfig.KubeConfig,
+                 timeout: float, run_uid: str | None = None) -> None:
+        super().__init__(namespace, name, holder, fence, run_uid)
+        self._http = cfg.sync_client(timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: Call) -> httpx.Response:
+        return self._http.request(call.method, call.path, json=call.json, headers=call.headers)
+
+    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+        return drive(self.renew_steps(checkpoint, usage), self._send)
+
+    def publish(self, field: str, value: dict[str, Any]) -> bool:
+        return drive(self.publish_steps(field, value), self._send)
+
+    def recorded(self, field: str, value: dict[str, Any]) -> bool:
+        return drive(self.recorded_steps(field, value), self._send)
+
+
+class AsyncKubeTransport(KubeSteps):
+    """The same transport on a shared asyncio client: one process can play thousands of workers."""
+
+    def __init__(self, namespace: str, name: str, holder: str, fence: int, http: httpx.AsyncClient,
+                 run_uid: str | None = None) -> None:
+        super().__init__(namespace, name, holder, fence, run_uid)
+        self._http = http
+
+    async def _send(self, call: Call) -> httpx.Response:
+        return await self._http.request(call.method, call.path, json=call.json, headers=call.headers)
+
+    async def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+        return await drive_async(self.renew_steps(checkpoint, usage), self._send)
+
+    async def publish(self, field: str, value: dict[str, Any]) -> bool:
+        return await drive_async(self.publish_steps(field, value), self._send)
+
+    async def recorded(self, field: str, value: dict[str, Any]) -> bool:
+        return await drive_async(self.recorded_steps(field, value), self._send)
 
 
 class GatewayTransport:
