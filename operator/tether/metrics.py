@@ -35,6 +35,12 @@ REGRANTS = Counter("tether_lease_regrants_total", "Grants that follow an ended a
 LAPSE_DETECTION = Histogram("tether_lease_lapse_detection_seconds",
                             "Time from the last observed renewal to the attempt being marked lost.",
                             registry=REGISTRY, buckets=(5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600))
+REST_REQUESTS = Counter("rest_client_requests_total", "Requests the operator sent the API server (watches "
+                        "aside), by method and status code (client-go's name).", ["method", "code"],
+                        registry=REGISTRY)
+WATCH_LAG = Histogram("tether_lease_watch_lag_seconds",
+                      "Time from a Lease renewal (its renewTime) to the operator receiving its watch event.",
+                      registry=REGISTRY, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
 USAGE_REJECTED = Counter("tether_usage_reports_rejected_total", "Malformed usage reports refused.",
                          registry=REGISTRY)
 BUDGET_CHARGED_CENTS = Counter("tether_budget_charged_cents_total", "Cents charged to WorkerBudgets.",

@@ -462,18 +462,20 @@ def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Ma
                     f"the attempt records {recorded[0]} / {recorded[1]}"))
     budgets = {b["metadata"]["name"]: b for b in facts.budgets}
     for name in sorted(set(budgets) | set(history.budget_writes)):
-        _budget_walk(name, history.budget_writes.get(name, []), verdict)
+        released = _budget_walk(name, history.budget_writes.get(name, []), history, verdict)
         body = budgets.get(name)
         if body is None:
             continue
         status = body.get("status") or {}
-        charges = status.get("charges") or {}
+        charges = {**{uid: {"cents": c, "tokens": t} for uid, (c, t) in released.items()},
+                   **(status.get("charges") or {})}
         spent = _usage(status.get("spent"))
         marks = (sum(int(c.get("cents") or 0) for c in charges.values()),
                  sum(int(c.get("tokens") or 0) for c in charges.values()))
         if spent != marks:
-            verdict.violations.append(Violation(4, f"budget {name}", f"spent {spent} but the runs' charges add up to "
-                                                                     f"{marks}: {_short(charges)}"))
+            verdict.violations.append(Violation(4, f"budget {name}", f"spent {spent} but the runs' charges (released "
+                                                                     f"ones included) add up to {marks}: "
+                                                                     f"{_short(charges)}"))
         charged_runs = {uid for uid in history.run_writes
                         if ((_last_state(history, final, uid).get("spec") or {}).get("budget") or {})
                         .get("budgetRef", {}).get("name") == name}
@@ -503,16 +505,28 @@ def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Ma
                 verdict.stats["cents charged to budgets"] += mark[0]
 
 
-def _budget_walk(name: str, writes: list[_Write], verdict: Verdict) -> None:
-    """Between two versions of a budget, marks never shrink or vanish and `spent` moves by the marks' growth
-    (a new period may reset `spent`; the marks stay, so nothing is charged again)."""
+def _budget_walk(name: str, writes: list[_Write], history: _History,
+                 verdict: Verdict) -> dict[str, tuple[int, int]]:
+    """Between two versions of a budget, marks never shrink, and vanish only once their run's own
+    status has recorded (budgetCharged) that it is charged in full; a released run is never
+    charged again. `spent` moves by the marks' growth (a new period may reset `spent`; the marks
+    stay, so nothing is charged again). Returns the released marks by run uid."""
+    released: dict[str, tuple[int, int]] = {}
     for prev, cur in zip(writes, writes[1:]):
         new_period = prev.status.get("periodStart") != cur.status.get("periodStart")
         p_marks = (prev.status.get("charges") or {})
         c_marks = (cur.status.get("charges") or {})
         growth = [0, 0]
+        for uid in set(c_marks) & set(released):
+            verdict.violations.append(Violation(
+                4, f"budget {name}", f"run {c_marks[uid].get('run')} (uid {uid[:8]}) charged again in "
+                                     f"{cur.describe()} after its mark {released[uid]} was released"))
+            released.pop(uid)
         for uid, p in p_marks.items():
             c = c_marks.get(uid)
+            if c is None and _charged_in_full_before(history, uid, cur.rv):
+                released[uid] = _usage(p)
+                continue
             if c is None or _usage(c)[0] < _usage(p)[0] or _usage(c)[1] < _usage(p)[1]:
                 verdict.violations.append(Violation(
                     4, f"budget {name}", f"run {p.get('run')} (uid {uid[:8]}) mark {_usage(p)} became "
@@ -528,6 +542,13 @@ def _budget_walk(name: str, writes: list[_Write], verdict: Verdict) -> None:
             verdict.violations.append(Violation(
                 4, f"budget {name}", f"spent moved by {moved} while the marks grew by {tuple(growth)} "
                                      f"({prev.describe()} -> {cur.describe()})"))
+    return released
+
+
+def _charged_in_full_before(history: _History, uid: str, rv: int) -> bool:
+    """The run's last accepted status write before `rv` records budgetCharged."""
+    before = [w for w in history.run_writes.get(uid, ()) if w.rv < rv]
+    return bool(before) and bool((before[-1].body.get("status") or {}).get("budgetCharged"))
 
 
 def _nothing_stuck(facts: TrialFacts, history: _History, verdict: Verdict) -> None:

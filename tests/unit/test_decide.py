@@ -395,13 +395,25 @@ def test_deleting_a_run_whose_result_landed_keeps_the_result() -> None:
     # settled: charge what the budget has not seen
     ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": []},
      None, (), BudgetObservation(name="b", charged=Usage(cents=3, tokens=0)), ["ChargeBudget"]),
-    # charged: delete the running pod and release every pod's finalizer
+    # charged in full: the run records it (budgetCharged) before its mark may leave the ledger
     ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": []},
-     None, (pod(), pod(2, phase="Failed")), BudgetObservation(name="b", charged=Usage(cents=5, tokens=0)),
+     None, (pod(),), BudgetObservation(name="b", charged=Usage(cents=5, tokens=0), marked=True),
+     ["WriteStatus"]),
+    # recorded: release its mark from the budget's ledger
+    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": [],
+      "budgetCharged": True},
+     None, (pod(),), BudgetObservation(name="b", charged=Usage(cents=5, tokens=0), marked=True),
+     ["ReleaseCharge"]),
+    # released (no mark, and budgetCharged says never again): delete the running pod, release every
+    # pod's finalizer
+    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": [],
+      "budgetCharged": True},
+     None, (pod(), pod(2, phase="Failed")), BudgetObservation(name="b"),
      ["DeletePod", "ReleasePod", "ReleasePod"]),
     # nothing left: let it go
-    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": []},
-     None, (pod(deleting=True, has_finalizer=False),), BudgetObservation(name="b", charged=Usage(cents=5, tokens=0)),
+    ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": [],
+      "budgetCharged": True},
+     None, (pod(deleting=True, has_finalizer=False),), BudgetObservation(name="b"),
      ["RemoveFinalizer"]),
 ])
 def test_deleting_a_run_settles_then_releases(status: dict[str, Any], lease_obs: LeaseObservation | None,

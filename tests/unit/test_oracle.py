@@ -427,6 +427,26 @@ def test_4_a_mark_that_shrinks_is_caught() -> None:
     assert 4 in invariants(judge(log.records, facts(one, two, budgets=[final])))
 
 
+def test_4_a_mark_released_after_the_run_recorded_its_full_charge_passes() -> None:
+    """The ledger keeps live runs only: once `one` records budgetCharged, its mark may go; what
+    it was charged still counts in `spent`."""
+    log = Log()
+    one, two, _ = _charged_runs(log)
+    one.write(budgetCharged=True)
+    final = log.budget("team", 8, {two.uid: ("two", 3)})
+    assert judge(log.records, facts(one, two, budgets=[final])).ok
+
+
+def test_4_a_released_run_charged_again_is_caught() -> None:
+    log = Log()
+    one, two, _ = _charged_runs(log)
+    one.write(budgetCharged=True)
+    log.budget("team", 8, {two.uid: ("two", 3)})
+    final = log.budget("team", 13, {one.uid: ("one", 5), two.uid: ("two", 3)})  # from a stale snapshot
+    verdict = judge(log.records, facts(one, two, budgets=[final]))
+    assert invariants(verdict) == [4] and "charged again" in str(verdict.violations[0])
+
+
 def test_4_a_finished_run_charged_less_than_its_usage_is_caught() -> None:
     log = Log()
     one = Run(log, "one", budget="team")

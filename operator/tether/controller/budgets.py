@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from tether import metrics
 from tether.api.models import Usage, WorkerBudget, WorkerRun
@@ -24,6 +24,9 @@ class BudgetBook:
         self.kube = kube
         self.now = now
         self.cache: dict[BudgetKey, dict[str, Any]] = {}
+        # The validated model of each cached body, by resourceVersion: a budget shared by
+        # thousands of runs is parsed once per change, not once per reconcile.
+        self._models: dict[BudgetKey, tuple[str, WorkerBudget]] = {}
         self._refreshing: set[BudgetKey] = set()
         self._background: set[asyncio.Task[None]] = set()
 
@@ -32,6 +35,7 @@ class BudgetBook:
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
             self.cache.pop(key, None)
+            self._models.pop(key, None)
         else:
             self.cache[key] = body
             self._refresh_soon(key)
@@ -83,7 +87,7 @@ class BudgetBook:
             if body is None:
                 return BudgetObservation(name=ref.name, missing=True)
             self.cache[key] = body
-        budget = WorkerBudget.model_validate(body)
+        budget = self._model(key, body)
         status = budgets.refresh(budget, now)
         if status.period_start != budget.status.period_start:
             self._refresh_soon(key)
@@ -92,18 +96,55 @@ class BudgetBook:
         return BudgetObservation(
             name=ref.name, exhausted=budgets.exhausted(budget.spec, status.spent),
             remaining=status.remaining or Usage(), charged=budgets.charged(budget, run.metadata.uid),
-            next_reset_seconds=next_reset)
+            marked=run.metadata.uid in budget.status.charges, next_reset_seconds=next_reset)
 
-    async def charge(self, run: WorkerRun, budget_name: str, total: Usage) -> Usage | None:
-        """CAS on the budget's status; the per-run mark makes a repeated charge add nothing.
-        Returns what was newly charged, or None when the budget could not be charged now."""
+    def _model(self, key: BudgetKey, body: dict[str, Any]) -> WorkerBudget:
+        rv = body["metadata"].get("resourceVersion", "")
+        known = self._models.get(key)
+        if known is not None and known[0] == rv:
+            return known[1]
+        model = WorkerBudget.model_validate(body)
+        self._models[key] = (rv, model)
+        return model
+
+    async def release(self, run: WorkerRun, budget_name: str) -> bool:
+        """Drops the run's mark (CAS). False: the budget kept changing; try again later."""
         ns = run.metadata.namespace
+        for _ in range(10):
+            body = await self.kube.get_budget(ns, budget_name)
+            if body is None:
+                return True  # nothing left to release
+            budget = WorkerBudget.model_validate(body)
+            if run.metadata.uid not in budget.status.charges:
+                return True
+            status = budgets.release(budget, run.metadata.uid, self.now())
+            try:
+                written = await self.kube.replace_budget_status({**body, "status": status.dump()})
+            except Conflict:
+                continue
+            if (ns, budget_name) in self.cache:
+                self.cache[(ns, budget_name)] = written
+            return True
+        return False
+
+    async def charge(self, run: WorkerRun, budget_name: str, total: Usage,
+                     unmarked_ok: Callable[[], Awaitable[bool]]) -> Usage | None:
+        """CAS on the budget's status; the per-run mark makes a repeated charge add nothing.
+        A run without a mark is either new to the budget or charged in full and released: only
+        `unmarked_ok` (a fresh read of the run) tells them apart. Returns what was newly
+        charged, or None when the budget could not be charged now."""
+        ns = run.metadata.namespace
+        confirmed = False
         for _ in range(10):
             body = await self.kube.get_budget(ns, budget_name)
             if body is None:
                 self.cache.pop((ns, budget_name), None)  # gone: the next observation says so
                 return None
             budget = WorkerBudget.model_validate(body)
+            if run.metadata.uid not in budget.status.charges and not confirmed:
+                if not await unmarked_ok():
+                    return None
+                confirmed = True
             status = budgets.apply_charge(budget, run.metadata.uid, run.metadata.name, total, self.now())
             before = budgets.charged(budget, run.metadata.uid)
             try:

@@ -44,6 +44,7 @@ from tether.core.decide import (
     LeaseObservation,
     Observed,
     PodObservation,
+    ReleaseCharge,
     ReleasePod,
     RemoveFinalizer,
     Revoke,
@@ -246,6 +247,7 @@ class RunController:
             ReleasePod: self._release_pod,
             EnsureSignals: self._ensure_signals,
             ChargeBudget: self._charge,
+            ReleaseCharge: self._release_charge,
             DeleteRun: self._delete_run,
             RemoveFinalizer: self._remove_finalizer,
         }
@@ -311,7 +313,14 @@ class RunController:
             self.leases.forget(uid)
             changed = True
         else:
-            changed = self.leases.observe(uid, body, self.clock.mono())
+            mono = self.clock.mono()
+            changed = self.leases.observe(uid, body, mono)
+            renewed = (body.get("spec") or {}).get("renewTime")
+            seen = self.leases.get(uid)
+            if event_type is not None and renewed and seen is not None and seen.last_change == mono:
+                # A renewal (not a signal update by the operator) just arrived by watch.
+                lag = self.clock.now() - dt.datetime.fromisoformat(renewed.replace("Z", "+00:00"))
+                metrics.WATCH_LAG.observe(max(0.0, lag.total_seconds()))
         tracked = self.leases.get(uid)
         if not changed and key in self.runs and before is not None and tracked is not None and \
                 (before.usage, before.checkpoint) != (tracked.usage, tracked.checkpoint) and \
@@ -911,11 +920,25 @@ class RunController:
         return snap
 
     async def _charge(self, snap: Snapshot, action: ChargeBudget) -> Snapshot:
-        added = await self.budgets.charge(snap.run, action.budget, action.total)
+        async def not_yet_charged() -> bool:
+            # The snapshot may predate budgetCharged (a watch event older than our own write):
+            # charging a released run from it would charge it twice.
+            fresh = await self._refresh_run(snap.key)
+            return fresh is not None and fresh["metadata"].get("uid") == snap.uid and \
+                not (fresh.get("status") or {}).get("budgetCharged")
+
+        added = await self.budgets.charge(snap.run, action.budget, action.total, not_yet_charged)
         if added is None:
             raise Again("the budget could not be charged")
         self._log("usage charged", snap.run, "budget_charged", budget=action.budget,
                   cents=added.cents, tokens=added.tokens)
+        return snap
+
+    async def _release_charge(self, snap: Snapshot, action: ReleaseCharge) -> Snapshot:
+        if not await self.budgets.release(snap.run, action.budget):
+            raise Again("the budget kept changing")
+        self._log("charge released from the budget's ledger", snap.run, "budget_charge_released",
+                  budget=action.budget)
         return snap
 
     async def _delete_run(self, snap: Snapshot, action: DeleteRun) -> Snapshot:

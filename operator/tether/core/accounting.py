@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tether.api.models import MAX_STATUS_NUMBER, Usage, WorkerRunStatus
-from tether.core.actions import Action, ChargeBudget, Change, WriteStatus
+from tether.core.actions import Action, ChargeBudget, Change, ReleaseCharge, WriteStatus
 from tether.core.observe import Observed, current_lease
 
 # status.checkpoint.cursor's maxLength in the CRD. Lease annotations admit far longer values, and
@@ -79,8 +79,8 @@ def settle_usage(o: Observed, s: WorkerRunStatus) -> bool:
 def charge_due(o: Observed, total: Usage | None) -> ChargeBudget | None:
     """A charge of the run's total, if its budget has not seen all of it yet."""
     b = o.budget
-    if b is None or b.missing or total is None:
-        return None
+    if b is None or b.missing or total is None or o.run.status.budget_charged:
+        return None  # budgetCharged: charged in full, its mark perhaps released; never again
     if total.cents > b.charged.cents or total.tokens > b.charged.tokens:
         return ChargeBudget(budget=b.name, total=total)
     return None
@@ -99,3 +99,12 @@ def charge_finished(o: Observed) -> Action | None:
         status.budget_charged = True
         return WriteStatus(status=status, change=Change.BUDGET_CHARGED)
     return ChargeBudget(budget=o.budget.name, total=total)
+
+
+def release_due(o: Observed) -> ReleaseCharge | None:
+    """A run charged in full (its status says so, and a finished run's books are closed) leaves
+    the budget's ledger: the ledger's size follows the live runs, not the history."""
+    b = o.budget
+    if b is None or b.missing or not b.marked or not o.run.status.budget_charged:
+        return None
+    return ReleaseCharge(budget=b.name)

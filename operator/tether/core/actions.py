@@ -119,6 +119,14 @@ class ChargeBudget:
 
 
 @dataclass(frozen=True)
+class ReleaseCharge:
+    """Drop the run's mark from its budget: the run's own status records that it is charged in
+    full and nothing more can come (finished, Lease cleared), so the ledger keeps live runs only."""
+
+    budget: str
+
+
+@dataclass(frozen=True)
 class Revoke:
     """End the current attempt. The executor runs the steps in exactly this order and stops at
     the first failure:
@@ -146,7 +154,7 @@ class Revoke:
 
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
-          | EnsureSignals | ChargeBudget | RemoveFinalizer)
+          | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer)
 
 
 @dataclass(frozen=True)

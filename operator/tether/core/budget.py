@@ -100,6 +100,14 @@ def apply_charge(budget: WorkerBudget, run_uid: str, run_name: str, total: Usage
     return refresh(budget, now)
 
 
+def release(budget: WorkerBudget, run_uid: str, now: dt.datetime) -> WorkerBudgetStatus:
+    """The ledger without the run's mark (the run is charged in full and says so itself);
+    what it was charged stays in `spent`."""
+    status = refresh(budget, now)
+    status.charges.pop(run_uid, None)
+    return status
+
+
 def charged(budget: WorkerBudget, run_uid: str) -> Usage:
     mark = budget.status.charges.get(run_uid)
     return Usage(cents=mark.cents, tokens=mark.tokens) if mark else Usage()

@@ -5,7 +5,7 @@ are closed), a finished run (charge, then TTL), and pods of attempts that ended.
 from __future__ import annotations
 
 from tether.api.models import Outcome
-from tether.core.accounting import charge_due, charge_finished
+from tether.core.accounting import charge_finished, release_due
 from tether.core.actions import ClearLease, Decision, DeletePod, DeleteRun, ReleasePod, RemoveFinalizer
 from tether.core.lifecycle import StatusBuilder, revoke
 from tether.core.observe import Observed
@@ -51,7 +51,12 @@ def decide_deleting(o: Observed, d: Decision) -> None:
     if b.settle_usage():
         d.actions.append(b.write())
         return
-    d.add(charge_due(o, s.usage))
+    # Charged in full and recorded on the run (budgetCharged) before the mark leaves the ledger,
+    # so a retried deletion never charges twice.
+    d.add(charge_finished(o))
+    if d.actions:
+        return
+    d.add(release_due(o))
     if d.actions:
         return
     for pod in o.pods:
@@ -75,7 +80,7 @@ def decide_finished(o: Observed, d: Decision) -> None:
     if b.settle_usage():
         d.actions.append(b.write())
         return
-    owed = charge_finished(o)
+    owed = charge_finished(o) or release_due(o)
     if owed is not None:
         d.actions.append(owed)
         return  # TTL waits until every cent is charged

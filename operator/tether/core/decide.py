@@ -32,6 +32,7 @@ from tether.core.actions import (
     EnsurePod,
     EnsureSignals,
     Event,
+    ReleaseCharge,
     ReleasePod,
     RemoveFinalizer,
     Revoke,
@@ -75,7 +76,7 @@ from tether.core.observe import (
 __all__ = [
     "MAX_REQUEUE_SECONDS", "Action", "BudgetObservation", "Change", "ChargeBudget", "ClearLease", "Decision",
     "DeletePod", "DeleteRun", "EnsureLease", "EnsurePod", "EnsureSignals", "Event", "ForeignPod", "LeaseObservation",
-    "Observed", "PodObservation", "ReleasePod", "RemoveFinalizer", "Revoke", "UsageAlarm", "WriteStatus",
+    "Observed", "PodObservation", "ReleaseCharge", "ReleasePod", "RemoveFinalizer", "Revoke", "UsageAlarm", "WriteStatus",
     "after", "backoff_seconds", "decide", "desired_signals",
 ]
 

@@ -44,6 +44,7 @@ class BudgetObservation:
     exhausted: bool = False
     remaining: Usage = field(default_factory=Usage)
     charged: Usage = field(default_factory=Usage)  # this run's mark
+    marked: bool = False  # the budget holds a mark for this run (released once it is charged in full)
     next_reset_seconds: float | None = None
 
 

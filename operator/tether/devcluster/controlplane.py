@@ -31,6 +31,17 @@ from tether.kube import config as kubeconfig
 from tether.devcluster.processes import free_port, spawn, terminate, wait_for
 
 NODE_NAME = "tether-node-0"
+KWOK_NODE_PREFIX = "kwok-node-"
+KWOK_LABEL = "tether.dev/kwok"
+KWOK_TAINT = "tether.dev/kwok"
+# Room for a scale run's pods: kwok reports whatever the node object says.
+KWOK_NODE_CAPACITY = {"cpu": "1000", "memory": "4Ti", "pods": "5000"}
+
+
+def kwok_placement() -> dict[str, object]:
+    """Pod spec fields that put a pod on a kwok node (and only there)."""
+    return {"nodeSelector": {KWOK_LABEL: "true"},
+            "tolerations": [{"key": KWOK_TAINT, "operator": "Exists", "effect": "NoSchedule"}]}
 
 # What the audit log records. Writes that decide ownership carry their bodies; reads and
 # everything that is not Tether's stay out, so logging costs little beyond the heartbeats.
@@ -68,22 +79,31 @@ def repo_root() -> Path | None:
     return None
 
 
+def _build(script: str, what: str) -> Path:
+    root = repo_root()
+    if root is None:
+        raise RuntimeError(f"no {what}: run from a source checkout (hack/{script} builds it)")
+    out = subprocess.run(["bash", str(root / "hack" / script)], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def resolve_kwok() -> Path:
+    """The kwok binary (fake nodes for scale runs), built from Go modules and cached if needed."""
+    explicit = os.environ.get("TETHER_KWOK")
+    return Path(explicit) if explicit else _build("build-kwok.sh", "kwok binary") / "kwok"
+
+
 def resolve_binaries() -> Path:
     """Returns the binary directory, building the control plane if needed."""
     explicit = os.environ.get("TETHER_CONTROL_PLANE_BIN") or os.environ.get("KUBEBUILDER_ASSETS")
     if explicit:
         return Path(explicit)
-    root = repo_root()
-    if root is None:
+    if repo_root() is None:
         raise RuntimeError(
             "no control-plane binaries: set TETHER_CONTROL_PLANE_BIN to a directory with "
             "etcd, kube-apiserver, kube-controller-manager and kube-scheduler"
         )
-    out = subprocess.run(
-        ["bash", str(root / "hack" / "build-control-plane.sh")],
-        check=True, stdout=subprocess.PIPE, text=True,
-    )
-    return Path(out.stdout.strip().splitlines()[-1])
+    return _build("build-control-plane.sh", "control-plane binaries")
 
 
 @dataclass
@@ -93,6 +113,8 @@ class LocalCluster:
     bin_dir: Path
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="tether-cluster-")))
     with_kubelet: bool = True
+    # Fake nodes played by kwok (pods on them reach Running without processes): scale runs.
+    kwok_nodes: int = 0
     keep_state: bool = False
     # Write the API server's audit log (see AUDIT_POLICY) to `audit_log`.
     audit: bool = False
@@ -211,12 +233,16 @@ class LocalCluster:
                 f"--node-name={NODE_NAME}",
                 f"--work-dir={self.state_dir / 'pods'}",
             ])
+        if self.kwok_nodes:
+            self._start_kwok()
         # The cluster is usable once the controller manager mints service
         # accounts (pods need them) and, with a kubelet, the node is Ready.
         wait_for(lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200,
                  timeout=120, what="the default service account (kube-controller-manager)")
         if self.with_kubelet:
-            wait_for(self._node_ready, timeout=60, what=f"node {NODE_NAME} Ready")
+            wait_for(lambda: self._node_ready(NODE_NAME), timeout=60, what=f"node {NODE_NAME} Ready")
+        for name in (f"{KWOK_NODE_PREFIX}{i}" for i in range(self.kwok_nodes)):
+            wait_for(lambda n=name: self._node_ready(n), timeout=60, what=f"kwok node {name} Ready")
         self.startup_seconds = time.monotonic() - began
 
     def stop(self) -> None:
@@ -272,8 +298,29 @@ class LocalCluster:
     def _ready(self) -> bool:
         return self._get("/readyz").status_code == 200
 
-    def _node_ready(self) -> bool:
-        resp = self._get(f"/api/v1/nodes/{NODE_NAME}")
+    def _start_kwok(self) -> None:
+        """kwok plays the nodes labelled KWOK_LABEL and every pod bound to them (its default fast
+        stages: Running at once, gone once deleted). The nodes are tainted, so only pods that
+        tolerate KWOK_TAINT (see kwok_placement) land there, never the process kubelet's."""
+        self._spawn("kwok", [
+            str(resolve_kwok()), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
+            f"--manage-nodes-with-label-selector={KWOK_LABEL}=true", "--cidr=10.2.0.0/16",
+            "--node-lease-duration-seconds=40",
+        ])
+        with self.client() as c:
+            for i in range(self.kwok_nodes):
+                name = f"{KWOK_NODE_PREFIX}{i}"
+                c.post("/api/v1/nodes", json={
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "labels": {KWOK_LABEL: "true", "kubernetes.io/hostname": name,
+                                                          "kubernetes.io/os": "linux", "type": "kwok"},
+                                 "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+                    "spec": {"taints": [{"key": KWOK_TAINT, "value": "true", "effect": "NoSchedule"}]},
+                    "status": {"allocatable": KWOK_NODE_CAPACITY, "capacity": KWOK_NODE_CAPACITY},
+                }).raise_for_status()
+
+    def _node_ready(self, name: str) -> bool:
+        resp = self._get(f"/api/v1/nodes/{name}")
         if resp.status_code != 200:
             return False
         conds = resp.json().get("status", {}).get("conditions", [])

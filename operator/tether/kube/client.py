@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from tether import metrics
 from tether.api.models import API_VERSION, BUDGET_PLURAL, PLURAL
 from tether.kube.config import KubeConfig
 from tether.protocol import JSON_PATCH, rfc3339
@@ -107,8 +108,10 @@ class KubeClient:
         try:
             resp = await self.http.request(method, path, **kw)
         except httpx.TransportError as exc:
+            metrics.REST_REQUESTS.labels(method, "<error>").inc()
             self.health.failure(f"{what}: {type(exc).__name__}")
             raise Unavailable(0, str(exc) or type(exc).__name__, what) from exc
+        metrics.REST_REQUESTS.labels(method, str(resp.status_code)).inc()
         # A 5xx or 429 is an answer (a broken webhook, an oversized write, priority and fairness):
         # reachability is judged from transport failures and the /readyz probe, not from those.
         _raise_for(resp, what)

@@ -40,8 +40,9 @@ class KubeConfig:
         return httpx.Client(base_url=server or self.server, verify=self.ssl_context, auth=self.auth(),
                             timeout=timeout)
 
-    def async_client(self, timeout: float = 10.0) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.server, verify=self.ssl_context, auth=self.auth(), timeout=timeout)
+    def async_client(self, timeout: float = 10.0, limits: httpx.Limits | None = None) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.server, verify=self.ssl_context, auth=self.auth(), timeout=timeout,
+                                 limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20))
 
 
 class _TokenFileAuth(httpx.Auth):

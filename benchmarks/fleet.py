@@ -1,0 +1,207 @@
+"""A simulated fleet: one asyncio process plays the workers of many WorkerRuns over the real API.
+
+Each simulated worker does what the SDK's pod worker does, with the SDK's own transport code
+(tether.worker.transport.AsyncKubeTransport: resourceVersion-conditional Lease renewals at the
+renew interval, usage and checkpoint riding on them, a fenced result at the end). What a worker
+does besides renewing comes from its run's Plan: freeze (stop renewing, like a stopped process),
+crash (stop, and say so), or complete after some seconds. The fleet notices new attempts by
+watching the WorkerRuns of its namespace (a holder and fence in the status) and, for pod-backed
+runs, starts playing an attempt once its pod exists, as a real worker would start in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import httpx
+
+from tether.api.models import Usage
+from tether.kube import config as kubeconfig
+from tether.worker.transport import AsyncKubeTransport
+
+log = logging.getLogger("fleet")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the worker of a run's first attempt does (later attempts just renew, then complete
+    when `complete_after` says so). Times are seconds after the worker's first renewal."""
+
+    freeze_after: float | None = None
+    crash_after: float | None = None
+    complete_after: float | None = None
+    cents_per_renewal: int = 0
+
+
+@dataclass
+class Played:
+    """One attempt as the fleet played it (wall-clock times)."""
+
+    run: str
+    holder: str
+    fence: int
+    started: float = 0.0
+    last_renewal: float | None = None
+    renewals: int = 0
+    ended: str = ""  # frozen, crashed, completed, lost, or "" while it still renews
+    ended_at: float | None = None
+
+
+@dataclass
+class FleetStats:
+    played: dict[tuple[str, int], Played] = field(default_factory=dict)
+    counts: Counter[str] = field(default_factory=Counter)
+    renew_seconds: list[float] = field(default_factory=list)  # each renewal's round trip
+
+
+class Fleet:
+    def __init__(self, cfg: kubeconfig.KubeConfig, namespace: str, plan_for: Callable[[str], Plan],
+                 max_connections: int = 64, timeout: float = 10.0) -> None:
+        self.cfg, self.namespace, self.plan_for = cfg, namespace, plan_for
+        self.stats = FleetStats()
+        self._http = cfg.async_client(timeout=timeout, limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections))
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # Run name -> wall-clock time at which the attempt playing it then freezes (set from any
+        # thread: a plain dict write); used once, so the next attempt renews.
+        self.freeze_at: dict[str, float] = {}
+        self._pods: set[str] = set()
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await self._http.aclose()
+
+    async def run(self) -> None:
+        """Watches runs (and pods) until cancelled, playing every attempt that appears."""
+        await asyncio.gather(self._follow("apis/tether.dev/v1alpha1", "workerruns", self._on_run),
+                             self._follow("api/v1", "pods", self._on_pod))
+
+    def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        if kind == "DELETED":
+            self._pods.discard(name)
+        else:
+            self._pods.add(name)
+
+    def _on_run(self, kind: str, run: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            return
+        status, meta = run.get("status") or {}, run["metadata"]
+        holder, fence = status.get("holder"), status.get("fence")
+        key = (meta["name"], int(fence or 0))
+        if not holder or key in self._tasks:
+            return
+        pod_backed = (run.get("spec") or {}).get("executor", "Pod") == "Pod"
+        attempt = int(status.get("attempt") or 1)
+        plan = self.plan_for(meta["name"]) if attempt == 1 else Plan(
+            complete_after=self.plan_for(meta["name"]).complete_after)
+        played = Played(run=meta["name"], holder=holder, fence=int(fence))
+        self.stats.played[key] = played
+        transport = AsyncKubeTransport(self.namespace, meta["name"], holder, int(fence), self._http,
+                                       run_uid=meta["uid"])
+        interval = float(((run.get("spec") or {}).get("lease") or {}).get("renewIntervalSeconds") or 10)
+        self._tasks[key] = asyncio.create_task(self._play(played, plan, transport, interval, pod_backed))
+
+    async def _play(self, played: Played, plan: Plan, transport: AsyncKubeTransport, interval: float,
+                    pod_backed: bool) -> None:
+        while pod_backed and played.holder not in self._pods:
+            await asyncio.sleep(0.2)  # the worker starts in its pod
+        played.started = time.time()
+        spent = 0
+        try:
+            while True:
+                age = time.time() - played.started
+                frozen_at = self.freeze_at.get(played.run)
+                if frozen_at is not None and time.time() >= frozen_at:
+                    del self.freeze_at[played.run]
+                    self._end(played, "frozen")
+                    return
+                for what, at in (("frozen", plan.freeze_after), ("crashed", plan.crash_after)):
+                    if at is not None and age >= at:
+                        self._end(played, what)
+                        return
+                if plan.complete_after is not None and age >= plan.complete_after:
+                    ok = await transport.publish("result", {"by": played.holder})
+                    self._end(played, "completed" if ok else "lost")
+                    return
+                spent += plan.cents_per_renewal
+                began = time.monotonic()
+                try:
+                    renewal = await transport.renew(checkpoint=str(played.renewals),
+                                                    usage=Usage(cents=spent) if plan.cents_per_renewal else None)
+                except httpx.HTTPError as exc:
+                    self.stats.counts[f"renewal error {type(exc).__name__}"] += 1
+                    renewal = None
+                self.stats.renew_seconds.append(time.monotonic() - began)
+                if renewal is not None and renewal.ok:
+                    played.last_renewal, played.renewals = time.time(), played.renewals + 1
+                    self.stats.counts["renewals"] += 1
+                elif renewal is not None and renewal.lost:
+                    self._end(played, "lost")
+                    return
+                elif renewal is not None:
+                    self.stats.counts["renewals refused"] += 1
+                wait = _next_wait(interval, plan, age)
+                if frozen_at is not None:
+                    wait = min(wait, max(0.0, frozen_at - time.time()))
+                await asyncio.sleep(wait)
+        finally:
+            self._tasks.pop((played.run, played.fence), None)
+
+    def _end(self, played: Played, how: str) -> None:
+        played.ended, played.ended_at = how, time.time()
+        self.stats.counts[f"workers {how}"] += 1
+
+    async def _follow(self, prefix: str, resource: str, handle: Callable[[str, dict[str, Any]], None]) -> None:
+        async for kind, obj in watch(self._http, f"/{prefix}/namespaces/{self.namespace}/{resource}"):
+            handle(kind, obj)
+
+
+def _next_wait(interval: float, plan: Plan, age: float) -> float:
+    """The renew interval, cut short when the plan's next moment comes sooner."""
+    moments = [at - age for at in (plan.freeze_after, plan.crash_after, plan.complete_after)
+               if at is not None and at > age]
+    return max(0.0, min([interval, *moments]))
+
+
+async def watch(http: httpx.AsyncClient, path: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """List, then watch from the list's resourceVersion; relist when the watch expires (410) or
+    breaks. Yields ("ADDED" | "MODIFIED" | "DELETED", object)."""
+    while True:
+        try:
+            listed = (await http.get(path, params={"limit": 500})).raise_for_status().json()
+            items, cont = listed["items"], listed["metadata"].get("continue")
+            while cont:
+                more = (await http.get(path, params={"limit": 500, "continue": cont})).raise_for_status().json()
+                items, cont = items + more["items"], more["metadata"].get("continue")
+            for obj in items:
+                yield "ADDED", obj
+            rv = listed["metadata"]["resourceVersion"]
+            while True:
+                params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true", "timeoutSeconds": "300"}
+                async with http.stream("GET", path, params=params, timeout=httpx.Timeout(10, read=330)) as resp:
+                    resp.raise_for_status()
+                    async for line in resp.aiter_lines():
+                        if not line:
+                            continue
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            raise _Expired()
+                        rv = event["object"]["metadata"]["resourceVersion"]
+                        if event["type"] != "BOOKMARK":
+                            yield event["type"], event["object"]
+        except (_Expired, httpx.HTTPError) as exc:
+            log.info("watch of %s restarts: %r", path, exc)
+            await asyncio.sleep(0.5)
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old: list again."""

@@ -1,0 +1,465 @@
+"""Tether at the scale users run it (`make bench`), on a local control plane with kwok nodes.
+
+    .venv/bin/python benchmarks/scale.py                       # every scenario, full size
+    .venv/bin/python benchmarks/scale.py --smoke               # a few dozen runs, under a minute
+    .venv/bin/python benchmarks/scale.py --scenarios launch,steady --runs 2000
+
+Scenarios (each in its own namespace, with its own operator process):
+  launch   N pod-backed WorkerRuns and N batch Jobs on the same API server, created at 20/s and at
+           full speed, alternating which goes first: create -> pod created and create -> Running
+           (kwok marks pods Running), p50/p99, and throughput.
+  steady   N live runs played by the simulated fleet (benchmarks/fleet.py) at L=90 s/renew 30 s and
+           at L=30 s/renew 10 s: the operator's CPU and RSS, API requests per heartbeat from the
+           API server's own /metrics, the operator's watch lag. During it, `--lapses` sampled
+           workers freeze at random moments: last renewal -> attempt marked LeaseLost, and false
+           LeaseLost over the whole run.
+  restart  kill -9 of the operator under N live runs: time until it knows every run again, its
+           request burst (its own rest_client_requests_total, 1 s buckets), false LeaseLost.
+  budget   N runs charging one WorkerBudget: charges, conflicts, the budget's size.
+  ceiling  more live runs, step by step, until a goal breaks.
+
+Writes benchmarks/results/<date>.json (and .png figures with --figures) and prints a summary;
+`benchmarks/report.py` turns the JSON into the README's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import percentile  # noqa: E402
+from benchmarks.fleet import Fleet, Plan  # noqa: E402
+from tether.devcluster.controlplane import LocalCluster, kwok_placement, resolve_binaries  # noqa: E402
+from tether.devcluster.crds import install_crds, install_policies  # noqa: E402
+from tether.devcluster.processes import free_port, spawn, terminate, wait_for  # noqa: E402
+from tether.kube import config as kubeconfig  # noqa: E402
+
+WR = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerruns"
+PODS = "/api/v1/namespaces/{ns}/pods"
+JOBS = "/apis/batch/v1/namespaces/{ns}/jobs"
+# kube-controller-manager's defaults (--kube-api-qps 20, --kube-api-burst 30): the Job controller
+# runs with them here. Tether's are its own defaults unless --qps/--burst say otherwise.
+KCM_QPS, KCM_BURST = 20, 30
+
+
+# --- the environment ---------------------------------------------------------------------------
+
+
+@dataclass
+class Env:
+    cluster: LocalCluster
+    api: httpx.Client
+    cfg: kubeconfig.KubeConfig
+    qps: float
+    burst: int
+
+    def namespace(self, name: str) -> str:
+        self.api.post("/api/v1/namespaces", json={"metadata": {"name": name}}).raise_for_status()
+        wait_for(lambda: self.api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200,
+                 timeout=60, what=f"namespace {name}")
+        return name
+
+    def apiserver_requests(self) -> Counter[tuple[str, str]]:
+        """apiserver_request_total summed by (resource[/subresource], verb): the API server's own count."""
+        out: Counter[tuple[str, str]] = Counter()
+        for line in self.api.get("/metrics").text.splitlines():
+            if not line.startswith("apiserver_request_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[:line.rindex("}")]))
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out[(resource, labels.get("verb", ""))] += int(float(line.rsplit(" ", 1)[1]))
+        return out
+
+
+@contextlib.contextmanager
+def environment(kwok_nodes: int, qps: float, burst: int) -> Iterator[Env]:
+    with LocalCluster(bin_dir=resolve_binaries(), with_kubelet=False, kwok_nodes=kwok_nodes) as cluster:
+        api = cluster.client(timeout=60)
+        install_crds(api)
+        install_policies(api)
+        yield Env(cluster, api, kubeconfig.load(str(cluster.kubeconfig)), qps, burst)
+
+
+class Operator:
+    """The operator as a process of its own, watched from outside (CPU, RSS, its /metrics)."""
+
+    def __init__(self, env: Env, ns: str) -> None:
+        self.env, self.ns = env, ns
+        self.port = free_port()
+        self.log = Path(tempfile.mkdtemp(prefix="tether-bench-")) / "operator.log"
+        self.proc: Any = None
+        self.start()
+
+    def start(self) -> None:
+        args = [sys.executable, "-m", "tether.cli", "operator", "-n", self.ns, f"--metrics-port={self.port}",
+                f"--kube-qps={self.env.qps}", f"--kube-burst={self.env.burst}"]
+        self.proc = spawn(args, log_path=self.log, env={**os.environ, "KUBECONFIG": str(self.env.cluster.kubeconfig)})
+        self.ps = psutil.Process(self.proc.pid)
+        wait_for(lambda: self._metrics_up(), timeout=60, what="operator /metrics")
+
+    def _metrics_up(self) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of the operator's /metrics, keyed by its full name with labels."""
+        out: dict[str, float] = {}
+        for line in httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def cpu_seconds(self) -> float:
+        t = self.ps.cpu_times()
+        return float(t.user + t.system)
+
+    def rss_mib(self) -> float:
+        return float(self.ps.memory_info().rss / 2**20)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        terminate(self.proc)
+
+
+def requests_sent(metrics: dict[str, float]) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith("rest_client_requests_total{"))
+
+
+def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float | None:
+    """Prometheus' histogram_quantile over one unlabelled histogram (linear within a bucket)."""
+    buckets = sorted((float(m.group(1)), v) for k, v in metrics.items()
+                     if (m := re.fullmatch(rf'{name}_bucket\{{le="([^"]+)"\}}', k)))
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank, prev_le, prev_n = q * buckets[-1][1], 0.0, 0.0
+    for le, n in buckets:
+        if n >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * ((rank - prev_n) / max(n - prev_n, 1e-9))
+        prev_le, prev_n = le, n
+    return prev_le
+
+
+class FleetThread:
+    """The simulated fleet on an event loop of its own, in this process."""
+
+    def __init__(self, env: Env, ns: str, plan_for: Callable[[str], Plan]) -> None:
+        import asyncio  # noqa: PLC0415 - only the fleet's thread runs a loop
+
+        self.loop = asyncio.new_event_loop()
+        self.fleet = Fleet(env.cfg, ns, plan_for, max_connections=128)
+        self._task: Any = None
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="fleet")
+        self._thread.start()
+        self._task = asyncio.run_coroutine_threadsafe(self.fleet.run(), self.loop)
+
+    def stop(self) -> None:
+        import asyncio  # noqa: PLC0415
+
+        self._task.cancel()
+        asyncio.run_coroutine_threadsafe(self.fleet.close(), self.loop).result(timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def create_paced(env: Env, path: str, bodies: list[dict[str, Any]], rate: float | None) -> dict[str, float]:
+    """POSTs the bodies, at `rate` per second (None: as fast as 16 connections go). Returns each
+    object's name -> wall-clock time its create was sent."""
+    sent: dict[str, float] = {}
+    began = time.monotonic()
+
+    def one(i_body: tuple[int, dict[str, Any]]) -> None:
+        i, body = i_body
+        if rate:
+            delay = began + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)  # pacing: the schedule is the point, not a condition
+        sent[body["metadata"]["name"]] = time.time()
+        for _ in range(5):
+            resp = env.api.post(path, json=body)
+            if resp.status_code != 429:
+                resp.raise_for_status()
+                return
+            time.sleep(1)
+        resp.raise_for_status()
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, enumerate(bodies)))
+    return sent
+
+
+class PodTimes:
+    """Watches a namespace's pods; records when each owner's first pod was first seen, and when
+    it was first seen Running (wall clock, this process)."""
+
+    def __init__(self, env: Env, ns: str, owner_label: str) -> None:
+        self.created: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._http = httpx.Client(base_url=env.cfg.server, verify=env.cfg.ssl_context, auth=env.cfg.auth(),
+                                  timeout=httpx.Timeout(10, read=None))
+        self._thread = threading.Thread(target=self._watch, args=(PODS.format(ns=ns), owner_label), daemon=True)
+        self._thread.start()
+
+    def _watch(self, path: str, label: str) -> None:
+        rv = self._http.get(path).raise_for_status().json()["metadata"]["resourceVersion"]
+        while not self._stop.is_set():
+            with self._http.stream("GET", path, params={"watch": "1", "resourceVersion": rv,
+                                                        "timeoutSeconds": "60"}) as resp:
+                for line in resp.iter_lines():
+                    if self._stop.is_set():
+                        return
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    pod, now = event["object"], time.time()
+                    rv = pod["metadata"].get("resourceVersion", rv)
+                    owner = (pod["metadata"].get("labels") or {}).get(label)
+                    if owner is None or event["type"] == "DELETED":
+                        continue
+                    self.created.setdefault(owner, now)
+                    if (pod.get("status") or {}).get("phase") == "Running":
+                        self.running.setdefault(owner, now)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def summary(values: list[float]) -> dict[str, float | int]:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "p50": round(percentile(values, 50), 3), "p99": round(percentile(values, 99), 3),
+            "max": round(max(values), 3)}
+
+
+# --- the objects -----------------------------------------------------------------------------
+
+
+def worker_run(name: str, duration: int, renew: int, grace: int | None = None) -> dict[str, Any]:
+    return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": name},
+            "spec": {"template": {"spec": {"containers": [{"name": "worker", "image": "tether-bench/worker",
+                                                           "command": ["worker"]}], **kwok_placement()}},
+                     "lease": {"durationSeconds": duration, "renewIntervalSeconds": renew,
+                               "startupGraceSeconds": grace if grace is not None else duration},
+                     "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 1}}}}
+
+
+def batch_job(name: str) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"backoffLimit": 0, "template": {"spec": {
+                "restartPolicy": "Never", "containers": [{"name": "c", "image": "tether-bench/job", "command": ["c"]}],
+                **kwok_placement()}}}}
+
+
+# --- scenarios -------------------------------------------------------------------------------
+
+
+def launch(env: Env, n: int, rate: float | None, first: str) -> dict[str, Any]:
+    """N WorkerRuns and N Jobs, one after the other (`first` goes first), at `rate` per second."""
+    tag = f"{int(rate)}ps" if rate else "full"
+    out: dict[str, Any] = {"runs": n, "ratePerSecond": rate, "first": first}
+    for kind in ([first, "jobs" if first == "tether" else "tether"]):
+        ns = env.namespace(f"launch-{kind}-{tag}")
+        if kind == "tether":
+            op = Operator(env, ns)
+            watch = PodTimes(env, ns, "tether.dev/run")
+            sent = create_paced(env, WR.format(ns=ns), [worker_run(f"r{i}", 3600, 600) for i in range(n)], rate)
+        else:
+            op = None
+            watch = PodTimes(env, ns, "batch.kubernetes.io/job-name")
+            sent = create_paced(env, JOBS.format(ns=ns), [batch_job(f"j{i}") for i in range(n)], rate)
+        try:
+            wait_for(lambda: len(watch.running) >= n, timeout=max(600, n), interval=0.5,
+                     what=f"{n} {kind} pods Running")
+        finally:
+            watch.stop()
+            cpu = op.cpu_seconds() if op else None
+            if op:
+                op.stop()
+        to_pod = [watch.created[k] - sent[k] for k in sent]
+        to_running = [watch.running[k] - sent[k] for k in sent]
+        first_sent, last_pod = min(sent.values()), max(watch.created.values())
+        out[kind] = {"createToPod": summary(to_pod), "createToRunning": summary(to_running),
+                     "podsPerSecond": round(n / max(last_pod - first_sent, 1e-3), 1),
+                     **({"operatorCpuSeconds": round(cpu, 1)} if cpu is not None else {})}
+        print(f"  launch {kind} {tag}: {out[kind]}", flush=True)
+    return out
+
+
+def _wait_all_renewed(env: Env, ns: str, fleet: FleetThread, n: int, timeout: float) -> float:
+    began = time.monotonic()
+    wait_for(lambda: sum(1 for p in fleet.fleet.stats.played.values() if p.renewals) >= n, timeout=timeout,
+             interval=1, what=f"{n} workers renewing")
+    return time.monotonic() - began
+
+
+def steady(env: Env, n: int, duration: int, renew: int, window: float, lapses: int, seed: int) -> dict[str, Any]:
+    """N live runs renewing; `lapses` sampled workers freeze at random moments of the window."""
+    ns = env.namespace(f"steady-{n}-l{duration}")
+    rng = random.Random(seed)
+    # Freezes fall inside the window, early enough for their lapse to be judged before it ends.
+    freeze_in = {f"r{i}": rng.uniform(0, window - duration - 2 * renew) for i in rng.sample(range(n), min(lapses, n))}
+    op = Operator(env, ns)
+    t_create = time.time()
+    create_paced(env, WR.format(ns=ns), [worker_run(f"r{i}", duration, renew, grace=600) for i in range(n)], None)
+    fleet = FleetThread(env, ns, lambda _: Plan())
+    try:
+        ramp = _wait_all_renewed(env, ns, fleet, n, timeout=max(900, n / 2))
+        time.sleep(renew)  # let the ramp's grants and first renewals settle out of the window
+        m0, api0, cpu0, t0 = op.metrics(), env.apiserver_requests(), op.cpu_seconds(), time.monotonic()
+        start = time.time()
+        fleet.fleet.freeze_at.update({run: start + at for run, at in freeze_in.items()})
+        renewals0 = fleet.fleet.stats.counts["renewals"]
+        rss_peak = 0.0
+        while time.monotonic() - t0 < window:
+            rss_peak = max(rss_peak, op.rss_mib())
+            time.sleep(5)  # sampling period of the RSS probe
+        elapsed = time.monotonic() - t0
+        m1, api1, cpu1 = op.metrics(), env.apiserver_requests(), op.cpu_seconds()
+        renewals = fleet.fleet.stats.counts["renewals"] - renewals0
+        api = api1 - api0
+        lost = _lost_attempts(env, ns)
+    finally:
+        fleet.stop()
+        op.stop()
+    detect = []
+    for p in fleet.fleet.stats.played.values():
+        if p.ended == "frozen" and p.run in lost and p.last_renewal is not None:
+            detect.append(lost[p.run] - p.last_renewal)
+    false_lost = sorted(r for r in lost if r not in freeze_in)
+    writes = {f"{res} {verb}": c for (res, verb), c in api.items()
+              if verb in ("PUT", "PATCH", "POST", "DELETE", "APPLY") and c}
+    result = {
+        "runs": n, "leaseSeconds": duration, "renewSeconds": renew, "windowSeconds": round(elapsed, 1),
+        "operatorCores": round((cpu1 - cpu0) / elapsed, 3), "operatorRssMiBPeak": round(rss_peak, 1),
+        "renewalsPerSecond": round(renewals / elapsed, 1),
+        "apiWritesPerHeartbeat": {
+            "leases": round(api[("leases", "PUT")] / max(renewals, 1), 3),
+            "workerruns": round(sum(c for (res, verb), c in api.items() if res.startswith("workerruns")
+                                    and verb in ("PUT", "PATCH", "POST", "DELETE")) / max(renewals, 1), 3)},
+        "operatorRequestsPerHeartbeat": round((requests_sent(m1) - requests_sent(m0)) / max(renewals, 1), 4),
+        "apiWritesInWindow": writes,
+        "watchLagSeconds": {"p50": histogram_quantile(m1, "tether_lease_watch_lag_seconds", 0.5),
+                            "p99": histogram_quantile(m1, "tether_lease_watch_lag_seconds", 0.99)},
+        "lapseDetectionSeconds": summary(detect), "lapsesSampled": len(freeze_in), "rampSeconds": round(ramp, 1),
+        "falseLost": len(false_lost), "falseLostRuns": false_lost[:10],
+        "createdAt": t_create,
+    }
+    print(f"  steady {n} L={duration}: {json.dumps(result)}", flush=True)
+    return result
+
+
+def _lost_attempts(env: Env, ns: str) -> dict[str, float]:
+    """Run name -> when its first LeaseLost attempt ended (the operator's endedAt)."""
+    out: dict[str, float] = {}
+    for run in env.api.get(WR.format(ns=ns)).raise_for_status().json()["items"]:
+        for a in (run.get("status") or {}).get("attempts") or []:
+            if a.get("outcome") == "LeaseLost" and a.get("endedAt"):
+                out.setdefault(run["metadata"]["name"],
+                               dt.datetime.fromisoformat(a["endedAt"].replace("Z", "+00:00")).timestamp())
+    return out
+
+
+def restart(env: Env, n: int, duration: int, renew: int) -> dict[str, Any]:
+    """kill -9 of the operator under N live runs; a new one starts at once."""
+    ns = env.namespace(f"restart-{n}")
+    op = Operator(env, ns)
+    create_paced(env, WR.format(ns=ns), [worker_run(f"r{i}", duration, renew, grace=600) for i in range(n)], None)
+    fleet = FleetThread(env, ns, lambda _: Plan())
+    try:
+        _wait_all_renewed(env, ns, fleet, n, timeout=max(900, n / 2))
+        time.sleep(renew)
+        op.kill()
+        killed = time.monotonic()
+        op.start()
+        per_second: list[float] = []
+        seen_at = None
+        last = 0.0
+        while time.monotonic() - killed < max(120, 3 * duration):
+            m = op.metrics()
+            sent = requests_sent(m)
+            per_second.append(sent - last)
+            last = sent
+            known = sum(v for k, v in m.items() if k.startswith("tether_workerruns{"))
+            if seen_at is None and known >= n:
+                seen_at = time.monotonic() - killed
+            time.sleep(1)  # the sampling period of the burst profile
+        lost = _lost_attempts(env, ns)
+    finally:
+        fleet.stop()
+        op.stop()
+    result = {"runs": n, "leaseSeconds": duration, "allObservedAfterSeconds": seen_at and round(seen_at, 1),
+              "requestsAfterRestart": int(sum(per_second)), "peakRequestsPerSecond": max(per_second, default=0),
+              "requestsPerSecond": per_second, "falseLost": len(lost), "qps": env.qps, "burst": env.burst}
+    print(f"  restart {n}: { {k: v for k, v in result.items() if k != 'requestsPerSecond'} }", flush=True)
+    return result
+
+
+SCENARIOS = ("launch", "steady", "restart")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--runs", type=int, default=5000, help="live runs in steady/restart")
+    parser.add_argument("--launch-runs", type=int, default=1000)
+    parser.add_argument("--lapses", type=int, default=100)
+    parser.add_argument("--window", type=float, default=300, help="steady-state measuring window, seconds")
+    parser.add_argument("--kwok-nodes", type=int, default=4)
+    parser.add_argument("--qps", type=float, default=50)
+    parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="a few dozen runs, short windows (make test)")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.launch_runs, args.lapses, args.window = 30, 20, 3, 45
+    scenarios = args.scenarios.split(",")
+    report: dict[str, Any] = {"date": dt.date.today().isoformat(), "machine": {"cpus": os.cpu_count()},
+                              "tether": {"qps": args.qps, "burst": args.burst},
+                              "kubeControllerManager": {"qps": KCM_QPS, "burst": KCM_BURST},
+                              "smoke": args.smoke}
+    with environment(args.kwok_nodes, args.qps, args.burst) as env:
+        if "launch" in scenarios:
+            report["launch"] = [launch(env, args.launch_runs, 20, "jobs"),
+                                launch(env, args.launch_runs, None, "tether")]
+        if "steady" in scenarios:
+            long_lease = (90, 30) if not args.smoke else (20, 5)
+            short_lease = (30, 10) if not args.smoke else (12, 3)
+            report["steady"] = [steady(env, args.runs, *lease, args.window, args.lapses, args.seed)
+                                for lease in (long_lease, short_lease)]
+        if "restart" in scenarios:
+            report["restart"] = restart(env, args.runs, *((90, 30) if not args.smoke else (20, 5)))
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"scale-{report['date']}{'-smoke' if args.smoke else ''}.json")
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
