@@ -78,7 +78,8 @@ async def _run_operator(args: argparse.Namespace) -> int:
         await elector.acquire()
         metrics.STATE.is_leader = True
         handlers.configure(may_act=lambda: elector.is_leader)
-    handlers.configure(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles)
+    handlers.configure(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles,
+                       worker_identity=args.worker_identity)
 
     namespaces = args.namespace or []
     operator = asyncio.create_task(kopf.operator(
@@ -150,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--max-concurrent-reconciles", type=int,
                     default=int(os.environ.get("TETHER_MAX_CONCURRENT_RECONCILES", "16")),
                     help="runs reconciled at the same time (controller-runtime's MaxConcurrentReconciles)")
+    op.add_argument("--worker-identity", choices=("namespace", "run"),
+                    default=os.environ.get("TETHER_WORKER_IDENTITY", "namespace"),
+                    help="ServiceAccount of pod-backed runs: one per namespace (needs the admission policy, which "
+                         "scopes each pod's token to its own run) or one per run, with a Role naming that run only")
     op.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     op.set_defaults(func=_operator)
 

@@ -197,7 +197,11 @@ def test_a_recreated_run_adopts_nothing_of_its_namesake(kube: Kube, namespace: s
 
     assert owner(f"/api/v1/namespaces/{namespace}/pods/again-a1") == uid
     assert owner(LEASES.format(ns=namespace) + "/again") == uid
-    assert owner(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/tether-worker-again") == uid
+    # Its worker identity is the namespace's, which no run owns (deleting one leaves it to the rest).
+    pod = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/pods/again-a1"))
+    assert pod["spec"]["serviceAccountName"] == "tether-worker"
+    role = kube.ok(kube.get(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles/tether-worker"))
+    assert not role["metadata"].get("ownerReferences")
 
 
 def test_a_run_ended_by_its_last_pod_leaves_no_finalizer(kube: Kube, namespace: str, operator) -> None:

@@ -95,7 +95,9 @@ def test_worker_cannot_renew_another_runs_lease(kube: Kube, namespace: str, oper
         runs.wait_phase(kube, namespace, name, "Running", timeout=30)
     # Bound to a's pod, as the kubelet binds it: the admission policy lets only the holder's pod renew.
     pod_a = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/pods/a-a1"))["metadata"]
-    token = kube.ok(kube.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/a-worker/token", {"spec": {
+    # The namespace's worker identity, shared by every pod-backed run: the admission policy, not a
+    # per-run Role, keeps each pod to its own run.
+    token = kube.ok(kube.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/tether-worker/token", {"spec": {
         "expirationSeconds": 600,
         "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "a-a1", "uid": pod_a["uid"]}}}))["status"]["token"]
     # Only the CA: the admin kubeconfig's context also carries a client certificate, which would win.
@@ -104,16 +106,17 @@ def test_worker_cannot_renew_another_runs_lease(kube: Kube, namespace: str, oper
     as_a = httpx.Client(base_url=kube.config.server, verify=ca, headers={"Authorization": f"Bearer {token}"}, timeout=10)
     me = as_a.post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
                    json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}).json()
-    assert me["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:a-worker"
+    assert me["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:tether-worker"
     own = as_a.get(LEASES.format(ns=namespace) + "/a")
     assert own.status_code == 200
-    other = kube.ok(kube.get(LEASES.format(ns=namespace) + "/b"))
-    assert as_a.put(LEASES.format(ns=namespace) + "/b", json=other).status_code == 403
-    assert as_a.get(LEASES.format(ns=namespace) + "/b").status_code == 403
+    other = as_a.get(LEASES.format(ns=namespace) + "/b")
+    assert other.status_code == 200  # reading is the shared Role's; writing is the policy's to refuse
+    refused = as_a.put(LEASES.format(ns=namespace) + "/b", json=other.json())
+    assert refused.status_code == 403 and "tether-worker-lease-fencing" in refused.text, refused.text
     patch = [{"op": "add", "path": "/status/result", "value": {"forged": True}}]
     resp = as_a.patch(Kube.wr_path(namespace, "b") + "/status", json=patch,
                       headers={"Content-Type": "application/json-patch+json"})
-    assert resp.status_code == 403
+    assert resp.status_code == 403 and "tether-worker-status-fencing" in resp.text, resp.text
     assert as_a.put(LEASES.format(ns=namespace) + "/a", json=own.json()).status_code == 200
 
 

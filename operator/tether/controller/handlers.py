@@ -20,7 +20,8 @@ from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
 from tether.kube.ratelimit import TokenBucket
 
-_state: dict[str, Any] = {"may_act": lambda: True, "qps": 50.0, "burst": 100, "workers": 16}
+_state: dict[str, Any] = {"may_act": lambda: True, "qps": 50.0, "burst": 100, "workers": 16,
+                          "worker_identity": "namespace"}
 
 
 def controller() -> RunController:
@@ -47,7 +48,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = 60
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
     kube = KubeClient(kubeconfig.load(), limiter=TokenBucket(_state["qps"], _state["burst"]))
-    ctl = RunController(kube, fold_interval=fold, may_act=_state["may_act"], workers=_state["workers"])
+    ctl = RunController(kube, fold_interval=fold, may_act=_state["may_act"], workers=_state["workers"],
+                        namespace_identity=_state.get("worker_identity", "namespace") == "namespace")
     ctl.start()
     _state["controller"] = ctl
     metrics.STATE.controller = ctl

@@ -1,5 +1,8 @@
-"""The worker identity of a run: ServiceAccount, Role and RoleBinding, created once per run.
+"""The worker identity of a run: ServiceAccount, Role and RoleBinding.
 
+With the namespace identity (the default, where the admission policy scopes each pod's token
+to its own run) a pod-backed run uses the namespace's objects, created once per namespace;
+otherwise, and for External runs (the gateway mints their tool claims), one set per run.
 Objects left by a deleted run of the same name are not adopted: they belong to the
 old run's UID (and garbage collection would delete them under the new run).
 """
@@ -18,22 +21,29 @@ def owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 
 class WorkerRbac:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: KubeClient, shared: bool = True) -> None:
         self.kube = kube
-        self._ready: set[str] = set()  # run UIDs whose objects exist
+        self.shared = shared
+        self._ready: set[str] = set()  # run UIDs, and namespaces, whose objects exist
 
     def forget(self, uid: str) -> None:
         self._ready.discard(uid)
 
     async def ensure(self, run: WorkerRun) -> None:
-        uid = run.metadata.uid
+        ns, uid = run.metadata.namespace, run.metadata.uid
+        if resources.shares_namespace_identity(run, self.shared):
+            if f"ns:{ns}" not in self._ready:
+                for path, obj in resources.build_namespace_worker_rbac(ns):
+                    await self._ensure_one(path, obj, None)
+                self._ready.add(f"ns:{ns}")
+            return
         if uid in self._ready:
             return
         for path, obj in resources.build_worker_rbac(run):
             await self._ensure_one(path, obj, uid)
         self._ready.add(uid)
 
-    async def _ensure_one(self, path: str, obj: dict[str, Any], uid: str) -> None:
+    async def _ensure_one(self, path: str, obj: dict[str, Any], uid: str | None) -> None:
         for _ in range(3):
             try:
                 await self.kube.create(path, obj)
@@ -42,8 +52,8 @@ class WorkerRbac:
                 existing = await self.kube.get_object(f"{path}/{obj['metadata']['name']}")
                 if existing is None:
                     continue  # deleted in between: create again
-                if owned_by(existing, uid) or not existing["metadata"].get("ownerReferences"):
-                    return  # ours, or the user's own (a template's ServiceAccount)
+                if uid is None or owned_by(existing, uid) or not existing["metadata"].get("ownerReferences"):
+                    return  # ours, the namespace's, or the user's own (a template's ServiceAccount)
                 # Left by a deleted run of the same name: replace it, or GC takes it from us.
                 await self.kube.delete_object(f"{path}/{obj['metadata']['name']}", existing["metadata"]["uid"])
         raise Conflict(409, f"{path}/{obj['metadata']['name']} keeps reappearing", "ensure worker rbac")

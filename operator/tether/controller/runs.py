@@ -213,7 +213,8 @@ class _KeyState:
 
 class RunController:
     def __init__(self, kube: KubeClient, clock: Clock | None = None, fold_interval: float = 10.0,
-                 may_act: Callable[[], bool] = lambda: True, workers: int = 16) -> None:
+                 may_act: Callable[[], bool] = lambda: True, workers: int = 16,
+                 namespace_identity: bool = True) -> None:
         self.kube = kube
         self.may_act = may_act
         self.clock = clock or Clock()
@@ -224,7 +225,7 @@ class RunController:
         self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
         self.leases = LeaseTracker()  # keyed by the owning run's UID
         self.budgets = BudgetBook(kube, self.clock.now)
-        self.rbac = WorkerRbac(kube)
+        self.rbac = WorkerRbac(kube, shared=namespace_identity)
         self.state: dict[RunKey, _KeyState] = {}
         # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
         self.tool_claims_cleared: dict[str, int] = {}
@@ -872,7 +873,8 @@ class RunController:
         run = snap.run
         ns = run.metadata.namespace
         await self._rbac(snap)
-        pod = resources.build_pod(run, action.name, action.attempt, action.fence, action.holder)
+        pod = resources.build_pod(run, action.name, action.attempt, action.fence, action.holder,
+                                  shared=self.rbac.shared)
         try:
             created = await self._refusable(self.kube.create_pod(pod), "PodRefused", ns)
             self._log("pod created", run, "pod_created", pod=action.name)

@@ -69,10 +69,45 @@ def regrant_lease(current: dict[str, Any], holder: str | None, fence: int, durat
     return lease
 
 
-def worker_service_account(run: WorkerRun) -> str:
-    """The pod's ServiceAccount: the template's own, else one per run."""
+# The worker identity every pod-backed run of a namespace shares (--worker-identity=namespace).
+NAMESPACE_WORKER = "tether-worker"
+
+
+def shares_namespace_identity(run: WorkerRun, shared: bool) -> bool:
+    """Pod runs without an account of their own use the namespace's worker identity when the
+    admission policy is in force (it scopes each pod-bound token to its own run). External
+    runs keep one per run: the gateway mints their tool claims for it."""
     template_spec = (run.spec.template or {}).get("spec", {}) or {}
+    return shared and run.spec.executor == "Pod" and not template_spec.get("serviceAccountName")
+
+
+def worker_service_account(run: WorkerRun, shared: bool = False) -> str:
+    """The pod's ServiceAccount: the template's own, else the namespace's (shared), else one per run."""
+    template_spec = (run.spec.template or {}).get("spec", {}) or {}
+    if shares_namespace_identity(run, shared):
+        return NAMESPACE_WORKER
     return template_spec.get("serviceAccountName") or f"{run.metadata.name}-worker"
+
+
+def build_namespace_worker_rbac(ns: str) -> list[tuple[str, dict[str, Any]]]:
+    """The namespace's worker identity: a ServiceAccount, and a Role that lets it read and renew
+    run Leases and patch run status in the namespace — which run, the admission policy decides
+    from the pod its token names. Owned by no run: deleting one must not take it from the rest."""
+    meta = {"name": NAMESPACE_WORKER, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "tether"}}
+    return [
+        (f"/api/v1/namespaces/{ns}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}),
+        (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+            "rules": [
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update", "patch"]},
+                {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get"]},
+                {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
+            ]}),
+        (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAMESPACE_WORKER},
+            "subjects": [{"kind": "ServiceAccount", "name": NAMESPACE_WORKER, "namespace": ns}]}),
+    ]
 
 
 def build_worker_rbac(run: WorkerRun) -> list[tuple[str, dict[str, Any]]]:
@@ -139,7 +174,8 @@ def worker_env(run: WorkerRun, holder: str, attempt: int, fence: int) -> list[di
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
-def build_pod(run: WorkerRun, name: str, attempt: int, fence: int, holder: str) -> dict[str, Any]:
+def build_pod(run: WorkerRun, name: str, attempt: int, fence: int, holder: str,
+              shared: bool = False) -> dict[str, Any]:
     template = copy.deepcopy(run.spec.template or {})
     meta = template.get("metadata", {}) or {}
     spec = template.get("spec", {}) or {}
@@ -147,7 +183,7 @@ def build_pod(run: WorkerRun, name: str, attempt: int, fence: int, holder: str) 
     annotations = {**(meta.get("annotations") or {}), c.ANN_FENCE: str(fence)}
     # Retries are attempts with new fences, never container restarts under the same one.
     spec["restartPolicy"] = "Never"
-    spec["serviceAccountName"] = worker_service_account(run)
+    spec["serviceAccountName"] = worker_service_account(run, shared)
     env = worker_env(run, holder, attempt, fence)
     # Both payload variables are Tether's: a template's own would shadow the real payload.
     ours = {e["name"] for e in env} | {c.ENV_PAYLOAD, c.ENV_PAYLOAD_FROM}

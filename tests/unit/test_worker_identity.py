@@ -1,0 +1,55 @@
+"""Worker identity: one per namespace for pod-backed runs (three writes fewer per launch), one per
+run where the namespace's cannot be used."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tether.api.models import WorkerRun
+from tether.controller.rbac import WorkerRbac
+from tether.kube import resources
+
+
+def _run(name: str, executor: str = "Pod", sa: str | None = None, ns: str = "ns") -> WorkerRun:
+    spec: dict[str, Any] = {"containers": [{"name": "w", "command": ["w"]}]}
+    if sa:
+        spec["serviceAccountName"] = sa
+    return WorkerRun.model_validate({
+        "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}"},
+        "spec": {"executor": executor, "template": {"spec": spec} if executor == "Pod" else None}})
+
+
+class _Kube:
+    def __init__(self) -> None:
+        self.created: list[str] = []
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.created.append(f"{path.rsplit('/', 1)[-1]}/{body['metadata']['name']}")
+        return body
+
+
+def test_pod_runs_of_a_namespace_share_one_identity_created_once() -> None:
+    kube = _Kube()
+    rbac = WorkerRbac(kube, shared=True)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        for run in (_run("a"), _run("b"), _run("c", ns="other")):
+            await rbac.ensure(run)
+    asyncio.run(go())
+    assert kube.created == ["serviceaccounts/tether-worker", "roles/tether-worker", "rolebindings/tether-worker"] * 2
+    pod = resources.build_pod(_run("a"), "a-a1", 1, 1, "a-a1", shared=True)
+    assert pod["spec"]["serviceAccountName"] == "tether-worker"
+    role = dict(resources.build_namespace_worker_rbac("ns"))["/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles"]
+    assert "ownerReferences" not in role["metadata"]  # no run's deletion may take it from the others
+
+
+def test_external_runs_own_accounts_and_per_run_mode_keep_one_identity_per_run() -> None:
+    for shared, run, expected_sa in ((True, _run("x", executor="External"), "x-worker"),
+                                     (True, _run("y", sa="mine"), "mine"),
+                                     (False, _run("z"), "z-worker")):
+        kube = _Kube()
+        asyncio.run(WorkerRbac(kube, shared=shared).ensure(run))  # type: ignore[arg-type]
+        name = run.metadata.name
+        assert f"roles/tether-worker-{name}" in kube.created and f"rolebindings/tether-worker-{name}" in kube.created
+        assert resources.worker_service_account(run, shared) == expected_sa
