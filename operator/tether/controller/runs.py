@@ -125,6 +125,9 @@ class Snapshot:
     pods: tuple[PodObservation, ...]
     # Pods labelled for this run's name that another (deleted) run controls.
     foreign_pods: tuple[ForeignPod, ...] = ()
+    # The Lease as this pass last read it ((None,): absent); None: not read. A write based on it
+    # is still a compare-and-swap, so a stale read costs a conflict and a re-read, nothing more.
+    lease_read: tuple[dict[str, Any] | None] | None = None
 
     @property
     def uid(self) -> str:
@@ -503,7 +506,7 @@ class RunController:
         self._state(key).usage_alarm = decision.usage_alarm
         if not decision.actions:
             return decision.requeue_after, decision.again_now
-        await self._confirm(snap, decision.actions)
+        snap = await self._confirm(snap, decision.actions)
         for action in decision.actions:
             snap = await self._dispatch[type(action)](snap, action)
         return decision.requeue_after, True
@@ -550,7 +553,7 @@ class RunController:
             raise Again("finalizer write conflicted") from None
         self._store_written(snap, written)
 
-    async def _confirm(self, snap: Snapshot, actions: list[Action]) -> None:
+    async def _confirm(self, snap: Snapshot, actions: list[Action]) -> Snapshot:
         """Checks what a decision rests on before acting on it.
 
         Ending an attempt re-reads the Lease: the final usage report must be in the books, and a
@@ -585,6 +588,7 @@ class RunController:
                     snap.lease is None or lease["metadata"]["resourceVersion"] != snap.lease.resource_version):
                 self.leases.observe(snap.uid, lease, self.clock.mono())
                 raise Again("the lease is not as the grant saw it")
+            snap = replace(snap, lease_read=(lease,))  # the grant's Lease write starts from this read
         if grant is not None and grant.status.holder and grant.status.holder not in self.pods.get(snap.key, {}):
             # A deleted namesake's pod of the holder's name that the pod watch has not delivered
             # (after a restart the run may be listed first): its worker would take the grant.
@@ -602,6 +606,7 @@ class RunController:
             fresh = await self._refresh_run(snap.key)
             if fresh is None or fresh["metadata"]["resourceVersion"] != snap.body["metadata"]["resourceVersion"]:
                 raise Again("the run moved")
+        return snap
 
     async def _namespace_terminating(self, ns: str) -> bool:
         try:
@@ -778,8 +783,10 @@ class RunController:
         run = snap.run
         ns, name = run.metadata.namespace, run.metadata.name
         now = self.clock.now()
+        read = snap.lease_read
         for _ in range(5):
-            current = await self.kube.get_lease(ns, name)
+            current = read[0] if read is not None else await self.kube.get_lease(ns, name)
+            read = None  # after a conflict, read again
             if current is not None and protocol.controller_uid(current) != snap.uid:
                 if protocol.controller_uid(current) is None:
                     # Not Tether's (an application's own Lease of that name): never touch it.
