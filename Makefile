@@ -7,13 +7,14 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools test unit chaos demo cluster e2e-kind clean
+.PHONY: help install control-plane tools test unit chaos bench demo cluster e2e-kind clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
 	@echo "make demo           the main job: local cluster, operator, examples, a lost worker, timelines"
 	@echo "make unit           pure unit tests only (no cluster)"
 	@echo "make chaos          seeded fault trials judged from the audit log (TRIALS=300 SEED=1; not in make test)"
+	@echo "make bench          scale benchmarks on kwok nodes: JSON, figures, README table (not in make test)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
 	@echo "make e2e-kind       (Docker + kind) build the image, helm install it, run the e2e suite there"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
@@ -31,6 +32,7 @@ control-plane:
 
 tools:
 	bash hack/build-tools.sh
+	bash hack/build-kwok.sh
 
 test: install control-plane tools
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
@@ -43,6 +45,14 @@ TRIALS ?= 300
 SEED ?= 1
 chaos: install control-plane
 	$(PY) benchmarks/chaos.py --trials $(TRIALS) --seed $(SEED)
+
+# Scale benchmarks (benchmarks/scale.py): kwok nodes, the simulated fleet, 5,000 live runs by default.
+BENCH_OUT ?= benchmarks/results/$(shell date +%F).json
+BENCH_ARGS ?=
+bench: install control-plane tools
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) benchmarks/scale.py --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) benchmarks/report.py $(BENCH_OUT)
 
 demo: install control-plane
 	$(VENV)/bin/tether dev demo

@@ -37,6 +37,7 @@ class Plan:
     crash_after: float | None = None
     complete_after: float | None = None
     cents_per_renewal: int = 0
+    checkpoint_every: int = 0  # renewals between checkpoints (0: never); each one reaches the status
 
 
 @dataclass
@@ -135,7 +136,9 @@ class Fleet:
                 spent += plan.cents_per_renewal
                 began = time.monotonic()
                 try:
-                    renewal = await transport.renew(checkpoint=str(played.renewals),
+                    checkpoint = str(played.renewals) if plan.checkpoint_every and \
+                        played.renewals % plan.checkpoint_every == 0 else None
+                    renewal = await transport.renew(checkpoint=checkpoint,
                                                     usage=Usage(cents=spent) if plan.cents_per_renewal else None)
                 except httpx.HTTPError as exc:
                     self.stats.counts[f"renewal error {type(exc).__name__}"] += 1

@@ -66,13 +66,15 @@ KCM_QPS, KCM_BURST = 20, 30
 
 @dataclass
 class Env:
-    cluster: LocalCluster
+    kubeconfig: Path
     api: httpx.Client
     cfg: kubeconfig.KubeConfig
     qps: float
     burst: int
+    prefix: str = ""  # of every namespace made here (a shared test cluster)
 
     def namespace(self, name: str) -> str:
+        name = f"{self.prefix}{name}"
         self.api.post("/api/v1/namespaces", json={"metadata": {"name": name}}).raise_for_status()
         wait_for(lambda: self.api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200,
                  timeout=60, what=f"namespace {name}")
@@ -96,7 +98,13 @@ def environment(kwok_nodes: int, qps: float, burst: int) -> Iterator[Env]:
         api = cluster.client(timeout=60)
         install_crds(api)
         install_policies(api)
-        yield Env(cluster, api, kubeconfig.load(str(cluster.kubeconfig)), qps, burst)
+        yield Env(cluster.kubeconfig, api, kubeconfig.load(str(cluster.kubeconfig)), qps, burst)
+
+
+def existing(path: Path, qps: float, burst: int, prefix: str) -> Env:
+    """A cluster that is already up (with kwok nodes, the CRDs and the policies installed)."""
+    cfg = kubeconfig.load(str(path))
+    return Env(path, cfg.sync_client(timeout=60), cfg, qps, burst, prefix)
 
 
 class Operator:
@@ -112,7 +120,7 @@ class Operator:
     def start(self) -> None:
         args = [sys.executable, "-m", "tether.cli", "operator", "-n", self.ns, f"--metrics-port={self.port}",
                 f"--kube-qps={self.env.qps}", f"--kube-burst={self.env.burst}"]
-        self.proc = spawn(args, log_path=self.log, env={**os.environ, "KUBECONFIG": str(self.env.cluster.kubeconfig)})
+        self.proc = spawn(args, log_path=self.log, env={**os.environ, "KUBECONFIG": str(self.env.kubeconfig)})
         self.ps = psutil.Process(self.proc.pid)
         wait_for(lambda: self._metrics_up(), timeout=60, what="operator /metrics")
 
@@ -295,7 +303,7 @@ def launch(env: Env, n: int, rate: float | None, first: str) -> dict[str, Any]:
             watch = PodTimes(env, ns, "batch.kubernetes.io/job-name")
             sent = create_paced(env, JOBS.format(ns=ns), [batch_job(f"j{i}") for i in range(n)], rate)
         try:
-            wait_for(lambda: len(watch.running) >= n, timeout=max(600, n), interval=0.5,
+            wait_for(lambda w=watch: len(w.running) >= n, timeout=max(600, n), interval=0.5,
                      what=f"{n} {kind} pods Running")
         finally:
             watch.stop()
@@ -312,67 +320,116 @@ def launch(env: Env, n: int, rate: float | None, first: str) -> dict[str, Any]:
     return out
 
 
-def _wait_all_renewed(env: Env, ns: str, fleet: FleetThread, n: int, timeout: float) -> float:
-    began = time.monotonic()
-    wait_for(lambda: sum(1 for p in fleet.fleet.stats.played.values() if p.renewals) >= n, timeout=timeout,
-             interval=1, what=f"{n} workers renewing")
-    return time.monotonic() - began
+class Population:
+    """Live runs in one namespace, played by the fleet, under one operator; grows on demand."""
 
+    def __init__(self, env: Env, name: str, duration: int, renew: int, plan: Plan | None = None,
+                 budget: str | None = None) -> None:
+        self.env, self.duration, self.renew, self.budget = env, duration, renew, budget
+        self.ns = env.namespace(name)
+        if budget is not None:
+            env.api.post(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerbudgets", json={
+                "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget", "metadata": {"name": budget},
+                "spec": {"limitCents": 10**9}}).raise_for_status()
+        self.op = Operator(env, self.ns)
+        played = plan or Plan()
+        self.fleet = FleetThread(env, self.ns, lambda _: played)
+        self.n = 0
+        self.frozen: set[str] = set()  # runs a lapse sample froze: their LeaseLost is expected
 
-def steady(env: Env, n: int, duration: int, renew: int, window: float, lapses: int, seed: int) -> dict[str, Any]:
-    """N live runs renewing; `lapses` sampled workers freeze at random moments of the window."""
-    ns = env.namespace(f"steady-{n}-l{duration}")
-    rng = random.Random(seed)
-    # Freezes fall inside the window, early enough for their lapse to be judged before it ends.
-    freeze_in = {f"r{i}": rng.uniform(0, window - duration - 2 * renew) for i in rng.sample(range(n), min(lapses, n))}
-    op = Operator(env, ns)
-    t_create = time.time()
-    create_paced(env, WR.format(ns=ns), [worker_run(f"r{i}", duration, renew, grace=600) for i in range(n)], None)
-    fleet = FleetThread(env, ns, lambda _: Plan())
-    try:
-        ramp = _wait_all_renewed(env, ns, fleet, n, timeout=max(900, n / 2))
-        time.sleep(renew)  # let the ramp's grants and first renewals settle out of the window
-        m0, api0, cpu0, t0 = op.metrics(), env.apiserver_requests(), op.cpu_seconds(), time.monotonic()
+    def grow(self, to: int) -> float:
+        """Adds runs r<n>..r<to-1>; returns seconds until all of them renew."""
+        began = time.monotonic()
+        bodies = [worker_run(f"r{i}", self.duration, self.renew, grace=600) for i in range(self.n, to)]
+        for body in bodies:
+            if self.budget is not None:
+                body["spec"]["budget"] = {"budgetRef": {"name": self.budget}}
+        create_paced(self.env, WR.format(ns=self.ns), bodies, None)
+        self.n = to
+        wait_for(lambda: self._renewing() >= to, timeout=max(900, to / 2), interval=1,
+                 what=f"{to} workers renewing")
+        return time.monotonic() - began
+
+    def _renewing(self) -> int:
+        return len({p.run for p in list(self.fleet.fleet.stats.played.values()) if p.renewals})
+
+    def measure(self, window: float, lapses: int, seed: int) -> dict[str, Any]:
+        """A steady window; `lapses` sampled workers freeze at random moments of it."""
+        rng = random.Random(seed)
+        live = [f"r{i}" for i in range(self.n) if f"r{i}" not in self.frozen]
+        # Early enough in the window for the lapse to be judged before it ends.
+        freeze_in = {run: rng.uniform(0, window - self.duration - 2 * self.renew)
+                     for run in rng.sample(live, min(lapses, len(live)))}
+        time.sleep(self.renew)  # let a ramp's grants and first renewals settle out of the window
+        op, fleet = self.op, self.fleet.fleet
+        m0, api0, cpu0, t0 = op.metrics(), self.env.apiserver_requests(), op.cpu_seconds(), time.monotonic()
         start = time.time()
-        fleet.fleet.freeze_at.update({run: start + at for run, at in freeze_in.items()})
-        renewals0 = fleet.fleet.stats.counts["renewals"]
+        fleet.freeze_at.update({run: start + at for run, at in freeze_in.items()})
+        self.frozen |= set(freeze_in)
+        renewals0 = fleet.stats.counts["renewals"]
         rss_peak = 0.0
         while time.monotonic() - t0 < window:
             rss_peak = max(rss_peak, op.rss_mib())
             time.sleep(5)  # sampling period of the RSS probe
         elapsed = time.monotonic() - t0
-        m1, api1, cpu1 = op.metrics(), env.apiserver_requests(), op.cpu_seconds()
-        renewals = fleet.fleet.stats.counts["renewals"] - renewals0
+        m1, api1, cpu1 = op.metrics(), self.env.apiserver_requests(), op.cpu_seconds()
+        renewals = fleet.stats.counts["renewals"] - renewals0
         api = api1 - api0
-        lost = _lost_attempts(env, ns)
-    finally:
-        fleet.stop()
-        op.stop()
-    detect = []
-    for p in fleet.fleet.stats.played.values():
-        if p.ended == "frozen" and p.run in lost and p.last_renewal is not None:
-            detect.append(lost[p.run] - p.last_renewal)
-    false_lost = sorted(r for r in lost if r not in freeze_in)
-    writes = {f"{res} {verb}": c for (res, verb), c in api.items()
-              if verb in ("PUT", "PATCH", "POST", "DELETE", "APPLY") and c}
-    result = {
-        "runs": n, "leaseSeconds": duration, "renewSeconds": renew, "windowSeconds": round(elapsed, 1),
-        "operatorCores": round((cpu1 - cpu0) / elapsed, 3), "operatorRssMiBPeak": round(rss_peak, 1),
-        "renewalsPerSecond": round(renewals / elapsed, 1),
-        "apiWritesPerHeartbeat": {
-            "leases": round(api[("leases", "PUT")] / max(renewals, 1), 3),
-            "workerruns": round(sum(c for (res, verb), c in api.items() if res.startswith("workerruns")
-                                    and verb in ("PUT", "PATCH", "POST", "DELETE")) / max(renewals, 1), 3)},
-        "operatorRequestsPerHeartbeat": round((requests_sent(m1) - requests_sent(m0)) / max(renewals, 1), 4),
-        "apiWritesInWindow": writes,
-        "watchLagSeconds": {"p50": histogram_quantile(m1, "tether_lease_watch_lag_seconds", 0.5),
-                            "p99": histogram_quantile(m1, "tether_lease_watch_lag_seconds", 0.99)},
-        "lapseDetectionSeconds": summary(detect), "lapsesSampled": len(freeze_in), "rampSeconds": round(ramp, 1),
-        "falseLost": len(false_lost), "falseLostRuns": false_lost[:10],
-        "createdAt": t_create,
-    }
-    print(f"  steady {n} L={duration}: {json.dumps(result)}", flush=True)
-    return result
+        lost = _lost_attempts(self.env, self.ns)
+        detect = [lost[p.run] - p.last_renewal for p in list(fleet.stats.played.values())
+                  if p.ended == "frozen" and p.run in freeze_in and p.run in lost and p.last_renewal is not None]
+        false_lost = sorted(r for r in lost if r not in self.frozen)
+        result = {
+            "runs": self.n, "leaseSeconds": self.duration, "renewSeconds": self.renew,
+            "windowSeconds": round(elapsed, 1), "window": [start, start + elapsed], "renewals": renewals,
+            "operatorCores": round((cpu1 - cpu0) / elapsed, 3), "operatorRssMiBPeak": round(rss_peak, 1),
+            "renewalsPerSecond": round(renewals / elapsed, 1),
+            "apiWritesPerHeartbeat": {
+                "leases": round(api[("leases", "PUT")] / max(renewals, 1), 3),
+                "workerruns": round(sum(c for (res, verb), c in api.items() if res.startswith("workerruns")
+                                        and verb in ("PUT", "PATCH", "POST", "DELETE")) / max(renewals, 1), 3)},
+            "operatorRequestsPerHeartbeat": round((requests_sent(m1) - requests_sent(m0)) / max(renewals, 1), 4),
+            "apiWritesInWindow": {f"{res} {verb}": c for (res, verb), c in api.items()
+                                  if verb in ("PUT", "PATCH", "POST", "DELETE", "APPLY") and c},
+            "watchLagSeconds": {"p50": histogram_quantile(m1, "tether_lease_watch_lag_seconds", 0.5),
+                                "p99": histogram_quantile(m1, "tether_lease_watch_lag_seconds", 0.99)},
+            "lapseDetectionSeconds": summary(detect), "lapsesSampled": len(freeze_in),
+            "falseLost": len(false_lost), "falseLostRuns": false_lost[:10],
+            "fleetRenewalSeconds": summary(fleet.stats.renew_seconds[-5000:]),
+        }
+        print(f"  steady {self.n} L={self.duration}: {json.dumps(result)}", flush=True)
+        return result
+
+    def restart(self) -> dict[str, Any]:
+        """kill -9 of the operator; a new one starts at once. Until when does it know every run again,
+        what does it send meanwhile (its own request counter, 1 s samples), and is anyone lost?"""
+        lost_before = set(_lost_attempts(self.env, self.ns))
+        self.op.kill()
+        killed = time.monotonic()
+        self.op.start()
+        per_second: list[float] = []
+        seen_at, last = None, 0.0
+        while time.monotonic() - killed < 2 * self.duration + 10:
+            m = self.op.metrics()
+            sent = requests_sent(m)
+            per_second.append(sent - last)
+            last = sent
+            known = sum(v for k, v in m.items() if k.startswith("tether_workerruns{"))
+            if seen_at is None and known >= self.n:
+                seen_at = time.monotonic() - killed
+            time.sleep(1)  # the sampling period of the burst profile
+        false_lost = sorted(r for r in set(_lost_attempts(self.env, self.ns)) - lost_before if r not in self.frozen)
+        result = {"runs": self.n, "leaseSeconds": self.duration,
+                  "allObservedAfterSeconds": None if seen_at is None else round(seen_at, 1),
+                  "requestsAfterRestart": int(sum(per_second)), "peakRequestsPerSecond": max(per_second, default=0),
+                  "requestsPerSecond": per_second, "falseLost": len(false_lost),
+                  "qps": self.env.qps, "burst": self.env.burst}
+        print(f"  restart {self.n}: { {k: v for k, v in result.items() if k != 'requestsPerSecond'} }", flush=True)
+        return result
+
+    def close(self) -> None:
+        self.fleet.stop()
+        self.op.stop()
 
 
 def _lost_attempts(env: Env, ns: str) -> dict[str, float]:
@@ -386,42 +443,73 @@ def _lost_attempts(env: Env, ns: str) -> dict[str, float]:
     return out
 
 
-def restart(env: Env, n: int, duration: int, renew: int) -> dict[str, Any]:
-    """kill -9 of the operator under N live runs; a new one starts at once."""
-    ns = env.namespace(f"restart-{n}")
-    op = Operator(env, ns)
-    create_paced(env, WR.format(ns=ns), [worker_run(f"r{i}", duration, renew, grace=600) for i in range(n)], None)
-    fleet = FleetThread(env, ns, lambda _: Plan())
+def budget_load(env: Env, n: int, duration: int, renew: int, window: float) -> dict[str, Any]:
+    """N runs on one WorkerBudget, each reporting one more cent with every renewal."""
+    pop = Population(env, f"budget-{n}", duration, renew, plan=Plan(cents_per_renewal=1), budget="team")
+    ns, op = pop.ns, pop.op
+    path = f"/apis/tether.dev/v1alpha1/namespaces/{ns}/workerbudgets/team"
+    sizes: list[int] = []
     try:
-        _wait_all_renewed(env, ns, fleet, n, timeout=max(900, n / 2))
-        time.sleep(renew)
-        op.kill()
-        killed = time.monotonic()
-        op.start()
-        per_second: list[float] = []
-        seen_at = None
-        last = 0.0
-        while time.monotonic() - killed < max(120, 3 * duration):
-            m = op.metrics()
-            sent = requests_sent(m)
-            per_second.append(sent - last)
-            last = sent
-            known = sum(v for k, v in m.items() if k.startswith("tether_workerruns{"))
-            if seen_at is None and known >= n:
-                seen_at = time.monotonic() - killed
-            time.sleep(1)  # the sampling period of the burst profile
-        lost = _lost_attempts(env, ns)
+        pop.grow(n)
+        m0, t0 = op.metrics(), time.monotonic()
+        while time.monotonic() - t0 < window:
+            sizes.append(len(env.api.get(path).content))
+            time.sleep(5)  # sampling period of the budget's size
+        elapsed = time.monotonic() - t0
+        m1 = op.metrics()
+        runs = env.api.get(WR.format(ns=ns)).raise_for_status().json()["items"]
+        budget = env.api.get(path).json()
     finally:
-        fleet.stop()
-        op.stop()
-    result = {"runs": n, "leaseSeconds": duration, "allObservedAfterSeconds": seen_at and round(seen_at, 1),
-              "requestsAfterRestart": int(sum(per_second)), "peakRequestsPerSecond": max(per_second, default=0),
-              "requestsPerSecond": per_second, "falseLost": len(lost), "qps": env.qps, "burst": env.burst}
-    print(f"  restart {n}: { {k: v for k, v in result.items() if k != 'requestsPerSecond'} }", flush=True)
+        pop.close()
+    marks = (budget.get("status") or {}).get("charges") or {}
+    starved = [r["metadata"]["name"] for r in runs
+               if ((r.get("status") or {}).get("usage") or {}).get("cents", 0) > 0
+               and int((marks.get(r["metadata"]["uid"]) or {}).get("cents", 0)) == 0]
+    reconciles = sum(v for k, v in m1.items() if k.startswith("controller_runtime_reconcile_total{")) - \
+        sum(v for k, v in m0.items() if k.startswith("controller_runtime_reconcile_total{"))
+    conflicts = m1.get("tether_budget_charge_conflicts_total", 0) - m0.get("tether_budget_charge_conflicts_total", 0)
+    charged = m1.get('tether_budget_charged_cents_total{budget="team",namespace="%s"}' % ns, 0) - \
+        m0.get('tether_budget_charged_cents_total{budget="team",namespace="%s"}' % ns, 0)
+    result = {"runs": n, "leaseSeconds": duration, "renewSeconds": renew, "windowSeconds": round(elapsed, 1),
+              "chargeConflictsPerSecond": round(conflicts / elapsed, 2),
+              "centsChargedPerSecond": round(charged / elapsed, 1),
+              "reconcilesPerSecond": round(reconciles / elapsed, 1),
+              "budgetBytes": {"max": max(sizes, default=0), "end": sizes[-1] if sizes else 0},
+              "starvedRuns": len(starved), "spent": (budget.get("status") or {}).get("spent")}
+    print(f"  budget {n}: {json.dumps(result)}", flush=True)
     return result
 
 
-SCENARIOS = ("launch", "steady", "restart")
+def ceiling(pop: Population, step: int, limit: int, window: float, goals: dict[str, float]) -> dict[str, Any]:
+    """Grows a population step by step until a goal breaks (or `limit`)."""
+    steps = []
+    while pop.n + step <= limit:
+        ramp = pop.grow(pop.n + step)
+        result = pop.measure(window, lapses=20, seed=pop.n)
+        broken = [name for name, ok in _goals(result, goals).items() if not ok]
+        steps.append({"runs": pop.n, "rampSeconds": round(ramp, 1), "broken": broken,
+                      "operatorCores": result["operatorCores"], "operatorRssMiBPeak": result["operatorRssMiBPeak"],
+                      "lapseP99": result["lapseDetectionSeconds"].get("p99"), "falseLost": result["falseLost"]})
+        print(f"  ceiling {pop.n}: broken {broken}", flush=True)
+        if broken:
+            return {"steps": steps, "ceiling": pop.n - step, "firstBroken": broken}
+    return {"steps": steps, "ceiling": None, "firstBroken": [], "note": f"no goal broke up to {pop.n}"}
+
+
+def _goals(steady_result: dict[str, Any], goals: dict[str, float]) -> dict[str, bool]:
+    lapse = steady_result["lapseDetectionSeconds"].get("p99")
+    return {
+        "cores": steady_result["operatorCores"] <= goals["cores"],
+        "rss": steady_result["operatorRssMiBPeak"] <= goals["rssMiB"],
+        "leaseWritesPerHeartbeat": steady_result["apiWritesPerHeartbeat"]["leases"] <= 1.05,
+        "runWritesPerHeartbeat": steady_result["apiWritesPerHeartbeat"]["workerruns"] <= 0.01,
+        "lapseP99": lapse is None or lapse <= steady_result["leaseSeconds"] + 2,
+        "falseLost": steady_result["falseLost"] == 0,
+    }
+
+
+GOALS = {"cores": 0.5, "rssMiB": 300}
+SCENARIOS = ("launch", "steady", "restart", "budget", "ceiling")
 
 
 def main() -> None:
@@ -435,11 +523,15 @@ def main() -> None:
     parser.add_argument("--qps", type=float, default=50)
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--budget-runs", type=int, default=1000)
+    parser.add_argument("--ceiling-step", type=int, default=2500)
+    parser.add_argument("--ceiling-limit", type=int, default=15000)
     parser.add_argument("--smoke", action="store_true", help="a few dozen runs, short windows (make test)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     if args.smoke:
         args.runs, args.launch_runs, args.lapses, args.window = 30, 20, 3, 45
+        args.budget_runs, args.ceiling_step, args.ceiling_limit = 20, 30, 60
     scenarios = args.scenarios.split(",")
     report: dict[str, Any] = {"date": dt.date.today().isoformat(), "machine": {"cpus": os.cpu_count()},
                               "tether": {"qps": args.qps, "burst": args.burst},
@@ -449,13 +541,30 @@ def main() -> None:
         if "launch" in scenarios:
             report["launch"] = [launch(env, args.launch_runs, 20, "jobs"),
                                 launch(env, args.launch_runs, None, "tether")]
-        if "steady" in scenarios:
-            long_lease = (90, 30) if not args.smoke else (20, 5)
-            short_lease = (30, 10) if not args.smoke else (12, 3)
-            report["steady"] = [steady(env, args.runs, *lease, args.window, args.lapses, args.seed)
-                                for lease in (long_lease, short_lease)]
-        if "restart" in scenarios:
-            report["restart"] = restart(env, args.runs, *((90, 30) if not args.smoke else (20, 5)))
+        long_lease = (90, 30) if not args.smoke else (20, 5)
+        short_lease = (30, 10) if not args.smoke else (12, 3)
+        if {"steady", "restart", "ceiling"} & set(scenarios):
+            pop = Population(env, "steady-long", *long_lease)
+            try:
+                ramp = pop.grow(args.runs)
+                report["steady"] = [{**pop.measure(args.window, args.lapses, args.seed), "rampSeconds": round(ramp, 1)}]
+                if "restart" in scenarios:
+                    report["restart"] = pop.restart()
+                if "ceiling" in scenarios:
+                    report["ceiling"] = ceiling(pop, args.ceiling_step, args.ceiling_limit, args.window, GOALS)
+            finally:
+                pop.close()
+            pop = Population(env, "steady-short", *short_lease)
+            try:
+                ramp = pop.grow(args.runs)
+                report["steady"].append({**pop.measure(args.window, args.lapses, args.seed + 1),
+                                         "rampSeconds": round(ramp, 1)})
+            finally:
+                pop.close()
+        if "budget" in scenarios:
+            report["budget"] = budget_load(env, args.budget_runs, *short_lease, args.window)
+        report["goals"] = {f"steady {s['runs']} L={s['leaseSeconds']}": _goals(s, GOALS)
+                           for s in report.get("steady", [])}
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"scale-{report['date']}{'-smoke' if args.smoke else ''}.json")
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")

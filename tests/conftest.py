@@ -44,7 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
     bin_dir = resolve_binaries()
     # The audit log is the fault trials' independent oracle; it costs one JSON line per write.
-    _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")), audit=True)
+    # Two kwok nodes (tainted: only pods that ask land there) keep the scale harness from rotting.
+    _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")), audit=True,
+                            kwok_nodes=2)
     _cluster.__enter__()
     with _cluster.client() as client:
         install_crds(client)

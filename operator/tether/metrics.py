@@ -38,6 +38,9 @@ LAPSE_DETECTION = Histogram("tether_lease_lapse_detection_seconds",
 REST_REQUESTS = Counter("rest_client_requests_total", "Requests the operator sent the API server (watches "
                         "aside), by method and status code (client-go's name).", ["method", "code"],
                         registry=REGISTRY)
+BUDGET_CONFLICTS = Counter("tether_budget_charge_conflicts_total",
+                           "Budget status writes (charges, releases) that lost a compare-and-swap and were retried.",
+                           registry=REGISTRY)
 WATCH_LAG = Histogram("tether_lease_watch_lag_seconds",
                       "Time from a Lease renewal (its renewTime) to the operator receiving its watch event.",
                       registry=REGISTRY, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))

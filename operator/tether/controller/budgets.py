@@ -121,6 +121,7 @@ class BudgetBook:
             try:
                 written = await self.kube.replace_budget_status({**body, "status": status.dump()})
             except Conflict:
+                metrics.BUDGET_CONFLICTS.inc()
                 continue
             if (ns, budget_name) in self.cache:
                 self.cache[(ns, budget_name)] = written
@@ -150,6 +151,7 @@ class BudgetBook:
             try:
                 written = await self.kube.replace_budget_status({**body, "status": status.dump()})
             except Conflict:
+                metrics.BUDGET_CONFLICTS.inc()
                 continue  # another run charged first: re-read and apply our difference again
             if (ns, budget_name) in self.cache:
                 self.cache[(ns, budget_name)] = written

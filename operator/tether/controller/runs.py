@@ -17,7 +17,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
@@ -28,7 +28,7 @@ from tether.api.conditions import get_condition, set_condition
 from tether.api.models import Outcome, Phase, WorkerRun
 from tether.controller.budgets import BudgetBook
 from tether.controller.leases import LeaseTracker
-from tether.controller.rbac import WorkerRbac, owned_by
+from tether.controller.rbac import WorkerRbac
 from tether.controller.workqueue import ExponentialBackoff, WorkQueue
 from tether.core.decide import (
     Action,
