@@ -302,8 +302,10 @@ class LocalCluster:
         """kwok plays the nodes labelled KWOK_LABEL and every pod bound to them (its default fast
         stages: Running at once, gone once deleted). The nodes are tainted, so only pods that
         tolerate KWOK_TAINT (see kwok_placement) land there, never the process kubelet's."""
+        kwok = resolve_kwok()
         self._spawn("kwok", [
-            str(resolve_kwok()), f"--kubeconfig={self.kubeconfig}", "--manage-all-nodes=false",
+            str(kwok), f"--kubeconfig={self.kubeconfig}", f"--config={kwok.parent / 'stages.yaml'}",
+            "--manage-all-nodes=false",
             f"--manage-nodes-with-label-selector={KWOK_LABEL}=true", "--cidr=10.2.0.0/16",
             "--node-lease-duration-seconds=40",
         ])
