@@ -236,6 +236,13 @@ class PodTimes:
         self._thread.start()
 
     def _watch(self, path: str, label: str) -> None:
+        try:
+            self._follow(path, label)
+        except httpx.HTTPError:
+            if not self._stop.is_set():
+                raise
+
+    def _follow(self, path: str, label: str) -> None:
         rv = self._http.get(path).raise_for_status().json()["metadata"]["resourceVersion"]
         while not self._stop.is_set():
             with self._http.stream("GET", path, params={"watch": "1", "resourceVersion": rv,
@@ -257,6 +264,7 @@ class PodTimes:
 
     def stop(self) -> None:
         self._stop.set()
+        self._http.close()  # ends the watch stream it may be blocked in
 
 
 def summary(values: list[float]) -> dict[str, float | int]:
