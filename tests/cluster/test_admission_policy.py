@@ -429,3 +429,29 @@ def test_process_kubelet_rotates_pod_tokens(tmp_path: Path) -> None:
         return seen
 
     assert asyncio.run(asyncio.wait_for(rotations(), timeout=10)) == ["first", "second", "third"]
+
+
+@pytest.mark.local_cluster
+def test_the_namespace_worker_identity_writes_run_leases_only(kube: Kube, namespace: str) -> None:
+    """Review finding: the shared tether-worker Role may update every Lease in the namespace (RBAC
+    cannot select by label). An application's leader-election Lease there must stay out of reach;
+    a run's Lease stays writable (the lease-fencing policy then decides which and how)."""
+    leases = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    _grant(kube, namespace, "tether-worker", [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update", "patch", "create",
+                                                                                   "delete"]}])
+    app = _created(kube.post(leases, {"metadata": {"name": "app-leader"},
+                                      "spec": {"holderIdentity": "app-0", "leaseDurationSeconds": 15}}))
+    with _client(kube, _bound_token(kube, namespace, "tether-worker", None)) as worker:
+        app["spec"]["holderIdentity"] = "hijacked"
+        refused = worker.put(f"{leases}/app-leader", json=app)
+        assert refused.status_code == 403 and "tether-namespace-worker-scope" in refused.text, refused.text
+        assert worker.delete(f"{leases}/app-leader").status_code == 403
+        created = worker.post(leases, json={"metadata": {"name": "mine"}, "spec": {"holderIdentity": "x"}})
+        assert created.status_code == 403 and "tether-namespace-worker-scope" in created.text, created.text
+        # Relabelling an application's Lease as a run's is a write to an unlabelled Lease: refused.
+        app["metadata"].setdefault("labels", {})["tether.dev/run"] = "app-leader"
+        assert worker.put(f"{leases}/app-leader", json=app).status_code == 403
+    assert kube.ok(kube.get(f"{leases}/app-leader"))["spec"]["holderIdentity"] == "app-0"
+    checking = kube.ok(kube.get(f"{POLICIES}/tether-namespace-worker-scope")).get("status", {}).get("typeChecking") or {}
+    assert not checking.get("expressionWarnings"), checking

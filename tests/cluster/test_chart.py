@@ -82,7 +82,7 @@ def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:
     plain = _plain_policies()
     chart = {d["metadata"]["name"].removeprefix("rel-tether-"): d for d in render(tools_dir)
              if d["kind"].startswith("ValidatingAdmissionPolicy")}
-    assert set(chart) == set(plain) == {"worker-status-fencing", "worker-lease-fencing"}
+    assert set(chart) == set(plain) == {"worker-status-fencing", "worker-lease-fencing", "namespace-worker-scope"}
     for name, doc in chart.items():
         assert doc["kind"] == plain[name]["kind"]
         spec = dict(doc["spec"])

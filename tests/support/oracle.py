@@ -203,7 +203,8 @@ class _History:
         self.run_writes: dict[str, list[_Write]] = defaultdict(list)  # by run uid
         self.run_names: dict[str, str] = {}
         self.lease_writes: dict[str, list[_Write]] = defaultdict(list)  # by owning run uid
-        self.budget_writes: dict[str, list[_Write]] = defaultdict(list)  # by budget name
+        # By budget name and uid: a budget deleted and re-created under its name is another ledger.
+        self.budget_writes: dict[tuple[str, str], list[_Write]] = defaultdict(list)
         self.worker_writes: list[tuple[str, _Write]] = []  # ("lease" | "status", write)
         self.refused_worker_writes: Counter[str] = Counter()
         self.pod_creates: list[AuditRecord] = []
@@ -251,7 +252,7 @@ class _History:
                 self.run_writes[uid].append(w)
                 self.run_names[uid] = ref.name
             elif ref.resource == "workerbudgets":
-                self.budget_writes[ref.name].append(w)
+                self.budget_writes[(ref.name, str((w.body.get("metadata") or {}).get("uid")))].append(w)
                 continue
             if w.pod is not None:
                 self.worker_writes.append((kind, w))
@@ -460,19 +461,21 @@ def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Ma
                     4, f"{history.name(uid)} attempt {attempt.get('attempt')}",
                     f"worker {holder} last reported {reported[0]} cents / {reported[1]} tokens ({last}); "
                     f"the attempt records {recorded[0]} / {recorded[1]}"))
-    budgets = {b["metadata"]["name"]: b for b in facts.budgets}
-    for name in sorted(set(budgets) | set(history.budget_writes)):
-        released = _budget_walk(name, history.budget_writes.get(name, []), history, verdict)
-        body = budgets.get(name)
+    budgets = {(b["metadata"]["name"], str(b["metadata"].get("uid"))): b for b in facts.budgets}
+    for key in sorted(set(budgets) | set(history.budget_writes)):
+        name = key[0]
+        known, new_period = _budget_walk(name, history.budget_writes.get(key, []), history, verdict)
+        body = budgets.get(key)
         if body is None:
             continue
         status = body.get("status") or {}
-        charges = {**{uid: {"cents": c, "tokens": t} for uid, (c, t) in released.items()},
+        # Every run's last mark, released ones included (what the budget was charged for it).
+        charges = {**{uid: {"cents": c, "tokens": t} for uid, (c, t) in known.items()},
                    **(status.get("charges") or {})}
         spent = _usage(status.get("spent"))
         marks = (sum(int(c.get("cents") or 0) for c in charges.values()),
                  sum(int(c.get("tokens") or 0) for c in charges.values()))
-        if spent != marks:
+        if spent != marks and not new_period:
             verdict.violations.append(Violation(4, f"budget {name}", f"spent {spent} but the runs' charges (released "
                                                                      f"ones included) add up to {marks}: "
                                                                      f"{_short(charges)}"))
@@ -506,43 +509,48 @@ def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Ma
 
 
 def _budget_walk(name: str, writes: list[_Write], history: _History,
-                 verdict: Verdict) -> dict[str, tuple[int, int]]:
+                 verdict: Verdict) -> tuple[dict[str, tuple[int, int]], bool]:
     """Between two versions of a budget, marks never shrink, and vanish only once their run's own
-    status has recorded (budgetCharged) that it is charged in full; a released run is never
-    charged again. `spent` moves by the marks' growth (a new period may reset `spent`; the marks
-    stay, so nothing is charged again). Returns the released marks by run uid."""
-    released: dict[str, tuple[int, int]] = {}
+    status has recorded (budgetCharged) that it is charged in full. A released run charged again
+    (late usage settled) starts from its released mark. `spent` moves by the marks' growth (a new
+    period may reset `spent`; the marks stay, so nothing is charged again). Returns every run's
+    last mark, released ones included, and whether a period rolled over."""
+    known: dict[str, tuple[int, int]] = {}
+    rolled = False
     for prev, cur in zip(writes, writes[1:]):
         new_period = prev.status.get("periodStart") != cur.status.get("periodStart")
+        rolled |= new_period
         p_marks = (prev.status.get("charges") or {})
         c_marks = (cur.status.get("charges") or {})
+        known.update({uid: _usage(m) for uid, m in p_marks.items()})
         growth = [0, 0]
-        for uid in set(c_marks) & set(released):
-            verdict.violations.append(Violation(
-                4, f"budget {name}", f"run {c_marks[uid].get('run')} (uid {uid[:8]}) charged again in "
-                                     f"{cur.describe()} after its mark {released[uid]} was released"))
-            released.pop(uid)
         for uid, p in p_marks.items():
             c = c_marks.get(uid)
             if c is None and _charged_in_full_before(history, uid, cur.rv):
-                released[uid] = _usage(p)
-                continue
+                continue  # released: its mark is remembered in `known`
             if c is None or _usage(c)[0] < _usage(p)[0] or _usage(c)[1] < _usage(p)[1]:
                 verdict.violations.append(Violation(
                     4, f"budget {name}", f"run {p.get('run')} (uid {uid[:8]}) mark {_usage(p)} became "
                                          f"{_usage(c) if c else 'absent'} in {cur.describe()}: its usage can be "
                                          "charged again"))
         for uid, c in c_marks.items():
-            p_usage = _usage(p_marks.get(uid))
-            growth[0] += max(0, _usage(c)[0] - p_usage[0])
-            growth[1] += max(0, _usage(c)[1] - p_usage[1])
+            base = known.get(uid, (0, 0))
+            if uid not in p_marks and (_usage(c)[0] < base[0] or _usage(c)[1] < base[1]):
+                verdict.violations.append(Violation(
+                    4, f"budget {name}", f"run {c.get('run')} (uid {uid[:8]}) back in the ledger at {_usage(c)}, "
+                                         f"below the {base} it was charged before its release ({cur.describe()})"))
+            growth[0] += max(0, _usage(c)[0] - base[0])
+            growth[1] += max(0, _usage(c)[1] - base[1])
+        known.update({uid: _usage(m) for uid, m in c_marks.items()})
         moved = (_usage(cur.status.get("spent"))[0] - _usage(prev.status.get("spent"))[0],
                  _usage(cur.status.get("spent"))[1] - _usage(prev.status.get("spent"))[1])
         if moved != tuple(growth) and not new_period:
             verdict.violations.append(Violation(
                 4, f"budget {name}", f"spent moved by {moved} while the marks grew by {tuple(growth)} "
                                      f"({prev.describe()} -> {cur.describe()})"))
-    return released
+    if writes:
+        known.update({uid: _usage(m) for uid, m in (writes[-1].status.get("charges") or {}).items()})
+    return known, rolled
 
 
 def _charged_in_full_before(history: _History, uid: str, rv: int) -> bool:

@@ -1,5 +1,6 @@
-"""The budget's ledger is bounded by live runs: a run charged in full, and saying so in its own
-status, leaves the ledger; nothing it did is charged again, whatever snapshot a pass acts on."""
+"""The budget's ledger is bounded by live runs: a run charged in full records that, and the amount
+(status.charged), then leaves the ledger; whatever comes later (late usage settled, a pass on an
+old snapshot, another replica) is charged from that amount, never from zero."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from tether.api.models import ObjectMeta, Usage, WorkerBudget, WorkerBudgetSpec,
 from tether.controller.budgets import BudgetBook
 from tether.core import budget as b
 from tether.core.decide import BudgetObservation, ChargeBudget, Observed, ReleaseCharge, WriteStatus, decide
+from tether.kube.client import Conflict
 
 T0 = dt.datetime(2026, 11, 30, 12, tzinfo=dt.timezone.utc)
 
@@ -28,15 +30,20 @@ def _decide(status: dict[str, Any], budget: BudgetObservation) -> list[Any]:
     return decide(Observed(run=_run(status), lease=None, pods=(), now=T0, mono=100.0, budget=budget)).actions
 
 
-def test_a_finished_run_is_charged_then_says_so_then_leaves_the_ledger() -> None:
+def test_a_finished_run_is_charged_records_the_amount_then_leaves_the_ledger() -> None:
     assert _decide({}, BudgetObservation(name="team", charged=Usage(cents=3), marked=True)) == \
         [ChargeBudget(budget="team", total=Usage(cents=7))]
     recorded = _decide({}, BudgetObservation(name="team", charged=Usage(cents=7), marked=True))
-    assert len(recorded) == 1 and isinstance(recorded[0], WriteStatus) and recorded[0].status.budget_charged
-    assert _decide({"budgetCharged": True}, BudgetObservation(name="team", charged=Usage(cents=7), marked=True)) == \
+    assert len(recorded) == 1 and isinstance(recorded[0], WriteStatus)
+    assert recorded[0].status.budget_charged and recorded[0].status.charged == Usage(cents=7)
+    done = {"budgetCharged": True, "charged": {"cents": 7, "tokens": 0}}
+    assert _decide(done, BudgetObservation(name="team", charged=Usage(cents=7), marked=True)) == \
         [ReleaseCharge(budget="team")]
-    # Released: no mark, and the run's own record says it is charged in full: nothing is owed.
-    assert _decide({"budgetCharged": True}, BudgetObservation(name="team")) == []
+    assert _decide(done, BudgetObservation(name="team")) == []  # released: nothing is owed
+    # Late usage settled after the release (the settle resets budgetCharged): only the difference
+    # is owed, counted from the recorded amount.
+    late = {"usage": {"cents": 10, "tokens": 0}, "charged": {"cents": 7, "tokens": 0}}
+    assert _decide(late, BudgetObservation(name="team")) == [ChargeBudget(budget="team", total=Usage(cents=10))]
 
 
 def test_release_drops_the_mark_and_keeps_what_was_spent() -> None:
@@ -49,41 +56,67 @@ def test_release_drops_the_mark_and_keeps_what_was_spent() -> None:
 
 
 class _Kube:
-    """The budget as the API server holds it; counts status writes."""
+    """The budget as the API server holds it. `before_put` runs before each status write lands:
+    another party's write in between makes ours conflict."""
 
-    def __init__(self, charges: dict[str, Any]) -> None:
+    def __init__(self, charges: dict[str, Any], spent: int = 7) -> None:
         self.body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget",
                      "metadata": {"name": "team", "namespace": "ns", "resourceVersion": "1"},
                      "spec": {"limitCents": 100},
-                     "status": {"spent": {"cents": 7, "tokens": 0}, "charges": charges}}
+                     "status": {"spent": {"cents": spent, "tokens": 0}, "charges": charges}}
         self.writes = 0
+        self.before_put: Any = None
 
     async def get_budget(self, ns: str, name: str) -> dict[str, Any]:
         return self.body
 
     async def replace_budget_status(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.before_put is not None:
+            hook, self.before_put = self.before_put, None
+            hook(self)
+        if body["metadata"]["resourceVersion"] != self.body["metadata"]["resourceVersion"]:
+            raise Conflict(409, "", "budget")
         self.writes += 1
-        self.body = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.writes + 1)}}
+        self.body = {**body, "metadata": {**body["metadata"], "resourceVersion": str(int(
+            self.body["metadata"]["resourceVersion"]) + 1)}}
         return self.body
 
 
-def test_an_unmarked_charge_goes_ahead_only_when_a_fresh_read_says_the_run_is_not_charged_yet() -> None:
-    """A pass acting on a snapshot from before budgetCharged (a watch event older than the
-    operator's own write) would charge a released run's whole usage again."""
-    run = _run({})
+def _charge(kube: _Kube, total: int, recorded: list[Usage | None]) -> Usage | None:
+    """Charges the run `total`; each baseline read returns the next of `recorded`."""
+    reads = iter(recorded)
 
-    async def charge(kube: _Kube, fresh_says_charged: bool) -> Usage | None:
-        async def not_yet_charged() -> bool:
-            return not fresh_says_charged
-        book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
-        return await book.charge(run, "team", Usage(cents=7), not_yet_charged)
+    async def baseline() -> Usage | None:
+        return next(reads)
 
-    released = _Kube(charges={})
-    assert asyncio.run(charge(released, fresh_says_charged=True)) is None
-    assert released.writes == 0 and released.body["status"]["spent"]["cents"] == 7  # not charged twice
-    new = _Kube(charges={})
-    assert asyncio.run(charge(new, fresh_says_charged=False)) == Usage(cents=7)
-    assert new.body["status"]["spent"]["cents"] == 14 and "u-1" in new.body["status"]["charges"]
-    marked = _Kube(charges={"u-1": {"run": "job", "cents": 3, "tokens": 0}})
-    # A run with a mark needs no read: the mark makes the charge idempotent.
-    assert asyncio.run(charge(marked, fresh_says_charged=True)) == Usage(cents=4)
+    return asyncio.run(BudgetBook(kube, lambda: T0).charge(  # type: ignore[arg-type]
+        _run({}), "team", Usage(cents=total), baseline))
+
+
+def test_an_unmarked_charge_counts_from_what_a_fresh_read_of_the_run_says_was_charged() -> None:
+    """A pass acting on a snapshot older than the run's record (a lagging watch event), or after
+    late usage was settled, would otherwise charge a released run's whole usage again."""
+    released = _Kube(charges={})  # the run was charged 7 and left the ledger
+    assert _charge(released, 7, [Usage(cents=7)]) == Usage()
+    assert released.body["status"]["spent"]["cents"] == 7
+    late = _Kube(charges={})
+    assert _charge(late, 10, [Usage(cents=7)]) == Usage(cents=3)  # the late 3 cents, once
+    assert late.body["status"]["spent"]["cents"] == 10
+    new = _Kube(charges={}, spent=0)
+    assert _charge(new, 7, [Usage()]) == Usage(cents=7)
+    assert _charge(new, 7, []) == Usage()  # now marked: no read needed, nothing added
+    assert _charge(_Kube(charges={}), 7, [None]) is None  # the run is gone: nothing to charge
+
+
+def test_the_baseline_is_read_again_after_a_conflict() -> None:
+    """Another replica charges the run in full and releases its mark between our reads and our
+    write: our write conflicts, and the retry must not reuse the old baseline."""
+    kube = _Kube(charges={}, spent=0)
+
+    def other_replica(k: _Kube) -> None:
+        k.body = {**k.body, "metadata": {**k.body["metadata"], "resourceVersion": "9"},
+                  "status": {**k.body["status"], "spent": {"cents": 7, "tokens": 0}, "charges": {}}}
+
+    kube.before_put = other_replica
+    assert _charge(kube, 7, [Usage(), Usage(cents=7)]) == Usage()
+    assert kube.body["status"]["spent"]["cents"] == 7

@@ -401,18 +401,18 @@ def test_deleting_a_run_whose_result_landed_keeps_the_result() -> None:
      ["WriteStatus"]),
     # recorded: release its mark from the budget's ledger
     ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": [],
-      "budgetCharged": True},
+      "budgetCharged": True, "charged": {"cents": 5, "tokens": 0}},
      None, (pod(),), BudgetObservation(name="b", charged=Usage(cents=5, tokens=0), marked=True),
      ["ReleaseCharge"]),
     # released (no mark, and budgetCharged says never again): delete the running pod, release every
     # pod's finalizer
     ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": [],
-      "budgetCharged": True},
+      "budgetCharged": True, "charged": {"cents": 5, "tokens": 0}},
      None, (pod(), pod(2, phase="Failed")), BudgetObservation(name="b"),
      ["DeletePod", "ReleasePod", "ReleasePod"]),
     # nothing left: let it go
     ({"phase": "Cancelled", "fence": 2, "attempt": 1, "usage": {"cents": 5, "tokens": 0}, "attempts": [],
-      "budgetCharged": True},
+      "budgetCharged": True, "charged": {"cents": 5, "tokens": 0}},
      None, (pod(deleting=True, has_finalizer=False),), BudgetObservation(name="b"),
      ["RemoveFinalizer"]),
 ])

@@ -263,3 +263,58 @@ def test_a_grant_never_overwrites_a_lease_that_still_names_an_ended_attempt() ->
     kube = asyncio.run(go())
     assert kube.calls[0] == "replace_lease None 2", kube.calls
     assert kube.lease is not None and kube.lease["metadata"]["annotations"][c.ANN_USAGE] == '{"cents":2,"tokens":0}'
+
+
+def test_the_books_close_only_against_a_fresh_lease_and_budget() -> None:
+    """Review of the bounded ledger: after a restart the run watch may come before the Lease
+    watch. The run is finished; its cleared Lease still holds the worker's last report (10 cents,
+    the status says 7). Recording budgetCharged (and releasing the mark, and the TTL deletion)
+    from that view would close the books on 7 cents. Before any of them the Lease is read: the
+    report is settled first. Likewise a cached budget older than our own charge must not let the
+    run go while its mark is still in the ledger."""
+    finished = {**_new_run(), "spec": {**_new_run()["spec"], "budget": {"budgetRef": {"name": "team"}},
+                                       "ttlSecondsAfterFinished": 0},
+                "status": {"phase": "Succeeded", "attempt": 1, "fence": 2, "holder": None,
+                           "finishedAt": T0.isoformat(), "usage": {"cents": 7, "tokens": 0},
+                           "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "pod": "job-a1",
+                                         "endedAt": T0.isoformat(), "outcome": "Succeeded",
+                                         "usage": {"cents": 7, "tokens": 0}}]}}
+    cleared = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": "job", "namespace": "ns", "resourceVersion": "8", "labels": {c.LABEL_RUN: "job"},
+                            "annotations": {c.ANN_USAGE: '{"cents":10,"tokens":0}', c.ANN_FENCE: "2"},
+                            "ownerReferences": [{"kind": "WorkerRun", "name": "job", "uid": "run-NEW",
+                                                 "controller": True}]},
+               "spec": {"holderIdentity": None, "leaseTransitions": 2, "leaseDurationSeconds": 20}}
+    budget = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget",
+              "metadata": {"name": "team", "namespace": "ns", "resourceVersion": "3"},
+              "spec": {"limitCents": 100},
+              "status": {"spent": {"cents": 7, "tokens": 0}, "charges": {"run-NEW": {"run": "job", "cents": 7}}}}
+
+    class Kube(FakeKube):
+        async def get_budget(self, ns: str, name: str) -> dict[str, Any]:
+            return budget
+
+    async def go() -> list[str]:
+        kube = Kube({})
+        kube.lease = cleared
+        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+        ctl.on_budget("ADDED", budget)
+        ctl.on_run("ADDED", finished)  # no Lease in the cache yet
+        with pytest.raises(Again):
+            await ctl._reconcile(("ns", "job"))  # about to record budgetCharged on 7 cents: read first
+        assert kube.calls == []
+        await ctl._reconcile(("ns", "job"))  # the 10 cents are settled into the status
+        settled = ctl.runs[("ns", "job")]["status"]
+        assert settled["usage"]["cents"] == 10 and not settled.get("budgetCharged")
+        # The run is charged in full and released; then a stale budget event brings the mark back.
+        ctl.runs[("ns", "job")] = {**ctl.runs[("ns", "job")], "status": {
+            **settled, "budgetCharged": True, "charged": {"cents": 10, "tokens": 0}}}
+        budget["status"] = {"spent": {"cents": 10, "tokens": 0}, "charges": {"run-NEW": {"run": "job", "cents": 10}}}
+        ctl.on_budget("MODIFIED", {**budget, "metadata": {**budget["metadata"], "resourceVersion": "5"},
+                                   "status": {"spent": {"cents": 10, "tokens": 0}, "charges": {}}})
+        with pytest.raises(Again):
+            await ctl._reconcile(("ns", "job"))  # TTL due, but the fresh budget still holds its mark
+        return kube.calls
+
+    calls = asyncio.run(go())
+    assert calls == ["status"], calls  # the settle; no deletion while the mark is in the ledger

@@ -444,7 +444,29 @@ def test_4_a_released_run_charged_again_is_caught() -> None:
     log.budget("team", 8, {two.uid: ("two", 3)})
     final = log.budget("team", 13, {one.uid: ("one", 5), two.uid: ("two", 3)})  # from a stale snapshot
     verdict = judge(log.records, facts(one, two, budgets=[final]))
-    assert invariants(verdict) == [4] and "charged again" in str(verdict.violations[0])
+    assert invariants(verdict) == [4]
+    assert "spent moved by (5, 0) while the marks grew by (0, 0)" in str(verdict.violations[0])
+
+
+def test_4_late_usage_after_a_release_is_charged_from_the_released_mark() -> None:
+    """The worker's last report (7 cents) is settled after the run left the ledger at 5 (the
+    settle resets budgetCharged): the run is charged the 2 cents it adds, its mark back at 7."""
+    log = Log()
+    one = Run(log, "one", budget="team")
+    pod = one.grant()
+    one.renew(pod, usage=7)
+    one.end("Succeeded", "Succeeded", usage=5)  # the revocation's view, before the last report
+    log.budget("team", 0, {})
+    log.budget("team", 5, {one.uid: ("one", 5)})
+    one.write(budgetCharged=True, charged={"cents": 5, "tokens": 0})
+    log.budget("team", 5, {})  # released
+    attempts = [{**one.status["attempts"][-1], "usage": {"cents": 7, "tokens": 0}}]
+    one.write(budgetCharged=False, attempts=attempts, usage={"cents": 7, "tokens": 0})
+    final = log.budget("team", 7, {one.uid: ("one", 7)})
+    assert judge(log.records, facts(one, budgets=[final])).ok
+    # Charged from zero instead (the whole 7 again) is caught.
+    log.budget("team", 14, {one.uid: ("one", 7)})
+    assert 4 in invariants(judge(log.records, facts(one, budgets=[log.budget("team", 14, {one.uid: ("one", 7)})])))
 
 
 def test_4_a_finished_run_charged_less_than_its_usage_is_caught() -> None:

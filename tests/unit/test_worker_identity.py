@@ -53,3 +53,16 @@ def test_external_runs_own_accounts_and_per_run_mode_keep_one_identity_per_run()
         name = run.metadata.name
         assert f"roles/tether-worker-{name}" in kube.created and f"rolebindings/tether-worker-{name}" in kube.created
         assert resources.worker_service_account(run, shared) == expected_sa
+
+
+def test_the_namespace_identity_is_made_again_once_forgotten() -> None:
+    """Review finding: deleted by someone, or the namespace re-created, the objects are missing;
+    a pod refusal (or the namespace going away) makes the next ensure create them again."""
+    kube = _Kube()
+    rbac = WorkerRbac(kube, shared=True)  # type: ignore[arg-type]
+    asyncio.run(rbac.ensure(_run("a")))
+    asyncio.run(rbac.ensure(_run("b")))
+    assert len(kube.created) == 3
+    rbac.forget_namespace("ns")
+    asyncio.run(rbac.ensure(_run("c")))
+    assert kube.created[3:] == ["serviceaccounts/tether-worker", "roles/tether-worker", "rolebindings/tether-worker"]

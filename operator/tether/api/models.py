@@ -185,6 +185,7 @@ class WorkerRunStatus(_Model):
     stop_requested_at: dt.datetime | None = None
     overspend: Usage | None = None
     budget_charged: bool | None = None
+    charged: Usage | None = None  # what the budget was charged for this run (baseline once released)
     conditions: list[Condition] = Field(default_factory=list)
 
     def current(self) -> AttemptRecord | None:

@@ -114,6 +114,7 @@ class BudgetBook:
             body = await self.kube.get_budget(ns, budget_name)
             if body is None:
                 return True  # nothing left to release
+            self.cache[(ns, budget_name)] = body  # the newest view, even when there is nothing to do
             budget = WorkerBudget.model_validate(body)
             if run.metadata.uid not in budget.status.charges:
                 return True
@@ -129,25 +130,28 @@ class BudgetBook:
         return False
 
     async def charge(self, run: WorkerRun, budget_name: str, total: Usage,
-                     unmarked_ok: Callable[[], Awaitable[bool]]) -> Usage | None:
+                     baseline: Callable[[], Awaitable[Usage | None]]) -> Usage | None:
         """CAS on the budget's status; the per-run mark makes a repeated charge add nothing.
-        A run without a mark is either new to the budget or charged in full and released: only
-        `unmarked_ok` (a fresh read of the run) tells them apart. Returns what was newly
-        charged, or None when the budget could not be charged now."""
+        A run without a mark is new to the budget, or was charged and left the ledger: then
+        `baseline` (a fresh read of the run's status.charged; None: the run is gone) says what
+        it was charged, on every attempt of the loop — another replica may have charged and
+        released it in between. Returns what was newly charged, or None when the budget could
+        not be charged now."""
         ns = run.metadata.namespace
-        confirmed = False
         for _ in range(10):
             body = await self.kube.get_budget(ns, budget_name)
             if body is None:
                 self.cache.pop((ns, budget_name), None)  # gone: the next observation says so
                 return None
+            self.cache[(ns, budget_name)] = body
             budget = WorkerBudget.model_validate(body)
-            if run.metadata.uid not in budget.status.charges and not confirmed:
-                if not await unmarked_ok():
+            base = None
+            if run.metadata.uid not in budget.status.charges:
+                base = await baseline()
+                if base is None:
                     return None
-                confirmed = True
-            status = budgets.apply_charge(budget, run.metadata.uid, run.metadata.name, total, self.now())
-            before = budgets.charged(budget, run.metadata.uid)
+            status = budgets.apply_charge(budget, run.metadata.uid, run.metadata.name, total, self.now(), base)
+            before = budgets.charged(budget, run.metadata.uid) if base is None else base
             try:
                 written = await self.kube.replace_budget_status({**body, "status": status.dump()})
             except Conflict:

@@ -29,6 +29,11 @@ class WorkerRbac:
     def forget(self, uid: str) -> None:
         self._ready.discard(uid)
 
+    def forget_namespace(self, ns: str) -> None:
+        """The namespace's objects may be gone (deleted by someone, or the namespace re-created):
+        the next ensure creates what is missing."""
+        self._ready.discard(f"ns:{ns}")
+
     async def ensure(self, run: WorkerRun) -> None:
         ns, uid = run.metadata.namespace, run.metadata.uid
         if resources.shares_namespace_identity(run, self.shared):

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from tether import metrics, protocol
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
-from tether.api.models import Outcome, Phase, WorkerRun
+from tether.api.models import Outcome, Phase, Usage, WorkerRun
 from tether.controller.budgets import BudgetBook
 from tether.controller.leases import LeaseTracker
 from tether.controller.rbac import WorkerRbac
@@ -601,12 +601,35 @@ class RunController:
             # The namespace controller deletes pods first: a vanished pod there is no reason to retry.
             self._mark_terminating(ns)
             raise Again("the namespace is being deleted")
+        closing = any(isinstance(a, (ReleaseCharge, DeleteRun, RemoveFinalizer)) or
+                      (isinstance(a, WriteStatus) and a.change == Change.BUDGET_CHARGED) for a in actions)
+        if closing:
+            await self._books_closed(snap, actions)
         if not any(isinstance(a, (WriteStatus, Revoke)) for a in actions) and \
-                any(isinstance(a, (EnsureLease, EnsurePod, ChargeBudget)) for a in actions):
+                any(isinstance(a, (EnsureLease, EnsurePod, ChargeBudget, ReleaseCharge)) for a in actions):
             fresh = await self._refresh_run(snap.key)
             if fresh is None or fresh["metadata"]["resourceVersion"] != snap.body["metadata"]["resourceVersion"]:
                 raise Again("the run moved")
         return snap
+
+    async def _books_closed(self, snap: Snapshot, actions: list[Action]) -> None:
+        """Before a run's books close (budgetCharged recorded, its mark released, the run deleted or
+        let go), what they rest on is read fresh: the Lease — a final usage report it still holds
+        (a revocation's last renewal, seen late after a restart) must be settled first — and the
+        budget, whose cached view may be older than our own charge (a mark left behind forever)."""
+        ns, name = snap.run.metadata.namespace, snap.run.metadata.name
+        lease = await self.kube.get_lease(ns, name)
+        if lease is not None and protocol.controller_uid(lease) == snap.uid and (
+                snap.lease is None or lease["metadata"]["resourceVersion"] != snap.lease.resource_version):
+            self.leases.observe(snap.uid, lease, self.clock.mono())
+            raise Again("the Lease is newer than the books closing on it")
+        ref = snap.run.spec.budget.budget_ref if snap.run.spec.budget else None
+        if ref is None or not any(isinstance(a, (DeleteRun, RemoveFinalizer)) for a in actions):
+            return
+        budget = await self.kube.get_budget(ns, ref.name)
+        if budget is not None and snap.uid in ((budget.get("status") or {}).get("charges") or {}):
+            self.budgets.on_event("MODIFIED", budget)
+            raise Again("the run's mark is still in the budget's ledger")
 
     async def _namespace_terminating(self, ns: str) -> bool:
         try:
@@ -617,6 +640,7 @@ class RunController:
 
     def _mark_terminating(self, ns: str) -> None:
         self.terminating[ns] = self.clock.mono()
+        self.rbac.forget_namespace(ns)  # a namespace re-created under that name starts empty
         if ns not in self._sweepers:
             task = asyncio.create_task(self._sweep(ns), name=f"sweep {ns}")
             self._sweepers[ns] = task
@@ -874,6 +898,7 @@ class RunController:
         try:
             await self.rbac.ensure(snap.run)
         except Invalid as exc:
+            self.rbac.forget_namespace(snap.run.metadata.namespace)
             raise SpecError("WorkerIdentityRefused", exc) from None
 
     async def _ensure_pod(self, snap: Snapshot, action: EnsurePod) -> Snapshot:
@@ -885,6 +910,9 @@ class RunController:
         try:
             created = await self._refusable(self.kube.create_pod(pod), "PodRefused", ns)
             self._log("pod created", run, "pod_created", pod=action.name)
+        except SpecError:
+            self.rbac.forget_namespace(ns)  # e.g. its worker ServiceAccount was deleted: made again next time
+            raise
         except Conflict:
             # Same deterministic name: the pod from before a crash. Adopt it, if it is this run's.
             existing = await self.kube.get_pod(ns, action.name)
@@ -929,14 +957,15 @@ class RunController:
         return snap
 
     async def _charge(self, snap: Snapshot, action: ChargeBudget) -> Snapshot:
-        async def not_yet_charged() -> bool:
-            # The snapshot may predate budgetCharged (a watch event older than our own write):
-            # charging a released run from it would charge it twice.
+        async def baseline() -> Usage | None:
+            # The snapshot may predate the run's own record of its charge (a watch event older
+            # than our write, another replica): the baseline comes from a fresh read.
             fresh = await self._refresh_run(snap.key)
-            return fresh is not None and fresh["metadata"].get("uid") == snap.uid and \
-                not (fresh.get("status") or {}).get("budgetCharged")
+            if fresh is None or fresh["metadata"].get("uid") != snap.uid:
+                return None
+            return WorkerRun.model_validate(fresh).status.charged or Usage()
 
-        added = await self.budgets.charge(snap.run, action.budget, action.total, not_yet_charged)
+        added = await self.budgets.charge(snap.run, action.budget, action.total, baseline)
         if added is None:
             raise Again("the budget could not be charged")
         self._log("usage charged", snap.run, "budget_charged", budget=action.budget,

@@ -76,35 +76,50 @@ def settle_usage(o: Observed, s: WorkerRunStatus) -> bool:
     return True
 
 
+def charged_so_far(o: Observed) -> Usage:
+    """What the budget holds for this run: its mark, or, once the mark left the ledger, what the
+    run recorded (status.charged) before it did."""
+    mark = o.budget.charged if o.budget is not None else Usage()  # zero without a mark
+    recorded = o.run.status.charged or Usage()
+    return Usage(cents=max(mark.cents, recorded.cents), tokens=max(mark.tokens, recorded.tokens))
+
+
+def _covers(charged: Usage, total: Usage) -> bool:
+    return charged.cents >= total.cents and charged.tokens >= total.tokens
+
+
 def charge_due(o: Observed, total: Usage | None) -> ChargeBudget | None:
     """A charge of the run's total, if its budget has not seen all of it yet."""
     b = o.budget
-    if b is None or b.missing or total is None or o.run.status.budget_charged:
-        return None  # budgetCharged: charged in full, its mark perhaps released; never again
-    if total.cents > b.charged.cents or total.tokens > b.charged.tokens:
-        return ChargeBudget(budget=b.name, total=total)
-    return None
+    if b is None or b.missing or total is None or _covers(charged_so_far(o), total):
+        return None
+    return ChargeBudget(budget=b.name, total=total)
 
 
 def charge_finished(o: Observed) -> Action | None:
     """What a finished run still owes its budget: a charge until the budget has every cent, then
-    one status write recording that (the TTL waits for it). None: nothing is owed."""
+    one status write recording that and the amount (the TTL waits for it). None: nothing is owed."""
     run, s = o.run, o.run.status
     if run.spec.budget is None or run.spec.budget.budget_ref is None or o.budget is None or \
             o.budget.missing or s.budget_charged:
         return None
     total = s.usage or Usage()
-    if o.budget.charged.cents >= total.cents and o.budget.charged.tokens >= total.tokens:
+    charged = charged_so_far(o)
+    if _covers(charged, total):
         status = s.model_copy(deep=True)
         status.budget_charged = True
+        status.charged = Usage(cents=max(charged.cents, total.cents), tokens=max(charged.tokens, total.tokens))
         return WriteStatus(status=status, change=Change.BUDGET_CHARGED)
     return ChargeBudget(budget=o.budget.name, total=total)
 
 
 def release_due(o: Observed) -> ReleaseCharge | None:
-    """A run charged in full (its status says so, and a finished run's books are closed) leaves
-    the budget's ledger: the ledger's size follows the live runs, not the history."""
-    b = o.budget
-    if b is None or b.missing or not b.marked or not o.run.status.budget_charged:
+    """A run charged in full, with the amount on its own status, leaves the budget's ledger: the
+    ledger's size follows the live runs, not the history. A charge after that (late usage
+    settled) starts from status.charged, so nothing is charged twice."""
+    b, s = o.budget, o.run.status
+    if b is None or b.missing or not b.marked or not s.budget_charged or s.charged is None:
         return None
+    if not _covers(s.charged, b.charged):
+        return None  # the mark holds more than the run recorded: record it first (charge_finished)
     return ReleaseCharge(budget=b.name)

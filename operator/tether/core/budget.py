@@ -86,10 +86,12 @@ def refresh(budget: WorkerBudget, now: dt.datetime) -> WorkerBudgetStatus:
 
 
 def apply_charge(budget: WorkerBudget, run_uid: str, run_name: str, total: Usage,
-                 now: dt.datetime) -> WorkerBudgetStatus:
-    """Charges what `total` (the run's whole usage so far) adds beyond the run's mark."""
+                 now: dt.datetime, base: Usage | None = None) -> WorkerBudgetStatus:
+    """Charges what `total` (the run's whole usage so far) adds beyond the run's mark; without a
+    mark, beyond `base` (what the run recorded as charged when its mark left the ledger)."""
     status = refresh(budget, now)
-    mark = status.charges.get(run_uid, Charge(run=run_name))
+    start = base or Usage()
+    mark = status.charges.get(run_uid, Charge(run=run_name, cents=start.cents, tokens=start.tokens))
     delta = Usage(cents=max(0, total.cents - mark.cents), tokens=max(0, total.tokens - mark.tokens))
     status.charges[run_uid] = Charge(run=run_name, cents=max(mark.cents, total.cents),
                                      tokens=max(mark.tokens, total.tokens))
