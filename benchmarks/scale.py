@@ -158,6 +158,14 @@ def requests_sent(metrics: dict[str, float]) -> float:
     return sum(v for k, v in metrics.items() if k.startswith("rest_client_requests_total{"))
 
 
+def _by_method(metrics: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        if k.startswith("rest_client_requests_total{") and (m := re.search(r'method="(\w+)"', k)):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + v
+    return out
+
+
 def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float | None:
     """Prometheus' histogram_quantile over one unlabelled histogram (linear within a bucket)."""
     buckets = sorted((float(m.group(1)), v) for k, v in metrics.items()
@@ -229,6 +237,7 @@ class PodTimes:
     def __init__(self, env: Env, ns: str, owner_label: str) -> None:
         self.created: dict[str, float] = {}
         self.running: dict[str, float] = {}
+        self.restarts: list[str] = []
         self._stop = threading.Event()
         self._http = httpx.Client(base_url=env.cfg.server, verify=env.cfg.ssl_context, auth=env.cfg.auth(),
                                   timeout=httpx.Timeout(10, read=None))
@@ -236,14 +245,24 @@ class PodTimes:
         self._thread.start()
 
     def _watch(self, path: str, label: str) -> None:
-        try:
-            self._follow(path, label)
-        except httpx.HTTPError:
-            if not self._stop.is_set():
-                raise
+        while not self._stop.is_set():
+            try:
+                self._follow(path, label)
+            except Exception as exc:  # noqa: BLE001 - closing the client under a read raises anything
+                if self._stop.is_set():
+                    return
+                self.restarts.append(repr(exc))  # a broken stream: list and watch again
+                time.sleep(0.5)  # a pause before the next list, not a condition
 
     def _follow(self, path: str, label: str) -> None:
-        rv = self._http.get(path).raise_for_status().json()["metadata"]["resourceVersion"]
+        listed = self._http.get(path).raise_for_status().json()
+        rv, now = listed["metadata"]["resourceVersion"], time.time()
+        for pod in listed["items"]:  # after a broken stream: what happened meanwhile, seen now
+            owner = (pod["metadata"].get("labels") or {}).get(label)
+            if owner is not None:
+                self.created.setdefault(owner, now)
+                if (pod.get("status") or {}).get("phase") == "Running":
+                    self.running.setdefault(owner, now)
         while not self._stop.is_set():
             with self._http.stream("GET", path, params={"watch": "1", "resourceVersion": rv,
                                                         "timeoutSeconds": "60"}) as resp:
@@ -316,6 +335,7 @@ def launch(env: Env, n: int, rate: float | None, first: str) -> dict[str, Any]:
         finally:
             watch.stop()
             cpu = op.cpu_seconds() if op else None
+            sent = _by_method(op.metrics()) if op else {}
             if op:
                 op.stop()
         to_pod = [watch.created[k] - sent[k] for k in sent]
@@ -323,7 +343,10 @@ def launch(env: Env, n: int, rate: float | None, first: str) -> dict[str, Any]:
         first_sent, last_pod = min(sent.values()), max(watch.created.values())
         out[kind] = {"createToPod": summary(to_pod), "createToRunning": summary(to_running),
                      "podsPerSecond": round(n / max(last_pod - first_sent, 1e-3), 1),
-                     **({"operatorCpuSeconds": round(cpu, 1)} if cpu is not None else {})}
+                     "watchRestarts": len(watch.restarts),
+                     **({"operatorCpuSeconds": round(cpu, 1),
+                         "operatorRequestsPerLaunch": {m: round(c / n, 2) for m, c in sent.items()}}
+                        if cpu is not None else {})}
         print(f"  launch {kind} {tag}: {out[kind]}", flush=True)
     return out
 

@@ -79,6 +79,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
         metrics.STATE.is_leader = True
         handlers.configure(may_act=lambda: elector.is_leader)
     handlers.configure(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles,
+                       event_qps=args.event_qps, event_burst=2 * max(1, int(args.event_qps)),
                        worker_identity=args.worker_identity)
 
     namespaces = args.namespace or []
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--max-concurrent-reconciles", type=int,
                     default=int(os.environ.get("TETHER_MAX_CONCURRENT_RECONCILES", "16")),
                     help="runs reconciled at the same time (controller-runtime's MaxConcurrentReconciles)")
+    op.add_argument("--event-qps", type=float, default=float(os.environ.get("TETHER_EVENT_QPS", "25")),
+                    help="Events posted per second at most (burst twice that); beyond it they are dropped and "
+                         "counted (tether_events_dropped_total), never queued ahead of reconciles")
     op.add_argument("--worker-identity", choices=("namespace", "run"),
                     default=os.environ.get("TETHER_WORKER_IDENTITY", "namespace"),
                     help="ServiceAccount of pod-backed runs: one per namespace (needs the admission policy, which "

@@ -41,6 +41,8 @@ REST_REQUESTS = Counter("rest_client_requests_total", "Requests the operator sen
 BUDGET_CONFLICTS = Counter("tether_budget_charge_conflicts_total",
                            "Budget status writes (charges, releases) that lost a compare-and-swap and were retried.",
                            registry=REGISTRY)
+EVENTS_DROPPED = Counter("tether_events_dropped_total",
+                         "Events not posted because the Event budget (--event-qps) was spent.", registry=REGISTRY)
 WATCH_LAG = Histogram("tether_lease_watch_lag_seconds",
                       "Time from a Lease renewal (its renewTime) to the operator receiving its watch event.",
                       registry=REGISTRY, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))

@@ -47,7 +47,8 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
-    kube = KubeClient(kubeconfig.load(), limiter=TokenBucket(_state["qps"], _state["burst"]))
+    kube = KubeClient(kubeconfig.load(), limiter=TokenBucket(_state["qps"], _state["burst"]),
+                      event_limiter=TokenBucket(_state.get("event_qps", 25.0), int(_state.get("event_burst", 50))))
     ctl = RunController(kube, fold_interval=fold, may_act=_state["may_act"], workers=_state["workers"],
                         namespace_identity=_state.get("worker_identity", "namespace") == "namespace")
     ctl.start()

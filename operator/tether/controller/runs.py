@@ -582,7 +582,11 @@ class RunController:
                     raise Inconclusive(f"the confirming read took {took:.1f}s or met an outage", 1.0)
                 self._check_mass_lapse(snap)
         grant = next((a for a in actions if isinstance(a, WriteStatus) and a.grants), None)
-        if grant is not None:
+        if grant is not None and snap.run.status.fence == 0 and snap.lease is None:
+            # A first grant: no attempt of this run ever had a Lease to leave uncleared. Whatever
+            # Lease may exist (a deleted namesake's) makes the create conflict and is read then.
+            snap = replace(snap, lease_read=(None,))
+        elif grant is not None:
             lease = await self.kube.get_lease(ns, name)
             if lease is not None and protocol.controller_uid(lease) == snap.uid and (
                     snap.lease is None or lease["metadata"]["resourceVersion"] != snap.lease.resource_version):

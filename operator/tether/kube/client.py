@@ -91,10 +91,13 @@ class KubeClient:
     failure to reach the API server, so lapses are not judged during an outage."""
 
     def __init__(self, cfg: KubeConfig, timeout: float = 15.0, limiter: TokenBucket | None = None,
-                 health: ApiHealth | None = None) -> None:
+                 health: ApiHealth | None = None, event_limiter: TokenBucket | None = None) -> None:
         self.cfg = cfg
         self.http = cfg.async_client(timeout=timeout)
         self.limiter = limiter
+        # Events are best effort (as client-go's recorder drops what its spam filter refuses): they
+        # have a budget of their own and never queue ahead of, or behind, a reconcile's writes.
+        self.event_limiter = event_limiter
         self.health = health or ApiHealth()
         self.requests = 0
 
@@ -297,4 +300,8 @@ class KubeClient:
             "source": {"component": "tether"}, "reportingComponent": "tether.dev/operator",
             "reportingInstance": "tether", "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
-        await self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", "post event", json=event)
+        if self.event_limiter is not None and not self.event_limiter.try_acquire():
+            metrics.EVENTS_DROPPED.inc()
+            return
+        await self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", "post event", json=event,
+                         limited=self.event_limiter is None)

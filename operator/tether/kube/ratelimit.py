@@ -28,6 +28,14 @@ class TokenBucket:
         self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
         self._stamp = now
 
+    def try_acquire(self) -> bool:
+        """Takes a token if one is there now; never waits (for best-effort writes such as Events)."""
+        self._refill()
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
     async def acquire(self) -> None:
         # The lock makes waiters take tokens in arrival order (no starvation).
         async with self._lock:
