@@ -335,7 +335,7 @@ def launch(env: Env, n: int, rate: float | None, first: str) -> dict[str, Any]:
         finally:
             watch.stop()
             cpu = op.cpu_seconds() if op else None
-            sent = _by_method(op.metrics()) if op else {}
+            by_method = _by_method(op.metrics()) if op else {}
             if op:
                 op.stop()
         to_pod = [watch.created[k] - sent[k] for k in sent]
@@ -345,7 +345,7 @@ def launch(env: Env, n: int, rate: float | None, first: str) -> dict[str, Any]:
                      "podsPerSecond": round(n / max(last_pod - first_sent, 1e-3), 1),
                      "watchRestarts": len(watch.restarts),
                      **({"operatorCpuSeconds": round(cpu, 1),
-                         "operatorRequestsPerLaunch": {m: round(c / n, 2) for m, c in sent.items()}}
+                         "operatorRequestsPerLaunch": {m: round(c / n, 2) for m, c in by_method.items()}}
                         if cpu is not None else {})}
         print(f"  launch {kind} {tag}: {out[kind]}", flush=True)
     return out
