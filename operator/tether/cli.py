@@ -145,9 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--gateway-tls-key", default="", help="TLS key file for the gateway")
     op.add_argument("--gateway-audience", default="tether-gateway",
                     help="audience callers' tokens must carry (TokenReview); empty: the API server's")
-    op.add_argument("--kube-qps", type=float, default=float(os.environ.get("TETHER_KUBE_QPS", "50")),
+    op.add_argument("--kube-qps", type=float, default=float(os.environ.get("TETHER_KUBE_QPS", "100")),
                     help="client-side limit on API requests per second, like client-go's QPS (watches excluded)")
-    op.add_argument("--kube-burst", type=int, default=int(os.environ.get("TETHER_KUBE_BURST", "100")),
+    op.add_argument("--kube-burst", type=int, default=int(os.environ.get("TETHER_KUBE_BURST", "200")),
                     help="requests allowed at once above --kube-qps, like client-go's Burst")
     op.add_argument("--max-concurrent-reconciles", type=int,
                     default=int(os.environ.get("TETHER_MAX_CONCURRENT_RECONCILES", "16")),

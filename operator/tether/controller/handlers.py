@@ -20,7 +20,7 @@ from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
 from tether.kube.ratelimit import TokenBucket
 
-_state: dict[str, Any] = {"may_act": lambda: True, "qps": 50.0, "burst": 100, "workers": 16,
+_state: dict[str, Any] = {"may_act": lambda: True, "qps": 100.0, "burst": 200, "workers": 16,
                           "worker_identity": "namespace"}
 
 
