@@ -56,6 +56,8 @@ from tether.kube import config as kubeconfig  # noqa: E402
 WR = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerruns"
 PODS = "/api/v1/namespaces/{ns}/pods"
 JOBS = "/apis/batch/v1/namespaces/{ns}/jobs"
+# Phases a pod reaches only after Running (kwok completes Job pods at once).
+RAN = ("Running", "Succeeded", "Failed")
 # kube-controller-manager's defaults (--kube-api-qps 20, --kube-api-burst 30): the Job controller
 # runs with them here. Tether's are its own defaults unless --qps/--burst say otherwise.
 KCM_QPS, KCM_BURST = 20, 30
@@ -261,7 +263,7 @@ class PodTimes:
             owner = (pod["metadata"].get("labels") or {}).get(label)
             if owner is not None:
                 self.created.setdefault(owner, now)
-                if (pod.get("status") or {}).get("phase") == "Running":
+                if (pod.get("status") or {}).get("phase") in RAN:
                     self.running.setdefault(owner, now)
         while not self._stop.is_set():
             with self._http.stream("GET", path, params={"watch": "1", "resourceVersion": rv,
@@ -278,7 +280,7 @@ class PodTimes:
                     if owner is None or event["type"] == "DELETED":
                         continue
                     self.created.setdefault(owner, now)
-                    if (pod.get("status") or {}).get("phase") == "Running":
+                    if (pod.get("status") or {}).get("phase") in RAN:
                         self.running.setdefault(owner, now)
 
     def stop(self) -> None:
