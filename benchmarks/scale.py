@@ -428,6 +428,12 @@ class Population:
                                 "p99": histogram_quantile(m1, "tether_lease_watch_lag_seconds", 0.99)},
             "lapseDetectionSeconds": summary(detect), "lapsesSampled": len(freeze_in),
             "falseLost": len(false_lost), "falseLostRuns": false_lost[:10],
+            # What the fleet saw of the first few falsely lost runs: was it the workers or Tether?
+            "falseLostSeenByFleet": [
+                {"run": p.run, "fence": p.fence, "renewals": p.renewals, "ended": p.ended,
+                 "lastRenewalBeforeLoss": None if p.last_renewal is None else round(lost[p.run] - p.last_renewal, 1)}
+                for p in list(fleet.stats.played.values()) if p.run in false_lost[:5]],
+            "fleetCounts": dict(fleet.stats.counts),
             "fleetRenewalSeconds": summary(fleet.stats.renew_seconds[-5000:]),
         }
         print(f"  steady {self.n} L={self.duration}: {json.dumps(result)}", flush=True)

@@ -36,6 +36,23 @@ def test_happy_path(kube: Kube, namespace: str, operator) -> None:  # type: igno
     assert claimed and {"run", "attempt", "fence", "holder", "leaseDeadline"} <= set(claimed[0])
 
 
+def test_status_writes_keep_what_the_user_and_other_managers_wrote(kube: Kube, namespace: str,  # type: ignore[no-untyped-def]
+                                                                   operator) -> None:
+    """The operator caches runs without managedFields and kubectl's last-applied annotation (half
+    of each object at scale) and writes status from that: the stored object keeps both."""
+    body = runs.example("short-job.yaml", payload={"steps": 2, "stepSeconds": 0.2})
+    applied = '{"kind":"WorkerRun","metadata":{"name":"short-job"}}'
+    body["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": applied, "team": "a"}
+    runs.create(kube, namespace, body)
+    run = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Lost"), timeout=60)
+    assert run["status"]["phase"] == "Succeeded"
+    stored = kube.ok(kube.get(Kube.wr_path(namespace, "short-job")))["metadata"]
+    assert stored["annotations"] == {"kubectl.kubernetes.io/last-applied-configuration": applied, "team": "a"}
+    # Kept: the creator's entry and the operator's status entry (its writes omitted managedFields).
+    entries = {(m["operation"], m.get("subresource", "")) for m in stored.get("managedFields") or []}
+    assert {("Update", ""), ("Update", "status")} <= entries, stored.get("managedFields")
+
+
 def test_crash_is_retried_from_the_checkpoint(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     runs.create(kube, namespace, runs.example("crashing-job.yaml", payload={"steps": 6, "stepSeconds": 0.3,
                                                                             "crashAttempts": [1]}))

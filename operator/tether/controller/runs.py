@@ -184,6 +184,35 @@ def foreign_pod(pod: dict[str, Any], gone_at: dt.datetime | None = None) -> Fore
     return ForeignPod(name=pod["metadata"]["name"], token_dead_at=dead_at)
 
 
+# What the caches keep of a pod: what pod_observation, foreign_pod and the stray release read.
+_POD_META = ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "finalizers",
+             "deletionTimestamp")
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def lean_run(body: dict[str, Any]) -> dict[str, Any]:
+    """The run as cached: without managedFields and kubectl's copy of the last applied manifest,
+    which together are about half of it. A status PUT of this body changes only the status (the
+    subresource ignores the rest) and keeps the stored managedFields (omitted, not emptied)."""
+    meta = body.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    if "managedFields" not in meta and LAST_APPLIED not in ann:
+        return body
+    slim = {k: v for k, v in meta.items() if k != "managedFields"}
+    if LAST_APPLIED in ann:
+        slim["annotations"] = {k: v for k, v in ann.items() if k != LAST_APPLIED}
+    return {**body, "metadata": slim}
+
+
+def lean_pod(body: dict[str, Any]) -> dict[str, Any]:
+    """The pod as cached: its identity, owner, finalizers and how its containers ended (a full pod
+    with managedFields is six times that; thousands of runs keep thousands of pods)."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    states = [{"state": cs.get("state")} for cs in status.get("containerStatuses") or []]
+    return {"metadata": {k: meta[k] for k in _POD_META if k in meta},
+            "status": {"phase": status.get("phase"), "containerStatuses": states}}
+
+
 def pod_observation(pod: dict[str, Any]) -> PodObservation | None:
     meta, status = pod["metadata"], pod.get("status", {}) or {}
     try:
@@ -301,7 +330,7 @@ class RunController:
                 return  # older than what our own write returned (the fence never decreases)
             if meta.get("generation") != cached["metadata"].get("generation"):
                 self.queue.forget(key)  # a new spec: an error backoff of the old one no longer applies
-        self.runs[key] = body
+        self.runs[key] = lean_run(body)
         self.budget_runs.setdefault(_budget_of(key, body), set()).add(key)
         self.queue.add(key)
 
@@ -368,7 +397,7 @@ class RunController:
                 del self.pod_tombstones[k]
             self.pod_tombstones[(key, meta["name"])] = (protocol.controller_uid(body), foreign_pod(body, now))
         else:
-            pods[meta["name"]] = body
+            pods[meta["name"]] = lean_pod(body)
         if before is None or event_type == "DELETED" or pod_observation(before) != pod_observation(body):
             self.queue.add(key)
 
@@ -727,7 +756,7 @@ class RunController:
                 self.on_run("DELETED", gone)
             return None
         self.on_run("MODIFIED", fresh)
-        self.runs[key] = fresh  # a GET is the newest view, even if its fence looks lower
+        self.runs[key] = lean_run(fresh)  # a GET is the newest view, even if its fence looks lower
         self.budget_runs.setdefault(_budget_of(key, fresh), set()).add(key)
         return fresh
 
@@ -737,7 +766,7 @@ class RunController:
         cached = self.runs.get(snap.key)
         if cached is not None and cached["metadata"].get("resourceVersion") == \
                 snap.body["metadata"].get("resourceVersion"):
-            self.runs[snap.key] = written  # (never re-adds a run whose deletion was seen meanwhile)
+            self.runs[snap.key] = lean_run(written)  # (never re-adds a run whose deletion was seen meanwhile)
         return replace(snap, body=written, run=WorkerRun.model_validate(written))
 
     # --- actions: each returns the snapshot the next action works from -------
