@@ -72,7 +72,8 @@ class Fleet:
         # Run name -> wall-clock time at which the attempt playing it then freezes (set from any
         # thread: a plain dict write); used once, so the next attempt renews.
         self.freeze_at: dict[str, float] = {}
-        self._pods: set[str] = set()
+        # Pod name -> set once the pod exists: a worker starts in its pod (no polling: thousands wait).
+        self._pods: dict[str, asyncio.Event] = {}
 
     async def close(self) -> None:
         for task in self._tasks.values():
@@ -88,9 +89,9 @@ class Fleet:
     def _on_pod(self, kind: str, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
         if kind == "DELETED":
-            self._pods.discard(name)
+            self._pods.pop(name, None)
         else:
-            self._pods.add(name)
+            self._pods.setdefault(name, asyncio.Event()).set()
 
     def _on_run(self, kind: str, run: dict[str, Any]) -> None:
         if kind == "DELETED":
@@ -113,8 +114,8 @@ class Fleet:
 
     async def _play(self, played: Played, plan: Plan, transport: AsyncKubeTransport, interval: float,
                     pod_backed: bool) -> None:
-        while pod_backed and played.holder not in self._pods:
-            await asyncio.sleep(0.2)  # the worker starts in its pod
+        if pod_backed:
+            await self._pods.setdefault(played.holder, asyncio.Event()).wait()  # it starts in its pod
         played.started = time.time()
         spent = 0
         try:
