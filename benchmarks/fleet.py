@@ -59,6 +59,9 @@ class FleetStats:
     played: dict[tuple[str, int], Played] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
     renew_seconds: list[float] = field(default_factory=list)  # each renewal's round trip
+    # The longest time between two successful renewals of one worker, and when it ended: a worker
+    # silent for a lease is lost by the rules, and this says whether the fleet was the silent one.
+    widest_gap: tuple[float, float, str] = (0.0, 0.0, "")
 
 
 class Fleet:
@@ -146,7 +149,10 @@ class Fleet:
                     renewal = None
                 self.stats.renew_seconds.append(time.monotonic() - began)
                 if renewal is not None and renewal.ok:
-                    played.last_renewal, played.renewals = time.time(), played.renewals + 1
+                    now = time.time()
+                    if played.last_renewal is not None and now - played.last_renewal > self.stats.widest_gap[0]:
+                        self.stats.widest_gap = (now - played.last_renewal, now, played.run)
+                    played.last_renewal, played.renewals = now, played.renewals + 1
                     self.stats.counts["renewals"] += 1
                 elif renewal is not None and renewal.lost:
                     self._end(played, "lost")

@@ -104,7 +104,7 @@ def figures(report: dict[str, Any], stem: Path) -> list[Path]:
 
     if report.get("launch"):
         fig, axes = plt.subplots(1, len(report["launch"]), figsize=(5 * len(report["launch"]), 3.5), squeeze=False)
-        for ax, point in zip(axes[0], report["launch"]):
+        for ax, point in zip(axes[0], report["launch"], strict=True):
             labels, tether, jobs = [], [], []
             for metric in ("createToPod", "createToRunning"):
                 for q in ("p50", "p99"):

@@ -434,6 +434,9 @@ class Population:
                  "lastRenewalBeforeLoss": None if p.last_renewal is None else round(lost[p.run] - p.last_renewal, 1)}
                 for p in list(fleet.stats.played.values()) if p.run in false_lost[:5]],
             "fleetCounts": dict(fleet.stats.counts),
+            "fleetWidestRenewalGap": {"seconds": round(fleet.stats.widest_gap[0], 1),
+                                      "endedAgo": round(time.time() - fleet.stats.widest_gap[1], 1)
+                                      if fleet.stats.widest_gap[1] else None, "run": fleet.stats.widest_gap[2]},
             "fleetRenewalSeconds": summary(fleet.stats.renew_seconds[-5000:]),
         }
         print(f"  steady {self.n} L={self.duration}: {json.dumps(result)}", flush=True)
