@@ -12,11 +12,16 @@ runs, starts playing an attempt once its pod exists, as a real worker would star
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import json
 import logging
+import multiprocessing
+import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import httpx
@@ -50,6 +55,7 @@ class Played:
     started: float = 0.0
     last_renewal: float | None = None
     renewals: int = 0
+    last_renew_time: float | None = None  # the renewTime the API server stored with the last one
     ended: str = ""  # frozen, crashed, completed, lost, or "" while it still renews
     ended_at: float | None = None
 
@@ -153,6 +159,7 @@ class Fleet:
                     if played.last_renewal is not None and now - played.last_renewal > self.stats.widest_gap[0]:
                         self.stats.widest_gap = (now - played.last_renewal, now, played.run)
                     played.last_renewal, played.renewals = now, played.renewals + 1
+                    played.last_renew_time = transport.renew_time()
                     self.stats.counts["renewals"] += 1
                 elif renewal is not None and renewal.lost:
                     self._end(played, "lost")
@@ -215,3 +222,85 @@ async def watch(http: httpx.AsyncClient, path: str) -> AsyncIterator[tuple[str, 
 
 class _Expired(Exception):
     """The watch's resourceVersion is too old: list again."""
+
+
+class FleetProcess:
+    """The fleet in a process of its own: its own interpreter lock and core, so the measuring
+    process (creating runs from 16 threads, reading metrics) cannot delay a worker's renewal."""
+
+    def __init__(self, kubeconfig_path: Path, namespace: str, plan: Plan, max_connections: int = 128) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(str(kubeconfig_path), namespace, plan, max_connections, child),
+                                daemon=True, name=f"fleet-{namespace}")
+        self.proc.start()
+        child.close()
+        self._lock = threading.Lock()
+
+    def _ask(self, *message: Any) -> Any:
+        with self._lock:
+            self._conn.send(message)
+            return self._conn.recv()
+
+    def renewing(self) -> int:
+        """How many runs have a worker that renewed at least once."""
+        return int(self._ask("renewing"))
+
+    def freeze(self, at: dict[str, float]) -> None:
+        """Run name -> wall-clock time at which its worker stops renewing."""
+        self._ask("freeze", at)
+
+    def stats(self) -> FleetStats:
+        return self._ask("stats")  # type: ignore[no-any-return]
+
+    def stop(self) -> None:
+        try:
+            self._ask("stop")
+        except (EOFError, OSError):
+            pass  # already gone
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def _serve(kubeconfig_path: str, namespace: str, plan: Plan, max_connections: int, conn: Any) -> None:
+    """The fleet process: the fleet on this thread's loop, commands answered from another."""
+    logging.basicConfig(level=logging.WARNING)
+    loop = asyncio.new_event_loop()
+    fleet = Fleet(kubeconfig.load(kubeconfig_path), namespace, lambda _: plan, max_connections=max_connections)
+    running = loop.create_task(fleet.run())
+
+    async def stats() -> FleetStats:  # a copy taken on the loop, never while a worker updates it
+        return replace(fleet.stats, played=copy.deepcopy(fleet.stats.played), counts=Counter(fleet.stats.counts),
+                       renew_seconds=fleet.stats.renew_seconds[-5000:])
+
+    async def renewing() -> int:
+        return len({p.run for p in fleet.stats.played.values() if p.renewals})
+
+    async def stop() -> None:
+        running.cancel()
+        await fleet.close()
+
+    def commands() -> None:
+        while True:
+            try:
+                what, *args = conn.recv()
+            except EOFError:  # the measuring process is gone
+                what, args = "stop", []
+            if what == "freeze":
+                loop.call_soon_threadsafe(fleet.freeze_at.update, args[0])
+                answer: Any = None
+            elif what == "stats":
+                answer = asyncio.run_coroutine_threadsafe(stats(), loop).result()
+            elif what == "renewing":
+                answer = asyncio.run_coroutine_threadsafe(renewing(), loop).result()
+            else:
+                asyncio.run_coroutine_threadsafe(stop(), loop).result(timeout=60)
+                loop.call_soon_threadsafe(loop.stop)
+                with contextlib.suppress(OSError):
+                    conn.send(None)
+                return
+            conn.send(answer)
+
+    threading.Thread(target=commands, daemon=True).start()
+    loop.run_forever()

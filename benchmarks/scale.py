@@ -39,7 +39,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 import psutil
@@ -47,7 +47,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import percentile  # noqa: E402
-from benchmarks.fleet import Fleet, Plan  # noqa: E402
+from benchmarks.fleet import FleetProcess, Plan, Played  # noqa: E402
 from tether.devcluster.controlplane import LocalCluster, kwok_placement, resolve_binaries  # noqa: E402
 from tether.devcluster.crds import install_crds, install_policies  # noqa: E402
 from tether.devcluster.processes import free_port, spawn, terminate, wait_for  # noqa: E402
@@ -182,28 +182,6 @@ def histogram_quantile(metrics: dict[str, float], name: str, q: float) -> float 
             return prev_le + (le - prev_le) * ((rank - prev_n) / max(n - prev_n, 1e-9))
         prev_le, prev_n = le, n
     return prev_le
-
-
-class FleetThread:
-    """The simulated fleet on an event loop of its own, in this process."""
-
-    def __init__(self, env: Env, ns: str, plan_for: Callable[[str], Plan]) -> None:
-        import asyncio  # noqa: PLC0415 - only the fleet's thread runs a loop
-
-        self.loop = asyncio.new_event_loop()
-        self.fleet = Fleet(env.cfg, ns, plan_for, max_connections=128)
-        self._task: Any = None
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="fleet")
-        self._thread.start()
-        self._task = asyncio.run_coroutine_threadsafe(self.fleet.run(), self.loop)
-
-    def stop(self) -> None:
-        import asyncio  # noqa: PLC0415
-
-        self._task.cancel()
-        asyncio.run_coroutine_threadsafe(self.fleet.close(), self.loop).result(timeout=60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
 
 
 def create_paced(env: Env, path: str, bodies: list[dict[str, Any]], rate: float | None) -> dict[str, float]:
@@ -365,8 +343,7 @@ class Population:
                 "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget", "metadata": {"name": budget},
                 "spec": {"limitCents": 10**9}}).raise_for_status()
         self.op = Operator(env, self.ns)
-        played = plan or Plan()
-        self.fleet = FleetThread(env, self.ns, lambda _: played)
+        self.fleet = FleetProcess(env.kubeconfig, self.ns, plan or Plan())
         self.n = 0
         self.frozen: set[str] = set()  # runs a lapse sample froze: their LeaseLost is expected
 
@@ -384,7 +361,7 @@ class Population:
         return time.monotonic() - began
 
     def _renewing(self) -> int:
-        return len({p.run for p in list(self.fleet.fleet.stats.played.values()) if p.renewals})
+        return self.fleet.renewing()
 
     def measure(self, window: float, lapses: int, seed: int) -> dict[str, Any]:
         """A steady window; `lapses` sampled workers freeze at random moments of it."""
@@ -394,24 +371,29 @@ class Population:
         freeze_in = {run: rng.uniform(0, window - self.duration - 2 * self.renew)
                      for run in rng.sample(live, min(lapses, len(live)))}
         time.sleep(self.renew)  # let a ramp's grants and first renewals settle out of the window
-        op, fleet = self.op, self.fleet.fleet
+        op, fleet = self.op, self.fleet
         m0, api0, cpu0, t0 = op.metrics(), self.env.apiserver_requests(), op.cpu_seconds(), time.monotonic()
+        machine0 = machine_cpu()
         start = time.time()
-        fleet.freeze_at.update({run: start + at for run, at in freeze_in.items()})
+        fleet.freeze({run: start + at for run, at in freeze_in.items()})
         self.frozen |= set(freeze_in)
-        renewals0 = fleet.stats.counts["renewals"]
+        renewals0 = fleet.stats().counts["renewals"]
         rss_peak = 0.0
         while time.monotonic() - t0 < window:
             rss_peak = max(rss_peak, op.rss_mib())
             time.sleep(5)  # sampling period of the RSS probe
         elapsed = time.monotonic() - t0
         m1, api1, cpu1 = op.metrics(), self.env.apiserver_requests(), op.cpu_seconds()
-        renewals = fleet.stats.counts["renewals"] - renewals0
+        machine1 = machine_cpu()
+        stats = fleet.stats()
+        renewals = stats.counts["renewals"] - renewals0
         api = api1 - api0
         lost = _lost_attempts(self.env, self.ns)
-        detect = [lost[p.run] - p.last_renewal for p in list(fleet.stats.played.values())
-                  if p.ended == "frozen" and p.run in freeze_in and p.run in lost and p.last_renewal is not None]
-        false_lost = sorted(r for r in lost if r not in self.frozen)
+        played = list(stats.played.values())
+        detect = [lost[p.run][0] - p.last_renewal for p in played
+                  if p.ended == "frozen" and p.run in freeze_in and p.run in lost and p.last_renewal is not None
+                  and p.fence == lost[p.run][1]]
+        false_lost, fleet_missed = self._judge(lost, played)
         result = {
             "runs": self.n, "leaseSeconds": self.duration, "renewSeconds": self.renew,
             "windowSeconds": round(elapsed, 1), "window": [start, start + elapsed], "renewals": renewals,
@@ -428,19 +410,33 @@ class Population:
                                 "p99": histogram_quantile(m1, "tether_lease_watch_lag_seconds", 0.99)},
             "lapseDetectionSeconds": summary(detect), "lapsesSampled": len(freeze_in),
             "falseLost": len(false_lost), "falseLostRuns": false_lost[:10],
-            # What the fleet saw of the first few falsely lost runs: was it the workers or Tether?
-            "falseLostSeenByFleet": [
+            "fleetMissedRenewals": {"lost": len(fleet_missed), "runs": fleet_missed[:10]},
+            # What the fleet saw of the first few lost runs: was it the workers or Tether?
+            "lostSeenByFleet": [
                 {"run": p.run, "fence": p.fence, "renewals": p.renewals, "ended": p.ended,
-                 "lastRenewalBeforeLoss": None if p.last_renewal is None else round(lost[p.run] - p.last_renewal, 1)}
-                for p in list(fleet.stats.played.values()) if p.run in false_lost[:5]],
-            "fleetCounts": dict(fleet.stats.counts),
-            "fleetWidestRenewalGap": {"seconds": round(fleet.stats.widest_gap[0], 1),
-                                      "endedAgo": round(time.time() - fleet.stats.widest_gap[1], 1)
-                                      if fleet.stats.widest_gap[1] else None, "run": fleet.stats.widest_gap[2]},
-            "fleetRenewalSeconds": summary(fleet.stats.renew_seconds[-5000:]),
+                 "lastAcceptedRenewTimeBeforeLoss": None if p.last_renew_time is None
+                 else round(lost[p.run][0] - p.last_renew_time, 1)}
+                for p in played if p.run in (false_lost[:5] + fleet_missed[:5]) and p.fence == lost[p.run][1]],
+            "fleetCounts": dict(stats.counts),
+            "fleetWidestRenewalGap": {"seconds": round(stats.widest_gap[0], 1),
+                                      "endedAgo": round(time.time() - stats.widest_gap[1], 1)
+                                      if stats.widest_gap[1] else None, "run": stats.widest_gap[2]},
+            "fleetRenewalSeconds": summary(stats.renew_seconds),
+            "machineCores": {k: round((machine1.get(k, 0.0) - v) / elapsed, 3) for k, v in machine0.items()},
         }
         print(f"  steady {self.n} L={self.duration}: {json.dumps(result)}", flush=True)
         return result
+
+    def _judge(self, lost: dict[str, tuple[float, int]], played: list[Played]) -> tuple[list[str], list[str]]:
+        """Splits unsampled LeaseLost attempts into Tether's errors and the fleet's own misses. A
+        loss is the fleet's when the API server's record of the attempt's last accepted renewal
+        (the renewTime the fleet's write stored) was a lease old at the loss: the load generator
+        itself stopped renewing in time, and the loss was right."""
+        last_renew = {(p.run, p.fence): p.last_renew_time for p in played}
+        unsampled = {r: v for r, v in lost.items() if r not in self.frozen}
+        missed = sorted(r for r, (at, fence) in unsampled.items()
+                        if (t := last_renew.get((r, fence))) is not None and at - t >= self.duration - 1)
+        return sorted(r for r in unsampled if r not in missed), missed
 
     def restart(self) -> dict[str, Any]:
         """kill -9 of the operator; a new one starts at once. Until when does it know every run again,
@@ -460,11 +456,14 @@ class Population:
             if seen_at is None and known >= self.n:
                 seen_at = time.monotonic() - killed
             time.sleep(1)  # the sampling period of the burst profile
-        false_lost = sorted(r for r in set(_lost_attempts(self.env, self.ns)) - lost_before if r not in self.frozen)
+        after = _lost_attempts(self.env, self.ns)
+        false_lost, fleet_missed = self._judge({r: v for r, v in after.items() if r not in lost_before},
+                                               list(self.fleet.stats().played.values()))
         result = {"runs": self.n, "leaseSeconds": self.duration,
                   "allObservedAfterSeconds": None if seen_at is None else round(seen_at, 1),
                   "requestsAfterRestart": int(sum(per_second)), "peakRequestsPerSecond": max(per_second, default=0),
                   "requestsPerSecond": per_second, "falseLost": len(false_lost),
+                  "fleetMissedRenewals": len(fleet_missed),
                   "qps": self.env.qps, "burst": self.env.burst}
         print(f"  restart {self.n}: { {k: v for k, v in result.items() if k != 'requestsPerSecond'} }", flush=True)
         return result
@@ -474,14 +473,36 @@ class Population:
         self.op.stop()
 
 
-def _lost_attempts(env: Env, ns: str) -> dict[str, float]:
-    """Run name -> when its first LeaseLost attempt ended (the operator's endedAt)."""
-    out: dict[str, float] = {}
+def _lost_attempts(env: Env, ns: str) -> dict[str, tuple[float, int]]:
+    """Run name -> when its first LeaseLost attempt ended (the operator's endedAt), and its fence."""
+    out: dict[str, tuple[float, int]] = {}
     for run in env.api.get(WR.format(ns=ns)).raise_for_status().json()["items"]:
         for a in (run.get("status") or {}).get("attempts") or []:
             if a.get("outcome") == "LeaseLost" and a.get("endedAt"):
                 out.setdefault(run["metadata"]["name"],
-                               dt.datetime.fromisoformat(a["endedAt"].replace("Z", "+00:00")).timestamp())
+                               (dt.datetime.fromisoformat(a["endedAt"].replace("Z", "+00:00")).timestamp(),
+                                int(a.get("fence") or 0)))
+    return out
+
+
+# The processes whose CPU a measurement window reports, besides the operator's.
+MACHINE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def machine_cpu() -> dict[str, float]:
+    """CPU seconds so far of the control plane's processes and the fleet (by name, summed)."""
+    out: dict[str, float] = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            name = proc.info["name"] or ""
+            key = next((m for m in MACHINE if name.startswith(m[:15])), None)
+            if key is None and "multiprocessing" in " ".join(proc.info["cmdline"] or []):
+                key = "fleet"
+            if key is not None:
+                t = proc.cpu_times()
+                out[key] = out.get(key, 0.0) + t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
     return out
 
 

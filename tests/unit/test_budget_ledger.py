@@ -120,3 +120,57 @@ def test_the_baseline_is_read_again_after_a_conflict() -> None:
     kube.before_put = other_replica
     assert _charge(kube, 7, [Usage(), Usage(cents=7)]) == Usage()
     assert kube.body["status"]["spent"]["cents"] == 7
+
+
+def _runs(n: int) -> list[WorkerRun]:
+    out = []
+    for i in range(n):
+        run = _run({})
+        out.append(run.model_copy(update={"metadata": run.metadata.model_copy(update={"uid": f"u-{i}",
+                                                                                   "name": f"r{i}"})}))
+    return out
+
+
+def test_runs_charging_one_budget_at_once_share_one_write() -> None:
+    """A thousand runs on one budget: whatever they ask while a write is in flight rides on the
+    next write, not on a write (and a conflict) each."""
+    kube = _Kube(charges={}, spent=0)
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+
+    async def base() -> Usage:
+        return Usage()
+
+    async def all_at_once() -> list[Usage | None]:
+        return await asyncio.gather(*(book.charge(run, "team", Usage(cents=i + 1), base)
+                                      for i, run in enumerate(_runs(50))))
+
+    added = asyncio.run(all_at_once())
+    assert added == [Usage(cents=i + 1) for i in range(50)]
+    assert kube.writes == 1
+    assert kube.body["status"]["spent"]["cents"] == sum(range(1, 51))
+    assert len(kube.body["status"]["charges"]) == 50
+
+
+def test_a_batch_that_conflicts_is_applied_again_from_a_fresh_read_and_charges_once() -> None:
+    kube = _Kube(charges={"u-0": {"run": "r0", "cents": 5, "tokens": 0}}, spent=5)
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+
+    def someone_else(k: _Kube) -> None:  # another replica charges r0 further in between
+        k.body = {**k.body, "metadata": {**k.body["metadata"], "resourceVersion": "9"},
+                  "status": {**k.body["status"], "spent": {"cents": 8, "tokens": 0},
+                             "charges": {"u-0": {"run": "r0", "cents": 8, "tokens": 0}}}}
+
+    async def base() -> Usage:
+        return Usage()
+
+    async def charge() -> list[Usage | None]:
+        r0, r1 = _runs(2)
+        kube.before_put = someone_else
+        return await asyncio.gather(book.charge(r0, "team", Usage(cents=10), base),
+                                    book.charge(r1, "team", Usage(cents=4), base), book.release(r0, "team"))
+
+    added = asyncio.run(charge())
+    assert added == [Usage(cents=2), Usage(cents=4), True]
+    assert kube.writes == 1
+    assert kube.body["status"]["spent"]["cents"] == 8 + 2 + 4
+    assert set(kube.body["status"]["charges"]) == {"u-1"}  # r0 charged in full, then released

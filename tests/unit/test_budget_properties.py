@@ -113,3 +113,42 @@ def test_malformed_reports() -> None:
     assert b.valid_report(Usage(cents=5, tokens=0), Usage(cents=6, tokens=0)) is not None
     assert b.valid_report(Usage(cents=b.MAX_CENTS + 1, tokens=0), None) is not None
     assert b.valid_report(Usage(cents=6, tokens=1), Usage(cents=6, tokens=0)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["r1", "r2", "r3"]), st.integers(0, 300), st.booleans()), max_size=30),
+       st.lists(st.integers(1, 6), min_size=1, max_size=30))
+def test_a_batch_settles_like_its_ops_one_by_one(ops: list[tuple[str, int, bool]], cuts: list[int]) -> None:
+    """One write for many runs' charges (and releases) must leave the ledger exactly as the same
+    ops written one at a time would, and say what each op added."""
+    ledger = [b.LedgerOp(f"uid-{run}", run, None if release else Usage(cents=cents, tokens=cents))
+              for run, cents, release in ops]
+    one_by_one = batched = _budget(limit=10**9)
+    added_one = []
+    for op in ledger:
+        before = one_by_one.status.spent
+        status = b.release(one_by_one, op.run_uid, T0) if op.total is None else \
+            b.apply_charge(one_by_one, op.run_uid, op.run_name, op.total, T0)
+        one_by_one = one_by_one.model_copy(update={"status": status})
+        added_one.append(Usage(cents=status.spent.cents - before.cents, tokens=status.spent.tokens - before.tokens))
+    added_batched: list[Usage] = []
+    i = 0
+    for cut in cuts * 30:
+        if i >= len(ledger):
+            break
+        status, added = b.settle(batched, ledger[i:i + cut], T0)
+        batched, i = batched.model_copy(update={"status": status}), i + cut
+        added_batched += added
+    assert batched.status.dump() == one_by_one.status.dump()
+    assert added_batched == added_one
+
+
+def test_needs_refresh_is_what_refresh_would_change() -> None:
+    budget = _budget(limit=100, period="Daily")
+    assert b.needs_refresh(budget, T0)  # never refreshed
+    fresh = budget.model_copy(update={"status": b.refresh(budget, T0)})
+    assert not b.needs_refresh(fresh, T0)
+    assert b.needs_refresh(fresh, T0 + dt.timedelta(days=1))  # a new period
+    spent = fresh.model_copy(update={"status": b.apply_charge(fresh, "u", "r", Usage(cents=100), T0)})
+    assert not b.needs_refresh(spent, T0)  # a charge writes remaining and Exhausted itself
+    assert b.needs_refresh(spent.model_copy(update={"spec": WorkerBudgetSpec(limit_cents=500, period="Daily")}), T0)

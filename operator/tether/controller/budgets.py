@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
+
+from pydantic import ValidationError
 
 from tether import metrics
 from tether.api.models import Usage, WorkerBudget, WorkerRun
@@ -19,6 +22,15 @@ log = logging.getLogger("tether.budgets")
 BudgetKey = tuple[str, str]  # (namespace, name)
 
 
+@dataclass
+class _Queued:
+    """A ledger change waiting for its budget's next write."""
+
+    op: budgets.LedgerOp
+    baseline: Callable[[], Awaitable[Usage | None]] | None
+    done: asyncio.Future[Usage | None]
+
+
 class BudgetBook:
     def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime]) -> None:
         self.kube = kube
@@ -28,6 +40,8 @@ class BudgetBook:
         # thousands of runs is parsed once per change, not once per reconcile.
         self._models: dict[BudgetKey, tuple[str, WorkerBudget]] = {}
         self._refreshing: set[BudgetKey] = set()
+        self._queued: dict[BudgetKey, list[_Queued]] = {}
+        self._writers: dict[BudgetKey, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
     def on_event(self, event_type: str | None, body: dict[str, Any]) -> BudgetKey:
@@ -38,7 +52,12 @@ class BudgetBook:
             self._models.pop(key, None)
         else:
             self.cache[key] = body
-            self._refresh_soon(key)
+            try:
+                due = budgets.needs_refresh(self._model(key, body), self.now())
+            except ValidationError:
+                due = True  # the refresh reads it again and says what is wrong
+            if due:
+                self._refresh_soon(key)
         return key
 
     def _refresh_soon(self, key: BudgetKey) -> None:
@@ -108,59 +127,92 @@ class BudgetBook:
         return model
 
     async def release(self, run: WorkerRun, budget_name: str) -> bool:
-        """Drops the run's mark (CAS). False: the budget kept changing; try again later."""
-        ns = run.metadata.namespace
-        for _ in range(10):
-            body = await self.kube.get_budget(ns, budget_name)
-            if body is None:
-                return True  # nothing left to release
-            self.cache[(ns, budget_name)] = body  # the newest view, even when there is nothing to do
-            budget = WorkerBudget.model_validate(body)
-            if run.metadata.uid not in budget.status.charges:
-                return True
-            status = budgets.release(budget, run.metadata.uid, self.now())
-            try:
-                written = await self.kube.replace_budget_status({**body, "status": status.dump()})
-            except Conflict:
-                metrics.BUDGET_CONFLICTS.inc()
-                continue
-            if (ns, budget_name) in self.cache:
-                self.cache[(ns, budget_name)] = written
-            return True
-        return False
+        """Drops the run's mark. False: the budget kept changing; try again later."""
+        op = budgets.LedgerOp(run.metadata.uid, run.metadata.name, None)
+        return await self._enqueue((run.metadata.namespace, budget_name), op, None) is not None
 
     async def charge(self, run: WorkerRun, budget_name: str, total: Usage,
                      baseline: Callable[[], Awaitable[Usage | None]]) -> Usage | None:
-        """CAS on the budget's status; the per-run mark makes a repeated charge add nothing.
-        A run without a mark is new to the budget, or was charged and left the ledger: then
-        `baseline` (a fresh read of the run's status.charged; None: the run is gone) says what
-        it was charged, on every attempt of the loop — another replica may have charged and
-        released it in between. Returns what was newly charged, or None when the budget could
-        not be charged now."""
-        ns = run.metadata.namespace
+        """Charges the run's total; the per-run mark makes a repeated charge add nothing. A run
+        without a mark is new to the budget, or was charged and left the ledger: then `baseline`
+        (a fresh read of the run's status.charged; None: the run is gone) says what it was
+        charged, on every attempt of the write — another replica may have charged and released
+        it in between. Returns what was newly charged, or None when the budget could not be
+        charged now."""
+        op = budgets.LedgerOp(run.metadata.uid, run.metadata.name, total)
+        return await self._enqueue((run.metadata.namespace, budget_name), op, baseline)
+
+    async def _enqueue(self, key: BudgetKey, op: budgets.LedgerOp,
+                       baseline: Callable[[], Awaitable[Usage | None]] | None) -> Usage | None:
+        """One writer per budget: whatever the runs ask while a write is in flight goes into the
+        next one, so a thousand runs charging one budget cost a few writes per second, not a
+        thousand conflicting ones."""
+        done: asyncio.Future[Usage | None] = asyncio.get_running_loop().create_future()
+        self._queued.setdefault(key, []).append(_Queued(op, baseline, done))
+        if key not in self._writers:
+            task = asyncio.create_task(self._write_all(key))
+            self._writers[key] = task
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return await done
+
+    async def _write_all(self, key: BudgetKey) -> None:
+        batch: list[_Queued] = []
+        try:
+            while batch := self._queued.pop(key, []):
+                try:
+                    results = await self._settle(key, batch)
+                except Exception as exc:  # noqa: BLE001 - each waiting reconcile handles it as its own
+                    for q in batch:
+                        if not q.done.done():
+                            q.done.set_exception(exc)
+                    continue
+                for q, result in zip(batch, results):
+                    if not q.done.done():
+                        q.done.set_result(result)
+        finally:
+            del self._writers[key]  # no await since the queue was found empty: nothing is left behind
+            for q in batch + self._queued.pop(key, []):  # cancelled (the operator stops)
+                if not q.done.done():
+                    q.done.cancel()
+
+    async def _settle(self, key: BudgetKey, batch: list[_Queued]) -> list[Usage | None]:
+        """One CAS on the budget's status for the whole batch, from the newest body known (the
+        last write's answer); a conflict reads it fresh and applies the batch again."""
+        ns, name = key
+        body = self.cache.get(key)
         for _ in range(10):
-            body = await self.kube.get_budget(ns, budget_name)
             if body is None:
-                self.cache.pop((ns, budget_name), None)  # gone: the next observation says so
-                return None
-            self.cache[(ns, budget_name)] = body
-            budget = WorkerBudget.model_validate(body)
-            base = None
-            if run.metadata.uid not in budget.status.charges:
-                base = await baseline()
-                if base is None:
-                    return None
-            status = budgets.apply_charge(budget, run.metadata.uid, run.metadata.name, total, self.now(), base)
-            before = budgets.charged(budget, run.metadata.uid) if base is None else base
+                body = await self.kube.get_budget(ns, name)
+                if body is None:
+                    self.cache.pop(key, None)  # gone: the next observation says so
+                    return [None] * len(batch)
+            else:
+                self.cache[key] = body
+            budget = self._model(key, body)
+            # A run without a mark: what it recorded as charged, read fresh on every attempt.
+            need = [i for i, q in enumerate(batch) if q.baseline is not None and q.op.total is not None
+                    and q.op.run_uid not in budget.status.charges]
+            bases: dict[int, Usage | None] = dict(zip(need, await asyncio.gather(*(batch[i].baseline()  # type: ignore[misc]
+                                                                                 for i in need))))
+            live = [i for i in range(len(batch)) if i not in bases or bases[i] is not None]  # None: the run is gone
+            ops = [replace(batch[i].op, base=bases.get(i)) for i in live]
+            status, added = budgets.settle(budget, ops, self.now())
             try:
                 written = await self.kube.replace_budget_status({**body, "status": status.dump()})
             except Conflict:
                 metrics.BUDGET_CONFLICTS.inc()
-                continue  # another run charged first: re-read and apply our difference again
-            if (ns, budget_name) in self.cache:
-                self.cache[(ns, budget_name)] = written
-            added = Usage(cents=max(0, total.cents - before.cents), tokens=max(0, total.tokens - before.tokens))
-            metrics.BUDGET_CHARGED_CENTS.labels(ns, budget_name).inc(added.cents)
-            metrics.BUDGET_CHARGED_TOKENS.labels(ns, budget_name).inc(added.tokens)
-            return added
-        return None
+                body = None  # another writer (a refresh, another replica) came first: read again
+                continue
+            except NotFound:
+                self.cache.pop(key, None)
+                return [None] * len(batch)
+            if key in self.cache:  # never bring back a budget whose deletion was seen meanwhile
+                self.cache[key] = written
+            results: list[Usage | None] = [None] * len(batch)
+            for i, usage in zip(live, added):
+                results[i] = usage
+            metrics.BUDGET_CHARGED_CENTS.labels(ns, name).inc(sum(u.cents for u in added))
+            metrics.BUDGET_CHARGED_TOKENS.labels(ns, name).inc(sum(u.tokens for u in added))
+            return results
+        return [None] * len(batch)

@@ -9,6 +9,8 @@ a conflict, a retry) adds nothing; a total lower than the mark is refused.
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
+from typing import Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from tether.api.conditions import set_condition
@@ -85,29 +87,63 @@ def refresh(budget: WorkerBudget, now: dt.datetime) -> WorkerBudgetStatus:
     return status
 
 
+@dataclass(frozen=True)
+class LedgerOp:
+    """One change to a budget's ledger: charge a run's whole usage so far (`total`), or drop its
+    mark (`total` None). `base` is what the run recorded as charged when its mark left the ledger."""
+
+    run_uid: str
+    run_name: str
+    total: Usage | None
+    base: Usage | None = None
+
+
+def settle(budget: WorkerBudget, ops: Sequence[LedgerOp], now: dt.datetime) -> tuple[WorkerBudgetStatus, list[Usage]]:
+    """Applies ops in order to one copy of the status: a batch of charges is one write. Each
+    charge adds what its total adds beyond the run's mark (without a mark, beyond `base`).
+    Returns the status and what each op newly charged."""
+    status = refresh(budget, now)
+    added: list[Usage] = []
+    for op in ops:
+        if op.total is None:
+            status.charges.pop(op.run_uid, None)  # what it was charged stays in `spent`
+            added.append(Usage())
+            continue
+        start = op.base or Usage()
+        mark = status.charges.get(op.run_uid, Charge(run=op.run_name, cents=start.cents, tokens=start.tokens))
+        delta = Usage(cents=max(0, op.total.cents - mark.cents), tokens=max(0, op.total.tokens - mark.tokens))
+        status.charges[op.run_uid] = Charge(run=op.run_name, cents=max(mark.cents, op.total.cents),
+                                            tokens=max(mark.tokens, op.total.tokens))
+        # Saturates at the CRD's maximum (far past any limit, so exhaustion is unchanged).
+        status.spent = Usage(cents=min(status.spent.cents + delta.cents, MAX_STATUS_NUMBER),
+                             tokens=min(status.spent.tokens + delta.tokens, MAX_STATUS_NUMBER))
+        added.append(delta)
+    return refresh(budget.model_copy(update={"status": status}), now), added
+
+
 def apply_charge(budget: WorkerBudget, run_uid: str, run_name: str, total: Usage,
                  now: dt.datetime, base: Usage | None = None) -> WorkerBudgetStatus:
     """Charges what `total` (the run's whole usage so far) adds beyond the run's mark; without a
     mark, beyond `base` (what the run recorded as charged when its mark left the ledger)."""
-    status = refresh(budget, now)
-    start = base or Usage()
-    mark = status.charges.get(run_uid, Charge(run=run_name, cents=start.cents, tokens=start.tokens))
-    delta = Usage(cents=max(0, total.cents - mark.cents), tokens=max(0, total.tokens - mark.tokens))
-    status.charges[run_uid] = Charge(run=run_name, cents=max(mark.cents, total.cents),
-                                     tokens=max(mark.tokens, total.tokens))
-    # Saturates at the CRD's maximum (far past any limit, so exhaustion is unchanged).
-    status.spent = Usage(cents=min(status.spent.cents + delta.cents, MAX_STATUS_NUMBER),
-                         tokens=min(status.spent.tokens + delta.tokens, MAX_STATUS_NUMBER))
-    budget = budget.model_copy(update={"status": status})
-    return refresh(budget, now)
+    return settle(budget, [LedgerOp(run_uid, run_name, total, base)], now)[0]
 
 
 def release(budget: WorkerBudget, run_uid: str, now: dt.datetime) -> WorkerBudgetStatus:
     """The ledger without the run's mark (the run is charged in full and says so itself);
     what it was charged stays in `spent`."""
-    status = refresh(budget, now)
-    status.charges.pop(run_uid, None)
-    return status
+    return settle(budget, [LedgerOp(run_uid, "", None)], now)[0]
+
+
+def needs_refresh(budget: WorkerBudget, now: dt.datetime) -> bool:
+    """Whether refresh() would change the status: a charge's own write needs no second one."""
+    status, spec = budget.status, budget.spec
+    start = period_start(now, spec)
+    if start is not None and (status.period_start is None or status.period_start < start):
+        return True
+    want = "True" if exhausted(spec, status.spent) else "False"
+    have = next((c.status for c in status.conditions if c.type == "Exhausted"), None)
+    return status.remaining != remaining(spec, status.spent) or \
+        status.observed_generation != budget.metadata.generation or have != want
 
 
 def charged(budget: WorkerBudget, run_uid: str) -> Usage:
