@@ -55,7 +55,8 @@ class Played:
     started: float = 0.0
     last_renewal: float | None = None
     renewals: int = 0
-    last_renew_time: float | None = None  # the renewTime the API server stored with the last one
+    # When each accepted renewal's answer came: the write landed on the API server before that.
+    answered: list[float] = field(default_factory=list)
     ended: str = ""  # frozen, crashed, completed, lost, or "" while it still renews
     ended_at: float | None = None
 
@@ -72,11 +73,15 @@ class FleetStats:
 
 class Fleet:
     def __init__(self, cfg: kubeconfig.KubeConfig, namespace: str, plan_for: Callable[[str], Plan],
-                 max_connections: int = 64, timeout: float = 10.0) -> None:
+                 shards: int = 8, connections: int = 4, timeout: float = 10.0) -> None:
         self.cfg, self.namespace, self.plan_for = cfg, namespace, plan_for
         self.stats = FleetStats()
-        self._http = cfg.async_client(timeout=timeout, limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections))
+        self._http = cfg.async_client(timeout=timeout)  # the watches
+        # httpx's pool checks every connection it holds on each request: many small pools, not one
+        # big one (128 connections in one pool cost the fleet most of a core at 170 renewals/s).
+        self._shards = [_Gate(cfg.async_client(timeout=timeout, limits=httpx.Limits(
+            max_connections=connections, max_keepalive_connections=connections)), connections)
+            for _ in range(shards)]
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         # Run name -> wall-clock time at which the attempt playing it then freezes (set from any
         # thread: a plain dict write); used once, so the next attempt renews.
@@ -89,6 +94,8 @@ class Fleet:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         await self._http.aclose()
+        for shard in self._shards:
+            await shard.http.aclose()
 
     async def run(self) -> None:
         """Watches runs (and pods) until cancelled, playing every attempt that appears."""
@@ -116,7 +123,8 @@ class Fleet:
             complete_after=self.plan_for(meta["name"]).complete_after)
         played = Played(run=meta["name"], holder=holder, fence=int(fence))
         self.stats.played[key] = played
-        transport = AsyncKubeTransport(self.namespace, meta["name"], holder, int(fence), self._http,
+        transport = AsyncKubeTransport(self.namespace, meta["name"], holder, int(fence),
+                                       self._shards[hash(meta["name"]) % len(self._shards)],  # type: ignore[arg-type]
                                        run_uid=meta["uid"])
         interval = float(((run.get("spec") or {}).get("lease") or {}).get("renewIntervalSeconds") or 10)
         self._tasks[key] = asyncio.create_task(self._play(played, plan, transport, interval, pod_backed))
@@ -159,7 +167,7 @@ class Fleet:
                     if played.last_renewal is not None and now - played.last_renewal > self.stats.widest_gap[0]:
                         self.stats.widest_gap = (now - played.last_renewal, now, played.run)
                     played.last_renewal, played.renewals = now, played.renewals + 1
-                    played.last_renew_time = transport.renew_time()
+                    played.answered.append(now)
                     self.stats.counts["renewals"] += 1
                 elif renewal is not None and renewal.lost:
                     self._end(played, "lost")
@@ -180,6 +188,19 @@ class Fleet:
     async def _follow(self, prefix: str, resource: str, handle: Callable[[str, dict[str, Any]], None]) -> None:
         async for kind, obj in watch(self._http, f"/{prefix}/namespaces/{self.namespace}/{resource}"):
             handle(kind, obj)
+
+
+class _Gate:
+    """Workers' requests wait here, not in httpx's connection pool: the pool scans every queued
+    request on each hand-over, so thousands of workers queued there at once (a ramp, a slow
+    API server) made the fleet quadratic, and it stopped renewing in time."""
+
+    def __init__(self, http: httpx.AsyncClient, limit: int) -> None:
+        self.http, self._slots = http, asyncio.Semaphore(limit)
+
+    async def request(self, *args: Any, **kwargs: Any) -> httpx.Response:  # all AsyncKubeTransport uses
+        async with self._slots:
+            return await self.http.request(*args, **kwargs)
 
 
 def _next_wait(interval: float, plan: Plan, age: float) -> float:
@@ -228,10 +249,10 @@ class FleetProcess:
     """The fleet in a process of its own: its own interpreter lock and core, so the measuring
     process (creating runs from 16 threads, reading metrics) cannot delay a worker's renewal."""
 
-    def __init__(self, kubeconfig_path: Path, namespace: str, plan: Plan, max_connections: int = 128) -> None:
+    def __init__(self, kubeconfig_path: Path, namespace: str, plan: Plan) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(str(kubeconfig_path), namespace, plan, max_connections, child),
+        self.proc = ctx.Process(target=_serve, args=(str(kubeconfig_path), namespace, plan, child),
                                 daemon=True, name=f"fleet-{namespace}")
         self.proc.start()
         child.close()
@@ -263,11 +284,11 @@ class FleetProcess:
             self.proc.kill()
 
 
-def _serve(kubeconfig_path: str, namespace: str, plan: Plan, max_connections: int, conn: Any) -> None:
+def _serve(kubeconfig_path: str, namespace: str, plan: Plan, conn: Any) -> None:
     """The fleet process: the fleet on this thread's loop, commands answered from another."""
     logging.basicConfig(level=logging.WARNING)
     loop = asyncio.new_event_loop()
-    fleet = Fleet(kubeconfig.load(kubeconfig_path), namespace, lambda _: plan, max_connections=max_connections)
+    fleet = Fleet(kubeconfig.load(kubeconfig_path), namespace, lambda _: plan)
     running = loop.create_task(fleet.run())
 
     async def stats() -> FleetStats:  # a copy taken on the loop, never while a worker updates it

@@ -44,15 +44,27 @@ def table(report: dict[str, Any], source: str) -> str:
         rows.append((f"{what}: operator CPU, RSS", f"{_fmt(s['operatorCores'])} cores, "
                      f"{_fmt(s['operatorRssMiBPeak'])} MiB", "≤ 0.5 core, ≤ 300 MiB"))
         w = s["apiWritesPerHeartbeat"]
-        rows.append((f"{what}: API writes per heartbeat (Lease, WorkerRun)",
-                     f"{_fmt(w['leases'])}, {_fmt(w['workerruns'])} ({_fmt(s['renewalsPerSecond'])} renewals/s)",
+        net = w.get("workerrunsNetOfLapses")
+        rows.append((f"{what}: API writes per heartbeat (Lease, WorkerRun; WorkerRun net of the lapses' own)",
+                     f"{_fmt(w['leases'])}, {_fmt(w['workerruns'])}"
+                     f"{'' if net is None else '; ' + _fmt(net)} ({_fmt(s['renewalsPerSecond'])} renewals/s)",
                      "1, 0"))
+        machine = s.get("machineCores")
+        if machine:
+            rows.append((f"{what}: cores used by the rest of the machine",
+                         ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(machine.items(), key=lambda kv: -kv[1])), ""))
         lag = s.get("watchLagSeconds") or {}
         rows.append((f"{what}: watch lag p50 / p99", f"{_fmt(lag.get('p50'))} / {_fmt(lag.get('p99'))} s", ""))
         d = s["lapseDetectionSeconds"]
         rows.append((f"{what}: lapse detection p50 / p99 / max ({d.get('n', 0)} of {s['lapsesSampled']} sampled); "
-                     "false Lost", f"{_fmt(d.get('p50'))} / {_fmt(d.get('p99'))} / {_fmt(d.get('max'))} s; "
-                     f"{s['falseLost']}", f"p99 ≤ {s['leaseSeconds'] + 2} s; 0"))
+                     "false Lost (lost by the fleet's own missed renewals)",
+                     f"{_fmt(d.get('p50'))} / {_fmt(d.get('p99'))} / {_fmt(d.get('max'))} s; "
+                     f"{s['falseLost']} ({(s.get('fleetMissedRenewals') or {}).get('lost', 0)})",
+                     f"p99 ≤ {s['leaseSeconds'] + 2} s; 0"))
+        prof = s.get("operatorProfile")
+        if prof:
+            top = ", ".join(f"{k} {round(100 * v)}%" for k, v in list(prof["byModule"].items())[:5])
+            rows.append((f"{what}: where the operator's CPU goes (py-spy, {prof['samples']} samples)", top, ""))
     r = report.get("restart")
     if r:
         rows.append((f"restart (kill -9) under {r['runs']} runs: all re-observed; requests, peak/s; false Lost",
@@ -60,8 +72,10 @@ def table(report: dict[str, Any], source: str) -> str:
                      f"{_fmt(r['peakRequestsPerSecond'])}/s (qps {r['qps']}); {r['falseLost']}", "≤ 30 s; 0"))
     b = report.get("budget")
     if b:
-        rows.append((f"{b['runs']} runs on one budget: charge conflicts/s, cents charged/s, budget size, "
-                     "starved runs", f"{_fmt(b['chargeConflictsPerSecond'])}, {_fmt(b['centsChargedPerSecond'])}, "
+        rows.append((f"{b['runs']} runs on one budget: charge conflicts/s, cents charged/s of reported/s, "
+                     "budget writes/s, budget size, starved runs",
+                     f"{_fmt(b['chargeConflictsPerSecond'])}, {_fmt(b['centsChargedPerSecond'])} of "
+                     f"{_fmt(b.get('centsReportedPerSecond'))}, {_fmt(b.get('budgetWritesPerSecond'))}, "
                      f"{_fmt(b['budgetBytes']['max'])} B, {b['starvedRuns']}", "bounded; 0 starved"))
     c = report.get("ceiling")
     if c:
@@ -150,8 +164,9 @@ def figures(report: dict[str, Any], stem: Path) -> list[Path]:
     if report.get("budget"):
         b = report["budget"]
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.bar(["conflicts/s", "reconciles/s", "cents/s"],
-               [b["chargeConflictsPerSecond"], b["reconcilesPerSecond"], b["centsChargedPerSecond"]])
+        ax.bar(["conflicts/s", "budget\nwrites/s", "reconciles/s", "cents\ncharged/s", "cents\nreported/s"],
+               [b["chargeConflictsPerSecond"], b.get("budgetWritesPerSecond", 0), b["reconcilesPerSecond"],
+                b["centsChargedPerSecond"], b.get("centsReportedPerSecond", 0)])
         ax.set_title(f"{b['runs']} runs on one budget")
         save(fig, "budget")
     return out

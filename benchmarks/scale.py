@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -148,12 +149,60 @@ class Operator:
     def rss_mib(self) -> float:
         return float(self.ps.memory_info().rss / 2**20)
 
+    def profile(self, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+        """Starts py-spy sampling the operator for `seconds` (collapsed stacks into `out`); None
+        when py-spy cannot attach here."""
+        spy = Path(sys.executable).with_name("py-spy")
+        if not spy.exists():
+            return None
+        return subprocess.Popen([str(spy), "record", "--pid", str(self.proc.pid), "--duration", str(int(seconds)),
+                                 "--rate", "50", "--nonblocking", "--format", "raw", "--output", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
 
     def stop(self) -> None:
         terminate(self.proc)
+
+
+def profile_summary(collapsed: Path, top: int = 10) -> dict[str, Any]:
+    """The functions the operator spent its samples in (py-spy's collapsed stacks): by own time
+    (the innermost frame) and by module, as shares of all samples."""
+    own: Counter[str] = Counter()
+    modules: Counter[str] = Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n, frames = int(count), stack.split(";")
+        total += n
+        own[_frame(frames[-1])] += n
+        # The innermost frame in Tether's own code, else the innermost library's package.
+        mine = next((f for f in reversed(frames) if "/tether/" in f), None)
+        modules[_module(mine or frames[-1])] += n
+    share = lambda c: {k: round(v / max(total, 1), 3) for k, v in c.most_common(top)}  # noqa: E731
+    return {"samples": total, "ownTime": share(own), "byModule": share(modules)}
+
+
+def _frame(frame: str) -> str:
+    """`func (path/to/file.py:12)` -> `file.py:func`."""
+    m = re.match(r"(.*?) \((.*?)(?::\d+)?\)$", frame)
+    return f"{Path(m.group(2)).name}:{m.group(1)}" if m else frame
+
+
+def _module(frame: str) -> str:
+    m = re.match(r".*? \((.*?)(?::\d+)?\)$", frame)
+    if not m:
+        return frame
+    path = m.group(1)
+    if "/tether/" in path:
+        return "tether/" + path.split("/tether/", 1)[1].rsplit(".", 1)[0]
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1].split("/", 1)[0]
+    return Path(path).parent.name + "/" + Path(path).stem  # the standard library
 
 
 def requests_sent(metrics: dict[str, float]) -> float:
@@ -335,8 +384,11 @@ class Population:
     """Live runs in one namespace, played by the fleet, under one operator; grows on demand."""
 
     def __init__(self, env: Env, name: str, duration: int, renew: int, plan: Plan | None = None,
-                 budget: str | None = None) -> None:
+                 budget: str | None = None, ramp_rate: float | None = None) -> None:
         self.env, self.duration, self.renew, self.budget = env, duration, renew, budget
+        # Runs created per second while growing (None: as fast as they go). A ramp is not what is
+        # measured: paced, it leaves the two cores to the runs already renewing.
+        self.ramp_rate = ramp_rate
         self.ns = env.namespace(name)
         if budget is not None:
             env.api.post(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerbudgets", json={
@@ -354,7 +406,7 @@ class Population:
         for body in bodies:
             if self.budget is not None:
                 body["spec"]["budget"] = {"budgetRef": {"name": self.budget}}
-        create_paced(self.env, WR.format(ns=self.ns), bodies, None)
+        create_paced(self.env, WR.format(ns=self.ns), bodies, self.ramp_rate)
         self.n = to
         wait_for(lambda: self._renewing() >= to, timeout=max(900, to / 2), interval=1,
                  what=f"{to} workers renewing")
@@ -363,8 +415,9 @@ class Population:
     def _renewing(self) -> int:
         return self.fleet.renewing()
 
-    def measure(self, window: float, lapses: int, seed: int) -> dict[str, Any]:
-        """A steady window; `lapses` sampled workers freeze at random moments of it."""
+    def measure(self, window: float, lapses: int, seed: int, profile: Path | None = None) -> dict[str, Any]:
+        """A steady window; `lapses` sampled workers freeze at random moments of it. With `profile`,
+        py-spy samples the operator over the window into that file."""
         rng = random.Random(seed)
         live = [f"r{i}" for i in range(self.n) if f"r{i}" not in self.frozen]
         # Early enough in the window for the lapse to be judged before it ends.
@@ -378,6 +431,7 @@ class Population:
         fleet.freeze({run: start + at for run, at in freeze_in.items()})
         self.frozen |= set(freeze_in)
         renewals0 = fleet.stats().counts["renewals"]
+        spy = op.profile(window - 5, profile) if profile is not None else None
         rss_peak = 0.0
         while time.monotonic() - t0 < window:
             rss_peak = max(rss_peak, op.rss_mib())
@@ -394,6 +448,8 @@ class Population:
                   if p.ended == "frozen" and p.run in freeze_in and p.run in lost and p.last_renewal is not None
                   and p.fence == lost[p.run][1]]
         false_lost, fleet_missed = self._judge(lost, played)
+        run_writes = sum(c for (res, verb), c in api.items()
+                         if res.startswith("workerruns") and verb in ("PUT", "PATCH", "POST", "DELETE"))
         result = {
             "runs": self.n, "leaseSeconds": self.duration, "renewSeconds": self.renew,
             "windowSeconds": round(elapsed, 1), "window": [start, start + elapsed], "renewals": renewals,
@@ -401,8 +457,11 @@ class Population:
             "renewalsPerSecond": round(renewals / elapsed, 1),
             "apiWritesPerHeartbeat": {
                 "leases": round(api[("leases", "PUT")] / max(renewals, 1), 3),
-                "workerruns": round(sum(c for (res, verb), c in api.items() if res.startswith("workerruns")
-                                        and verb in ("PUT", "PATCH", "POST", "DELETE")) / max(renewals, 1), 3)},
+                "workerruns": round(run_writes / max(renewals, 1), 3),
+                # Net of what each lapse in the window costs by design (its revocation, re-grant and
+                # the next attempt's Running: 3 status writes): what heartbeats themselves cost.
+                "workerrunsNetOfLapses": round(max(0, run_writes - 3 * (len(detect) + len(fleet_missed)))
+                                               / max(renewals, 1), 4)},
             "operatorRequestsPerHeartbeat": round((requests_sent(m1) - requests_sent(m0)) / max(renewals, 1), 4),
             "apiWritesInWindow": {f"{res} {verb}": c for (res, verb), c in api.items()
                                   if verb in ("PUT", "PATCH", "POST", "DELETE", "APPLY") and c},
@@ -414,8 +473,9 @@ class Population:
             # What the fleet saw of the first few lost runs: was it the workers or Tether?
             "lostSeenByFleet": [
                 {"run": p.run, "fence": p.fence, "renewals": p.renewals, "ended": p.ended,
-                 "lastAcceptedRenewTimeBeforeLoss": None if p.last_renew_time is None
-                 else round(lost[p.run][0] - p.last_renew_time, 1)}
+                 "lastRenewalAnsweredBeforeLoss": None if (t := _last_before(p.answered, lost[p.run][0])) is None
+                 else round(lost[p.run][0] - t, 1),
+                 "renewalsAnsweredAfterLoss": sum(1 for a in p.answered if a > lost[p.run][0])}
                 for p in played if p.run in (false_lost[:5] + fleet_missed[:5]) and p.fence == lost[p.run][1]],
             "fleetCounts": dict(stats.counts),
             "fleetWidestRenewalGap": {"seconds": round(stats.widest_gap[0], 1),
@@ -424,18 +484,23 @@ class Population:
             "fleetRenewalSeconds": summary(stats.renew_seconds),
             "machineCores": {k: round((machine1.get(k, 0.0) - v) / elapsed, 3) for k, v in machine0.items()},
         }
+        if spy is not None and profile is not None:
+            spy.wait(timeout=60)
+            if profile.exists():
+                result["operatorProfile"] = {"file": str(profile), **profile_summary(profile)}
         print(f"  steady {self.n} L={self.duration}: {json.dumps(result)}", flush=True)
         return result
 
     def _judge(self, lost: dict[str, tuple[float, int]], played: list[Played]) -> tuple[list[str], list[str]]:
         """Splits unsampled LeaseLost attempts into Tether's errors and the fleet's own misses. A
-        loss is the fleet's when the API server's record of the attempt's last accepted renewal
-        (the renewTime the fleet's write stored) was a lease old at the loss: the load generator
-        itself stopped renewing in time, and the loss was right."""
-        last_renew = {(p.run, p.fence): p.last_renew_time for p in played}
+        loss is the fleet's when the last renewal the API server accepted before it (its answer
+        came before the loss, so the write landed earlier still) is a lease old at the loss: the
+        load generator itself did not renew in time, and the loss was right."""
+        answered = {(p.run, p.fence): p.answered for p in played}
         unsampled = {r: v for r, v in lost.items() if r not in self.frozen}
         missed = sorted(r for r, (at, fence) in unsampled.items()
-                        if (t := last_renew.get((r, fence))) is not None and at - t >= self.duration - 1)
+                        if (t := _last_before(answered.get((r, fence), []), at)) is not None
+                        and at - t >= self.duration - 1)
         return sorted(r for r in unsampled if r not in missed), missed
 
     def restart(self) -> dict[str, Any]:
@@ -485,6 +550,10 @@ def _lost_attempts(env: Env, ns: str) -> dict[str, tuple[float, int]]:
     return out
 
 
+def _last_before(times: list[float], at: float) -> float | None:
+    return max((t for t in times if t < at), default=None)
+
+
 # The processes whose CPU a measurement window reports, besides the operator's.
 MACHINE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
 
@@ -514,12 +583,14 @@ def budget_load(env: Env, n: int, duration: int, renew: int, window: float) -> d
     sizes: list[int] = []
     try:
         pop.grow(n)
-        m0, t0 = op.metrics(), time.monotonic()
+        m0, api0, cpu0, t0 = op.metrics(), env.apiserver_requests(), op.cpu_seconds(), time.monotonic()
+        reported0 = pop.fleet.stats().counts["renewals"]
         while time.monotonic() - t0 < window:
             sizes.append(len(env.api.get(path).content))
             time.sleep(5)  # sampling period of the budget's size
         elapsed = time.monotonic() - t0
-        m1 = op.metrics()
+        m1, api1, cpu1 = op.metrics(), env.apiserver_requests(), op.cpu_seconds()
+        stats = pop.fleet.stats()
         runs = env.api.get(WR.format(ns=ns)).raise_for_status().json()["items"]
         budget = env.api.get(path).json()
     finally:
@@ -536,6 +607,14 @@ def budget_load(env: Env, n: int, duration: int, renew: int, window: float) -> d
     result = {"runs": n, "leaseSeconds": duration, "renewSeconds": renew, "windowSeconds": round(elapsed, 1),
               "chargeConflictsPerSecond": round(conflicts / elapsed, 2),
               "centsChargedPerSecond": round(charged / elapsed, 1),
+              # One cent rides on every renewal: what the workers reported, and what of it the budget
+              # did not show yet at the end (usage reaches the status once per fold interval).
+              "centsReportedPerSecond": round((stats.counts["renewals"] - reported0) / elapsed, 1),
+              "unchargedAtEndCents": sum(p.renewals for p in stats.played.values() if p.fence == 1)
+              - int(((budget.get("status") or {}).get("spent") or {}).get("cents", 0)),
+              "budgetWritesPerSecond": round((api1 - api0)[("workerbudgets/status", "PUT")] / elapsed, 2),
+              "runStatusWritesPerSecond": round((api1 - api0)[("workerruns/status", "PUT")] / elapsed, 1),
+              "operatorCores": round((cpu1 - cpu0) / elapsed, 3),
               "reconcilesPerSecond": round(reconciles / elapsed, 1),
               "budgetBytes": {"max": max(sizes, default=0), "end": sizes[-1] if sizes else 0},
               "starvedRuns": len(starved), "spent": (budget.get("status") or {}).get("spent")}
@@ -565,7 +644,7 @@ def _goals(steady_result: dict[str, Any], goals: dict[str, float]) -> dict[str, 
         "cores": steady_result["operatorCores"] <= goals["cores"],
         "rss": steady_result["operatorRssMiBPeak"] <= goals["rssMiB"],
         "leaseWritesPerHeartbeat": steady_result["apiWritesPerHeartbeat"]["leases"] <= 1.05,
-        "runWritesPerHeartbeat": steady_result["apiWritesPerHeartbeat"]["workerruns"] <= 0.01,
+        "runWritesPerHeartbeat": steady_result["apiWritesPerHeartbeat"]["workerrunsNetOfLapses"] <= 0.01,
         "lapseP99": lapse is None or lapse <= steady_result["leaseSeconds"] + 2,
         "falseLost": steady_result["falseLost"] == 0,
     }
@@ -586,6 +665,7 @@ def main() -> None:
     parser.add_argument("--qps", type=float, default=100)
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--ramp-rate", type=float, default=50, help="runs created per second while a population grows")
     parser.add_argument("--budget-runs", type=int, default=1000)
     parser.add_argument("--ceiling-step", type=int, default=2500)
     parser.add_argument("--ceiling-limit", type=int, default=15000)
@@ -600,6 +680,11 @@ def main() -> None:
                               "tether": {"qps": args.qps, "burst": args.burst},
                               "kubeControllerManager": {"qps": KCM_QPS, "burst": KCM_BURST},
                               "smoke": args.smoke}
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"scale-{report['date']}{'-smoke' if args.smoke else ''}.json")
+
+    def profile(name: str) -> Path | None:
+        return None if args.smoke else out.with_name(f"{out.stem}-profile-{name}.txt")
+
     with environment(args.kwok_nodes, args.qps, args.burst) as env:
         if "launch" in scenarios:
             report["launch"] = [launch(env, args.launch_runs, 20, "jobs"),
@@ -607,20 +692,22 @@ def main() -> None:
         long_lease = (90, 30) if not args.smoke else (20, 5)
         short_lease = (30, 10) if not args.smoke else (12, 3)
         if {"steady", "restart", "ceiling"} & set(scenarios):
-            pop = Population(env, "steady-long", *long_lease)
+            pop = Population(env, "steady-long", *long_lease, ramp_rate=args.ramp_rate)
             try:
                 ramp = pop.grow(args.runs)
-                report["steady"] = [{**pop.measure(args.window, args.lapses, args.seed), "rampSeconds": round(ramp, 1)}]
+                report["steady"] = [{**pop.measure(args.window, args.lapses, args.seed, profile=profile("long")),
+                                     "rampSeconds": round(ramp, 1)}]
                 if "restart" in scenarios:
                     report["restart"] = pop.restart()
                 if "ceiling" in scenarios:
                     report["ceiling"] = ceiling(pop, args.ceiling_step, args.ceiling_limit, args.window, GOALS)
             finally:
                 pop.close()
-            pop = Population(env, "steady-short", *short_lease)
+            pop = Population(env, "steady-short", *short_lease, ramp_rate=args.ramp_rate)
             try:
                 ramp = pop.grow(args.runs)
-                report["steady"].append({**pop.measure(args.window, args.lapses, args.seed + 1),
+                report["steady"].append({**pop.measure(args.window, args.lapses, args.seed + 1,
+                                                       profile=profile("short")),
                                          "rampSeconds": round(ramp, 1)})
             finally:
                 pop.close()
@@ -628,7 +715,6 @@ def main() -> None:
             report["budget"] = budget_load(env, args.budget_runs, *short_lease, args.window)
         report["goals"] = {f"steady {s['runs']} L={s['leaseSeconds']}": _goals(s, GOALS)
                            for s in report.get("steady", [])}
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"scale-{report['date']}{'-smoke' if args.smoke else ''}.json")
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
 

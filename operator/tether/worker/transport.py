@@ -75,11 +75,6 @@ class KubeSteps:
         lease: dict[str, Any] = resp.json()
         return lease
 
-    def renew_time(self) -> float | None:
-        """The renewTime (epoch seconds) of the Lease as last written or read."""
-        stamp = ((self._lease or {}).get("spec") or {}).get("renewTime")
-        return dt.datetime.fromisoformat(stamp).timestamp() if stamp else None
-
     def _is_mine(self, lease: dict[str, Any] | None) -> bool:
         return protocol.holds(lease, self.holder, self.fence, self.run_uid)
 
