@@ -53,13 +53,14 @@ async def _run_operator(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from tether import metrics
+    from tether import gcpause, metrics
     from tether.controller import handlers
     from tether.controller.leader import LeaderElector
     from tether.kube import config as kubeconfig
     from tether.kube.client import KubeClient
 
     log = logging.getLogger("tether.operator")
+    gcpause.install()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     gateway = None

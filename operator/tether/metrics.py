@@ -35,6 +35,9 @@ REGRANTS = Counter("tether_lease_regrants_total", "Grants that follow an ended a
 LAPSE_DETECTION = Histogram("tether_lease_lapse_detection_seconds",
                             "Time from the last observed renewal to the attempt being marked lost.",
                             registry=REGISTRY, buckets=(5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600))
+GC_PAUSE = Histogram("tether_gc_full_collection_seconds", "Pauses of the operator's full (generation 2) "
+                     "garbage collections: the event loop stands still meanwhile.", registry=REGISTRY,
+                     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5))
 REST_REQUESTS = Counter("rest_client_requests_total", "Requests the operator sent the API server (watches "
                         "aside), by method and status code (client-go's name).", ["method", "code"],
                         registry=REGISTRY)

@@ -8,6 +8,8 @@ import asyncio
 import datetime as dt
 from typing import Any
 
+import pytest
+
 from tether.api.models import ObjectMeta, Usage, WorkerBudget, WorkerBudgetSpec, WorkerRun
 from tether.controller.budgets import BudgetBook
 from tether.core import budget as b
@@ -174,3 +176,157 @@ def test_a_batch_that_conflicts_is_applied_again_from_a_fresh_read_and_charges_o
     assert kube.writes == 1
     assert kube.body["status"]["spent"]["cents"] == 8 + 2 + 4
     assert set(kube.body["status"]["charges"]) == {"u-1"}  # r0 charged in full, then released
+
+
+# --- adversarial: the writer's awaits between a read and a write ------------------------------
+
+
+async def _nothing_charged() -> Usage:
+    return Usage()
+
+
+def test_one_runs_failing_baseline_fails_that_run_alone() -> None:
+    """A run whose fresh read fails (the API refuses it, its status does not validate) must not
+    fail every other run that happens to share its write: each would retry with backoff and,
+    while the broken run keeps coming back, keep failing with it."""
+    kube = _Kube(charges={}, spent=0)
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+
+    async def broken() -> Usage:
+        raise RuntimeError("cannot read r0")
+
+    async def charge() -> list[Any]:
+        r0, r1 = _runs(2)
+        return await asyncio.gather(book.charge(r0, "team", Usage(cents=5), broken),
+                                    book.charge(r1, "team", Usage(cents=4), _nothing_charged),
+                                    return_exceptions=True)
+
+    failed, added = asyncio.run(charge())
+    assert isinstance(failed, RuntimeError)
+    assert added == Usage(cents=4)
+    assert set(kube.body["status"]["charges"]) == {"u-1"} and kube.body["status"]["spent"]["cents"] == 4
+
+
+def test_a_release_and_a_charge_of_one_run_in_one_write_count_from_its_record() -> None:
+    """A reconcile cancelled while its release waits leaves the release queued; the run's next pass
+    (late usage settled: 10 cents, 7 recorded as charged) rides on the same write. Its charge comes
+    after the release, when the run has no mark, so it counts from the record, not from zero."""
+    kube = _Kube(charges={"u-0": {"run": "r0", "cents": 7, "tokens": 0}}, spent=7)
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+
+    async def recorded() -> Usage:
+        return Usage(cents=7)
+
+    async def passes() -> Usage | None:
+        r0 = _runs(1)[0]
+        release = asyncio.create_task(book.release(r0, "team"))
+        charge = asyncio.create_task(book.charge(r0, "team", Usage(cents=10), recorded))
+        await asyncio.sleep(0)  # both queued; the writer has not run yet
+        release.cancel()
+        return await charge
+
+    assert asyncio.run(passes()) == Usage(cents=3)
+    assert kube.body["status"]["spent"]["cents"] == 10  # not 17
+
+
+class _Racing(_Kube):
+    """`after_put` runs once our write has landed, before its answer reaches us: the watch may
+    deliver newer events (or a deletion) first."""
+
+    def __init__(self, charges: dict[str, Any], spent: int = 7) -> None:
+        super().__init__(charges, spent)
+        self.body["metadata"].update(uid="a", generation=1)
+        self.after_put: Any = None
+
+    async def replace_budget_status(self, body: dict[str, Any]) -> dict[str, Any]:
+        written = await super().replace_budget_status(body)
+        if self.after_put is not None:
+            hook, self.after_put = self.after_put, None
+            hook(self)
+        return written
+
+
+def _consistent(body: dict[str, Any], **meta: Any) -> dict[str, Any]:
+    """The body with a status as our own writes leave it (no refresh due), and `meta` changed."""
+    out = {**body, "metadata": {**body["metadata"], **meta}}
+    return {**out, "status": b.refresh(WorkerBudget.model_validate(out), T0).dump()}
+
+
+def _charge_once(kube: _Racing, book: BudgetBook) -> Usage | None:
+    async def charge() -> Usage | None:
+        return await book.charge(_runs(1)[0], "team", Usage(cents=5), _nothing_charged)
+
+    return asyncio.run(charge())
+
+
+def test_a_write_answered_after_a_newer_event_does_not_roll_the_cache_back() -> None:
+    """Another replica writes right after us and the watch brings that before our answer: caching
+    our answer would hide the newer budget from every observation until its next change."""
+    kube = _Racing(charges={}, spent=0)
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book.cache[("ns", "team")] = kube.body
+
+    def other_replica(k: _Racing) -> None:
+        theirs = WorkerBudget.model_validate(k.body)
+        status, _ = b.settle(theirs, [b.LedgerOp("u-9", "r9", Usage(cents=90))], T0)
+        k.body = {**k.body, "metadata": {**k.body["metadata"], "resourceVersion": "3"}, "status": status.dump()}
+        book.on_event("MODIFIED", k.body)
+
+    kube.after_put = other_replica
+    assert _charge_once(kube, book) == Usage(cents=5)
+    assert book.cache[("ns", "team")]["metadata"]["resourceVersion"] == "3"
+
+
+def test_a_write_answered_after_the_budget_was_recreated_does_not_bring_the_old_one_back() -> None:
+    kube = _Racing(charges={}, spent=0)
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book.cache[("ns", "team")] = kube.body
+
+    def recreated(k: _Racing) -> None:
+        old = k.body
+        k.body = _consistent({**old, "status": {}}, uid="b", resourceVersion="5")
+        book.on_event("DELETED", old)
+        book.on_event("ADDED", k.body)
+
+    kube.after_put = recreated
+    assert _charge_once(kube, book) == Usage(cents=5)
+    assert book.cache[("ns", "team")]["metadata"]["uid"] == "b"
+
+
+@pytest.mark.parametrize("deleted", [True, False])
+def test_a_refresh_answered_after_the_budget_was_deleted_or_changed_does_not_roll_the_cache_back(deleted: bool) -> None:
+    kube = _Racing(charges={}, spent=0)  # never refreshed: remaining is missing
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book.cache[("ns", "team")] = kube.body
+
+    def moved(k: _Racing) -> None:
+        if deleted:
+            book.on_event("DELETED", k.body)
+            return
+        k.body = _consistent(k.body, resourceVersion="7", generation=2)  # the limit was edited
+        book.on_event("MODIFIED", k.body)
+
+    kube.after_put = moved
+    asyncio.run(book._refresh(("ns", "team")))
+    assert kube.writes == 1
+    if deleted:
+        assert ("ns", "team") not in book.cache
+    else:
+        assert book.cache[("ns", "team")]["metadata"]["resourceVersion"] == "7"
+
+
+def test_stop_before_a_writer_ran_leaves_no_charge_waiting_forever() -> None:
+    """A task cancelled before its first step never enters its `try`: its `finally` does not run."""
+    kube = _Kube(charges={}, spent=0)
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+
+    async def stop_early() -> Usage | None:
+        run = _runs(1)[0]
+        first = asyncio.create_task(book.charge(run, "team", Usage(cents=5), _nothing_charged))
+        await asyncio.sleep(0)  # queued; its writer exists but has not run
+        await book.stop()
+        done, _ = await asyncio.wait({first}, timeout=1)
+        assert first in done and first.cancelled()
+        return await asyncio.wait_for(book.charge(run, "team", Usage(cents=5), _nothing_charged), 1)
+
+    assert asyncio.run(stop_early()) == Usage(cents=5)

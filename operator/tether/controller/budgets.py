@@ -85,8 +85,7 @@ class BudgetBook:
             if status.dump() == budget.status.dump():
                 return
             written = await self.kube.replace_budget_status({**body, "status": status.dump()})
-            if key in self.cache:  # never bring back a budget whose deletion was seen meanwhile
-                self.cache[key] = written
+            self._store_written(key, {body["metadata"].get("resourceVersion")}, written)
         except (Conflict, NotFound):
             pass  # a newer version arrives by watch and triggers another refresh
         except Exception as exc:  # noqa: BLE001 - best effort; charges refresh it too
@@ -116,6 +115,14 @@ class BudgetBook:
             name=ref.name, exhausted=budgets.exhausted(budget.spec, status.spent),
             remaining=status.remaining or Usage(), charged=budgets.charged(budget, run.metadata.uid),
             marked=run.metadata.uid in budget.status.charges, next_reset_seconds=next_reset)
+
+    def _store_written(self, key: BudgetKey, over: set[str | None], written: dict[str, Any]) -> None:
+        """Caches our write's answer only while the cache still holds a version it replaced (in
+        `over`): an event that arrived during the write (a newer write, the deletion, a namesake
+        re-created) stays, and the watch brings our write in its turn."""
+        cached = self.cache.get(key)
+        if cached is not None and cached["metadata"].get("resourceVersion") in over:
+            self.cache[key] = written
 
     def _model(self, key: BudgetKey, body: dict[str, Any]) -> WorkerBudget:
         rv = body["metadata"].get("resourceVersion", "")
@@ -154,7 +161,17 @@ class BudgetBook:
             self._writers[key] = task
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+            task.add_done_callback(lambda t: self._writer_gone(key, t))
         return await done
+
+    def _writer_gone(self, key: BudgetKey, task: asyncio.Task[None]) -> None:
+        """A writer cancelled before its first step never ran its `finally`: without this, its
+        runs and every later charge of the budget would wait for it forever."""
+        if self._writers.get(key) is task:
+            del self._writers[key]
+            for q in self._queued.pop(key, []):
+                if not q.done.done():
+                    q.done.cancel()
 
     async def _write_all(self, key: BudgetKey) -> None:
         batch: list[_Queued] = []
@@ -168,7 +185,11 @@ class BudgetBook:
                             q.done.set_exception(exc)
                     continue
                 for q, result in zip(batch, results):
-                    if not q.done.done():
+                    if q.done.done():
+                        continue
+                    if isinstance(result, Exception):
+                        q.done.set_exception(result)  # that run's own failure (its baseline read)
+                    else:
                         q.done.set_result(result)
         finally:
             del self._writers[key]  # no await since the queue was found empty: nothing is left behind
@@ -176,27 +197,34 @@ class BudgetBook:
                 if not q.done.done():
                     q.done.cancel()
 
-    async def _settle(self, key: BudgetKey, batch: list[_Queued]) -> list[Usage | None]:
+    async def _settle(self, key: BudgetKey, batch: list[_Queued]) -> list[Usage | Exception | None]:
         """One CAS on the budget's status for the whole batch, from the newest body known (the
-        last write's answer); a conflict reads it fresh and applies the batch again."""
+        last write's answer); a conflict reads it fresh and applies the batch again. A run whose
+        baseline read fails is left out of the write and gets its own exception."""
         ns, name = key
         body = self.cache.get(key)
+        over: set[str | None] = set()  # the versions our write replaces, directly or by a retry
         for _ in range(10):
             if body is None:
                 body = await self.kube.get_budget(ns, name)
                 if body is None:
                     self.cache.pop(key, None)  # gone: the next observation says so
                     return [None] * len(batch)
-            else:
-                self.cache[key] = body
+            over.add(body["metadata"].get("resourceVersion"))
             budget = self._model(key, body)
-            # A run without a mark: what it recorded as charged, read fresh on every attempt.
-            need = [i for i, q in enumerate(batch) if q.baseline is not None and q.op.total is not None
-                    and q.op.run_uid not in budget.status.charges]
-            bases: dict[int, Usage | None] = dict(zip(need, await asyncio.gather(*(batch[i].baseline()  # type: ignore[misc]
-                                                                                 for i in need))))
-            live = [i for i in range(len(batch)) if i not in bases or bases[i] is not None]  # None: the run is gone
-            ops = [replace(batch[i].op, base=bases.get(i)) for i in live]
+            # A run without a mark: what it recorded as charged, read fresh on every attempt. A
+            # charge after the same run's release in this batch has no mark either when applied.
+            need, released = [], set()
+            for i, q in enumerate(batch):
+                if q.op.total is None:
+                    released.add(q.op.run_uid)
+                elif q.baseline is not None and (q.op.run_uid not in budget.status.charges or q.op.run_uid in released):
+                    need.append(i)
+            read = await asyncio.gather(*(batch[i].baseline() for i in need), return_exceptions=True)  # type: ignore[misc]
+            bases: dict[int, Usage | BaseException | None] = dict(zip(need, read))
+            # Left out: the run is gone (None), or its read failed (that run's error alone).
+            live = [i for i in range(len(batch)) if i not in bases or isinstance(bases[i], Usage)]
+            ops = [replace(batch[i].op, base=bases.get(i)) for i in live]  # type: ignore[arg-type]
             status, added = budgets.settle(budget, ops, self.now())
             try:
                 written = await self.kube.replace_budget_status({**body, "status": status.dump()})
@@ -207,9 +235,11 @@ class BudgetBook:
             except NotFound:
                 self.cache.pop(key, None)
                 return [None] * len(batch)
-            if key in self.cache:  # never bring back a budget whose deletion was seen meanwhile
-                self.cache[key] = written
-            results: list[Usage | None] = [None] * len(batch)
+            self._store_written(key, over, written)
+            results: list[Usage | Exception | None] = [None] * len(batch)
+            for i, failed in bases.items():
+                if isinstance(failed, Exception):
+                    results[i] = failed
             for i, usage in zip(live, added):
                 results[i] = usage
             metrics.BUDGET_CHARGED_CENTS.labels(ns, name).inc(sum(u.cents for u in added))

@@ -264,6 +264,7 @@ class RunController:
         self.terminating: dict[str, float] = {}
         # (namespace, budget name) -> the runs that draw on it (a budgetRef never changes).
         self.budget_runs: dict[tuple[str, str], set[RunKey]] = {}
+        self._overdue_counted: tuple[float | None, tuple[int, int]] = (None, (0, 0))
         # Pods that were deleted, by (run key, name): (their controller's UID, as ForeignPod). A
         # namesake's pod can still act for a few seconds after it is gone (see foreign_pod).
         self.pod_tombstones: dict[tuple[RunKey, str], tuple[str | None, ForeignPod]] = {}  # namespace -> monotonic time it was seen terminating
@@ -728,17 +729,7 @@ class RunController:
         """Many leases lapsing together points at the control plane or this operator's view of it,
         not at the workers: then a lapse must last a second full duration before it counts."""
         mono = self.clock.mono()
-        active = overdue = 0
-        for body in self.runs.values():
-            status = body.get("status") or {}
-            holder = status.get("holder")
-            if not holder:
-                continue
-            active += 1
-            lease = self.leases.get(body["metadata"].get("uid", ""))
-            duration = ((body.get("spec") or {}).get("lease") or {}).get("durationSeconds", 0)
-            if lease is not None and lease.holder == holder and mono - lease.last_change >= duration:
-                overdue += 1
+        overdue, active = self._overdue(mono)
         assert snap.lease is not None
         silence = mono - snap.lease.last_change
         duration = snap.run.spec.lease.duration_seconds
@@ -746,6 +737,25 @@ class RunController:
             self._problem(snap.key, "many leases lapsed at once; suspecting the control plane, not the workers",
                           "mass_lapse_suspected", f"{overdue}/{active} overdue", logging.WARNING)
             raise Inconclusive(f"{overdue} of {active} leases overdue", 2 * duration - silence)
+
+    def _overdue(self, mono: float) -> tuple[int, int]:
+        """(overdue, active) leases, counted at most once a second: a scan of every run per lapse
+        cost 5% of the operator's CPU at 5,000 runs."""
+        at, counts = self._overdue_counted
+        if at is not None and 0 <= mono - at < 1.0:
+            return counts
+        active = overdue = 0
+        for body in self.runs.values():
+            holder = (body.get("status") or {}).get("holder")
+            if not holder:
+                continue
+            active += 1
+            lease = self.leases.get(body["metadata"].get("uid", ""))
+            duration = ((body.get("spec") or {}).get("lease") or {}).get("durationSeconds", 0)
+            if lease is not None and lease.holder == holder and mono - lease.last_change >= duration:
+                overdue += 1
+        self._overdue_counted = (mono, (overdue, active))
+        return overdue, active
 
     async def _refresh_run(self, key: RunKey) -> dict[str, Any] | None:
         try:

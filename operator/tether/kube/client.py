@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from tether import metrics
+from tether import gcpause, metrics
 from tether.api.models import API_VERSION, BUDGET_PLURAL, PLURAL
 from tether.kube.config import KubeConfig
 from tether.protocol import JSON_PATCH, rfc3339
@@ -124,12 +124,12 @@ class KubeClient:
         """A GET and how long it took (monotonic seconds); None for 404."""
         if self.limiter is not None:
             await self.limiter.acquire()  # waiting for our own rate limit is not the API's latency
-        began = time.monotonic()
+        began, paused = time.monotonic(), gcpause.paused()
         try:
             body: dict[str, Any] | None = await self._call("GET", path, what, limited=False)
         except NotFound:
             body = None
-        return body, time.monotonic() - began
+        return body, time.monotonic() - began - (gcpause.paused() - paused)  # our own GC is not the API's
 
     async def ready(self) -> bool:
         """The API server's /readyz (it checks etcd too), without the rate limit: a probe must

@@ -15,6 +15,8 @@ import logging
 import time
 from typing import Awaitable, Callable
 
+from tether import gcpause
+
 log = logging.getLogger("tether.apihealth")
 
 # An answer slower than this does not count as the API server being reachable.
@@ -52,7 +54,7 @@ class ApiHealth:
     async def probe_forever(self, probe: Callable[[], Awaitable[bool]], interval: float = 1.0) -> None:
         """Calls `probe` (True: healthy answer) every `interval` seconds and records the outcome."""
         while True:
-            began = self._mono()
+            began, paused = self._mono(), gcpause.paused()
             try:
                 ok = await asyncio.wait_for(probe(), timeout=SLOW_SECONDS * 2)
             except asyncio.CancelledError:
@@ -61,7 +63,8 @@ class ApiHealth:
                 self.failure(f"probe: {type(exc).__name__}: {exc}")
             else:
                 if ok:
-                    self.answered(self._mono() - began)
+                    # Our own garbage collection meanwhile is not the API server's slowness.
+                    self.answered(self._mono() - began - (gcpause.paused() - paused))
                 else:
                     self.failure("probe: not ready")
             await asyncio.sleep(max(0.0, interval - (self._mono() - began)))
