@@ -19,7 +19,7 @@ import logging
 import multiprocessing
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
@@ -65,7 +65,9 @@ class Played:
 class FleetStats:
     played: dict[tuple[str, int], Played] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
-    renew_seconds: list[float] = field(default_factory=list)  # each renewal's round trip
+    # The latest renewals' round trips, and the fleet's own queueing before each (for a slot).
+    renew_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=5000))
+    slot_wait_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=5000))
     # The longest time between two successful renewals of one worker, and when it ended: a worker
     # silent for a lease is lost by the rules, and this says whether the fleet was the silent one.
     widest_gap: tuple[float, float, str] = (0.0, 0.0, "")
@@ -79,7 +81,7 @@ class Fleet:
         self._http = cfg.async_client(timeout=timeout)  # the watches
         # httpx's pool checks every connection it holds on each request: many small pools, not one
         # big one (128 connections in one pool cost the fleet most of a core at 170 renewals/s).
-        self._shards = [_Gate(cfg.async_client(timeout=timeout, limits=httpx.Limits(
+        self._shards = [_Shard(cfg.async_client(timeout=timeout, limits=httpx.Limits(
             max_connections=connections, max_keepalive_connections=connections)), connections)
             for _ in range(shards)]
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -123,14 +125,15 @@ class Fleet:
             complete_after=self.plan_for(meta["name"]).complete_after)
         played = Played(run=meta["name"], holder=holder, fence=int(fence))
         self.stats.played[key] = played
-        transport = AsyncKubeTransport(self.namespace, meta["name"], holder, int(fence),
-                                       self._shards[hash(meta["name"]) % len(self._shards)],  # type: ignore[arg-type]
+        shard = self._shards[hash(meta["name"]) % len(self._shards)]
+        transport = AsyncKubeTransport(self.namespace, meta["name"], holder, int(fence), shard.http,
                                        run_uid=meta["uid"])
         interval = float(((run.get("spec") or {}).get("lease") or {}).get("renewIntervalSeconds") or 10)
-        self._tasks[key] = asyncio.create_task(self._play(played, plan, transport, interval, pod_backed))
+        self._tasks[key] = asyncio.create_task(self._play(played, plan, transport, shard.slots, interval,
+                                                          pod_backed))
 
-    async def _play(self, played: Played, plan: Plan, transport: AsyncKubeTransport, interval: float,
-                    pod_backed: bool) -> None:
+    async def _play(self, played: Played, plan: Plan, transport: AsyncKubeTransport, slots: asyncio.Semaphore,
+                    interval: float, pod_backed: bool) -> None:
         if pod_backed:
             await self._pods.setdefault(played.holder, asyncio.Event()).wait()  # it starts in its pod
         played.started = time.time()
@@ -148,20 +151,26 @@ class Fleet:
                         self._end(played, what)
                         return
                 if plan.complete_after is not None and age >= plan.complete_after:
-                    ok = await transport.publish("result", {"by": played.holder})
+                    async with slots:
+                        ok = await transport.publish("result", {"by": played.holder})
                     self._end(played, "completed" if ok else "lost")
                     return
                 spent += plan.cents_per_renewal
-                began = time.monotonic()
-                try:
-                    checkpoint = str(played.renewals) if plan.checkpoint_every and \
-                        played.renewals % plan.checkpoint_every == 0 else None
-                    renewal = await transport.renew(checkpoint=checkpoint,
-                                                    usage=Usage(cents=spent) if plan.cents_per_renewal else None)
-                except httpx.HTTPError as exc:
-                    self.stats.counts[f"renewal error {type(exc).__name__}"] += 1
-                    renewal = None
-                self.stats.renew_seconds.append(time.monotonic() - began)
+                queued = time.monotonic()
+                # A slot first, then the renewal is composed and sent, as one worker would at once:
+                # its renewTime is not older than the request.
+                async with slots:
+                    began = time.monotonic()
+                    try:
+                        checkpoint = str(played.renewals) if plan.checkpoint_every and \
+                            played.renewals % plan.checkpoint_every == 0 else None
+                        renewal = await transport.renew(checkpoint=checkpoint,
+                                                        usage=Usage(cents=spent) if plan.cents_per_renewal else None)
+                    except httpx.HTTPError as exc:
+                        self.stats.counts[f"renewal error {type(exc).__name__}"] += 1
+                        renewal = None
+                    self.stats.renew_seconds.append(time.monotonic() - began)
+                    self.stats.slot_wait_seconds.append(began - queued)
                 if renewal is not None and renewal.ok:
                     now = time.time()
                     if played.last_renewal is not None and now - played.last_renewal > self.stats.widest_gap[0]:
@@ -190,17 +199,13 @@ class Fleet:
             handle(kind, obj)
 
 
-class _Gate:
-    """Workers' requests wait here, not in httpx's connection pool: the pool scans every queued
-    request on each hand-over, so thousands of workers queued there at once (a ramp, a slow
-    API server) made the fleet quadratic, and it stopped renewing in time."""
+class _Shard:
+    """A small client, and as many slots as it has connections: workers wait for a slot, never in
+    httpx's pool, which scans every queued request on each hand-over (thousands of workers
+    queued there at once made the fleet quadratic, and it stopped renewing in time)."""
 
-    def __init__(self, http: httpx.AsyncClient, limit: int) -> None:
-        self.http, self._slots = http, asyncio.Semaphore(limit)
-
-    async def request(self, *args: Any, **kwargs: Any) -> httpx.Response:  # all AsyncKubeTransport uses
-        async with self._slots:
-            return await self.http.request(*args, **kwargs)
+    def __init__(self, http: httpx.AsyncClient, connections: int) -> None:
+        self.http, self.slots = http, asyncio.Semaphore(connections)
 
 
 def _next_wait(interval: float, plan: Plan, age: float) -> float:
@@ -293,7 +298,8 @@ def _serve(kubeconfig_path: str, namespace: str, plan: Plan, conn: Any) -> None:
 
     async def stats() -> FleetStats:  # a copy taken on the loop, never while a worker updates it
         return replace(fleet.stats, played=copy.deepcopy(fleet.stats.played), counts=Counter(fleet.stats.counts),
-                       renew_seconds=fleet.stats.renew_seconds[-5000:])
+                       renew_seconds=deque(fleet.stats.renew_seconds, maxlen=5000),
+                       slot_wait_seconds=deque(fleet.stats.slot_wait_seconds, maxlen=5000))
 
     async def renewing() -> int:
         return len({p.run for p in fleet.stats.played.values() if p.renewals})

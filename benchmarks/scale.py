@@ -481,7 +481,8 @@ class Population:
             "fleetWidestRenewalGap": {"seconds": round(stats.widest_gap[0], 1),
                                       "endedAgo": round(time.time() - stats.widest_gap[1], 1)
                                       if stats.widest_gap[1] else None, "run": stats.widest_gap[2]},
-            "fleetRenewalSeconds": summary(stats.renew_seconds),
+            "fleetRenewalSeconds": summary(list(stats.renew_seconds)),
+            "fleetQueueSeconds": summary(list(stats.slot_wait_seconds)),
             "machineCores": {k: round((machine1.get(k, 0.0) - v) / elapsed, 3) for k, v in machine0.items()},
         }
         if spy is not None and profile is not None:
@@ -670,7 +671,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5000, help="live runs in steady/restart")
     parser.add_argument("--launch-runs", type=int, default=1000)
     parser.add_argument("--lapses", type=int, default=100)
-    parser.add_argument("--window", type=float, default=300, help="steady-state measuring window, seconds")
+    parser.add_argument("--window", type=float, default=180, help="steady-state measuring window, seconds")
     parser.add_argument("--kwok-nodes", type=int, default=4)
     parser.add_argument("--qps", type=float, default=100)
     parser.add_argument("--burst", type=int, default=200)
@@ -678,7 +679,8 @@ def main() -> None:
     parser.add_argument("--ramp-rate", type=float, default=50, help="runs created per second while a population grows")
     parser.add_argument("--budget-runs", type=int, default=1000)
     parser.add_argument("--ceiling-step", type=int, default=2500)
-    parser.add_argument("--ceiling-limit", type=int, default=15000)
+    parser.add_argument("--ceiling-limit", type=int, default=10000,
+                        help="most live runs the ceiling tries (2 cores: the machine gives out before)")
     parser.add_argument("--smoke", action="store_true", help="a few dozen runs, short windows (make test)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()

@@ -34,11 +34,25 @@ def configure(**settings: Any) -> None:
     _state.update(settings)
 
 
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """Tether has no create/update handlers, so kopf's diff of each event is never used; building
+    it deep-copied every body (16% of the operator's CPU re-listing 5,000 runs after a restart)."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
+
+    def store(self, *, body: Any, patch: Any, essence: Any) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{c.PREFIX}/kopf-finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=c.PREFIX)
+    settings.persistence.diffbase_storage = _NoDiffBase()
     # Tether posts its own Events, one per change; kopf's log lines stay in the log.
     settings.posting.enabled = False
     # Guard against silently stalled watches (kopf issues #585, #955).
