@@ -415,6 +415,9 @@ class Population:
     def _renewing(self) -> int:
         return self.fleet.renewing()
 
+    def _running(self) -> float:
+        return self.op.metrics().get('tether_workerruns{phase="Running"}', 0.0)
+
     def measure(self, window: float, lapses: int, seed: int, profile: Path | None = None) -> dict[str, Any]:
         """A steady window; `lapses` sampled workers freeze at random moments of it. With `profile`,
         py-spy samples the operator over the window into that file."""
@@ -423,7 +426,11 @@ class Population:
         # Early enough in the window for the lapse to be judged before it ends.
         freeze_in = {run: rng.uniform(0, window - self.duration - 2 * self.renew)
                      for run in rng.sample(live, min(lapses, len(live)))}
-        time.sleep(self.renew)  # let a ramp's grants and first renewals settle out of the window
+        # Every run's first renewal is recorded (one status write each, not a heartbeat's cost)
+        # before the window opens; then one more renew interval for the ramp's tail to settle.
+        wait_for(lambda: self._running() >= self.n, timeout=max(600, self.n / 5), interval=2,
+                 what=f"the operator marking all {self.n} runs Running")
+        time.sleep(self.renew)  # settling, not a condition
         op, fleet = self.op, self.fleet
         m0, api0, cpu0, t0 = op.metrics(), self.env.apiserver_requests(), op.cpu_seconds(), time.monotonic()
         machine0 = machine_cpu()
