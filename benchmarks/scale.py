@@ -136,7 +136,12 @@ class Operator:
     def metrics(self) -> dict[str, float]:
         """Every sample of the operator's /metrics, keyed by its full name with labels."""
         out: dict[str, float] = {}
-        for line in httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text.splitlines():
+        for _ in range(5):  # a failed scrape (an answer that is not 200) is tried again, as Prometheus would
+            resp = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10)
+            if resp.status_code == 200:
+                break
+            time.sleep(1)
+        for line in resp.raise_for_status().text.splitlines():
             if line and not line.startswith("#"):
                 key, _, value = line.rpartition(" ")
                 out[key] = float(value)

@@ -83,7 +83,7 @@ class _StateCollector(Collector):
         yield ages
         spent = GaugeMetricFamily("tether_budget_spent_cents", "Cents spent in the budget's current period.",
                                   labels=["namespace", "budget"])
-        for (ns, name), body in list(ctl.budgets.cache.items()):
+        for (ns, name), body in ctl.budgets.cache.copy().items():  # a snapshot in one step
             spent.add_metric([ns, name], float(((body.get("status") or {}).get("spent") or {}).get("cents", 0)))
         yield spent
 

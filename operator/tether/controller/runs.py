@@ -1069,9 +1069,12 @@ class RunController:
 
     # --- views for metrics ---------------------------------------------------
 
+    # The two below are read by the metrics thread. dict.copy() takes the snapshot in one step;
+    # list(d.items()) iterates, and a garbage collection inside it runs Python code (gc callbacks)
+    # during which the event loop's thread can change the dict: "changed size during iteration".
     def phase_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for body in list(self.runs.values()):
+        for body in self.runs.copy().values():
             phase = (body.get("status") or {}).get("phase") or Phase.PENDING.value
             counts[phase] = counts.get(phase, 0) + 1
         return counts
@@ -1079,7 +1082,7 @@ class RunController:
     def heartbeat_ages(self) -> list[tuple[str, str, float]]:
         now = self.clock.mono()
         out = []
-        for (ns, name), body in list(self.runs.items()):
+        for (ns, name), body in self.runs.copy().items():
             holder = (body.get("status") or {}).get("holder")
             lease = self.leases.get(body["metadata"].get("uid", ""))
             if holder and lease is not None and lease.holder == holder:
