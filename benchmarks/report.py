@@ -153,13 +153,18 @@ def figures(report: dict[str, Any], stem: Path) -> list[Path]:
         ax.set_title(f"restart under {report['restart']['runs']} live runs")
         save(fig, "restart")
     if report.get("ceiling") and report["ceiling"]["steps"]:
-        steps = report["ceiling"]["steps"]
-        fig, ax = plt.subplots(figsize=(6, 3.2))
-        ax.plot([s["runs"] for s in steps], [s["operatorCores"] for s in steps], marker="o", label="cores")
-        ax.axhline(0.5, color="red", linestyle="--", label="goal")
-        ax.set_xlabel("live runs")
-        ax.set_ylabel("operator CPU (cores)")
-        ax.legend(fontsize=7)
+        # The first steady point (same lease) and the ceiling's steps: CPU and RSS against their goals.
+        first = [s for s in report.get("steady", [])[:1]]
+        points = [(s["runs"], s["operatorCores"], s["operatorRssMiBPeak"]) for s in first] + \
+            [(s["runs"], s["operatorCores"], s["operatorRssMiBPeak"]) for s in report["ceiling"]["steps"]]
+        fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+        for ax, i, goal, label in ((axes[0], 1, 0.5, "operator CPU (cores)"), (axes[1], 2, 300, "operator RSS (MiB)")):
+            ax.plot([pt[0] for pt in points], [pt[i] for pt in points], marker="o")
+            ax.axhline(goal, color="red", linestyle="--", label="goal")
+            ax.set_xlabel("live runs")
+            ax.set_ylabel(label)
+            ax.legend(fontsize=7)
+        fig.suptitle("ceiling (L = 90 s); the ceiling's steps come after a restart", fontsize=9)
         save(fig, "ceiling")
     if report.get("budget"):
         b = report["budget"]
