@@ -31,8 +31,17 @@ def slow_gc(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def _probe_once(h: health.ApiHealth, probe: Any) -> None:
     async def one() -> None:
-        task = asyncio.create_task(h.probe_forever(probe, interval=10))
-        await asyncio.sleep(0.5)
+        second = asyncio.Event()
+        calls = []
+
+        async def probed() -> bool:
+            calls.append(1)
+            if len(calls) == 2:  # the first answer is recorded by now
+                second.set()
+            return bool(await probe())
+
+        task = asyncio.create_task(h.probe_forever(probed, interval=0.01))
+        await asyncio.wait_for(second.wait(), timeout=10)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
