@@ -228,3 +228,22 @@ def fenced_patch(holder: str, fence: int, field: str, value: Any,
             {"op": "test", "path": "/status/fence", "value": fence},
             {"op": "test", "path": "/status/holder", "value": holder},
             {"op": "add", "path": f"/status/{field}", "value": value}]
+
+
+def invalid_causes(status_body: str | bytes | Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The fields a 422 Status names (`details.causes`); empty when it names none.
+
+    The API server answers 422 for two different things: a JSON-patch `test` that did not hold
+    (the patch is never applied; the Status has no details at all) and a value the CRD's schema
+    refuses (the Status names the kind and lists each refused field in `details.causes`). For a
+    fenced publication every `test` is on a field only a change of ownership moves (uid, fence,
+    holder), so "422 without causes" is lost ownership and "422 with causes" is a bad value."""
+    doc: Any = status_body
+    if isinstance(doc, (str, bytes)):
+        try:
+            doc = json.loads(doc)
+        except (ValueError, RecursionError):
+            return []
+    details = doc.get("details") if isinstance(doc, Mapping) else None
+    causes = details.get("causes") if isinstance(details, Mapping) else None
+    return [dict(c) for c in causes if isinstance(c, Mapping)] if isinstance(causes, list) else []

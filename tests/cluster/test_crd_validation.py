@@ -137,3 +137,20 @@ def test_deadline_stays_mutable_after_start(kube: Kube, namespace: str) -> None:
     path = _started(kube, namespace)
     assert kube.ok(kube.patch(path, {"spec": {"deadlineSeconds": 600}}))["spec"]["deadlineSeconds"] == 600
     assert "deadlineSeconds" not in kube.ok(kube.patch(path, {"spec": {"deadlineSeconds": None}}))["spec"]
+
+
+def test_a_failed_ownership_test_and_a_refused_result_are_two_different_422s(kube: Kube, namespace: str) -> None:
+    """What workers rely on (docs/protocol.md, "Publishing"): the API server's 422 for a `test`
+    that did not hold names no field; its 422 for a value the schema refuses lists the fields."""
+    from tether import protocol
+
+    path = _started(kube, namespace) + "/status"
+    stale = kube.patch(path, protocol.fenced_patch("r-a0", 0, "result", {"ok": True}), kind="json")
+    assert stale.status_code == 422 and protocol.invalid_causes(stale.text) == [], stale.text
+    bad = kube.patch(path, protocol.fenced_patch("r-a1", 1, "result", [1]), kind="json")  # type: ignore[arg-type]
+    assert bad.status_code == 422, bad.text
+    assert "status.result" in [c.get("field") for c in protocol.invalid_causes(bad.text)], bad.text
+    bad_error = kube.patch(path, protocol.fenced_patch("r-a1", 1, "error", {"code": 5}), kind="json")
+    assert bad_error.status_code == 422 and protocol.invalid_causes(bad_error.text)
+    # Neither was applied: the holder can still publish a good result.
+    assert kube.patch(path, protocol.fenced_patch("r-a1", 1, "result", {"ok": True}), kind="json").status_code == 200

@@ -137,3 +137,12 @@ def test_a_publication_is_recognised_in_the_run_after_its_answer_was_lost() -> N
         {"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "WorkerFailed"},
         {"attempt": 2, "fence": 3, "holder": "job-a2"}]}}
     assert protocol.publication_recorded(failed, "job-a1", 1, "error", {"code": "X", "message": ""})
+
+
+def test_invalid_causes_reads_only_a_status_that_names_fields() -> None:
+    from tether.protocol import invalid_causes
+
+    assert invalid_causes('{"kind":"Status","reason":"Invalid","details":{},"code":422}') == []
+    assert invalid_causes({"details": {"causes": [{"field": "status.result"}]}}) == [{"field": "status.result"}]
+    assert invalid_causes("<html>proxy</html>") == [] and invalid_causes(None) == []
+    assert invalid_causes({"details": {"causes": "nonsense"}}) == []

@@ -281,3 +281,84 @@ def test_a_result_whose_answer_was_lost_is_not_reported_refused_if_it_landed(lan
         with pytest.raises(LeaseLost):
             run.complete({"ok": 1})
     assert transport.calls == ["publish", "publish", "recorded"]
+
+
+# The API server's two 422s, as kube-apiserver v1.36 answered them (tests/e2e/test_fencing.py
+# drives both for real): a JSON-patch `test` that did not hold, and a value the CRD refuses.
+TEST_FAILED_422 = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                   "message": "the server rejected our request due to an error in our request",
+                   "reason": "Invalid", "details": {}, "code": 422}
+SCHEMA_422 = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+              "message": 'WorkerRun.tether.dev "job" is invalid: status.result: Invalid value: "array"',
+              "reason": "Invalid", "code": 422,
+              "details": {"name": "job", "group": "tether.dev", "kind": "WorkerRun", "causes": [
+                  {"reason": "FieldValueTypeInvalid", "message": "Invalid value: \"array\"",
+                   "field": "status.result"}]}}
+
+
+@pytest.mark.parametrize(("body", "outcome"), [(TEST_FAILED_422, "lost"), (SCHEMA_422, "invalid"),
+                                               ({"code": 422}, "lost"), ("not json", "lost")])
+def test_a_failed_ownership_test_is_told_from_a_refused_value(body: Any, outcome: str) -> None:
+    """422 without causes: a `test` on uid, fence or holder failed, the run moved on (lost).
+    422 with causes: the schema refused the value; the worker still owns the run."""
+    from tether.worker import ResultInvalid
+    from tether.worker.transport import KubeTransport
+
+    def api(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json=body) if not isinstance(body, str) else httpx.Response(422, text=body)
+
+    t = KubeTransport("ns", "job", "job-a1", 1, _MockKube(api), timeout=1.0)  # type: ignore[arg-type]
+    if outcome == "lost":
+        assert t.publish("result", {"ok": True}) is False
+    else:
+        with pytest.raises(ResultInvalid) as info:
+            t.publish("result", [1])  # type: ignore[arg-type]
+        assert info.value.causes[0]["field"] == "status.result"
+
+
+def test_a_refused_value_leaves_the_worker_owning_the_run() -> None:
+    """The SDK raises ResultInvalid, not LeaseLost, and a corrected result is then published."""
+    from tether.worker import ResultInvalid
+
+    class Refusing(LostAnswerTransport):
+        def publish(self, field: str, value: Any) -> bool:
+            self.calls.append("publish")
+            if not isinstance(value, dict):
+                raise ResultInvalid("status.result must be an object", [{"field": "status.result"}])
+            return True
+
+    transport = Refusing(landed=False)
+    run = WorkerRun(name="job", namespace="ns", holder="job-a1", fence=1, attempt=1, lease_duration=30,
+                    renew_interval=10, transport=transport, monotonic=lambda: 0.0)
+    run.renew()
+    with pytest.raises(ResultInvalid):
+        run.complete([1])  # type: ignore[arg-type]
+    assert run.owned and not run.lost
+    run.complete({"ok": 1})
+    assert transport.calls == ["publish", "publish"]
+
+
+def test_publication_retries_wait_as_long_as_retry_after_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 429 or 503 with Retry-After: 3 is retried after 3 s, not after the first 0.5 s step."""
+    sleeps: list[float] = []
+    clock = [0.0]
+
+    class Busy(LostAnswerTransport):
+        def publish(self, field: str, value: Any) -> bool:
+            self.calls.append("publish")
+            if len(self.calls) < 3:
+                resp = httpx.Response(429, headers={"Retry-After": "3"}, request=httpx.Request("PATCH", "http://api"))
+                raise httpx.HTTPStatusError("busy", request=resp.request, response=resp)
+            return True
+
+    def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock[0] += seconds
+
+    transport = Busy(landed=False)
+    run = WorkerRun(name="job", namespace="ns", holder="job-a1", fence=1, attempt=1, lease_duration=30,
+                    renew_interval=10, transport=transport, monotonic=lambda: clock[0])
+    run.renew()
+    monkeypatch.setattr("tether.worker.run.time.sleep", fake_sleep)
+    run.complete({"ok": 1})
+    assert sleeps == [3.0, 3.0] and transport.calls == ["publish"] * 3

@@ -358,6 +358,10 @@ class Gateway:
         try:
             written = await self.kube.patch_run_status(ns, name, patch)
         except Invalid as exc:
+            causes = protocol.invalid_causes(exc.body)
+            if causes:  # the schema refused the value: a bad request, not a stale fence
+                raise Failure(422, "InvalidResult", f"the WorkerRun refused the {fld}: {exc.message}",
+                              field=str(causes[0].get("field") or fld)) from exc
             if await self._recorded(ns, name, body, fld, value):
                 return {"status": "", "fence": body.fence}
             self._rejected(ns, name, body)

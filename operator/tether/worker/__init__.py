@@ -10,8 +10,10 @@
         run.complete({"steps": 10})
 """
 
-from tether.worker.errors import ClaimRefused, LeaseLost, OwnershipUnknown, StopRequested, TetherWorkerError, ToolTimeout
+from tether.worker.errors import (ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested,
+                                  TetherWorkerError, ToolTimeout)
 from tether.worker.run import ControlSignals, FencedClient, WorkerRun
 
-__all__ = ["ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "StopRequested",
+__all__ = ["ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
+           "StopRequested",
            "ToolTimeout", "TetherWorkerError"]

@@ -1,4 +1,5 @@
-"""The three ways a worker can lose confidence, kept apart on purpose."""
+"""The ways a worker can lose confidence (lost, unknown, tool timeout, stop), kept apart on purpose,
+and the refusals that say nothing about ownership (a bad result, a refused claim)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ class StopRequested(TetherWorkerError):
 
     Finish or abandon the current step and exit; start no new side effect.
     """
+
+
+class ResultInvalid(TetherWorkerError, ValueError):
+    """The API server (or the gateway) refused the value itself: it breaks the WorkerRun schema
+    (for example a result that is not a JSON object). Ownership is not in question: the worker
+    still holds the run and may publish a corrected value. `causes` are the refused fields."""
+
+    def __init__(self, message: str, causes: list[dict[str, object]] | None = None) -> None:
+        super().__init__(message)
+        self.causes = causes or []
 
 
 class ClaimRefused(TetherWorkerError):

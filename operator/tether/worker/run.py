@@ -24,7 +24,7 @@ from tether import protocol
 from tether.api import constants as c
 from tether.api.models import GROUP, PLURAL, VERSION, Signals, Usage
 from tether.kube import config as kubeconfig
-from tether.worker.errors import ClaimRefused, LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout
+from tether.worker.errors import ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, ToolTimeout
 from tether.worker.transport import GatewayTransport, KubeTransport, Transport, error_body
 
 log = logging.getLogger("tether.worker")
@@ -316,7 +316,8 @@ class WorkerRun:
     # --- results ---------------------------------------------------------------
 
     def complete(self, result: dict[str, Any]) -> None:
-        """Publishes the result with one fenced JSON patch. Raises LeaseLost if rejected."""
+        """Publishes the result with one fenced JSON patch. Raises LeaseLost if rejected because
+        the run moved on, ResultInvalid if the value itself was refused (still the owner)."""
         self._publish("result", result)
 
     def fail(self, code: str, message: str = "") -> None:
@@ -337,14 +338,20 @@ class WorkerRun:
         unanswered = False  # a request whose answer was lost may have landed
         while True:
             try:
-                accepted = self._transport.publish(field, value)
+                try:
+                    accepted = self._transport.publish(field, value)
+                except ResultInvalid as exc:
+                    log.error("%s refused as invalid", field,
+                              extra=self._fields("result_invalid", field=field, causes=exc.causes))
+                    raise
                 if not accepted and unanswered:
                     accepted = self._transport.recorded(field, value)
             except httpx.HTTPError as exc:
                 unanswered = True
-                if self._mono() + delay > deadline:
+                wait = max(delay, retry_after(exc))  # a server that says when to come back is believed
+                if self._mono() + wait > deadline:
                     raise OwnershipUnknown(f"could not publish the {field}: {exc}") from exc
-                time.sleep(delay)
+                time.sleep(wait)
                 delay = min(delay * 2, 5)
                 continue
             if accepted:
@@ -380,6 +387,16 @@ class WorkerRun:
                     pass
         finally:
             self.stop()
+
+
+def retry_after(exc: httpx.HTTPError) -> float:
+    """Seconds a 429/503 answer asked the client to wait (Retry-After, in seconds), else 0."""
+    if not isinstance(exc, httpx.HTTPStatusError):
+        return 0.0
+    try:
+        return max(0.0, float(exc.response.headers.get("Retry-After", "0")))
+    except ValueError:
+        return 0.0  # an HTTP date: rare from the API server; the doubling delay applies
 
 
 class FencedClient(httpx.Client):

@@ -21,6 +21,7 @@ from tether import protocol
 from tether.api.models import Signals, Usage
 from tether.kube import config as kubeconfig
 from tether.kube.client import lease_path, run_path
+from tether.worker.errors import ResultInvalid
 
 T = TypeVar("T")
 
@@ -107,8 +108,12 @@ class KubeSteps:
         patch = protocol.fenced_patch(self.holder, self.fence, field, value, self.run_uid)
         resp = yield Call("PATCH", run_path(self.namespace, self.name) + "/status", json=patch,
                           headers=protocol.JSON_PATCH)
-        # 422: a `test` failed, the fence or holder moved on; 403 from the fencing policy: the same,
-        # said by the API server itself.
+        # 422 without causes: a `test` failed, the run's uid, fence or holder moved on; 403 from the
+        # fencing policy: the same, said by the API server itself. 422 with causes: a bad value.
+        if resp.status_code == 422:
+            causes = protocol.invalid_causes(resp.text)
+            if causes:
+                raise ResultInvalid(f"the API server refused the {field}: {_status_message(resp)}", causes)
         return _published(resp, refused=resp.status_code in (404, 409, 422) or fenced_by_policy(resp))
 
     def recorded_steps(self, field: str, value: dict[str, Any]) -> Steps[bool]:
@@ -227,6 +232,11 @@ class GatewayTransport:
     def publish(self, field: str, value: dict[str, Any]) -> bool:
         op, body = ("complete", {"result": value}) if field == "result" else ("fail", {"error": value})
         resp = self._http.post(f"{self._prefix}/{op}", json={**self._fenced, **body})
+        if resp.status_code == 422:  # the gateway refused the body or the API server the value
+            error = error_body(resp)
+            field_name = error.get("field")
+            raise ResultInvalid(f"the gateway refused the {field}: {error.get('message', resp.text[:200])}",
+                                [{"field": field_name, "message": error.get("message")}] if field_name else [])
         refused = resp.status_code in (404, 409, 410) or error_body(resp).get("code") == "NotClaimant"
         return _published(resp, refused)
 
@@ -261,6 +271,13 @@ def error_body(resp: httpx.Response) -> dict[str, Any]:
         return {}
     error = doc.get("error") if isinstance(doc, dict) else None
     return error if isinstance(error, dict) else {}
+
+
+def _status_message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json().get("message", ""))[:500]
+    except (ValueError, AttributeError):
+        return resp.text[:500]
 
 
 def _message(resp: httpx.Response) -> str:

@@ -1,0 +1,110 @@
+"""The conformance worker for the Python SDK (conformance/WORKER.md): the kit runs it as a pod's
+command or as an external process, and judges the SDK by what it does through the protocol.
+
+    python -m tether.worker.conformance
+
+It uses only the SDK's public API: a step it cannot express would be a missing SDK feature."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tether import logs
+from tether.worker import LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, WorkerRun
+
+POLL = 0.05
+
+
+def _start() -> WorkerRun:
+    gateway = os.environ.get("TETHER_GATEWAY_URL")
+    if not gateway:
+        return WorkerRun.from_env().start()
+    token = Path(os.environ["TETHER_GATEWAY_TOKEN_FILE"]).read_text().strip()
+    run = WorkerRun.claim(gateway, os.environ["TETHER_NAMESPACE"], os.environ["TETHER_RUN"], token,
+                          worker_id=os.environ.get("TETHER_WORKER_ID") or None)
+    return run.start()
+
+
+def _gate(run: WorkerRun, cents: int, tokens: int) -> str | None:
+    """Waits until the next step may start; returns why the program must end instead."""
+    while True:
+        sig = run.signals
+        if sig.stop:
+            return "stop"
+        if (sig.cap_remaining_cents is not None and sig.cap_remaining_cents < cents) or \
+                (sig.cap_remaining_tokens is not None and sig.cap_remaining_tokens < tokens):
+            return "cap"
+        if run.lost:
+            return "lost"
+        if not sig.paused and run.owned:
+            return None
+        time.sleep(POLL)
+
+
+def main() -> int:
+    logs.setup()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a partitioned node: only the protocol may stop us
+    try:
+        run = _start()
+    except Exception as exc:  # noqa: BLE001 - any refused claim ends the program with its own code
+        print(f"start failed: {exc}", file=sys.stderr)
+        return 4
+    p: dict[str, Any] = run.payload
+    steps, step_seconds = int(p.get("steps", 3)), float(p.get("stepSeconds", 0.5))
+    cents, tokens = int(p.get("centsPerStep", 0)), int(p.get("tokensPerStep", 0))
+    effect_url = p.get("effectUrl")
+    crash = run.attempt in p.get("crashAttempts", [])
+    crash_after = int(p.get("crashAfterStep", 1))
+    done = 0
+    with run.http_client(timeout=10) as http:
+        step = int(run.checkpoint_cursor or 0)
+        while step < steps:
+            why = _gate(run, cents, tokens)
+            if why is not None:
+                run.stop()
+                return 1 if why == "lost" else 0
+            time.sleep(step_seconds)
+            if effect_url:
+                try:
+                    resp = http.effect("POST", effect_url, operation=f"step-{step}",
+                                       json={"run": run.name, "attempt": run.attempt, "fence": run.fence, "step": step})
+                except (LeaseLost, OwnershipUnknown, StopRequested):
+                    continue  # not sent: back to the gate for this same step
+                if resp.status_code == 409:
+                    run.stop()
+                    return 1
+            done += 1
+            run.checkpoint(str(step + 1))
+            run.report_usage(cents=done * cents, tokens=done * tokens)
+            step += 1
+            if crash and step == crash_after:
+                run.renew()  # the checkpoint lands before the crash
+                os._exit(3)
+    try:
+        if p.get("badResultFirst"):
+            try:
+                run.complete([1])  # type: ignore[arg-type]
+                print("the invalid result was accepted", file=sys.stderr)
+                return 5
+            except ResultInvalid:
+                pass
+        if run.attempt in p.get("failAttempts", []):
+            run.fail("ConformanceFailure", f"attempt {run.attempt} fails on purpose")
+        else:
+            run.complete({"steps": steps, "attempt": run.attempt, "sdk": "python"})
+    except LeaseLost:
+        return 1
+    except OwnershipUnknown:
+        return 2
+    finally:
+        run.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
