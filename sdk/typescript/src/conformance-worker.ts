@@ -1,0 +1,219 @@
+#!/usr/bin/env node
+/**
+ * The conformance worker (conformance/WORKER.md): one small program written with this SDK's public
+ * API only. The kit runs it as a pod's command or, with TETHER_GATEWAY_URL, as an external worker,
+ * and judges it from the API server's objects and what its side-effect receiver received.
+ *
+ * Exit codes: 0 published (or stopped / cannot afford a step, publishing nothing), 1 lost ownership
+ * or a stale fence at the receiver, 2 ownership unknown until the lease deadline, 3 a planned crash,
+ * 4 claim refused, 70 an unexpected error.
+ */
+
+import fs from "node:fs";
+
+import {
+  ClaimRefused,
+  LeaseLost,
+  OwnershipUnknown,
+  ResultInvalid,
+  StopRequested,
+  ToolTimeout,
+  WorkerRun,
+  jsonLogger,
+  type JsonObject,
+} from "./index.js";
+
+const log = jsonLogger("info");
+
+interface Script {
+  steps: number;
+  stepSeconds: number;
+  effectUrl: string | null;
+  centsPerStep: number;
+  tokensPerStep: number;
+  crashAttempts: number[];
+  crashAfterStep: number;
+  failAttempts: number[];
+  badResultFirst: boolean;
+}
+
+function readScript(payload: JsonObject): Script {
+  const num = (key: string, fallback: number): number => {
+    const v = payload[key];
+    return typeof v === "number" ? v : fallback;
+  };
+  const ints = (key: string): number[] => {
+    const v = payload[key];
+    return Array.isArray(v) ? v.filter((x): x is number => typeof x === "number") : [];
+  };
+  return {
+    steps: num("steps", 3),
+    stepSeconds: num("stepSeconds", 0.5),
+    effectUrl: typeof payload.effectUrl === "string" && payload.effectUrl ? payload.effectUrl : null,
+    centsPerStep: num("centsPerStep", 0),
+    tokensPerStep: num("tokensPerStep", 0),
+    crashAttempts: ints("crashAttempts"),
+    crashAfterStep: num("crashAfterStep", 1),
+    failAttempts: ints("failAttempts"),
+    badResultFirst: payload.badResultFirst === true,
+  };
+}
+
+const sleep = (seconds: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+
+function say(message: string, fields: Record<string, unknown> = {}): void {
+  log("info", message, { event: "conformance", ...fields });
+}
+
+/** Pod mode reads the environment; external mode claims through the gateway. */
+async function startAttempt(): Promise<WorkerRun> {
+  const gateway = process.env.TETHER_GATEWAY_URL;
+  if (!gateway) return WorkerRun.fromEnv({ logger: log });
+  const tokenFile = process.env.TETHER_GATEWAY_TOKEN_FILE;
+  if (!tokenFile) throw new Error("TETHER_GATEWAY_TOKEN_FILE is not set");
+  const token = fs.readFileSync(tokenFile, "utf8").trim();
+  return WorkerRun.claim(gateway, process.env.TETHER_NAMESPACE ?? "", process.env.TETHER_RUN ?? "", token,
+    { workerId: process.env.TETHER_WORKER_ID || null, logger: log });
+}
+
+type Gate = "go" | "stop" | "lost";
+
+/** Waits until the step may start: not stopped, affordable, owned and not paused. */
+async function gate(run: WorkerRun, script: Script): Promise<Gate> {
+  for (;;) {
+    const signals = run.signals;
+    if (signals.stop) return "stop";
+    if ((signals.capRemainingCents !== null && signals.capRemainingCents < script.centsPerStep)
+      || (signals.capRemainingTokens !== null && signals.capRemainingTokens < script.tokensPerStep)) {
+      return "stop";
+    }
+    if (run.lost) return "lost";
+    if (!signals.paused && !run.ownershipUnknown) return "go";
+    await sleep(0.1);
+  }
+}
+
+type Effect = "done" | "again" | "stale";
+
+/** The step's fenced side effect. "again": do the step over, from the gate. */
+async function sideEffect(run: WorkerRun, url: string, step: number): Promise<Effect> {
+  let resp: Response;
+  try {
+    resp = await run.effect(url, {
+      operation: `step-${step}`,
+      method: "POST",
+      body: { run: run.name, attempt: run.attempt, fence: run.fence, step },
+    });
+  } catch (err) {
+    if (err instanceof LeaseLost || err instanceof OwnershipUnknown || err instanceof StopRequested) {
+      say("side effect refused by the SDK: back to the gate", { step, reason: err.name });
+      return "again";
+    }
+    if (err instanceof ToolTimeout || err instanceof TypeError) { // no answer: the same key may be retried
+      say("side effect got no answer: back to the gate", { step, error: String(err) });
+      await sleep(0.5);
+      return "again";
+    }
+    throw err;
+  }
+  const text = await resp.text();
+  if (resp.ok) return "done";
+  if (resp.status === 409 && text.includes("InProgress")) {
+    // An earlier try of this very key is still running at the receiver: not a stale fence.
+    await sleep(Math.max(0.1, Number(resp.headers.get("retry-after")) || 1));
+    return "again";
+  }
+  if (resp.status === 409) {
+    say("the receiver refused a stale fence", { step, body: text.slice(0, 200) });
+    return "stale";
+  }
+  if (resp.status >= 500) {
+    await sleep(0.5);
+    return "again";
+  }
+  throw new Error(`the receiver answered ${resp.status}: ${text.slice(0, 200)}`);
+}
+
+async function publish(run: WorkerRun, script: Script): Promise<number> {
+  try {
+    if (script.failAttempts.includes(run.attempt)) {
+      await run.fail("ConformanceFailure", `attempt ${run.attempt} fails as the script says`);
+    } else {
+      if (script.badResultFirst) {
+        try {
+          // Deliberately not an object: the CRD refuses it, and that says nothing about ownership.
+          await run.complete([1] as unknown as JsonObject);
+        } catch (err) {
+          if (!(err instanceof ResultInvalid)) throw err;
+          say("the invalid result was refused as invalid", { causes: err.causes });
+        }
+      }
+      await run.complete({ steps: script.steps, attempt: run.attempt, sdk: "typescript" });
+    }
+    say("published");
+    return 0;
+  } catch (err) {
+    if (err instanceof LeaseLost) {
+      say("lost ownership: nothing published", { error: err.message });
+      return 1;
+    }
+    if (err instanceof OwnershipUnknown) {
+      say("ownership unknown until the lease deadline", { error: err.message });
+      return 2;
+    }
+    throw err;
+  }
+}
+
+async function main(): Promise<number> {
+  let run: WorkerRun;
+  try {
+    run = await startAttempt();
+  } catch (err) {
+    if (err instanceof ClaimRefused) {
+      say("claim refused", { status: err.status, code: err.code });
+      return 4;
+    }
+    throw err;
+  }
+  const script = readScript(run.payload);
+  let step = Number.parseInt(run.checkpointCursor ?? "0", 10) || 0;
+  let done = 0;
+  say("attempt started", { attempt: run.attempt, fence: run.fence, from: step });
+  while (step < script.steps) {
+    const verdict = await gate(run, script);
+    if (verdict === "stop") {
+      say("stopping without publishing", { step, signals: run.signals });
+      return 0;
+    }
+    if (verdict === "lost") return 1;
+    await sleep(script.stepSeconds);
+    if (script.effectUrl !== null) {
+      const effect = await sideEffect(run, script.effectUrl, step);
+      if (effect === "stale") return 1;
+      if (effect === "again") continue;
+    }
+    done += 1;
+    // Usage first, so that the crash's flush carries both (they ride on the same renewal anyway).
+    run.reportUsage({ cents: done * script.centsPerStep, tokens: done * script.tokensPerStep });
+    const crash = script.crashAttempts.includes(run.attempt) && step + 1 === script.crashAfterStep;
+    await run.checkpoint(String(step + 1), { flush: crash });
+    if (crash) {
+      say("crashing as the script says", { step });
+      return 3;
+    }
+    step += 1;
+  }
+  return publish(run, script);
+}
+
+// A partitioned node's worker never hears that its pod was deleted: only the protocol may stop it.
+process.on("SIGTERM", () => say("SIGTERM ignored"));
+
+main().then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    log("error", "unexpected error", { event: "conformance_error", error: String((err as Error)?.stack ?? err) });
+    process.exit(70);
+  },
+);

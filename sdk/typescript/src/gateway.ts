@@ -1,0 +1,202 @@
+/**
+ * The external worker's path: the same operations as JSON calls to the Tether gateway, over Node's
+ * built-in fetch. The gateway writes the same fenced Lease renewals and status patches for us.
+ */
+
+import { ClaimRefused, ResultInvalid, type InvalidCause } from "./errors.js";
+import {
+  retryAfterSeconds,
+  signalsFromRemaining,
+  type JsonObject,
+  type PublishField,
+  type Signals,
+  type Usage,
+} from "./protocol.js";
+import { Unanswered, confirmed, unconfirmed, type Renewal, type Transport } from "./transport.js";
+
+/** A short-lived token of the run's ServiceAccount, refreshed on every heartbeat (for tool calls). */
+export interface ToolClaim {
+  token: string;
+  expiresAt: string;
+  serviceAccount: string;
+}
+
+/** The gateway's answer to a claim: the attempt and its lease contract. */
+export interface ClaimReply {
+  holder: string;
+  fence: number;
+  attempt: number;
+  runUid: string | null;
+  leaseDurationSeconds: number;
+  renewIntervalSeconds: number;
+  payload: JsonObject;
+  checkpoint: string | null;
+  idempotencyKey: string;
+  toolClaim: ToolClaim | null;
+}
+
+interface GatewayAnswer {
+  status: number;
+  doc: unknown;
+  text: string;
+  headers: Headers;
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+/** The gateway's error envelope `{"error": {...}}`; empty when the answer is not one (a proxy in
+ * between may answer with anything, and that must not break the heartbeat). */
+export function errorBody(doc: unknown): { code?: string; message?: string; field?: string } {
+  const error = isObject(doc) ? doc.error : undefined;
+  if (!isObject(error)) return {};
+  const out: { code?: string; message?: string; field?: string } = {};
+  if (typeof error.code === "string") out.code = error.code;
+  if (typeof error.message === "string") out.message = error.message;
+  if (typeof error.field === "string") out.field = error.field;
+  return out;
+}
+
+function runUrl(gatewayUrl: string, namespace: string, name: string, op: string): string {
+  return `${gatewayUrl.replace(/\/+$/, "")}/api/v1/namespaces/${encodeURIComponent(namespace)}`
+    + `/workerruns/${encodeURIComponent(name)}/${op}`;
+}
+
+async function post(url: string, token: string, body: unknown, timeoutSeconds: number): Promise<GatewayAnswer> {
+  const resp = await fetch(url, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json", Accept: "application/json" },
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(timeoutSeconds * 1000),
+  });
+  const text = await resp.text();
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch {
+    doc = undefined;
+  }
+  return { status: resp.status, doc, text, headers: resp.headers };
+}
+
+function toolClaimOf(doc: Record<string, unknown>): ToolClaim | null {
+  const t = doc.toolClaim;
+  return isObject(t) && typeof t.token === "string"
+    ? { token: t.token, expiresAt: String(t.expiresAt ?? ""), serviceAccount: String(t.serviceAccount ?? "") }
+    : null;
+}
+
+/** Claims the run's open attempt. Throws ClaimRefused with the gateway's status and code. */
+export async function claimRun(gatewayUrl: string, namespace: string, name: string, token: string,
+  workerId: string | null, timeoutSeconds = 30): Promise<ClaimReply> {
+  const answer = await post(runUrl(gatewayUrl, namespace, name, "claim"), token, workerId ? { workerId } : {},
+    timeoutSeconds);
+  if (answer.status !== 200 || !isObject(answer.doc)) {
+    const error = errorBody(answer.doc);
+    throw new ClaimRefused(answer.status, error.code ?? "", error.message ?? answer.text.slice(0, 200));
+  }
+  const doc = answer.doc;
+  const num = (key: string): number => {
+    const v = doc[key];
+    if (typeof v !== "number") throw new Error(`the gateway's claim reply has no ${key}`);
+    return v;
+  };
+  if (typeof doc.holder !== "string") throw new Error("the gateway's claim reply has no holder");
+  return {
+    holder: doc.holder,
+    fence: num("fence"),
+    attempt: num("attempt"),
+    runUid: typeof doc.runUid === "string" ? doc.runUid : null,
+    leaseDurationSeconds: num("leaseDurationSeconds"),
+    renewIntervalSeconds: num("renewIntervalSeconds"),
+    payload: isObject(doc.payload) ? (doc.payload as JsonObject) : {},
+    checkpoint: typeof doc.checkpoint === "string" ? doc.checkpoint : null,
+    idempotencyKey: typeof doc.idempotencyKey === "string" ? doc.idempotencyKey : "",
+    toolClaim: toolClaimOf(doc),
+  };
+}
+
+function intOrNull(v: unknown): number | null {
+  return typeof v === "number" && Number.isSafeInteger(v) ? v : null;
+}
+
+/** The gateway's flat heartbeat reply as signals (caps counted against the usage it was sent). */
+export function gatewaySignals(doc: unknown, usage: Usage | null): Signals | null {
+  if (!isObject(doc)) return null;
+  return signalsFromRemaining(doc.stop === true, doc.paused === true,
+    typeof doc.endsAt === "string" ? doc.endsAt : null,
+    intOrNull(doc.capRemainingCents), intOrNull(doc.capRemainingTokens), usage);
+}
+
+export class GatewayTransport implements Transport {
+  toolClaim: ToolClaim | null;
+  /** Every call names the attempt, the run (never a namesake) and, when claimed with one, the worker:
+   * the gateway accepts calls only from the claimant. */
+  private readonly fenced: Record<string, string | number>;
+
+  constructor(
+    private readonly gatewayUrl: string,
+    private readonly namespace: string,
+    private readonly name: string,
+    private readonly token: string,
+    holder: string,
+    fence: number,
+    private readonly timeoutSeconds: number,
+    workerId: string | null,
+    runUid: string | null,
+    toolClaim: ToolClaim | null = null,
+  ) {
+    this.fenced = { holder, fence };
+    if (workerId) this.fenced.workerId = workerId;
+    if (runUid) this.fenced.runUid = runUid;
+    this.toolClaim = toolClaim;
+  }
+
+  private async call(op: string, body: Record<string, unknown>): Promise<GatewayAnswer> {
+    try {
+      return await post(runUrl(this.gatewayUrl, this.namespace, this.name, op), this.token, { ...this.fenced, ...body },
+        this.timeoutSeconds);
+    } catch (err) {
+      // fetch rejects only when there is no (complete) answer: network error, timeout, cut body.
+      throw new Unanswered(`${op}: no answer: ${(err as Error).message}`, null, 0, { cause: err });
+    }
+  }
+
+  async renew(checkpoint: string | null, usage: Usage | null): Promise<Renewal> {
+    const body: Record<string, unknown> = {};
+    if (checkpoint !== null) body.checkpoint = checkpoint;
+    if (usage !== null) body.usage = { cents: usage.cents, tokens: usage.tokens };
+    const answer = await this.call("heartbeat", body);
+    if (answer.status === 200) {
+      if (isObject(answer.doc)) this.toolClaim = toolClaimOf(answer.doc) ?? this.toolClaim;
+      return confirmed(gatewaySignals(answer.doc, usage));
+    }
+    const error = errorBody(answer.doc);
+    if (answer.status === 404 || answer.status === 410) return unconfirmed(error.message ?? "stale fence", true);
+    return unconfirmed(`heartbeat refused: ${answer.status} ${error.message ?? answer.text.slice(0, 200)}`);
+  }
+
+  async publish(field: PublishField, value: unknown): Promise<boolean> {
+    const answer = field === "result"
+      ? await this.call("complete", { result: value })
+      : await this.call("fail", { error: value });
+    if (answer.status === 200) return true;
+    const error = errorBody(answer.doc);
+    if (answer.status === 422) {
+      // The gateway refused the body, or the API server the value: a bad result, not lost ownership.
+      const causes: InvalidCause[] = error.field ? [{ field: error.field, message: error.message ?? "" }] : [];
+      throw new ResultInvalid(`the gateway refused the ${field}: ${error.message ?? answer.text.slice(0, 200)}`, causes);
+    }
+    if ([404, 409, 410].includes(answer.status) || error.code === "NotClaimant") return false;
+    throw new Unanswered(`${field === "result" ? "complete" : "fail"} answered ${answer.status}: `
+      + `${error.message ?? answer.text.slice(0, 200)}`, answer.status, retryAfterSeconds(answer.headers.get("retry-after")));
+  }
+
+  /** The gateway itself answers a repeated publication of an accepted value with 200. */
+  async recorded(): Promise<boolean> {
+    return false;
+  }
+
+  async close(): Promise<void> {}
+}

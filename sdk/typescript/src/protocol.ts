@@ -1,0 +1,396 @@
+/**
+ * The ownership protocol's vocabulary: pure functions, no I/O. They mirror the operator's
+ * `tether/protocol.py`, so a TypeScript worker writes exactly what the Python SDK and the gateway
+ * write, and reads Leases, signals and answers the same way.
+ */
+
+import type { InvalidCause } from "./errors.js";
+
+export const GROUP = "tether.dev";
+export const VERSION = "v1alpha1";
+export const PLURAL = "workerruns";
+
+/** Lease annotations the worker writes on each renewal (one write carries both). */
+export const ANN_CHECKPOINT = "tether.dev/checkpoint";
+export const ANN_USAGE = "tether.dev/usage";
+/** Lease annotation the operator writes: the control signals, read from every renewal's answer. */
+export const ANN_SIGNALS = "tether.dev/signals";
+
+/** Environment the operator gives a worker pod. */
+export const ENV = {
+  run: "TETHER_RUN",
+  namespace: "TETHER_NAMESPACE",
+  holder: "TETHER_HOLDER",
+  runUid: "TETHER_RUN_UID",
+  fence: "TETHER_FENCE",
+  attempt: "TETHER_ATTEMPT",
+  leaseDuration: "TETHER_LEASE_DURATION_SECONDS",
+  renewInterval: "TETHER_RENEW_INTERVAL_SECONDS",
+  payload: "TETHER_PAYLOAD",
+  payloadFrom: "TETHER_PAYLOAD_FROM",
+  checkpoint: "TETHER_CHECKPOINT",
+  idempotencyKey: "TETHER_IDEMPOTENCY_KEY",
+} as const;
+
+/** TETHER_PAYLOAD_FROM's only value: the payload was too large for the environment. */
+export const PAYLOAD_FROM_RUN = "spec.payload";
+
+export const JSON_PATCH = "application/json-patch+json";
+
+/** Reports beyond these are malformed, not spending (the CRD's own bounds). */
+export const MAX_CENTS = 1e11;
+export const MAX_TOKENS = 1e14;
+
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+export type JsonObject = { [key: string]: Json };
+
+export interface OwnerReference {
+  kind?: string;
+  uid?: string;
+  controller?: boolean;
+}
+
+/** The parts of a Kubernetes object (as JSON) the protocol reads; the rest is carried along. */
+export interface KubeObject {
+  metadata?: {
+    uid?: string;
+    resourceVersion?: string;
+    annotations?: Record<string, string>;
+    ownerReferences?: OwnerReference[];
+    [key: string]: unknown;
+  };
+  [key: string]: unknown;
+}
+
+export interface LeaseObject extends KubeObject {
+  spec?: {
+    holderIdentity?: string | null;
+    leaseTransitions?: number | null;
+    renewTime?: string | null;
+    [key: string]: unknown;
+  };
+}
+
+export interface AttemptRecord {
+  holder?: string;
+  fence?: number;
+  outcome?: string;
+  [key: string]: unknown;
+}
+
+export interface RunObject extends KubeObject {
+  status?: {
+    holder?: string | null;
+    fence?: number | null;
+    result?: unknown;
+    error?: unknown;
+    attempts?: AttemptRecord[];
+    [key: string]: unknown;
+  };
+}
+
+/** Cumulative usage of one attempt. */
+export interface Usage {
+  cents: number;
+  tokens: number;
+}
+
+/** The control signals as the operator writes them on the Lease (`tether.dev/signals`). */
+export interface Signals {
+  stop: boolean;
+  paused: boolean;
+  reason: string | null;
+  endsAt: string | null;
+  capCents: number | null;
+  capTokens: number | null;
+  /** Spent by earlier attempts: the worker's own reports count from zero. */
+  baseCents: number;
+  baseTokens: number;
+}
+
+export const NO_SIGNALS: Readonly<Signals> = Object.freeze({
+  stop: false, paused: false, reason: null, endsAt: null,
+  capCents: null, capTokens: null, baseCents: 0, baseTokens: 0,
+});
+
+/** What the control plane says, as the worker sees it: caps counted against its own usage. */
+export interface ControlSignals {
+  readonly stop: boolean;
+  readonly paused: boolean;
+  readonly reason: string | null;
+  readonly endsAt: Date | null;
+  readonly capRemainingCents: number | null;
+  readonly capRemainingTokens: number | null;
+}
+
+export type PublishField = "result" | "error";
+
+// --- timing ---------------------------------------------------------------------------------
+
+/** How long before the lease's end a worker stops trusting it: max(1 s, 10% of the duration). */
+export function safetyMargin(leaseDurationSeconds: number): number {
+  return Math.max(1, 0.1 * leaseDurationSeconds);
+}
+
+/** A request unanswered within this many seconds counts as no answer: min(10 s, max(R, 1 s)). */
+export function requestTimeout(renewIntervalSeconds: number): number {
+  return Math.min(10, Math.max(renewIntervalSeconds, 1));
+}
+
+export type Ownership = "owned" | "unknown" | "lost";
+
+/**
+ * Ownership at monotonic time `now`: lost once the API server said so; unknown past
+ * (start of the last confirmed renewal) + duration − margin; otherwise owned.
+ */
+export function ownership(lost: boolean, now: number, confirmedAt: number, leaseDurationSeconds: number,
+  margin: number): Ownership {
+  if (lost) return "lost";
+  return now > confirmedAt + leaseDurationSeconds - margin ? "unknown" : "owned";
+}
+
+/** The next publish retry delay: doubling from 0.5 s up to 5 s. */
+export function nextDelay(delay: number): number {
+  return Math.min(delay * 2, 5);
+}
+
+/** Seconds a Retry-After header asks for (an HTTP date counts as 0: the doubling delay applies). */
+export function retryAfterSeconds(header: string | null | undefined): number {
+  if (!header) return 0;
+  const seconds = Number(header.trim());
+  return Number.isFinite(seconds) && seconds > 0 ? seconds : 0;
+}
+
+// --- time stamps ----------------------------------------------------------------------------
+
+/** Kubernetes MicroTime (Lease times): RFC 3339, UTC, microseconds, 'Z'. */
+export function microTime(t: Date): string {
+  return `${t.toISOString().slice(0, 23)}000Z`;
+}
+
+// --- who holds the Lease ----------------------------------------------------------------------
+
+export function annotations(obj: KubeObject | null | undefined): Record<string, string> {
+  return { ...(obj?.metadata?.annotations ?? {}) };
+}
+
+/** The UID of the WorkerRun that controls this object (its Lease), if any. */
+export function controllerUid(obj: KubeObject | null | undefined): string | null {
+  for (const ref of obj?.metadata?.ownerReferences ?? []) {
+    if (ref.kind === "WorkerRun" && ref.controller) return String(ref.uid);
+  }
+  return null;
+}
+
+/**
+ * Whether the Lease names exactly this holder and fence and, when `runUid` is given, belongs to that
+ * run (a run re-created under its name starts again at holder `<name>-a1` and fence 1; only the UID
+ * tells the two apart). A cleared Lease matches nobody.
+ */
+export function holds(lease: LeaseObject | null | undefined, holder: string, fence: number,
+  runUid: string | null = null): boolean {
+  if (!lease) return false;
+  const spec = lease.spec ?? {};
+  return spec.holderIdentity === holder && spec.leaseTransitions === fence
+    && (runUid === null || controllerUid(lease) === runUid);
+}
+
+// --- usage ------------------------------------------------------------------------------------
+
+/** The `tether.dev/usage` value: the attempt's cumulative usage, compact JSON. */
+export function usageAnnotation(usage: Usage): string {
+  return JSON.stringify({ cents: usage.cents, tokens: usage.tokens });
+}
+
+/** Why a cumulative usage report is refused (what the operator would refuse), or null. */
+export function validReport(report: Usage, previous: Usage | null): string | null {
+  if (!Number.isSafeInteger(report.cents) || !Number.isSafeInteger(report.tokens)) {
+    return "cents and tokens must be integers";
+  }
+  if (report.cents < 0 || report.tokens < 0) return "negative usage";
+  if (report.cents > MAX_CENTS || report.tokens > MAX_TOKENS) return "implausibly large usage";
+  if (previous !== null && (report.cents < previous.cents || report.tokens < previous.tokens)) {
+    return "usage decreased; reports are cumulative";
+  }
+  return null;
+}
+
+// --- control signals and caps -----------------------------------------------------------------
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function optionalInt(v: unknown): number | null | undefined {
+  if (v === undefined || v === null) return null;
+  return typeof v === "number" && Number.isSafeInteger(v) ? v : undefined;
+}
+
+/**
+ * The signals annotation's value; absent means no signal (defaults). null when it is malformed:
+ * the caller keeps the last good signals rather than guess.
+ */
+export function parseSignals(raw: string | null | undefined): Signals | null {
+  if (!raw) return { ...NO_SIGNALS };
+  let doc: unknown;
+  try {
+    doc = JSON.parse(raw);
+  } catch {
+    return null;
+  }
+  if (!isObject(doc)) return null;
+  const { stop = false, paused = false, reason = null, endsAt = null } = doc;
+  const capCents = optionalInt(doc.capCents);
+  const capTokens = optionalInt(doc.capTokens);
+  const baseCents = optionalInt(doc.baseCents);
+  const baseTokens = optionalInt(doc.baseTokens);
+  if (typeof stop !== "boolean" || typeof paused !== "boolean") return null;
+  if (reason !== null && typeof reason !== "string") return null;
+  if (endsAt !== null && (typeof endsAt !== "string" || Number.isNaN(Date.parse(endsAt)))) return null;
+  if (capCents === undefined || capTokens === undefined || baseCents === undefined || baseTokens === undefined) {
+    return null;
+  }
+  return { stop, paused, reason, endsAt, capCents, capTokens, baseCents: baseCents ?? 0, baseTokens: baseTokens ?? 0 };
+}
+
+/** The operator's signals on a Lease (see `parseSignals`). */
+export function leaseSignals(lease: LeaseObject | null | undefined): Signals | null {
+  return parseSignals(annotations(lease)[ANN_SIGNALS]);
+}
+
+/** What is left of a cap for this attempt: cap − earlier attempts' spend − own report. null: no cap. */
+export function capRemaining(cap: number | null, base: number, own: number): number | null {
+  return cap === null ? null : cap - base - own;
+}
+
+/** The signals as the worker sees them, caps counted against its own (latest) usage. */
+export function controlSignals(signals: Signals, own: Usage | null): ControlSignals {
+  const usage = own ?? { cents: 0, tokens: 0 };
+  return {
+    stop: signals.stop,
+    paused: signals.paused,
+    reason: signals.reason,
+    endsAt: signals.endsAt === null ? null : new Date(signals.endsAt),
+    capRemainingCents: capRemaining(signals.capCents, signals.baseCents, usage.cents),
+    capRemainingTokens: capRemaining(signals.capTokens, signals.baseTokens, usage.tokens),
+  };
+}
+
+/**
+ * The inverse of `controlSignals`' cap arithmetic: signals equivalent to a gateway reply that says
+ * what was left when `own` was reported, so usage reported after that reply counts too.
+ */
+export function signalsFromRemaining(stop: boolean, paused: boolean, endsAt: string | null,
+  centsLeft: number | null, tokensLeft: number | null, own: Usage | null): Signals {
+  const usage = own ?? { cents: 0, tokens: 0 };
+  return {
+    stop, paused, reason: null, endsAt,
+    capCents: centsLeft === null ? null : centsLeft + usage.cents,
+    capTokens: tokensLeft === null ? null : tokensLeft + usage.tokens,
+    baseCents: 0, baseTokens: 0,
+  };
+}
+
+// --- the worker's two writes --------------------------------------------------------------------
+
+/**
+ * The body of a heartbeat: the Lease as last seen (its resourceVersion makes the PUT a
+ * compare-and-swap), renewTime set, checkpoint and usage riding on the same write.
+ */
+export function renewal(lease: LeaseObject, now: Date, checkpoint: string | null = null,
+  usage: Usage | null = null): LeaseObject {
+  const body = structuredClone(lease);
+  body.spec = { ...(body.spec ?? {}), renewTime: microTime(now) };
+  const ann = annotations(body);
+  if (checkpoint !== null) ann[ANN_CHECKPOINT] = checkpoint;
+  if (usage !== null) ann[ANN_USAGE] = usageAnnotation(usage);
+  body.metadata = { ...(body.metadata ?? {}), annotations: ann };
+  return body;
+}
+
+export interface PatchOperation {
+  op: "test" | "add";
+  path: string;
+  value: unknown;
+}
+
+/**
+ * The JSON patch that publishes a result or an error only while `fence` and `holder` are still the
+ * run's (and, given `runUid`, only to that run): the API server applies the `add` only if every
+ * `test` holds (else 422).
+ */
+export function fencedPatch(holder: string, fence: number, field: PublishField, value: unknown,
+  runUid: string | null = null): PatchOperation[] {
+  const sameRun: PatchOperation[] = runUid === null ? [] : [{ op: "test", path: "/metadata/uid", value: runUid }];
+  return [
+    ...sameRun,
+    { op: "test", path: "/status/fence", value: fence },
+    { op: "test", path: "/status/holder", value: holder },
+    { op: "add", path: `/status/${field}`, value },
+  ];
+}
+
+/** The attempt outcome only a published result or error produces. */
+export const PUBLISHED_OUTCOME: Readonly<Record<PublishField, string>> = { result: "Succeeded", error: "WorkerFailed" };
+
+/** JSON equality: objects compare by keys, not by key order. */
+export function jsonEqual(a: unknown, b: unknown): boolean {
+  if (a === b) return true;
+  if (Array.isArray(a) || Array.isArray(b)) {
+    return Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => jsonEqual(x, b[i]));
+  }
+  if (!isObject(a) || !isObject(b)) return false;
+  const keys = Object.keys(a);
+  return keys.length === Object.keys(b).length
+    && keys.every((k) => Object.prototype.hasOwnProperty.call(b, k) && jsonEqual(a[k], b[k]));
+}
+
+/**
+ * Whether the run shows that this attempt's `field` was accepted: after a request whose answer was
+ * lost, the retry is refused (a success moves the fence too), yet the first one landed.
+ */
+export function publicationRecorded(run: RunObject, holder: string, fence: number, field: PublishField,
+  value: unknown): boolean {
+  const status = run.status ?? {};
+  if (status.holder === holder && status.fence === fence) return jsonEqual(status[field], value);
+  const mine = (status.attempts ?? []).filter((a) => a.holder === holder && a.fence === fence);
+  const last = mine[mine.length - 1];
+  return last !== undefined && last.outcome === PUBLISHED_OUTCOME[field]
+    && (field !== "result" || jsonEqual(status.result, value));
+}
+
+// --- reading the API server's answers -------------------------------------------------------------
+
+/**
+ * The fields a 422 Status names (`details.causes`); empty when it names none. A 422 without causes
+ * is a JSON-patch `test` that did not hold (the run's uid, fence or holder moved on: lost ownership);
+ * with causes, the CRD's schema refused the value (a bad result, not lost ownership).
+ */
+export function invalidCauses(statusBody: string | unknown): InvalidCause[] {
+  let doc: unknown = statusBody;
+  if (typeof doc === "string") {
+    try {
+      doc = JSON.parse(doc);
+    } catch {
+      return [];
+    }
+  }
+  const details = isObject(doc) ? doc.details : undefined;
+  const causes = isObject(details) ? details.causes : undefined;
+  if (!Array.isArray(causes)) return [];
+  return causes.filter(isObject).map((c) => {
+    const cause: InvalidCause = {};
+    if (typeof c.field === "string") cause.field = c.field;
+    if (typeof c.message === "string") cause.message = c.message;
+    if (typeof c.reason === "string") cause.reason = c.reason;
+    return cause;
+  });
+}
+
+/**
+ * A 403 from Tether's admission policy (the write is not this attempt's to make: lost ownership), as
+ * opposed to RBAC's 403 (a misconfigured identity), which says nothing about ownership.
+ */
+export function fencedByPolicy(status: number, body: string): boolean {
+  return status === 403 && body.includes("ValidatingAdmissionPolicy") && body.includes("tether-worker");
+}

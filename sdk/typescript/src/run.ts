@@ -1,0 +1,496 @@
+/**
+ * The worker side of the ownership protocol. A WorkerRun renews its run's lease on a timer of its own
+ * (the user's work does not delay it, as long as it does not block the event loop), with the
+ * resourceVersion it last saw, so a renewal can only succeed while the lease is still its own. It
+ * fences itself on a monotonic clock, and publishes its result with one fenced write.
+ */
+
+import type { KubeConfig } from "@kubernetes/client-node";
+
+import { systemClock, type Clock } from "./clock.js";
+import { LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, ToolTimeout } from "./errors.js";
+import { GatewayTransport, claimRun, type ToolClaim } from "./gateway.js";
+import { KubeTransport, loadKubeConfig } from "./kube.js";
+import { jsonLogger, type LogLevel, type Logger } from "./log.js";
+import {
+  ENV,
+  NO_SIGNALS,
+  PAYLOAD_FROM_RUN,
+  controlSignals,
+  jsonEqual,
+  nextDelay,
+  ownership,
+  requestTimeout,
+  safetyMargin,
+  validReport,
+  type ControlSignals,
+  type JsonObject,
+  type Ownership,
+  type PublishField,
+  type Signals,
+  type Usage,
+} from "./protocol.js";
+import { Unanswered, type Renewal, type Transport } from "./transport.js";
+
+// Node 20.0–20.3 lack the well-known symbol that `await using` looks up.
+(Symbol as unknown as { asyncDispose?: symbol }).asyncDispose ??= Symbol("Symbol.asyncDispose");
+
+export interface WorkerRunOptions {
+  name: string;
+  namespace: string;
+  holder: string;
+  fence: number;
+  attempt: number;
+  leaseDurationSeconds: number;
+  renewIntervalSeconds: number;
+  transport: Transport;
+  payload?: JsonObject;
+  /** The checkpoint cursor this attempt resumes from. */
+  checkpoint?: string | null;
+  /** Default `<namespace>/<name>`. */
+  idempotencyKey?: string;
+  runUid?: string | null;
+  clock?: Clock;
+  logger?: Logger;
+}
+
+/** What `fromEnv` and `claim` accept besides their required arguments. */
+export interface StartOptions {
+  clock?: Clock;
+  logger?: Logger;
+}
+
+export interface FromEnvOptions extends StartOptions {
+  /** Default `process.env`. */
+  env?: NodeJS.ProcessEnv;
+  /** Default: in-cluster config, else $KUBECONFIG (see loadKubeConfig). */
+  kubeConfig?: KubeConfig;
+}
+
+export interface ClaimOptions extends StartOptions {
+  /** Distinguishes processes that share one identity; every later call names it. */
+  workerId?: string | null;
+  /** Seconds the claim request may take (default 30). */
+  claimTimeoutSeconds?: number;
+}
+
+export interface EffectOptions {
+  /** Names the effect in its Idempotency-Key: `<idempotencyKey>:<operation>`, stable across attempts. */
+  operation: string;
+  method?: string;
+  /** A string or bytes are sent as they are; anything else as JSON. */
+  body?: unknown;
+  headers?: Record<string, string>;
+  /** Default 30 000 ms; past it the call is a ToolTimeout. */
+  timeoutMs?: number;
+}
+
+function required(env: NodeJS.ProcessEnv, key: string): string {
+  const value = env[key];
+  if (value === undefined || value === "") throw new Error(`${key} is not set: is this a Tether worker pod?`);
+  return value;
+}
+
+function number(env: NodeJS.ProcessEnv, key: string, integer: boolean): number {
+  const raw = required(env, key);
+  const value = Number(raw);
+  if (!Number.isFinite(value) || (integer && !Number.isSafeInteger(value))) {
+    throw new Error(`${key}=${JSON.stringify(raw)} is not ${integer ? "an integer" : "a number"}`);
+  }
+  return value;
+}
+
+/** One attempt of a run, as seen by the worker that holds it. */
+export class WorkerRun {
+  readonly name: string;
+  readonly namespace: string;
+  readonly holder: string;
+  readonly fence: number;
+  readonly attempt: number;
+  readonly runUid: string | null;
+  readonly leaseDurationSeconds: number;
+  readonly renewIntervalSeconds: number;
+  readonly margin: number;
+  readonly payload: JsonObject;
+  readonly idempotencyKey: string;
+  /** The last checkpoint: the one resumed from, then each one recorded. */
+  checkpointCursor: string | null;
+  /** Monotonic time the current signals arrived (null: none yet). */
+  signalsSeenAt: number | null = null;
+
+  private readonly transport: Transport;
+  private readonly clock: Clock;
+  private readonly logger: Logger;
+  /** Start of the last confirmed renewal; nothing is confirmed before the first one. */
+  private confirmedAt = -Infinity;
+  private isLost = false;
+  private finished = false;
+  private stopping = false;
+  private pendingCheckpoint: string | null = null;
+  private usage: Usage | null = null;
+  private rawSignals: Signals = { ...NO_SIGNALS };
+  /** Renewals run one at a time (a flush and the heartbeat must not race on the resourceVersion). */
+  private renewals: Promise<unknown> = Promise.resolve();
+  private wake: AbortController | null = null;
+  private loop: Promise<void> | null = null;
+
+  constructor(options: WorkerRunOptions) {
+    this.name = options.name;
+    this.namespace = options.namespace;
+    this.holder = options.holder;
+    this.fence = options.fence;
+    this.attempt = options.attempt;
+    this.runUid = options.runUid ?? null;
+    this.leaseDurationSeconds = options.leaseDurationSeconds;
+    this.renewIntervalSeconds = options.renewIntervalSeconds;
+    this.margin = safetyMargin(options.leaseDurationSeconds);
+    this.payload = options.payload ?? {};
+    this.checkpointCursor = options.checkpoint ?? null;
+    this.idempotencyKey = options.idempotencyKey || `${options.namespace}/${options.name}`;
+    this.transport = options.transport;
+    this.clock = options.clock ?? systemClock;
+    this.logger = options.logger ?? jsonLogger("warn");
+  }
+
+  // --- construction ------------------------------------------------------------------------------
+
+  /**
+   * A pod worker: reads what the operator put into the environment, renews once (so ownership is
+   * confirmed before any work), and starts the heartbeat.
+   */
+  static async fromEnv(options: FromEnvOptions = {}): Promise<WorkerRun> {
+    const env = options.env ?? process.env;
+    const name = required(env, ENV.run);
+    const namespace = required(env, ENV.namespace);
+    const holder = required(env, ENV.holder);
+    const fence = number(env, ENV.fence, true);
+    const renewIntervalSeconds = number(env, ENV.renewInterval, false);
+    const runUid = env[ENV.runUid] || null;
+    const logger = options.logger ?? jsonLogger("warn");
+    const transport = new KubeTransport(namespace, name, holder, fence, runUid,
+      options.kubeConfig ?? loadKubeConfig({ env }), requestTimeout(renewIntervalSeconds),
+      (message, fields) => logger("warn", message, { run: `${namespace}/${name}`, ...fields }));
+    let payload: JsonObject = {};
+    if (env[ENV.payload] !== undefined) {
+      payload = JSON.parse(env[ENV.payload] || "{}") as JsonObject;
+    } else if (env[ENV.payloadFrom] !== undefined) {
+      if (env[ENV.payloadFrom] !== PAYLOAD_FROM_RUN) {
+        throw new Error(`${ENV.payloadFrom}=${JSON.stringify(env[ENV.payloadFrom])}: this SDK reads only "${PAYLOAD_FROM_RUN}"`);
+      }
+      payload = await transport.readPayload();
+    }
+    const run = new WorkerRun({
+      name, namespace, holder, fence, runUid, payload, transport, renewIntervalSeconds,
+      attempt: number(env, ENV.attempt, true),
+      leaseDurationSeconds: number(env, ENV.leaseDuration, false),
+      checkpoint: env[ENV.checkpoint] ?? null,
+      idempotencyKey: env[ENV.idempotencyKey] ?? "",
+      ...(options.clock ? { clock: options.clock } : {}),
+      logger,
+    });
+    await run.start();
+    return run;
+  }
+
+  /**
+   * An external worker: claims the run's open attempt through the Tether gateway, renews once and
+   * starts the heartbeat. Throws ClaimRefused (402 budget, 409 held or nothing open, 403, ...).
+   */
+  static async claim(gatewayUrl: string, namespace: string, name: string, token: string,
+    options: ClaimOptions = {}): Promise<WorkerRun> {
+    const workerId = options.workerId ?? null;
+    const reply = await claimRun(gatewayUrl, namespace, name, token, workerId, options.claimTimeoutSeconds);
+    const transport = new GatewayTransport(gatewayUrl, namespace, name, token, reply.holder, reply.fence,
+      requestTimeout(reply.renewIntervalSeconds), workerId, reply.runUid, reply.toolClaim);
+    const run = new WorkerRun({
+      name, namespace, transport,
+      holder: reply.holder,
+      fence: reply.fence,
+      attempt: reply.attempt,
+      runUid: reply.runUid,
+      leaseDurationSeconds: reply.leaseDurationSeconds,
+      renewIntervalSeconds: reply.renewIntervalSeconds,
+      payload: reply.payload,
+      checkpoint: reply.checkpoint,
+      idempotencyKey: reply.idempotencyKey,
+      ...(options.clock ? { clock: options.clock } : {}),
+      ...(options.logger ? { logger: options.logger } : {}),
+    });
+    await run.start();
+    return run;
+  }
+
+  /** Renews once, then heartbeats every renewIntervalSeconds. fromEnv and claim call it. */
+  async start(): Promise<this> {
+    if (this.loop === null) {
+      await this.renew();
+      this.loop = this.heartbeat();
+    }
+    return this;
+  }
+
+  // --- ownership ---------------------------------------------------------------------------------
+
+  /** owned | unknown | lost, now. */
+  get ownership(): Ownership {
+    return ownership(this.isLost, this.clock.now(), this.confirmedAt, this.leaseDurationSeconds, this.margin);
+  }
+
+  /** The API server confirmed that this worker no longer owns the run. */
+  get lost(): boolean {
+    return this.isLost;
+  }
+
+  /** No renewal confirmed recently enough to be sure of ownership. */
+  get ownershipUnknown(): boolean {
+    return this.ownership === "unknown";
+  }
+
+  get owned(): boolean {
+    return this.ownership === "owned";
+  }
+
+  /** stop, paused, reason, endsAt and what is left of the run's caps, as of the last renewal. */
+  get signals(): ControlSignals {
+    return controlSignals(this.rawSignals, this.usage);
+  }
+
+  /** External workers: the run's short-lived ServiceAccount token, refreshed on every heartbeat. */
+  get toolClaim(): ToolClaim | null {
+    return this.transport instanceof GatewayTransport ? this.transport.toolClaim : null;
+  }
+
+  /** Whether the heartbeat is running. */
+  get heartbeating(): boolean {
+    return this.loop !== null && this.active();
+  }
+
+  /** Call before every side effect: throws StopRequested, LeaseLost or OwnershipUnknown. */
+  ensureOwner(): void {
+    if (this.rawSignals.stop) {
+      throw new StopRequested(this.rawSignals.reason ?? "the control plane asked this worker to stop");
+    }
+    if (this.isLost) throw new LeaseLost(`${this.holder} lost run ${this.namespace}/${this.name} (fence ${this.fence})`);
+    if (this.ownership === "unknown") {
+      const since = this.clock.now() - this.confirmedAt;
+      throw new OwnershipUnknown(Number.isFinite(since)
+        ? `no renewal confirmed for ${since.toFixed(1)}s` : "no renewal confirmed yet");
+    }
+  }
+
+  private log(level: LogLevel, message: string, event: string, extra: Record<string, unknown> = {}): void {
+    const left = this.confirmedAt + this.leaseDurationSeconds - this.clock.now();
+    this.logger(level, message, {
+      event, run: `${this.namespace}/${this.name}`, attempt: this.attempt, fence: this.fence, holder: this.holder,
+      leaseDeadlineIn: Number.isFinite(left) ? Math.round(left * 1000) / 1000 : null, ...extra,
+    });
+  }
+
+  private markLost(why: string): void {
+    if (!this.isLost) {
+      this.isLost = true;
+      this.log("warn", `lease lost: ${why}`, "heartbeat_lost", { reason: why });
+      this.wake?.abort();
+    }
+  }
+
+  // --- heartbeat ---------------------------------------------------------------------------------
+
+  private active(): boolean {
+    return !this.stopping && !this.isLost && !this.finished;
+  }
+
+  private async heartbeat(): Promise<void> {
+    while (this.active()) {
+      this.wake = new AbortController();
+      await this.clock.sleep(this.renewIntervalSeconds, { signal: this.wake.signal, keepAlive: false });
+      if (!this.active()) break;
+      await this.renewLogged();
+    }
+  }
+
+  /**
+   * One renewal now (after any renewal in flight): a conditional update of the lease carrying the
+   * pending checkpoint and the usage. Resolves true when confirmed. No answer resolves false; an
+   * unexpected failure (a malformed answer) rejects.
+   */
+  renew(): Promise<boolean> {
+    const next = this.renewals.then(() => this.renewNow());
+    this.renewals = next.catch(() => undefined);
+    return next;
+  }
+
+  /** The heartbeat must outlive any one failure: an unexpected one is logged and confirms nothing,
+   * so ownership turns unknown on schedule until a renewal succeeds again. */
+  private async renewLogged(): Promise<boolean> {
+    try {
+      return await this.renew();
+    } catch (err) {
+      this.log("error", "heartbeat failed unexpectedly", "heartbeat_error",
+        { error: String((err as Error)?.stack ?? err).slice(0, 2000) });
+      return false;
+    }
+  }
+
+  private async renewNow(): Promise<boolean> {
+    if (this.isLost) return false;
+    const started = this.clock.now();
+    let result: Renewal;
+    try {
+      result = await this.transport.renew(this.pendingCheckpoint, this.usage);
+    } catch (err) {
+      if (!(err instanceof Unanswered)) throw err;
+      this.log("warn", "heartbeat got no answer", "heartbeat_unanswered", { error: err.message });
+      return false;
+    }
+    if (result.lost) {
+      this.markLost(result.why);
+    } else if (!result.ok) {
+      this.log("warn", "heartbeat refused", "heartbeat_refused", { reason: result.why });
+    }
+    if (!result.ok) return false;
+    this.confirmedAt = Math.max(this.confirmedAt, started);
+    if (result.signals !== null) this.takeSignals(result.signals);
+    this.log("debug", "heartbeat ok", "heartbeat_ok");
+    return true;
+  }
+
+  private takeSignals(signals: Signals): void {
+    if (jsonEqual(signals, this.rawSignals)) return;
+    this.rawSignals = signals;
+    this.signalsSeenAt = this.clock.now();
+    this.log("info", "control signals changed", "signals_changed",
+      { stop: signals.stop, paused: signals.paused, reason: signals.reason });
+  }
+
+  // --- progress ----------------------------------------------------------------------------------
+
+  /**
+   * Records progress; it rides on the next renewal. With `flush`, renews now and resolves once that
+   * renewal was answered (check `owned` to know whether it was confirmed).
+   */
+  async checkpoint(cursor: string, options: { flush?: boolean } = {}): Promise<void> {
+    this.pendingCheckpoint = cursor;
+    this.checkpointCursor = cursor;
+    if (options.flush) await this.renewLogged();
+  }
+
+  /**
+   * The attempt's cumulative usage; rides on the next renewal. Throws RangeError for a report the
+   * operator would refuse (not integers, negative, decreasing, implausibly large), here where the
+   * caller can still fix it.
+   */
+  reportUsage(usage: { cents: number; tokens?: number }): void {
+    const report: Usage = { cents: usage.cents, tokens: usage.tokens ?? 0 };
+    const why = validReport(report, this.usage);
+    if (why !== null) throw new RangeError(`usage report refused: ${why}`);
+    this.usage = report;
+  }
+
+  // --- results -----------------------------------------------------------------------------------
+
+  /**
+   * Publishes the result with one fenced write. Throws LeaseLost if the run moved on, ResultInvalid
+   * if the value itself was refused (still the owner: publish a corrected one), OwnershipUnknown if
+   * no answer came before the lease deadline.
+   */
+  async complete(result: JsonObject | Record<string, unknown>): Promise<void> {
+    await this.publish("result", result);
+  }
+
+  /** Publishes a failure with one fenced write; the run's retry rules decide what follows. */
+  async fail(code: string, message = ""): Promise<void> {
+    await this.publish("error", { code, message });
+  }
+
+  private async publish(field: PublishField, value: unknown): Promise<void> {
+    const rejected = (): LeaseLost => {
+      this.log("error", `${field} rejected: lease lost`, "result_rejected", { field });
+      return new LeaseLost(`the ${field} was not published: fence ${this.fence} is no longer current`);
+    };
+    if (this.isLost) throw rejected();
+    // The usage and the last checkpoint go out with a final renewal, so nothing is left behind.
+    await this.renewLogged();
+    if (this.isLost) throw rejected();
+    const deadline = this.confirmedAt + this.leaseDurationSeconds;
+    let delay = 0.5;
+    let unanswered = false; // a request whose answer was lost may have landed
+    for (;;) {
+      let accepted: boolean;
+      try {
+        accepted = await this.transport.publish(field, value);
+        if (!accepted && unanswered) accepted = await this.transport.recorded(field, value);
+      } catch (err) {
+        if (err instanceof ResultInvalid) {
+          this.log("error", `${field} refused as invalid`, "result_invalid", { field, causes: err.causes });
+          throw err;
+        }
+        if (!(err instanceof Unanswered)) throw err;
+        unanswered = true;
+        const wait = Math.max(delay, err.retryAfterSeconds); // a server that says when to come back is believed
+        if (this.clock.now() + wait > deadline) {
+          throw new OwnershipUnknown(`could not publish the ${field} before the lease deadline: ${err.message}`);
+        }
+        this.log("warn", `${field} not published yet, retrying`, "publish_retry", { error: err.message, waitSeconds: wait });
+        await this.clock.sleep(wait);
+        delay = nextDelay(delay);
+        continue;
+      }
+      if (accepted) {
+        this.finished = true;
+        this.wake?.abort();
+        this.log("info", `${field} published`, "result_published", { field });
+        return;
+      }
+      this.markLost("the run's fence or holder moved on");
+      throw rejected();
+    }
+  }
+
+  // --- side effects ------------------------------------------------------------------------------
+
+  /** Headers for a side effect: the key is stable across attempts, the fence names this attempt. */
+  effectHeaders(operation: string): Record<string, string> {
+    return { "Idempotency-Key": `${this.idempotencyKey}:${operation}`, "X-Execution-Fence": String(this.fence) };
+  }
+
+  /**
+   * Sends one side effect with fetch, only while ownership is confirmed (ensureOwner first), carrying
+   * the effect headers. Throws ToolTimeout when no answer comes within timeoutMs.
+   */
+  async effect(url: string | URL, options: EffectOptions): Promise<Response> {
+    this.ensureOwner();
+    const { operation, method = "POST", body, timeoutMs = 30_000 } = options;
+    const headers = new Headers(options.headers);
+    let payload: string | Uint8Array | undefined;
+    if (typeof body === "string" || body instanceof Uint8Array) {
+      payload = body;
+    } else if (body !== undefined) {
+      payload = JSON.stringify(body);
+      if (!headers.has("content-type")) headers.set("content-type", "application/json");
+    }
+    for (const [key, value] of Object.entries(this.effectHeaders(operation))) headers.set(key, value);
+    try {
+      return await fetch(url, { method, headers, body: payload ?? null, signal: AbortSignal.timeout(timeoutMs) });
+    } catch (err) {
+      if ((err as Error)?.name === "TimeoutError") {
+        throw new ToolTimeout(`${method} ${String(url)} did not answer within ${timeoutMs} ms`, { cause: err });
+      }
+      throw err;
+    }
+  }
+
+  // --- the end -----------------------------------------------------------------------------------
+
+  /** Stops the heartbeat (it does not publish anything). Safe to call more than once. */
+  async close(): Promise<void> {
+    this.stopping = true;
+    this.wake?.abort();
+    await this.loop;
+    await this.transport.close();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}

@@ -1,0 +1,60 @@
+/**
+ * How a worker reaches Tether: the Kubernetes API (pods, `KubeTransport`) or the gateway (anywhere,
+ * `GatewayTransport`). Both give the same operations, so WorkerRun's logic (self-fencing, signals,
+ * failure classes) is one piece of code, and a test can drive it with a fake transport.
+ */
+
+import type { PublishField, Signals, Usage } from "./protocol.js";
+
+/** The outcome of one renewal. */
+export interface Renewal {
+  /** Confirmed: the lease is extended. */
+  ok: boolean;
+  /** The API server (or gateway) said the run is no longer this attempt's. */
+  lost: boolean;
+  /** Why it was not confirmed (for logs). */
+  why: string;
+  /** The signals the answer carried; null when none or malformed (keep the previous ones). */
+  signals: Signals | null;
+}
+
+export function confirmed(signals: Signals | null): Renewal {
+  return { ok: true, lost: false, why: "", signals };
+}
+
+export function unconfirmed(why: string, lost = false): Renewal {
+  return { ok: false, lost, why, signals: null };
+}
+
+/**
+ * A request that got no answer, or an answer that says nothing about ownership (429, 5xx, 401, an
+ * RBAC 403): the caller may retry, no sooner than `retryAfterSeconds`.
+ */
+export class Unanswered extends Error {
+  override name = "Unanswered";
+  readonly status: number | null;
+  readonly retryAfterSeconds: number;
+
+  constructor(message: string, status: number | null = null, retryAfterSeconds = 0, options?: { cause?: unknown }) {
+    super(message, options);
+    this.status = status;
+    this.retryAfterSeconds = retryAfterSeconds;
+  }
+}
+
+export interface Transport {
+  /**
+   * One conditional renewal carrying the pending checkpoint and the attempt's usage. Answers that
+   * refuse it come back as a Renewal; no answer at all throws `Unanswered`.
+   */
+  renew(checkpoint: string | null, usage: Usage | null): Promise<Renewal>;
+  /**
+   * One fenced write of the result or error. true: published; false: refused for good (the attempt
+   * is not this worker's any more). Throws `ResultInvalid` (the value was refused) or `Unanswered`
+   * (retry until the lease deadline).
+   */
+  publish(field: PublishField, value: unknown): Promise<boolean>;
+  /** Whether the run already records this attempt's `field` with `value` (see protocol). */
+  recorded(field: PublishField, value: unknown): Promise<boolean>;
+  close(): Promise<void>;
+}
