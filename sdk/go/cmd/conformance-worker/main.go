@@ -1,0 +1,236 @@
+// Command conformance-worker is the Go SDK's conformance worker: the program described in
+// conformance/WORKER.md, written with the SDK's public API only. The conformance kit starts it as
+// a pod's command, or as a local process for an External run (TETHER_GATEWAY_URL set), and judges
+// it only through the protocol.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	tether "github.com/tether-dev/tether/sdk/go"
+)
+
+// Exit codes of the program (conformance/WORKER.md).
+const (
+	exitDone      = 0 // published, or stopped as told, or cannot afford the next step
+	exitLost      = 1 // ownership lost (or the receiver said our fence is stale)
+	exitUnknown   = 2 // ownership unknown until the lease deadline
+	exitCrash     = 3 // crashed on purpose
+	exitUnclaimed = 4 // the gateway refused the claim
+)
+
+// gatePoll is how often the gate looks again (at most 100 ms).
+const gatePoll = 100 * time.Millisecond
+
+// script is the run's payload.
+type script struct {
+	Steps          int     `json:"steps"`
+	StepSeconds    float64 `json:"stepSeconds"`
+	EffectURL      string  `json:"effectUrl"`
+	CentsPerStep   int64   `json:"centsPerStep"`
+	TokensPerStep  int64   `json:"tokensPerStep"`
+	CrashAttempts  []int   `json:"crashAttempts"`
+	CrashAfterStep int     `json:"crashAfterStep"`
+	FailAttempts   []int   `json:"failAttempts"`
+	BadResultFirst bool    `json:"badResultFirst"`
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	// The program models a worker on a partitioned node, whose kubelet cannot tell it the pod was
+	// deleted: only the protocol may stop it.
+	signal.Ignore(syscall.SIGTERM)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	slog.SetDefault(log)
+	ctx := context.Background()
+
+	r, code := start(ctx, log)
+	if r == nil {
+		return code
+	}
+	defer r.Close()
+
+	s := script{Steps: 3, StepSeconds: 0.5, CrashAfterStep: 1}
+	if err := json.Unmarshal(r.Payload(), &s); err != nil {
+		log.Error("the payload is not a conformance script", "error", err)
+		return exitLost
+	}
+	cursor := 0
+	if c := r.CheckpointCursor(); c != "" {
+		n, err := strconv.Atoi(c)
+		if err != nil {
+			log.Error("the checkpoint is not a step number", "checkpoint", c)
+			return exitLost
+		}
+		cursor = n
+	}
+	log.Info("attempt started", "run", r.Name(), "attempt", r.Attempt(), "fence", r.Fence(), "resumeFrom", cursor)
+
+	var done int64
+	for step := cursor; step < s.Steps; step++ {
+		if code, ok := doStep(ctx, log, r, s, step); !ok {
+			return code
+		}
+		done++
+		cp := strconv.Itoa(step + 1)
+		if err := r.Checkpoint(cp, false); err != nil {
+			log.Error("checkpoint refused", "error", err)
+			return exitLost
+		}
+		if err := r.ReportUsage(done*s.CentsPerStep, done*s.TokensPerStep); err != nil {
+			log.Error("usage refused", "error", err)
+			return exitLost
+		}
+		if slices.Contains(s.CrashAttempts, r.Attempt()) && step+1 == s.CrashAfterStep {
+			if err := r.Checkpoint(cp, true); err != nil {
+				log.Warn("the checkpoint before the crash was not confirmed", "error", err)
+			}
+			log.Info("crashing on purpose", "step", step)
+			return exitCrash
+		}
+	}
+	return publish(ctx, log, r, s)
+}
+
+// start begins the attempt: from the pod's environment, or by claiming it through the gateway.
+func start(ctx context.Context, log *slog.Logger) (*tether.Run, int) {
+	gateway := os.Getenv("TETHER_GATEWAY_URL")
+	if gateway == "" {
+		r, err := tether.FromEnv(ctx)
+		if err != nil {
+			log.Error("cannot start the attempt", "error", err)
+			return nil, exitLost
+		}
+		return r, 0
+	}
+	token, err := os.ReadFile(os.Getenv("TETHER_GATEWAY_TOKEN_FILE"))
+	if err != nil {
+		log.Error("cannot read the gateway token", "error", err)
+		return nil, exitUnclaimed
+	}
+	var opts []tether.Option
+	if id := os.Getenv("TETHER_WORKER_ID"); id != "" {
+		opts = append(opts, tether.WithWorkerID(id))
+	}
+	r, err := tether.Claim(ctx, gateway, os.Getenv("TETHER_NAMESPACE"), os.Getenv("TETHER_RUN"),
+		strings.TrimSpace(string(token)), opts...)
+	if err != nil {
+		log.Error("claim failed", "error", err)
+		return nil, exitUnclaimed
+	}
+	return r, 0
+}
+
+// doStep runs one step: gate, work, side effect. ok false: exit with code.
+func doStep(ctx context.Context, log *slog.Logger, r *tether.Run, s script, step int) (int, bool) {
+	for {
+		if code, ok := gate(log, r, s); !ok {
+			return code, false
+		}
+		time.Sleep(time.Duration(s.StepSeconds * float64(time.Second)))
+		if s.EffectURL == "" {
+			return 0, true
+		}
+		status, err := effect(ctx, r, s.EffectURL, step)
+		switch {
+		case err != nil:
+			// Refused by the SDK (lost, unknown, stop) or not answered: back to the gate.
+			log.Warn("side effect not sent", "step", step, "error", err)
+		case status == http.StatusConflict:
+			log.Error("the receiver refused our fence", "step", step)
+			return exitLost, false
+		default:
+			return 0, true
+		}
+	}
+}
+
+// gate waits until the step may start; ok false: exit with code.
+func gate(log *slog.Logger, r *tether.Run, s script) (int, bool) {
+	for {
+		sig := r.Signals()
+		switch {
+		case sig.Stop:
+			log.Info("stopping as told", "reason", sig.Reason)
+			return exitDone, false
+		case sig.CapRemainingCents != nil && *sig.CapRemainingCents < s.CentsPerStep,
+			sig.CapRemainingTokens != nil && *sig.CapRemainingTokens < s.TokensPerStep:
+			log.Info("the cap cannot afford the next step")
+			return exitDone, false
+		case r.Lost():
+			log.Error("ownership lost")
+			return exitLost, false
+		case sig.Paused || r.OwnershipUnknown():
+			time.Sleep(gatePoll)
+		default:
+			return 0, true
+		}
+	}
+}
+
+// effect sends the step's side effect through the SDK's fenced call; it returns the answer's status.
+func effect(ctx context.Context, r *tether.Run, url string, step int) (int, error) {
+	body, err := json.Marshal(map[string]any{"run": r.Name(), "attempt": r.Attempt(), "fence": r.Fence(), "step": step})
+	if err != nil {
+		return 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := r.Effect(ctx, req, fmt.Sprintf("step-%d", step))
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, nil
+}
+
+// publish ends the attempt with its error or its result (after the bad one, when asked).
+func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int {
+	if slices.Contains(s.FailAttempts, r.Attempt()) {
+		return outcome(log, r.Fail(ctx, "ConformanceFailure", fmt.Sprintf("attempt %d fails on purpose", r.Attempt())))
+	}
+	if s.BadResultFirst {
+		err := r.Complete(ctx, []int{1})
+		if !errors.Is(err, tether.ErrResultInvalid) {
+			log.Error("the invalid result was not reported as invalid", "error", err)
+			return outcome(log, err)
+		}
+		log.Info("the invalid result was refused as expected", "error", err)
+	}
+	return outcome(log, r.Complete(ctx, map[string]any{"steps": s.Steps, "attempt": r.Attempt(), "sdk": "go"}))
+}
+
+func outcome(log *slog.Logger, err error) int {
+	switch {
+	case err == nil:
+		log.Info("published")
+		return exitDone
+	case errors.Is(err, tether.ErrOwnershipUnknown):
+		log.Error("ownership unknown until the lease deadline", "error", err)
+		return exitUnknown
+	default:
+		log.Error("not published", "error", err)
+		return exitLost
+	}
+}

@@ -1,0 +1,47 @@
+package tether
+
+import (
+	"errors"
+	"fmt"
+)
+
+// The outcomes a worker must tell apart. They are sentinels: test them with errors.Is, since the
+// SDK wraps them with the details of the case.
+var (
+	// ErrLeaseLost: the API server (or the gateway) says someone else owns the run now, or no
+	// lease is left. Start no side effect and publish nothing; a result would be rejected.
+	ErrLeaseLost = errors.New("tether: lease lost")
+	// ErrOwnershipUnknown: no renewal was confirmed within the lease duration minus a margin. The
+	// worker may still own the run but cannot know: start no new side effect until a renewal
+	// succeeds again.
+	ErrOwnershipUnknown = errors.New("tether: ownership unknown")
+	// ErrStopRequested: the control plane told this worker to stop (spec.stop, a cap or a budget
+	// crossed). Finish or abandon the current step and exit; start no new side effect.
+	ErrStopRequested = errors.New("tether: stop requested")
+	// ErrToolTimeout: a side-effect call did not answer in time. Ownership is not in question;
+	// retrying the call with the same Idempotency-Key is safe.
+	ErrToolTimeout = errors.New("tether: tool call timed out")
+	// ErrResultInvalid: the API server (the CRD schema) or the gateway refused the published value
+	// itself. The worker still owns the run and may publish a corrected value.
+	ErrResultInvalid = errors.New("tether: result refused as invalid")
+	// ErrClaimRefused: the gateway did not hand out the run. The error is a *ClaimRefusedError.
+	ErrClaimRefused = errors.New("tether: claim refused")
+	// ErrUsageRefused: a usage report the operator would refuse (negative, decreasing, implausibly
+	// large), refused here where the caller can still fix it.
+	ErrUsageRefused = errors.New("tether: usage report refused")
+)
+
+// ClaimRefusedError is the gateway's refusal of a claim: 402 budget exceeded, 409 held by another
+// worker or no attempt open, 401/403 not allowed, 404 no such run, ...
+type ClaimRefusedError struct {
+	Status  int    // the HTTP status
+	Code    string // the gateway's error code, e.g. "HeldByAnother"
+	Message string
+}
+
+func (e *ClaimRefusedError) Error() string {
+	return fmt.Sprintf("tether: claim refused: %d %s: %s", e.Status, e.Code, e.Message)
+}
+
+// Is makes errors.Is(err, ErrClaimRefused) true for every refusal.
+func (e *ClaimRefusedError) Is(target error) bool { return target == ErrClaimRefused }

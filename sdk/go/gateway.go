@@ -1,0 +1,256 @@
+package tether
+
+// The external worker's path: the same operations as JSON calls to the Tether gateway, which
+// writes the same fenced Lease and status operations as a pod worker would.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// maxReplyBytes bounds what is read of a gateway answer.
+const maxReplyBytes = 4 << 20
+
+// gatewayError is the gateway's error envelope {"error": {"code","message","field"}}.
+type gatewayError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field"`
+}
+
+// claimReply is the gateway's answer to a claim.
+type claimReply struct {
+	Holder               string          `json:"holder"`
+	Fence                int64           `json:"fence"`
+	Attempt              int             `json:"attempt"`
+	LeaseDurationSeconds float64         `json:"leaseDurationSeconds"`
+	RenewIntervalSeconds float64         `json:"renewIntervalSeconds"`
+	Payload              json.RawMessage `json:"payload"`
+	Checkpoint           *string         `json:"checkpoint"`
+	IdempotencyKey       string          `json:"idempotencyKey"`
+	RunUID               string          `json:"runUid"`
+	ToolClaim            *ToolClaim      `json:"toolClaim"`
+}
+
+// heartbeatReply is the gateway's answer to a heartbeat: the signals, flat.
+type heartbeatReply struct {
+	Stop               bool       `json:"stop"`
+	Paused             bool       `json:"paused"`
+	EndsAt             *string    `json:"endsAt"`
+	CapRemainingCents  *int64     `json:"capRemainingCents"`
+	CapRemainingTokens *int64     `json:"capRemainingTokens"`
+	ToolClaim          *ToolClaim `json:"toolClaim"`
+}
+
+// Claim claims the open attempt of the run namespace/name through the Tether gateway at
+// gatewayURL, with a Kubernetes bearer token (audience tether-gateway) allowed the verb "claim"
+// on the run; then it renews once and starts the heartbeat. A refusal is a *ClaimRefusedError
+// (errors.Is ErrClaimRefused) with the HTTP status: 402 budget exceeded, 409 held by another
+// worker or nothing open, ... Close the Run when done.
+func Claim(ctx context.Context, gatewayURL, namespace, name, token string, opts ...Option) (*Run, error) {
+	s := newSettings(opts)
+	g := &gatewayTransport{
+		client: s.httpClient, token: token, clock: time.Now,
+		base: strings.TrimRight(gatewayURL, "/") + "/api/v1/namespaces/" + url.PathEscape(namespace) +
+			"/workerruns/" + url.PathEscape(name),
+	}
+	claim := map[string]any{}
+	if s.workerID != "" {
+		claim["workerId"] = s.workerID
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	status, body, _, err := g.post(cctx, "claim", claim)
+	if err != nil {
+		return nil, fmt.Errorf("tether: claim got no answer: %w", err)
+	}
+	if status != http.StatusOK {
+		e := errorOf(body)
+		if e.Message == "" && e.Code == "" {
+			e.Message = clip(string(body))
+		}
+		return nil, &ClaimRefusedError{Status: status, Code: e.Code, Message: e.Message}
+	}
+	var reply claimReply
+	if err := json.Unmarshal(body, &reply); err != nil {
+		return nil, fmt.Errorf("tether: the claim's answer is not the gateway's: %w", err)
+	}
+	if reply.Holder == "" || reply.Fence < 1 || reply.LeaseDurationSeconds <= 0 || reply.RenewIntervalSeconds <= 0 {
+		return nil, fmt.Errorf("tether: the claim's answer lacks the attempt (holder, fence, lease)")
+	}
+	g.fenced = map[string]any{"holder": reply.Holder, "fence": reply.Fence}
+	if s.workerID != "" {
+		g.fenced["workerId"] = s.workerID
+	}
+	if reply.RunUID != "" {
+		g.fenced["runUid"] = reply.RunUID
+	}
+	g.claim = reply.ToolClaim
+	info := attemptInfo{name: name, namespace: namespace, holder: reply.Holder, fence: reply.Fence,
+		attempt: reply.Attempt, payload: reply.Payload, idempotencyKey: reply.IdempotencyKey,
+		leaseDuration: time.Duration(reply.LeaseDurationSeconds * float64(time.Second)),
+		renewInterval: time.Duration(reply.RenewIntervalSeconds * float64(time.Second))}
+	if reply.Checkpoint != nil {
+		info.checkpoint = *reply.Checkpoint
+	}
+	if string(info.payload) == "null" {
+		info.payload = nil
+	}
+	r := newRun(ctx, info, g, s)
+	r.start(ctx)
+	return r, nil
+}
+
+// gatewayTransport is the external worker's transport.
+type gatewayTransport struct {
+	client *http.Client
+	base   string // {gateway}/api/v1/namespaces/{ns}/workerruns/{name}
+	token  string
+	clock  func() time.Time // wall clock, for Retry-After dates
+	// Every call names the attempt and, when the claim named one, the worker and the run's UID:
+	// the gateway accepts calls only from the identity (and worker) that claimed the attempt, and
+	// acts only on that run, never on a namesake created since.
+	fenced map[string]any
+
+	mu    sync.Mutex
+	claim *ToolClaim
+}
+
+func (g *gatewayTransport) close() { g.client.CloseIdleConnections() }
+
+func (g *gatewayTransport) toolClaim() *ToolClaim {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.claim
+}
+
+// post sends one gateway call; an error means no answer.
+func (g *gatewayTransport) post(ctx context.Context, op string, body map[string]any) (int, []byte, http.Header, error) {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.base+"/"+op, bytes.NewReader(data))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+g.token)
+	resp, err := g.client.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	reply, err := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	return resp.StatusCode, reply, resp.Header, nil
+}
+
+// withFence is a call's body: the attempt's identification plus the call's own fields.
+func (g *gatewayTransport) withFence(extra map[string]any) map[string]any {
+	body := make(map[string]any, len(g.fenced)+len(extra))
+	for k, v := range g.fenced {
+		body[k] = v
+	}
+	for k, v := range extra {
+		body[k] = v
+	}
+	return body
+}
+
+// errorOf reads the gateway's error envelope; empty when the answer is not one (a proxy in
+// between may answer with anything).
+func errorOf(body []byte) gatewayError {
+	var env struct {
+		Error gatewayError `json:"error"`
+	}
+	_ = json.Unmarshal(body, &env)
+	return env.Error
+}
+
+func describe(status int, body []byte) string {
+	if e := errorOf(body); e.Code != "" || e.Message != "" {
+		return fmt.Sprintf("%d %s: %s", status, e.Code, e.Message)
+	}
+	return fmt.Sprintf("%d %s", status, clip(string(body)))
+}
+
+func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usage) (renewResult, error) {
+	extra := map[string]any{}
+	if checkpoint != nil {
+		extra["checkpoint"] = *checkpoint
+	}
+	if u != nil {
+		extra["usage"] = *u
+	}
+	status, body, _, err := g.post(ctx, "heartbeat", g.withFence(extra))
+	if err != nil {
+		return renewResult{}, err
+	}
+	switch status {
+	case http.StatusOK:
+		var reply heartbeatReply
+		if err := json.Unmarshal(body, &reply); err != nil {
+			return renewResult{}, fmt.Errorf("the heartbeat's answer is not the gateway's: %w", err)
+		}
+		var endsAt *time.Time
+		if reply.EndsAt != nil {
+			if endsAt, err = parseTime(*reply.EndsAt); err != nil {
+				return renewResult{}, fmt.Errorf("the heartbeat's endsAt: %w", err)
+			}
+		}
+		if reply.ToolClaim != nil {
+			g.mu.Lock()
+			g.claim = reply.ToolClaim
+			g.mu.Unlock()
+		}
+		sig := signalsFromRemaining(reply.Stop, reply.Paused, endsAt, reply.CapRemainingCents,
+			reply.CapRemainingTokens, u)
+		return renewResult{ok: true, signals: &sig}, nil
+	case http.StatusNotFound, http.StatusGone:
+		return renewResult{lost: true, why: describe(status, body)}, nil
+	default:
+		// 401/403, 409, 422, 429, 503: nothing about ownership (NotClaimant counts as lost only
+		// for a publication, which the gateway checks on the very Lease it fences with).
+		return renewResult{why: "heartbeat refused: " + describe(status, body)}, nil
+	}
+}
+
+func (g *gatewayTransport) publish(ctx context.Context, field string, value json.RawMessage) (publishResult, error) {
+	op, extra := "complete", map[string]any{"result": value}
+	if field == "error" {
+		op, extra = "fail", map[string]any{"error": value}
+	}
+	status, body, header, err := g.post(ctx, op, g.withFence(extra))
+	if err != nil {
+		return publishResult{}, err
+	}
+	why := describe(status, body)
+	switch {
+	case status == http.StatusOK:
+		return publishResult{outcome: published}, nil
+	case status == http.StatusNotFound, status == http.StatusConflict, status == http.StatusGone,
+		errorOf(body).Code == "NotClaimant":
+		return publishResult{outcome: refused, why: why}, nil
+	case status == http.StatusUnprocessableEntity:
+		return publishResult{outcome: invalid, why: why}, nil
+	default:
+		return publishResult{outcome: retry, why: why,
+			retryAfter: retryAfterHeader(header.Get("Retry-After"), g.clock())}, nil
+	}
+}
+
+// recorded is false: the gateway itself answers a repeated publication of an accepted value with 200.
+func (g *gatewayTransport) recorded(context.Context, string, json.RawMessage) (bool, error) {
+	return false, nil
+}

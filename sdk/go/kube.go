@@ -1,0 +1,390 @@
+package tether
+
+// The pod worker's path: a resourceVersion-conditional update of the run's Lease, and a fenced
+// JSON patch on the WorkerRun's status, both through client-go.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// The environment the operator gives a worker pod.
+const (
+	envRun             = "TETHER_RUN"
+	envNamespace       = "TETHER_NAMESPACE"
+	envRunUID          = "TETHER_RUN_UID"
+	envHolder          = "TETHER_HOLDER"
+	envFence           = "TETHER_FENCE"
+	envAttempt         = "TETHER_ATTEMPT"
+	envLeaseDuration   = "TETHER_LEASE_DURATION_SECONDS"
+	envRenewInterval   = "TETHER_RENEW_INTERVAL_SECONDS"
+	envPayload         = "TETHER_PAYLOAD"
+	envPayloadFrom     = "TETHER_PAYLOAD_FROM" // "spec.payload": too large for the environment, read the run
+	envCheckpoint      = "TETHER_CHECKPOINT"
+	envIdempotencyKey  = "TETHER_IDEMPOTENCY_KEY"
+	payloadFromRun     = "spec.payload"
+	inClusterTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+)
+
+var workerRunsGV = schema.GroupVersion{Group: "tether.dev", Version: "v1alpha1"}
+
+// FromEnv starts the attempt this pod was launched for: it reads the environment the operator
+// sets (TETHER_RUN, TETHER_HOLDER, TETHER_FENCE, ...), reaches the API server in-cluster or
+// through $KUBECONFIG (whose user may name a tokenFile, re-read as it rotates), renews the Lease
+// once and starts the heartbeat. The Run is returned even when that first renewal failed: Lost
+// and OwnershipUnknown say so. Close it when done.
+func FromEnv(ctx context.Context, opts ...Option) (*Run, error) {
+	return fromEnv(ctx, os.LookupEnv, opts...)
+}
+
+func fromEnv(ctx context.Context, lookup func(string) (string, bool), opts ...Option) (*Run, error) {
+	s := newSettings(opts)
+	get := func(key string) string { v, _ := lookup(key); return v }
+	var missing []string
+	for _, key := range []string{envRun, envNamespace, envHolder, envFence, envAttempt, envLeaseDuration, envRenewInterval} {
+		if get(key) == "" {
+			missing = append(missing, key)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("tether: not a Tether worker pod: %s unset", strings.Join(missing, ", "))
+	}
+	info := attemptInfo{name: get(envRun), namespace: get(envNamespace), holder: get(envHolder),
+		checkpoint: get(envCheckpoint), idempotencyKey: get(envIdempotencyKey)}
+	var err error
+	if info.fence, err = strconv.ParseInt(get(envFence), 10, 64); err != nil {
+		return nil, fmt.Errorf("tether: %s: %w", envFence, err)
+	}
+	if info.attempt, err = strconv.Atoi(get(envAttempt)); err != nil {
+		return nil, fmt.Errorf("tether: %s: %w", envAttempt, err)
+	}
+	if info.leaseDuration, err = seconds(get(envLeaseDuration)); err != nil {
+		return nil, fmt.Errorf("tether: %s: %w", envLeaseDuration, err)
+	}
+	if info.renewInterval, err = seconds(get(envRenewInterval)); err != nil {
+		return nil, fmt.Errorf("tether: %s: %w", envRenewInterval, err)
+	}
+	cfg, err := restConfig(get)
+	if err != nil {
+		return nil, err
+	}
+	kt, err := newKubeTransport(cfg, info, get(envRunUID))
+	if err != nil {
+		return nil, err
+	}
+	if info.payload, err = kt.loadPayload(ctx, lookup); err != nil {
+		kt.close()
+		return nil, err
+	}
+	r := newRun(ctx, info, kt, s)
+	r.start(ctx)
+	return r, nil
+}
+
+func seconds(text string) (time.Duration, error) {
+	f, err := strconv.ParseFloat(text, 64)
+	if err != nil {
+		return 0, err
+	}
+	if f <= 0 {
+		return 0, fmt.Errorf("%s is not a positive number of seconds", text)
+	}
+	return time.Duration(f * float64(time.Second)), nil
+}
+
+// restConfig is the in-cluster configuration when the pod has one and no $KUBECONFIG says
+// otherwise, else the kubeconfig's (client-go reads a user's tokenFile, and re-reads it every
+// minute and after a 401).
+func restConfig(get func(string) string) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if get("KUBECONFIG") == "" && get("KUBERNETES_SERVICE_HOST") != "" && fileExists(inClusterTokenFile) {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{}).ClientConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tether: no Kubernetes client configuration: %w", err)
+	}
+	cfg = rest.CopyConfig(cfg)
+	// A worker makes about one request per renewal interval: a client-side rate limiter would only
+	// delay a renewal past its timeout. Every call carries its own deadline (its context).
+	cfg.QPS = -1
+	cfg.Timeout = 0
+	cfg.UserAgent = "tether-go-sdk"
+	return cfg, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// kubeTransport is the pod worker's transport.
+type kubeTransport struct {
+	http      *http.Client
+	leases    coordinationclient.LeaseInterface
+	runs      rest.Interface
+	namespace string
+	name      string
+	holder    string
+	fence     int64
+	runUID    string                // the Lease and run must be this run's, not a re-created namesake's
+	lease     *coordinationv1.Lease // the last one seen; the Run serialises renewals
+}
+
+func newKubeTransport(cfg *rest.Config, info attemptInfo, runUID string) (*kubeTransport, error) {
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("tether: %w", err)
+	}
+	clientset, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("tether: %w", err)
+	}
+	runCfg := rest.CopyConfig(cfg)
+	runCfg.GroupVersion = &workerRunsGV
+	runCfg.APIPath = "/apis"
+	runCfg.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
+	runs, err := rest.RESTClientForConfigAndClient(runCfg, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("tether: %w", err)
+	}
+	return &kubeTransport{http: httpClient, leases: clientset.CoordinationV1().Leases(info.namespace), runs: runs,
+		namespace: info.namespace, name: info.name, holder: info.holder, fence: info.fence, runUID: runUID}, nil
+}
+
+func (t *kubeTransport) close() { t.http.CloseIdleConnections() }
+
+// getLease reads the Lease; nil when it is gone.
+func (t *kubeTransport) getLease(ctx context.Context) (*coordinationv1.Lease, error) {
+	lease, err := t.leases.Get(ctx, t.name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	return lease, err
+}
+
+func (t *kubeTransport) renew(ctx context.Context, checkpoint *string, u *usage) (renewResult, error) {
+	return t.renewAttempt(ctx, checkpoint, u, true)
+}
+
+func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u *usage, retryConflict bool) (renewResult, error) {
+	if t.lease == nil {
+		lease, err := t.getLease(ctx)
+		if err != nil {
+			return renewResult{}, err
+		}
+		if lease == nil {
+			return renewResult{lost: true, why: "the lease is gone"}, nil
+		}
+		t.lease = lease
+	}
+	if !holds(t.lease, t.holder, t.fence, t.runUID) {
+		return renewResult{lost: true, why: "the lease names another holder or fence"}, nil
+	}
+	updated, err := t.leases.Update(ctx, renewal(t.lease, time.Now(), checkpoint, u), metav1.UpdateOptions{})
+	if err == nil {
+		t.lease = updated
+		res := renewResult{ok: true}
+		if sig, ok := leaseSignals(updated); ok {
+			res.signals = &sig
+		}
+		return res, nil
+	}
+	var status *apierrors.StatusError
+	if !errors.As(err, &status) {
+		return renewResult{}, err
+	}
+	switch code := status.ErrStatus.Code; {
+	case code == http.StatusConflict:
+		// Re-read: still our holder and fence means someone touched the Lease harmlessly (the
+		// operator updating the signals); retry once.
+		lease, err := t.getLease(ctx)
+		if err != nil {
+			return renewResult{}, err
+		}
+		t.lease = lease
+		mine := holds(lease, t.holder, t.fence, t.runUID)
+		if mine && retryConflict {
+			return t.renewAttempt(ctx, checkpoint, u, false)
+		}
+		if !mine {
+			return renewResult{lost: true, why: "renewal conflicted and the lease is no longer ours"}, nil
+		}
+		return renewResult{why: "renewal conflicted twice"}, nil
+	case code == http.StatusNotFound:
+		t.lease = nil
+		return renewResult{lost: true, why: "the lease is gone"}, nil
+	case fencedByPolicy(status):
+		return renewResult{lost: true, why: "the API server's fencing policy refused: " + clip(status.ErrStatus.Message)}, nil
+	default:
+		// 401 (client-go re-reads the token file), RBAC's 403, 429, 5xx: nothing about ownership.
+		return renewResult{why: fmt.Sprintf("renewal refused: %d %s", code, clip(status.ErrStatus.Message))}, nil
+	}
+}
+
+// fencedByPolicy tells a 403 from Tether's admission policy (the write is not this attempt's to
+// make) from RBAC's 403 (a misconfigured identity), which says nothing about ownership.
+func fencedByPolicy(status *apierrors.StatusError) bool {
+	msg := status.ErrStatus.Message
+	return status.ErrStatus.Code == http.StatusForbidden &&
+		strings.Contains(msg, "ValidatingAdmissionPolicy") && strings.Contains(msg, "tether-worker")
+}
+
+// schemaCauses counts the causes of a refusal that the API server itself named (client-go adds
+// an "unexpected server response" cause to a body that was not a Status, which names nothing).
+func schemaCauses(status *apierrors.StatusError) int {
+	n := 0
+	if d := status.ErrStatus.Details; d != nil {
+		for _, c := range d.Causes {
+			if c.Type != metav1.CauseTypeUnexpectedServerResponse {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func (t *kubeTransport) publish(ctx context.Context, field string, value json.RawMessage) (publishResult, error) {
+	body, err := json.Marshal(fencedPatch(t.holder, t.fence, field, value, t.runUID))
+	if err != nil {
+		return publishResult{}, err
+	}
+	// MaxRetries(0): the Run retries by the protocol's rules (backoff within the lease deadline).
+	err = t.runs.Patch(types.JSONPatchType).Namespace(t.namespace).Resource("workerruns").Name(t.name).
+		SubResource("status").Body(body).MaxRetries(0).Do(ctx).Error()
+	if err == nil {
+		return publishResult{outcome: published}, nil
+	}
+	var status *apierrors.StatusError
+	if !errors.As(err, &status) {
+		return publishResult{}, err
+	}
+	why := fmt.Sprintf("%d %s", status.ErrStatus.Code, clip(status.ErrStatus.Message))
+	switch code := status.ErrStatus.Code; {
+	case code == http.StatusUnprocessableEntity && schemaCauses(status) > 0:
+		// The CRD's schema refused the value (the causes name the field): a bad result.
+		return publishResult{outcome: invalid, why: why}, nil
+	case code == http.StatusUnprocessableEntity, code == http.StatusNotFound, code == http.StatusConflict,
+		fencedByPolicy(status):
+		// 422 without causes: a test failed, the fence or holder moved on; the policy's 403 says
+		// the same from the API server itself.
+		return publishResult{outcome: refused, why: why}, nil
+	default:
+		delay, _ := apierrors.SuggestsClientDelay(err)
+		return publishResult{outcome: retry, why: why, retryAfter: time.Duration(delay) * time.Second}, nil
+	}
+}
+
+func (t *kubeTransport) recorded(ctx context.Context, field string, value json.RawMessage) (bool, error) {
+	raw, err := t.runs.Get().Namespace(t.namespace).Resource("workerruns").Name(t.name).MaxRetries(0).Do(ctx).Raw()
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var run runView
+	if err := json.Unmarshal(raw, &run); err != nil {
+		return false, err
+	}
+	if t.runUID != "" && run.Metadata.UID != t.runUID {
+		return false, nil
+	}
+	return publicationRecorded(run, t.holder, t.fence, field, value), nil
+}
+
+// loadPayload is the run's payload: inline in TETHER_PAYLOAD or, when it was too large for the
+// environment (TETHER_PAYLOAD_FROM=spec.payload), read from the pod's own WorkerRun.
+func (t *kubeTransport) loadPayload(ctx context.Context, lookup func(string) (string, bool)) (json.RawMessage, error) {
+	if inline, ok := lookup(envPayload); ok {
+		if inline == "" {
+			return json.RawMessage("{}"), nil
+		}
+		if !json.Valid([]byte(inline)) {
+			return nil, fmt.Errorf("tether: %s is not JSON", envPayload)
+		}
+		return json.RawMessage(inline), nil
+	}
+	source, ok := lookup(envPayloadFrom)
+	if !ok {
+		return json.RawMessage("{}"), nil
+	}
+	if source != payloadFromRun {
+		return nil, fmt.Errorf("tether: %s=%q: this SDK reads only %q", envPayloadFrom, source, payloadFromRun)
+	}
+	const attempts = 3
+	backoff := time.Second
+	for attempt := 1; ; attempt++ {
+		raw, err := t.getRun(ctx)
+		if err == nil {
+			return t.payloadOf(raw)
+		}
+		var status *apierrors.StatusError
+		// 403/404 will not heal: the attempt fails and says why. A brief API hiccup at start-up
+		// (no answer, 5xx) should not cost the attempt.
+		if attempt == attempts || (errors.As(err, &status) && status.ErrStatus.Code < 500) {
+			return nil, fmt.Errorf("tether: reading the payload from the run: %w", err)
+		}
+		if err := sleepCtx(ctx, backoff); err != nil {
+			return nil, err
+		}
+		backoff *= 2
+	}
+}
+
+func (t *kubeTransport) getRun(ctx context.Context) ([]byte, error) {
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return t.runs.Get().Namespace(t.namespace).Resource("workerruns").Name(t.name).MaxRetries(0).Do(rctx).Raw()
+}
+
+func (t *kubeTransport) payloadOf(raw []byte) (json.RawMessage, error) {
+	var run struct {
+		Metadata struct {
+			UID string `json:"uid"`
+		} `json:"metadata"`
+		Spec struct {
+			Payload json.RawMessage `json:"payload"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(raw, &run); err != nil {
+		return nil, fmt.Errorf("tether: reading the payload from the run: %w", err)
+	}
+	if t.runUID != "" && run.Metadata.UID != t.runUID {
+		// Re-created under the same name since this pod started: not our input.
+		return nil, fmt.Errorf("%w: %s was re-created (uid %s is gone)", ErrLeaseLost, t.name, t.runUID)
+	}
+	if len(run.Spec.Payload) == 0 || string(run.Spec.Payload) == "null" {
+		return json.RawMessage("{}"), nil
+	}
+	return run.Spec.Payload, nil
+}
+
+// clip shortens a server message for a log line or an error.
+func clip(s string) string {
+	if len(s) > 200 {
+		return s[:200]
+	}
+	return s
+}

@@ -1,0 +1,364 @@
+package tether
+
+// The ownership protocol's vocabulary as pure functions, no I/O: when a Lease is ours, the
+// renewal we write, the usage annotation and which reports are acceptable, the control signals
+// and the cap arithmetic, the fenced result patch and how to recognise a publication that landed.
+// They mirror operator/tether/protocol.py, which the operator and the gateway use.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Lease annotations: the worker's reports, and the operator's signals.
+const (
+	annCheckpoint = "tether.dev/checkpoint"
+	annUsage      = "tether.dev/usage"
+	annSignals    = "tether.dev/signals"
+)
+
+// Reports beyond these are malformed, not spending (the CRD's own bounds).
+const (
+	maxCents  int64 = 100_000_000_000
+	maxTokens int64 = 100_000_000_000_000
+)
+
+// maxCursorChars bounds a checkpoint cursor (the gateway and the operator refuse longer ones).
+const maxCursorChars = 1024
+
+// The attempt outcome that only a published result or error produces.
+var publishedOutcome = map[string]string{"result": "Succeeded", "error": "WorkerFailed"}
+
+// margin is how long before the lease deadline ownership stops counting as confirmed.
+func margin(leaseDuration time.Duration) time.Duration {
+	return max(time.Second, leaseDuration/10)
+}
+
+// requestTimeout is how long a request may go unanswered before it counts as "no answer".
+func requestTimeout(renewInterval time.Duration) time.Duration {
+	return min(10*time.Second, max(renewInterval, time.Second))
+}
+
+// usage is an attempt's cumulative spending, as reported on the Lease.
+type usage struct {
+	Cents  int64 `json:"cents"`
+	Tokens int64 `json:"tokens"`
+}
+
+// usageAnnotation is the tether.dev/usage value: compact JSON.
+func usageAnnotation(u usage) string {
+	return fmt.Sprintf(`{"cents":%d,"tokens":%d}`, u.Cents, u.Tokens)
+}
+
+// validReport says why a cumulative usage report is refused, or "" when it is acceptable.
+func validReport(report usage, previous *usage) string {
+	switch {
+	case report.Cents < 0 || report.Tokens < 0:
+		return "negative usage"
+	case report.Cents > maxCents || report.Tokens > maxTokens:
+		return "implausibly large usage"
+	case previous != nil && (report.Cents < previous.Cents || report.Tokens < previous.Tokens):
+		return "usage decreased; reports are cumulative"
+	}
+	return ""
+}
+
+// validCursor says why a checkpoint cursor is refused, or "" when it is acceptable.
+func validCursor(cursor string) string {
+	if n := utf8.RuneCountInString(cursor); n > maxCursorChars {
+		return fmt.Sprintf("checkpoint cursor of %d characters exceeds %d", n, maxCursorChars)
+	}
+	return ""
+}
+
+// controllerUID is the UID of the WorkerRun that controls an object, if any.
+func controllerUID(refs []metav1.OwnerReference) (string, bool) {
+	for _, ref := range refs {
+		if ref.Kind == "WorkerRun" && ref.Controller != nil && *ref.Controller {
+			return string(ref.UID), true
+		}
+	}
+	return "", false
+}
+
+// holds says whether the Lease names exactly this holder and fence and, when runUID is given,
+// belongs to that run: a run deleted and re-created under its name starts again at holder
+// <name>-a1 and fence 1, and only the UID tells the two apart. Nobody holds a cleared Lease.
+func holds(lease *coordinationv1.Lease, holder string, fence int64, runUID string) bool {
+	if lease == nil || holder == "" {
+		return false
+	}
+	spec := lease.Spec
+	if spec.HolderIdentity == nil || *spec.HolderIdentity != holder ||
+		spec.LeaseTransitions == nil || int64(*spec.LeaseTransitions) != fence {
+		return false
+	}
+	if runUID == "" {
+		return true
+	}
+	uid, ok := controllerUID(lease.OwnerReferences)
+	return ok && uid == runUID
+}
+
+// renewal is the body of a heartbeat: the Lease as last seen (its resourceVersion makes the PUT a
+// compare-and-swap), renewTime set, checkpoint and usage riding on the same write.
+func renewal(lease *coordinationv1.Lease, now time.Time, checkpoint *string, u *usage) *coordinationv1.Lease {
+	body := lease.DeepCopy()
+	body.Spec.RenewTime = &metav1.MicroTime{Time: now.UTC()}
+	ann := make(map[string]string, len(body.Annotations)+2)
+	for k, v := range body.Annotations {
+		ann[k] = v
+	}
+	if checkpoint != nil {
+		ann[annCheckpoint] = *checkpoint
+	}
+	if u != nil {
+		ann[annUsage] = usageAnnotation(*u)
+	}
+	body.Annotations = ann
+	return body
+}
+
+// signalState is what the control plane says, as carried on the Lease (tether.dev/signals).
+type signalState struct {
+	Stop       bool
+	Paused     bool
+	Reason     string
+	EndsAt     *time.Time
+	CapCents   *int64
+	CapTokens  *int64
+	BaseCents  int64 // spent by earlier attempts: the worker's own reports count from zero
+	BaseTokens int64
+}
+
+// parseSignals reads a tether.dev/signals value. An empty value means no signal (defaults);
+// ok is false when it is malformed, and the caller keeps the signals it had.
+func parseSignals(raw string) (s signalState, ok bool) {
+	if raw == "" {
+		return signalState{}, true
+	}
+	var fields map[string]json.RawMessage
+	if !strings.HasPrefix(strings.TrimSpace(raw), "{") || json.Unmarshal([]byte(raw), &fields) != nil {
+		return signalState{}, false
+	}
+	for key, val := range fields {
+		isNull := bytes.Equal(bytes.TrimSpace(val), []byte("null"))
+		var err error
+		switch key {
+		case "stop":
+			err = decodeStrict(val, isNull, &s.Stop)
+		case "paused":
+			err = decodeStrict(val, isNull, &s.Paused)
+		case "baseCents":
+			s.BaseCents, err = jsonInt(val, isNull)
+		case "baseTokens":
+			s.BaseTokens, err = jsonInt(val, isNull)
+		case "reason":
+			if !isNull {
+				err = json.Unmarshal(val, &s.Reason)
+			}
+		case "endsAt":
+			if !isNull {
+				var text string
+				if err = json.Unmarshal(val, &text); err == nil {
+					s.EndsAt, err = parseTime(text)
+				}
+			}
+		case "capCents":
+			s.CapCents, err = jsonOptionalInt(val, isNull)
+		case "capTokens":
+			s.CapTokens, err = jsonOptionalInt(val, isNull)
+		}
+		if err != nil {
+			return signalState{}, false
+		}
+	}
+	return s, true
+}
+
+// decodeStrict decodes a value that may not be null (the operator never writes null there).
+func decodeStrict(val json.RawMessage, isNull bool, into any) error {
+	if isNull {
+		return fmt.Errorf("null where a value is required")
+	}
+	return json.Unmarshal(val, into)
+}
+
+// jsonInt reads a JSON integer; a float without a fractional part counts, as it does for the operator.
+func jsonInt(val json.RawMessage, isNull bool) (int64, error) {
+	if isNull {
+		return 0, fmt.Errorf("null where an integer is required")
+	}
+	var num json.Number
+	if err := json.Unmarshal(val, &num); err != nil {
+		return 0, err
+	}
+	if n, err := num.Int64(); err == nil {
+		return n, nil
+	}
+	f, err := num.Float64()
+	if err != nil || f != float64(int64(f)) {
+		return 0, fmt.Errorf("%s is not an integer", num)
+	}
+	return int64(f), nil
+}
+
+func jsonOptionalInt(val json.RawMessage, isNull bool) (*int64, error) {
+	if isNull {
+		return nil, nil
+	}
+	n, err := jsonInt(val, false)
+	if err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
+// parseTime reads a Kubernetes or gateway time stamp (RFC 3339).
+func parseTime(text string) (*time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, text)
+	if err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// leaseSignals reads the operator's signals from a Lease; ok is false when they are malformed.
+func leaseSignals(lease *coordinationv1.Lease) (signalState, bool) {
+	return parseSignals(lease.Annotations[annSignals])
+}
+
+// remaining is what is left of the run's caps, counting the attempt's own usage: cap - base - own
+// (nil: no cap).
+func (s signalState) remaining(own *usage) (cents, tokens *int64) {
+	var u usage
+	if own != nil {
+		u = *own
+	}
+	left := func(limit *int64, base, spent int64) *int64 {
+		if limit == nil {
+			return nil
+		}
+		v := *limit - base - spent
+		return &v
+	}
+	return left(s.CapCents, s.BaseCents, u.Cents), left(s.CapTokens, s.BaseTokens, u.Tokens)
+}
+
+// signalsFromRemaining is the inverse of remaining: signals equivalent to a gateway reply that
+// states what was left when `own` was reported, so usage reported later counts as it does for a
+// pod worker.
+func signalsFromRemaining(stop, paused bool, endsAt *time.Time, centsLeft, tokensLeft *int64, own *usage) signalState {
+	var u usage
+	if own != nil {
+		u = *own
+	}
+	capOf := func(left *int64, spent int64) *int64 {
+		if left == nil {
+			return nil
+		}
+		v := *left + spent
+		return &v
+	}
+	return signalState{Stop: stop, Paused: paused, EndsAt: endsAt,
+		CapCents: capOf(centsLeft, u.Cents), CapTokens: capOf(tokensLeft, u.Tokens)}
+}
+
+// patchOp is one operation of a JSON patch (RFC 6902).
+type patchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
+}
+
+// fencedPatch publishes a result or an error only while fence and holder are still the run's
+// (and, given runUID, only to that run, never to a namesake created since): the API server
+// applies the add only if every test holds, else it answers 422.
+func fencedPatch(holder string, fence int64, field string, value json.RawMessage, runUID string) []patchOp {
+	ops := make([]patchOp, 0, 4)
+	if runUID != "" {
+		ops = append(ops, patchOp{Op: "test", Path: "/metadata/uid", Value: runUID})
+	}
+	return append(ops,
+		patchOp{Op: "test", Path: "/status/fence", Value: fence},
+		patchOp{Op: "test", Path: "/status/holder", Value: holder},
+		patchOp{Op: "add", Path: "/status/" + field, Value: value})
+}
+
+// runView is the part of a WorkerRun that tells whether a publication landed.
+type runView struct {
+	Metadata struct {
+		UID string `json:"uid"`
+	} `json:"metadata"`
+	Status struct {
+		Holder   *string         `json:"holder"`
+		Fence    *int64          `json:"fence"`
+		Result   json.RawMessage `json:"result"`
+		Error    json.RawMessage `json:"error"`
+		Attempts []struct {
+			Holder  string `json:"holder"`
+			Fence   *int64 `json:"fence"`
+			Outcome string `json:"outcome"`
+		} `json:"attempts"`
+	} `json:"status"`
+}
+
+// publicationRecorded says whether the run shows that this attempt's field was accepted: after a
+// request whose answer was lost the retry is refused (a success moves the fence too), yet the
+// first one landed.
+func publicationRecorded(run runView, holder string, fence int64, field string, value json.RawMessage) bool {
+	st := run.Status
+	recorded := st.Result
+	if field == "error" {
+		recorded = st.Error
+	}
+	if st.Holder != nil && *st.Holder == holder && st.Fence != nil && *st.Fence == fence {
+		return jsonEqual(recorded, value)
+	}
+	last := -1
+	for i, a := range st.Attempts {
+		if a.Holder == holder && a.Fence != nil && *a.Fence == fence {
+			last = i
+		}
+	}
+	if last < 0 || st.Attempts[last].Outcome != publishedOutcome[field] {
+		return false
+	}
+	return field != "result" || jsonEqual(st.Result, value)
+}
+
+// jsonEqual compares two JSON documents by value (an absent document is null).
+func jsonEqual(a, b json.RawMessage) bool {
+	var x, y any
+	if len(a) > 0 && json.Unmarshal(a, &x) != nil {
+		return false
+	}
+	if len(b) > 0 && json.Unmarshal(b, &y) != nil {
+		return false
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+// retryAfterHeader reads a Retry-After header: seconds, or an HTTP date.
+func retryAfterHeader(value string, now time.Time) time.Duration {
+	if value == "" {
+		return 0
+	}
+	if secs, err := strconv.Atoi(strings.TrimSpace(value)); err == nil {
+		return time.Duration(max(secs, 0)) * time.Second
+	}
+	if at, err := http.ParseTime(value); err == nil {
+		return max(at.Sub(now), 0)
+	}
+	return 0
+}

@@ -1,0 +1,557 @@
+package tether
+
+// One attempt of a run, as seen by the worker that holds it. The worker renews its run's Lease on
+// a goroutine of its own (a blocked tool call must not stop the heartbeat), fences itself on a
+// monotonic clock, and publishes its result with one fenced write.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Clock reads a monotonic clock: any origin, never going back. Ownership deadlines are measured
+// on it, never on the wall clock.
+type Clock func() time.Duration
+
+var processStart = time.Now()
+
+// monotonic is the default Clock (time.Since reads Go's monotonic clock).
+func monotonic() time.Duration { return time.Since(processStart) }
+
+// Signals is what the control plane says, as of the last confirmed renewal.
+type Signals struct {
+	Stop   bool       // stop now (spec.stop, a cap or a budget crossed)
+	Paused bool       // spec.suspend: hold on (the heartbeat goes on) and resume from where you were
+	Reason string     // why, when the control plane said
+	EndsAt *time.Time // the run's deadline, if it has one
+	// What is left of the run's caps, counting the usage this attempt reported; nil: no cap.
+	CapRemainingCents  *int64
+	CapRemainingTokens *int64
+}
+
+// ToolClaim is a short-lived token of the run's ServiceAccount, minted by the gateway on every
+// heartbeat for external workers.
+type ToolClaim struct {
+	Token          string `json:"token"`
+	ExpiresAt      string `json:"expiresAt"`
+	ServiceAccount string `json:"serviceAccount"`
+}
+
+// renewResult is one renewal's answer. Not ok and not lost: unconfirmed (try again later).
+type renewResult struct {
+	ok      bool
+	lost    bool
+	why     string
+	signals *signalState // nil: none came back, or they were malformed (keep the previous)
+}
+
+// publishOutcome classifies an answer to a publication.
+type publishOutcome int
+
+const (
+	published publishOutcome = iota
+	refused                  // the run moved on: this attempt no longer owns it
+	invalid                  // the value itself was refused; ownership is not in question
+	retry                    // an answer that says nothing about ownership (429, 5xx, ...)
+)
+
+type publishResult struct {
+	outcome    publishOutcome
+	why        string
+	retryAfter time.Duration // the answer's Retry-After, when it had one
+}
+
+// transport is how a Run reaches Tether: the Kubernetes API (pods) or the gateway (anywhere).
+// An error means no answer (or an answer that is not one): ownership unknown, not lost.
+type transport interface {
+	renew(ctx context.Context, checkpoint *string, u *usage) (renewResult, error)
+	publish(ctx context.Context, field string, value json.RawMessage) (publishResult, error)
+	// recorded says whether the run already shows this publication (its earlier answer was lost).
+	recorded(ctx context.Context, field string, value json.RawMessage) (bool, error)
+	close()
+}
+
+// toolClaimer is a transport that receives tool claims (the gateway's).
+type toolClaimer interface {
+	toolClaim() *ToolClaim
+}
+
+// attemptInfo is what a worker is told about its attempt (environment or claim reply).
+type attemptInfo struct {
+	name, namespace, holder string
+	fence                   int64
+	attempt                 int
+	leaseDuration           time.Duration
+	renewInterval           time.Duration
+	payload                 json.RawMessage
+	checkpoint              string
+	idempotencyKey          string
+}
+
+// Run is one attempt of a run, held by this worker. Create it with FromEnv (pods) or Claim
+// (external workers through the gateway), and Close it when done. Its methods are safe for
+// concurrent use.
+type Run struct {
+	info    attemptInfo
+	margin  time.Duration
+	timeout time.Duration // a request unanswered for this long counts as no answer
+
+	tr           transport
+	clock        Clock
+	sleep        func(context.Context, time.Duration) error
+	effectClient *http.Client
+	log          *slog.Logger
+
+	ctx       context.Context // the heartbeat's, cancelled by Close
+	cancel    context.CancelFunc
+	wake      chan struct{}
+	done      chan struct{} // closed when the heartbeat goroutine has ended
+	closeOnce sync.Once
+
+	renewMu sync.Mutex // one renewal at a time: they share the transport's last Lease
+
+	mu                sync.Mutex // guards what follows
+	confirmed         bool
+	confirmedAt       time.Duration // clock() when the last confirmed renewal was sent
+	lost              bool
+	finished          bool
+	pendingCheckpoint *string
+	cursor            string
+	usage             *usage
+	signals           signalState
+}
+
+func newRun(ctx context.Context, info attemptInfo, tr transport, s settings) *Run {
+	if info.idempotencyKey == "" {
+		info.idempotencyKey = info.namespace + "/" + info.name
+	}
+	if len(info.payload) == 0 {
+		info.payload = json.RawMessage("{}")
+	}
+	r := &Run{
+		info: info, margin: margin(info.leaseDuration), timeout: requestTimeout(info.renewInterval),
+		tr: tr, clock: s.clock, sleep: sleepCtx, effectClient: s.effectClient, log: s.logger,
+		wake: make(chan struct{}, 1), done: make(chan struct{}), cursor: info.checkpoint,
+	}
+	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	return r
+}
+
+// start renews once, so that ownership is confirmed before any work, then heartbeats on a
+// goroutine of its own. A first renewal that fails is no error: Lost and OwnershipUnknown say so.
+func (r *Run) start(ctx context.Context) {
+	_ = r.renewOnce(ctx)
+	go r.heartbeat()
+}
+
+// Close stops the heartbeat and releases the connections. It publishes nothing: a worker that
+// ends without Complete or Fail lets its lease lapse, and retry rules decide what follows.
+func (r *Run) Close() error {
+	r.closeOnce.Do(func() {
+		r.cancel()
+		<-r.done
+		r.tr.close()
+	})
+	return nil
+}
+
+// --- what the worker was told ----------------------------------------------------
+
+// Name is the WorkerRun's name (its Lease has the same name).
+func (r *Run) Name() string { return r.info.name }
+
+// Namespace is the WorkerRun's namespace.
+func (r *Run) Namespace() string { return r.info.namespace }
+
+// Holder is this attempt's identity, <run>-a<N>.
+func (r *Run) Holder() string { return r.info.holder }
+
+// Fence is this attempt's fencing token.
+func (r *Run) Fence() int64 { return r.info.fence }
+
+// Attempt is the attempt number, from 1.
+func (r *Run) Attempt() int { return r.info.attempt }
+
+// Payload is the run's spec.payload as JSON ("{}" when it has none).
+func (r *Run) Payload() json.RawMessage { return r.info.payload }
+
+// IdempotencyKey is the run's idempotency key (spec.idempotencyKey, default the run's UID).
+func (r *Run) IdempotencyKey() string { return r.info.idempotencyKey }
+
+// LeaseDuration and RenewInterval are the lease contract.
+func (r *Run) LeaseDuration() time.Duration { return r.info.leaseDuration }
+
+// RenewInterval is how often the heartbeat renews.
+func (r *Run) RenewInterval() time.Duration { return r.info.renewInterval }
+
+// CheckpointCursor is the cursor to resume from: the one this attempt started with, or the last
+// one it checkpointed ("" when none).
+func (r *Run) CheckpointCursor() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cursor
+}
+
+// ToolClaim is the run's short-lived ServiceAccount token (external workers; nil for pods or
+// when the gateway minted none).
+func (r *Run) ToolClaim() *ToolClaim {
+	if tc, ok := r.tr.(toolClaimer); ok {
+		return tc.toolClaim()
+	}
+	return nil
+}
+
+// --- ownership -------------------------------------------------------------------
+
+// Lost says whether the API server confirmed that this worker no longer owns the run.
+func (r *Run) Lost() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lost
+}
+
+// OwnershipUnknown says whether no renewal was confirmed recently enough to be sure of ownership
+// (and it is not lost).
+func (r *Run) OwnershipUnknown() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.unknownLocked()
+}
+
+func (r *Run) unknownLocked() bool {
+	return !r.lost && (!r.confirmed || r.clock() > r.confirmedAt+r.info.leaseDuration-r.margin)
+}
+
+// Owned says whether ownership is confirmed: not lost, and not unknown.
+func (r *Run) Owned() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.lost && !r.unknownLocked()
+}
+
+// Signals is stop, paused, endsAt and what is left of the caps, as of the last renewal.
+func (r *Run) Signals() Signals {
+	r.mu.Lock()
+	sig, own := r.signals, r.usage
+	r.mu.Unlock()
+	cents, tokens := sig.remaining(own)
+	return Signals{Stop: sig.Stop, Paused: sig.Paused, Reason: sig.Reason, EndsAt: sig.EndsAt,
+		CapRemainingCents: cents, CapRemainingTokens: tokens}
+}
+
+// EnsureOwner is the check before every side effect: ErrStopRequested, ErrLeaseLost or
+// ErrOwnershipUnknown, or nil while ownership is confirmed.
+func (r *Run) EnsureOwner() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.signals.Stop:
+		reason := r.signals.Reason
+		if reason == "" {
+			reason = "the control plane asked this worker to stop"
+		}
+		return fmt.Errorf("%w: %s", ErrStopRequested, reason)
+	case r.lost:
+		return fmt.Errorf("%w: %s lost run %s/%s (fence %d)", ErrLeaseLost, r.info.holder, r.info.namespace,
+			r.info.name, r.info.fence)
+	case r.unknownLocked():
+		if !r.confirmed {
+			return fmt.Errorf("%w: no renewal confirmed yet", ErrOwnershipUnknown)
+		}
+		return fmt.Errorf("%w: no renewal confirmed for %.1fs", ErrOwnershipUnknown,
+			(r.clock() - r.confirmedAt).Seconds())
+	}
+	return nil
+}
+
+// logAttrs are the fields every log line about this attempt carries.
+func (r *Run) logAttrs(event string, extra ...any) []any {
+	r.mu.Lock()
+	var left any
+	if r.confirmed {
+		left = (r.confirmedAt + r.info.leaseDuration - r.clock()).Round(time.Millisecond).Seconds()
+	}
+	r.mu.Unlock()
+	return append([]any{"event", event, "run", r.info.namespace + "/" + r.info.name, "attempt", r.info.attempt,
+		"fence", r.info.fence, "holder", r.info.holder, "leaseDeadlineIn", left}, extra...)
+}
+
+func (r *Run) markLost(why string) {
+	r.mu.Lock()
+	already := r.lost
+	r.lost = true
+	r.mu.Unlock()
+	if !already {
+		r.log.Warn("lease lost", r.logAttrs("heartbeat_lost", "reason", why)...)
+	}
+}
+
+// --- heartbeat -------------------------------------------------------------------
+
+func (r *Run) heartbeat() {
+	defer close(r.done)
+	for {
+		timer := time.NewTimer(r.info.renewInterval)
+		select {
+		case <-r.ctx.Done():
+			timer.Stop()
+			return
+		case <-r.wake:
+			timer.Stop()
+		case <-timer.C:
+		}
+		r.mu.Lock()
+		over := r.lost || r.finished
+		r.mu.Unlock()
+		if over {
+			return
+		}
+		r.heartbeatOnce()
+	}
+}
+
+// heartbeatOnce renews, surviving any failure: a dead heartbeat would leave the worker believing it
+// owns the run until its deadline passes silently; a failed renewal only confirms nothing, so
+// ownership turns unknown on schedule and a later renewal can confirm it again.
+func (r *Run) heartbeatOnce() {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("heartbeat failed unexpectedly", r.logAttrs("heartbeat_error", "error", fmt.Sprint(p))...)
+		}
+	}()
+	_ = r.renewOnce(r.ctx)
+}
+
+// renewOnce is one renewal: nil when confirmed, an ErrLeaseLost when the lease is lost, another
+// error when unconfirmed (refused, or no answer).
+func (r *Run) renewOnce(ctx context.Context) error {
+	r.renewMu.Lock()
+	defer r.renewMu.Unlock()
+	r.mu.Lock()
+	lost, checkpoint, own := r.lost, r.pendingCheckpoint, r.usage
+	r.mu.Unlock()
+	if lost {
+		return fmt.Errorf("%w: not renewing", ErrLeaseLost)
+	}
+	started := r.clock()
+	rctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	res, err := r.tr.renew(rctx, checkpoint, own)
+	switch {
+	case err != nil:
+		r.log.Warn("heartbeat got no answer", r.logAttrs("heartbeat_unanswered", "error", err.Error())...)
+		return fmt.Errorf("tether: renewal got no answer: %w", err)
+	case res.lost:
+		r.markLost(res.why)
+		return fmt.Errorf("%w: %s", ErrLeaseLost, res.why)
+	case !res.ok:
+		r.log.Warn("heartbeat refused", r.logAttrs("heartbeat_refused", "reason", res.why)...)
+		return fmt.Errorf("tether: renewal not confirmed: %s", res.why)
+	}
+	r.mu.Lock()
+	r.confirmed, r.confirmedAt = true, started
+	changed := false
+	if res.signals != nil {
+		changed = !sameSignals(*res.signals, r.signals)
+		r.signals = *res.signals
+	}
+	r.mu.Unlock()
+	r.log.Debug("heartbeat ok", r.logAttrs("heartbeat_ok")...)
+	if changed {
+		s := *res.signals
+		r.log.Info("control signals changed", r.logAttrs("signals_changed", "stop", s.Stop, "paused", s.Paused,
+			"reason", s.Reason)...)
+	}
+	return nil
+}
+
+// sameSignals compares two signal states by value (their optional fields are pointers).
+func sameSignals(a, b signalState) bool {
+	eqInt := func(x, y *int64) bool { return (x == nil) == (y == nil) && (x == nil || *x == *y) }
+	eqTime := func(x, y *time.Time) bool { return (x == nil) == (y == nil) && (x == nil || x.Equal(*y)) }
+	return a.Stop == b.Stop && a.Paused == b.Paused && a.Reason == b.Reason && a.BaseCents == b.BaseCents &&
+		a.BaseTokens == b.BaseTokens && eqInt(a.CapCents, b.CapCents) && eqInt(a.CapTokens, b.CapTokens) &&
+		eqTime(a.EndsAt, b.EndsAt)
+}
+
+// --- progress --------------------------------------------------------------------
+
+// Checkpoint records progress: the cursor rides on the next renewal. With flush it renews now and
+// returns that renewal's failure (an ErrLeaseLost when the lease is lost), so a worker about to
+// exit knows its checkpoint went out. A cursor over 1024 characters is refused.
+func (r *Run) Checkpoint(cursor string, flush bool) error {
+	if why := validCursor(cursor); why != "" {
+		return fmt.Errorf("tether: %s", why)
+	}
+	r.mu.Lock()
+	r.pendingCheckpoint = &cursor
+	r.cursor = cursor
+	r.mu.Unlock()
+	if flush {
+		return r.renewOnce(r.ctx)
+	}
+	return nil
+}
+
+// ReportUsage records this attempt's cumulative usage; it rides on the next renewal. A report the
+// operator would refuse (negative, decreasing, over 10^11 cents or 10^14 tokens) is an
+// ErrUsageRefused, and the previous report stands.
+func (r *Run) ReportUsage(cents, tokens int64) error {
+	report := usage{Cents: cents, Tokens: tokens}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if why := validReport(report, r.usage); why != "" {
+		return fmt.Errorf("%w: %s", ErrUsageRefused, why)
+	}
+	r.usage = &report
+	return nil
+}
+
+// --- results ---------------------------------------------------------------------
+
+// Complete publishes the result (a JSON object) with one fenced write. Errors: ErrLeaseLost (the
+// run moved on; nothing was published), ErrResultInvalid (the value was refused; the worker still
+// owns the run and may publish a corrected one), ErrOwnershipUnknown (no answer until the lease
+// deadline), or the context's error.
+func (r *Run) Complete(ctx context.Context, result any) error {
+	return r.publish(ctx, "result", result)
+}
+
+// Fail publishes a failure {"code","message"} with one fenced write; retry rules decide what
+// follows. Its errors are Complete's.
+func (r *Run) Fail(ctx context.Context, code, message string) error {
+	return r.publish(ctx, "error", map[string]string{"code": code, "message": message})
+}
+
+func (r *Run) publish(ctx context.Context, field string, value any) error {
+	raw, err := json.Marshal(value)
+	if err != nil {
+		return fmt.Errorf("tether: the %s is not JSON: %w", field, err)
+	}
+	if r.Lost() {
+		r.log.Error("result rejected: lease lost", r.logAttrs("result_rejected", "field", field)...)
+		return fmt.Errorf("%w: the %s was not published", ErrLeaseLost, field)
+	}
+	// Usage and the last checkpoint go out with a final renewal, so nothing is left behind; its
+	// failure is no reason not to try the publication.
+	_ = r.renewOnce(ctx)
+	r.mu.Lock()
+	deadline, confirmed := r.confirmedAt+r.info.leaseDuration, r.confirmed
+	r.mu.Unlock()
+	delay := 500 * time.Millisecond
+	unanswered := false // a request whose answer was lost may have landed
+	for {
+		pctx, cancel := context.WithTimeout(ctx, r.timeout)
+		res, err := r.tr.publish(pctx, field, raw)
+		if err == nil && res.outcome == refused && unanswered {
+			var landed bool
+			if landed, err = r.tr.recorded(pctx, field, raw); err == nil && landed {
+				res.outcome = published
+			}
+		}
+		cancel()
+		if err == nil && res.outcome != retry {
+			return r.settle(field, res)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		unanswered = true
+		why := res.why
+		if err != nil {
+			why = err.Error()
+		}
+		wait := max(delay, res.retryAfter)
+		if !confirmed || r.clock()+wait > deadline {
+			r.log.Error("publication unanswered until the lease deadline",
+				r.logAttrs("result_unknown", "field", field, "error", why)...)
+			return fmt.Errorf("%w: could not publish the %s: %s", ErrOwnershipUnknown, field, why)
+		}
+		r.log.Warn("publication not answered; retrying", r.logAttrs("result_retry", "field", field,
+			"error", why, "retryIn", wait.Seconds())...)
+		if err := r.sleep(ctx, wait); err != nil {
+			return err
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// settle turns a definite answer to a publication into the Run's state and the caller's error.
+func (r *Run) settle(field string, res publishResult) error {
+	switch res.outcome {
+	case published:
+		r.mu.Lock()
+		r.finished = true
+		r.mu.Unlock()
+		r.wakeHeartbeat() // it sees finished and ends
+		r.log.Info(field+" published", r.logAttrs("result_published", "field", field)...)
+		return nil
+	case invalid:
+		r.log.Error(field+" refused as invalid", r.logAttrs("result_invalid", "field", field, "reason", res.why)...)
+		return fmt.Errorf("%w: %s", ErrResultInvalid, res.why)
+	default:
+		r.markLost("the run's fence or holder moved on")
+		r.log.Error(field+" rejected", r.logAttrs("result_rejected", "field", field, "reason", res.why)...)
+		return fmt.Errorf("%w: the %s was rejected: fence %d is no longer current (%s)", ErrLeaseLost, field,
+			r.info.fence, res.why)
+	}
+}
+
+func (r *Run) wakeHeartbeat() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// --- side effects ----------------------------------------------------------------
+
+// EffectHeaders are the headers of a side effect: Idempotency-Key <idempotencyKey>:<operation>,
+// stable across attempts, and X-Execution-Fence, this attempt's fence.
+func (r *Run) EffectHeaders(operation string) http.Header {
+	h := http.Header{}
+	h.Set("Idempotency-Key", r.info.idempotencyKey+":"+operation)
+	h.Set("X-Execution-Fence", fmt.Sprint(r.info.fence))
+	return h
+}
+
+// Effect sends one side effect, fenced: it refuses to start unless ownership is confirmed
+// (EnsureOwner's errors), and sends EffectHeaders(operation) with the request. A call that does
+// not answer in time (the effect client's timeout, or the context's deadline) is an
+// ErrToolTimeout, not a question of ownership. The caller closes the response body.
+func (r *Run) Effect(ctx context.Context, req *http.Request, operation string) (*http.Response, error) {
+	if err := r.EnsureOwner(); err != nil {
+		return nil, err
+	}
+	out := req.Clone(ctx)
+	for k, v := range r.EffectHeaders(operation) {
+		out.Header[k] = v
+	}
+	resp, err := r.effectClient.Do(out)
+	if err != nil {
+		var ne net.Error
+		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+			return nil, fmt.Errorf("%w: %s %s: %w", ErrToolTimeout, req.Method, req.URL.Redacted(), err)
+		}
+		return nil, err
+	}
+	return resp, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
