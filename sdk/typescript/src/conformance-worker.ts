@@ -6,7 +6,7 @@
  *
  * Exit codes: 0 published (or stopped / cannot afford a step, publishing nothing), 1 lost ownership
  * or a stale fence at the receiver, 2 ownership unknown until the lease deadline, 3 a planned crash,
- * 4 claim refused, 70 an unexpected error.
+ * 4 claim refused (or any failure to start), 5 an invalid result was accepted, 70 an unexpected error.
  */
 
 import fs from "node:fs";
@@ -143,6 +143,8 @@ async function publish(run: WorkerRun, script: Script): Promise<number> {
         try {
           // Deliberately not an object: the CRD refuses it, and that says nothing about ownership.
           await run.complete([1] as unknown as JsonObject);
+          say("the invalid result was accepted");
+          return 5;
         } catch (err) {
           if (!(err instanceof ResultInvalid)) throw err;
           say("the invalid result was refused as invalid", { causes: err.causes });
@@ -170,11 +172,9 @@ async function main(): Promise<number> {
   try {
     run = await startAttempt();
   } catch (err) {
-    if (err instanceof ClaimRefused) {
-      say("claim refused", { status: err.status, code: err.code });
-      return 4;
-    }
-    throw err;
+    // A refused claim, like any other failure to start, ends the program with its own code.
+    say("start failed", err instanceof ClaimRefused ? { status: err.status, code: err.code } : { error: String(err) });
+    return 4;
   }
   const script = readScript(run.payload);
   let step = Number.parseInt(run.checkpointCursor ?? "0", 10) || 0;
