@@ -16,11 +16,10 @@ import yaml
 from tether.devcluster.processes import free_port
 from tether.worker import ClaimRefused, LeaseLost, WorkerRun
 from tests.support import runs
-from tests.support.kube import Kube, eventually
+from tests.support.kube import Kube, eventually, worker_identity
 from tests.support.netcut import CutProxy
 from tests.support.operator_process import OperatorProcess
 
-AUDIENCE = "tether-gateway"
 
 
 def external_run(name: str, **spec: Any) -> dict[str, Any]:
@@ -33,26 +32,6 @@ def external_run(name: str, **spec: Any) -> dict[str, Any]:
 def ca_only() -> ssl.SSLContext:
     doc = yaml.safe_load(Path(os.environ["TETHER_TEST_KUBECONFIG"]).read_text())
     return ssl.create_default_context(cadata=base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"]).decode())
-
-
-def worker_identity(kube: Kube, ns: str, sa: str, allowed: bool = True, audience: str | None = AUDIENCE) -> str:
-    """A ServiceAccount for an external worker, allowed (or not) the gateway's verb; returns a token."""
-    kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": sa}})
-    if allowed:
-        kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
-            "metadata": {"name": f"{sa}-claims"},
-            "rules": [{"apiGroups": ["tether.dev"], "resources": ["workerruns"], "verbs": ["claim"]}]})
-        kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
-            "metadata": {"name": f"{sa}-claims"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{sa}-claims"},
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
-    spec: dict[str, Any] = {"expirationSeconds": 3600}
-    if audience:
-        spec["audiences"] = [audience]
-    resp = eventually(lambda: (r := kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
-                                              {"spec": spec})).status_code == 201 and r, timeout=30,
-                      what="a token")
-    return resp.json()["status"]["token"]
 
 
 @pytest.fixture

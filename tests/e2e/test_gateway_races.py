@@ -21,9 +21,9 @@ from tether.gateway.app import build_app
 from tether.kube import config as kubeconfig
 from tether.kube import resources
 from tether.kube.client import KubeClient, lease_path, run_path
-from tests.e2e.test_gateway import AUDIENCE, ca_only, external_run, worker_identity
+from tests.e2e.test_gateway import ca_only, external_run
+from tests.support.kube import AUDIENCE, Kube, worker_identity
 from tests.support import runs
-from tests.support.kube import Kube
 
 pytestmark = pytest.mark.local_cluster
 

@@ -67,3 +67,26 @@ def eventually(fn: Callable[[], T], timeout: float = 30, interval: float = 0.2, 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
         time.sleep(interval)
+
+
+AUDIENCE = "tether-gateway"  # the gateway's default TokenReview audience
+
+
+def worker_identity(kube: Kube, ns: str, sa: str, allowed: bool = True, audience: str | None = AUDIENCE) -> str:
+    """A ServiceAccount for an external worker, allowed (or not) the gateway's verb; returns a token."""
+    kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": sa}})
+    if allowed:
+        kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
+            "metadata": {"name": f"{sa}-claims"},
+            "rules": [{"apiGroups": ["tether.dev"], "resources": ["workerruns"], "verbs": ["claim"]}]})
+        kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
+            "metadata": {"name": f"{sa}-claims"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{sa}-claims"},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if audience:
+        spec["audiences"] = [audience]
+    resp = eventually(lambda: (r := kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
+                                              {"spec": spec})).status_code == 201 and r, timeout=30,
+                      what="a token")
+    return resp.json()["status"]["token"]

@@ -452,7 +452,11 @@ def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Ma
             holder = attempt.get("holder")
             if not holder or attempt.get("outcome") is None:
                 continue  # still running: its usage is folded at a bounded rate
-            reports = [w for w in history.lease_writes.get(uid, ()) if w.pod == holder and _usage_of(w.body)]
+            # A pod reports with its own token; an External worker's reports come through the gateway
+            # (the operator's identity) and are known by the holder they renewed. The operator's other
+            # Lease writes (signals) carry the holder's last report unchanged.
+            reports = [w for w in history.lease_writes.get(uid, ()) if _usage_of(w.body) and (
+                w.pod == holder or (w.pod is None and ((w.body.get("spec") or {}).get("holderIdentity") == holder)))]
             reported = _usage_of(reports[-1].body) if reports else (0, 0)
             recorded = _usage(attempt.get("usage"))
             if reported != recorded:

@@ -823,3 +823,17 @@ def test_a_workers_error_is_not_replaced_when_a_cap_ends_the_run_at_the_same_tim
     s = status_of(d.actions)
     assert s.phase == Phase.BUDGET_EXCEEDED
     assert s.error is not None and s.error.code == "Injected"
+
+
+@pytest.mark.parametrize(("spec", "usage", "outcome"), [
+    ({"stop": True}, Usage(), Outcome.CANCELLED),
+    ({"budget": {"capCents": 100}}, Usage(cents=120), Outcome.BUDGET_EXCEEDED)])
+def test_a_worker_told_to_stop_that_stops_renewing_ends_the_run_not_retried(
+        spec: dict[str, Any], usage: Usage, outcome: Outcome) -> None:
+    """Found by the conformance kit: an External worker honours stop by going away, and its lease
+    lapses. That is the end of the stop (as a pod exiting is), not a lost lease to retry."""
+    asked = held(stopRequestedAt=T0.isoformat())
+    d = decide(observe(run({**spec, "stopGraceSeconds": 60}, status=asked), lease(usage=usage), (), mono=200))
+    s = status_of(d.actions)
+    assert s.phase.value == outcome.value and s.attempts[-1].outcome == outcome and s.holder is None
+    assert kinds(d.actions) == ["Revoke"] and d.actions[0].status_write.lapse

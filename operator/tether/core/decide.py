@@ -199,7 +199,12 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord)
     if ending is None and lease is not None:
         verdict = judge(run, lease, o.mono, o.api_available_since)
         if verdict.lapsed:
-            ending = Ending(Outcome.LEASE_LOST, f"no renewal observed for {run.spec.lease.duration_seconds}s")
+            if stop is not None and s.stop_requested_at is not None:
+                # Told to stop, the worker went away: the stop is over, as when a pod exits. (An
+                # External worker has no pod to exit; ending LeaseLost would retry a stopped run.)
+                ending = Ending(stop.outcome, f"{stop.reason}; the worker stopped renewing")
+            else:
+                ending = Ending(Outcome.LEASE_LOST, f"no renewal observed for {run.spec.lease.duration_seconds}s")
             b.details["silenceSeconds"] = round(verdict.silence, 3)
             b.lapse = True
         elif verdict.stalled:

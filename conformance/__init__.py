@@ -1,0 +1,1 @@
+"""Tether's worker conformance kit: see conformance/README.md."""

@@ -1,0 +1,383 @@
+"""One conformance case: a namespace, the operator (with its gateway), a fenced side-effect
+receiver, proxies to cut or fault the worker's traffic, and the worker under test — a pod's
+command run by the process kubelet, or a local process that claims the run through the gateway.
+
+A case judges only from what the worker did through the protocol: the API server's audit log,
+the final objects, the requests its proxies forwarded, and what the receiver received.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import httpx
+
+from tether.devcluster.kubelet import API_SERVER_ANNOTATION
+from tether.devcluster.processes import free_port, spawn, terminate
+from tether.fencing import Accept, MemoryStore, Reject, Replay, StoredResponse, check
+from tests.support.apiproxy import ApiProxy
+from tests.support.audit import AuditRecord
+from tests.support.chaos import read_audit
+from tests.support.kube import Kube, eventually, worker_identity
+from tests.support.operator_process import OperatorProcess
+from tests.support.oracle import TrialFacts, judge
+
+T = TypeVar("T")
+
+LEASE = {"durationSeconds": 8, "renewIntervalSeconds": 1, "startupGraceSeconds": 30}
+POD, GATEWAY = "pod", "gateway"
+
+
+class Fail(Exception):
+    """The worker broke the protocol; the message is the reason shown in the table."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    kubeconfig: Path
+    audit_log: Path
+
+    @classmethod
+    def from_env(cls) -> "Cluster":
+        return cls(Path(os.environ["TETHER_TEST_KUBECONFIG"]), Path(os.environ["TETHER_TEST_AUDIT_LOG"]))
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One side-effect request as the receiver saw it."""
+
+    fence: int | None
+    key: str
+    step: int | None
+    attempt: int | None
+    at: float  # wall clock, comparable with the audit log's times on this machine
+    decision: str  # accepted | refused | replayed
+
+
+class Receiver:
+    """A side-effect service fenced with tether.fencing, recording every request and its time."""
+
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+        self.effects: list[Effect] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                key, fence = self.headers.get("Idempotency-Key") or "", self.headers.get("X-Execution-Fence")
+                decision = check(outer.store, key.rsplit(":", 1)[0], fence, key)
+                status, answer, verdict = 200, b'{"ok":true}', "accepted"
+                if isinstance(decision, Reject):
+                    status, answer, verdict = 409, json.dumps({"error": decision.message}).encode(), "refused"
+                elif isinstance(decision, Replay):
+                    status, answer, verdict = decision.response.status, decision.response.body, "replayed"
+                else:
+                    assert isinstance(decision, Accept)
+                    outer.store.remember(key, StoredResponse(200, answer))
+                with outer._lock:
+                    outer.effects.append(Effect(int(fence) if (fence or "").isdigit() else None, key, body.get("step"),
+                                                body.get("attempt"), time.time(), verdict))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/effect"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def seen(self) -> list[Effect]:
+        with self._lock:
+            return list(self.effects)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class GatewayProxy:
+    """An HTTP hop between an external worker and the gateway that a case can cut (requests are
+    held, then forwarded late, like a partition that heals) or make answer an error."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self._open = threading.Event()
+        self._open.set()
+        self._fault: tuple[int, int] | None = None  # (status, retry-after)
+        self.requests: list[tuple[float, str, int]] = []  # (wall time, path, status the worker got)
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                arrived = time.time()
+                outer._open.wait()
+                fault = outer._fault
+                if fault is not None:
+                    status, content = fault[0], json.dumps({"error": {"code": "Unavailable", "message": "injected"}})
+                    headers = {"Retry-After": str(fault[1])}
+                else:
+                    try:
+                        resp = httpx.post(outer.upstream + self.path, content=body, timeout=30, headers={
+                            k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")})
+                    except httpx.HTTPError:
+                        self.close_connection = True
+                        return
+                    status, content, headers = resp.status_code, resp.text, {}
+                with outer._lock:
+                    outer.requests.append((arrived, self.path, status))
+                data = content.encode()
+                self.send_response(status)
+                for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def cut(self) -> None:
+        self._open.clear()
+
+    def heal(self) -> None:
+        self._fault = None
+        self._open.set()
+
+    def fail_with(self, status: int, retry_after: int = 1) -> None:
+        self._fault = (status, retry_after)
+
+    def seen(self) -> list[tuple[float, str, int]]:
+        with self._lock:
+            return list(self.requests)
+
+    def close(self) -> None:
+        self.heal()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@dataclass
+class Case:
+    """One scenario for one worker command over one transport, in a namespace of its own."""
+
+    cluster: Cluster
+    worker: list[str]  # the conformance worker's command line
+    transport: str  # POD or GATEWAY
+    workdir: Path
+    sdk: str = ""
+    operator_behind_proxy: bool = False
+    kube: Kube = field(init=False)
+    ns: str = field(init=False)
+    faulted: set[tuple[str, str]] = field(default_factory=set)
+    _cleanup: list[Callable[[], None]] = field(default_factory=list)
+    _externals: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __enter__(self) -> "Case":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.kube = Kube(str(self.cluster.kubeconfig))
+        self.audit_offset = self.cluster.audit_log.stat().st_size
+        self.ns = f"conf-{uuid.uuid4().hex[:8]}"
+        self.kube.ok(self.kube.post("/api/v1/namespaces", {"metadata": {"name": self.ns}}))
+        self._cleanup.append(lambda: self.kube.delete(f"/api/v1/namespaces/{self.ns}"))
+        eventually(lambda: self.kube.get(f"/api/v1/namespaces/{self.ns}/serviceaccounts/default").status_code == 200,
+                   timeout=60, what="the namespace's default ServiceAccount")
+        self.receiver = Receiver()
+        self._cleanup.append(self.receiver.close)
+        # Every pod worker reaches the API server through this proxy, so a case can cut or fault it.
+        self.worker_proxy = ApiProxy(str(self.cluster.kubeconfig)).__enter__()
+        self._cleanup.append(self.worker_proxy.close)
+        op_kubeconfig = str(self.cluster.kubeconfig)
+        if self.operator_behind_proxy:
+            self.operator_proxy = ApiProxy(str(self.cluster.kubeconfig)).__enter__()
+            self._cleanup.append(self.operator_proxy.close)
+            op_kubeconfig = str(self.operator_proxy.write_kubeconfig(self.workdir / "operator.kubeconfig"))
+        port = free_port()
+        self.gateway = f"http://127.0.0.1:{port}"
+        self.operator = OperatorProcess(self.ns, op_kubeconfig, self.workdir / "operator.log",
+                                        extra_env={"TETHER_FOLD_INTERVAL_SECONDS": "1"},
+                                        extra_args=[f"--gateway-port={port}", "--gateway-host=127.0.0.1"]).start()
+        self._cleanup.append(self.operator.stop)
+        eventually(self._gateway_up, timeout=60, what="the operator's gateway")
+        if self.transport == GATEWAY:
+            self.gateway_proxy = GatewayProxy(self.gateway)
+            self._cleanup.append(self.gateway_proxy.close)
+            token = worker_identity(self.kube, self.ns, "ext")
+            self.token_file = self.workdir / "token"
+            self.token_file.write_text(token)
+        return self
+
+    def _gateway_up(self) -> bool:
+        try:
+            return httpx.get(self.gateway + "/healthz", timeout=2).status_code < 500
+        except httpx.HTTPError:
+            return False
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self._externals:
+            terminate(proc, grace=0)
+        # Workers ignore SIGTERM (conformance/WORKER.md): end their pods at once.
+        self.kube.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods", params={"gracePeriodSeconds": "0"})
+        for fn in reversed(self._cleanup):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - tear down the rest regardless
+                pass
+
+    # --- runs -----------------------------------------------------------------------
+
+    def create_run(self, name: str, payload: dict[str, Any], **spec: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": name},
+            "spec": {"payload": {"effectUrl": self.receiver.url, **payload}, "lease": LEASE,
+                     "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 0}}, **spec}}
+        if self.transport == POD:
+            body["spec"]["executor"] = "Pod"
+            body["spec"]["template"] = {
+                "metadata": {"annotations": {API_SERVER_ANNOTATION: self.worker_proxy.url}},
+                "spec": {"terminationGracePeriodSeconds": 120,
+                         "containers": [{"name": "worker", "image": "tether-conformance", "command": self.worker}]}}
+        else:
+            body["spec"]["executor"] = "External"
+        return self.kube.ok(self.kube.post(Kube.wr_path(self.ns), body))
+
+    def start_external(self, name: str, worker_id: str, direct: bool = False) -> subprocess.Popen[bytes]:
+        """Starts the worker as a local process that claims `name` through the gateway proxy
+        (or, `direct`, on a path of its own to the gateway)."""
+        url = self.gateway if direct else self.gateway_proxy.url
+        env = {**os.environ, "TETHER_GATEWAY_URL": url, "TETHER_GATEWAY_TOKEN_FILE":
+               str(self.token_file), "TETHER_NAMESPACE": self.ns, "TETHER_RUN": name, "TETHER_WORKER_ID": worker_id}
+        env.pop("KUBECONFIG", None)
+        proc = spawn(self.worker, log_path=self.workdir / f"worker-{worker_id}.log", env=env)
+        self._externals.append(proc)
+        return proc
+
+    def supervise(self, name: str, prefix: str = "w") -> Callable[[], None]:
+        """Keeps one external worker running for `name` until the run is terminal (a crashed or
+        refused worker is started again, like a process supervisor would); returns a stopper."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                proc = self.start_external(name, f"{prefix}{n}")
+                while proc.poll() is None and not stop.is_set():
+                    stop.wait(0.1)
+                if stop.is_set() or self.phase(name) in TERMINAL:
+                    return
+                stop.wait(0.5)
+
+        threading.Thread(target=loop, daemon=True).start()
+        self._cleanup.append(stop.set)
+        return stop.set
+
+    def launch(self, name: str) -> None:
+        """Pods start on their own; an External run needs its worker process started."""
+        if self.transport == GATEWAY:
+            self.supervise(name)
+
+    def run(self, name: str) -> dict[str, Any]:
+        return self.kube.ok(self.kube.get(Kube.wr_path(self.ns, name)))
+
+    def phase(self, name: str) -> str | None:
+        resp = self.kube.get(Kube.wr_path(self.ns, name))
+        return (resp.json().get("status") or {}).get("phase") if resp.status_code == 200 else None
+
+    def wait(self, fn: Callable[[], T], timeout: float, what: str) -> T:
+        try:
+            return eventually(fn, timeout=timeout, interval=0.1, what=what)
+        except AssertionError as exc:
+            raise Fail(f"timed out ({timeout:.0f}s) waiting for {what}") from exc
+
+    def wait_phase(self, name: str, phases: tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            run = self.run(name)
+            return run if (run.get("status") or {}).get("phase") in phases else None
+        return self.wait(reached, timeout, f"{name} in {'/'.join(phases)}")
+
+    def wait_holder(self, name: str, attempt: int, timeout: float = 60) -> dict[str, Any]:
+        """The run once attempt `attempt` holds it and its worker renewed at least once."""
+        def held() -> dict[str, Any] | None:
+            run = self.run(name)
+            st = run.get("status") or {}
+            return run if st.get("attempt") == attempt and st.get("holder") and self._renewed(name, st["holder"]) \
+                else None
+        return self.wait(held, timeout, f"attempt {attempt} of {name} holding and renewing")
+
+    def _renewed(self, name: str, holder: str) -> bool:
+        resp = self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases/{name}")
+        spec = resp.json().get("spec", {}) if resp.status_code == 200 else {}
+        return spec.get("holderIdentity") == holder and bool(spec.get("renewTime"))
+
+    def effects(self, accepted_only: bool = True) -> list[Effect]:
+        return [e for e in self.receiver.seen() if e.decision == "accepted" or not accepted_only]
+
+    # --- judging ----------------------------------------------------------------------
+
+    def audit(self) -> list[AuditRecord]:
+        records, _ = read_audit(self.cluster.audit_log, self.audit_offset, self.ns)
+        return records
+
+    def lease_writes(self, name: str) -> list[AuditRecord]:
+        return [r for r in self.audit() if r.about("leases", self.ns, name) and r.is_write]
+
+    def signal_time(self, name: str, predicate: Callable[[dict[str, Any]], bool]) -> float:
+        """When the operator's accepted Lease write first carried signals matching `predicate`."""
+        def find() -> float | None:
+            for r in self.lease_writes(name):
+                if not r.accepted or r.user.pod is not None:
+                    continue
+                raw = (((r.response_object or {}).get("metadata") or {}).get("annotations") or {}).get(
+                    "tether.dev/signals")
+                if raw and predicate(json.loads(raw)):
+                    return r.completed.timestamp()
+            return None
+        return self.wait(find, 30, "the operator's signal on the Lease")
+
+    def judge_safety(self) -> None:
+        """The fault trials' oracle over this namespace: fences, results, pods, charges, liveness.
+        A run's terminal status is written before its Lease is cleared: judge once both are."""
+        def settled() -> bool:
+            held = {x["metadata"]["name"] for x in self.kube.ok(self.kube.get(
+                f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases"))["items"]
+                if (x.get("spec") or {}).get("holderIdentity")}
+            return not any((r.get("status") or {}).get("phase") in TERMINAL and r["metadata"]["name"] in held
+                           for r in self.kube.ok(self.kube.get(Kube.wr_path(self.ns)))["items"])
+        try:
+            eventually(settled, timeout=30, interval=0.2, what="terminal runs' Leases cleared")
+        except AssertionError:
+            pass  # the oracle names the run whose Lease still has a holder
+        runs = self.kube.ok(self.kube.get(Kube.wr_path(self.ns)))["items"]
+        budgets = self.kube.ok(self.kube.get(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerbudgets"))["items"]
+        leases = self.kube.ok(self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases"))["items"]
+        pods = self.kube.ok(self.kube.get(f"/api/v1/namespaces/{self.ns}/pods"))["items"]
+        facts = TrialFacts(namespace=self.ns, faulted=set(self.faulted), runs=runs, budgets=budgets,
+                           leases_final={x["metadata"]["name"]: x for x in leases}, pods_final=pods)
+        verdict = judge(self.audit(), facts)
+        if not verdict.ok:
+            raise Fail("; ".join(str(v) for v in verdict.violations[:3]))
+
+
+TERMINAL = ("Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded")
