@@ -1,0 +1,175 @@
+import assert from "node:assert/strict";
+import { afterEach, beforeEach, describe, it } from "node:test";
+
+import { ClaimRefused, LeaseLost, ResultInvalid } from "../src/errors.js";
+import { GatewayTransport } from "../src/gateway.js";
+import { WorkerRun } from "../src/run.js";
+import { Unanswered } from "../src/transport.js";
+import { serve, type FakeServer, type Reply, type Seen } from "./fakes.js";
+
+const PREFIX = "/api/v1/namespaces/agents/workerruns/invoice-8f1b";
+
+const CLAIM = {
+  holder: "invoice-8f1b-a1", fence: 1, attempt: 1, runUid: "uid-1", leaseDurationSeconds: 8, renewIntervalSeconds: 1,
+  leaseExpiresAt: "2026-11-30T12:00:08Z", stop: false, paused: false, capRemainingCents: 500, capRemainingTokens: null,
+  status: "Starting", payload: { invoice: "8f1b" }, checkpoint: "row-7", idempotencyKey: "invoice:8f1b",
+  toolClaim: { token: "tool-1", expiresAt: "2026-11-30T12:10:00Z", serviceAccount: "invoice-8f1b-worker" },
+};
+
+function heartbeatReply(extra: Record<string, unknown> = {}): Reply {
+  return { status: 200, body: { leaseExpiresAt: "2026-11-30T12:00:08Z", stop: false, paused: false, endsAt: null,
+    capRemainingCents: 380, capRemainingTokens: null, status: "Running", toolClaim: null, ...extra } };
+}
+
+let server: FakeServer;
+let replies: Map<string, Reply[]>;
+
+function force(op: string, ...r: Reply[]): void {
+  replies.set(op, [...(replies.get(op) ?? []), ...r]);
+}
+
+beforeEach(async () => {
+  replies = new Map();
+  server = await serve((req: Seen) => {
+    const op = req.url.slice(PREFIX.length + 1);
+    const forced = replies.get(op)?.shift();
+    if (forced !== undefined) return forced;
+    if (op === "claim") return { status: 200, body: CLAIM };
+    if (op === "heartbeat") return heartbeatReply();
+    return { status: 200, body: { status: "Succeeded", fence: 1 } };
+  });
+});
+
+afterEach(async () => {
+  await server.close();
+});
+
+const body = (s: Seen | undefined): Record<string, unknown> => JSON.parse(s?.body ?? "{}") as Record<string, unknown>;
+const calls = (op: string): Seen[] => server.seen.filter((s) => s.url === `${PREFIX}/${op}`);
+
+describe("claim", () => {
+  it("claims with the bearer token and worker id, then renews once", async () => {
+    const run = await WorkerRun.claim(`${server.url}/`, "agents", "invoice-8f1b", "tok", { workerId: "laptop-1", logger: () => {} });
+    try {
+      assert.equal(calls("claim")[0]?.headers.authorization, "Bearer tok");
+      assert.deepEqual(body(calls("claim")[0]), { workerId: "laptop-1" });
+      assert.deepEqual([run.holder, run.fence, run.attempt, run.runUid], ["invoice-8f1b-a1", 1, 1, "uid-1"]);
+      assert.deepEqual(run.payload, { invoice: "8f1b" });
+      assert.equal(run.checkpointCursor, "row-7");
+      assert.equal(run.idempotencyKey, "invoice:8f1b");
+      assert.equal(run.toolClaim?.token, "tool-1");
+      assert.equal(calls("heartbeat").length, 1);
+      assert.equal(run.owned, true);
+      assert.equal(run.signals.capRemainingCents, 380);
+    } finally {
+      await run.close();
+    }
+  });
+
+  const refusals: [number, string][] = [[402, "BudgetExceeded"], [409, "HeldByAnother"], [409, "NotClaimable"], [403, "Forbidden"]];
+  for (const [status, code] of refusals) {
+    it(`${status} ${code} is ClaimRefused`, async () => {
+      force("claim", { status, body: { error: { code, message: "no" } } });
+      await assert.rejects(WorkerRun.claim(server.url, "agents", "invoice-8f1b", "tok"),
+        (err: Error) => err instanceof ClaimRefused && err.status === status && err.code === code);
+    });
+  }
+});
+
+function transport(workerId: string | null = "laptop-1", timeoutSeconds = 2): GatewayTransport {
+  return new GatewayTransport(server.url, "agents", "invoice-8f1b", "tok", "invoice-8f1b-a1", 1, timeoutSeconds, workerId, "uid-1");
+}
+
+describe("heartbeat", () => {
+  it("names the attempt, the run and the worker, and carries checkpoint and usage", async () => {
+    const r = await transport().renew("row-8", { cents: 120, tokens: 9 });
+    assert.equal(r.ok, true);
+    assert.deepEqual(body(calls("heartbeat")[0]), { holder: "invoice-8f1b-a1", fence: 1, workerId: "laptop-1", runUid: "uid-1",
+      checkpoint: "row-8", usage: { cents: 120, tokens: 9 } });
+  });
+
+  it("without a worker id or anything to report, sends only the fenced fields", async () => {
+    await transport(null).renew(null, null);
+    assert.deepEqual(body(calls("heartbeat")[0]), { holder: "invoice-8f1b-a1", fence: 1, runUid: "uid-1" });
+  });
+
+  it("turns the flat reply into signals counted against later usage", async () => {
+    force("heartbeat", heartbeatReply({ stop: true, paused: true, endsAt: "2026-12-01T00:00:00Z", capRemainingTokens: 50 }));
+    const r = await transport().renew(null, { cents: 120, tokens: 9 });
+    assert.deepEqual({ ...r.signals }, { stop: true, paused: true, reason: null, endsAt: "2026-12-01T00:00:00Z",
+      capCents: 500, capTokens: 59, baseCents: 0, baseTokens: 0 });
+  });
+
+  it("keeps the newest tool claim", async () => {
+    const t = transport();
+    force("heartbeat", heartbeatReply({ toolClaim: { token: "tool-2", expiresAt: "x", serviceAccount: "sa" } }), heartbeatReply());
+    await t.renew(null, null);
+    await t.renew(null, null);
+    assert.equal(t.toolClaim?.token, "tool-2");
+  });
+
+  const answers: [string, Reply, boolean][] = [
+    ["410 StaleFence", { status: 410, body: { error: { code: "StaleFence", message: "fence 1 is no longer current" } } }, true],
+    ["404", { status: 404, body: { error: { code: "NotFound", message: "gone" } } }, true],
+    ["503", { status: 503, body: { error: { code: "Unavailable", message: "" } }, headers: { "Retry-After": "1" } }, false],
+    ["429", { status: 429, body: {} }, false],
+    ["403 NotClaimant", { status: 403, body: { error: { code: "NotClaimant", message: "" } } }, false],
+    ["a proxy's HTML page", { status: 502, body: "<html>bad gateway</html>" }, false],
+  ];
+  for (const [what, reply, lost] of answers) {
+    it(`${what}: ${lost ? "lost" : "unconfirmed, not lost"}`, async () => {
+      force("heartbeat", reply);
+      const r = await transport().renew(null, null);
+      assert.deepEqual([r.ok, r.lost], [false, lost]);
+    });
+  }
+
+  it("no answer is Unanswered", async () => {
+    force("heartbeat", "hang");
+    await assert.rejects(transport(null, 0.3).renew(null, null), Unanswered);
+  });
+});
+
+describe("publication", () => {
+  it("complete sends the result, fail the error, both fenced", async () => {
+    const t = transport();
+    assert.equal(await t.publish("result", { captured: true }), true);
+    assert.equal(await t.publish("error", { code: "X", message: "m" }), true);
+    assert.deepEqual(body(calls("complete")[0]), { holder: "invoice-8f1b-a1", fence: 1, workerId: "laptop-1", runUid: "uid-1",
+      result: { captured: true } });
+    assert.deepEqual(body(calls("fail")[0]).error, { code: "X", message: "m" });
+  });
+
+  it("422 is ResultInvalid naming the field", async () => {
+    force("complete", { status: 422, body: { error: { code: "MalformedBody", message: "result: Input should be a valid dictionary",
+      field: "result" } } });
+    await assert.rejects(transport().publish("result", [1]), (err: Error) =>
+      err instanceof ResultInvalid && err.causes[0]?.field === "result");
+  });
+
+  const refused: [string, Reply][] = [
+    ["410 StaleFence", { status: 410, body: { error: { code: "StaleFence", message: "" } } }],
+    ["409 HeldByAnother", { status: 409, body: { error: { code: "HeldByAnother", message: "" } } }],
+    ["404", { status: 404, body: { error: { code: "NotFound", message: "" } } }],
+    ["403 NotClaimant", { status: 403, body: { error: { code: "NotClaimant", message: "" } } }],
+  ];
+  for (const [what, reply] of refused) {
+    it(`${what}: refused`, async () => {
+      force("complete", reply);
+      assert.equal(await transport().publish("result", {}), false);
+    });
+  }
+
+  it("503 with Retry-After is retried after that long", async () => {
+    force("complete", { status: 503, body: { error: { code: "Unavailable", message: "" } }, headers: { "Retry-After": "2" } });
+    await assert.rejects(transport().publish("result", {}), (err: Error) =>
+      err instanceof Unanswered && err.status === 503 && err.retryAfterSeconds === 2);
+  });
+
+  it("through WorkerRun: a refused publication is LeaseLost", async () => {
+    const run = await WorkerRun.claim(server.url, "agents", "invoice-8f1b", "tok", { logger: () => {} });
+    force("complete", { status: 410, body: { error: { code: "StaleFence", message: "" } } });
+    await assert.rejects(run.complete({ captured: true }), LeaseLost);
+    await run.close();
+  });
+});
