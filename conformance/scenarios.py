@@ -279,7 +279,8 @@ def stop(case: Case) -> str:
     else:
         case.wait_phase("job", ("Cancelled",), timeout=bound + 10)
         took = time.time() - told
-    _expect(took < bound + 10, f"exited {took:.1f}s after the stop signal")
+    # The pod's end reaches the run through the kubelet and the operator: allow them 2 s more.
+    _expect(took <= bound + (2.0 if w1 is None else 0.0), f"exited {took:.1f}s after the stop signal")
     _no_effects_after(case, fence, told + bound, "the stop signal (one renew interval)")
     run = case.wait_phase("job", ("Cancelled", "Succeeded", "Failed", "Lost"), timeout=90)
     _expect(_status(run)["phase"] == "Cancelled" and "result" not in _status(run),

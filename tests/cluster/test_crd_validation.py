@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -154,3 +155,19 @@ def test_a_failed_ownership_test_and_a_refused_result_are_two_different_422s(kub
     assert bad_error.status_code == 422 and protocol.invalid_causes(bad_error.text)
     # Neither was applied: the holder can still publish a good result.
     assert kube.patch(path, protocol.fenced_patch("r-a1", 1, "result", {"ok": True}), kind="json").status_code == 200
+
+
+def test_kubectl_explain_teaches_the_lease_rules(kube: Kube, namespace: str, bin_dir: Path) -> None:
+    """docs/protocol.md §3: the lease rule, its reason and the self-fencing margin, where a user looks."""
+    import subprocess
+
+    out = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", kube.kubeconfig_path, "explain",
+                          "workerruns.spec.lease"], check=True, capture_output=True, text=True).stdout
+    flat = " ".join(out.split())
+    assert "durationSeconds > 2 × renewIntervalSeconds + 5" in flat and "smallest lease is 8 s" in flat, out
+    assert "max(1 s, durationSeconds/10)" in flat, out
+    fence = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", kube.kubeconfig_path, "explain",
+                            "workerruns.status.fence"], check=True, capture_output=True, text=True).stdout
+    assert "every accepted result or error" in " ".join(fence.split()), fence
+    resp = kube.post(Kube.wr_path(namespace), _run("six", lease={"durationSeconds": 6, "renewIntervalSeconds": 1}))
+    assert resp.status_code == 422 and "smallest is durationSeconds 8" in resp.text, resp.text
