@@ -7,12 +7,14 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools test unit chaos bench demo cluster e2e-kind clean
+.PHONY: help install control-plane tools test unit sdk-test conformance chaos bench demo cluster e2e-kind clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
 	@echo "make demo           the main job: local cluster, operator, examples, a lost worker, timelines"
 	@echo "make unit           pure unit tests only (no cluster)"
+	@echo "make sdk-test       the TypeScript and Go SDKs' own unit tests (npm test, go vet + go test)"
+	@echo "make conformance    every conformance scenario against the Python, TypeScript and Go workers (a table)"
 	@echo "make chaos          seeded fault trials judged from the audit log (TRIALS=300 SEED=1; not in make test)"
 	@echo "make bench          scale benchmarks on kwok nodes: JSON, figures, README table (not in make test)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
@@ -34,8 +36,25 @@ tools:
 	bash hack/build-tools.sh
 	bash hack/build-kwok.sh
 
-test: install control-plane tools
+test: install control-plane tools sdk-test
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
+
+# The worker SDKs in other languages (sdk/): dependencies from npm and the Go module proxy.
+SDK_TS := sdk/typescript
+SDK_GO := sdk/go
+$(SDK_TS)/node_modules/.installed: $(SDK_TS)/package-lock.json
+	cd $(SDK_TS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+sdk-test: $(SDK_TS)/node_modules/.installed
+	cd $(SDK_TS) && npm test
+	cd $(SDK_GO) && go vet ./... && go test -race -count=1 ./...
+
+# The conformance kit (conformance/): scenario × SDK. CONFORMANCE_ARGS="--worker go --scenario stop", or any
+# worker as --worker name=command.
+CONFORMANCE_ARGS ?=
+conformance: install control-plane $(SDK_TS)/node_modules/.installed
+	$(PY) -m conformance $(CONFORMANCE_ARGS)
 
 unit: install
 	$(PY) -m pytest -m unit -p no:cacheprovider -q tests/unit

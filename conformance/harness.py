@@ -148,11 +148,15 @@ class GatewayProxy:
                 with outer._lock:
                     outer.requests.append((arrived, self.path, status))
                 data = content.encode()
-                self.send_response(status)
-                for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **headers}.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)),
+                                 **headers}.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the worker gave up on this request (its timeout)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
