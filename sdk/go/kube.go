@@ -24,6 +24,7 @@ import (
 	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	clienttransport "k8s.io/client-go/transport"
 )
 
 // The environment the operator gives a worker pod.
@@ -52,12 +53,8 @@ var workerRunsGV = schema.GroupVersion{Group: "tether.dev", Version: "v1alpha1"}
 // once and starts the heartbeat. The Run is returned even when that first renewal failed: Lost
 // and OwnershipUnknown say so. Close it when done.
 func FromEnv(ctx context.Context, opts ...Option) (*Run, error) {
-	return fromEnv(ctx, os.LookupEnv, opts...)
-}
-
-func fromEnv(ctx context.Context, lookup func(string) (string, bool), opts ...Option) (*Run, error) {
 	s := newSettings(opts)
-	get := func(key string) string { v, _ := lookup(key); return v }
+	get := os.Getenv
 	var missing []string
 	for _, key := range []string{envRun, envNamespace, envHolder, envFence, envAttempt, envLeaseDuration, envRenewInterval} {
 		if get(key) == "" {
@@ -90,7 +87,7 @@ func fromEnv(ctx context.Context, lookup func(string) (string, bool), opts ...Op
 	if err != nil {
 		return nil, err
 	}
-	if info.payload, err = kt.loadPayload(ctx, lookup); err != nil {
+	if info.payload, err = kt.loadPayload(ctx); err != nil {
 		kt.close()
 		return nil, err
 	}
@@ -125,13 +122,29 @@ func restConfig(get func(string) string) (*rest.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tether: no Kubernetes client configuration: %w", err)
 	}
+	return tune(cfg), nil
+}
+
+// tune adapts a client configuration to a worker's traffic.
+func tune(cfg *rest.Config) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	// A worker makes about one request per renewal interval: a client-side rate limiter would only
 	// delay a renewal past its timeout. Every call carries its own deadline (its context).
 	cfg.QPS = -1
 	cfg.Timeout = 0
+	// JSON on the wire: a worker's bodies are small, and whatever answers like the API server (a
+	// proxy, a test double) speaks it.
+	cfg.ContentType = "application/json"
+	cfg.AcceptContentTypes = "application/json"
 	cfg.UserAgent = "tether-go-sdk"
-	return cfg, nil
+	if cfg.BearerTokenFile != "" {
+		// client-go re-reads a token file every minute; a worker also re-reads it after a 401 (the
+		// kubelet rotated it), which client-go's resettable token source does.
+		source := clienttransport.NewCachedFileTokenSource(cfg.BearerTokenFile)
+		cfg.BearerToken, cfg.BearerTokenFile = "", ""
+		cfg.Wrap(clienttransport.ResettableTokenSourceWrapTransport(source))
+	}
+	return cfg
 }
 
 func fileExists(path string) bool {
@@ -316,8 +329,8 @@ func (t *kubeTransport) recorded(ctx context.Context, field string, value json.R
 
 // loadPayload is the run's payload: inline in TETHER_PAYLOAD or, when it was too large for the
 // environment (TETHER_PAYLOAD_FROM=spec.payload), read from the pod's own WorkerRun.
-func (t *kubeTransport) loadPayload(ctx context.Context, lookup func(string) (string, bool)) (json.RawMessage, error) {
-	if inline, ok := lookup(envPayload); ok {
+func (t *kubeTransport) loadPayload(ctx context.Context) (json.RawMessage, error) {
+	if inline, ok := os.LookupEnv(envPayload); ok {
 		if inline == "" {
 			return json.RawMessage("{}"), nil
 		}
@@ -326,7 +339,7 @@ func (t *kubeTransport) loadPayload(ctx context.Context, lookup func(string) (st
 		}
 		return json.RawMessage(inline), nil
 	}
-	source, ok := lookup(envPayloadFrom)
+	source, ok := os.LookupEnv(envPayloadFrom)
 	if !ok {
 		return json.RawMessage("{}"), nil
 	}

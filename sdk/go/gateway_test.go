@@ -1,0 +1,267 @@
+package tether
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type gatewayCall struct {
+	op, auth string
+	body     map[string]any
+}
+
+// fakeGateway answers like the Tether gateway; a test scripts answers per operation (used once
+// each, in order), else claim and heartbeat succeed and publications are accepted.
+type fakeGateway struct {
+	mu      sync.Mutex
+	calls   []gatewayCall
+	answers map[string][]func(w http.ResponseWriter)
+}
+
+func newFakeGateway(t *testing.T) (*fakeGateway, *httptest.Server) {
+	g := &fakeGateway{answers: map[string][]func(http.ResponseWriter){}}
+	srv := httptest.NewServer(g)
+	t.Cleanup(srv.Close)
+	return g, srv
+}
+
+func (g *fakeGateway) script(op string, answers ...func(http.ResponseWriter)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.answers[op] = append(g.answers[op], answers...)
+}
+
+func (g *fakeGateway) callsTo(op string) []gatewayCall {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []gatewayCall
+	for _, c := range g.calls {
+		if c.op == op {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	prefix := "/api/v1/namespaces/agents/workerruns/invoice-8f1b/"
+	op, ok := strings.CutPrefix(req.URL.Path, prefix)
+	raw, _ := io.ReadAll(req.Body)
+	var body map[string]any
+	_ = json.Unmarshal(raw, &body)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls = append(g.calls, gatewayCall{op, req.Header.Get("Authorization"), body})
+	if !ok || req.Method != http.MethodPost {
+		gatewayAnswer(404, `{"error":{"code":"NotFound","message":"no route"}}`)(w)
+		return
+	}
+	if scripted := g.answers[op]; len(scripted) > 0 {
+		g.answers[op] = scripted[1:]
+		scripted[0](w)
+		return
+	}
+	switch op {
+	case "claim":
+		gatewayAnswer(200, `{"holder":"invoice-8f1b-a2","fence":3,"attempt":2,"leaseDurationSeconds":10,`+
+			`"renewIntervalSeconds":3600,"payload":{"invoice":"8f1b"},"checkpoint":"row-40","idempotencyKey":"invoice:8f1b",`+
+			`"runUid":"uid-1","leaseExpiresAt":"2026-11-30T16:00:10Z","stop":false,"paused":false,"status":"Starting",`+
+			`"toolClaim":{"token":"tool-1","expiresAt":"2026-11-30T16:10:00Z","serviceAccount":"invoice-8f1b-worker"}}`)(w)
+	case "heartbeat":
+		gatewayAnswer(200, `{"leaseExpiresAt":"2026-11-30T16:00:10Z","stop":false,"paused":false,"endsAt":null,`+
+			`"capRemainingCents":null,"capRemainingTokens":null,"status":"Running","toolClaim":null}`)(w)
+	default:
+		gatewayAnswer(200, `{"status":"Succeeded","fence":3}`)(w)
+	}
+}
+
+func gatewayAnswer(code int, body string) func(http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_, _ = io.WriteString(w, body)
+	}
+}
+
+func claimTest(t *testing.T, srv *httptest.Server, opts ...Option) *Run {
+	t.Helper()
+	r, err := Claim(context.Background(), srv.URL+"/", "agents", "invoice-8f1b", "tok",
+		append([]Option{WithWorkerID("laptop-1"), WithLogger(discard)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+func TestClaim(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	r := claimTest(t, srv)
+	claims := g.callsTo("claim")
+	if len(claims) != 1 || claims[0].auth != "Bearer tok" || claims[0].body["workerId"] != "laptop-1" {
+		t.Fatalf("claim calls %+v", claims)
+	}
+	if r.Holder() != "invoice-8f1b-a2" || r.Fence() != 3 || r.Attempt() != 2 || r.CheckpointCursor() != "row-40" ||
+		r.IdempotencyKey() != "invoice:8f1b" || string(r.Payload()) != `{"invoice":"8f1b"}` ||
+		r.LeaseDuration() != 10*time.Second || r.ToolClaim() == nil || r.ToolClaim().Token != "tool-1" {
+		t.Fatalf("claimed run %+v", r.info)
+	}
+	// Claim renews once before returning, naming the attempt, the worker and the run.
+	beats := g.callsTo("heartbeat")
+	want := map[string]any{"holder": "invoice-8f1b-a2", "fence": float64(3), "workerId": "laptop-1", "runUid": "uid-1"}
+	if len(beats) != 1 || !r.Owned() {
+		t.Fatalf("%d heartbeats, %s", len(beats), state(r))
+	}
+	for k, v := range want {
+		if beats[0].body[k] != v {
+			t.Fatalf("heartbeat body %v, want %v", beats[0].body, want)
+		}
+	}
+	if _, ok := beats[0].body["usage"]; ok {
+		t.Fatalf("a heartbeat reported usage nobody reported: %v", beats[0].body)
+	}
+	_ = r.ReportUsage(12, 900)
+	if err := r.Checkpoint("row-41", true); err != nil {
+		t.Fatal(err)
+	}
+	last := g.callsTo("heartbeat")[1].body
+	if last["checkpoint"] != "row-41" || last["usage"].(map[string]any)["cents"] != float64(12) {
+		t.Fatalf("heartbeat body %v", last)
+	}
+}
+
+func TestClaimRefused(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		body   string
+		code   string
+	}{
+		{409, `{"error":{"code":"HeldByAnother","message":"held by another worker"}}`, "HeldByAnother"},
+		{402, `{"error":{"code":"BudgetExceeded","message":"the run's budget is exhausted"}}`, "BudgetExceeded"},
+		{502, `<html>bad gateway</html>`, ""},
+	} {
+		g, srv := newFakeGateway(t)
+		g.script("claim", gatewayAnswer(tc.status, tc.body))
+		_, err := Claim(context.Background(), srv.URL, "agents", "invoice-8f1b", "tok", WithLogger(discard))
+		var refused *ClaimRefusedError
+		if !errors.Is(err, ErrClaimRefused) || !errors.As(err, &refused) || refused.Status != tc.status || refused.Code != tc.code {
+			t.Errorf("%d: %v", tc.status, err)
+		}
+		if len(g.callsTo("heartbeat")) != 0 {
+			t.Errorf("%d: a refused claim heartbeats", tc.status)
+		}
+	}
+}
+
+func TestClaimUnanswered(t *testing.T) {
+	_, srv := newFakeGateway(t)
+	srv.Close()
+	if _, err := Claim(context.Background(), srv.URL, "agents", "invoice-8f1b", "tok"); err == nil || errors.Is(err, ErrClaimRefused) {
+		t.Fatalf("%v", err)
+	}
+}
+
+func TestGatewayHeartbeatSignals(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	g.script("heartbeat", gatewayAnswer(200, `{"stop":false,"paused":true,"endsAt":"2026-12-01T00:00:00Z",`+
+		`"capRemainingCents":380,"capRemainingTokens":null,"status":"Running"}`))
+	r := claimTest(t, srv)
+	s := r.Signals()
+	if !s.Paused || s.EndsAt == nil || deref(s.CapRemainingCents) != int64(380) || s.CapRemainingTokens != nil {
+		t.Fatalf("signals %+v", s)
+	}
+	_ = r.ReportUsage(20, 0) // counted against the usage the heartbeat reported (none)
+	if got := deref(r.Signals().CapRemainingCents); got != int64(360) {
+		t.Fatalf("remaining %v", got)
+	}
+	g.script("heartbeat", gatewayAnswer(200, `{"stop":true,"paused":false,"capRemainingCents":360}`))
+	_ = r.Checkpoint("x", true)
+	if s := r.Signals(); !s.Stop || deref(s.CapRemainingCents) != int64(360) || !errors.Is(r.EnsureOwner(), ErrStopRequested) {
+		t.Fatalf("signals %+v", s)
+	}
+}
+
+func TestGatewayHeartbeatAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		answer   func(http.ResponseWriter)
+		lost, ok bool
+	}{
+		{"410 stale fence: lost", gatewayAnswer(410, `{"error":{"code":"StaleFence","message":"no longer current"}}`), true, false},
+		{"404: lost", gatewayAnswer(404, `{"error":{"code":"NotFound","message":"gone"}}`), true, false},
+		{"403 NotClaimant: unconfirmed", gatewayAnswer(403, `{"error":{"code":"NotClaimant","message":"x"}}`), false, false},
+		{"503: unconfirmed", gatewayAnswer(503, `{"error":{"code":"Unavailable","message":"x"}}`), false, false},
+		{"422: unconfirmed", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"x"}}`), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, srv := newFakeGateway(t)
+			r := claimTest(t, srv)
+			g.script("heartbeat", tc.answer)
+			err := r.Checkpoint("1", true)
+			if r.Lost() != tc.lost || (err == nil) != tc.ok || errors.Is(err, ErrLeaseLost) != tc.lost {
+				t.Fatalf("%v, lost %v", err, r.Lost())
+			}
+		})
+	}
+}
+
+func TestGatewayPublish(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		answer     func(http.ResponseWriter)
+		outcome    publishOutcome
+		retryAfter time.Duration
+	}{
+		{"200", gatewayAnswer(200, `{"status":"Succeeded","fence":3}`), published, 0},
+		{"410", gatewayAnswer(410, `{"error":{"code":"StaleFence","message":"x"}}`), refused, 0},
+		{"404", gatewayAnswer(404, `{"error":{"code":"NotFound","message":"x"}}`), refused, 0},
+		{"409", gatewayAnswer(409, `{"error":{"code":"HeldByAnother","message":"x"}}`), refused, 0},
+		{"403 NotClaimant", gatewayAnswer(403, `{"error":{"code":"NotClaimant","message":"x"}}`), refused, 0},
+		{"403 other", gatewayAnswer(403, `{"error":{"code":"Forbidden","message":"x"}}`), retry, 0},
+		{"422", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"result: Input should be a valid dictionary","field":"result"}}`), invalid, 0},
+		{"503 Retry-After", func(w http.ResponseWriter) {
+			w.Header().Set("Retry-After", "2")
+			gatewayAnswer(503, `{"error":{"code":"Unavailable","message":"x"}}`)(w)
+		}, retry, 2 * time.Second},
+		{"429", gatewayAnswer(429, `{}`), retry, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, srv := newFakeGateway(t)
+			r := claimTest(t, srv)
+			g.script("complete", tc.answer)
+			res, err := r.tr.publish(context.Background(), "result", json.RawMessage(`{"captured":true}`))
+			if err != nil || res.outcome != tc.outcome || res.retryAfter != tc.retryAfter {
+				t.Fatalf("publish = %+v, %v", res, err)
+			}
+			body := g.callsTo("complete")[0].body
+			if body["holder"] != "invoice-8f1b-a2" || body["fence"] != float64(3) || body["runUid"] != "uid-1" ||
+				body["workerId"] != "laptop-1" || body["result"].(map[string]any)["captured"] != true {
+				t.Fatalf("complete body %v", body)
+			}
+		})
+	}
+}
+
+func TestGatewayFailAndBadResult(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	r := claimTest(t, srv)
+	g.script("complete", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"result: Input should be a valid dictionary"}}`))
+	if err := r.Complete(context.Background(), []int{1}); !errors.Is(err, ErrResultInvalid) || r.Lost() {
+		t.Fatalf("bad result: %v", err)
+	}
+	if err := r.Fail(context.Background(), "ConformanceFailure", "on purpose"); err != nil {
+		t.Fatal(err)
+	}
+	e := g.callsTo("fail")[0].body["error"].(map[string]any)
+	if e["code"] != "ConformanceFailure" || e["message"] != "on purpose" {
+		t.Fatalf("fail body %v", e)
+	}
+}

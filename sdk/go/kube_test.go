@@ -1,0 +1,466 @@
+package tether
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+)
+
+const (
+	leasePath  = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/job"
+	runPath    = "/apis/tether.dev/v1alpha1/namespaces/ns/workerruns/job"
+	statusPath = runPath + "/status"
+)
+
+type apiCall struct {
+	method, path, contentType, auth string
+	body                            []byte
+}
+
+// fakeAPI answers like the API server: a Lease with resourceVersion compare-and-swap, the
+// WorkerRun, and Status bodies for refusals. A test scripts exceptions per route ("PUT lease",
+// "GET lease", "PATCH status", "GET run"); they are used once each, in order.
+type fakeAPI struct {
+	t       *testing.T
+	mu      sync.Mutex
+	lease   *coordinationv1.Lease
+	rv      int
+	run     string
+	answers map[string][]http.HandlerFunc
+	calls   []apiCall
+	token   string // when set, any other bearer token is answered 401
+}
+
+func newFakeAPI(t *testing.T) (*fakeAPI, *httptest.Server) {
+	return newFakeAPIServer(t, httptest.NewServer)
+}
+
+// newFakeAPIServer serves the fake API with TLS or without (clientcmd sends credentials only
+// over TLS).
+func newFakeAPIServer(t *testing.T, serve func(http.Handler) *httptest.Server) (*fakeAPI, *httptest.Server) {
+	api := &fakeAPI{t: t, lease: lease("job-a1", 1, "uid-1"), rv: 7, answers: map[string][]http.HandlerFunc{},
+		run: `{"metadata":{"uid":"uid-1"},"spec":{"payload":{"steps":4}},"status":{"holder":"job-a1","fence":1}}`}
+	srv := serve(api)
+	t.Cleanup(srv.Close)
+	return api, srv
+}
+
+func (a *fakeAPI) script(route string, answers ...http.HandlerFunc) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.answers[route] = append(a.answers[route], answers...)
+}
+
+func (a *fakeAPI) callsTo(method, path string) []apiCall {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []apiCall
+	for _, c := range a.calls {
+		if c.method == method && c.path == path {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	body, _ := io.ReadAll(req.Body)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.calls = append(a.calls, apiCall{req.Method, req.URL.Path, req.Header.Get("Content-Type"),
+		req.Header.Get("Authorization"), body})
+	if a.token != "" && req.Header.Get("Authorization") != "Bearer "+a.token {
+		status(http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized")(w, req)
+		return
+	}
+	route := map[string]string{leasePath: "lease", statusPath: "status", runPath: "run"}[req.URL.Path]
+	key := req.Method + " " + route
+	if scripted := a.answers[key]; len(scripted) > 0 {
+		a.answers[key] = scripted[1:]
+		scripted[0](w, req)
+		return
+	}
+	switch key {
+	case "GET lease":
+		if a.lease == nil {
+			status(http.StatusNotFound, metav1.StatusReasonNotFound, `leases.coordination.k8s.io "job" not found`)(w, req)
+			return
+		}
+		a.lease.ResourceVersion = strconv.Itoa(a.rv)
+		writeJSON(w, http.StatusOK, a.lease)
+	case "PUT lease":
+		var sent coordinationv1.Lease
+		if err := json.Unmarshal(body, &sent); err != nil {
+			a.t.Errorf("PUT body: %v", err)
+		}
+		if a.lease == nil {
+			status(http.StatusNotFound, metav1.StatusReasonNotFound, "not found")(w, req)
+			return
+		}
+		if sent.ResourceVersion != strconv.Itoa(a.rv) {
+			status(http.StatusConflict, metav1.StatusReasonConflict, "the object has been modified")(w, req)
+			return
+		}
+		a.rv++
+		sent.ResourceVersion = strconv.Itoa(a.rv)
+		a.lease = &sent
+		writeJSON(w, http.StatusOK, a.lease)
+	case "PATCH status", "GET run":
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, a.run)
+	default:
+		status(http.StatusNotFound, metav1.StatusReasonNotFound, "no route "+key)(w, req)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// status answers with a metav1.Status, as the API server does.
+func status(code int, reason metav1.StatusReason, message string, causes ...metav1.StatusCause) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		st := metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+			Code: int32(code), Reason: reason, Message: message}
+		if len(causes) > 0 {
+			st.Details = &metav1.StatusDetails{Name: "job", Causes: causes}
+		}
+		writeJSON(w, code, st)
+	}
+}
+
+func withRetryAfter(seconds int, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Retry-After", strconv.Itoa(seconds))
+		h(w, req)
+	}
+}
+
+func newTestKube(t *testing.T, srv *httptest.Server, runUID string) *kubeTransport {
+	t.Helper()
+	info := attemptInfo{name: "job", namespace: "ns", holder: "job-a1", fence: 1}
+	kt, err := newKubeTransport(tune(&rest.Config{Host: srv.URL}), info, runUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kt.close)
+	return kt
+}
+
+func ctx2s(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestKubeRenewal(t *testing.T) {
+	api, srv := newFakeAPI(t)
+	api.lease.Annotations = map[string]string{annSignals: `{"capCents":500,"baseCents":20}`}
+	kt := newTestKube(t, srv, "uid-1")
+	res, err := kt.renew(ctx2s(t), ptr("3"), &usage{Cents: 6, Tokens: 1})
+	if err != nil || !res.ok || res.signals == nil || deref(res.signals.CapCents) != int64(500) || res.signals.BaseCents != 20 {
+		t.Fatalf("renewal: %+v, %v", res, err)
+	}
+	puts := api.callsTo(http.MethodPut, leasePath)
+	var sent coordinationv1.Lease
+	if err := json.Unmarshal(puts[0].body, &sent); err != nil {
+		t.Fatal(err)
+	}
+	if sent.ResourceVersion != "7" || sent.Annotations[annCheckpoint] != "3" ||
+		sent.Annotations[annUsage] != `{"cents":6,"tokens":1}` || sent.Spec.RenewTime == nil {
+		t.Fatalf("PUT body: %s", puts[0].body)
+	}
+	var raw struct {
+		Spec struct {
+			RenewTime string `json:"renewTime"`
+		} `json:"spec"`
+	}
+	_ = json.Unmarshal(puts[0].body, &raw)
+	if _, err := time.Parse("2006-01-02T15:04:05.000000Z", raw.Spec.RenewTime); err != nil {
+		t.Fatalf("renewTime %q is not RFC 3339 UTC microseconds", raw.Spec.RenewTime)
+	}
+	// The next renewal writes the object the PUT returned: no second read.
+	if res, err := kt.renew(ctx2s(t), nil, nil); err != nil || !res.ok {
+		t.Fatalf("second renewal: %+v, %v", res, err)
+	}
+	if gets := api.callsTo(http.MethodGet, leasePath); len(gets) != 1 {
+		t.Fatalf("%d GETs of the Lease, want 1", len(gets))
+	}
+}
+
+func TestKubeRenewalAnswers(t *testing.T) {
+	policy := "ValidatingAdmissionPolicy 'tether-worker-lease-fencing' with binding 'tether-worker-lease-fencing' " +
+		"denied request: pod job-a1 does not hold Lease job"
+	for _, tc := range []struct {
+		name    string
+		setup   func(*fakeAPI)
+		ok      bool
+		lost    bool
+		noReply bool
+		puts    int
+	}{
+		{"conflict, still ours: retried once", func(a *fakeAPI) {
+			a.script("PUT lease", status(409, metav1.StatusReasonConflict, "modified"))
+		}, true, false, false, 2},
+		{"conflict twice: unconfirmed", func(a *fakeAPI) {
+			a.script("PUT lease", status(409, metav1.StatusReasonConflict, "modified"),
+				status(409, metav1.StatusReasonConflict, "modified"))
+		}, false, false, false, 2},
+		{"conflict, then another holder: lost", func(a *fakeAPI) {
+			a.script("PUT lease", func(w http.ResponseWriter, req *http.Request) {
+				a.lease.Spec.HolderIdentity = ptr("job-a2")
+				status(409, metav1.StatusReasonConflict, "modified")(w, req)
+			})
+		}, false, true, false, 1},
+		{"another holder: lost, nothing written", func(a *fakeAPI) { a.lease.Spec.LeaseTransitions = ptr[int32](2) }, false, true, false, 0},
+		{"a namesake's Lease: lost", func(a *fakeAPI) { a.lease.OwnerReferences[1].UID = "uid-2" }, false, true, false, 0},
+		{"no Lease: lost", func(a *fakeAPI) { a.lease = nil }, false, true, false, 0},
+		{"404 on the write: lost", func(a *fakeAPI) {
+			a.script("PUT lease", status(404, metav1.StatusReasonNotFound, "gone"))
+		}, false, true, false, 1},
+		{"the fencing policy's 403: lost", func(a *fakeAPI) {
+			a.script("PUT lease", status(403, metav1.StatusReasonForbidden, policy))
+		}, false, true, false, 1},
+		{"RBAC's 403: unconfirmed", func(a *fakeAPI) {
+			a.script("PUT lease", status(403, metav1.StatusReasonForbidden,
+				`leases.coordination.k8s.io "job" is forbidden: User "x" cannot update resource "leases"`))
+		}, false, false, false, 1},
+		{"401: unconfirmed", func(a *fakeAPI) {
+			a.script("PUT lease", status(401, metav1.StatusReasonUnauthorized, "Unauthorized"))
+		}, false, false, false, 1},
+		{"500: unconfirmed", func(a *fakeAPI) {
+			a.script("PUT lease", status(500, metav1.StatusReasonInternalError, "etcd down"))
+		}, false, false, false, 1},
+		{"a proxy's HTML page: no answer", func(a *fakeAPI) {
+			a.script("PUT lease", func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/html")
+				_, _ = io.WriteString(w, "<html>hello</html>")
+			})
+		}, false, false, true, 1},
+		{"the GET fails: no answer", func(a *fakeAPI) {
+			a.script("GET lease", status(503, metav1.StatusReasonServiceUnavailable, "unavailable"))
+		}, false, false, true, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api, srv := newFakeAPI(t)
+			tc.setup(api)
+			kt := newTestKube(t, srv, "uid-1")
+			res, err := kt.renew(ctx2s(t), nil, nil)
+			if (err != nil) != tc.noReply || res.ok != tc.ok || res.lost != tc.lost {
+				t.Fatalf("renew = %+v, %v", res, err)
+			}
+			if puts := len(api.callsTo(http.MethodPut, leasePath)); puts != tc.puts {
+				t.Fatalf("%d PUTs, want %d", puts, tc.puts)
+			}
+		})
+	}
+}
+
+func TestKubeRenewalNoAnswer(t *testing.T) {
+	api, srv := newFakeAPI(t)
+	release := make(chan struct{})
+	api.script("GET lease", func(http.ResponseWriter, *http.Request) { <-release })
+	defer close(release)
+	kt := newTestKube(t, srv, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := kt.renew(ctx, nil, nil); err == nil {
+		t.Fatal("a request without an answer was taken for one")
+	}
+}
+
+func TestKubePublish(t *testing.T) {
+	badValue := metav1.StatusCause{Type: metav1.CauseTypeFieldValueInvalid, Field: "status.result",
+		Message: `Invalid value: "array": result in body must be of type object`}
+	policy := "ValidatingAdmissionPolicy 'tether-worker-status-fencing' with binding 'tether-worker-status-fencing' denied request"
+	for _, tc := range []struct {
+		name       string
+		answer     http.HandlerFunc
+		outcome    publishOutcome
+		retryAfter time.Duration
+	}{
+		{"200", nil, published, 0},
+		{"422 with causes: the value", status(422, metav1.StatusReasonInvalid, "WorkerRun is invalid", badValue), invalid, 0},
+		{"422 without causes: a test failed", status(422, metav1.StatusReasonInvalid,
+			"the server rejected our request due to an error in our request"), refused, 0},
+		{"422 not from the API server", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(422)
+			_, _ = io.WriteString(w, "no")
+		}, refused, 0},
+		{"404", status(404, metav1.StatusReasonNotFound, "gone"), refused, 0},
+		{"409", status(409, metav1.StatusReasonConflict, "conflict"), refused, 0},
+		{"the fencing policy's 403", status(403, metav1.StatusReasonForbidden, policy), refused, 0},
+		{"RBAC's 403", status(403, metav1.StatusReasonForbidden, "forbidden"), retry, 0},
+		{"429 with Retry-After", withRetryAfter(3, func(w http.ResponseWriter, _ *http.Request) {
+			st := metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+				Code: 429, Reason: metav1.StatusReasonTooManyRequests, Message: "slow down",
+				Details: &metav1.StatusDetails{RetryAfterSeconds: 3}}
+			writeJSON(w, 429, st)
+		}), retry, 3 * time.Second},
+		{"503 from a proxy with Retry-After", withRetryAfter(2, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(503)
+			_, _ = io.WriteString(w, "upstream unavailable")
+		}), retry, 2 * time.Second},
+		{"500", status(500, metav1.StatusReasonInternalError, "boom"), retry, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api, srv := newFakeAPI(t)
+			if tc.answer != nil {
+				api.script("PATCH status", tc.answer)
+			}
+			kt := newTestKube(t, srv, "uid-1")
+			res, err := kt.publish(ctx2s(t), "result", json.RawMessage(`{"steps":3}`))
+			if err != nil || res.outcome != tc.outcome || res.retryAfter != tc.retryAfter {
+				t.Fatalf("publish = %+v, %v", res, err)
+			}
+			patches := api.callsTo(http.MethodPatch, statusPath)
+			if len(patches) != 1 {
+				t.Fatalf("%d patches: client-go retried on its own", len(patches))
+			}
+			want := `[{"op":"test","path":"/metadata/uid","value":"uid-1"},{"op":"test","path":"/status/fence","value":1},` +
+				`{"op":"test","path":"/status/holder","value":"job-a1"},{"op":"add","path":"/status/result","value":{"steps":3}}]`
+			if string(patches[0].body) != want || patches[0].contentType != "application/json-patch+json" {
+				t.Fatalf("patch %s (%s)", patches[0].body, patches[0].contentType)
+			}
+		})
+	}
+}
+
+func TestKubeRecorded(t *testing.T) {
+	api, srv := newFakeAPI(t)
+	kt := newTestKube(t, srv, "uid-1")
+	api.run = `{"metadata":{"uid":"uid-1"},"status":{"fence":2,"result":{"steps":3},` +
+		`"attempts":[{"holder":"job-a1","fence":1,"outcome":"Succeeded"}]}}`
+	if ok, err := kt.recorded(ctx2s(t), "result", json.RawMessage(`{"steps":3}`)); err != nil || !ok {
+		t.Fatalf("recorded = %v, %v", ok, err)
+	}
+	api.run = strings.Replace(api.run, "uid-1", "uid-2", 1) // a namesake
+	if ok, err := kt.recorded(ctx2s(t), "result", json.RawMessage(`{"steps":3}`)); err != nil || ok {
+		t.Fatalf("a namesake's record: %v, %v", ok, err)
+	}
+	api.script("GET run", status(404, metav1.StatusReasonNotFound, "gone"))
+	if ok, err := kt.recorded(ctx2s(t), "result", json.RawMessage(`{"steps":3}`)); err != nil || ok {
+		t.Fatalf("a deleted run: %v, %v", ok, err)
+	}
+	api.script("GET run", status(503, metav1.StatusReasonServiceUnavailable, "down"))
+	if _, err := kt.recorded(ctx2s(t), "result", json.RawMessage(`{"steps":3}`)); err == nil {
+		t.Fatal("a 503 was taken for an answer")
+	}
+}
+
+// podEnv sets the environment the operator and the kubelet give a worker pod, with a kubeconfig
+// whose user reads its token from a file. srv serves TLS.
+func podEnv(t *testing.T, srv *httptest.Server, token string) string {
+	t.Helper()
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	doc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+current-context: pod
+clusters: [{name: pod, cluster: {server: %q, certificate-authority: %q}}]
+users: [{name: pod, user: {tokenFile: %q}}]
+contexts: [{name: pod, context: {cluster: pod, user: pod, namespace: ns}}]
+`, srv.URL, ca, tokenFile)
+	if err := os.WriteFile(kubeconfig, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{
+		"KUBECONFIG": kubeconfig, "KUBERNETES_SERVICE_HOST": "127.0.0.1", envRun: "job", envNamespace: "ns",
+		envRunUID: "uid-1", envHolder: "job-a1", envFence: "1", envAttempt: "1", envLeaseDuration: "10",
+		envRenewInterval: "3600", envPayload: `{"steps":4}`, envCheckpoint: "2", envIdempotencyKey: "invoice:8f1b",
+	} {
+		t.Setenv(k, v)
+	}
+	return tokenFile
+}
+
+func TestFromEnvWithATokenFile(t *testing.T) {
+	api, srv := newFakeAPIServer(t, httptest.NewTLSServer)
+	api.token = "token-1"
+	tokenFile := podEnv(t, srv, "token-1")
+	r, err := FromEnv(context.Background(), WithLogger(discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !r.Owned() || r.Name() != "job" || r.Holder() != "job-a1" || r.Fence() != 1 || r.Attempt() != 1 ||
+		string(r.Payload()) != `{"steps":4}` || r.CheckpointCursor() != "2" || r.IdempotencyKey() != "invoice:8f1b" ||
+		r.LeaseDuration() != 10*time.Second {
+		t.Fatalf("run from the environment: %s %+v", state(r), r.info)
+	}
+	// The kubelet rotates the token: the old one is refused (401, unconfirmed), and the next
+	// request reads the file again.
+	if err := os.WriteFile(tokenFile, []byte("token-2"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	api.mu.Lock()
+	api.token = "token-2"
+	api.mu.Unlock()
+	if err := r.Checkpoint("3", true); err == nil || r.Lost() {
+		t.Fatalf("a renewal with the old token: %v, lost %v", err, r.Lost())
+	}
+	if err := r.Checkpoint("3", true); err != nil {
+		t.Fatalf("the token file was not read again: %v", err)
+	}
+}
+
+func TestFromEnvPayloadFromTheRun(t *testing.T) {
+	_, srv := newFakeAPIServer(t, httptest.NewTLSServer)
+	podEnv(t, srv, "t")
+	_ = os.Unsetenv(envPayload)
+	t.Setenv(envPayloadFrom, "spec.payload")
+	r, err := FromEnv(context.Background(), WithLogger(discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if string(r.Payload()) != `{"steps":4}` {
+		t.Fatalf("payload %s", r.Payload())
+	}
+}
+
+func TestFromEnvPayloadOfANamesake(t *testing.T) {
+	api, srv := newFakeAPIServer(t, httptest.NewTLSServer)
+	api.run = `{"metadata":{"uid":"uid-2"},"spec":{"payload":{"steps":4}}}`
+	podEnv(t, srv, "t")
+	_ = os.Unsetenv(envPayload)
+	t.Setenv(envPayloadFrom, "spec.payload")
+	if _, err := FromEnv(context.Background(), WithLogger(discard)); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("a re-created run's payload: %v", err)
+	}
+}
+
+func TestFromEnvOutsideAPod(t *testing.T) {
+	t.Setenv(envRun, "")
+	if _, err := FromEnv(context.Background()); err == nil || !strings.Contains(err.Error(), envRun) {
+		t.Fatalf("%v", err)
+	}
+}

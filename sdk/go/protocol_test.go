@@ -1,0 +1,288 @@
+package tether
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func TestTiming(t *testing.T) {
+	for _, tc := range []struct {
+		lease, renew, margin, timeout time.Duration
+	}{
+		{lease: 10 * time.Second, renew: 2 * time.Second, margin: time.Second, timeout: 2 * time.Second},
+		{lease: 90 * time.Second, renew: 30 * time.Second, margin: 9 * time.Second, timeout: 10 * time.Second},
+		{lease: 5 * time.Second, renew: 500 * time.Millisecond, margin: time.Second, timeout: time.Second},
+		{lease: 20 * time.Second, renew: 3 * time.Second, margin: 2 * time.Second, timeout: 3 * time.Second},
+	} {
+		if got := margin(tc.lease); got != tc.margin {
+			t.Errorf("margin(%v) = %v, want %v", tc.lease, got, tc.margin)
+		}
+		if got := requestTimeout(tc.renew); got != tc.timeout {
+			t.Errorf("requestTimeout(%v) = %v, want %v", tc.renew, got, tc.timeout)
+		}
+	}
+}
+
+func TestValidReport(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		report   usage
+		previous *usage
+		refused  string
+	}{
+		{"first report", usage{Cents: 3, Tokens: 900}, nil, ""},
+		{"zero", usage{}, nil, ""},
+		{"same again", usage{Cents: 3, Tokens: 900}, &usage{Cents: 3, Tokens: 900}, ""},
+		{"growing", usage{Cents: 4, Tokens: 900}, &usage{Cents: 3, Tokens: 900}, ""},
+		{"negative cents", usage{Cents: -1}, nil, "negative"},
+		{"negative tokens", usage{Tokens: -1}, nil, "negative"},
+		{"at the bounds", usage{Cents: maxCents, Tokens: maxTokens}, nil, ""},
+		{"too many cents", usage{Cents: maxCents + 1}, nil, "implausibly large"},
+		{"too many tokens", usage{Tokens: maxTokens + 1}, nil, "implausibly large"},
+		{"cents decreased", usage{Cents: 2, Tokens: 900}, &usage{Cents: 3, Tokens: 900}, "decreased"},
+		{"tokens decreased", usage{Cents: 3, Tokens: 899}, &usage{Cents: 3, Tokens: 900}, "decreased"},
+	} {
+		got := validReport(tc.report, tc.previous)
+		if (tc.refused == "") != (got == "") || !strings.Contains(got, tc.refused) {
+			t.Errorf("%s: validReport = %q, want %q", tc.name, got, tc.refused)
+		}
+	}
+}
+
+func TestValidCursor(t *testing.T) {
+	if why := validCursor(strings.Repeat("é", maxCursorChars)); why != "" {
+		t.Errorf("1024 characters refused: %s", why)
+	}
+	if why := validCursor(strings.Repeat("x", maxCursorChars+1)); why == "" {
+		t.Error("1025 characters accepted")
+	}
+}
+
+func TestUsageAnnotation(t *testing.T) {
+	if got := usageAnnotation(usage{Cents: 12, Tokens: 900}); got != `{"cents":12,"tokens":900}` {
+		t.Errorf("usageAnnotation = %s", got)
+	}
+}
+
+func lease(holder string, fence int32, runUID string) *coordinationv1.Lease {
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "job", Namespace: "ns", ResourceVersion: "7"}}
+	if holder != "" {
+		l.Spec.HolderIdentity = ptr(holder)
+	}
+	l.Spec.LeaseTransitions = ptr(fence)
+	if runUID != "" {
+		l.OwnerReferences = []metav1.OwnerReference{
+			{Kind: "Pod", Name: "x", UID: "pod-uid", Controller: ptr(false)},
+			{Kind: "WorkerRun", Name: "job", UID: types.UID(runUID), Controller: ptr(true)},
+		}
+	}
+	return l
+}
+
+func TestHolds(t *testing.T) {
+	notController := lease("job-a1", 1, "")
+	notController.OwnerReferences = []metav1.OwnerReference{{Kind: "WorkerRun", UID: "uid-1"}}
+	for _, tc := range []struct {
+		name   string
+		lease  *coordinationv1.Lease
+		runUID string
+		want   bool
+	}{
+		{"ours", lease("job-a1", 1, "uid-1"), "uid-1", true},
+		{"ours, uid not checked", lease("job-a1", 1, "uid-1"), "", true},
+		{"no lease", nil, "", false},
+		{"cleared", lease("", 1, "uid-1"), "uid-1", false},
+		{"another holder", lease("job-a2", 1, "uid-1"), "uid-1", false},
+		{"another fence", lease("job-a1", 2, "uid-1"), "uid-1", false},
+		{"a namesake's", lease("job-a1", 1, "uid-2"), "uid-1", false},
+		{"no owner", lease("job-a1", 1, ""), "uid-1", false},
+		{"owner not controller", notController, "uid-1", false},
+	} {
+		if got := holds(tc.lease, "job-a1", 1, tc.runUID); got != tc.want {
+			t.Errorf("%s: holds = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestRenewal(t *testing.T) {
+	l := lease("job-a1", 1, "uid-1")
+	l.Annotations = map[string]string{annSignals: `{"stop":false}`, annCheckpoint: "1"}
+	now := time.Date(2026, 11, 30, 16, 0, 0, 123456789, time.FixedZone("x", 3600))
+	body := renewal(l, now, ptr("4"), &usage{Cents: 8, Tokens: 2})
+	if body.ResourceVersion != "7" || !holds(body, "job-a1", 1, "uid-1") {
+		t.Errorf("renewal lost the Lease's identity: %+v", body)
+	}
+	want := map[string]string{annSignals: `{"stop":false}`, annCheckpoint: "4", annUsage: `{"cents":8,"tokens":2}`}
+	for k, v := range want {
+		if body.Annotations[k] != v {
+			t.Errorf("annotation %s = %q, want %q", k, body.Annotations[k], v)
+		}
+	}
+	if l.Annotations[annCheckpoint] != "1" || l.Spec.RenewTime != nil {
+		t.Error("renewal changed the Lease it was given")
+	}
+	raw, _ := json.Marshal(body.Spec.RenewTime)
+	if string(raw) != `"2026-11-30T15:00:00.123456Z"` {
+		t.Errorf("renewTime = %s, want RFC 3339 UTC microseconds", raw)
+	}
+	if plain := renewal(l, now, nil, nil); plain.Annotations[annCheckpoint] != "1" || plain.Annotations[annUsage] != "" {
+		t.Errorf("a renewal without reports changed them: %v", plain.Annotations)
+	}
+}
+
+func TestParseSignals(t *testing.T) {
+	ends := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		raw  string
+		ok   bool
+		want signalState
+	}{
+		{"absent", "", true, signalState{}},
+		{"empty object", "{}", true, signalState{}},
+		{"full", `{"stop":true,"paused":true,"reason":"cap","endsAt":"2026-12-01T00:00:00Z","capCents":500,` +
+			`"capTokens":9000,"baseCents":120,"baseTokens":10}`, true,
+			signalState{Stop: true, Paused: true, Reason: "cap", EndsAt: &ends, CapCents: ptr[int64](500),
+				CapTokens: ptr[int64](9000), BaseCents: 120, BaseTokens: 10}},
+		{"nullable nulls", `{"reason":null,"endsAt":null,"capCents":null,"capTokens":null}`, true, signalState{}},
+		{"unknown keys ignored", `{"later":1,"stop":true}`, true, signalState{Stop: true}},
+		{"integral float", `{"capCents":5.0}`, true, signalState{CapCents: ptr[int64](5)}},
+		{"offset time", `{"endsAt":"2026-12-01T01:00:00+01:00"}`, true, signalState{EndsAt: &ends}},
+		{"not JSON", `{"stop":`, false, signalState{}},
+		{"not an object", `[1]`, false, signalState{}},
+		{"null document", `null`, false, signalState{}},
+		{"stop not a bool", `{"stop":"yes"}`, false, signalState{}},
+		{"stop null", `{"stop":null}`, false, signalState{}},
+		{"fractional cap", `{"capCents":1.5}`, false, signalState{}},
+		{"bad time", `{"endsAt":"tomorrow"}`, false, signalState{}},
+		{"base null", `{"baseCents":null}`, false, signalState{}},
+	} {
+		got, ok := parseSignals(tc.raw)
+		if ok != tc.ok || (ok && !sameSignals(got, tc.want)) {
+			t.Errorf("%s: parseSignals = %+v, %v; want %+v, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func deref(p *int64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func TestRemaining(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		signals       signalState
+		own           *usage
+		cents, tokens any
+	}{
+		{"no caps", signalState{}, &usage{Cents: 5}, nil, nil},
+		{"cap, nothing spent", signalState{CapCents: ptr[int64](500)}, nil, int64(500), nil},
+		{"cap minus base minus own", signalState{CapCents: ptr[int64](500), BaseCents: 120, CapTokens: ptr[int64](10),
+			BaseTokens: 4}, &usage{Cents: 80, Tokens: 7}, int64(300), int64(-1)},
+	} {
+		c, k := tc.signals.remaining(tc.own)
+		if deref(c) != tc.cents || deref(k) != tc.tokens {
+			t.Errorf("%s: remaining = %v, %v; want %v, %v", tc.name, deref(c), deref(k), tc.cents, tc.tokens)
+		}
+	}
+}
+
+func TestSignalsFromRemainingInvertsRemaining(t *testing.T) {
+	sent := &usage{Cents: 120, Tokens: 9}
+	s := signalsFromRemaining(true, false, nil, ptr[int64](380), nil, sent)
+	if c, k := s.remaining(sent); deref(c) != int64(380) || k != nil {
+		t.Errorf("remaining at the reported usage = %v, %v; want 380, nil", deref(c), deref(k))
+	}
+	if c, _ := s.remaining(&usage{Cents: 150, Tokens: 9}); deref(c) != int64(350) {
+		t.Errorf("usage reported after the reply counts: %v, want 350", deref(c))
+	}
+	if !s.Stop || s.Paused {
+		t.Errorf("flags lost: %+v", s)
+	}
+}
+
+func TestFencedPatch(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		field  string
+		runUID string
+		want   string
+	}{
+		{"result with uid", "result", "uid-1", `[{"op":"test","path":"/metadata/uid","value":"uid-1"},` +
+			`{"op":"test","path":"/status/fence","value":3},{"op":"test","path":"/status/holder","value":"job-a2"},` +
+			`{"op":"add","path":"/status/result","value":{"ok":true}}]`},
+		{"error without uid", "error", "", `[{"op":"test","path":"/status/fence","value":3},` +
+			`{"op":"test","path":"/status/holder","value":"job-a2"},{"op":"add","path":"/status/error","value":{"ok":true}}]`},
+	} {
+		raw, err := json.Marshal(fencedPatch("job-a2", 3, tc.field, json.RawMessage(`{"ok":true}`), tc.runUID))
+		if err != nil || string(raw) != tc.want {
+			t.Errorf("%s: fencedPatch = %s (%v)\nwant %s", tc.name, raw, err, tc.want)
+		}
+	}
+}
+
+func TestPublicationRecorded(t *testing.T) {
+	view := func(doc string) runView {
+		var v runView
+		if err := json.Unmarshal([]byte(doc), &v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	value := json.RawMessage(`{"steps": 3, "sdk": "go"}`)
+	for _, tc := range []struct {
+		name  string
+		run   string
+		field string
+		want  bool
+	}{
+		{"still ours, our value", `{"status":{"holder":"job-a1","fence":1,"result":{"sdk":"go","steps":3.0}}}`, "result", true},
+		{"still ours, another value", `{"status":{"holder":"job-a1","fence":1,"result":{"sdk":"py","steps":3}}}`, "result", false},
+		{"still ours, nothing yet", `{"status":{"holder":"job-a1","fence":1}}`, "result", false},
+		{"moved on, our attempt succeeded", `{"status":{"holder":null,"fence":2,"result":{"steps":3,"sdk":"go"},` +
+			`"attempts":[{"holder":"job-a1","fence":1,"outcome":"Succeeded"}]}}`, "result", true},
+		{"moved on, succeeded with another result", `{"status":{"fence":2,"result":{"steps":4},` +
+			`"attempts":[{"holder":"job-a1","fence":1,"outcome":"Succeeded"}]}}`, "result", false},
+		{"moved on, our attempt lost", `{"status":{"fence":2,"attempts":[{"holder":"job-a1","fence":1,"outcome":"LeaseLost"}]}}`, "result", false},
+		{"moved on, our error recorded", `{"status":{"fence":2,"error":{"code":"other"},` +
+			`"attempts":[{"holder":"job-a1","fence":1,"outcome":"WorkerFailed"}]}}`, "error", true},
+		{"the last record of ours counts", `{"status":{"fence":2,"attempts":[{"holder":"job-a1","fence":1,"outcome":"WorkerFailed"},` +
+			`{"holder":"job-a1","fence":1,"outcome":"PodFailed"}]}}`, "error", false},
+		{"no record of ours", `{"status":{"fence":3,"attempts":[{"holder":"job-a2","fence":2,"outcome":"Succeeded"}]}}`, "error", false},
+	} {
+		if got := publicationRecorded(view(tc.run), "job-a1", 1, tc.field, value); got != tc.want {
+			t.Errorf("%s: publicationRecorded = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestRetryAfterHeader(t *testing.T) {
+	now := time.Date(2026, 11, 30, 16, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		value string
+		want  time.Duration
+	}{
+		{"", 0},
+		{"3", 3 * time.Second},
+		{" 2 ", 2 * time.Second},
+		{"-1", 0},
+		{"Mon, 30 Nov 2026 16:00:04 GMT", 4 * time.Second},
+		{"Mon, 30 Nov 2026 15:00:00 GMT", 0},
+		{"soon", 0},
+	} {
+		if got := retryAfterHeader(tc.value, now); got != tc.want {
+			t.Errorf("retryAfterHeader(%q) = %v, want %v", tc.value, got, tc.want)
+		}
+	}
+}

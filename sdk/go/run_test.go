@@ -1,0 +1,556 @@
+package tether
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a monotonic clock the test moves by hand.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Duration
+}
+
+func (c *fakeClock) now() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t += d
+	c.mu.Unlock()
+}
+
+type renewCall struct {
+	checkpoint *string
+	usage      *usage
+}
+
+// fakeTransport answers as the test scripts it; by default every renewal is confirmed.
+type fakeTransport struct {
+	mu         sync.Mutex
+	renewFn    func(n int) (renewResult, error)
+	publishFn  func(n int) (publishResult, error)
+	recordedFn func() (bool, error)
+	renews     []renewCall
+	publishes  []string
+	recordeds  int
+	closed     bool
+}
+
+func (f *fakeTransport) renew(_ context.Context, checkpoint *string, u *usage) (renewResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.renews = append(f.renews, renewCall{checkpoint, u})
+	if f.renewFn == nil {
+		return renewResult{ok: true, signals: &signalState{}}, nil
+	}
+	return f.renewFn(len(f.renews))
+}
+
+func (f *fakeTransport) publish(_ context.Context, field string, value json.RawMessage) (publishResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.publishes = append(f.publishes, field+" "+string(value))
+	return f.publishFn(len(f.publishes))
+}
+
+func (f *fakeTransport) recorded(context.Context, string, json.RawMessage) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.recordeds++
+	return f.recordedFn()
+}
+
+func (f *fakeTransport) close() {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+}
+
+func (f *fakeTransport) renewCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.renews)
+}
+
+func (f *fakeTransport) lastRenew() renewCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.renews[len(f.renews)-1]
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// testRun is a started Run on a fake transport and clock: lease 10 s (margin 1 s), and a renew
+// interval so long that the heartbeat goroutine never fires on its own.
+func testRun(t *testing.T, tr *fakeTransport, clock *fakeClock, opts ...Option) (*Run, *[]time.Duration) {
+	t.Helper()
+	info := attemptInfo{name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
+		leaseDuration: 10 * time.Second, renewInterval: time.Hour}
+	r := newRun(context.Background(), info, tr, newSettings(append([]Option{WithClock(clock.now), WithLogger(discard)}, opts...)))
+	var mu sync.Mutex
+	waits := []time.Duration{}
+	r.sleep = func(_ context.Context, d time.Duration) error {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		clock.advance(d)
+		return nil
+	}
+	r.start(context.Background())
+	t.Cleanup(func() { _ = r.Close() })
+	return r, &waits
+}
+
+func state(r *Run) string {
+	switch {
+	case r.Lost():
+		return "lost"
+	case r.OwnershipUnknown():
+		return "unknown"
+	case r.Owned():
+		return "owned"
+	}
+	return "?"
+}
+
+func TestOwnershipOwnedUnknownLost(t *testing.T) {
+	clock := &fakeClock{}
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, clock)
+	if tr.renewCount() != 1 || state(r) != "owned" || r.EnsureOwner() != nil {
+		t.Fatalf("after start: %d renewals, %s", tr.renewCount(), state(r))
+	}
+	clock.advance(9 * time.Second) // confirmedAt + L - margin: still owned
+	if state(r) != "owned" {
+		t.Fatalf("at the edge: %s", state(r))
+	}
+	clock.advance(time.Nanosecond)
+	if state(r) != "unknown" || !errors.Is(r.EnsureOwner(), ErrOwnershipUnknown) {
+		t.Fatalf("past the edge: %s, %v", state(r), r.EnsureOwner())
+	}
+	tr.renewFn = func(int) (renewResult, error) { return renewResult{}, errors.New("connection refused") }
+	if err := r.renewOnce(context.Background()); err == nil || state(r) != "unknown" {
+		t.Fatalf("no answer: %v, %s", err, state(r))
+	}
+	tr.renewFn = nil
+	_ = r.renewOnce(context.Background())
+	if state(r) != "owned" {
+		t.Fatalf("renewed again: %s", state(r))
+	}
+	tr.renewFn = func(int) (renewResult, error) { return renewResult{lost: true, why: "another holder"}, nil }
+	if err := r.renewOnce(context.Background()); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("lost renewal: %v", err)
+	}
+	if state(r) != "lost" || !errors.Is(r.EnsureOwner(), ErrLeaseLost) || r.OwnershipUnknown() {
+		t.Fatalf("after loss: %s, %v", state(r), r.EnsureOwner())
+	}
+	n := tr.renewCount()
+	if err := r.renewOnce(context.Background()); !errors.Is(err, ErrLeaseLost) || tr.renewCount() != n {
+		t.Fatal("a lost run renewed again")
+	}
+}
+
+func TestUnknownBeforeTheFirstRenewal(t *testing.T) {
+	tr := &fakeTransport{renewFn: func(int) (renewResult, error) { return renewResult{why: "429"}, nil }}
+	r, _ := testRun(t, tr, &fakeClock{t: time.Hour})
+	if state(r) != "unknown" || !errors.Is(r.EnsureOwner(), ErrOwnershipUnknown) {
+		t.Fatalf("unconfirmed start: %s", state(r))
+	}
+}
+
+func TestConfirmedAtIsWhenTheRenewalWasSent(t *testing.T) {
+	clock := &fakeClock{}
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, clock)
+	tr.renewFn = func(int) (renewResult, error) {
+		clock.advance(3 * time.Second) // a slow answer
+		return renewResult{ok: true}, nil
+	}
+	clock.advance(5 * time.Second)
+	_ = r.renewOnce(context.Background()) // sent at 5 s, answered at 8 s
+	clock.advance(6 * time.Second)        // 14 s = 5 + 9: the edge
+	if state(r) != "owned" {
+		t.Fatalf("at sent + L - margin: %s", state(r))
+	}
+	clock.advance(time.Millisecond)
+	if state(r) != "unknown" {
+		t.Fatalf("past sent + L - margin: %s", state(r))
+	}
+}
+
+func TestSignalsAndStop(t *testing.T) {
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, &fakeClock{})
+	ends := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	tr.renewFn = func(int) (renewResult, error) {
+		return renewResult{ok: true, signals: &signalState{Paused: true, EndsAt: &ends, CapCents: ptr[int64](100),
+			BaseCents: 30}}, nil
+	}
+	_ = r.ReportUsage(20, 5)
+	_ = r.renewOnce(context.Background())
+	s := r.Signals()
+	if !s.Paused || s.Stop || !s.EndsAt.Equal(ends) || deref(s.CapRemainingCents) != int64(50) || s.CapRemainingTokens != nil {
+		t.Fatalf("signals = %+v", s)
+	}
+	_ = r.ReportUsage(25, 5) // counted at once, before any renewal
+	if got := deref(r.Signals().CapRemainingCents); got != int64(45) {
+		t.Fatalf("remaining after a new report = %v", got)
+	}
+	// Malformed signals (nil) keep the previous ones.
+	tr.renewFn = func(int) (renewResult, error) { return renewResult{ok: true}, nil }
+	_ = r.renewOnce(context.Background())
+	if !r.Signals().Paused {
+		t.Fatal("malformed signals replaced the previous ones")
+	}
+	tr.renewFn = func(int) (renewResult, error) {
+		return renewResult{ok: true, signals: &signalState{Stop: true, Reason: "budget exceeded"}}, nil
+	}
+	_ = r.renewOnce(context.Background())
+	if err := r.EnsureOwner(); !errors.Is(err, ErrStopRequested) || r.Lost() || !r.Owned() {
+		t.Fatalf("stop: %v, %s", err, state(r))
+	}
+}
+
+func TestCheckpointAndUsageRideOnRenewals(t *testing.T) {
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, &fakeClock{})
+	if c := tr.lastRenew(); c.checkpoint != nil || c.usage != nil {
+		t.Fatalf("first renewal carried reports: %+v", c)
+	}
+	if err := r.Checkpoint("4", false); err != nil || tr.renewCount() != 1 || r.CheckpointCursor() != "4" {
+		t.Fatalf("checkpoint without flush: %v, %d renewals", err, tr.renewCount())
+	}
+	if err := r.ReportUsage(6, 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Checkpoint("5", true); err != nil || tr.renewCount() != 2 {
+		t.Fatalf("flush: %v, %d renewals", err, tr.renewCount())
+	}
+	if c := tr.lastRenew(); *c.checkpoint != "5" || *c.usage != (usage{Cents: 6, Tokens: 10}) {
+		t.Fatalf("flushed renewal carried %+v", c)
+	}
+	// Attached while ownership is unknown too: a renewal only succeeds while the lease is ours.
+	tr.renewFn = func(int) (renewResult, error) { return renewResult{lost: true, why: "gone"}, nil }
+	if err := r.Checkpoint("6", true); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("flush on a lost lease: %v", err)
+	}
+	if err := r.Checkpoint(string(make([]byte, maxCursorChars+1)), false); err == nil || r.CheckpointCursor() != "6" {
+		t.Fatalf("an oversized cursor was taken: %v", err)
+	}
+}
+
+func TestReportUsageValidation(t *testing.T) {
+	r, _ := testRun(t, &fakeTransport{}, &fakeClock{})
+	if err := r.ReportUsage(10, 100); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name          string
+		cents, tokens int64
+	}{
+		{"negative", -1, 100},
+		{"decreasing cents", 9, 100},
+		{"decreasing tokens", 10, 99},
+		{"too many cents", maxCents + 1, 100},
+		{"too many tokens", 10, maxTokens + 1},
+	} {
+		if err := r.ReportUsage(tc.cents, tc.tokens); !errors.Is(err, ErrUsageRefused) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+	if err := r.ReportUsage(10, 100); err != nil {
+		t.Errorf("the same total again: %v", err)
+	}
+	if err := r.Checkpoint("x", true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func published200(int) (publishResult, error) { return publishResult{outcome: published}, nil }
+
+func TestCompletePublishesAfterAFlushingRenewal(t *testing.T) {
+	tr := &fakeTransport{publishFn: published200}
+	r, _ := testRun(t, tr, &fakeClock{})
+	_ = r.ReportUsage(3, 0)
+	_ = r.Checkpoint("9", false)
+	if err := r.Complete(context.Background(), map[string]int{"steps": 9}); err != nil {
+		t.Fatal(err)
+	}
+	if tr.renewCount() != 2 || *tr.lastRenew().checkpoint != "9" || tr.lastRenew().usage.Cents != 3 {
+		t.Fatalf("no flushing renewal before publishing: %d renewals", tr.renewCount())
+	}
+	if len(tr.publishes) != 1 || tr.publishes[0] != `result {"steps":9}` {
+		t.Fatalf("published %v", tr.publishes)
+	}
+	select { // the heartbeat ends once published
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the heartbeat goes on after publishing")
+	}
+}
+
+func TestPublishWhenLostPublishesNothing(t *testing.T) {
+	tr := &fakeTransport{renewFn: func(int) (renewResult, error) { return renewResult{lost: true, why: "gone"}, nil }}
+	r, _ := testRun(t, tr, &fakeClock{})
+	if err := r.Fail(context.Background(), "X", "y"); !errors.Is(err, ErrLeaseLost) || len(tr.publishes) != 0 {
+		t.Fatalf("%v, %d publishes", err, len(tr.publishes))
+	}
+}
+
+func TestPublishRefused(t *testing.T) {
+	tr := &fakeTransport{publishFn: func(int) (publishResult, error) { return publishResult{outcome: refused, why: "422"}, nil }}
+	r, _ := testRun(t, tr, &fakeClock{})
+	err := r.Complete(context.Background(), map[string]bool{"ok": true})
+	if !errors.Is(err, ErrLeaseLost) || !r.Lost() || tr.recordeds != 0 {
+		t.Fatalf("%v, lost %v, %d lookups", err, r.Lost(), tr.recordeds)
+	}
+}
+
+func TestResultInvalidIsNotLost(t *testing.T) {
+	tr := &fakeTransport{publishFn: func(n int) (publishResult, error) {
+		if n == 1 {
+			return publishResult{outcome: invalid, why: "status.result must be an object"}, nil
+		}
+		return publishResult{outcome: published}, nil
+	}}
+	r, _ := testRun(t, tr, &fakeClock{})
+	err := r.Complete(context.Background(), []int{1})
+	if !errors.Is(err, ErrResultInvalid) || errors.Is(err, ErrLeaseLost) || r.Lost() || !r.Owned() {
+		t.Fatalf("invalid result: %v, %s", err, state(r))
+	}
+	if err := r.Complete(context.Background(), map[string]int{"steps": 1}); err != nil {
+		t.Fatalf("the corrected result: %v", err)
+	}
+}
+
+func TestPublishBacksOffAndHonoursRetryAfter(t *testing.T) {
+	tr := &fakeTransport{publishFn: func(n int) (publishResult, error) {
+		switch n {
+		case 1:
+			return publishResult{outcome: retry, why: "500"}, nil
+		case 2:
+			return publishResult{outcome: retry, why: "429", retryAfter: 3 * time.Second}, nil
+		case 3:
+			return publishResult{}, errors.New("timeout")
+		case 4:
+			return publishResult{outcome: retry, why: "503", retryAfter: time.Second}, nil
+		}
+		return publishResult{outcome: published}, nil
+	}}
+	r, waits := testRun(t, tr, &fakeClock{})
+	if err := r.Complete(context.Background(), map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+	want := []time.Duration{500 * time.Millisecond, 3 * time.Second, 2 * time.Second, 4 * time.Second}
+	if len(*waits) != len(want) {
+		t.Fatalf("waits %v, want %v", *waits, want)
+	}
+	for i := range want {
+		if (*waits)[i] != want[i] {
+			t.Fatalf("waits %v, want %v", *waits, want)
+		}
+	}
+}
+
+func TestPublishUnansweredUntilTheDeadlineIsUnknown(t *testing.T) {
+	tr := &fakeTransport{publishFn: func(int) (publishResult, error) { return publishResult{}, errors.New("no route") }}
+	clock := &fakeClock{}
+	r, waits := testRun(t, tr, clock)
+	err := r.Complete(context.Background(), map[string]int{})
+	if !errors.Is(err, ErrOwnershipUnknown) || r.Lost() {
+		t.Fatalf("%v, lost %v", err, r.Lost())
+	}
+	// 0.5 + 1 + 2 + 4 = 7.5 s; the next wait (5 s) would pass confirmedAt + L = 10 s.
+	if len(*waits) != 4 || clock.now() != 7500*time.Millisecond {
+		t.Fatalf("waits %v, clock %v", *waits, clock.now())
+	}
+}
+
+func TestPublishedAfterALostAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		recorded bool
+		want     error
+	}{
+		{"the first try landed", true, nil},
+		{"it did not", false, ErrLeaseLost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := &fakeTransport{
+				publishFn: func(n int) (publishResult, error) {
+					if n == 1 {
+						return publishResult{}, errors.New("connection reset")
+					}
+					return publishResult{outcome: refused, why: "422"}, nil
+				},
+				recordedFn: func() (bool, error) { return tc.recorded, nil },
+			}
+			r, _ := testRun(t, tr, &fakeClock{})
+			err := r.Complete(context.Background(), map[string]int{"steps": 3})
+			if !errors.Is(err, tc.want) && !(tc.want == nil && err == nil) {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+			if tr.recordeds != 1 || r.Lost() != (tc.want != nil) {
+				t.Fatalf("%d lookups, lost %v", tr.recordeds, r.Lost())
+			}
+		})
+	}
+}
+
+func TestRecordedLookupUnansweredRetries(t *testing.T) {
+	lookups := 0
+	tr := &fakeTransport{
+		publishFn: func(n int) (publishResult, error) {
+			if n == 1 {
+				return publishResult{}, errors.New("timeout")
+			}
+			return publishResult{outcome: refused}, nil
+		},
+		recordedFn: func() (bool, error) {
+			lookups++
+			if lookups == 1 {
+				return false, errors.New("timeout")
+			}
+			return true, nil
+		},
+	}
+	r, waits := testRun(t, tr, &fakeClock{})
+	if err := r.Complete(context.Background(), map[string]int{}); err != nil || len(*waits) != 2 {
+		t.Fatalf("%v, waits %v", err, *waits)
+	}
+}
+
+func TestPublishStopsWithItsContext(t *testing.T) {
+	tr := &fakeTransport{publishFn: func(int) (publishResult, error) { return publishResult{}, errors.New("timeout") }}
+	r, _ := testRun(t, tr, &fakeClock{})
+	ctx, cancel := context.WithCancel(context.Background())
+	r.sleep = func(context.Context, time.Duration) error { cancel(); return context.Canceled }
+	if err := r.Complete(ctx, map[string]int{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("%v", err)
+	}
+}
+
+func TestHeartbeatGoroutine(t *testing.T) {
+	tr := &fakeTransport{publishFn: published200}
+	info := attemptInfo{name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
+		leaseDuration: 10 * time.Second, renewInterval: 5 * time.Millisecond}
+	r := newRun(context.Background(), info, tr, newSettings([]Option{WithLogger(discard)}))
+	r.start(context.Background())
+	deadline := time.Now().Add(5 * time.Second)
+	for tr.renewCount() < 5 && time.Now().Before(deadline) {
+		_ = r.ReportUsage(int64(tr.renewCount()), 0) // the user's goroutine, racing the heartbeat
+		_ = r.Signals()
+		time.Sleep(time.Millisecond)
+	}
+	if tr.renewCount() < 5 || !r.Owned() {
+		t.Fatalf("%d renewals, %s", tr.renewCount(), state(r))
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n := tr.renewCount()
+	time.Sleep(30 * time.Millisecond)
+	if tr.renewCount() != n || !tr.closed {
+		t.Fatal("the heartbeat goes on after Close")
+	}
+	_ = r.Close() // twice is fine
+}
+
+func TestHeartbeatSurvivesAPanic(t *testing.T) {
+	tr := &fakeTransport{}
+	tr.renewFn = func(n int) (renewResult, error) {
+		if n == 2 {
+			panic("a malformed answer")
+		}
+		return renewResult{ok: true}, nil
+	}
+	info := attemptInfo{name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
+		leaseDuration: 10 * time.Second, renewInterval: 5 * time.Millisecond}
+	r := newRun(context.Background(), info, tr, newSettings([]Option{WithLogger(discard)}))
+	r.start(context.Background())
+	defer r.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for tr.renewCount() < 4 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if tr.renewCount() < 4 {
+		t.Fatalf("the heartbeat died: %d renewals", tr.renewCount())
+	}
+}
+
+func TestEffect(t *testing.T) {
+	var mu sync.Mutex
+	var got http.Header // the last headers received
+	received := func() http.Header {
+		mu.Lock()
+		defer mu.Unlock()
+		return got
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path == "/slow" {
+			time.Sleep(300 * time.Millisecond)
+			return
+		}
+		mu.Lock()
+		got = req.Header.Clone()
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	clock := &fakeClock{}
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, clock, WithEffectClient(&http.Client{Timeout: 100 * time.Millisecond}))
+	r.info.idempotencyKey = "invoice:8f1b"
+
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/capture", nil)
+	req.Header.Set("Idempotency-Key", "mine")
+	req.Header.Set("X-Trace", "t1")
+	resp, err := r.Effect(context.Background(), req, "step-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if h := received(); resp.StatusCode != http.StatusCreated || h.Get("Idempotency-Key") != "invoice:8f1b:step-2" ||
+		h.Get("X-Execution-Fence") != "1" || h.Get("X-Trace") != "t1" {
+		t.Fatalf("headers sent: %v", h)
+	}
+	if h := r.EffectHeaders("capture"); h.Get("Idempotency-Key") != "invoice:8f1b:capture" {
+		t.Fatalf("EffectHeaders = %v", h)
+	}
+
+	slow, _ := http.NewRequest(http.MethodPost, srv.URL+"/slow", nil)
+	if _, err := r.Effect(context.Background(), slow, "s"); !errors.Is(err, ErrToolTimeout) || errors.Is(err, ErrOwnershipUnknown) {
+		t.Fatalf("client timeout: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := r.Effect(ctx, slow, "s"); !errors.Is(err, ErrToolTimeout) {
+		t.Fatalf("context deadline: %v", err)
+	}
+
+	clock.advance(9500 * time.Millisecond)
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	if _, err := r.Effect(context.Background(), req, "x"); !errors.Is(err, ErrOwnershipUnknown) || received() != nil {
+		t.Fatalf("unknown ownership sent the effect: %v", err)
+	}
+	tr.renewFn = func(int) (renewResult, error) {
+		return renewResult{ok: true, signals: &signalState{Stop: true}}, nil
+	}
+	_ = r.renewOnce(context.Background())
+	if _, err := r.Effect(context.Background(), req, "x"); !errors.Is(err, ErrStopRequested) || received() != nil {
+		t.Fatalf("a stopped worker sent the effect: %v", err)
+	}
+}
