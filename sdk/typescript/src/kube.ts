@@ -144,9 +144,9 @@ function now<T>(value: T): Observable<T> {
   return new Observable(Promise.resolve(value));
 }
 
-/** An answer's object as plain JSON (client-node hands back model classes with Date fields). */
-function plain<T>(obj: unknown): T {
-  return JSON.parse(JSON.stringify(obj)) as T;
+/** The exact text of an answer, captured before client-node turns it into model classes. */
+interface Wire {
+  text: string | null;
 }
 
 /**
@@ -172,18 +172,32 @@ export class KubeTransport implements Transport {
     this.objects = kc.makeApiClient(CustomObjectsApi);
   }
 
-  /** Per-request options: a timeout, and for the status patch its content type, set explicitly
-   * (client-node picks the first type the API lists, which is JSON patch today, but that default has
-   * changed between releases and a merge patch would publish without the `test` operations). */
-  private options(contentType?: string): ConfigurationOptions<ObservableMiddleware> {
+  /**
+   * Per-request options. A timeout always. For the status patch, its content type, set explicitly:
+   * client-node picks the first type the API lists (JSON patch today), but that default has changed
+   * between releases, and a merge patch would publish without the `test` operations. For the Lease,
+   * the exact JSON both ways (`send`, `wire`): client-node's models drop fields they do not know, and
+   * a renewal that drops a spec field is refused by Tether's admission policy (read as lost) or
+   * erases it; the Lease is sent back exactly as the API server gave it, renewTime and reports aside.
+   */
+  private options(opts: { contentType?: string; send?: string; wire?: Wire } = {}): ConfigurationOptions<ObservableMiddleware> {
     const timeoutMs = this.timeoutSeconds * 1000;
     const middleware: ObservableMiddleware = {
       pre: (ctx: RequestContext) => {
         ctx.setSignal(AbortSignal.timeout(timeoutMs));
-        if (contentType) ctx.setHeaderParam("Content-Type", contentType);
+        if (opts.contentType) ctx.setHeaderParam("Content-Type", opts.contentType);
+        if (opts.send !== undefined) ctx.setBody(opts.send);
         return now(ctx);
       },
-      post: (rsp: ResponseContext) => now(rsp),
+      post: (rsp: ResponseContext) => {
+        const wire = opts.wire;
+        if (wire === undefined) return now(rsp);
+        return new Observable(rsp.body.text().then((text) => {
+          wire.text = text;
+          rsp.body = { text: async () => text, binary: async () => Buffer.from(text) };
+          return rsp;
+        }));
+      },
     };
     return { middleware: [middleware], middlewareMergeStrategy: "append" };
   }
@@ -209,9 +223,10 @@ export class KubeTransport implements Transport {
   }
 
   private async getLease(): Promise<Answer<LeaseObject | null>> {
+    const wire: Wire = { text: null };
     const answer = await this.call("GET lease", () =>
-      this.leases.readNamespacedLease({ name: this.name, namespace: this.namespace }, this.options()));
-    if (answer.ok) return { ok: true, body: plain<LeaseObject>(answer.body) };
+      this.leases.readNamespacedLease({ name: this.name, namespace: this.namespace }, this.options({ wire })));
+    if (answer.ok) return { ok: true, body: JSON.parse(wire.text ?? "null") as LeaseObject };
     return answer.status === 404 ? { ok: true, body: null } : answer;
   }
 
@@ -232,10 +247,11 @@ export class KubeTransport implements Transport {
     }
     if (!this.isMine(this.lease)) return unconfirmed("the lease names another holder or fence", true);
     const body = renewal(this.lease, new Date(), checkpoint, usage);
+    const wire: Wire = { text: null };
     const put = await this.call("PUT lease", () => this.leases.replaceNamespacedLease(
-      { name: this.name, namespace: this.namespace, body: body as V1Lease }, this.options()));
+      { name: this.name, namespace: this.namespace, body: body as V1Lease }, this.options({ send: JSON.stringify(body), wire })));
     if (put.ok) {
-      this.lease = plain<LeaseObject>(put.body);
+      this.lease = JSON.parse(wire.text ?? "null") as LeaseObject;
       return confirmed(leaseSignals(this.lease));
     }
     if (put.status === 409) {
@@ -265,7 +281,7 @@ export class KubeTransport implements Transport {
   async publish(field: PublishField, value: unknown): Promise<boolean> {
     const patch = fencedPatch(this.holder, this.fence, field, value, this.runUid);
     const answer = await this.call("PATCH status", () => this.objects.patchNamespacedCustomObjectStatus(
-      { ...this.runRequest(), body: patch }, this.options(PatchStrategy.JsonPatch)));
+      { ...this.runRequest(), body: patch }, this.options({ contentType: PatchStrategy.JsonPatch })));
     if (answer.ok) return true;
     if (answer.status === 422) {
       const causes = invalidCauses(answer.text);

@@ -174,6 +174,20 @@ describe("renewal", () => {
     assert.equal(put2?.spec?.leaseTransitions, 1);
   });
 
+  it("sends the Lease back exactly as it came, fields client-node does not model included", async () => {
+    api.lease.metadata = { ...api.lease.metadata, creationTimestamp: "2026-11-30T12:00:00Z", futureMeta: { a: 1 } };
+    api.lease.spec = { ...api.lease.spec, acquireTime: "2026-11-30T12:00:00.123456Z", futureField: "kept" };
+    const t = transport();
+    await t.renew(null, null);
+    await t.renew(null, null);
+    for (const put of puts().map((s) => JSON.parse(s.body) as LeaseObject)) {
+      assert.equal(put.spec?.futureField, "kept");
+      assert.equal(put.spec?.acquireTime, "2026-11-30T12:00:00.123456Z");
+      assert.equal(put.metadata?.creationTimestamp, "2026-11-30T12:00:00Z");
+      assert.deepEqual(put.metadata?.futureMeta, { a: 1 });
+    }
+  });
+
   it("reads the signals from the renewal's answer", async () => {
     api.lease.metadata!.annotations![ANN_SIGNALS] = '{"stop":true,"reason":"budget"}';
     const r = await transport().renew(null, null);
