@@ -215,6 +215,15 @@ export function validReport(report: Usage, previous: Usage | null): string | nul
   return null;
 }
 
+/** The longest checkpoint cursor the gateway and the operator accept, in characters. */
+export const MAX_CURSOR_CHARS = 1024;
+
+/** Why a checkpoint cursor is refused, or null. */
+export function validCursor(cursor: string): string | null {
+  const chars = [...cursor].length;
+  return chars > MAX_CURSOR_CHARS ? `checkpoint cursor of ${chars} characters exceeds ${MAX_CURSOR_CHARS}` : null;
+}
+
 // --- control signals and caps -----------------------------------------------------------------
 
 function isObject(v: unknown): v is Record<string, unknown> {

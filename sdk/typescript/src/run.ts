@@ -22,6 +22,7 @@ import {
   ownership,
   requestTimeout,
   safetyMargin,
+  validCursor,
   validReport,
   type ControlSignals,
   type JsonObject,
@@ -367,9 +368,12 @@ export class WorkerRun {
 
   /**
    * Records progress; it rides on the next renewal. With `flush`, renews now and resolves once that
-   * renewal was answered (check `owned` to know whether it was confirmed).
+   * renewal was answered (check `owned` to know whether it was confirmed). Rejects with RangeError
+   * a cursor over 1024 characters (the gateway and the operator refuse it).
    */
   async checkpoint(cursor: string, options: { flush?: boolean } = {}): Promise<void> {
+    const why = validCursor(cursor);
+    if (why !== null) throw new RangeError(why);
     this.pendingCheckpoint = cursor;
     this.checkpointCursor = cursor;
     if (options.flush) await this.renewLogged();

@@ -25,6 +25,7 @@ import {
   safetyMargin,
   signalsFromRemaining,
   usageAnnotation,
+  validCursor,
   validReport,
   type LeaseObject,
   type RunObject,
@@ -148,6 +149,18 @@ describe("usage reports", () => {
   ];
   for (const [what, report, previous, why] of cases) {
     it(what, () => assert.equal(validReport(report, previous), why));
+  }
+});
+
+describe("checkpoint cursors", () => {
+  const cases: [string, string, boolean][] = [
+    ["empty", "", true],
+    ["1024 characters", "x".repeat(1024), true],
+    ["1024 characters of two UTF-16 units each", "😀".repeat(1024), true],
+    ["1025 characters", "x".repeat(1025), false],
+  ];
+  for (const [what, cursor, ok] of cases) {
+    it(`${what}: ${ok ? "accepted" : "refused"}`, () => assert.equal(validCursor(cursor) === null, ok));
   }
 });
 

@@ -165,6 +165,15 @@ describe("checkpoints and usage", () => {
     assert.equal(run.checkpointCursor, "row-1");
   });
 
+  it("refuses a cursor over 1024 characters and keeps the previous one", async () => {
+    const { run, clock, transport } = await started();
+    await run.checkpoint("row-1");
+    await assert.rejects(run.checkpoint("x".repeat(1025)), RangeError);
+    await clock.advance(2);
+    assert.equal(transport.renewals[1]?.checkpoint, "row-1");
+    assert.equal(run.checkpointCursor, "row-1");
+  });
+
   it("a flush renews now", async () => {
     const { run, transport } = await started();
     await run.checkpoint("row-2", { flush: true });
