@@ -22,7 +22,8 @@ var (
 	// retrying the call with the same Idempotency-Key is safe.
 	ErrToolTimeout = errors.New("tether: tool call timed out")
 	// ErrResultInvalid: the API server (the CRD schema) or the gateway refused the published value
-	// itself. The worker still owns the run and may publish a corrected value.
+	// itself. The worker still owns the run and may publish a corrected value. The error is a
+	// *ResultInvalidError.
 	ErrResultInvalid = errors.New("tether: result refused as invalid")
 	// ErrClaimRefused: the gateway did not hand out the run. The error is a *ClaimRefusedError.
 	ErrClaimRefused = errors.New("tether: claim refused")
@@ -45,3 +46,24 @@ func (e *ClaimRefusedError) Error() string {
 
 // Is makes errors.Is(err, ErrClaimRefused) true for every refusal.
 func (e *ClaimRefusedError) Is(target error) bool { return target == ErrClaimRefused }
+
+// ResultInvalidError is the refusal of a published value itself (a result that is not a JSON
+// object, an error code that is not a string): a bad result, not lost ownership.
+type ResultInvalidError struct {
+	Field   string         // what was published: "result" or "error"
+	Message string         // the API server's or the gateway's message
+	Causes  []InvalidCause // the refused fields, when the answer named them
+}
+
+// InvalidCause is one refused field of a value.
+type InvalidCause struct {
+	Field   string // e.g. "status.result"
+	Message string
+}
+
+func (e *ResultInvalidError) Error() string {
+	return fmt.Sprintf("tether: the %s was refused as invalid: %s", e.Field, e.Message)
+}
+
+// Is makes errors.Is(err, ErrResultInvalid) true for every such refusal.
+func (e *ResultInvalidError) Is(target error) bool { return target == ErrResultInvalid }

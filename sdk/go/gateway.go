@@ -243,7 +243,12 @@ func (g *gatewayTransport) publish(ctx context.Context, field string, value json
 		errorOf(body).Code == "NotClaimant":
 		return publishResult{outcome: refused, why: why}, nil
 	case status == http.StatusUnprocessableEntity:
-		return publishResult{outcome: invalid, why: why}, nil
+		// The gateway refused the body, or the API server the value: a bad result, not lost.
+		var causes []InvalidCause
+		if e := errorOf(body); e.Field != "" {
+			causes = []InvalidCause{{Field: e.Field, Message: e.Message}}
+		}
+		return publishResult{outcome: invalid, why: why, causes: causes}, nil
 	default:
 		return publishResult{outcome: retry, why: why,
 			retryAfter: retryAfterHeader(header.Get("Retry-After"), g.clock())}, nil

@@ -253,8 +253,11 @@ func TestGatewayPublish(t *testing.T) {
 func TestGatewayFailAndBadResult(t *testing.T) {
 	g, srv := newFakeGateway(t)
 	r := claimTest(t, srv)
-	g.script("complete", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"result: Input should be a valid dictionary"}}`))
-	if err := r.Complete(context.Background(), []int{1}); !errors.Is(err, ErrResultInvalid) || r.Lost() {
+	g.script("complete", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"result: Input should be a valid dictionary","field":"result"}}`))
+	err := r.Complete(context.Background(), []int{1})
+	var bad *ResultInvalidError
+	if !errors.Is(err, ErrResultInvalid) || !errors.As(err, &bad) || r.Lost() || len(bad.Causes) != 1 ||
+		bad.Causes[0].Field != "result" || bad.Field != "result" {
 		t.Fatalf("bad result: %v", err)
 	}
 	if err := r.Fail(context.Background(), "ConformanceFailure", "on purpose"); err != nil {

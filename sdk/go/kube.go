@@ -264,18 +264,18 @@ func fencedByPolicy(status *apierrors.StatusError) bool {
 		strings.Contains(msg, "ValidatingAdmissionPolicy") && strings.Contains(msg, "tether-worker")
 }
 
-// schemaCauses counts the causes of a refusal that the API server itself named (client-go adds
-// an "unexpected server response" cause to a body that was not a Status, which names nothing).
-func schemaCauses(status *apierrors.StatusError) int {
-	n := 0
+// schemaCauses are the causes of a refusal that the API server itself named (client-go adds an
+// "unexpected server response" cause to a body that was not a Status, which names nothing).
+func schemaCauses(status *apierrors.StatusError) []InvalidCause {
+	var causes []InvalidCause
 	if d := status.ErrStatus.Details; d != nil {
 		for _, c := range d.Causes {
 			if c.Type != metav1.CauseTypeUnexpectedServerResponse {
-				n++
+				causes = append(causes, InvalidCause{Field: c.Field, Message: c.Message})
 			}
 		}
 	}
-	return n
+	return causes
 }
 
 func (t *kubeTransport) publish(ctx context.Context, field string, value json.RawMessage) (publishResult, error) {
@@ -294,10 +294,11 @@ func (t *kubeTransport) publish(ctx context.Context, field string, value json.Ra
 		return publishResult{}, err
 	}
 	why := fmt.Sprintf("%d %s", status.ErrStatus.Code, clip(status.ErrStatus.Message))
+	causes := schemaCauses(status)
 	switch code := status.ErrStatus.Code; {
-	case code == http.StatusUnprocessableEntity && schemaCauses(status) > 0:
+	case code == http.StatusUnprocessableEntity && len(causes) > 0:
 		// The CRD's schema refused the value (the causes name the field): a bad result.
-		return publishResult{outcome: invalid, why: why}, nil
+		return publishResult{outcome: invalid, why: why, causes: causes}, nil
 	case code == http.StatusUnprocessableEntity, code == http.StatusNotFound, code == http.StatusConflict,
 		fencedByPolicy(status):
 		// 422 without causes: a test failed, the fence or holder moved on; the policy's 403 says

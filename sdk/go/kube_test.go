@@ -333,6 +333,9 @@ func TestKubePublish(t *testing.T) {
 			if err != nil || res.outcome != tc.outcome || res.retryAfter != tc.retryAfter {
 				t.Fatalf("publish = %+v, %v", res, err)
 			}
+			if tc.outcome == invalid && (len(res.causes) != 1 || res.causes[0].Field != "status.result") {
+				t.Fatalf("causes %+v", res.causes)
+			}
 			patches := api.callsTo(http.MethodPatch, statusPath)
 			if len(patches) != 1 {
 				t.Fatalf("%d patches: client-go retried on its own", len(patches))

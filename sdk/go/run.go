@@ -65,7 +65,8 @@ const (
 type publishResult struct {
 	outcome    publishOutcome
 	why        string
-	retryAfter time.Duration // the answer's Retry-After, when it had one
+	causes     []InvalidCause // invalid: the refused fields, when the answer named them
+	retryAfter time.Duration  // the answer's Retry-After, when it had one
 }
 
 // transport is how a Run reaches Tether: the Kubernetes API (pods) or the gateway (anywhere).
@@ -185,7 +186,8 @@ func (r *Run) Payload() json.RawMessage { return r.info.payload }
 // IdempotencyKey is the run's idempotency key (spec.idempotencyKey, default the run's UID).
 func (r *Run) IdempotencyKey() string { return r.info.idempotencyKey }
 
-// LeaseDuration and RenewInterval are the lease contract.
+// LeaseDuration is the lease's duration: ownership is unknown once no renewal was confirmed for
+// this long, minus a margin.
 func (r *Run) LeaseDuration() time.Duration { return r.info.leaseDuration }
 
 // RenewInterval is how often the heartbeat renews.
@@ -495,7 +497,7 @@ func (r *Run) settle(field string, res publishResult) error {
 		return nil
 	case invalid:
 		r.log.Error(field+" refused as invalid", r.logAttrs("result_invalid", "field", field, "reason", res.why)...)
-		return fmt.Errorf("%w: %s", ErrResultInvalid, res.why)
+		return &ResultInvalidError{Field: field, Message: res.why, Causes: res.causes}
 	default:
 		r.markLost("the run's fence or holder moved on")
 		r.log.Error(field+" rejected", r.logAttrs("result_rejected", "field", field, "reason", res.why)...)

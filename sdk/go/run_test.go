@@ -320,13 +320,16 @@ func TestPublishRefused(t *testing.T) {
 func TestResultInvalidIsNotLost(t *testing.T) {
 	tr := &fakeTransport{publishFn: func(n int) (publishResult, error) {
 		if n == 1 {
-			return publishResult{outcome: invalid, why: "status.result must be an object"}, nil
+			return publishResult{outcome: invalid, why: "status.result must be an object",
+				causes: []InvalidCause{{Field: "status.result", Message: "must be of type object"}}}, nil
 		}
 		return publishResult{outcome: published}, nil
 	}}
 	r, _ := testRun(t, tr, &fakeClock{})
 	err := r.Complete(context.Background(), []int{1})
-	if !errors.Is(err, ErrResultInvalid) || errors.Is(err, ErrLeaseLost) || r.Lost() || !r.Owned() {
+	var bad *ResultInvalidError
+	if !errors.Is(err, ErrResultInvalid) || errors.Is(err, ErrLeaseLost) || r.Lost() || !r.Owned() ||
+		!errors.As(err, &bad) || bad.Causes[0].Field != "status.result" {
 		t.Fatalf("invalid result: %v, %s", err, state(r))
 	}
 	if err := r.Complete(context.Background(), map[string]int{"steps": 1}); err != nil {

@@ -24,13 +24,14 @@ import (
 	tether "github.com/tether-dev/tether/sdk/go"
 )
 
-// Exit codes of the program (conformance/WORKER.md).
+// Exit codes of the program (conformance/WORKER.md; the same as the Python and TypeScript ones).
 const (
-	exitDone      = 0 // published, or stopped as told, or cannot afford the next step
-	exitLost      = 1 // ownership lost (or the receiver said our fence is stale)
-	exitUnknown   = 2 // ownership unknown until the lease deadline
-	exitCrash     = 3 // crashed on purpose
-	exitUnclaimed = 4 // the gateway refused the claim
+	exitDone        = 0 // published, or stopped as told, or cannot afford the next step
+	exitLost        = 1 // ownership lost (or the receiver said our fence is stale)
+	exitUnknown     = 2 // ownership unknown until the lease deadline
+	exitCrash       = 3 // crashed on purpose
+	exitNotStarted  = 4 // the attempt could not start (a refused claim, no environment, ...)
+	exitInvalidTook = 5 // the invalid result was accepted: the SDK failed to report it
 )
 
 // gatePoll is how often the gate looks again (at most 100 ms).
@@ -116,14 +117,14 @@ func start(ctx context.Context, log *slog.Logger) (*tether.Run, int) {
 		r, err := tether.FromEnv(ctx)
 		if err != nil {
 			log.Error("cannot start the attempt", "error", err)
-			return nil, exitLost
+			return nil, exitNotStarted
 		}
 		return r, 0
 	}
 	token, err := os.ReadFile(os.Getenv("TETHER_GATEWAY_TOKEN_FILE"))
 	if err != nil {
 		log.Error("cannot read the gateway token", "error", err)
-		return nil, exitUnclaimed
+		return nil, exitNotStarted
 	}
 	var opts []tether.Option
 	if id := os.Getenv("TETHER_WORKER_ID"); id != "" {
@@ -133,7 +134,7 @@ func start(ctx context.Context, log *slog.Logger) (*tether.Run, int) {
 		strings.TrimSpace(string(token)), opts...)
 	if err != nil {
 		log.Error("claim failed", "error", err)
-		return nil, exitUnclaimed
+		return nil, exitNotStarted
 	}
 	return r, 0
 }
@@ -205,18 +206,21 @@ func effect(ctx context.Context, r *tether.Run, url string, step int) (int, erro
 	return resp.StatusCode, nil
 }
 
-// publish ends the attempt with its error or its result (after the bad one, when asked).
+// publish ends the attempt with its error or its result, after the invalid result when asked.
 func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int {
-	if slices.Contains(s.FailAttempts, r.Attempt()) {
-		return outcome(log, r.Fail(ctx, "ConformanceFailure", fmt.Sprintf("attempt %d fails on purpose", r.Attempt())))
-	}
 	if s.BadResultFirst {
 		err := r.Complete(ctx, []int{1})
-		if !errors.Is(err, tether.ErrResultInvalid) {
-			log.Error("the invalid result was not reported as invalid", "error", err)
+		switch {
+		case err == nil:
+			log.Error("the invalid result was accepted")
+			return exitInvalidTook
+		case !errors.Is(err, tether.ErrResultInvalid):
 			return outcome(log, err)
 		}
 		log.Info("the invalid result was refused as expected", "error", err)
+	}
+	if slices.Contains(s.FailAttempts, r.Attempt()) {
+		return outcome(log, r.Fail(ctx, "ConformanceFailure", fmt.Sprintf("attempt %d fails on purpose", r.Attempt())))
 	}
 	return outcome(log, r.Complete(ctx, map[string]any{"steps": s.Steps, "attempt": r.Attempt(), "sdk": "go"}))
 }
