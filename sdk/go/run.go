@@ -450,15 +450,13 @@ func (r *Run) publish(ctx context.Context, field string, value any) error {
 	delay := 500 * time.Millisecond
 	unanswered := false // a request whose answer was lost may have landed
 	for {
-		pctx, cancel := context.WithTimeout(ctx, r.timeout)
-		res, err := r.tr.publish(pctx, field, raw)
+		res, err := r.tryPublish(ctx, field, raw)
 		if err == nil && res.outcome == refused && unanswered {
 			var landed bool
-			if landed, err = r.tr.recorded(pctx, field, raw); err == nil && landed {
+			if landed, err = r.lookUp(ctx, field, raw); err == nil && landed {
 				res.outcome = published
 			}
 		}
-		cancel()
 		if err == nil && res.outcome != retry {
 			return r.settle(field, res)
 		}
@@ -483,6 +481,20 @@ func (r *Run) publish(ctx context.Context, field string, value any) error {
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
+}
+
+// tryPublish is one try of a publication, within the request timeout.
+func (r *Run) tryPublish(ctx context.Context, field string, raw json.RawMessage) (publishResult, error) {
+	pctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	return r.tr.publish(pctx, field, raw)
+}
+
+// lookUp asks whether an earlier try whose answer was lost landed, within the request timeout.
+func (r *Run) lookUp(ctx context.Context, field string, raw json.RawMessage) (bool, error) {
+	lctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	return r.tr.recorded(lctx, field, raw)
 }
 
 // settle turns a definite answer to a publication into the Run's state and the caller's error.
