@@ -331,12 +331,16 @@ def cap(case: Case) -> str:
     run = case.wait_phase("job", ("BudgetExceeded", "Succeeded", "Failed", "Lost", "Cancelled"), timeout=90)
     _expect(_status(run)["phase"] == "BudgetExceeded", f"ended {_status(run)['phase']}")
     _no_effects_after(case, fence, bound, "the cap's stop signal (one renew interval)")
-    at_bound, final = _usage_on_lease(case, "job", holder, until=bound), _usage_on_lease(case, "job", holder)
+    at_bound, final = _usage_on_lease(case, "job", holder, until=bound + R), _usage_on_lease(case, "job", holder)
     _expect(at_bound == final, f"usage kept growing after the stop: {at_bound} then {final}")
+    # Every step done was paid for: its effect was accepted, so its 2¢ must be reported and charged
+    # (a worker that leaves without a last renewal under-reports).
+    spent = 2 * sum(1 for e in case.effects() if e.fence == fence)
     usage = _status(run).get("usage") or {}
-    _expect(final is not None and usage.get("cents") == final[0], f"charged {usage} but the worker reported {final}")
+    _expect(final is not None and final[0] == spent, f"the worker reported {final} but did {spent // 2} steps ({spent}¢)")
+    _expect(usage.get("cents") == spent, f"charged {usage} for {spent}¢ of steps")
     case.judge_safety()
-    return f"stopped at {final[0] if final else 0}¢, charged exactly"
+    return f"stopped at {spent}¢ ({spent // 2} steps), reported and charged exactly"
 
 
 def backoff(case: Case) -> str:

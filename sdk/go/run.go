@@ -158,6 +158,15 @@ func (r *Run) Close() error {
 	r.closeOnce.Do(func() {
 		r.cancel()
 		<-r.done
+		// A worker that leaves without publishing (stopped, crashed out, gave up) still reports
+		// what it spent and how far it got: one last renewal carries its usage and checkpoint, or
+		// the run would be charged less than it used. Its outcome changes nothing here.
+		r.mu.Lock()
+		flush := !r.lost && !r.finished
+		r.mu.Unlock()
+		if flush {
+			_ = r.renewOnce(context.Background())
+		}
 		r.tr.close()
 	})
 	return nil

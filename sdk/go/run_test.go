@@ -557,3 +557,24 @@ func TestEffect(t *testing.T) {
 		t.Fatalf("a stopped worker sent the effect: %v", err)
 	}
 }
+
+func TestCloseReportsWhatWasSpentWithOneLastRenewal(t *testing.T) {
+	clock := &fakeClock{}
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, clock)
+	before := tr.renewCount()
+	if err := r.ReportUsage(7, 3); err != nil {
+		t.Fatal(err)
+	}
+	_ = r.Close()
+	if got := tr.renewCount(); got != before+1 {
+		t.Fatalf("renewals on Close: %d, want 1", got-before)
+	}
+	if u := tr.lastRenew().usage; u == nil || u.Cents != 7 || u.Tokens != 3 {
+		t.Fatalf("last renewal carried usage %+v, want 7¢/3 tokens", u)
+	}
+	_ = r.Close()
+	if tr.renewCount() != before+1 || !tr.closed {
+		t.Fatalf("a second Close renewed again or the transport stayed open")
+	}
+}

@@ -362,3 +362,32 @@ def test_publication_retries_wait_as_long_as_retry_after_says(monkeypatch: pytes
     monkeypatch.setattr("tether.worker.run.time.sleep", fake_sleep)
     run.complete({"ok": 1})
     assert sleeps == [3.0, 3.0] and transport.calls == ["publish"] * 3
+
+
+def test_leaving_without_a_result_reports_what_was_spent_once() -> None:
+    """A worker that stops (told to, or giving up) sends one last renewal with its usage and
+    checkpoint, or the run is charged less than it used; a published run sends none."""
+    seen: list[tuple[str | None, Usage | None]] = []
+
+    class Recording(LostAnswerTransport):
+        def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+            seen.append((checkpoint, usage))
+            return Renewal(ok=True, signals=Signals())
+
+        def publish(self, field: str, value: Any) -> bool:
+            return True
+
+    for publish in (False, True):
+        seen.clear()
+        run = WorkerRun(name="job", namespace="ns", holder="job-a1", fence=1, attempt=1, lease_duration=30,
+                        renew_interval=3600, transport=Recording(landed=False), monotonic=lambda: 0.0).start()
+        run.report_usage(cents=7, tokens=3)
+        run.checkpoint("c9")
+        if publish:
+            run.complete({"ok": 1})
+        before = len(seen)
+        run.stop()
+        run.stop()
+        assert len(seen) - before == (0 if publish else 1)
+        if not publish:
+            assert seen[-1] == ("c9", Usage(cents=7, tokens=3))

@@ -118,6 +118,7 @@ class WorkerRun:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._closed = False
         self._pending_checkpoint: str | None = None
         self._usage: Usage | None = None
         self._signals = Signals()
@@ -228,10 +229,21 @@ class WorkerRun:
         return self
 
     def stop(self) -> None:
+        """Ends the heartbeat. A worker that leaves without publishing (stopped, gave up) still
+        reports what it spent and how far it got: one last renewal carries its usage and
+        checkpoint, or the run would be charged less than it used."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.renew_interval + 15)
+        if self._thread is not None and not self._finished.is_set() and not self.lost:
+            try:
+                self._renew_once()
+            except Exception as exc:  # noqa: BLE001 - leaving must not fail; what was not reported is not charged
+                log.warning("last renewal failed", extra=self._fields("heartbeat_unanswered", error=str(exc)[:300]))
         self._transport.close()
 
     def _heartbeat_loop(self) -> None:

@@ -184,6 +184,7 @@ async function main(): Promise<number> {
     const verdict = await gate(run, script);
     if (verdict === "stop") {
       say("stopping without publishing", { step, signals: run.signals });
+      await run.close(); // reports the usage and checkpoint of the steps done since the last renewal
       return 0;
     }
     if (verdict === "lost") return 1;

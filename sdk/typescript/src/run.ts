@@ -127,6 +127,7 @@ export class WorkerRun {
   private isLost = false;
   private finished = false;
   private stopping = false;
+  private closed = false;
   private pendingCheckpoint: string | null = null;
   private usage: Usage | null = null;
   private rawSignals: Signals = { ...NO_SIGNALS };
@@ -486,11 +487,16 @@ export class WorkerRun {
 
   // --- the end -----------------------------------------------------------------------------------
 
-  /** Stops the heartbeat (it does not publish anything). Safe to call more than once. */
+  /** Stops the heartbeat (it does not publish anything). Safe to call more than once. A worker that
+   * leaves without publishing (stopped, gave up) still reports what it spent and how far it got:
+   * one last renewal carries its usage and checkpoint, or the run would be charged less than it used. */
   async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
     this.stopping = true;
     this.wake?.abort();
     await this.loop;
+    if (!this.isLost && !this.finished) await this.renewLogged();
     await this.transport.close();
   }
 

@@ -136,12 +136,16 @@ describe("ownership", () => {
     assert.equal(run.signals.paused, true);
   });
 
-  it("close stops the heartbeat at once", async () => {
+  it("close stops the heartbeat at once, after one last renewal that reports usage", async () => {
     const { run, clock, transport } = await started();
+    run.reportUsage({ cents: 7, tokens: 3 });
     await run.close();
     await clock.advance(10);
-    assert.equal(transport.renewals.length, 1);
+    assert.equal(transport.renewals.length, 2);
+    assert.deepEqual(transport.renewals[1]?.usage, { cents: 7, tokens: 3 });
     assert.equal(transport.closed, true);
+    await run.close();
+    assert.equal(transport.renewals.length, 2);
   });
 
   it("works with await using", async () => {
