@@ -270,6 +270,9 @@ class Case:
         """Starts the worker as a local process that claims `name` through the gateway proxy
         (or, `direct`, on a path of its own to the gateway)."""
         url = self.gateway if direct else self.gateway_proxy.url
+        # Like a worker pool that claims what is open: an attempt to claim exists (the operator
+        # admitted the run and granted it), so a refused claim is the worker's business.
+        self.wait(lambda: bool((self.run(name).get("status") or {}).get("holder")), 60, f"an open attempt of {name}")
         env = {**os.environ, "TETHER_GATEWAY_URL": url, "TETHER_GATEWAY_TOKEN_FILE":
                str(self.token_file), "TETHER_NAMESPACE": self.ns, "TETHER_RUN": name, "TETHER_WORKER_ID": worker_id}
         env.pop("KUBECONFIG", None)
@@ -286,7 +289,10 @@ class Case:
             n = 0
             while not stop.is_set():
                 n += 1
-                proc = self.start_external(name, f"{prefix}{n}")
+                try:
+                    proc = self.start_external(name, f"{prefix}{n}")
+                except Fail:
+                    return  # nothing open any more: the run ended, or the case is over
                 while proc.poll() is None and not stop.is_set():
                     stop.wait(0.1)
                 if stop.is_set() or self.phase(name) in TERMINAL:

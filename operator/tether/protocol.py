@@ -216,17 +216,21 @@ def publication_recorded(run: Mapping[str, Any], holder: str, fence: int, field:
         (field != "result" or status.get("result") == value)
 
 
-def fenced_patch(holder: str, fence: int, field: str, value: Any,
-                 run_uid: str | None = None) -> list[dict[str, Any]]:
+def fenced_patch(holder: str, fence: int, field: str, value: Any, run_uid: str | None = None,
+                 resource_version: str | None = None) -> list[dict[str, Any]]:
     """The JSON patch that publishes a result or an error only while `fence` and `holder` are
     still the run's (and, given `run_uid`, only to that run, never to a namesake created since):
-    the API server applies the `add` only if every `test` holds (else 422)."""
+    the API server applies the `add` only if every `test` holds (else 422). Given a
+    `resource_version`, only onto exactly that version of the run (the gateway's compare-and-swap)."""
     if field not in RESULT_FIELDS:
         raise ValueError(f"a worker publishes only {RESULT_FIELDS}, not {field!r}")
     same_run = [] if run_uid is None else [{"op": "test", "path": "/metadata/uid", "value": run_uid}]
+    same_version = [] if resource_version is None else \
+        [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
     return [*same_run,
             {"op": "test", "path": "/status/fence", "value": fence},
             {"op": "test", "path": "/status/holder", "value": holder},
+            *same_version,
             {"op": "add", "path": f"/status/{field}", "value": value}]
 
 
@@ -247,3 +251,9 @@ def invalid_causes(status_body: str | bytes | Mapping[str, Any] | None) -> list[
     details = doc.get("details") if isinstance(doc, Mapping) else None
     causes = details.get("causes") if isinstance(details, Mapping) else None
     return [dict(c) for c in causes if isinstance(c, Mapping)] if isinstance(causes, list) else []
+
+
+def refuses_value(causes: list[dict[str, Any]], field: str) -> bool:
+    """Whether a 422's causes name the published value itself (`status.result...`): only then is
+    it a bad value. Causes about other fields say nothing this publication can fix."""
+    return any(str(c.get("field") or "").split("[")[0].split(".")[:2] == ["status", field] for c in causes)

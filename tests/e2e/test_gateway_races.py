@@ -192,3 +192,59 @@ def test_revocation_between_renewal_and_mint_leaves_no_credential(kube: Kube, na
     heartbeat = through_gateway(lambda app: _post(app, namespace, "late", "heartbeat", token,
                                                   {"holder": holder, "fence": fence, "workerId": "w1"}))
     assert heartbeat.status_code == 410, heartbeat.text
+
+
+def test_an_accepted_result_or_error_is_never_replaced_through_the_gateway(kube: Kube, namespace: str) -> None:
+    """Found by review: the gateway writes as the operator, which the admission policy does not hold
+    to "never replaced", and a JSON-patch `add` replaces. Between the first accepted `complete` and
+    the operator's revocation (no operator runs here: the window stays open), a second `complete`
+    with another value, or a `fail`, must be refused; the same value again is a retry (200)."""
+    token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
+    holder, fence = grant(kube, namespace, "once")
+
+    async def calls(app: Any) -> list[httpx.Response]:
+        claim = await _post(app, namespace, "once", "claim", token, {})
+        fenced = {"holder": holder, "fence": fence, "runUid": claim.json()["runUid"]}
+        return [claim] + [await _post(app, namespace, "once", op, token, {**fenced, **body}) for op, body in [
+            ("complete", {"result": {"v": 1}}), ("complete", {"result": {"v": 2}}),
+            ("fail", {"error": {"code": "Late", "message": "m"}}), ("complete", {"result": {"v": 1}})]]
+
+    claim, first, other, fail, again = through_gateway(calls)
+    assert claim.status_code == 200 and first.status_code == 200, (claim.text, first.text)
+    assert (other.status_code, other.json()["error"]["code"]) == (409, "AlreadyPublished"), other.text
+    assert (fail.status_code, fail.json()["error"]["code"]) == (409, "AlreadyPublished"), fail.text
+    assert again.status_code == 200, again.text
+    status = runs.get(kube, namespace, "once")["status"]
+    assert status["result"] == {"v": 1} and "error" not in status
+
+
+def test_two_concurrent_publications_cannot_both_land(kube: Kube, namespace: str) -> None:
+    """Both read a status with no result, then both patch: the resourceVersion `test` lets one in;
+    the other reads again, finds a different result, and is refused."""
+    token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
+    holder, fence = grant(kube, namespace, "pair")
+    barrier = asyncio.Barrier(2)
+
+    def both_read_first(client: HookedKube) -> None:
+        original = client.patch_run_status
+
+        async def patch(ns: str, name: str, body: list[dict[str, Any]]) -> dict[str, Any]:
+            if barrier.n_waiting < 2 and not barrier.broken:
+                try:
+                    await asyncio.wait_for(barrier.wait(), timeout=20)
+                except asyncio.BrokenBarrierError:
+                    pass
+            return await original(ns, name, body)
+
+        client.patch_run_status = patch  # type: ignore[method-assign]
+
+    async def calls(app: Any) -> list[httpx.Response]:
+        claim = await _post(app, namespace, "pair", "claim", token, {})
+        fenced = {"holder": holder, "fence": fence, "runUid": claim.json()["runUid"]}
+        return list(await asyncio.gather(*(_post(app, namespace, "pair", "complete", token, {**fenced, "result": {"v": v}})
+                                           for v in (1, 2))))
+
+    answers = through_gateway(calls, both_read_first)
+    assert sorted(r.status_code for r in answers) == [200, 409], [r.text for r in answers]
+    winner = next(i for i, r in enumerate(answers) if r.status_code == 200) + 1
+    assert runs.get(kube, namespace, "pair")["status"]["result"] == {"v": winner}

@@ -146,3 +146,12 @@ def test_invalid_causes_reads_only_a_status_that_names_fields() -> None:
     assert invalid_causes({"details": {"causes": [{"field": "status.result"}]}}) == [{"field": "status.result"}]
     assert invalid_causes("<html>proxy</html>") == [] and invalid_causes(None) == []
     assert invalid_causes({"details": {"causes": "nonsense"}}) == []
+
+
+def test_only_causes_about_the_published_field_make_a_bad_value() -> None:
+    from tether.protocol import refuses_value
+
+    assert refuses_value([{"field": "status.result"}], "result")
+    assert refuses_value([{"field": "status.error.code"}, {"field": "<nil>"}], "error")
+    assert not refuses_value([{"field": "status.resultant"}], "result")
+    assert not refuses_value([{"field": "status.fence"}], "result") and not refuses_value([], "error")

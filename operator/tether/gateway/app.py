@@ -5,8 +5,9 @@ POST /api/v1/namespaces/{ns}/workerruns/{name}/{claim|heartbeat|checkpoint|compl
 
 200 ok · 401/403 auth (403 NotClaimant: the attempt was claimed by another identity) ·
 402 budget exceeded (admission first) · 404 no such run · 409 held by another / nothing to claim ·
+409 AlreadyPublished: this attempt's result or error is in, a different one is refused ·
 410 stale fence · 413 body too large · 422 malformed body (names the field) ·
-503 the Kubernetes API cannot be reached (Retry-After) · every answer, errors included, is JSON:
+503 the Kubernetes API cannot be reached, or the run or Lease kept changing (Retry-After) · every answer, errors included, is JSON:
 `{"error": {"code", "message", "field"?}}`.
 
 What is written to the Lease and the run's status, and when a Lease counts as the caller's, comes
@@ -295,7 +296,7 @@ class Gateway:
                 return await self.kube.replace_lease(updated), lease
             except Conflict:
                 continue
-        raise Failure(409, "Conflict", "the lease changed twice during the call; retry")
+        raise Failure(503, "Busy", "the lease changed twice during the call; retry", headers={"Retry-After": "1"})
 
     # --- the six calls -------------------------------------------------------
 
@@ -354,21 +355,40 @@ class Gateway:
         # The claimant of a holder and fence never changes (see Claimant), so checking it here and
         # publishing with the fence `test` below is as strict as one compare-and-swap of both.
         self._check_claimant(lease, caller, body.workerId, f"attempt {body.holder} (fence {body.fence})")
-        patch = protocol.fenced_patch(body.holder, body.fence, fld, value, body.runUid)
-        try:
-            written = await self.kube.patch_run_status(ns, name, patch)
-        except Invalid as exc:
-            causes = protocol.invalid_causes(exc.body)
-            if causes:  # the schema refused the value: a bad request, not a stale fence
-                raise Failure(422, "InvalidResult", f"the WorkerRun refused the {fld}: {exc.message}",
-                              field=str(causes[0].get("field") or fld)) from exc
-            if await self._recorded(ns, name, body, fld, value):
-                return {"status": "", "fence": body.fence}
-            self._rejected(ns, name, body)
-            raise stale from exc
-        except NotFound as exc:
-            raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
-        return {"status": (written.get("status") or {}).get("phase", ""), "fence": body.fence}
+        # The gateway writes as the operator, whom the admission policy does not hold to "a result
+        # or error, once there, is never replaced": it keeps that promise itself. It publishes only
+        # onto a status with neither, compare-and-swapped on the resourceVersion it read.
+        for _ in range(3):
+            try:
+                run = await self.kube.get_run(ns, name)
+            except NotFound as exc:
+                raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
+            status = run.get("status") or {}
+            if status.get("result") is not None or status.get("error") is not None:
+                if body.runUid in (None, run["metadata"].get("uid")) and \
+                        protocol.publication_recorded(run, body.holder, body.fence, fld, value):
+                    return {"status": status.get("phase", ""), "fence": body.fence}  # a retry of an accepted call
+                if (status.get("holder"), status.get("fence")) == (body.holder, body.fence):
+                    raise Failure(409, "AlreadyPublished", f"attempt {body.holder} already published its result or "
+                                                           "error; an accepted one is never replaced")
+                self._rejected(ns, name, body)
+                raise stale
+            patch = protocol.fenced_patch(body.holder, body.fence, fld, value, body.runUid,
+                                          resource_version=run["metadata"]["resourceVersion"])
+            try:
+                written = await self.kube.patch_run_status(ns, name, patch)
+            except Invalid as exc:
+                causes = protocol.invalid_causes(exc.body)
+                if protocol.refuses_value(causes, fld):
+                    # The schema refused the value: a bad request, not a stale fence.
+                    raise Failure(422, "InvalidResult", f"the WorkerRun refused the {fld}: {exc.message}",
+                                  field=f"status.{fld}") from exc
+                continue  # a `test` failed: the status moved (any write) or the attempt did; look again
+            except NotFound as exc:
+                raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
+            return {"status": (written.get("status") or {}).get("phase", ""), "fence": body.fence}
+        raise Failure(503, "Busy", "the run's status changed during each of three tries; retry",
+                      headers={"Retry-After": "1"})
 
     async def _recorded(self, ns: str, name: str, body: m.Fenced, field: str, value: Any) -> bool:
         """Whether the run already holds exactly this attempt's publication (see protocol)."""

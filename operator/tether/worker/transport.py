@@ -112,7 +112,7 @@ class KubeSteps:
         # fencing policy: the same, said by the API server itself. 422 with causes: a bad value.
         if resp.status_code == 422:
             causes = protocol.invalid_causes(resp.text)
-            if causes:
+            if protocol.refuses_value(causes, field):
                 raise ResultInvalid(f"the API server refused the {field}: {_status_message(resp)}", causes)
         return _published(resp, refused=resp.status_code in (404, 409, 422) or fenced_by_policy(resp))
 
