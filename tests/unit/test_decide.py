@@ -837,3 +837,18 @@ def test_a_worker_told_to_stop_that_stops_renewing_ends_the_run_not_retried(
     s = status_of(d.actions)
     assert s.phase.value == outcome.value and s.attempts[-1].outcome == outcome and s.holder is None
     assert kinds(d.actions) == ["Revoke"] and d.actions[0].status_write.lapse
+
+
+def test_a_withdrawn_stop_is_forgotten_so_a_later_one_is_told_with_its_full_grace() -> None:
+    """Found by review: stopRequestedAt outlived a withdrawn stop (spec.stop cleared, a cap raised,
+    a budget period reset), so a stop crossed hours later revoked the worker at once, untold."""
+    asked = held(stopRequestedAt=T0.isoformat())
+    later = T0 + dt.timedelta(seconds=100)
+    withdrawn = decide(observe(run({"budget": {"capCents": 500}, "stopGraceSeconds": 10}, status=asked),
+                               lease(usage=Usage(cents=120)), (pod(),), now=later))
+    s = status_of(withdrawn.actions)
+    assert s.stop_requested_at is None and s.holder == "job-a1" and s.fence == 1
+    again = decide(observe(run({"budget": {"capCents": 100}, "stopGraceSeconds": 10},
+                               status=held(stopRequestedAt=None)), lease(usage=Usage(cents=120)), (pod(),), now=later))
+    assert "Revoke" not in kinds(again.actions)
+    assert status_of(again.actions).stop_requested_at == later and again.requeue_after == 10

@@ -65,6 +65,7 @@ EV_BACKOFF = "BackoffStarted"
 EV_SUSPENDED = "Suspended"
 EV_BUDGET_EXCEEDED = "BudgetExceeded"
 EV_STOP_REQUESTED = "StopRequested"
+EV_STOP_WITHDRAWN = "StopWithdrawn"
 EV_STALLED = "Stalled"
 # Why nobody holds a re-created run yet: a pod of its deleted namesake has the next holder's name.
 REASON_NAMESAKE_POD = "NamesakePodTerminating"

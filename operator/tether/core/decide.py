@@ -202,7 +202,8 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord)
             if stop is not None and s.stop_requested_at is not None:
                 # Told to stop, the worker went away: the stop is over, as when a pod exits. (An
                 # External worker has no pod to exit; ending LeaseLost would retry a stopped run.)
-                ending = Ending(stop.outcome, f"{stop.reason}; the worker stopped renewing")
+                ending = Ending(stop.outcome, f"{stop.reason}; no renewal observed for "
+                                              f"{run.spec.lease.duration_seconds}s since")
             else:
                 ending = Ending(Outcome.LEASE_LOST, f"no renewal observed for {run.spec.lease.duration_seconds}s")
             b.details["silenceSeconds"] = round(verdict.silence, 3)
@@ -256,6 +257,12 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
         write = True
     if stop is not None:
         d.wake((stop_due(o) - o.now).total_seconds())
+    elif s.stop_requested_at is not None:
+        # The stop was withdrawn (spec.stop cleared, the cap raised, the budget's period reset).
+        # A stop that comes back later is told afresh, with its full grace.
+        b.status.stop_requested_at = None
+        b.events.append(Event("Normal", c.EV_STOP_WITHDRAWN, f"{s.holder} is no longer told to stop"))
+        write = True
     if s.phase != Phase.RUNNING and lease.renewed:
         b.status.last_renew_time = o.now
         b.status.lease_expires_at = after(o.now, run.spec.lease.duration_seconds)
