@@ -391,3 +391,26 @@ def test_leaving_without_a_result_reports_what_was_spent_once() -> None:
         assert len(seen) - before == (0 if publish else 1)
         if not publish:
             assert seen[-1] == ("c9", Usage(cents=7, tokens=3))
+
+
+@pytest.mark.parametrize(("status", "code", "lost"), [
+    (410, "StaleFence", True), (403, "NotClaimant", True), (409, "HeldByAnother", True), (404, "NotFound", True),
+    (503, "Busy", False), (403, "Forbidden", False), (401, "Unauthorized", False)])
+def test_gateway_heartbeat_answers_that_mean_lost(status: int, code: str, lost: bool) -> None:
+    """docs/protocol.md §6.3: another claimant or a moved fence is lost; busy or an auth problem is
+    only unconfirmed."""
+    t = _gateway(lambda request: httpx.Response(status, json={"error": {"code": code, "message": "m"}}))
+    renewal = t.renew(None, None)
+    assert not renewal.ok and renewal.lost is lost
+
+
+@pytest.mark.parametrize("kube", [True, False])
+def test_a_result_too_large_to_store_is_a_bad_value_not_lost(kube: bool) -> None:
+    from tether.worker import ResultInvalid
+    from tether.worker.transport import KubeTransport
+
+    answer = httpx.Response(413, json={"kind": "Status", "code": 413, "message": "Request entity too large"})
+    t: Any = KubeTransport("ns", "job", "job-a1", 1, _MockKube(lambda r: answer), timeout=1.0) if kube \
+        else _gateway(lambda r: answer)  # type: ignore[arg-type]
+    with pytest.raises(ResultInvalid):
+        t.publish("result", {"big": "x"})

@@ -340,15 +340,16 @@ class WorkerRun:
         if self.lost:
             log.error("result rejected: lease lost", extra=self._fields("result_rejected", field=field))
             raise LeaseLost("result not published: the lease is lost")
-        # Usage and the last checkpoint go out with a final renewal, so nothing is left behind.
-        try:
-            self._renew_once()
-        except httpx.HTTPError:
-            pass
+        # Usage and the last checkpoint go out with a final renewal, so nothing is left behind; a
+        # confirmed one also moves the deadline below.
+        self.renew()
         deadline = self._confirmed_at + self.lease_duration
         delay = 0.5
         unanswered = False  # a request whose answer was lost may have landed
         while True:
+            if self.lost and not unanswered:  # the heartbeat heard it meanwhile: publish nothing more
+                log.error("result rejected: lease lost", extra=self._fields("result_rejected", field=field))
+                raise LeaseLost(f"the {field} was not published: the lease is lost")
             try:
                 try:
                     accepted = self._transport.publish(field, value)

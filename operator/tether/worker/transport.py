@@ -110,6 +110,8 @@ class KubeSteps:
                           headers=protocol.JSON_PATCH)
         # 422 without causes: a `test` failed, the run's uid, fence or holder moved on; 403 from the
         # fencing policy: the same, said by the API server itself. 422 with causes: a bad value.
+        if resp.status_code == 413:  # the run would outgrow what the API server stores in one object
+            raise ResultInvalid(f"the {field} is too large: {_status_message(resp)}")
         if resp.status_code == 422:
             causes = protocol.invalid_causes(resp.text)
             if protocol.refuses_value(causes, field):
@@ -225,13 +227,15 @@ class GatewayTransport:
             doc = resp.json()
             self.tool_claim = doc.get("toolClaim") or self.tool_claim
             return Renewal(ok=True, signals=gateway_signals(doc, usage))
-        if resp.status_code in (404, 410):
+        if resp.status_code in (404, 410) or error_body(resp).get("code") in ("NotClaimant", "HeldByAnother"):
             return Renewal(ok=False, lost=True, why=_message(resp) or "stale fence")
         return Renewal(ok=False, why=f"heartbeat refused: {resp.status_code} {_message(resp) or resp.text[:200]}")
 
     def publish(self, field: str, value: dict[str, Any]) -> bool:
         op, body = ("complete", {"result": value}) if field == "result" else ("fail", {"error": value})
         resp = self._http.post(f"{self._prefix}/{op}", json={**self._fenced, **body})
+        if resp.status_code == 413:
+            raise ResultInvalid(f"the {field} is too large for the gateway (1 MiB): {_message(resp)}")
         if resp.status_code == 422:  # the gateway refused the body or the API server the value
             error = error_body(resp)
             field_name = error.get("field")
