@@ -82,7 +82,9 @@ class Receiver:
                 decision = check(outer.store, key.rsplit(":", 1)[0], fence, key)
                 status, answer, verdict = 200, b'{"ok":true}', "accepted"
                 if isinstance(decision, Reject):
-                    status, answer, verdict = 409, json.dumps({"error": decision.message}).encode(), "refused"
+                    code = getattr(decision, "code", "StaleFence")  # InProgress: the same key is running
+                    status, verdict = 409, "refused" if code == "StaleFence" else "in-progress"
+                    answer = json.dumps({"error": code, "message": decision.message}).encode()
                 elif isinstance(decision, Replay):
                     status, answer, verdict = decision.response.status, decision.response.body, "replayed"
                 else:

@@ -76,6 +76,8 @@ def main() -> int:
                 except (LeaseLost, OwnershipUnknown, StopRequested):
                     continue  # not sent: back to the gate for this same step
                 if resp.status_code == 409:
+                    if resp.json().get("error") == "InProgress":
+                        continue  # the same key is still running: try this step again
                     run.stop()
                     return 1
             done += 1
@@ -83,7 +85,10 @@ def main() -> int:
             run.report_usage(cents=done * cents, tokens=done * tokens)
             step += 1
             if crash and step == crash_after:
-                run.renew()  # the checkpoint lands before the crash
+                # The checkpoint lands before the crash: renew until one is confirmed (or lost).
+                deadline = time.monotonic() + run.lease_duration
+                while not run.renew() and not run.lost and time.monotonic() < deadline:
+                    time.sleep(POLL)
                 os._exit(3)
     try:
         if p.get("badResultFirst"):
