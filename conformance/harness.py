@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import threading
 import time
@@ -26,7 +28,7 @@ from tether.devcluster.processes import free_port, spawn, terminate
 from tether.fencing import Accept, MemoryStore, Reject, Replay, StoredResponse, check
 from tests.support.apiproxy import ApiProxy
 from tests.support.audit import AuditRecord
-from tests.support.chaos import read_audit
+from tests.support.chaos import read_audit_to_end
 from tests.support.kube import Kube, eventually, worker_identity
 from tests.support.operator_process import OperatorProcess
 from tests.support.oracle import TrialFacts, judge
@@ -63,6 +65,16 @@ class Effect:
     decision: str  # accepted | refused | replayed
 
 
+@dataclass(frozen=True)
+class Sent:
+    """One request a worker sent, as its proxy saw it."""
+
+    at: float  # wall clock when it reached the proxy (the worker's send time)
+    method: str
+    path: str
+    status: int  # what the worker got; 0: no answer
+
+
 class Receiver:
     """A side-effect service fenced with tether.fencing, recording every request and its time."""
 
@@ -77,7 +89,12 @@ class Receiver:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                arrived = time.time()
+                try:  # a malformed body is still an effect that was sent: recorded, never a crash
+                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                    body = body if isinstance(body, dict) else {}
+                except ValueError:
+                    body = {}
                 key, fence = self.headers.get("Idempotency-Key") or "", self.headers.get("X-Execution-Fence")
                 decision = check(outer.store, key.rsplit(":", 1)[0], fence, key)
                 status, answer, verdict = 200, b'{"ok":true}', "accepted"
@@ -92,7 +109,7 @@ class Receiver:
                     outer.store.remember(key, StoredResponse(200, answer))
                 with outer._lock:
                     outer.effects.append(Effect(int(fence) if (fence or "").isdigit() else None, key, body.get("step"),
-                                                body.get("attempt"), time.time(), verdict))
+                                                body.get("attempt"), arrived, verdict))
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
@@ -121,7 +138,10 @@ class GatewayProxy:
         self._open = threading.Event()
         self._open.set()
         self._fault: tuple[int, int] | None = None  # (status, retry-after)
-        self.requests: list[tuple[float, str, int]] = []  # (wall time, path, status the worker got)
+        self._hold: tuple[re.Pattern[str], threading.Event] | None = None  # requests matching wait
+        self._drop_response: re.Pattern[str] | None = None  # the next match is served, its answer lost
+        self.held = 0  # requests that have waited on hold()
+        self.requests: list[list[Any]] = []  # [wall time it arrived, path, status the worker got (0: none yet)]
         self._lock = threading.Lock()
         outer = self
 
@@ -133,7 +153,13 @@ class GatewayProxy:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                arrived = time.time()
+                record: list[Any] = [time.time(), self.path, 0]
+                with outer._lock:
+                    outer.requests.append(record)
+                hold = outer._hold
+                if hold is not None and hold[0].search(self.path):
+                    outer.held += 1
+                    hold[1].wait()
                 outer._open.wait()
                 fault = outer._fault
                 if fault is not None:
@@ -147,8 +173,12 @@ class GatewayProxy:
                         self.close_connection = True
                         return
                     status, content, headers = resp.status_code, resp.text, {}
-                with outer._lock:
-                    outer.requests.append((arrived, self.path, status))
+                    drop = outer._drop_response
+                    if drop is not None and drop.search(self.path):
+                        outer._drop_response = None
+                        self.close_connection = True  # served upstream; the worker never hears back
+                        return
+                record[2] = status
                 data = content.encode()
                 try:
                     self.send_response(status)
@@ -169,14 +199,25 @@ class GatewayProxy:
 
     def heal(self) -> None:
         self._fault = None
+        if self._hold is not None:
+            self._hold[1].set()
+            self._hold = None
         self._open.set()
+
+    def hold(self, path: str) -> None:
+        """Holds requests whose path matches (regex) until heal()."""
+        self._hold = (re.compile(path), threading.Event())
+
+    def drop_response(self, path: str) -> None:
+        """The next request whose path matches reaches the gateway; its answer is never sent."""
+        self._drop_response = re.compile(path)
 
     def fail_with(self, status: int, retry_after: int = 1) -> None:
         self._fault = (status, retry_after)
 
     def seen(self) -> list[tuple[float, str, int]]:
         with self._lock:
-            return list(self.requests)
+            return [(r[0], r[1], r[2]) for r in self.requests]
 
     def close(self) -> None:
         self.heal()
@@ -203,7 +244,9 @@ class Case:
     def __enter__(self) -> "Case":
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.kube = Kube(str(self.cluster.kubeconfig))
-        self.audit_offset = self.cluster.audit_log.stat().st_size
+        self._audit_read = self.cluster.audit_log.stat().st_size
+        self._audit: list[AuditRecord] = []
+        self._audit_lock = threading.Lock()
         self.ns = f"conf-{uuid.uuid4().hex[:8]}"
         self.kube.ok(self.kube.post("/api/v1/namespaces", {"metadata": {"name": self.ns}}))
         self._cleanup.append(lambda: self.kube.delete(f"/api/v1/namespaces/{self.ns}"))
@@ -243,6 +286,10 @@ class Case:
     def __exit__(self, *exc: object) -> None:
         for proc in self._externals:
             terminate(proc, grace=0)
+        # The pods' own logs (the process kubelet's), kept with the case for diagnosis.
+        state = os.environ.get("TETHER_TEST_STATE_DIR")
+        for log in Path(state).glob(f"pods/{self.ns}_*/container.log") if state else []:
+            shutil.copyfile(log, self.workdir / f"pod-{log.parent.name.split('_')[1]}.log")
         # Workers ignore SIGTERM (conformance/WORKER.md): end their pods at once.
         self.kube.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods", params={"gracePeriodSeconds": "0"})
         for fn in reversed(self._cleanup):
@@ -343,14 +390,26 @@ class Case:
         spec = resp.json().get("spec", {}) if resp.status_code == 200 else {}
         return spec.get("holderIdentity") == holder and bool(spec.get("renewTime"))
 
+    def worker_requests(self, holder: str) -> list[Sent]:
+        """What the holder's worker sent through its proxy, oldest first (external: every worker
+        that goes through the gateway proxy)."""
+        if self.transport == POD:
+            offset = time.time() - time.monotonic()
+            return [Sent(r.started + offset, r.method, r.path, r.status or 0)
+                    for r in self.worker_proxy.requests(lambda r: r.client == f"{self.ns}/{holder}")]
+        return [Sent(t, "POST", path, status) for t, path, status in self.gateway_proxy.seen()]
+
     def effects(self, accepted_only: bool = True) -> list[Effect]:
         return [e for e in self.receiver.seen() if e.decision == "accepted" or not accepted_only]
 
     # --- judging ----------------------------------------------------------------------
 
     def audit(self) -> list[AuditRecord]:
-        records, _ = read_audit(self.cluster.audit_log, self.audit_offset, self.ns)
-        return records
+        """This namespace's completed requests so far; the log is read once, incrementally."""
+        with self._audit_lock:
+            records, _, self._audit_read = read_audit_to_end(self.cluster.audit_log, self._audit_read, self.ns)
+            self._audit.extend(records)
+            return list(self._audit)
 
     def lease_writes(self, name: str) -> list[AuditRecord]:
         return [r for r in self.audit() if r.about("leases", self.ns, name) and r.is_write]

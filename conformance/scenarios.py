@@ -2,13 +2,15 @@
 requests its proxies saw and the receiver's record — never from the worker's own account.
 
 Each scenario takes a started Case, raises Fail with the reason when the worker breaks the
-protocol, and returns a short note of what it measured. Times: L = 8 s, R = 1 s (harness.LEASE);
-the worker's self-fencing margin is max(1 s, L/10) = 1 s (docs/protocol.md).
+protocol, and returns a short note of what it measured. Times: L = 8 s, R = 1 s (harness.LEASE)
+unless a scenario says otherwise; the worker's self-fencing margin is M = max(1 s, L/10)
+(docs/protocol.md §1).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -20,6 +22,8 @@ L, R = float(LEASE["durationSeconds"]), float(LEASE["renewIntervalSeconds"])
 MARGIN = max(1.0, L / 10)
 SLACK = 0.5  # scheduling and loopback latency on a loaded 2-core machine
 KNOWN_SDKS = ("python", "typescript", "go")
+ENDED = ("Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded")
+LOST_ANSWERS = (403, 404, 409, 410, 422)  # what tells a worker it no longer owns the run
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,9 @@ class Scenario:
     summary: str = ""
 
 
+# --- reading the evidence ---------------------------------------------------------------
+
+
 def _status(run: dict[str, Any]) -> dict[str, Any]:
     return run.get("status") or {}
 
@@ -40,14 +47,18 @@ def _expect(cond: bool, reason: str) -> None:
         raise Fail(reason)
 
 
-def _result_ok(case: Case, run: dict[str, Any], steps: int, attempt: int | None = None) -> None:
-    result = _status(run).get("result")
+def _succeeded(case: Case, steps: int, attempt: int | None = None, timeout: float = 120) -> dict[str, Any]:
+    run = case.wait_phase("job", ENDED, timeout=timeout)
+    st = _status(run)
+    _expect(st["phase"] == "Succeeded", f"ended {st['phase']}: {st.get('error')}")
+    result = st.get("result")
     _expect(isinstance(result, dict) and result.get("steps") == steps,
             f"result {result!r} is not the script's (steps {steps})")
     if attempt is not None:
         _expect(result.get("attempt") == attempt, f"the result came from attempt {result.get('attempt')}, not {attempt}")
     if case.sdk in KNOWN_SDKS:
         _expect(result.get("sdk") == case.sdk, f"result names sdk {result.get('sdk')!r}, not {case.sdk!r}")
+    return run
 
 
 def _wait_effects(case: Case, n: int, timeout: float = 60) -> None:
@@ -63,39 +74,68 @@ def _fence_of(run: dict[str, Any], attempt: int) -> int:
     raise Fail(f"attempt {attempt} has no record in the run's status")
 
 
+def _keys_ok(case: Case, run: dict[str, Any]) -> None:
+    """Idempotency-Key is `<idempotencyKey>:<operation>`, the same for every attempt (the run's
+    UID here: the spec names no key); a per-attempt key would defeat the receiver."""
+    key = run["spec"].get("idempotencyKey") or run["metadata"]["uid"]
+    wrong = {e.key for e in case.effects(accepted_only=False) if e.key.rsplit(":", 1)[0] != key}
+    _expect(not wrong, f"side effects carried Idempotency-Key {sorted(wrong)[:3]}, not {key}:<operation>")
+
+
 def _exactly_once(case: Case, steps: int) -> None:
-    keys = [e.key.rsplit(":", 1)[1] for e in case.effects()]
+    keys = [e.key.rsplit(":", 1)[-1] for e in case.effects()]
     _expect(sorted(keys) == sorted(f"step-{i}" for i in range(steps)),
             f"side effects accepted {sorted(keys)}, not each of {steps} steps exactly once")
 
 
-def _usage_on_lease(case: Case, name: str, holder: str, until: float | None = None) -> tuple[int, int] | None:
-    """The last usage the holder's accepted renewals carried (up to wall time `until`)."""
+def _lease_annotation(r: Any, key: str) -> str | None:
+    return (((r.response_object or {}).get("metadata") or {}).get("annotations") or {}).get(key)
+
+
+def _holder_of(r: Any) -> str | None:
+    return ((r.response_object or {}).get("spec") or {}).get("holderIdentity")
+
+
+def _usage_on_lease(case: Case, name: str, holder: str) -> tuple[int, int] | None:
+    """The last usage the holder's accepted renewals carried."""
     last = None
     for r in case.lease_writes(name):
-        obj = r.response_object or {}
-        if not r.accepted or (obj.get("spec") or {}).get("holderIdentity") != holder:
+        if not r.accepted or _holder_of(r) != holder:
             continue
-        if until is not None and r.completed.timestamp() > until:
-            break
-        raw = ((obj.get("metadata") or {}).get("annotations") or {}).get("tether.dev/usage")
-        if raw:
-            doc = json.loads(raw)
+        raw = _lease_annotation(r, "tether.dev/usage")
+        try:
+            doc = json.loads(raw) if raw else None
+        except ValueError:
+            raise Fail(f"an accepted renewal carried a malformed usage annotation {raw!r}") from None
+        if isinstance(doc, dict):
             last = (int(doc.get("cents", 0)), int(doc.get("tokens", 0)))
     return last
 
 
-def _renewals(case: Case, name: str, holder: str, after: float, before: float) -> int:
-    return sum(1 for r in case.lease_writes(name)
-               if r.accepted and after <= r.received.timestamp() <= before
-               and ((r.response_object or {}).get("spec") or {}).get("holderIdentity") == holder
-               and (r.user.pod == holder or case.transport == GATEWAY))
+def _renewals(case: Case, name: str, holder: str, after: float, before: float) -> list[Any]:
+    """The holder's accepted renewals between two wall times (External: the gateway's, for it)."""
+    return [r for r in case.lease_writes(name)
+            if r.accepted and after <= r.received.timestamp() <= before and _holder_of(r) == holder
+            and (r.user.pod == holder or (case.transport == GATEWAY and r.user.pod is None))]
 
 
 def _no_effects_after(case: Case, fence: int, deadline: float, why: str) -> None:
-    late = [e for e in case.effects(accepted_only=False) if e.fence == fence and e.at > deadline]
-    _expect(not late, f"{len(late)} side effect(s) of fence {fence} sent up to {max((e.at for e in late), default=0) - deadline:.1f}s "
-                      f"after {why}")
+    """No side effect of this fence or older (or without a fence at all) sent after `deadline`."""
+    late = [e for e in case.effects(accepted_only=False) if (e.fence is None or e.fence <= fence) and e.at > deadline]
+    _expect(not late, f"{len(late)} side effect(s) of fence ≤ {fence} sent up to "
+                      f"{max(e.at for e in late) - deadline if late else 0:.1f}s after {why}")
+
+
+def _quiet_after_lost(case: Case, holder: str, since: float) -> None:
+    """Once told it lost the run, a worker sends at most one more request (a read, or the retry of
+    a held one): no renewal storm, no second publication."""
+    sent = [r for r in case.worker_requests(holder) if r.at >= since]
+    first = next((i for i, r in enumerate(sent) if r.status in LOST_ANSWERS), None)
+    if first is None:
+        return
+    after = [r for r in sent[first + 1:] if r.at > sent[first].at + 0.05]
+    _expect(len(after) <= 2, f"{len(after)} requests after it was told it lost the run: "
+                             f"{[(r.method, r.path.rsplit('/', 1)[-1], r.status) for r in after[:5]]}")
 
 
 def _budget(case: Case, name: str, limit: int) -> None:
@@ -104,71 +144,18 @@ def _budget(case: Case, name: str, limit: int) -> None:
         "spec": {"limitCents": limit}}))
 
 
-# --- scenarios --------------------------------------------------------------------------
-
-
-def happy(case: Case) -> str:
-    """Claim or start, steps with side effects, usage on the heartbeat, a result the CRD refuses
-    (reported as a bad result, not as lost ownership), then the real result; charged exactly."""
-    _budget(case, "team", 10_000)
-    case.create_run("job", {"steps": 3, "stepSeconds": 0.3, "centsPerStep": 2, "tokensPerStep": 10,
-                            "badResultFirst": True}, budget={"budgetRef": {"name": "team"}})
-    case.launch("job")
-    run = case.wait_phase("job", ("Succeeded", "Failed", "Lost", "Cancelled"), timeout=120)
-    _expect(_status(run)["phase"] == "Succeeded", f"ended {_status(run)['phase']}: {_status(run).get('error')}")
-    _result_ok(case, run, 3, attempt=1)
-    _exactly_once(case, 3)
-    fence = _fence_of(run, 1)
-    _expect({e.fence for e in case.effects()} == {fence}, f"side effects carried fences {[e.fence for e in case.effects()]}, "
-                                                          f"not the attempt's {fence}")
-    usage = _status(run).get("usage") or {}
-    _expect((usage.get("cents"), usage.get("tokens")) == (6, 30), f"status.usage {usage}, reported 6 cents/30 tokens")
-    holder = _status(run)["attempts"][0]["holder"]
-    _expect(_usage_on_lease(case, "job", holder) == (6, 30),
-            f"the last usage on an accepted renewal was {_usage_on_lease(case, 'job', holder)}, not (6, 30)")
-    case.wait(lambda: ((case.kube.ok(case.kube.get(
-        f"/apis/tether.dev/v1alpha1/namespaces/{case.ns}/workerbudgets/team")).get("status") or {})
-        .get("spent") or {}).get("cents") == 6, 30, "the budget charged 6 cents")
+def _last_confirmed(case: Case, name: str, holder: str, before: float) -> float:
+    """When the holder sent its last renewal that was confirmed before `before` (its confirmedAt).
+    Pods: the API server received it; External: the worker sent it to the gateway (its proxy saw it)."""
     if case.transport == POD:
-        refused = [r for r in case.audit() if r.about("workerruns", case.ns, "job", "status") and r.user.pod == holder
-                   and r.code == 422]
-        _expect(bool(refused), "the worker never tried the invalid result (badResultFirst)")
+        times = [r.received.timestamp() for r in case.lease_writes(name)
+                 if r.accepted and r.user.pod == holder and r.received.timestamp() < before]
     else:
-        _expect(any(p.endswith("/complete") and s == 422 for _, p, s in case.gateway_proxy.seen()),
-                "the worker never tried the invalid result (badResultFirst)")
-    case.judge_safety()
-    return "result, 3 effects once, 6¢/30 tokens charged, invalid result told apart"
-
-
-def crash_resume(case: Case) -> str:
-    """Attempt 1 crashes after checkpointing step 2; attempt 2 resumes there, redoing nothing."""
-    case.create_run("job", {"steps": 4, "stepSeconds": 0.2, "centsPerStep": 2, "crashAttempts": [1],
-                            "crashAfterStep": 2})
-    case.launch("job")
-    run = case.wait_phase("job", ("Succeeded", "Failed", "Lost", "Cancelled"), timeout=150)
-    _expect(_status(run)["phase"] == "Succeeded", f"ended {_status(run)['phase']}: {_status(run).get('error')}")
-    _result_ok(case, run, 4, attempt=2)
-    if case.transport == GATEWAY:  # the crash is the fault: an External attempt ends by its lease lapsing
-        case.faulted.add((run["metadata"]["uid"], _status(run)["attempts"][0]["holder"]))
-    f1, f2 = _fence_of(run, 1), _fence_of(run, 2)
-    _exactly_once(case, 4)
-    by_step = {e.step: e.fence for e in case.effects()}
-    _expect(by_step == {0: f1, 1: f1, 2: f2, 3: f2}, f"steps by fence {by_step}: attempt 2 did not resume at the checkpoint")
-    redone = [e for e in case.effects(accepted_only=False) if e.fence == f2 and e.step in (0, 1)]
-    _expect(not redone, f"attempt 2 redid steps {[e.step for e in redone]} before its checkpoint")
-    usage = _status(run).get("usage") or {}
-    _expect(usage.get("cents") == 8, f"status.usage {usage}: 4 cents per attempt were reported")
-    case.judge_safety()
-    return f"resumed at step 2 (fences {f1}→{f2}), 8¢ charged"
-
-
-def _cut(case: Case, holder: str) -> Callable[[], None]:
-    """Partitions the holder from the control plane (its requests are held, then arrive late)."""
-    if case.transport == POD:
-        case.worker_proxy.gate(client=rf"{case.ns}/{holder}$", times=None)
-        return case.worker_proxy.clear
-    case.gateway_proxy.cut()
-    return case.gateway_proxy.heal
+        times = [r.at for r in case.worker_requests(holder)
+                 if r.status == 200 and r.path.rsplit("/", 1)[-1] in ("heartbeat", "checkpoint", "claim")
+                 and r.at < before]
+    _expect(bool(times), f"no confirmed renewal of {holder} before the fault")
+    return max(times)
 
 
 def _revoked_at(case: Case, name: str, fence: int) -> float:
@@ -182,42 +169,119 @@ def _revoked_at(case: Case, name: str, fence: int) -> float:
     return case.wait(find, 30, "the revocation in the audit log")
 
 
+def _no_writes_after(case: Case, name: str, holder: str, since: float, what: str) -> None:
+    """No accepted write made by or for the holder after `since`: a pod's own writes, or (External)
+    a Lease write that still names it, which only the gateway renewing for it makes."""
+    late = [r for r in case.audit() if r.accepted and r.is_write and r.received.timestamp() > since and (
+        r.user.pod == holder or (case.transport == GATEWAY and r.user.pod is None and r.verb in ("update", "patch")
+                                 and r.about("leases", case.ns, name) and _holder_of(r) == holder))]
+    _expect(not late, f"{len(late)} write(s) of {holder} accepted after {what}")
+
+
+def _cut(case: Case, holder: str) -> Callable[[], None]:
+    """Partitions the holder from the control plane (its requests are held, then arrive late)."""
+    if case.transport == POD:
+        case.worker_proxy.gate(client=rf"{case.ns}/{holder}$", times=None)
+        return case.worker_proxy.clear
+    case.gateway_proxy.cut()
+    return case.gateway_proxy.heal
+
+
+def _start(case: Case) -> Any:
+    """External: the worker process (the case watches it); pods start on their own."""
+    return case.start_external("job", "w1") if case.transport == GATEWAY else None
+
+
+# --- scenarios --------------------------------------------------------------------------
+
+
+def happy(case: Case) -> str:
+    """Claim or start, steps with side effects, usage on the heartbeat, a result the CRD refuses
+    (reported as a bad result, not as lost ownership), then the real result; charged exactly."""
+    _budget(case, "team", 10_000)
+    case.create_run("job", {"steps": 3, "stepSeconds": 0.3, "centsPerStep": 2, "tokensPerStep": 10,
+                            "badResultFirst": True}, budget={"budgetRef": {"name": "team"}})
+    case.launch("job")
+    run = _succeeded(case, 3, attempt=1)
+    _exactly_once(case, 3)
+    _keys_ok(case, run)
+    fence, holder = _fence_of(run, 1), _status(run)["attempts"][0]["holder"]
+    _expect({e.fence for e in case.effects()} == {fence},
+            f"side effects carried fences {[e.fence for e in case.effects()]}, not the attempt's {fence}")
+    first = min(e.at for e in case.effects())
+    _expect(first >= _last_confirmed(case, "job", holder, first + 1e-3) - 1e-3,
+            "a side effect was sent before the first confirmed renewal")
+    usage = _status(run).get("usage") or {}
+    _expect((usage.get("cents"), usage.get("tokens")) == (6, 30), f"status.usage {usage}, reported 6 cents/30 tokens")
+    _expect(_usage_on_lease(case, "job", holder) == (6, 30),
+            f"the last usage on an accepted renewal was {_usage_on_lease(case, 'job', holder)}, not (6, 30)")
+    case.wait(lambda: ((case.kube.ok(case.kube.get(
+        f"/apis/tether.dev/v1alpha1/namespaces/{case.ns}/workerbudgets/team")).get("status") or {})
+        .get("spent") or {}).get("cents") == 6, 30, "the budget charged 6 cents")
+    if case.transport == POD:
+        refused = [r for r in case.audit() if r.about("workerruns", case.ns, "job", "status") and r.user.pod == holder
+                   and r.code == 422]
+        _expect(bool(refused), "the worker never tried the invalid result (badResultFirst)")
+    else:
+        _expect(any(r.path.endswith("/complete") and r.status == 422 for r in case.worker_requests(holder)),
+                "the worker never tried the invalid result (badResultFirst)")
+    case.judge_safety()
+    return "result, 3 effects once, 6¢/30 tokens charged, invalid result told apart"
+
+
+def crash_resume(case: Case) -> str:
+    """Attempt 1 crashes after checkpointing step 2; attempt 2 resumes there, redoing nothing."""
+    case.create_run("job", {"steps": 4, "stepSeconds": 0.2, "centsPerStep": 2, "crashAttempts": [1],
+                            "crashAfterStep": 2})
+    case.launch("job")
+    run = _succeeded(case, 4, attempt=2, timeout=150)
+    if case.transport == GATEWAY:  # the crash is the fault: an External attempt ends by its lease lapsing
+        case.faulted.add((run["metadata"]["uid"], _status(run)["attempts"][0]["holder"]))
+    f1, f2 = _fence_of(run, 1), _fence_of(run, 2)
+    _exactly_once(case, 4)
+    _keys_ok(case, run)
+    by_step = {e.step: e.fence for e in case.effects()}
+    _expect(by_step == {0: f1, 1: f1, 2: f2, 3: f2}, f"steps by fence {by_step}: attempt 2 did not resume at the checkpoint")
+    redone = [e for e in case.effects(accepted_only=False) if e.fence == f2 and e.step in (0, 1)]
+    _expect(not redone, f"attempt 2 redid steps {[e.step for e in redone]} before its checkpoint")
+    usage = _status(run).get("usage") or {}
+    _expect(usage.get("cents") == 8, f"status.usage {usage}: 4 cents per attempt were reported")
+    case.judge_safety()
+    return f"resumed at step 2 (fences {f1}→{f2}), 8¢ charged"
+
+
 def partition(case: Case) -> str:
     """The holder is cut off from the control plane past its lease while its side effects still
     reach the receiver; a new attempt takes over; then the old worker reconnects. It must have
-    withheld side effects from its self-fencing deadline on, and nothing it sends after the
-    revocation may be accepted: renewal, checkpoint, usage or result."""
+    withheld side effects from its self-fencing deadline on, nothing it sends after the
+    revocation may be accepted (renewal, checkpoint, usage, result), and once told it lost the
+    run it goes quiet."""
     case.create_run("job", {"steps": 30, "stepSeconds": 0.3, "centsPerStep": 1})
-    w1 = case.start_external("job", "w1") if case.transport == GATEWAY else None
+    w1 = _start(case)
     run = case.wait_holder("job", 1)
     holder, f1 = _status(run)["holder"], _status(run)["fence"]
     _wait_effects(case, 2)
     case.faulted.add((run["metadata"]["uid"], holder))
-    cut_at = time.time()
     heal = _cut(case, holder)
     case.wait(lambda: (_status(case.run("job")).get("attempt") or 0) >= 2, 60, "a second attempt after the lease lapsed")
     revoked = _revoked_at(case, "job", f1)
     if case.transport == GATEWAY:
         case.start_external("job", "w2", direct=True)  # the new worker's path is not cut
     case.wait_holder("job", 2)
-    heal()
     healed = time.time()
-    run = case.wait_phase("job", ("Succeeded", "Failed", "Lost", "Cancelled"), timeout=120)
-    _expect(_status(run)["phase"] == "Succeeded", f"ended {_status(run)['phase']}")
-    _result_ok(case, run, 30)
+    heal()
+    run = _succeeded(case, 30)
     _expect(_status(run)["result"]["attempt"] >= 2, "the partitioned attempt's result was accepted")
-    confirmed = [r.received.timestamp() for r in case.lease_writes("job") if r.accepted and r.received.timestamp() < cut_at
-                 and ((r.response_object or {}).get("spec") or {}).get("holderIdentity") == holder]
-    _expect(bool(confirmed), "no accepted renewal of attempt 1 before the cut")
-    deadline = max(confirmed) + L - MARGIN + SLACK
-    _no_effects_after(case, f1, deadline, "its self-fencing deadline (last confirmed renewal + L − margin)")
-    late = [r for r in case.audit() if r.accepted and r.is_write and r.user.pod == holder and r.received.timestamp() > revoked]
-    _expect(not late, f"{len(late)} write(s) of the revoked pod accepted after the revocation")
+    _keys_ok(case, run)
+    deadline = _last_confirmed(case, "job", holder, revoked) + L - MARGIN + SLACK
+    _no_effects_after(case, f1, deadline, "its self-fencing deadline (last confirmed renewal + L − M)")
+    _no_writes_after(case, "job", holder, revoked, "the revocation")
     if w1 is not None:
         case.wait(lambda: w1.poll() is not None, 3 * R + 10, "the old worker to notice it lost the run and exit")
         _expect(w1.returncode in (1, 2), f"the old worker exited {w1.returncode} (1 lost or 2 unknown expected)")
+    _quiet_after_lost(case, holder, healed)
     case.judge_safety()
-    return f"withheld effects from deadline; nothing accepted after revocation; healed {healed - revoked:.1f}s later"
+    return "withheld effects from its deadline; nothing accepted after revocation; quiet once lost"
 
 
 def revoked_while_reconnecting(case: Case) -> str:
@@ -233,9 +297,11 @@ def revoked_while_reconnecting(case: Case) -> str:
     gate = case.operator_proxy.gate(method="PUT|PATCH|DELETE", path=r"/leases/job$")
     case.worker_proxy.gate(client=rf"{case.ns}/{holder}$", times=None)
     try:
-        gate.wait_arrived(timeout=60)  # the fence moved; the Lease still names the old holder
+        gate.wait_arrived(timeout=60)
     except AssertionError as exc:
-        raise Fail("the operator never reached the Lease step of the revocation") from exc
+        raise Fail("harness: the operator never reached the Lease step of the revocation") from exc
+    if (_status(case.run("job")).get("fence") or 0) <= f1:
+        raise Fail("harness: the operator's held Lease write was not the revocation's (the fence has not moved)")
     released = time.time()
     case.worker_proxy.clear()  # the old worker reconnects now
     case.wait(lambda: any(r.user.pod == holder and r.received.timestamp() > released
@@ -243,56 +309,70 @@ def revoked_while_reconnecting(case: Case) -> str:
     case.operator_proxy.clear()
     cleared = case.wait(lambda: next((r.completed.timestamp() for r in case.lease_writes("job")
                                       if r.accepted and r.user.pod is None and r.received.timestamp() > released
-                                      and ((r.response_object or {}).get("spec") or {}).get("holderIdentity") != holder),
-                                     None), 30, "the operator clearing the Lease")
-    run = case.wait_phase("job", ("Succeeded", "Failed", "Lost", "Cancelled"), timeout=120)
-    _expect(_status(run)["phase"] == "Succeeded", f"ended {_status(run)['phase']}")
+                                      and _holder_of(r) != holder), None), 30, "the operator clearing the Lease")
+    run = _succeeded(case, 30)
     _expect(_status(run)["result"].get("attempt", 0) >= 2, "the revoked attempt's result was accepted")
     _exactly_once(case, 30)
+    _keys_ok(case, run)
     _no_effects_after(case, f1, cleared + R + 0.3 + 1.0 + SLACK, "the Lease was cleared (one renew interval)")
-    late = [r for r in case.audit() if r.accepted and r.is_write and r.user.pod == holder and r.received.timestamp() > cleared]
-    _expect(not late, f"{len(late)} write(s) of the revoked pod accepted after the Lease was cleared")
+    _no_writes_after(case, "job", holder, cleared, "the Lease was cleared")
+    _quiet_after_lost(case, holder, released)
     case.judge_safety()
     window = [r for r in case.lease_writes("job") if r.user.pod == holder and r.received.timestamp() > released]
-    return f"reconnect in the window: {sum(r.accepted for r in window)} renewal(s) accepted there, then refused"
+    return f"reconnected in the window: {sum(r.accepted for r in window)} renewal(s) accepted there, then refused"
 
 
 def _exited(case: Case, proc: Any, since: float, within: float, what: str) -> float:
+    """Waits for the external worker to exit; returns how long after `since` it had."""
     case.wait(lambda: proc.poll() is not None, within + 10, what)
     return time.time() - since
+
+
+def _stopped_in_time(case: Case, w1: Any, holder: str, told: float, bound: float, why: str) -> float:
+    """The worker ended within `bound` of `told`: its process exited (External), or its last
+    request (the final renewal) went out, after which its pod ended the attempt (pods)."""
+    if w1 is not None:
+        took = _exited(case, w1, told, bound, f"the worker to exit after {why}")
+        _expect(w1.returncode == 0, f"exit code {w1.returncode} after {why} (0 expected)")
+        _expect(took <= bound, f"the worker exited {took:.1f}s after {why} (at most {bound:.1f}s)")
+        return took
+    run = case.wait_phase("job", ENDED, timeout=bound + 15)
+    attempt = (_status(run).get("attempts") or [{}])[0]
+    _expect(attempt.get("exitCode") == 0 or attempt.get("outcome") in ("Cancelled", "BudgetExceeded"),
+            f"attempt 1 ended {attempt.get('outcome')} with exit code {attempt.get('exitCode')}")
+    last = max((r.at for r in case.worker_requests(holder)), default=told)
+    took = last - told
+    _expect(took <= bound + 1.0, f"the worker still sent requests {took:.1f}s after {why}")
+    return took
 
 
 def stop(case: Case) -> str:
     """spec.stop: the worker must start no side effect after one renew interval and exit on its
     own, long before stopGraceSeconds would have the operator end it."""
-    case.create_run("job", {"steps": 200, "stepSeconds": 0.2}, stopGraceSeconds=60)
-    w1 = case.start_external("job", "w1") if case.transport == GATEWAY else None
+    case.create_run("job", {"steps": 200, "stepSeconds": 0.2, "centsPerStep": 1}, stopGraceSeconds=60)
+    w1 = _start(case)
     run = case.wait_holder("job", 1)
-    fence = _status(run)["fence"]
+    fence, holder = _status(run)["fence"], _status(run)["holder"]
     _wait_effects(case, 2)
     case.kube.ok(case.kube.patch(Kube.wr_path(case.ns, "job"), {"spec": {"stop": True}}))
     told = case.signal_time("job", lambda s: bool(s.get("stop")))
     bound = R + 0.2 + 1.0 + SLACK
-    if w1 is not None:
-        took = _exited(case, w1, told, bound, "the worker to exit after stop")
-        _expect(w1.returncode == 0, f"exit code {w1.returncode} after stop (0 expected)")
-    else:
-        case.wait_phase("job", ("Cancelled",), timeout=bound + 10)
-        took = time.time() - told
-    # The pod's end reaches the run through the kubelet and the operator: allow them 2 s more.
-    _expect(took <= bound + (2.0 if w1 is None else 0.0), f"exited {took:.1f}s after the stop signal")
+    took = _stopped_in_time(case, w1, holder, told, bound, "the stop signal")
     _no_effects_after(case, fence, told + bound, "the stop signal (one renew interval)")
-    run = case.wait_phase("job", ("Cancelled", "Succeeded", "Failed", "Lost"), timeout=90)
+    run = case.wait_phase("job", ENDED, timeout=90)
     _expect(_status(run)["phase"] == "Cancelled" and "result" not in _status(run),
             f"ended {_status(run)['phase']} with result {_status(run).get('result')!r} after stop")
+    spent = sum(1 for e in case.effects() if e.fence == fence)
+    _expect((_status(run).get("usage") or {}).get("cents") == spent,
+            f"charged {_status(run).get('usage')} for {spent} steps of 1¢: the last renewal did not report them")
     case.judge_safety()
-    return f"stopped effects within {R + 0.2:.1f}s bound; exited {took:.1f}s after the signal"
+    return f"no effects after {bound:.1f}s; done {took:.1f}s after the signal; {spent}¢ reported and charged"
 
 
 def pause(case: Case) -> str:
     """spec.suspend: effects and progress stop within one renew interval while the heartbeat goes
     on (the pause outlasts the lease); on resume the same attempt finishes."""
-    case.create_run("job", {"steps": 8, "stepSeconds": 0.2})
+    case.create_run("job", {"steps": 8, "stepSeconds": 0.2, "centsPerStep": 1})
     case.launch("job")
     run = case.wait_holder("job", 1)
     holder = _status(run)["holder"]
@@ -302,82 +382,217 @@ def pause(case: Case) -> str:
     time.sleep(L + 2)  # the pause itself: it must outlast a lease to show the heartbeat goes on
     resumed = time.time()
     fence = _status(case.run("job"))["fence"]
-    _no_effects_after(case, fence, told + R + 0.2 + 1.0 + SLACK, "the pause signal")
-    renewals = _renewals(case, "job", holder, told + R, resumed)
-    _expect(renewals >= int(L / R) - 2, f"only {renewals} renewals during a {resumed - told:.0f}s pause")
+    settled = told + R + 0.2 + 1.0 + SLACK
+    _no_effects_after(case, fence, settled, "the pause signal")
+    renewals = _renewals(case, "job", holder, settled, resumed)
+    _expect(len(renewals) >= int((resumed - settled) / R) - 2,
+            f"only {len(renewals)} renewals during a {resumed - settled:.0f}s pause")
+    progress = {(_lease_annotation(r, "tether.dev/checkpoint"), _lease_annotation(r, "tether.dev/usage"))
+                for r in renewals}
+    _expect(len(progress) <= 1, f"checkpoint or usage moved while paused: {sorted(map(str, progress))[:3]}")
     case.kube.ok(case.kube.patch(Kube.wr_path(case.ns, "job"), {"spec": {"suspend": False}}))
-    run = case.wait_phase("job", ("Succeeded", "Failed", "Lost", "Cancelled"), timeout=60)
-    _expect(_status(run)["phase"] == "Succeeded", f"ended {_status(run)['phase']}")
-    _result_ok(case, run, 8, attempt=1)
+    run = _succeeded(case, 8, attempt=1, timeout=60)
     _exactly_once(case, 8)
     case.judge_safety()
-    return f"{renewals} renewals while paused {resumed - told:.0f}s; resumed in attempt 1"
+    return f"{len(renewals)} renewals, no progress while paused {resumed - told:.0f}s; resumed in attempt 1"
 
 
 def cap(case: Case) -> str:
     """The run's cap is lowered below what the worker spent: told to stop on its next renewal, it
-    must stop spending and exit within one renew interval; it is charged exactly what it reported."""
+    must stop spending and exit within one renew interval, reporting every step it did."""
     case.create_run("job", {"steps": 100, "stepSeconds": 0.2, "centsPerStep": 2}, stopGraceSeconds=60,
                     budget={"capCents": 1000})
-    w1 = case.start_external("job", "w1") if case.transport == GATEWAY else None
+    w1 = _start(case)
     run = case.wait_holder("job", 1)
     holder, fence = _status(run)["holder"], _status(run)["fence"]
     _wait_effects(case, 3)
     case.kube.ok(case.kube.patch(Kube.wr_path(case.ns, "job"), {"spec": {"budget": {"capCents": 4}}}))
     told = case.signal_time("job", lambda s: bool(s.get("stop")))
-    bound = told + R + 0.2 + 1.0 + SLACK
-    if w1 is not None:
-        _exited(case, w1, told, bound - told, "the worker to exit at its cap")
-    run = case.wait_phase("job", ("BudgetExceeded", "Succeeded", "Failed", "Lost", "Cancelled"), timeout=90)
+    bound = R + 0.2 + 1.0 + SLACK
+    took = _stopped_in_time(case, w1, holder, told, bound, "the cap's stop signal")
+    run = case.wait_phase("job", ENDED, timeout=90)
     _expect(_status(run)["phase"] == "BudgetExceeded", f"ended {_status(run)['phase']}")
-    _no_effects_after(case, fence, bound, "the cap's stop signal (one renew interval)")
-    at_bound, final = _usage_on_lease(case, "job", holder, until=bound + R), _usage_on_lease(case, "job", holder)
-    _expect(at_bound == final, f"usage kept growing after the stop: {at_bound} then {final}")
+    _no_effects_after(case, fence, told + bound, "the cap's stop signal (one renew interval)")
     # Every step done was paid for: its effect was accepted, so its 2¢ must be reported and charged
     # (a worker that leaves without a last renewal under-reports).
     spent = 2 * sum(1 for e in case.effects() if e.fence == fence)
+    final = _usage_on_lease(case, "job", holder)
     usage = _status(run).get("usage") or {}
     _expect(final is not None and final[0] == spent, f"the worker reported {final} but did {spent // 2} steps ({spent}¢)")
     _expect(usage.get("cents") == spent, f"charged {usage} for {spent}¢ of steps")
     case.judge_safety()
-    return f"stopped at {spent}¢ ({spent // 2} steps), reported and charged exactly"
+    return f"stopped {took:.1f}s after the signal at {spent}¢ ({spent // 2} steps), reported and charged exactly"
+
+
+RETRY_AFTER = 3
 
 
 def backoff(case: Case) -> str:
-    """The control plane answers 429, then 503 with Retry-After for 4 s while the worker renews and
-    publishes: it must slow down (no retry storm), keep its lease, and publish once it can."""
+    """The control plane answers 429, then 503, each with Retry-After: 3, for 4 s while the worker
+    renews and publishes: renewals stay at one per interval, publication retries wait as asked,
+    the lease is kept, and the result lands once the control plane answers again."""
     case.create_run("job", {"steps": 6, "stepSeconds": 0.2})
-    w1 = case.start_external("job", "w1") if case.transport == GATEWAY else None
+    w1 = _start(case)
     run = case.wait_holder("job", 1)
     holder = _status(run)["holder"]
     _wait_effects(case, 2)
-    start, mono = time.time(), time.monotonic()
+    start = time.time()
     if case.transport == POD:
-        rule = case.worker_proxy.status(429, retry_after=1, client=rf"{case.ns}/{holder}$")
-        time.sleep(2)
+        rule = case.worker_proxy.status(429, retry_after=RETRY_AFTER, client=rf"{case.ns}/{holder}$")
+        time.sleep(2)  # the fault's duration, not a wait for a condition
         rule.remove()
-        case.worker_proxy.status(503, retry_after=1, client=rf"{case.ns}/{holder}$")
+        case.worker_proxy.status(503, retry_after=RETRY_AFTER, client=rf"{case.ns}/{holder}$")
         time.sleep(2)
         case.worker_proxy.clear()
-        faulted = [r for r in case.worker_proxy.requests(lambda r: r.client.endswith(f"/{holder}"))
-                   if mono <= r.started <= mono + 4]
-        count = len(faulted)
     else:
-        case.gateway_proxy.fail_with(429)
+        case.gateway_proxy.fail_with(429, RETRY_AFTER)
         time.sleep(2)
-        case.gateway_proxy.fail_with(503)
+        case.gateway_proxy.fail_with(503, RETRY_AFTER)
         time.sleep(2)
         case.gateway_proxy.heal()
-        count = sum(1 for t, _, _ in case.gateway_proxy.seen() if start <= t <= start + 4)
-    limit = int(2 * 4 / R) + 4
-    _expect(count <= limit, f"{count} requests in 4 s of 429/503 (a storm; at most {limit})")
-    run = case.wait_phase("job", ("Succeeded", "Failed", "Lost", "Cancelled"), timeout=60)
-    _expect(_status(run)["phase"] == "Succeeded", f"ended {_status(run)['phase']} after the 429/503 window")
-    _result_ok(case, run, 6, attempt=1)
+    window = [r for r in case.worker_requests(holder) if start <= r.at <= start + 4]
+    _expect({429, 503} <= {r.status for r in window}, f"the worker got {sorted({r.status for r in window})} in the "
+                                                        "window: its requests did not go through the proxy")
+    publishes = [r for r in window if r.method == "PATCH" or r.path.endswith(("/complete", "/fail"))]
+    renewals = [r for r in window if r not in publishes and r.method != "GET"]
+    _expect(len(renewals) <= int(4 / R) + 2, f"{len(renewals)} renewals in 4 s of 429/503 (one per {R:.0f}s expected)")
+    limit = math.ceil(4 / RETRY_AFTER) + 1
+    _expect(len(publishes) <= limit, f"{len(publishes)} publication tries in 4 s with Retry-After: {RETRY_AFTER} "
+                                     f"(at most {limit})")
+    _succeeded(case, 6, attempt=1, timeout=60)
     if w1 is not None:
         case.wait(lambda: w1.poll() is not None, 10, "the worker to exit")
     case.judge_safety()
-    return f"{count} requests in the 4 s window (limit {limit}); kept the lease"
+    return f"{len(renewals)} renewals and {len(publishes)} publication tries in the 4 s window; kept the lease"
+
+
+def stale_publish(case: Case) -> str:
+    """The holder's publication is held in flight (and everything it sends after it) while the
+    run is stopped with no grace, which revokes the attempt (the fence moves); then the
+    publication arrives, within the worker's lease deadline. It must be refused (a failed
+    ownership test, not a bad result) and the worker must take it as lost: exit 1, no second
+    publication, no `fail` instead, quiet."""
+    case.create_run("job", {"steps": 2, "stepSeconds": 0.2}, stopGraceSeconds=0)
+    w1 = _start(case)
+    run = case.wait_holder("job", 1)
+    holder, f1 = _status(run)["holder"], _status(run)["fence"]
+    case.faulted.add((run["metadata"]["uid"], holder))
+    if case.transport == POD:
+        gate = case.worker_proxy.gate(method="PATCH", path=r"/workerruns/job/status$", client=rf"{case.ns}/{holder}$")
+        try:
+            gate.wait_arrived(timeout=60)
+        except AssertionError as exc:
+            raise Fail("the worker never published") from exc
+        case.worker_proxy.gate(client=rf"{case.ns}/{holder}$", times=None)  # and everything after it
+        heal = case.worker_proxy.clear
+    else:
+        case.gateway_proxy.hold(r"/(complete|fail)$")
+        case.wait(lambda: case.gateway_proxy.held > 0, 60, "the worker's publication")
+        case.gateway_proxy.cut()  # and everything after it
+        heal = case.gateway_proxy.heal
+    held_at = time.time()
+    case.kube.ok(case.kube.patch(Kube.wr_path(case.ns, "job"), {"spec": {"stop": True}}))
+    revoked = _revoked_at(case, "job", f1)
+    _expect(revoked - held_at < L - MARGIN - 1, "harness: the revocation came too late to test the refusal")
+    healed = time.time()
+    heal()
+    run = case.wait_phase("job", ENDED, timeout=60)
+    _expect(_status(run).get("result") is None, "the stale publication was accepted")
+    sent = case.worker_requests(holder)
+    def refusal() -> Any:
+        return next((r for r in case.worker_requests(holder) if r.at >= held_at - 1 and r.status in LOST_ANSWERS
+                     and (r.method == "PATCH" or r.path.endswith(("/complete", "/fail")))), None)
+    try:
+        case.wait(refusal, 15, "the held publication's refusal")
+    except Fail:
+        raise Fail(f"the held publication was not refused: {[(x.method, x.status) for x in sent[-5:]]}") from None
+    if w1 is not None:
+        case.wait(lambda: w1.poll() is not None, 3 * R + 10, "the worker to take the refusal as lost and exit")
+        _expect(w1.returncode == 1, f"the worker exited {w1.returncode} after its publication was refused (1: lost)")
+    again = [r for r in case.worker_requests(holder) if r.at > healed + 0.05
+             and (r.method == "PATCH" or r.path.endswith(("/complete", "/fail")))]
+    _expect(not again, f"{len(again)} publication tries after the refusal (a retry, or a fail instead)")
+    _quiet_after_lost(case, holder, healed)
+    _no_writes_after(case, "job", holder, revoked, "the revocation")
+    case.judge_safety()
+    return "the late publication was refused and taken as lost"
+
+
+def lost_answer(case: Case) -> str:
+    """The publication lands but its answer is lost: the worker retries, and if the retry is
+    refused it must read the run and find its own result there, then exit 0 — not report lost."""
+    case.create_run("job", {"steps": 2, "stepSeconds": 0.2})
+    w1 = _start(case)
+    run = case.wait_holder("job", 1)
+    holder = _status(run)["holder"]
+    if case.transport == POD:
+        case.worker_proxy.drop(phase="response", method="PATCH", path=r"/workerruns/job/status$",
+                               client=rf"{case.ns}/{holder}$", times=1)
+    else:
+        case.gateway_proxy.drop_response(r"/complete$")
+    run = _succeeded(case, 2, attempt=1)
+    if w1 is not None:
+        case.wait(lambda: w1.poll() is not None, L + 10, "the worker to exit")
+        code = w1.returncode
+    else:
+        def exit_code() -> tuple[int] | None:  # a tuple: exit code 0 must count as found
+            pods = case.kube.ok(case.kube.get(f"/api/v1/namespaces/{case.ns}/pods"))["items"]
+            for pod in pods:
+                if pod["metadata"]["name"] == holder:
+                    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                        term = (cs.get("state") or {}).get("terminated")
+                        if term is not None:
+                            return (int(term["exitCode"]),)
+            return None
+        (code,) = case.wait(exit_code, L + 15, "the worker's container to exit")
+    _expect(code == 0, f"the worker exited {code} although its result was accepted (its answer was only lost)")
+    tries = [r for r in case.worker_requests(holder) if r.method == "PATCH" or r.path.endswith("/complete")]
+    _expect(len(tries) >= 2, f"{len(tries)} publication tries: the drop did not happen")
+    case.judge_safety()
+    return f"{len(tries)} tries; the accepted result was recognised"
+
+
+BLIP_LEASE = {"durationSeconds": 20, "renewIntervalSeconds": 2, "startupGraceSeconds": 30}
+
+
+def blip(case: Case) -> str:
+    """Cut off for longer than L − M but healed before the lease lapses: the worker must withhold
+    side effects while ownership is unknown, keep trying to renew (not give up, not declare
+    itself lost), and carry on in the same attempt once a renewal succeeds."""
+    l, r = float(BLIP_LEASE["durationSeconds"]), float(BLIP_LEASE["renewIntervalSeconds"])
+    m = max(1.0, l / 10)
+    case.create_run("job", {"steps": 90, "stepSeconds": 0.3}, lease=BLIP_LEASE)
+    _start(case)
+    run = case.wait_holder("job", 1)
+    holder = _status(run)["holder"]
+    _wait_effects(case, 2)
+    seen = len(case.lease_writes("job"))
+    case.wait(lambda: any(w.user.pod in (holder, None) and w.accepted and _holder_of(w) == holder
+                          for w in case.lease_writes("job")[seen:]), 2 * r + 5, "a fresh renewal")
+    heal = _cut(case, holder)
+    cut = time.time()
+    time.sleep(l - m / 2)  # the fault's duration: past the worker's deadline, short of the lapse
+    heal()
+    healed = time.time()
+    confirmed = _last_confirmed(case, "job", holder, cut)
+    unknown = [e for e in case.effects(accepted_only=False) if confirmed + l - m + SLACK < e.at < healed]
+    _expect(not unknown, f"{len(unknown)} side effect(s) sent while ownership was unknown")
+    tried = [x for x in case.worker_requests(holder) if cut <= x.at <= healed]
+    # A renewal that gets no answer takes up to T = min(10 s, max(R, 1 s)) before the next R.
+    least = int((healed - cut) / (r + min(10.0, max(r, 1.0)))) - 1
+    _expect(len(tried) >= least, f"only {len(tried)} renewal tries in {healed - cut:.0f}s cut off (at least {least})")
+    run = _succeeded(case, 90, attempt=1, timeout=90)
+    case.judge_safety()
+    return f"withheld effects while unknown; {len(tried)} renewal tries while cut; same attempt finished"
+
+
+def long_step(case: Case) -> str:
+    """One step takes longer than the lease: the heartbeat must not wait for the work."""
+    case.create_run("job", {"steps": 2, "stepSeconds": L + 4})
+    case.launch("job")
+    _succeeded(case, 2, attempt=1, timeout=90)
+    case.judge_safety()
+    return f"two {L + 4:.0f}s steps under an {L:.0f}s lease, one attempt"
 
 
 SCENARIOS = [
@@ -386,8 +601,12 @@ SCENARIOS = [
     Scenario("partition", partition, summary="cut past the lease, reconnect: all refused or withheld"),
     Scenario("revoked-while-reconnecting", revoked_while_reconnecting, transports=(POD,), operator_behind_proxy=True,
              summary="reconnect between the revocation's two steps"),
-    Scenario("stop", stop, summary="spec.stop honoured within one renew interval"),
+    Scenario("stale-publish", stale_publish, summary="a publication arriving after revocation: refused, taken as lost"),
+    Scenario("lost-answer", lost_answer, summary="a publication whose answer is lost: recognised as accepted"),
+    Scenario("blip", blip, summary="cut past L − M, healed before the lapse: withhold, keep renewing, carry on"),
+    Scenario("long-step", long_step, summary="a step longer than the lease: the heartbeat goes on"),
+    Scenario("stop", stop, summary="spec.stop honoured within one renew interval, last usage reported"),
     Scenario("pause", pause, summary="spec.suspend honoured within one renew interval, heartbeat goes on"),
     Scenario("cap", cap, summary="a lowered cap honoured within one renew interval, charged exactly"),
-    Scenario("backoff", backoff, summary="429/503 with Retry-After: backoff, no storm, lease kept"),
+    Scenario("backoff", backoff, summary="429/503 with Retry-After: one renewal per interval, waits as asked"),
 ]

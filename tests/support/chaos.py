@@ -206,6 +206,12 @@ class ClusterHandle:
 
 def read_audit(path: Path, offset: int, namespace: str) -> tuple[list[AuditRecord], list[str]]:
     """Completed requests about `namespace` logged after byte `offset`: parsed, and raw lines (kept as evidence)."""
+    records, raw, _ = read_audit_to_end(path, offset, namespace)
+    return records, raw
+
+
+def read_audit_to_end(path: Path, offset: int, namespace: str) -> tuple[list[AuditRecord], list[str], int]:
+    """read_audit, and the offset just past the last whole line read (where the next read starts)."""
     with path.open("rb") as f:
         f.seek(offset)
         data = f.read()
@@ -222,7 +228,7 @@ def read_audit(path: Path, offset: int, namespace: str) -> tuple[list[AuditRecor
         if doc.get("stage") == "ResponseComplete" and (doc.get("objectRef") or {}).get("namespace") == namespace:
             records.append(AuditRecord.parse(doc))
             raw.append(line.decode())
-    return records, raw
+    return records, raw, offset + len(data)
 
 
 # --- one trial -----------------------------------------------------------------------------
