@@ -95,6 +95,17 @@ async function gate(run: WorkerRun, script: Script): Promise<Gate> {
 
 type Effect = "done" | "again" | "stale";
 
+/** The receiver's 409 body `{"error": "InProgress" | "StaleFence"}`: its `error`, or null. */
+function receiverError(text: string): string | null {
+  try {
+    const doc: unknown = JSON.parse(text);
+    if (typeof doc === "object" && doc !== null && "error" in doc && typeof doc.error === "string") return doc.error;
+  } catch {
+    // not JSON: not a receiver's answer
+  }
+  return null;
+}
+
 /** The step's fenced side effect. "again": do the step over, from the gate. */
 async function sideEffect(run: WorkerRun, url: string, step: number): Promise<Effect> {
   let resp: Response;
@@ -118,12 +129,12 @@ async function sideEffect(run: WorkerRun, url: string, step: number): Promise<Ef
   }
   const text = await resp.text();
   if (resp.ok) return "done";
-  if (resp.status === 409 && text.includes("InProgress")) {
+  if (resp.status === 409 && receiverError(text) === "InProgress") {
     // An earlier try of this very key is still running at the receiver: not a stale fence.
     await sleep(Math.max(0.1, Number(resp.headers.get("retry-after")) || 1));
     return "again";
   }
-  if (resp.status === 409) {
+  if (resp.status === 409) { // {"error": "StaleFence"}
     say("the receiver refused a stale fence", { step, body: text.slice(0, 200) });
     return "stale";
   }
@@ -132,6 +143,14 @@ async function sideEffect(run: WorkerRun, url: string, step: number): Promise<Ef
     return "again";
   }
   throw new Error(`the receiver answered ${resp.status}: ${text.slice(0, 200)}`);
+}
+
+/** Renews until a renewal carrying the checkpoint is confirmed or the run is lost, for at most L:
+ * the checkpoint must land before the crash. */
+async function flush(run: WorkerRun): Promise<void> {
+  const deadline = performance.now() + run.leaseDurationSeconds * 1000;
+  // renew() rejects only on an answer nobody expected: that renewal is unconfirmed, like no answer.
+  while (!(await run.renew().catch(() => false)) && !run.lost && performance.now() < deadline) await sleep(0.05);
 }
 
 async function publish(run: WorkerRun, script: Script): Promise<number> {
@@ -195,11 +214,11 @@ async function main(): Promise<number> {
       if (effect === "again") continue;
     }
     done += 1;
-    // Usage first, so that the crash's flush carries both (they ride on the same renewal anyway).
+    // Both ride on the next renewal (the crash's flush, below).
     run.reportUsage({ cents: done * script.centsPerStep, tokens: done * script.tokensPerStep });
-    const crash = script.crashAttempts.includes(run.attempt) && step + 1 === script.crashAfterStep;
-    await run.checkpoint(String(step + 1), { flush: crash });
-    if (crash) {
+    await run.checkpoint(String(step + 1));
+    if (script.crashAttempts.includes(run.attempt) && step + 1 === script.crashAfterStep) {
+      await flush(run);
       say("crashing as the script says", { step });
       return 3;
     }

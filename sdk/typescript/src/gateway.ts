@@ -173,7 +173,10 @@ export class GatewayTransport implements Transport {
       return confirmed(gatewaySignals(answer.doc, usage));
     }
     const error = errorBody(answer.doc);
-    if (answer.status === 404 || answer.status === 410) return unconfirmed(error.message ?? "stale fence", true);
+    // Gone, a moved fence, or another identity or worker claimed the attempt: all say it is not ours.
+    if (answer.status === 404 || answer.status === 410 || error.code === "NotClaimant" || error.code === "HeldByAnother") {
+      return unconfirmed(error.message ?? "stale fence", true);
+    }
     return unconfirmed(`heartbeat refused: ${answer.status} ${error.message ?? answer.text.slice(0, 200)}`);
   }
 
@@ -183,11 +186,16 @@ export class GatewayTransport implements Transport {
       : await this.call("fail", { error: value });
     if (answer.status === 200) return true;
     const error = errorBody(answer.doc);
+    if (answer.status === 413) {
+      throw new ResultInvalid(`the ${field} is too large for the gateway (1 MiB): ${error.message ?? answer.text.slice(0, 200)}`);
+    }
     if (answer.status === 422) {
       // The gateway refused the body, or the API server the value: a bad result, not lost ownership.
       const causes: InvalidCause[] = error.field ? [{ field: error.field, message: error.message ?? "" }] : [];
       throw new ResultInvalid(`the gateway refused the ${field}: ${error.message ?? answer.text.slice(0, 200)}`, causes);
     }
+    // 409 is HeldByAnother, or AlreadyPublished (another value of this attempt was accepted): never retried.
+    // 503 Busy (a transient conflict) falls through to the retry below, like any 5xx.
     if ([404, 409, 410].includes(answer.status) || error.code === "NotClaimant") return false;
     throw new Unanswered(`${field === "result" ? "complete" : "fail"} answered ${answer.status}: `
       + `${error.message ?? answer.text.slice(0, 200)}`, answer.status, retryAfterSeconds(answer.headers.get("retry-after")));

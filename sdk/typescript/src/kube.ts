@@ -41,6 +41,7 @@ import {
   invalidCauses,
   leaseSignals,
   publicationRecorded,
+  refusesValue,
   renewal,
   retryAfterSeconds,
   type JsonObject,
@@ -283,9 +284,12 @@ export class KubeTransport implements Transport {
     const answer = await this.call("PATCH status", () => this.objects.patchNamespacedCustomObjectStatus(
       { ...this.runRequest(), body: patch }, this.options({ contentType: PatchStrategy.JsonPatch })));
     if (answer.ok) return true;
+    if (answer.status === 413) { // the run would outgrow what the API server stores in one object
+      throw new ResultInvalid(`the ${field} is too large: ${statusMessage(answer.text)}`);
+    }
     if (answer.status === 422) {
       const causes = invalidCauses(answer.text);
-      if (causes.length > 0) {
+      if (refusesValue(causes, field)) {
         throw new ResultInvalid(`the API server refused the ${field}: ${statusMessage(answer.text)}`, causes);
       }
       return false; // a `test` failed: the run's uid, fence or holder moved on

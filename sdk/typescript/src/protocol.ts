@@ -397,6 +397,17 @@ export function invalidCauses(statusBody: string | unknown): InvalidCause[] {
 }
 
 /**
+ * Whether a 422's causes name the published value itself (`status.<field>`, or a part of it:
+ * `status.<field>.x`, `status.<field>[0]`): only then is it a bad value. Causes about other fields
+ * say nothing this publication can fix, so that 422 is the failed ownership test.
+ */
+export function refusesValue(causes: InvalidCause[], field: PublishField): boolean {
+  const name = `status.${field}`;
+  return causes.some((c) => c.field !== undefined
+    && (c.field === name || c.field.startsWith(`${name}.`) || c.field.startsWith(`${name}[`)));
+}
+
+/**
  * A 403 from Tether's admission policy (the write is not this attempt's to make: lost ownership), as
  * opposed to RBAC's 403 (a misconfigured identity), which says nothing about ownership.
  */

@@ -413,14 +413,18 @@ export class WorkerRun {
       this.log("error", `${field} rejected: lease lost`, "result_rejected", { field });
       return new LeaseLost(`the ${field} was not published: fence ${this.fence} is no longer current`);
     };
-    if (this.isLost) throw rejected();
-    // The usage and the last checkpoint go out with a final renewal, so nothing is left behind.
+    // The usage and the last checkpoint go out with a final renewal, so nothing is left behind; a
+    // confirmed one also moves the deadline below.
     await this.renewLogged();
-    if (this.isLost) throw rejected();
     const deadline = this.confirmedAt + this.leaseDurationSeconds;
     let delay = 0.5;
-    let unanswered = false; // a request whose answer was lost may have landed
+    // A try with no answer, or a 5xx (which does not say whether the write was applied), may have
+    // landed; a 4xx was refused before any write.
+    let unanswered = false;
     for (;;) {
+      // Lost (the final renewal, or the heartbeat meanwhile): publish nothing more, unless an
+      // earlier try may have landed; then the retry and the look-up below tell.
+      if (this.isLost && !unanswered) throw rejected();
       let accepted: boolean;
       try {
         accepted = await this.transport.publish(field, value);
@@ -431,7 +435,7 @@ export class WorkerRun {
           throw err;
         }
         if (!(err instanceof Unanswered)) throw err;
-        unanswered = true;
+        if (err.status === null || err.status >= 500) unanswered = true;
         const wait = Math.max(delay, err.retryAfterSeconds); // a server that says when to come back is believed
         if (this.clock.now() + wait > deadline) {
           throw new OwnershipUnknown(`could not publish the ${field} before the lease deadline: ${err.message}`);

@@ -27,8 +27,8 @@ export function unconfirmed(why: string, lost = false): Renewal {
 }
 
 /**
- * A request that got no answer, or an answer that says nothing about ownership (429, 5xx, 401, an
- * RBAC 403): the caller may retry, no sooner than `retryAfterSeconds`.
+ * A request that got no answer (`status` null), or an answer that says nothing about ownership (400,
+ * 401, an RBAC 403, 429, 5xx): the caller may retry, no sooner than `retryAfterSeconds`.
  */
 export class Unanswered extends Error {
   override name = "Unanswered";

@@ -113,7 +113,11 @@ describe("heartbeat", () => {
     ["404", { status: 404, body: { error: { code: "NotFound", message: "gone" } } }, true],
     ["503", { status: 503, body: { error: { code: "Unavailable", message: "" } }, headers: { "Retry-After": "1" } }, false],
     ["429", { status: 429, body: {} }, false],
-    ["403 NotClaimant", { status: 403, body: { error: { code: "NotClaimant", message: "" } } }, false],
+    ["403 NotClaimant", { status: 403, body: { error: { code: "NotClaimant", message: "" } } }, true],
+    ["409 HeldByAnother", { status: 409, body: { error: { code: "HeldByAnother", message: "" } } }, true],
+    ["403 Forbidden (RBAC)", { status: 403, body: { error: { code: "Forbidden", message: "" } } }, false],
+    ["401", { status: 401, body: { error: { code: "Unauthorized", message: "" } } }, false],
+    ["503 Busy", { status: 503, body: { error: { code: "Busy", message: "" } }, headers: { "Retry-After": "1" } }, false],
     ["a proxy's HTML page", { status: 502, body: "<html>bad gateway</html>" }, false],
   ];
   for (const [what, reply, lost] of answers) {
@@ -147,8 +151,15 @@ describe("publication", () => {
       err instanceof ResultInvalid && err.causes[0]?.field === "result");
   });
 
+  it("413 is ResultInvalid (too large)", async () => {
+    force("complete", { status: 413, body: { error: { code: "TooLarge", message: "body over 1 MiB" } } });
+    await assert.rejects(transport().publish("result", {}), (err: Error) =>
+      err instanceof ResultInvalid && /too large/.test(err.message));
+  });
+
   const refused: [string, Reply][] = [
     ["410 StaleFence", { status: 410, body: { error: { code: "StaleFence", message: "" } } }],
+    ["409 AlreadyPublished", { status: 409, body: { error: { code: "AlreadyPublished", message: "" } } }],
     ["409 HeldByAnother", { status: 409, body: { error: { code: "HeldByAnother", message: "" } } }],
     ["404", { status: 404, body: { error: { code: "NotFound", message: "" } } }],
     ["403 NotClaimant", { status: 403, body: { error: { code: "NotClaimant", message: "" } } }],
@@ -160,16 +171,35 @@ describe("publication", () => {
     });
   }
 
-  it("503 with Retry-After is retried after that long", async () => {
-    force("complete", { status: 503, body: { error: { code: "Unavailable", message: "" } }, headers: { "Retry-After": "2" } });
-    await assert.rejects(transport().publish("result", {}), (err: Error) =>
-      err instanceof Unanswered && err.status === 503 && err.retryAfterSeconds === 2);
-  });
+  const retried: [string, Exclude<Reply, "hang">, number][] = [
+    ["503 Unavailable", { status: 503, body: { error: { code: "Unavailable", message: "" } }, headers: { "Retry-After": "5" } }, 5],
+    ["503 Busy", { status: 503, body: { error: { code: "Busy", message: "" } }, headers: { "Retry-After": "1" } }, 1],
+    ["502", { status: 502, body: "<html>bad gateway</html>" }, 0],
+    ["429", { status: 429, body: {}, headers: { "Retry-After": "2" } }, 2],
+    ["400", { status: 400, body: { error: { code: "BadRequest", message: "" } } }, 0],
+    ["401", { status: 401, body: { error: { code: "Unauthorized", message: "" } } }, 0],
+    ["403 Forbidden (RBAC)", { status: 403, body: { error: { code: "Forbidden", message: "" } } }, 0],
+  ];
+  for (const [what, reply, retryAfter] of retried) {
+    it(`${what} is retried, after at least Retry-After`, async () => {
+      force("complete", reply);
+      await assert.rejects(transport().publish("result", {}), (err: Error) =>
+        err instanceof Unanswered && err.status === reply.status && err.retryAfterSeconds === retryAfter);
+    });
+  }
 
   it("through WorkerRun: a refused publication is LeaseLost", async () => {
     const run = await WorkerRun.claim(server.url, "agents", "invoice-8f1b", "tok", { logger: () => {} });
     force("complete", { status: 410, body: { error: { code: "StaleFence", message: "" } } });
     await assert.rejects(run.complete({ captured: true }), LeaseLost);
+    await run.close();
+  });
+
+  it("through WorkerRun: 409 AlreadyPublished is LeaseLost, not retried", async () => {
+    const run = await WorkerRun.claim(server.url, "agents", "invoice-8f1b", "tok", { logger: () => {} });
+    force("complete", { status: 409, body: { error: { code: "AlreadyPublished", message: "another result was accepted" } } });
+    await assert.rejects(run.complete({ captured: true }), LeaseLost);
+    assert.equal(calls("complete").length, 1);
     await run.close();
   });
 });

@@ -268,8 +268,17 @@ describe("publication", () => {
       err instanceof ResultInvalid && err.causes[0]?.field === "status.result" && /is invalid/.test(err.message));
   });
 
+  it("413: ResultInvalid (too large), not retried", async () => {
+    api.force("PATCH status", { status: 413, body: { kind: "Status", code: 413, reason: "RequestEntityTooLarge",
+      message: "Request entity too large: limit is 3145728" } });
+    await assert.rejects(transport().publish("result", { big: "x" }), (err: Error) =>
+      err instanceof ResultInvalid && /too large/.test(err.message));
+  });
+
   const refused: [string, Reply][] = [
     ["422 without causes (a test failed)", { status: 422, body: { kind: "Status", code: 422, reason: "Invalid" } }],
+    ["422 whose causes name another field", { status: 422, body: { kind: "Status", code: 422, reason: "Invalid",
+      details: { causes: [{ field: "metadata.annotations", reason: "FieldValueInvalid", message: "x" }] } } }],
     ["409", { status: 409, body: {} }],
     ["404", { status: 404, body: {} }],
     ["fencing policy 403", { status: 403, body: POLICY_403 }],
@@ -284,6 +293,7 @@ describe("publication", () => {
   const retried: [string, Reply, number | null, number][] = [
     ["503 with Retry-After", { status: 503, body: {}, headers: { "Retry-After": "2" } }, 503, 2],
     ["429", { status: 429, body: {} }, 429, 0],
+    ["400", { status: 400, body: { kind: "Status", code: 400, reason: "BadRequest" } }, 400, 0],
     ["401", { status: 401, body: {} }, 401, 0],
     ["RBAC 403", { status: 403, body: RBAC_403 }, 403, 0],
     ["no answer", "hang", null, 0],

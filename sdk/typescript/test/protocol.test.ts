@@ -19,6 +19,7 @@ import {
   ownership,
   parseSignals,
   publicationRecorded,
+  refusesValue,
   renewal,
   requestTimeout,
   retryAfterSeconds,
@@ -225,6 +226,23 @@ describe("answers", () => {
   }
   it("keeps a cause's field, message and reason", () =>
     assert.deepEqual(invalidCauses(invalid), [{ field: "status.result", message: "must be of type object", reason: "FieldValueTypeInvalid" }]));
+  const named: [string, "result" | "error", string[], boolean][] = [
+    ["the field", "result", ["status.result"], true],
+    ["a part of it", "result", ["status.result.steps"], true],
+    ["an element of it", "result", ["status.result[0]"], true],
+    ["the error's code", "error", ["status.error.code"], true],
+    ["another field too", "result", ["metadata.annotations", "status.result"], true],
+    ["the other published field", "result", ["status.error"], false],
+    ["a field with the same prefix", "result", ["status.resultx"], false],
+    ["another field", "result", ["metadata.annotations"], false],
+    ["the status", "result", ["status"], false],
+    ["no field", "result", [""], false],
+    ["no causes", "result", [], false],
+  ];
+  for (const [what, field, fields, expected] of named) {
+    it(`a 422 naming ${what} ${expected ? "refuses" : "does not refuse"} the ${field}`, () =>
+      assert.equal(refusesValue(fields.map((f) => (f ? { field: f } : {})), field), expected));
+  }
   const policy = "ValidatingAdmissionPolicy 'tether-worker-status-fencing' with binding 'tether-worker-status-fencing' denied request";
   const fenced: [number, string, boolean][] = [
     [403, policy, true],

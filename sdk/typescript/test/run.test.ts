@@ -148,6 +148,21 @@ describe("ownership", () => {
     assert.equal(transport.renewals.length, 2);
   });
 
+  it("close sends no last renewal once the run is lost", async () => {
+    const { run, transport } = await started((t) => t.renewScript.push(unconfirmed("gone", true)));
+    run.reportUsage({ cents: 7 });
+    await run.close();
+    assert.equal(transport.renewals.length, 1);
+  });
+
+  it("close sends no last renewal once published", async () => {
+    const { run, transport } = await started();
+    await run.complete({ x: 1 });
+    const before = transport.renewals.length;
+    await run.close();
+    assert.equal(transport.renewals.length, before);
+  });
+
   it("works with await using", async () => {
     const made = make();
     {
@@ -298,7 +313,62 @@ describe("publishing", () => {
     assert.equal(run.lost, false);
   });
 
-  it("a retry refused after an unanswered try looks the publication up: recorded means published", async () => {
+  it("the renewal right before publishing confirms: the deadline counts from it", async () => {
+    const { run, clock } = await started((t) => {
+      t.renewScript.push(confirmed(null), noAnswer()); // start; the heartbeat at +2 s gets no answer
+      for (let i = 0; i < 20; i++) t.publishScript.push(noAnswer());
+    });
+    await clock.advance(5);
+    await assert.rejects(run.complete({ x: 1 }), OwnershipUnknown);
+    // confirmed again at t0 + 5 (the renewal before publishing), deadline t0 + 15: 0.5 + 1 + 2 + 4 s
+    // slept; from the first confirmation (t0 + 10) it would have been 0.5 + 1 + 2.
+    assert.deepEqual(clock.sleeps, [0.5, 1, 2, 4]);
+  });
+
+  /** A try that lets the heartbeat renew (and hear the run is lost) before it is answered with `answer`;
+   * the renewal right before publishing is confirmed. */
+  function heartbeatLosesThenAnswers(made: Made, answer: Unanswered): () => Promise<boolean> {
+    made.transport.renewScript.push(confirmed(null), unconfirmed("another holder", true));
+    return async () => {
+      await made.clock.advance(2);
+      assert.equal(made.run.lost, true);
+      throw answer;
+    };
+  }
+
+  const refusedBeforeAnyWrite: [string, Unanswered][] = [
+    ["401", new Unanswered("401", 401)],
+    ["RBAC 403", new Unanswered("403", 403)],
+    ["429", new Unanswered("429", 429, 1)],
+    ["400", new Unanswered("400", 400)],
+  ];
+  for (const [what, answer] of refusedBeforeAnyWrite) {
+    it(`stops retrying once the heartbeat hears the run is lost (after a ${what})`, async () => {
+      const made = await started();
+      made.transport.publishScript.push(heartbeatLosesThenAnswers(made, answer));
+      await assert.rejects(made.run.complete({ x: 1 }), LeaseLost);
+      assert.equal(made.transport.publications.length, 1, "no try after the loss");
+      assert.equal(made.transport.recordedCalls, 0, "nothing was written: nothing to look up");
+    });
+  }
+
+  const mayHaveLanded: [string, Unanswered][] = [["no answer", noAnswer()], ["a 503", new Unanswered("503", 503)]];
+  for (const [what, answer] of mayHaveLanded) {
+    for (const landed of [true, false]) {
+      it(`lost after a try with ${what}: retries once and looks it up (${landed ? "landed" : "did not land"})`, async () => {
+        const made = await started();
+        made.transport.publishScript.push(heartbeatLosesThenAnswers(made, answer), false);
+        made.transport.recordedScript.push(landed);
+        const publishing = made.run.complete({ x: 1 });
+        if (landed) await publishing;
+        else await assert.rejects(publishing, LeaseLost);
+        assert.equal(made.transport.publications.length, 2);
+        assert.equal(made.transport.recordedCalls, 1);
+      });
+    }
+  }
+
+  it("a retry refused after a try with no answer looks the publication up: recorded means published", async () => {
     const { run, transport, logs } = await started((t) => {
       t.publishScript.push(noAnswer(), false);
       t.recordedScript.push(true);
@@ -309,7 +379,7 @@ describe("publishing", () => {
     assert.ok(logs.some((l) => l.event === "result_published"));
   });
 
-  it("a retry refused after an unanswered try, not recorded, is lost", async () => {
+  it("a retry refused after a try with no answer, not recorded, is lost", async () => {
     const { run, transport } = await started((t) => {
       t.publishScript.push(noAnswer(), false);
       t.recordedScript.push(false);
