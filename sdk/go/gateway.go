@@ -197,8 +197,7 @@ func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usa
 	if err != nil {
 		return renewResult{}, err
 	}
-	switch status {
-	case http.StatusOK:
+	if status == http.StatusOK {
 		var reply heartbeatReply
 		if err := json.Unmarshal(body, &reply); err != nil {
 			return renewResult{}, fmt.Errorf("the heartbeat's answer is not the gateway's: %w", err)
@@ -217,13 +216,14 @@ func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usa
 		sig := signalsFromRemaining(reply.Stop, reply.Paused, endsAt, reply.CapRemainingCents,
 			reply.CapRemainingTokens, u)
 		return renewResult{ok: true, signals: &sig}, nil
-	case http.StatusNotFound, http.StatusGone:
-		return renewResult{lost: true, why: describe(status, body)}, nil
-	default:
-		// 401/403, 409, 422, 429, 503: nothing about ownership (NotClaimant counts as lost only
-		// for a publication, which the gateway checks on the very Lease it fences with).
-		return renewResult{why: "heartbeat refused: " + describe(status, body)}, nil
 	}
+	// Gone, a moved fence, or another identity (NotClaimant) or worker (HeldByAnother) claimed the
+	// attempt: all say it is not ours. Anything else (401, RBAC's 403, 422, 429, 5xx) says nothing.
+	if code := errorOf(body).Code; status == http.StatusNotFound || status == http.StatusGone ||
+		code == "NotClaimant" || code == "HeldByAnother" {
+		return renewResult{lost: true, why: describe(status, body)}, nil
+	}
+	return renewResult{why: "heartbeat refused: " + describe(status, body)}, nil
 }
 
 func (g *gatewayTransport) publish(ctx context.Context, field string, value json.RawMessage) (publishResult, error) {
@@ -241,16 +241,21 @@ func (g *gatewayTransport) publish(ctx context.Context, field string, value json
 		return publishResult{outcome: published}, nil
 	case status == http.StatusNotFound, status == http.StatusConflict, status == http.StatusGone,
 		errorOf(body).Code == "NotClaimant":
-		return publishResult{outcome: refused, why: why}, nil
+		// 409 is HeldByAnother, or AlreadyPublished (another value of this attempt was accepted):
+		// never retried.
+		return publishResult{outcome: refused, status: status, why: why}, nil
+	case status == http.StatusRequestEntityTooLarge:
+		return publishResult{outcome: invalid, status: status, why: "too large for the gateway (1 MiB): " + why}, nil
 	case status == http.StatusUnprocessableEntity:
 		// The gateway refused the body, or the API server the value: a bad result, not lost.
 		var causes []InvalidCause
 		if e := errorOf(body); e.Field != "" {
 			causes = []InvalidCause{{Field: e.Field, Message: e.Message}}
 		}
-		return publishResult{outcome: invalid, why: why, causes: causes}, nil
+		return publishResult{outcome: invalid, status: status, why: why, causes: causes}, nil
 	default:
-		return publishResult{outcome: retry, why: why,
+		// 400, 401, RBAC's 403, 429, 5xx (503 Busy: a transient conflict): nothing about ownership.
+		return publishResult{outcome: retry, status: status, why: why,
 			retryAfter: retryAfterHeader(header.Get("Retry-After"), g.clock())}, nil
 	}
 }

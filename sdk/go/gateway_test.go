@@ -197,8 +197,12 @@ func TestGatewayHeartbeatAnswers(t *testing.T) {
 	}{
 		{"410 stale fence: lost", gatewayAnswer(410, `{"error":{"code":"StaleFence","message":"no longer current"}}`), true, false},
 		{"404: lost", gatewayAnswer(404, `{"error":{"code":"NotFound","message":"gone"}}`), true, false},
-		{"403 NotClaimant: unconfirmed", gatewayAnswer(403, `{"error":{"code":"NotClaimant","message":"x"}}`), false, false},
+		{"403 NotClaimant: lost", gatewayAnswer(403, `{"error":{"code":"NotClaimant","message":"x"}}`), true, false},
+		{"409 HeldByAnother: lost", gatewayAnswer(409, `{"error":{"code":"HeldByAnother","message":"x"}}`), true, false},
+		{"403 Forbidden (RBAC): unconfirmed", gatewayAnswer(403, `{"error":{"code":"Forbidden","message":"x"}}`), false, false},
+		{"401: unconfirmed", gatewayAnswer(401, `{"error":{"code":"Unauthorized","message":"x"}}`), false, false},
 		{"503: unconfirmed", gatewayAnswer(503, `{"error":{"code":"Unavailable","message":"x"}}`), false, false},
+		{"503 Busy: unconfirmed", gatewayAnswer(503, `{"error":{"code":"Busy","message":"x"}}`), false, false},
 		{"422: unconfirmed", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"x"}}`), false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -224,8 +228,17 @@ func TestGatewayPublish(t *testing.T) {
 		{"410", gatewayAnswer(410, `{"error":{"code":"StaleFence","message":"x"}}`), refused, 0},
 		{"404", gatewayAnswer(404, `{"error":{"code":"NotFound","message":"x"}}`), refused, 0},
 		{"409", gatewayAnswer(409, `{"error":{"code":"HeldByAnother","message":"x"}}`), refused, 0},
+		{"409 AlreadyPublished", gatewayAnswer(409, `{"error":{"code":"AlreadyPublished","message":"x"}}`), refused, 0},
+		{"413", gatewayAnswer(413, `{"error":{"code":"TooLarge","message":"body over 1 MiB"}}`), invalid, 0},
 		{"403 NotClaimant", gatewayAnswer(403, `{"error":{"code":"NotClaimant","message":"x"}}`), refused, 0},
 		{"403 other", gatewayAnswer(403, `{"error":{"code":"Forbidden","message":"x"}}`), retry, 0},
+		{"401", gatewayAnswer(401, `{"error":{"code":"Unauthorized","message":"x"}}`), retry, 0},
+		{"400", gatewayAnswer(400, `{"error":{"code":"BadRequest","message":"x"}}`), retry, 0},
+		{"502", gatewayAnswer(502, `<html>bad gateway</html>`), retry, 0},
+		{"503 Busy Retry-After", func(w http.ResponseWriter) {
+			w.Header().Set("Retry-After", "1")
+			gatewayAnswer(503, `{"error":{"code":"Busy","message":"x"}}`)(w)
+		}, retry, time.Second},
 		{"422", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"result: Input should be a valid dictionary","field":"result"}}`), invalid, 0},
 		{"503 Retry-After", func(w http.ResponseWriter) {
 			w.Header().Set("Retry-After", "2")
@@ -247,6 +260,18 @@ func TestGatewayPublish(t *testing.T) {
 				t.Fatalf("complete body %v", body)
 			}
 		})
+	}
+}
+
+func TestGatewayAlreadyPublishedIsNotRetried(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	r := claimTest(t, srv)
+	g.script("complete", gatewayAnswer(409, `{"error":{"code":"AlreadyPublished","message":"another result was accepted"}}`))
+	if err := r.Complete(context.Background(), map[string]bool{"captured": true}); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("%v", err)
+	}
+	if n := len(g.callsTo("complete")); n != 1 {
+		t.Fatalf("%d tries", n)
 	}
 }
 

@@ -1,7 +1,7 @@
 package tether
 
 // The pod worker's path: a resourceVersion-conditional update of the run's Lease, and a fenced
-// JSON patch on the WorkerRun's status, both through client-go.
+// JSON patch on the WorkerRun's status, both through client-go's REST client as raw JSON.
 
 import (
 	"context"
@@ -14,14 +14,10 @@ import (
 	"strings"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
-	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clienttransport "k8s.io/client-go/transport"
@@ -45,7 +41,10 @@ const (
 	inClusterTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 )
 
-var workerRunsGV = schema.GroupVersion{Group: "tether.dev", Version: "v1alpha1"}
+var (
+	workerRunsGV = schema.GroupVersion{Group: "tether.dev", Version: "v1alpha1"}
+	leasesGV     = schema.GroupVersion{Group: "coordination.k8s.io", Version: "v1"}
+)
 
 // FromEnv starts the attempt this pod was launched for: it reads the environment the operator
 // sets (TETHER_RUN, TETHER_HOLDER, TETHER_FENCE, ...), reaches the API server in-cluster or
@@ -155,14 +154,14 @@ func fileExists(path string) bool {
 // kubeTransport is the pod worker's transport.
 type kubeTransport struct {
 	http      *http.Client
-	leases    coordinationclient.LeaseInterface
+	leases    rest.Interface
 	runs      rest.Interface
 	namespace string
 	name      string
 	holder    string
 	fence     int64
-	runUID    string                // the Lease and run must be this run's, not a re-created namesake's
-	lease     *coordinationv1.Lease // the last one seen; the Run serialises renewals
+	runUID    string    // the Lease and run must be this run's, not a re-created namesake's
+	lease     *leaseDoc // the last one seen; the Run serialises renewals
 }
 
 func newKubeTransport(cfg *rest.Config, info attemptInfo, runUID string) (*kubeTransport, error) {
@@ -170,31 +169,59 @@ func newKubeTransport(cfg *rest.Config, info attemptInfo, runUID string) (*kubeT
 	if err != nil {
 		return nil, fmt.Errorf("tether: %w", err)
 	}
-	clientset, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
+	leases, err := restClient(cfg, httpClient, leasesGV)
 	if err != nil {
-		return nil, fmt.Errorf("tether: %w", err)
+		return nil, err
 	}
-	runCfg := rest.CopyConfig(cfg)
-	runCfg.GroupVersion = &workerRunsGV
-	runCfg.APIPath = "/apis"
-	runCfg.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
-	runs, err := rest.RESTClientForConfigAndClient(runCfg, httpClient)
+	runs, err := restClient(cfg, httpClient, workerRunsGV)
 	if err != nil {
-		return nil, fmt.Errorf("tether: %w", err)
+		return nil, err
 	}
-	return &kubeTransport{http: httpClient, leases: clientset.CoordinationV1().Leases(info.namespace), runs: runs,
+	return &kubeTransport{http: httpClient, leases: leases, runs: runs,
 		namespace: info.namespace, name: info.name, holder: info.holder, fence: info.fence, runUID: runUID}, nil
+}
+
+// restClient is a REST client for one API group: objects go both ways as raw JSON.
+func restClient(cfg *rest.Config, httpClient *http.Client, gv schema.GroupVersion) (rest.Interface, error) {
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &gv
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
+	client, err := rest.RESTClientForConfigAndClient(c, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("tether: %w", err)
+	}
+	return client, nil
 }
 
 func (t *kubeTransport) close() { t.http.CloseIdleConnections() }
 
-// getLease reads the Lease; nil when it is gone.
-func (t *kubeTransport) getLease(ctx context.Context) (*coordinationv1.Lease, error) {
-	lease, err := t.leases.Get(ctx, t.name, metav1.GetOptions{})
+// resultBody is a request's answer, or its failure as the API server's Status tells it (Raw alone
+// gives a generic error for a refusal, without the message the fencing policy is recognised by).
+func resultBody(res rest.Result) ([]byte, error) {
+	if err := res.Error(); err != nil {
+		return nil, err
+	}
+	return res.Raw()
+}
+
+// getLease reads the Lease; nil when it is gone. MaxRetries(0) here and below: the Run retries by
+// the protocol's rules (the next interval, or the publication's backoff), never client-go.
+func (t *kubeTransport) getLease(ctx context.Context) (*leaseDoc, error) {
+	raw, err := resultBody(t.leases.Get().Namespace(t.namespace).Resource("leases").Name(t.name).
+		MaxRetries(0).Do(ctx))
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
-	return lease, err
+	if err != nil {
+		return nil, err
+	}
+	return parseLease(raw)
+}
+
+// mine says whether a Lease (nil: gone) is this attempt's.
+func (t *kubeTransport) mine(lease *leaseDoc) bool {
+	return lease != nil && holds(&lease.view, t.holder, t.fence, t.runUID)
 }
 
 func (t *kubeTransport) renew(ctx context.Context, checkpoint *string, u *usage) (renewResult, error) {
@@ -212,14 +239,23 @@ func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u 
 		}
 		t.lease = lease
 	}
-	if !holds(t.lease, t.holder, t.fence, t.runUID) {
+	if !t.mine(t.lease) {
 		return renewResult{lost: true, why: "the lease names another holder or fence"}, nil
 	}
-	updated, err := t.leases.Update(ctx, renewal(t.lease, time.Now(), checkpoint, u), metav1.UpdateOptions{})
+	renewed, err := renewal(t.lease.raw, time.Now(), checkpoint, u)
+	if err != nil {
+		return renewResult{}, fmt.Errorf("the Lease as read: %w", err)
+	}
+	raw, err := resultBody(t.leases.Put().Namespace(t.namespace).Resource("leases").Name(t.name).
+		SetHeader("Content-Type", "application/json").Body([]byte(renewed)).MaxRetries(0).Do(ctx))
 	if err == nil {
+		updated, err := parseLease(raw)
+		if err != nil {
+			return renewResult{}, fmt.Errorf("the renewal's answer: %w", err)
+		}
 		t.lease = updated
 		res := renewResult{ok: true}
-		if sig, ok := leaseSignals(updated); ok {
+		if sig, ok := leaseSignals(&updated.view); ok {
 			res.signals = &sig
 		}
 		return res, nil
@@ -237,7 +273,7 @@ func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u 
 			return renewResult{}, err
 		}
 		t.lease = lease
-		mine := holds(lease, t.holder, t.fence, t.runUID)
+		mine := t.mine(lease)
 		if mine && retryConflict {
 			return t.renewAttempt(ctx, checkpoint, u, false)
 		}
@@ -251,7 +287,8 @@ func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u 
 	case fencedByPolicy(status):
 		return renewResult{lost: true, why: "the API server's fencing policy refused: " + clip(status.ErrStatus.Message)}, nil
 	default:
-		// 401 (client-go re-reads the token file), RBAC's 403, 429, 5xx: nothing about ownership.
+		// 400, 422 (a bug in the body), 401 (client-go re-reads the token file), RBAC's 403, 429,
+		// 5xx: nothing about ownership.
 		return renewResult{why: fmt.Sprintf("renewal refused: %d %s", code, clip(status.ErrStatus.Message))}, nil
 	}
 }
@@ -264,15 +301,13 @@ func fencedByPolicy(status *apierrors.StatusError) bool {
 		strings.Contains(msg, "ValidatingAdmissionPolicy") && strings.Contains(msg, "tether-worker")
 }
 
-// schemaCauses are the causes of a refusal that the API server itself named (client-go adds an
-// "unexpected server response" cause to a body that was not a Status, which names nothing).
-func schemaCauses(status *apierrors.StatusError) []InvalidCause {
+// statusCauses are the fields a refusal names (details.causes); a body that was not a Status names
+// none (client-go's "unexpected server response" cause has no field).
+func statusCauses(status *apierrors.StatusError) []InvalidCause {
 	var causes []InvalidCause
 	if d := status.ErrStatus.Details; d != nil {
 		for _, c := range d.Causes {
-			if c.Type != metav1.CauseTypeUnexpectedServerResponse {
-				causes = append(causes, InvalidCause{Field: c.Field, Message: c.Message})
-			}
+			causes = append(causes, InvalidCause{Field: c.Field, Message: c.Message})
 		}
 	}
 	return causes
@@ -293,25 +328,31 @@ func (t *kubeTransport) publish(ctx context.Context, field string, value json.Ra
 	if !errors.As(err, &status) {
 		return publishResult{}, err
 	}
-	why := fmt.Sprintf("%d %s", status.ErrStatus.Code, clip(status.ErrStatus.Message))
-	causes := schemaCauses(status)
-	switch code := status.ErrStatus.Code; {
-	case code == http.StatusUnprocessableEntity && len(causes) > 0:
-		// The CRD's schema refused the value (the causes name the field): a bad result.
-		return publishResult{outcome: invalid, why: why, causes: causes}, nil
+	code := int(status.ErrStatus.Code)
+	why := fmt.Sprintf("%d %s", code, clip(status.ErrStatus.Message))
+	causes := statusCauses(status)
+	switch {
+	case code == http.StatusRequestEntityTooLarge:
+		// The run would outgrow what the API server stores in one object: a bad result (too large).
+		return publishResult{outcome: invalid, status: code, why: "too large: " + why}, nil
+	case code == http.StatusUnprocessableEntity && refusesValue(causes, field):
+		// The CRD's schema refused the value (a cause names the field): a bad result.
+		return publishResult{outcome: invalid, status: code, why: why, causes: causes}, nil
 	case code == http.StatusUnprocessableEntity, code == http.StatusNotFound, code == http.StatusConflict,
 		fencedByPolicy(status):
-		// 422 without causes: a test failed, the fence or holder moved on; the policy's 403 says
-		// the same from the API server itself.
-		return publishResult{outcome: refused, why: why}, nil
+		// Any other 422: a test failed, the uid, fence or holder moved on; the policy's 403 says the
+		// same from the API server itself.
+		return publishResult{outcome: refused, status: code, why: why}, nil
 	default:
+		// 400, 401, RBAC's 403, 429, 5xx: nothing about ownership.
 		delay, _ := apierrors.SuggestsClientDelay(err)
-		return publishResult{outcome: retry, why: why, retryAfter: time.Duration(delay) * time.Second}, nil
+		return publishResult{outcome: retry, status: code, why: why, retryAfter: time.Duration(delay) * time.Second}, nil
 	}
 }
 
 func (t *kubeTransport) recorded(ctx context.Context, field string, value json.RawMessage) (bool, error) {
-	raw, err := t.runs.Get().Namespace(t.namespace).Resource("workerruns").Name(t.name).MaxRetries(0).Do(ctx).Raw()
+	raw, err := resultBody(t.runs.Get().Namespace(t.namespace).Resource("workerruns").Name(t.name).
+		MaxRetries(0).Do(ctx))
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
@@ -370,7 +411,8 @@ func (t *kubeTransport) loadPayload(ctx context.Context) (json.RawMessage, error
 func (t *kubeTransport) getRun(ctx context.Context) ([]byte, error) {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return t.runs.Get().Namespace(t.namespace).Resource("workerruns").Name(t.name).MaxRetries(0).Do(rctx).Raw()
+	return resultBody(t.runs.Get().Namespace(t.namespace).Resource("workerruns").Name(t.name).
+		MaxRetries(0).Do(rctx))
 }
 
 func (t *kubeTransport) payloadOf(raw []byte) (json.RawMessage, error) {

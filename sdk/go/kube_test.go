@@ -37,9 +37,12 @@ type apiCall struct {
 // WorkerRun, and Status bodies for refusals. A test scripts exceptions per route ("PUT lease",
 // "GET lease", "PATCH status", "GET run"); they are used once each, in order.
 type fakeAPI struct {
-	t       *testing.T
-	mu      sync.Mutex
-	lease   *coordinationv1.Lease
+	t     *testing.T
+	mu    sync.Mutex
+	lease *coordinationv1.Lease
+	// future holds Lease fields of a newer API server, which the Lease type does not know, per
+	// section ("metadata", "spec"): served with the Lease, and kept only as long as a PUT sends them.
+	future  map[string]map[string]json.RawMessage
 	rv      int
 	run     string
 	answers map[string][]http.HandlerFunc
@@ -103,7 +106,7 @@ func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 		a.lease.ResourceVersion = strconv.Itoa(a.rv)
-		writeJSON(w, http.StatusOK, a.lease)
+		a.writeLease(w)
 	case "PUT lease":
 		var sent coordinationv1.Lease
 		if err := json.Unmarshal(body, &sent); err != nil {
@@ -120,13 +123,74 @@ func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		a.rv++
 		sent.ResourceVersion = strconv.Itoa(a.rv)
 		a.lease = &sent
-		writeJSON(w, http.StatusOK, a.lease)
+		a.future = unknownFields(a.t, body, &sent) // the object stored is the one sent, whole
+		a.writeLease(w)
 	case "PATCH status", "GET run":
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, a.run)
 	default:
 		status(http.StatusNotFound, metav1.StatusReasonNotFound, "no route "+key)(w, req)
 	}
+}
+
+// writeLease answers with the Lease, the fields of a newer API server included.
+func (a *fakeAPI) writeLease(w http.ResponseWriter) {
+	doc := sections(a.t, mustJSON(a.t, a.lease))
+	for section, fields := range a.future {
+		for k, v := range fields {
+			doc[section][k] = v
+		}
+	}
+	top := map[string]json.RawMessage{}
+	if err := json.Unmarshal(mustJSON(a.t, a.lease), &top); err != nil {
+		a.t.Fatal(err)
+	}
+	for section, fields := range doc {
+		top[section] = mustJSON(a.t, fields)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(mustJSON(a.t, top))
+}
+
+// sections splits a Lease's JSON into its metadata and spec members.
+func sections(t *testing.T, raw []byte) map[string]map[string]json.RawMessage {
+	var doc struct {
+		Metadata map[string]json.RawMessage `json:"metadata"`
+		Spec     map[string]json.RawMessage `json:"spec"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Errorf("a Lease: %v", err)
+	}
+	out := map[string]map[string]json.RawMessage{"metadata": doc.Metadata, "spec": doc.Spec}
+	for k, v := range out {
+		if v == nil {
+			out[k] = map[string]json.RawMessage{}
+		}
+	}
+	return out
+}
+
+// unknownFields are the members of a Lease's JSON that its Lease type does not keep.
+func unknownFields(t *testing.T, raw []byte, typed *coordinationv1.Lease) map[string]map[string]json.RawMessage {
+	known := sections(t, mustJSON(t, typed))
+	out := map[string]map[string]json.RawMessage{}
+	for section, fields := range sections(t, raw) {
+		out[section] = map[string]json.RawMessage{}
+		for k, v := range fields {
+			if _, ok := known[section][k]; !ok {
+				out[section][k] = v
+			}
+		}
+	}
+	return out
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -203,6 +267,33 @@ func TestKubeRenewal(t *testing.T) {
 	}
 	if gets := api.callsTo(http.MethodGet, leasePath); len(gets) != 1 {
 		t.Fatalf("%d GETs of the Lease, want 1", len(gets))
+	}
+}
+
+func TestKubeRenewalKeepsFieldsItDoesNotKnow(t *testing.T) {
+	api, srv := newFakeAPI(t)
+	api.future = map[string]map[string]json.RawMessage{
+		"metadata": {"futureMeta": json.RawMessage(`{"a":12345678901234567890}`)},
+		"spec":     {"futureField": json.RawMessage(`"kept"`), "futureList": json.RawMessage(`[1.50,{"b":null}]`)},
+	}
+	kt := newTestKube(t, srv, "uid-1")
+	for i := 0; i < 2; i++ { // the first PUT sends the Lease as read, the second as the first PUT returned it
+		if res, err := kt.renew(ctx2s(t), ptr("3"), nil); err != nil || !res.ok {
+			t.Fatalf("renewal %d: %+v, %v", i, res, err)
+		}
+	}
+	for i, put := range api.callsTo(http.MethodPut, leasePath) {
+		if put.contentType != "application/json" {
+			t.Errorf("PUT %d as %q", i, put.contentType)
+		}
+		got := sections(t, put.body)
+		if string(got["metadata"]["futureMeta"]) != `{"a":12345678901234567890}` ||
+			string(got["spec"]["futureField"]) != `"kept"` || string(got["spec"]["futureList"]) != `[1.50,{"b":null}]` {
+			t.Errorf("PUT %d dropped or changed a field the SDK does not know: %s", i, put.body)
+		}
+	}
+	if len(api.future["spec"]) != 2 || len(api.future["metadata"]) != 1 {
+		t.Errorf("the Lease stored lost fields: %v", api.future)
 	}
 }
 
@@ -291,6 +382,8 @@ func TestKubePublish(t *testing.T) {
 	badValue := metav1.StatusCause{Type: metav1.CauseTypeFieldValueInvalid, Field: "status.result",
 		Message: `Invalid value: "array": result in body must be of type object`}
 	policy := "ValidatingAdmissionPolicy 'tether-worker-status-fencing' with binding 'tether-worker-status-fencing' denied request"
+	otherField := metav1.StatusCause{Type: metav1.CauseTypeFieldValueInvalid, Field: "metadata.annotations",
+		Message: "Invalid value"}
 	for _, tc := range []struct {
 		name       string
 		answer     http.HandlerFunc
@@ -301,6 +394,10 @@ func TestKubePublish(t *testing.T) {
 		{"422 with causes: the value", status(422, metav1.StatusReasonInvalid, "WorkerRun is invalid", badValue), invalid, 0},
 		{"422 without causes: a test failed", status(422, metav1.StatusReasonInvalid,
 			"the server rejected our request due to an error in our request"), refused, 0},
+		{"422 whose causes name another field", status(422, metav1.StatusReasonInvalid, "WorkerRun is invalid",
+			otherField), refused, 0},
+		{"413: too large", status(413, metav1.StatusReasonRequestEntityTooLarge,
+			"Request entity too large: limit is 3145728"), invalid, 0},
 		{"422 not from the API server", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain")
 			w.WriteHeader(422)
@@ -310,6 +407,8 @@ func TestKubePublish(t *testing.T) {
 		{"409", status(409, metav1.StatusReasonConflict, "conflict"), refused, 0},
 		{"the fencing policy's 403", status(403, metav1.StatusReasonForbidden, policy), refused, 0},
 		{"RBAC's 403", status(403, metav1.StatusReasonForbidden, "forbidden"), retry, 0},
+		{"400", status(400, metav1.StatusReasonBadRequest, "bad request"), retry, 0},
+		{"401", status(401, metav1.StatusReasonUnauthorized, "Unauthorized"), retry, 0},
 		{"429 with Retry-After", withRetryAfter(3, func(w http.ResponseWriter, _ *http.Request) {
 			st := metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
 				Code: 429, Reason: metav1.StatusReasonTooManyRequests, Message: "slow down",
@@ -333,7 +432,7 @@ func TestKubePublish(t *testing.T) {
 			if err != nil || res.outcome != tc.outcome || res.retryAfter != tc.retryAfter {
 				t.Fatalf("publish = %+v, %v", res, err)
 			}
-			if tc.outcome == invalid && (len(res.causes) != 1 || res.causes[0].Field != "status.result") {
+			if tc.outcome == invalid && res.status == 422 && (len(res.causes) != 1 || res.causes[0].Field != "status.result") {
 				t.Fatalf("causes %+v", res.causes)
 			}
 			patches := api.callsTo(http.MethodPatch, statusPath)

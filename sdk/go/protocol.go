@@ -110,14 +110,45 @@ func holds(lease *coordinationv1.Lease, holder string, fence int64, runUID strin
 	return ok && uid == runUID
 }
 
-// renewal is the body of a heartbeat: the Lease as last seen (its resourceVersion makes the PUT a
-// compare-and-swap), renewTime set, checkpoint and usage riding on the same write.
-func renewal(lease *coordinationv1.Lease, now time.Time, checkpoint *string, u *usage) *coordinationv1.Lease {
-	body := lease.DeepCopy()
-	body.Spec.RenewTime = &metav1.MicroTime{Time: now.UTC()}
-	ann := make(map[string]string, len(body.Annotations)+2)
-	for k, v := range body.Annotations {
-		ann[k] = v
+// leaseDoc is a Lease as the API server sent it: its exact JSON, which a renewal sends back (a
+// typed client keeps only the fields it knows, and a renewal that drops a newer API server's field
+// erases it or is refused by the admission policy, read as lost), and the fields the protocol reads.
+type leaseDoc struct {
+	raw  json.RawMessage
+	view coordinationv1.Lease
+}
+
+func parseLease(raw []byte) (*leaseDoc, error) {
+	doc := &leaseDoc{raw: raw}
+	if err := json.Unmarshal(raw, &doc.view); err != nil {
+		return nil, fmt.Errorf("not a Lease: %w", err)
+	}
+	return doc, nil
+}
+
+// renewal is the body of a heartbeat: the Lease exactly as last seen (its resourceVersion makes the
+// PUT a compare-and-swap), renewTime set, checkpoint and usage riding on the same write.
+func renewal(lease json.RawMessage, now time.Time, checkpoint *string, u *usage) (json.RawMessage, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(lease, &obj); err != nil {
+		return nil, err
+	}
+	spec, err := jsonObject(obj["spec"])
+	if err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	meta, err := jsonObject(obj["metadata"])
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	ann := map[string]string{}
+	if raw, ok := meta["annotations"]; ok {
+		if err := json.Unmarshal(raw, &ann); err != nil {
+			return nil, fmt.Errorf("annotations: %w", err)
+		}
+		if ann == nil { // "annotations": null
+			ann = map[string]string{}
+		}
 	}
 	if checkpoint != nil {
 		ann[annCheckpoint] = *checkpoint
@@ -125,8 +156,34 @@ func renewal(lease *coordinationv1.Lease, now time.Time, checkpoint *string, u *
 	if u != nil {
 		ann[annUsage] = usageAnnotation(*u)
 	}
-	body.Annotations = ann
-	return body
+	if spec["renewTime"], err = json.Marshal(metav1.NewMicroTime(now.UTC())); err != nil {
+		return nil, err
+	}
+	if meta["annotations"], err = json.Marshal(ann); err != nil {
+		return nil, err
+	}
+	if obj["spec"], err = json.Marshal(spec); err != nil {
+		return nil, err
+	}
+	if obj["metadata"], err = json.Marshal(meta); err != nil {
+		return nil, err
+	}
+	return json.Marshal(obj)
+}
+
+// jsonObject splits a JSON object into its members, each kept exactly as it was; absent or null is empty.
+func jsonObject(raw json.RawMessage) (map[string]json.RawMessage, error) {
+	members := map[string]json.RawMessage{}
+	if len(raw) == 0 {
+		return members, nil
+	}
+	if err := json.Unmarshal(raw, &members); err != nil {
+		return nil, err
+	}
+	if members == nil { // null
+		members = map[string]json.RawMessage{}
+	}
+	return members, nil
 }
 
 // signalState is what the control plane says, as carried on the Lease (tether.dev/signals).
@@ -293,6 +350,19 @@ func fencedPatch(holder string, fence int64, field string, value json.RawMessage
 		patchOp{Op: "test", Path: "/status/fence", Value: fence},
 		patchOp{Op: "test", Path: "/status/holder", Value: holder},
 		patchOp{Op: "add", Path: "/status/" + field, Value: value})
+}
+
+// refusesValue says whether a 422's causes name the published value itself (status.<field>, or a
+// part of it: status.<field>.x, status.<field>[0]): only then is it a bad value. Causes about other
+// fields say nothing this publication can fix, so that 422 is the failed ownership test.
+func refusesValue(causes []InvalidCause, field string) bool {
+	name := "status." + field
+	for _, c := range causes {
+		if c.Field == name || strings.HasPrefix(c.Field, name+".") || strings.HasPrefix(c.Field, name+"[") {
+			return true
+		}
+	}
+	return false
 }
 
 // runView is the part of a WorkerRun that tells whether a publication landed.

@@ -113,28 +113,94 @@ func TestHolds(t *testing.T) {
 }
 
 func TestRenewal(t *testing.T) {
-	l := lease("job-a1", 1, "uid-1")
-	l.Annotations = map[string]string{annSignals: `{"stop":false}`, annCheckpoint: "1"}
+	// A newer API server's Lease: fields this SDK's Lease type does not know must go back unchanged.
+	l := json.RawMessage(`{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"job",` +
+		`"resourceVersion":"7","annotations":{"tether.dev/signals":"{\"stop\":false}","tether.dev/checkpoint":"1"},` +
+		`"futureMeta":{"big":12345678901234567890}},"spec":{"holderIdentity":"job-a1","leaseTransitions":1,` +
+		`"futureField":[1.50,"x"]},"futureTop":true}`)
+	original := string(l)
 	now := time.Date(2026, 11, 30, 16, 0, 0, 123456789, time.FixedZone("x", 3600))
-	body := renewal(l, now, ptr("4"), &usage{Cents: 8, Tokens: 2})
-	if body.ResourceVersion != "7" || !holds(body, "job-a1", 1, "uid-1") {
-		t.Errorf("renewal lost the Lease's identity: %+v", body)
+	body, err := renewal(l, now, ptr("4"), &usage{Cents: 8, Tokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Metadata struct {
+			ResourceVersion string            `json:"resourceVersion"`
+			Annotations     map[string]string `json:"annotations"`
+			FutureMeta      json.RawMessage   `json:"futureMeta"`
+		} `json:"metadata"`
+		Spec struct {
+			HolderIdentity   string          `json:"holderIdentity"`
+			LeaseTransitions int             `json:"leaseTransitions"`
+			RenewTime        string          `json:"renewTime"`
+			FutureField      json.RawMessage `json:"futureField"`
+		} `json:"spec"`
+		FutureTop bool `json:"futureTop"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Metadata.ResourceVersion != "7" || got.Spec.HolderIdentity != "job-a1" || got.Spec.LeaseTransitions != 1 {
+		t.Errorf("renewal lost the Lease's identity: %s", body)
+	}
+	if string(got.Metadata.FutureMeta) != `{"big":12345678901234567890}` || string(got.Spec.FutureField) != `[1.50,"x"]` ||
+		!got.FutureTop {
+		t.Errorf("renewal changed fields it does not know: %s", body)
 	}
 	want := map[string]string{annSignals: `{"stop":false}`, annCheckpoint: "4", annUsage: `{"cents":8,"tokens":2}`}
+	if len(got.Metadata.Annotations) != len(want) {
+		t.Errorf("annotations %v, want %v", got.Metadata.Annotations, want)
+	}
 	for k, v := range want {
-		if body.Annotations[k] != v {
-			t.Errorf("annotation %s = %q, want %q", k, body.Annotations[k], v)
+		if got.Metadata.Annotations[k] != v {
+			t.Errorf("annotation %s = %q, want %q", k, got.Metadata.Annotations[k], v)
 		}
 	}
-	if l.Annotations[annCheckpoint] != "1" || l.Spec.RenewTime != nil {
+	if got.Spec.RenewTime != "2026-11-30T15:00:00.123456Z" {
+		t.Errorf("renewTime = %s, want RFC 3339 UTC microseconds", got.Spec.RenewTime)
+	}
+	if string(l) != original {
 		t.Error("renewal changed the Lease it was given")
 	}
-	raw, _ := json.Marshal(body.Spec.RenewTime)
-	if string(raw) != `"2026-11-30T15:00:00.123456Z"` {
-		t.Errorf("renewTime = %s, want RFC 3339 UTC microseconds", raw)
+	plain, err := renewal(l, now, nil, nil)
+	if err != nil || !strings.Contains(string(plain), `"tether.dev/checkpoint":"1"`) || strings.Contains(string(plain), annUsage) {
+		t.Errorf("a renewal without reports changed them: %s, %v", plain, err)
 	}
-	if plain := renewal(l, now, nil, nil); plain.Annotations[annCheckpoint] != "1" || plain.Annotations[annUsage] != "" {
-		t.Errorf("a renewal without reports changed them: %v", plain.Annotations)
+	bare, err := renewal(json.RawMessage(`{"metadata":{"annotations":null},"spec":null}`), now, ptr("2"), nil)
+	if err != nil || string(bare) != `{"metadata":{"annotations":{"tether.dev/checkpoint":"2"}},"spec":{"renewTime":"2026-11-30T15:00:00.123456Z"}}` {
+		t.Errorf("a Lease without annotations or spec: %s, %v", bare, err)
+	}
+	if _, err := renewal(json.RawMessage(`{"spec":"x"}`), now, nil, nil); err == nil {
+		t.Error("a malformed Lease was renewed")
+	}
+}
+
+func TestRefusesValue(t *testing.T) {
+	for _, tc := range []struct {
+		field  string
+		causes []string
+		want   bool
+	}{
+		{"result", []string{"status.result"}, true},
+		{"result", []string{"status.result.steps"}, true},
+		{"result", []string{"status.result[0]"}, true},
+		{"error", []string{"status.error.code"}, true},
+		{"result", []string{"metadata.annotations", "status.result"}, true},
+		{"result", []string{"status.error"}, false},
+		{"result", []string{"status.resultx"}, false},
+		{"result", []string{"metadata.annotations"}, false},
+		{"result", []string{"status"}, false},
+		{"result", []string{""}, false},
+		{"result", nil, false},
+	} {
+		var causes []InvalidCause
+		for _, f := range tc.causes {
+			causes = append(causes, InvalidCause{Field: f})
+		}
+		if got := refusesValue(causes, tc.field); got != tc.want {
+			t.Errorf("refusesValue(%v, %s) = %v, want %v", tc.causes, tc.field, got, tc.want)
+		}
 	}
 }
 

@@ -64,6 +64,7 @@ const (
 
 type publishResult struct {
 	outcome    publishOutcome
+	status     int // a refusal's HTTP status
 	why        string
 	causes     []InvalidCause // invalid: the refused fields, when the answer named them
 	retryAfter time.Duration  // the answer's Retry-After, when it had one
@@ -152,8 +153,9 @@ func (r *Run) start(ctx context.Context) {
 	go r.heartbeat()
 }
 
-// Close stops the heartbeat and releases the connections. It publishes nothing: a worker that
-// ends without Complete or Fail lets its lease lapse, and retry rules decide what follows.
+// Close stops the heartbeat, sends one last renewal with the usage and checkpoint (unless lost or
+// published) and releases the connections. It publishes nothing: a worker that ends without
+// Complete or Fail lets its lease lapse, and retry rules decide what follows.
 func (r *Run) Close() error {
 	r.closeOnce.Do(func() {
 		r.cancel()
@@ -446,19 +448,23 @@ func (r *Run) publish(ctx context.Context, field string, value any) error {
 	if err != nil {
 		return fmt.Errorf("tether: the %s is not JSON: %w", field, err)
 	}
-	if r.Lost() {
-		r.log.Error("result rejected: lease lost", r.logAttrs("result_rejected", "field", field)...)
-		return fmt.Errorf("%w: the %s was not published", ErrLeaseLost, field)
-	}
-	// Usage and the last checkpoint go out with a final renewal, so nothing is left behind; its
-	// failure is no reason not to try the publication.
+	// Usage and the last checkpoint go out with a final renewal, so nothing is left behind; a
+	// confirmed one also moves the deadline below. Its failure is no reason not to try.
 	_ = r.renewOnce(ctx)
 	r.mu.Lock()
 	deadline, confirmed := r.confirmedAt+r.info.leaseDuration, r.confirmed
 	r.mu.Unlock()
 	delay := 500 * time.Millisecond
-	unanswered := false // a request whose answer was lost may have landed
+	// A try with no answer, or a 5xx (which does not say whether the write was applied), may have
+	// landed; a 4xx was refused before any write.
+	unanswered := false
 	for {
+		// Lost (the final renewal, or the heartbeat meanwhile): publish nothing more, unless an
+		// earlier try may have landed; then the retry and the look-up below tell.
+		if !unanswered && r.Lost() {
+			r.log.Error("result rejected: lease lost", r.logAttrs("result_rejected", "field", field)...)
+			return fmt.Errorf("%w: the %s was not published", ErrLeaseLost, field)
+		}
 		res, err := r.tryPublish(ctx, field, raw)
 		if err == nil && res.outcome == refused && unanswered {
 			var landed bool
@@ -472,7 +478,9 @@ func (r *Run) publish(ctx context.Context, field string, value any) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		unanswered = true
+		if err != nil || res.status >= http.StatusInternalServerError {
+			unanswered = true
+		}
 		why := res.why
 		if err != nil {
 			why = err.Error()

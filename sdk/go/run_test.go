@@ -578,3 +578,104 @@ func TestCloseReportsWhatWasSpentWithOneLastRenewal(t *testing.T) {
 		t.Fatalf("a second Close renewed again or the transport stayed open")
 	}
 }
+
+func TestTheRenewalBeforePublishingMovesTheDeadline(t *testing.T) {
+	tr := &fakeTransport{publishFn: func(int) (publishResult, error) { return publishResult{}, errors.New("no route") }}
+	clock := &fakeClock{}
+	r, waits := testRun(t, tr, clock)
+	clock.advance(5 * time.Second)
+	if err := r.Complete(context.Background(), map[string]int{}); !errors.Is(err, ErrOwnershipUnknown) {
+		t.Fatalf("%v", err)
+	}
+	// Confirmed again at 5 s (the renewal before publishing): deadline 15 s, so 0.5 + 1 + 2 + 4 s
+	// were waited; from the first confirmation (deadline 10 s) only 0.5 + 1 + 2.
+	if len(*waits) != 4 || clock.now() != 12500*time.Millisecond {
+		t.Fatalf("waits %v, clock %v", *waits, clock.now())
+	}
+}
+
+func TestPublishNothingWhenTheRenewalBeforeItHearsTheRunIsLost(t *testing.T) {
+	tr := &fakeTransport{
+		renewFn: func(n int) (renewResult, error) {
+			if n == 1 {
+				return renewResult{ok: true}, nil
+			}
+			return renewResult{lost: true, why: "another holder"}, nil
+		},
+		publishFn: published200,
+	}
+	r, _ := testRun(t, tr, &fakeClock{})
+	if err := r.Complete(context.Background(), map[string]int{}); !errors.Is(err, ErrLeaseLost) || len(tr.publishes) != 0 {
+		t.Fatalf("%v, %d publishes", err, len(tr.publishes))
+	}
+}
+
+func TestPublishStopsOnceTheHeartbeatHearsTheRunIsLost(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		answer         publishResult
+		err            error
+		tries, lookUps int
+		want           error
+	}{
+		{"after a 401", publishResult{outcome: retry, status: 401}, nil, 1, 0, ErrLeaseLost},
+		{"after an RBAC 403", publishResult{outcome: retry, status: 403}, nil, 1, 0, ErrLeaseLost},
+		{"after a 429", publishResult{outcome: retry, status: 429, retryAfter: time.Second}, nil, 1, 0, ErrLeaseLost},
+		{"after a 400", publishResult{outcome: retry, status: 400}, nil, 1, 0, ErrLeaseLost},
+		// The first try may have landed: one more try, refused, then the look-up finds it.
+		{"after no answer", publishResult{}, errors.New("timeout"), 2, 1, nil},
+		{"after a 503", publishResult{outcome: retry, status: 503}, nil, 2, 1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := &fakeTransport{
+				renewFn: func(n int) (renewResult, error) {
+					if n <= 2 { // the start, the renewal before publishing
+						return renewResult{ok: true}, nil
+					}
+					return renewResult{lost: true, why: "another holder"}, nil
+				},
+				publishFn: func(n int) (publishResult, error) {
+					if n == 1 {
+						return tc.answer, tc.err
+					}
+					return publishResult{outcome: refused, status: 422}, nil
+				},
+				recordedFn: func() (bool, error) { return true, nil },
+			}
+			clock := &fakeClock{}
+			r, _ := testRun(t, tr, clock)
+			r.sleep = func(ctx context.Context, d time.Duration) error { // the heartbeat renews meanwhile
+				clock.advance(d)
+				_ = r.renewOnce(ctx)
+				return nil
+			}
+			err := r.Complete(context.Background(), map[string]int{})
+			if !errors.Is(err, tc.want) && !(tc.want == nil && err == nil) {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+			if len(tr.publishes) != tc.tries || tr.recordeds != tc.lookUps {
+				t.Fatalf("%d tries, %d look-ups", len(tr.publishes), tr.recordeds)
+			}
+		})
+	}
+}
+
+func TestCloseSendsNoLastRenewalWhenLostOrPublished(t *testing.T) {
+	lost := &fakeTransport{renewFn: func(int) (renewResult, error) { return renewResult{lost: true, why: "gone"}, nil }}
+	r, _ := testRun(t, lost, &fakeClock{})
+	_ = r.ReportUsage(7, 0)
+	_ = r.Close()
+	if n := lost.renewCount(); n != 1 {
+		t.Fatalf("a lost run renewed on Close: %d renewals", n)
+	}
+	done := &fakeTransport{publishFn: published200}
+	r, _ = testRun(t, done, &fakeClock{})
+	if err := r.Complete(context.Background(), map[string]int{}); err != nil {
+		t.Fatal(err)
+	}
+	before := done.renewCount()
+	_ = r.Close()
+	if n := done.renewCount(); n != before {
+		t.Fatalf("a published run renewed on Close: %d renewals", n-before)
+	}
+}

@@ -34,8 +34,12 @@ const (
 	exitInvalidTook = 5 // the invalid result was accepted: the SDK failed to report it
 )
 
-// gatePoll is how often the gate looks again (at most 100 ms).
-const gatePoll = 100 * time.Millisecond
+// gatePoll is how often the gate looks again (at most 100 ms); flushPoll, how soon the crash's
+// flush renews again after a renewal that was not confirmed.
+const (
+	gatePoll  = 100 * time.Millisecond
+	flushPoll = 50 * time.Millisecond
+)
 
 // script is the run's payload.
 type script struct {
@@ -100,7 +104,7 @@ func run() int {
 			return exitLost
 		}
 		if slices.Contains(s.CrashAttempts, r.Attempt()) && step+1 == s.CrashAfterStep {
-			if err := r.Checkpoint(cp, true); err != nil {
+			if err := flush(r, cp); err != nil {
 				log.Warn("the checkpoint before the crash was not confirmed", "error", err)
 			}
 			log.Info("crashing on purpose", "step", step)
@@ -108,6 +112,19 @@ func run() int {
 		}
 	}
 	return publish(ctx, log, r, s)
+}
+
+// flush renews with the checkpoint until a renewal is confirmed or the run is lost, for at most the
+// lease duration: the checkpoint must land before the crash. It returns the last renewal's failure.
+func flush(r *tether.Run, cp string) error {
+	deadline := time.Now().Add(r.LeaseDuration())
+	for {
+		err := r.Checkpoint(cp, true)
+		if err == nil || errors.Is(err, tether.ErrLeaseLost) || !time.Now().Before(deadline) {
+			return err
+		}
+		time.Sleep(flushPoll)
+	}
 }
 
 // start begins the attempt: from the pod's environment, or by claiming it through the gateway.
@@ -149,13 +166,16 @@ func doStep(ctx context.Context, log *slog.Logger, r *tether.Run, s script, step
 		if s.EffectURL == "" {
 			return 0, true
 		}
-		status, err := effect(ctx, r, s.EffectURL, step)
+		status, refusal, err := effect(ctx, r, s.EffectURL, step)
 		switch {
 		case err != nil:
 			// Refused by the SDK (lost, unknown, stop) or not answered: back to the gate.
 			log.Warn("side effect not sent", "step", step, "error", err)
-		case status == http.StatusConflict:
-			log.Error("the receiver refused our fence", "step", step)
+		case status == http.StatusConflict && refusal == "InProgress":
+			// An earlier try of this very key is still running at the receiver: not a stale fence.
+			log.Info("the receiver is still running this step's effect: back to the gate", "step", step)
+		case status == http.StatusConflict: // {"error": "StaleFence"}
+			log.Error("the receiver refused our fence", "step", step, "error", refusal)
 			return exitLost, false
 		default:
 			return 0, true
@@ -186,24 +206,28 @@ func gate(log *slog.Logger, r *tether.Run, s script) (int, bool) {
 	}
 }
 
-// effect sends the step's side effect through the SDK's fenced call; it returns the answer's status.
-func effect(ctx context.Context, r *tether.Run, url string, step int) (int, error) {
+// effect sends the step's side effect through the SDK's fenced call; it returns the answer's status
+// and the receiver's error ({"error": "InProgress" | "StaleFence"}; "" when the body has none).
+func effect(ctx context.Context, r *tether.Run, url string, step int) (int, string, error) {
 	body, err := json.Marshal(map[string]any{"run": r.Name(), "attempt": r.Attempt(), "fence": r.Fence(), "step": step})
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := r.Effect(ctx, req, fmt.Sprintf("step-%d", step))
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
+	var answer struct {
+		Error string `json:"error"`
+	}
+	_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&answer) // any body: only the error matters
+	return resp.StatusCode, answer.Error, nil
 }
 
 // publish ends the attempt with its error or its result, after the invalid result when asked.
