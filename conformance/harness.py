@@ -35,6 +35,7 @@ from tests.support.oracle import TrialFacts, judge
 
 T = TypeVar("T")
 
+KEEP = "conformance.tether.dev/exit-code"  # the kit's pod finalizer (Case.keep_pod)
 LEASE = {"durationSeconds": 8, "renewIntervalSeconds": 1, "startupGraceSeconds": 30}
 POD, GATEWAY = "pod", "gateway"
 
@@ -290,7 +291,11 @@ class Case:
         state = os.environ.get("TETHER_TEST_STATE_DIR")
         for log in Path(state).glob(f"pods/{self.ns}_*/container.log") if state else []:
             shutil.copyfile(log, self.workdir / f"pod-{log.parent.name.split('_')[1]}.log")
-        # Workers ignore SIGTERM (conformance/WORKER.md): end their pods at once.
+        # Workers ignore SIGTERM (conformance/WORKER.md): end their pods at once, the kept ones too.
+        for pod in self.kube.ok(self.kube.get(f"/api/v1/namespaces/{self.ns}/pods"))["items"]:
+            if KEEP in (pod["metadata"].get("finalizers") or []):
+                self.kube.patch(f"/api/v1/namespaces/{self.ns}/pods/{pod['metadata']['name']}", {"metadata": {
+                    "finalizers": [f for f in pod["metadata"]["finalizers"] if f != KEEP]}}, kind="strategic")
         self.kube.request("DELETE", f"/api/v1/namespaces/{self.ns}/pods", params={"gracePeriodSeconds": "0"})
         for fn in reversed(self._cleanup):
             try:
@@ -398,6 +403,26 @@ class Case:
             return [Sent(r.started + offset, r.method, r.path, r.status or 0)
                     for r in self.worker_proxy.requests(lambda r: r.client == f"{self.ns}/{holder}")]
         return [Sent(t, "POST", path, status) for t, path, status in self.gateway_proxy.seen()]
+
+    def keep_pod(self, pod: str) -> None:
+        """Keeps the pod object after the operator deletes it (a finalizer of the kit's), so its
+        worker's exit code — which the kubelet reports on it — can still be read."""
+        path = f"/api/v1/namespaces/{self.ns}/pods/{pod}"
+        self.wait(lambda: self.kube.get(path).status_code == 200, 60, f"pod {pod}")
+        self.kube.ok(self.kube.patch(path, [{"op": "add", "path": "/metadata/finalizers/-", "value": KEEP}]
+                                     if self.kube.ok(self.kube.get(path))["metadata"].get("finalizers")
+                                     else [{"op": "add", "path": "/metadata/finalizers", "value": [KEEP]}], kind="json"))
+
+    def exit_code(self, pod: str, timeout: float) -> int:
+        """The pod's container exit code, once its worker has exited."""
+        def code() -> tuple[int] | None:  # a tuple: exit code 0 must count as found
+            resp = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods/{pod}")
+            for cs in ((resp.json().get("status") or {}).get("containerStatuses") or []) if resp.status_code == 200 else []:
+                term = (cs.get("state") or {}).get("terminated")
+                if term is not None:
+                    return (int(term["exitCode"]),)
+            return None
+        return self.wait(code, timeout, f"the worker of pod {pod} to exit")[0]
 
     def effects(self, accepted_only: bool = True) -> list[Effect]:
         return [e for e in self.receiver.seen() if e.decision == "accepted" or not accepted_only]

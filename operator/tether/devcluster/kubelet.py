@@ -210,6 +210,12 @@ class ProcessKubelet:
                     pass
                 _signal_group(entry.proc.pid, signal.SIGKILL)
                 await entry.proc.wait()
+            if entry.proc is not None and entry.proc.returncode is not None:
+                # Like the real kubelet, the terminated container's exit code is reported before the
+                # final delete (it stays readable while something else holds the pod's deletion).
+                rc = entry.proc.returncode
+                code = rc if rc >= 0 else 128 - rc
+                await self.set_status(pod, entry, phase="Succeeded" if code == 0 else "Failed", exit_code=code)
         # The kubelet makes the final, immediate delete once the process is gone.
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
                 "preconditions": {"uid": meta["uid"]}}

@@ -101,7 +101,10 @@ def main() -> int:
         if run.attempt in p.get("failAttempts", []):
             run.fail("ConformanceFailure", f"attempt {run.attempt} fails on purpose")
         else:
-            run.complete({"steps": steps, "attempt": run.attempt, "sdk": "python"})
+            try:
+                run.complete({"steps": steps, "attempt": run.attempt, "sdk": "python"})
+            except ResultInvalid as exc:
+                run.fail("ConformanceBadResult", str(exc)[:500])
     except LeaseLost:
         return 1
     except OwnershipUnknown:
