@@ -246,7 +246,13 @@ func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int
 	if slices.Contains(s.FailAttempts, r.Attempt()) {
 		return outcome(log, r.Fail(ctx, "ConformanceFailure", fmt.Sprintf("attempt %d fails on purpose", r.Attempt())))
 	}
-	return outcome(log, r.Complete(ctx, map[string]any{"steps": s.Steps, "attempt": r.Attempt(), "sdk": "go"}))
+	err := r.Complete(ctx, map[string]any{"steps": s.Steps, "attempt": r.Attempt(), "sdk": "go"})
+	if errors.Is(err, tether.ErrResultInvalid) {
+		// WORKER.md: a real result refused as a bad one is followed by a failure, so a refusal
+		// mistaken for a bad result shows as a second publication.
+		err = r.Fail(ctx, "ConformanceBadResult", err.Error())
+	}
+	return outcome(log, err)
 }
 
 func outcome(log *slog.Logger, err error) int {
