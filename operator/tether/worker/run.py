@@ -360,7 +360,10 @@ class WorkerRun:
                 if not accepted and unanswered:
                     accepted = self._transport.recorded(field, value)
             except httpx.HTTPError as exc:
-                unanswered = True
+                # No answer, or a 5xx (which may come after the write): it may have landed. A 4xx
+                # (400, 401, 403, 429) is refused before anything is written.
+                if not isinstance(exc, httpx.HTTPStatusError) or exc.response.status_code >= 500:
+                    unanswered = True
                 wait = max(delay, retry_after(exc))  # a server that says when to come back is believed
                 if self._mono() + wait > deadline:
                     raise OwnershipUnknown(f"could not publish the {field}: {exc}") from exc
