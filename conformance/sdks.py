@@ -22,8 +22,8 @@ class Worker:
     build_steps: list[tuple[list[str], Path]] = field(default_factory=list)  # (command, cwd)
 
     def build(self) -> None:
-        """Builds the worker once per machine state; concurrent callers (pytest workers) wait."""
-        if not self.build_steps:
+        """Builds the worker once per process; concurrent callers (pytest workers) wait."""
+        if not self.build_steps or self.name in _BUILT:
             return
         BUILD.mkdir(parents=True, exist_ok=True)
         with open(BUILD / f"{self.name}.lock", "w") as lock:
@@ -34,15 +34,20 @@ class Worker:
                                       text=True)
                 if done.returncode != 0:
                     raise RuntimeError(f"building the {self.name} worker: {shlex.join(argv)} failed:\n{done.stdout[-3000:]}")
+        _BUILT.add(self.name)
 
 
+_BUILT: set[str] = set()
 TS = ROOT / "sdk" / "typescript"
 GO = ROOT / "sdk" / "go"
 
 WORKERS: dict[str, Worker] = {
     "python": Worker("python", [sys.executable, "-m", "tether.worker.conformance"]),
+    # The same install stamp as the Makefile's: npm ci only when the lock file changed.
     "typescript": Worker("typescript", ["node", str(TS / "dist" / "conformance-worker.js")],
-                         [(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], TS), (["npm", "run", "build"], TS)]),
+                         [(["sh", "-c", "test node_modules/.installed -nt package-lock.json || "
+                                        "{ npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; }"], TS),
+                          (["npm", "run", "build"], TS)]),
     "go": Worker("go", [str(BUILD / "go-conformance-worker")],
                  [(["go", "build", "-o", str(BUILD / "go-conformance-worker"), "./cmd/conformance-worker"], GO)]),
 }
