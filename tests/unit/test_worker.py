@@ -414,3 +414,40 @@ def test_a_result_too_large_to_store_is_a_bad_value_not_lost(kube: bool) -> None
         else _gateway(lambda r: answer)  # type: ignore[arg-type]
     with pytest.raises(ResultInvalid):
         t.publish("result", {"big": "x"})
+
+
+def test_renewals_never_overlap_so_older_progress_cannot_overtake_newer() -> None:
+    """Found by review: the heartbeat and a flush renewed at once over the shared Lease, so a
+    conflict's retry could carry an older checkpoint and a smaller usage than the one that landed."""
+    inside, most = [0], [0]
+    gate = threading.Lock()
+
+    class Slow(LostAnswerTransport):
+        def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+            with gate:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            threading.Event().wait(0.02)
+            with gate:
+                inside[0] -= 1
+            return Renewal(ok=True, signals=Signals())
+
+    run = WorkerRun(name="job", namespace="ns", holder="job-a1", fence=1, attempt=1, lease_duration=30,
+                    renew_interval=0.001, transport=Slow(landed=False)).start()
+    threads = [threading.Thread(target=run.renew) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.stop()
+    assert most[0] == 1
+
+
+@pytest.mark.parametrize(("call", "args"), [
+    ("checkpoint", (5,)), ("checkpoint", ("x" * 1025,)), ("report_usage", (2.9,)), ("report_usage", ("5",)),
+    ("report_usage", (True,)), ("report_usage", (1, 0.5))])
+def test_reports_the_control_plane_would_not_take_are_refused_at_once(call: str, args: tuple[Any, ...]) -> None:
+    run = WorkerRun(name="job", namespace="ns", holder="job-a1", fence=1, attempt=1, lease_duration=30,
+                    renew_interval=10, transport=LostAnswerTransport(landed=False), monotonic=lambda: 0.0)
+    with pytest.raises(ValueError):
+        getattr(run, call)(*args)

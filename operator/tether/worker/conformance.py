@@ -11,11 +11,14 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from tether import logs
-from tether.worker import LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, WorkerRun
+import httpx
+
+from tether.worker import LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, ToolTimeout, WorkerRun
 
 POLL = 0.05
 
@@ -46,7 +49,18 @@ def _gate(run: WorkerRun, cents: int, tokens: int) -> str | None:
         time.sleep(POLL)
 
 
+EXIT_BROKEN = 70  # the program itself failed (WORKER.md): never mistaken for lost (1) or unknown (2)
+
+
 def main() -> int:
+    try:
+        return _main()
+    except Exception:  # noqa: BLE001 - any bug ends with its own code and its traceback
+        traceback.print_exc()
+        return EXIT_BROKEN
+
+
+def _main() -> int:
     logs.setup()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a partitioned node: only the protocol may stop us
     try:
@@ -73,13 +87,19 @@ def main() -> int:
                 try:
                     resp = http.effect("POST", effect_url, operation=f"step-{step}",
                                        json={"run": run.name, "attempt": run.attempt, "fence": run.fence, "step": step})
-                except (LeaseLost, OwnershipUnknown, StopRequested):
-                    continue  # not sent: back to the gate for this same step
+                except (LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout, httpx.TransportError):
+                    continue  # not sent, or no answer: back to the gate for this same step (same key)
                 if resp.status_code == 409:
-                    if resp.json().get("error") == "InProgress":
+                    if _error_code(resp) == "InProgress":
                         continue  # the same key is still running: try this step again
                     run.stop()
                     return 1
+                if resp.status_code >= 500:
+                    continue  # not done (a receiver stores no 5xx): again, with the same key
+                if resp.status_code >= 300:
+                    print(f"the receiver refused the step: {resp.status_code}", file=sys.stderr)
+                    run.stop()
+                    return EXIT_BROKEN
             done += 1
             run.checkpoint(str(step + 1))
             run.report_usage(cents=done * cents, tokens=done * tokens)
@@ -88,19 +108,19 @@ def main() -> int:
                 # The checkpoint lands before the crash: renew until one is confirmed (or lost).
                 deadline = time.monotonic() + run.lease_duration
                 while not run.renew() and not run.lost and time.monotonic() < deadline:
-                    time.sleep(POLL)
+                    time.sleep(run.renew_interval)  # at most one renewal per interval
                 os._exit(3)
     try:
-        if p.get("badResultFirst"):
-            try:
-                run.complete([1])  # type: ignore[arg-type]
-                print("the invalid result was accepted", file=sys.stderr)
-                return 5
-            except ResultInvalid:
-                pass
         if run.attempt in p.get("failAttempts", []):
             run.fail("ConformanceFailure", f"attempt {run.attempt} fails on purpose")
         else:
+            if p.get("badResultFirst"):
+                try:
+                    run.complete([1])  # type: ignore[arg-type]
+                    print("the invalid result was accepted", file=sys.stderr)
+                    return 5
+                except ResultInvalid:
+                    pass
             try:
                 run.complete({"steps": steps, "attempt": run.attempt, "sdk": "python"})
             except ResultInvalid as exc:
@@ -112,6 +132,14 @@ def main() -> int:
     finally:
         run.stop()
     return 0
+
+
+def _error_code(resp: httpx.Response) -> str | None:
+    try:
+        doc = resp.json()
+    except ValueError:
+        return None
+    return doc.get("error") if isinstance(doc, dict) else None
 
 
 if __name__ == "__main__":

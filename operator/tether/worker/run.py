@@ -29,6 +29,8 @@ from tether.worker.transport import GatewayTransport, KubeTransport, Transport, 
 
 log = logging.getLogger("tether.worker")
 
+MAX_CURSOR = 1024  # characters: what the operator and the gateway take (docs/protocol.md §5.2)
+
 
 def load_payload(env: Mapping[str, str], kube: kubeconfig.KubeConfig | None = None,
                  attempts: int = 3, backoff: float = 1.0) -> dict[str, Any]:
@@ -111,6 +113,9 @@ class WorkerRun:
             namespace, name, holder, fence, kube or kubeconfig.load(), timeout=min(10.0, max(self.renew_interval, 1.0)),
             run_uid=run_uid)
         self._lock = threading.Lock()
+        # One renewal at a time: the heartbeat, a flush and the renewal before publishing share the
+        # cached Lease, and an older checkpoint or usage must never overtake a newer one.
+        self._renewing = threading.Lock()
         # Nothing is confirmed until the first renewal succeeds (start() does one at once).
         self._confirmed_at = float("-inf")
         self._lost = threading.Event()
@@ -241,7 +246,8 @@ class WorkerRun:
             self._thread.join(timeout=self.renew_interval + 15)
         if self._thread is not None and not self._finished.is_set() and not self.lost:
             try:
-                self._renew_once()
+                with self._renewing:
+                    self._renew_once()
             except Exception as exc:  # noqa: BLE001 - leaving must not fail; what was not reported is not charged
                 log.warning("last renewal failed", extra=self._fields("heartbeat_unanswered", error=str(exc)[:300]))
         self._transport.close()
@@ -270,15 +276,16 @@ class WorkerRun:
         """One heartbeat: a conditional update of the Lease. Returns True when confirmed."""
         if self.lost:
             return False
-        started = self._mono()
-        try:
-            ok = self._renew_once()
-        except httpx.HTTPError as exc:
-            # No answer: ownership becomes unknown once the deadline passes, not lost.
-            log.warning("heartbeat got no answer", extra=self._fields("heartbeat_unanswered", error=str(exc)))
-            return False
+        with self._renewing:
+            started = self._mono()
+            try:
+                ok = self._renew_once()
+            except httpx.HTTPError as exc:
+                # No answer: ownership becomes unknown once the deadline passes, not lost.
+                log.warning("heartbeat got no answer", extra=self._fields("heartbeat_unanswered", error=str(exc)))
+                return False
         if ok:
-            self._confirmed_at = started
+            self._confirmed_at = max(self._confirmed_at, started)
             log.debug("heartbeat ok", extra=self._fields("heartbeat_ok"))
         return ok
 
@@ -306,7 +313,12 @@ class WorkerRun:
     # --- progress --------------------------------------------------------------
 
     def checkpoint(self, cursor: str, flush: bool = False) -> None:
-        """Records progress; it rides on the next heartbeat (or now, with flush=True)."""
+        """Records progress; it rides on the next heartbeat (or now, with flush=True).
+
+        Raises ValueError for a cursor the control plane would not take (not a string, or over
+        1024 characters), here where the caller can still fix it."""
+        if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR:
+            raise ValueError(f"a checkpoint cursor is a string of at most {MAX_CURSOR} characters")
         with self._lock:
             self._pending_checkpoint = cursor
         self.checkpoint_cursor = cursor
@@ -318,7 +330,9 @@ class WorkerRun:
 
         Raises ValueError for a report the operator would refuse (negative, decreasing,
         implausibly large), here where the caller can still fix it."""
-        usage = Usage(cents=int(cents), tokens=int(tokens))
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (cents, tokens)):
+            raise ValueError("usage report refused: cents and tokens are integers")
+        usage = Usage(cents=cents, tokens=tokens)
         with self._lock:
             why = protocol.valid_report(usage, self._usage)
             if why is not None:
@@ -343,10 +357,10 @@ class WorkerRun:
         # Usage and the last checkpoint go out with a final renewal, so nothing is left behind; a
         # confirmed one also moves the deadline below.
         self.renew()
-        deadline = self._confirmed_at + self.lease_duration
         delay = 0.5
         unanswered = False  # a request whose answer was lost may have landed
         while True:
+            deadline = self._confirmed_at + self.lease_duration  # the heartbeat may confirm meanwhile
             if self.lost and not unanswered:  # the heartbeat heard it meanwhile: publish nothing more
                 log.error("result rejected: lease lost", extra=self._fields("result_rejected", field=field))
                 raise LeaseLost(f"the {field} was not published: the lease is lost")
