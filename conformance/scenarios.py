@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from conformance.harness import GATEWAY, LEASE, POD, Case, Fail
+from conformance.harness import GATEWAY, LEASE, POD, Case, Fail, Sent
 from tests.support.kube import Kube
 
 L, R = float(LEASE["durationSeconds"]), float(LEASE["renewIntervalSeconds"])
@@ -186,6 +186,18 @@ def _cut(case: Case, holder: str) -> Callable[[], None]:
     return case.gateway_proxy.heal
 
 
+def _is_publication(r: Sent) -> bool:
+    return r.method == "PATCH" or r.path.endswith(("/complete", "/fail"))
+
+
+def _exit_code(case: Case, proc: Any, holder: str, timeout: float) -> int:
+    """How the attempt's worker exited: its process (External) or its pod's container."""
+    if proc is None:
+        return case.exit_code(holder, timeout)
+    case.wait(lambda: proc.poll() is not None, timeout, "the worker to exit")
+    return int(proc.returncode)
+
+
 def _start(case: Case) -> Any:
     """External: the worker process (the case watches it); pods start on their own."""
     return case.start_external("job", "w1") if case.transport == GATEWAY else None
@@ -277,11 +289,7 @@ def partition(case: Case) -> str:
     deadline = _last_confirmed(case, "job", holder, revoked) + L - MARGIN + SLACK
     _no_effects_after(case, f1, deadline, "its self-fencing deadline (last confirmed renewal + L − M)")
     _no_writes_after(case, "job", holder, revoked, "the revocation")
-    if w1 is not None:
-        case.wait(lambda: w1.poll() is not None, 3 * R + 10, "the old worker to notice it lost the run and exit")
-        code = w1.returncode
-    else:
-        code = case.exit_code(holder, 3 * R + 10)
+    code = _exit_code(case, w1, holder, 3 * R + 10)
     _expect(code == 1, f"the old worker exited {code} once it reconnected (1: it lost the run)")
     _quiet_after_lost(case, holder, healed)
     case.judge_safety()
@@ -457,7 +465,7 @@ def backoff(case: Case) -> str:
     window = [r for r in case.worker_requests(holder) if start <= r.at <= start + 4]
     _expect({429, 503} <= {r.status for r in window}, f"the worker got {sorted({r.status for r in window})} in the "
                                                         "window: its requests did not go through the proxy")
-    publishes = [r for r in window if r.method == "PATCH" or r.path.endswith(("/complete", "/fail"))]
+    publishes = [r for r in window if _is_publication(r)]
     renewals = [r for r in window if r not in publishes and r.method != "GET"]
     _expect(len(renewals) <= int(4 / R) + 2, f"{len(renewals)} renewals in 4 s of 429/503 (one per {R:.0f}s expected)")
     # From the first try on, each answer asked for RETRY_AFTER seconds of quiet.
@@ -520,19 +528,15 @@ def stale_publish(case: Case) -> str:
     sent = case.worker_requests(holder)
     def refusal() -> Any:
         return next((r for r in case.worker_requests(holder) if r.at >= held_at - 1 and r.status in LOST_ANSWERS
-                     and (r.method == "PATCH" or r.path.endswith(("/complete", "/fail")))), None)
+                     and _is_publication(r)), None)
     try:
         case.wait(refusal, 15, "the held publication's refusal")
     except Fail:
         raise Fail(f"the held publication was not refused: {[(x.method, x.status) for x in sent[-5:]]}") from None
-    if w1 is not None:
-        case.wait(lambda: w1.poll() is not None, 3 * R + 10, "the worker to take the refusal as lost and exit")
-        code = w1.returncode
-    else:
-        code = case.exit_code(holder, 3 * R + 10)
+    code = _exit_code(case, w1, holder, 3 * R + 10)
     _expect(code == 1, f"the worker exited {code} after its publication was refused (1: lost)")
     again = [r for r in case.worker_requests(holder) if r.at > healed
-             and (r.method == "PATCH" or r.path.endswith(("/complete", "/fail")))]
+             and _is_publication(r)]
     _expect(not again, f"{len(again)} publication tries after the refusal (a retry, or a fail instead)")
     _quiet_after_lost(case, holder, healed)
     if window is None:
@@ -560,13 +564,9 @@ def lost_answer(case: Case) -> str:
     else:
         case.gateway_proxy.drop_response(r"/complete$")
     run = _succeeded(case, 2, attempt=1)
-    if w1 is not None:
-        case.wait(lambda: w1.poll() is not None, L + 10, "the worker to exit")
-        code = w1.returncode
-    else:
-        code = case.exit_code(holder, L + 15)
+    code = _exit_code(case, w1, holder, L + 15)
     _expect(code == 0, f"the worker exited {code} although its result was accepted (its answer was only lost)")
-    tries = [r for r in case.worker_requests(holder) if r.method == "PATCH" or r.path.endswith("/complete")]
+    tries = [r for r in case.worker_requests(holder) if _is_publication(r)]
     _expect(len(tries) >= 2, f"{len(tries)} publication tries: the drop did not happen")
     case.judge_safety()
     return f"{len(tries)} tries; the accepted result was recognised"
