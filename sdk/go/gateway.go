@@ -198,9 +198,10 @@ func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usa
 		return renewResult{}, err
 	}
 	if status == http.StatusOK {
-		var reply heartbeatReply
-		if err := json.Unmarshal(body, &reply); err != nil {
-			return renewResult{}, fmt.Errorf("the heartbeat's answer is not the gateway's: %w", err)
+		// Only the gateway's reply, a JSON object, confirms; JSON null leaves reply nil.
+		var reply *heartbeatReply
+		if err := json.Unmarshal(body, &reply); err != nil || reply == nil {
+			return renewResult{}, fmt.Errorf("the heartbeat's answer is not the gateway's: %q", clip(string(body)))
 		}
 		var endsAt *time.Time
 		if reply.EndsAt != nil {

@@ -204,6 +204,11 @@ func TestGatewayHeartbeatAnswers(t *testing.T) {
 		{"503: unconfirmed", gatewayAnswer(503, `{"error":{"code":"Unavailable","message":"x"}}`), false, false},
 		{"503 Busy: unconfirmed", gatewayAnswer(503, `{"error":{"code":"Busy","message":"x"}}`), false, false},
 		{"422: unconfirmed", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"x"}}`), false, false},
+		// A 200 confirms only with the gateway's reply, a JSON object.
+		{"200 with a proxy's page: unconfirmed", gatewayAnswer(200, `<html>hello</html>`), false, false},
+		{"200 with a JSON array: unconfirmed", gatewayAnswer(200, `[1]`), false, false},
+		{"200 with JSON null: unconfirmed", gatewayAnswer(200, `null`), false, false},
+		{"200 with no body: unconfirmed", gatewayAnswer(200, ``), false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			g, srv := newFakeGateway(t)

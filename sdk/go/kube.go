@@ -165,6 +165,8 @@ type kubeTransport struct {
 }
 
 func newKubeTransport(cfg *rest.Config, info attemptInfo, runUID string) (*kubeTransport, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { return retryAfterKeeper{next} })
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("tether: %w", err)
@@ -195,6 +197,31 @@ func restClient(cfg *rest.Config, httpClient *http.Client, gv schema.GroupVersio
 }
 
 func (t *kubeTransport) close() { t.http.CloseIdleConnections() }
+
+// retryAfterSlot keys, in a request's context, where its answer's Retry-After header goes.
+type retryAfterSlot struct{}
+
+// withRetryAfterSlot is ctx with a place for the Retry-After header of its request's answer.
+func withRetryAfterSlot(ctx context.Context, header *string) context.Context {
+	return context.WithValue(ctx, retryAfterSlot{}, header)
+}
+
+// retryAfterKeeper hands the Retry-After header of an answer to the request's caller, when its
+// context has a place for it (withRetryAfterSlot). client-go's error keeps only a Status body's
+// details.retryAfterSeconds, or a header in whole seconds for other bodies; the protocol reads the
+// header, decimals included (docs/protocol.md §3).
+type retryAfterKeeper struct{ next http.RoundTripper }
+
+func (k retryAfterKeeper) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := k.next.RoundTrip(req)
+	if slot, ok := req.Context().Value(retryAfterSlot{}).(*string); ok && resp != nil {
+		*slot = resp.Header.Get("Retry-After")
+	}
+	return resp, err
+}
+
+// WrappedRoundTripper lets client-go walk the transport chain past this wrapper, as past its own.
+func (k retryAfterKeeper) WrappedRoundTripper() http.RoundTripper { return k.next }
 
 // resultBody is a request's answer, or its failure as the API server's Status tells it (Raw alone
 // gives a generic error for a refusal, without the message the fencing policy is recognised by).
@@ -319,8 +346,9 @@ func (t *kubeTransport) publish(ctx context.Context, field string, value json.Ra
 		return publishResult{}, err
 	}
 	// MaxRetries(0): the Run retries by the protocol's rules (backoff within the lease deadline).
+	var retryAfter string
 	err = t.runs.Patch(types.JSONPatchType).Namespace(t.namespace).Resource("workerruns").Name(t.name).
-		SubResource("status").Body(body).MaxRetries(0).Do(ctx).Error()
+		SubResource("status").Body(body).MaxRetries(0).Do(withRetryAfterSlot(ctx, &retryAfter)).Error()
 	if err == nil {
 		return publishResult{outcome: published}, nil
 	}
@@ -345,8 +373,7 @@ func (t *kubeTransport) publish(ctx context.Context, field string, value json.Ra
 		return publishResult{outcome: refused, status: code, why: why}, nil
 	default:
 		// 400, 401, RBAC's 403, 429, 5xx: nothing about ownership.
-		delay, _ := apierrors.SuggestsClientDelay(err)
-		return publishResult{outcome: retry, status: code, why: why, retryAfter: time.Duration(delay) * time.Second}, nil
+		return publishResult{outcome: retry, status: code, why: why, retryAfter: retryAfterHeader(retryAfter, time.Now())}, nil
 	}
 }
 

@@ -211,9 +211,9 @@ func status(code int, reason metav1.StatusReason, message string, causes ...meta
 	}
 }
 
-func withRetryAfter(seconds int, h http.HandlerFunc) http.HandlerFunc {
+func withRetryAfter(seconds string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, req *http.Request) {
-		w.Header().Set("Retry-After", strconv.Itoa(seconds))
+		w.Header().Set("Retry-After", seconds)
 		h(w, req)
 	}
 }
@@ -315,6 +315,13 @@ func TestKubeRenewalAnswers(t *testing.T) {
 			a.script("PUT lease", status(409, metav1.StatusReasonConflict, "modified"),
 				status(409, metav1.StatusReasonConflict, "modified"))
 		}, false, false, false, 2},
+		{"conflict, still ours; the retry conflicts and the re-read shows another holder: lost", func(a *fakeAPI) {
+			a.script("PUT lease", status(409, metav1.StatusReasonConflict, "modified"),
+				func(w http.ResponseWriter, req *http.Request) {
+					a.lease.Spec.HolderIdentity = ptr("job-a2")
+					status(409, metav1.StatusReasonConflict, "modified")(w, req)
+				})
+		}, false, true, false, 2},
 		{"conflict, then another holder: lost", func(a *fakeAPI) {
 			a.script("PUT lease", func(w http.ResponseWriter, req *http.Request) {
 				a.lease.Spec.HolderIdentity = ptr("job-a2")
@@ -365,6 +372,28 @@ func TestKubeRenewalAnswers(t *testing.T) {
 	}
 }
 
+// TestKubeRenewalRereadsAfterTheRetrysConflict: a retry refused with 409 is followed by a read of
+// the Lease, whichever way it decides (docs/protocol.md §5.2).
+func TestKubeRenewalRereadsAfterTheRetrysConflict(t *testing.T) {
+	api, srv := newFakeAPI(t)
+	api.script("PUT lease", status(409, metav1.StatusReasonConflict, "modified"),
+		status(409, metav1.StatusReasonConflict, "modified"))
+	kt := newTestKube(t, srv, "uid-1")
+	res, err := kt.renew(ctx2s(t), nil, nil)
+	if err != nil || res.ok || res.lost {
+		t.Fatalf("renew = %+v, %v; want unconfirmed, not lost", res, err)
+	}
+	var methods []string
+	api.mu.Lock()
+	for _, c := range api.calls {
+		methods = append(methods, c.method)
+	}
+	api.mu.Unlock()
+	if got := strings.Join(methods, " "); got != "GET PUT GET PUT GET" {
+		t.Fatalf("calls %s, want GET PUT GET PUT GET", got)
+	}
+}
+
 func TestKubeRenewalNoAnswer(t *testing.T) {
 	api, srv := newFakeAPI(t)
 	release := make(chan struct{})
@@ -409,17 +438,22 @@ func TestKubePublish(t *testing.T) {
 		{"RBAC's 403", status(403, metav1.StatusReasonForbidden, "forbidden"), retry, 0},
 		{"400", status(400, metav1.StatusReasonBadRequest, "bad request"), retry, 0},
 		{"401", status(401, metav1.StatusReasonUnauthorized, "Unauthorized"), retry, 0},
-		{"429 with Retry-After", withRetryAfter(3, func(w http.ResponseWriter, _ *http.Request) {
+		{"429 with Retry-After", withRetryAfter("3", func(w http.ResponseWriter, _ *http.Request) {
 			st := metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
 				Code: 429, Reason: metav1.StatusReasonTooManyRequests, Message: "slow down",
 				Details: &metav1.StatusDetails{RetryAfterSeconds: 3}}
 			writeJSON(w, 429, st)
 		}), retry, 3 * time.Second},
-		{"503 from a proxy with Retry-After", withRetryAfter(2, func(w http.ResponseWriter, _ *http.Request) {
+		{"503 from a proxy with Retry-After", withRetryAfter("2", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain")
 			w.WriteHeader(503)
 			_, _ = io.WriteString(w, "upstream unavailable")
 		}), retry, 2 * time.Second},
+		// The header, not the Status body (which names no delay), and in decimal seconds.
+		{"503 Status with Retry-After 1.5", withRetryAfter("1.5", status(503, metav1.StatusReasonServiceUnavailable,
+			"etcd leader changed")), retry, 1500 * time.Millisecond},
+		{"429 Status with Retry-After 0.5", withRetryAfter("0.5", status(429, metav1.StatusReasonTooManyRequests,
+			"slow down")), retry, 500 * time.Millisecond},
 		{"500", status(500, metav1.StatusReasonInternalError, "boom"), retry, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -419,16 +419,25 @@ func jsonEqual(a, b json.RawMessage) bool {
 	return reflect.DeepEqual(x, y)
 }
 
-// retryAfterHeader reads a Retry-After header: seconds, or an HTTP date.
+// maxRetryAfter bounds a Retry-After: longer than any lease (at most a day), so a publication still
+// gives up at once, and short enough not to overflow a Duration.
+const maxRetryAfter = 7 * 24 * time.Hour
+
+// retryAfterHeader reads a Retry-After header: seconds (decimals allowed, docs/protocol.md §3), or
+// an HTTP date.
 func retryAfterHeader(value string, now time.Time) time.Duration {
+	value = strings.TrimSpace(value)
 	if value == "" {
 		return 0
 	}
-	if secs, err := strconv.Atoi(strings.TrimSpace(value)); err == nil {
-		return time.Duration(max(secs, 0)) * time.Second
+	if secs, err := strconv.ParseFloat(value, 64); err == nil {
+		if !(secs > 0) { // negative, or NaN
+			return 0
+		}
+		return time.Duration(min(secs, maxRetryAfter.Seconds()) * float64(time.Second))
 	}
 	if at, err := http.ParseTime(value); err == nil {
-		return max(at.Sub(now), 0)
+		return min(max(at.Sub(now), 0), maxRetryAfter)
 	}
 	return 0
 }

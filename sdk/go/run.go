@@ -451,14 +451,15 @@ func (r *Run) publish(ctx context.Context, field string, value any) error {
 	// Usage and the last checkpoint go out with a final renewal, so nothing is left behind; a
 	// confirmed one also moves the deadline below. Its failure is no reason not to try.
 	_ = r.renewOnce(ctx)
-	r.mu.Lock()
-	deadline, confirmed := r.confirmedAt+r.info.leaseDuration, r.confirmed
-	r.mu.Unlock()
 	delay := 500 * time.Millisecond
 	// A try with no answer, or a 5xx (which does not say whether the write was applied), may have
 	// landed; a 4xx was refused before any write.
 	unanswered := false
 	for {
+		// The heartbeat goes on confirming while the publication is retried: the deadline follows it.
+		r.mu.Lock()
+		deadline, confirmed := r.confirmedAt+r.info.leaseDuration, r.confirmed
+		r.mu.Unlock()
 		// Lost (the final renewal, or the heartbeat meanwhile): publish nothing more, unless an
 		// earlier try may have landed; then the retry and the look-up below tell.
 		if !unanswered && r.Lost() {

@@ -594,6 +594,29 @@ func TestTheRenewalBeforePublishingMovesTheDeadline(t *testing.T) {
 	}
 }
 
+func TestThePublicationDeadlineFollowsTheHeartbeat(t *testing.T) {
+	tr := &fakeTransport{publishFn: func(n int) (publishResult, error) {
+		if n <= 8 {
+			return publishResult{}, errors.New("no route")
+		}
+		return publishResult{outcome: published}, nil
+	}}
+	clock := &fakeClock{}
+	r, waits := testRun(t, tr, clock)
+	r.sleep = func(ctx context.Context, d time.Duration) error { // the heartbeat confirms meanwhile
+		*waits = append(*waits, d)
+		clock.advance(d)
+		return r.renewOnce(ctx)
+	}
+	if err := r.Complete(context.Background(), map[string]int{}); err != nil {
+		t.Fatalf("%v after waits %v", err, *waits)
+	}
+	// 27.5 s of retries, far past the first deadline (10 s).
+	if len(*waits) != 8 || clock.now() != 27500*time.Millisecond {
+		t.Fatalf("waits %v, clock %v", *waits, clock.now())
+	}
+}
+
 func TestPublishNothingWhenTheRenewalBeforeItHearsTheRunIsLost(t *testing.T) {
 	tr := &fakeTransport{
 		renewFn: func(n int) (renewResult, error) {

@@ -6,7 +6,9 @@
  *
  * Exit codes: 0 published (or stopped / cannot afford a step, publishing nothing), 1 lost ownership
  * or a stale fence at the receiver, 2 ownership unknown until the lease deadline, 3 a planned crash,
- * 4 claim refused (or any failure to start), 5 an invalid result was accepted, 70 an unexpected error.
+ * 4 claim refused (or any failure to start), 5 an invalid result was accepted, 70 the program itself
+ * failed (an unexpected error, or a receiver answer it has no rule for). Every exit but 3 closes the
+ * run first, so its last renewal reports the usage and checkpoint.
  */
 
 import fs from "node:fs";
@@ -24,6 +26,9 @@ import {
 } from "./index.js";
 
 const log = jsonLogger("info");
+
+const EXIT_CRASH = 3;
+const EXIT_BROKEN = 70;
 
 interface Script {
   steps: number;
@@ -106,39 +111,44 @@ function receiverError(text: string): string | null {
   return null;
 }
 
-/** The step's fenced side effect. "again": do the step over, from the gate. */
+/** The step's fenced side effect. "again": do the step over, from the gate (same key). Throws on an
+ * answer WORKER.md has no rule for (exit 70). */
 async function sideEffect(run: WorkerRun, url: string, step: number): Promise<Effect> {
   let resp: Response;
+  let text: string;
   try {
     resp = await run.effect(url, {
       operation: `step-${step}`,
       method: "POST",
       body: { run: run.name, attempt: run.attempt, fence: run.fence, step },
     });
+    text = await resp.text(); // a body cut short is no answer either
   } catch (err) {
     if (err instanceof LeaseLost || err instanceof OwnershipUnknown || err instanceof StopRequested) {
       say("side effect refused by the SDK: back to the gate", { step, reason: err.name });
       return "again";
     }
-    if (err instanceof ToolTimeout || err instanceof TypeError) { // no answer: the same key may be retried
+    // No answer (fetch's TypeError: refused, reset, cut short; a body read past the timeout): the
+    // same key may be retried.
+    if (err instanceof ToolTimeout || err instanceof TypeError || (err as Error)?.name === "TimeoutError") {
       say("side effect got no answer: back to the gate", { step, error: String(err) });
       await sleep(0.5);
       return "again";
     }
     throw err;
   }
-  const text = await resp.text();
   if (resp.ok) return "done";
-  if (resp.status === 409 && receiverError(text) === "InProgress") {
+  const refusal = resp.status === 409 ? receiverError(text) : null;
+  if (refusal === "InProgress") {
     // An earlier try of this very key is still running at the receiver: not a stale fence.
     await sleep(Math.max(0.1, Number(resp.headers.get("retry-after")) || 1));
     return "again";
   }
-  if (resp.status === 409) { // {"error": "StaleFence"}
+  if (refusal === "StaleFence") {
     say("the receiver refused a stale fence", { step, body: text.slice(0, 200) });
     return "stale";
   }
-  if (resp.status >= 500) {
+  if (resp.status >= 500) { // a receiver stores no 5xx: the effect did not happen
     await sleep(0.5);
     return "again";
   }
@@ -146,11 +156,13 @@ async function sideEffect(run: WorkerRun, url: string, step: number): Promise<Ef
 }
 
 /** Renews until a renewal carrying the checkpoint is confirmed or the run is lost, for at most L:
- * the checkpoint must land before the crash. */
+ * the checkpoint must land before the crash. At most one renewal per R, like the heartbeat. */
 async function flush(run: WorkerRun): Promise<void> {
   const deadline = performance.now() + run.leaseDurationSeconds * 1000;
   // renew() rejects only on an answer nobody expected: that renewal is unconfirmed, like no answer.
-  while (!(await run.renew().catch(() => false)) && !run.lost && performance.now() < deadline) await sleep(0.05);
+  while (!(await run.renew().catch(() => false)) && !run.lost && performance.now() < deadline) {
+    await sleep(run.renewIntervalSeconds);
+  }
 }
 
 async function publish(run: WorkerRun, script: Script): Promise<number> {
@@ -193,15 +205,8 @@ async function publish(run: WorkerRun, script: Script): Promise<number> {
   }
 }
 
-async function main(): Promise<number> {
-  let run: WorkerRun;
-  try {
-    run = await startAttempt();
-  } catch (err) {
-    // A refused claim, like any other failure to start, ends the program with its own code.
-    say("start failed", err instanceof ClaimRefused ? { status: err.status, code: err.code } : { error: String(err) });
-    return 4;
-  }
+/** The started attempt: its steps, then its publication; resolves the exit code. Never closes the run. */
+async function attempt(run: WorkerRun): Promise<number> {
   const script = readScript(run.payload);
   let step = Number.parseInt(run.checkpointCursor ?? "0", 10) || 0;
   let done = 0;
@@ -210,7 +215,6 @@ async function main(): Promise<number> {
     const verdict = await gate(run, script);
     if (verdict === "stop") {
       say("stopping without publishing", { step, signals: run.signals });
-      await run.close(); // reports the usage and checkpoint of the steps done since the last renewal
       return 0;
     }
     if (verdict === "lost") return 1;
@@ -227,11 +231,33 @@ async function main(): Promise<number> {
     if (script.crashAttempts.includes(run.attempt) && step + 1 === script.crashAfterStep) {
       await flush(run);
       say("crashing as the script says", { step });
-      return 3;
+      return EXIT_CRASH;
     }
     step += 1;
   }
   return publish(run, script);
+}
+
+async function main(): Promise<number> {
+  let run: WorkerRun;
+  try {
+    run = await startAttempt();
+  } catch (err) {
+    // A refused claim, like any other failure to start, ends the program with its own code.
+    say("start failed", err instanceof ClaimRefused ? { status: err.status, code: err.code } : { error: String(err) });
+    return 4;
+  }
+  let code: number;
+  try {
+    code = await attempt(run);
+  } catch (err) {
+    log("error", "unexpected error", { event: "conformance_error", error: String((err as Error)?.stack ?? err) });
+    code = EXIT_BROKEN;
+  }
+  // Every exit but the crash closes the run first: its last renewal reports the usage and
+  // checkpoint of the steps done since the previous one. The crash leaves as a crash does.
+  if (code !== EXIT_CRASH) await run.close();
+  return code;
 }
 
 // A partitioned node's worker never hears that its pod was deleted: only the protocol may stop it.
@@ -241,6 +267,6 @@ main().then(
   (code) => process.exit(code),
   (err: unknown) => {
     log("error", "unexpected error", { event: "conformance_error", error: String((err as Error)?.stack ?? err) });
-    process.exit(70);
+    process.exit(EXIT_BROKEN);
   },
 );

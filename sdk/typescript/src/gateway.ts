@@ -122,8 +122,7 @@ function intOrNull(v: unknown): number | null {
 }
 
 /** The gateway's flat heartbeat reply as signals (caps counted against the usage it was sent). */
-export function gatewaySignals(doc: unknown, usage: Usage | null): Signals | null {
-  if (!isObject(doc)) return null;
+export function gatewaySignals(doc: Record<string, unknown>, usage: Usage | null): Signals {
   return signalsFromRemaining(doc.stop === true, doc.paused === true,
     typeof doc.endsAt === "string" ? doc.endsAt : null,
     intOrNull(doc.capRemainingCents), intOrNull(doc.capRemainingTokens), usage);
@@ -169,7 +168,12 @@ export class GatewayTransport implements Transport {
     if (usage !== null) body.usage = { cents: usage.cents, tokens: usage.tokens };
     const answer = await this.call("heartbeat", body);
     if (answer.status === 200) {
-      if (isObject(answer.doc)) this.toolClaim = toolClaimOf(answer.doc) ?? this.toolClaim;
+      // Only the gateway's reply confirms: a 200 without a JSON object came from something else
+      // (a proxy's page, a cut body), which says nothing about the lease.
+      if (!isObject(answer.doc)) {
+        return unconfirmed(`heartbeat answered 200 without the gateway's reply: ${answer.text.slice(0, 200)}`);
+      }
+      this.toolClaim = toolClaimOf(answer.doc) ?? this.toolClaim;
       return confirmed(gatewaySignals(answer.doc, usage));
     }
     const error = errorBody(answer.doc);

@@ -54,6 +54,10 @@ import { Unanswered, confirmed, unconfirmed, type Renewal, type Transport } from
 
 export const SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/** The payload read's request timeout (docs/protocol.md §4): a large object, read once at start-up,
+ * must not be held to T, which is 1 s when R is. */
+const PAYLOAD_TIMEOUT_SECONDS = 30;
+
 type Authenticator = Parameters<KubeConfig["addAuthenticator"]>[0];
 
 /**
@@ -174,15 +178,17 @@ export class KubeTransport implements Transport {
   }
 
   /**
-   * Per-request options. A timeout always. For the status patch, its content type, set explicitly:
-   * client-node picks the first type the API lists (JSON patch today), but that default has changed
-   * between releases, and a merge patch would publish without the `test` operations. For the Lease,
-   * the exact JSON both ways (`send`, `wire`): client-node's models drop fields they do not know, and
-   * a renewal that drops a spec field is refused by Tether's admission policy (read as lost) or
-   * erases it; the Lease is sent back exactly as the API server gave it, renewTime and reports aside.
+   * Per-request options. A timeout always: T, unless `timeoutSeconds` says otherwise. For the status
+   * patch, its content type, set explicitly: client-node picks the first type the API lists (JSON
+   * patch today), but that default has changed between releases, and a merge patch would publish
+   * without the `test` operations. For the Lease, the exact JSON both ways (`send`, `wire`):
+   * client-node's models drop fields they do not know, and a renewal that drops a spec field is
+   * refused by Tether's admission policy (read as lost) or erases it; the Lease is sent back exactly
+   * as the API server gave it, renewTime and reports aside.
    */
-  private options(opts: { contentType?: string; send?: string; wire?: Wire } = {}): ConfigurationOptions<ObservableMiddleware> {
-    const timeoutMs = this.timeoutSeconds * 1000;
+  private options(opts: { contentType?: string; send?: string; wire?: Wire; timeoutSeconds?: number } = {},
+  ): ConfigurationOptions<ObservableMiddleware> {
+    const timeoutMs = (opts.timeoutSeconds ?? this.timeoutSeconds) * 1000;
     const middleware: ObservableMiddleware = {
       pre: (ctx: RequestContext) => {
         ctx.setSignal(AbortSignal.timeout(timeoutMs));
@@ -318,7 +324,8 @@ export class KubeTransport implements Transport {
     for (let attempt = 1; ; attempt++) {
       let why: string;
       try {
-        const answer = await this.call("GET run", () => this.objects.getNamespacedCustomObject(this.runRequest(), this.options()));
+        const answer = await this.call("GET run", () => this.objects.getNamespacedCustomObject(this.runRequest(),
+          this.options({ timeoutSeconds: PAYLOAD_TIMEOUT_SECONDS })));
         if (answer.ok) {
           const run = answer.body as RunObject & { spec?: { payload?: JsonObject } };
           if (this.runUid !== null && run.metadata?.uid !== this.runUid) {

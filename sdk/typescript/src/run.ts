@@ -416,12 +416,13 @@ export class WorkerRun {
     // The usage and the last checkpoint go out with a final renewal, so nothing is left behind; a
     // confirmed one also moves the deadline below.
     await this.renewLogged();
-    const deadline = this.confirmedAt + this.leaseDurationSeconds;
     let delay = 0.5;
     // A try with no answer, or a 5xx (which does not say whether the write was applied), may have
     // landed; a 4xx was refused before any write.
     let unanswered = false;
     for (;;) {
+      // The heartbeat goes on confirming while the publication is retried: the deadline follows it.
+      const deadline = this.confirmedAt + this.leaseDurationSeconds;
       // Lost (the final renewal, or the heartbeat meanwhile): publish nothing more, unless an
       // earlier try may have landed; then the retry and the look-up below tell.
       if (this.isLost && !unanswered) throw rejected();

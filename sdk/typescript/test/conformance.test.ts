@@ -1,6 +1,8 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -26,15 +28,28 @@ async function server(handler: (req: Seen) => Reply): Promise<FakeServer> {
   return s;
 }
 
-/** A gateway that hands out attempt 1 with `payload`; heartbeats answer `heartbeats` in order, then 200. */
-async function gateway(payload: Record<string, unknown>, heartbeats: Reply[] = []): Promise<FakeServer> {
+interface Lease {
+  leaseDurationSeconds: number;
+  renewIntervalSeconds: number;
+  /** Filled with the time (ms) each heartbeat arrived. */
+  beatAt: number[];
+}
+
+/** A gateway that hands out attempt 1 with `payload`; heartbeats answer `heartbeats` in order, then 200.
+ * By default L = 10 s and R = 1 h: the heartbeat never renews on its own during a test. */
+async function gateway(payload: Record<string, unknown>, heartbeats: Reply[] = [],
+  lease: Lease = { leaseDurationSeconds: 10, renewIntervalSeconds: 3600, beatAt: [] }): Promise<FakeServer> {
   return server((req) => {
     const op = req.url.slice(PREFIX.length);
     if (op === "claim") {
-      return { status: 200, body: { holder: "job-a1", fence: 1, attempt: 1, runUid: "uid-1", leaseDurationSeconds: 10,
-        renewIntervalSeconds: 3600, payload, checkpoint: null, idempotencyKey: "key" } };
+      return { status: 200, body: { holder: "job-a1", fence: 1, attempt: 1, runUid: "uid-1",
+        leaseDurationSeconds: lease.leaseDurationSeconds, renewIntervalSeconds: lease.renewIntervalSeconds, payload,
+        checkpoint: null, idempotencyKey: "key" } };
     }
-    if (op === "heartbeat") return heartbeats.shift() ?? { status: 200, body: { stop: false, paused: false } };
+    if (op === "heartbeat") {
+      lease.beatAt.push(performance.now());
+      return heartbeats.shift() ?? { status: 200, body: { stop: false, paused: false } };
+    }
     return { status: 200, body: { status: "Succeeded", fence: 2 } };
   });
 }
@@ -65,22 +80,92 @@ describe("conformance worker", () => {
     assert.equal(ops(gw, "complete").length, 1);
   });
 
-  it("a receiver's 409 StaleFence: exit 1, nothing published", async () => {
+  it("a receiver's 409 StaleFence: exit 1, nothing published, the run closed first", async () => {
     const receiver = await server(() => ({ status: 409, body: { error: "StaleFence", message: "fence 1 < 2", highestFence: 2 } }));
     const gw = await gateway({ steps: 1, stepSeconds: 0, effectUrl: `${receiver.url}/effect` });
     assert.equal(await runWorker(gw.url), 1);
     assert.equal(receiver.seen.length, 1);
     assert.equal(ops(gw, "complete").length, 0);
+    assert.equal(ops(gw, "heartbeat").length, 2, "the start's renewal, then the closing one");
+  });
+
+  it("a receiver's 5xx: the same step again, with the same key", async () => {
+    const answers: Reply[] = [{ status: 503, body: { error: "Unavailable" } }];
+    const receiver = await server(() => answers.shift() ?? { status: 200, body: { ok: true } });
+    const gw = await gateway({ steps: 1, stepSeconds: 0, effectUrl: `${receiver.url}/effect` });
+    assert.equal(await runWorker(gw.url), 0);
+    assert.deepEqual(receiver.seen.map((r) => r.headers["idempotency-key"]), ["key:step-0", "key:step-0"]);
+  });
+
+  it("a side effect without an answer (connection dropped): the same step again, with the same key", async () => {
+    const keys: (string | string[] | undefined)[] = [];
+    const receiver = http.createServer((req, res) => {
+      keys.push(req.headers["idempotency-key"]);
+      if (keys.length === 1) req.socket.destroy();
+      else res.writeHead(200, { "Content-Type": "application/json" }).end("{}");
+    });
+    await new Promise<void>((resolve) => receiver.listen(0, "127.0.0.1", resolve));
+    try {
+      const url = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/effect`;
+      const gw = await gateway({ steps: 1, stepSeconds: 0, effectUrl: url });
+      assert.equal(await runWorker(gw.url), 0);
+      assert.deepEqual(keys, ["key:step-0", "key:step-0"]);
+    } finally {
+      receiver.closeAllConnections();
+      await new Promise((resolve) => receiver.close(resolve));
+    }
+  });
+
+  const unexpected: [string, Reply][] = [
+    ["400", { status: 400, body: { error: "BadRequest" } }],
+    ["409 without a known error", { status: 409, body: { error: "Duplicate" } }],
+  ];
+  for (const [what, reply] of unexpected) {
+    it(`a receiver's ${what}: exit 70, the run closed first`, async () => {
+      const receiver = await server(() => reply);
+      const gw = await gateway({ steps: 1, stepSeconds: 0, effectUrl: `${receiver.url}/effect` });
+      assert.equal(await runWorker(gw.url), 70);
+      assert.equal(ops(gw, "complete").length + ops(gw, "fail").length, 0);
+      assert.equal(ops(gw, "heartbeat").length, 2, "the start's renewal, then the closing one");
+    });
+  }
+
+  it("badResultFirst is not tried in an attempt that fails on purpose", async () => {
+    const gw = await gateway({ steps: 1, stepSeconds: 0, failAttempts: [1], badResultFirst: true });
+    assert.equal(await runWorker(gw.url), 0);
+    assert.equal(ops(gw, "complete").length, 0);
+    assert.equal(ops(gw, "fail").length, 1);
   });
 
   it("a crash renews until a renewal carrying the checkpoint is confirmed, then exits 3", async () => {
     const busy: Reply = { status: 503, body: { error: { code: "Busy", message: "" } } };
     const gw = await gateway({ steps: 3, stepSeconds: 0, crashAttempts: [1], crashAfterStep: 1 }, [
-      { status: 200, body: { stop: false, paused: false } }, busy, busy]);
+      { status: 200, body: { stop: false, paused: false } }, busy, busy],
+    { leaseDurationSeconds: 10, renewIntervalSeconds: 0.2, beatAt: [] });
     assert.equal(await runWorker(gw.url), 3);
     const beats = ops(gw, "heartbeat").map((r) => JSON.parse(r.body) as { checkpoint?: string });
-    assert.deepEqual(beats.map((b) => b.checkpoint), [undefined, "1", "1", "1"]);
+    // The start, the two busy answers, then confirmed ones (the heartbeat renews too, and may be
+    // confirmed before the flush's own renewal).
+    assert.deepEqual(beats.slice(0, 4).map((b) => b.checkpoint), [undefined, "1", "1", "1"]);
+    assert.ok(beats.slice(1).every((b) => b.checkpoint === "1"), JSON.stringify(beats));
     assert.equal(ops(gw, "complete").length + ops(gw, "fail").length, 0);
+  });
+
+  it("a crash's renewals come at most once per R, and the crash closes nothing", async () => {
+    const busy: Reply = { status: 503, body: { error: { code: "Busy", message: "" } } };
+    const lease: Lease = { leaseDurationSeconds: 10, renewIntervalSeconds: 0.4, beatAt: [] };
+    const gw = await gateway({ steps: 3, stepSeconds: 0, crashAttempts: [1], crashAfterStep: 1 },
+      [{ status: 200, body: { stop: false, paused: false } }, busy, busy, busy, busy], lease);
+    assert.equal(await runWorker(gw.url), 3);
+    // Two sources renew, the heartbeat and the crash's flush, each at most once per R: of any three
+    // renewals in a row, two come from one source, so they span at least R.
+    for (let i = 2; i < lease.beatAt.length; i++) {
+      const span = (lease.beatAt[i] as number) - (lease.beatAt[i - 2] as number);
+      assert.ok(span >= 0.9 * 400, `renewals ${i - 2}..${i} within ${span.toFixed(0)} ms: ${lease.beatAt.join(", ")}`);
+    }
+    const last = ops(gw, "heartbeat").at(-1);
+    assert.equal((JSON.parse(last?.body ?? "{}") as { checkpoint?: string }).checkpoint, "1");
+    assert.equal(ops(gw, "heartbeat").length, 6, "the start, four busy answers, the confirmed one; none after");
   });
 
   it("a crash stops renewing once the run is lost", async () => {

@@ -119,6 +119,10 @@ describe("heartbeat", () => {
     ["401", { status: 401, body: { error: { code: "Unauthorized", message: "" } } }, false],
     ["503 Busy", { status: 503, body: { error: { code: "Busy", message: "" } }, headers: { "Retry-After": "1" } }, false],
     ["a proxy's HTML page", { status: 502, body: "<html>bad gateway</html>" }, false],
+    ["200 with a proxy's HTML page", { status: 200, body: "<html>hello</html>" }, false],
+    ["200 with a JSON array", { status: 200, body: [1] }, false],
+    ["200 with JSON null", { status: 200, body: "null" }, false],
+    ["200 with no body", { status: 200 }, false],
   ];
   for (const [what, reply, lost] of answers) {
     it(`${what}: ${lost ? "lost" : "unconfirmed, not lost"}`, async () => {

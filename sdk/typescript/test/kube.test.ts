@@ -212,6 +212,27 @@ describe("renewal", () => {
     assert.equal((await t.renew(null, null)).ok, true);
   });
 
+  it("409, still ours, and the retry's 409: re-reads; another holder now means lost", async () => {
+    const t = transport();
+    await t.renew(null, null);
+    const ours = structuredClone(api.lease);
+    const theirs: LeaseObject = { ...structuredClone(api.lease), spec: { ...api.lease.spec, holderIdentity: "job-a2", leaseTransitions: 2 } };
+    api.force("PUT lease", { status: 409, body: {} }, { status: 409, body: {} });
+    api.force("GET lease", { status: 200, body: ours }, { status: 200, body: theirs });
+    const r = await t.renew(null, null);
+    assert.deepEqual([r.ok, r.lost], [false, true]);
+    assert.deepEqual(server.seen.map((s) => s.method), ["GET", "PUT", "PUT", "GET", "PUT", "GET"]);
+  });
+
+  it("409, still ours, and the retry's 409: re-reads; still ours means unconfirmed, not lost", async () => {
+    const t = transport();
+    await t.renew(null, null);
+    api.force("PUT lease", { status: 409, body: {} }, { status: 409, body: {} });
+    const r = await t.renew(null, null);
+    assert.deepEqual([r.ok, r.lost], [false, false]);
+    assert.deepEqual(server.seen.map((s) => s.method), ["GET", "PUT", "PUT", "GET", "PUT", "GET"]);
+  });
+
   it("409 and the Lease now names another holder: lost", async () => {
     const t = transport();
     await t.renew(null, null);
@@ -350,6 +371,20 @@ describe("WorkerRun.fromEnv", () => {
     const run = await WorkerRun.fromEnv({ env: env({ TETHER_PAYLOAD_FROM: "spec.payload" }), logger: () => {} });
     await run.close();
     assert.deepEqual(run.payload, { big: "xxxxxxxxxx" });
+  });
+
+  it("reads the payload with its own 30 s timeout, not the request timeout T", async () => {
+    // A large run answered slower than T (here 0.1 s; 1 s when R = 1 s) is still read.
+    const slow = await serve(async (req) => {
+      await new Promise((resolve) => setTimeout(resolve, 400));
+      return api.handle(req);
+    });
+    try {
+      writeKubeconfig(slow.url);
+      assert.deepEqual(await transport(0.1).readPayload(1), { big: "xxxxxxxxxx" });
+    } finally {
+      await slow.close();
+    }
   });
 
   it("says which variable is missing", async () => {

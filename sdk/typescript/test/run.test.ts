@@ -315,7 +315,9 @@ describe("publishing", () => {
 
   it("the renewal right before publishing confirms: the deadline counts from it", async () => {
     const { run, clock } = await started((t) => {
-      t.renewScript.push(confirmed(null), noAnswer()); // start; the heartbeat at +2 s gets no answer
+      // start; the heartbeat gets no answer, except the renewal before publishing (the third)
+      t.renewScript.push(confirmed(null), noAnswer(), confirmed(null));
+      for (let i = 0; i < 20; i++) t.renewScript.push(noAnswer());
       for (let i = 0; i < 20; i++) t.publishScript.push(noAnswer());
     });
     await clock.advance(5);
@@ -323,6 +325,21 @@ describe("publishing", () => {
     // confirmed again at t0 + 5 (the renewal before publishing), deadline t0 + 15: 0.5 + 1 + 2 + 4 s
     // slept; from the first confirmation (t0 + 10) it would have been 0.5 + 1 + 2.
     assert.deepEqual(clock.sleeps, [0.5, 1, 2, 4]);
+  });
+
+  it("the deadline follows the heartbeat: retries go on while it confirms ownership", async () => {
+    const made = await started();
+    // The heartbeat renews (confirmed) while each try goes unanswered.
+    const renewedNoAnswer = async (): Promise<boolean> => {
+      assert.equal(await made.run.renew(), true);
+      throw noAnswer();
+    };
+    for (let i = 0; i < 8; i++) made.transport.publishScript.push(renewedNoAnswer);
+    await made.run.complete({ x: 1 });
+    // 27.5 s of backoff: far past the first deadline (t0 + 10 s).
+    assert.deepEqual(made.clock.sleeps, [0.5, 1, 2, 4, 5, 5, 5, 5]);
+    assert.equal(made.transport.publications.length, 9);
+    assert.equal(made.run.lost, false);
   });
 
   /** A try that lets the heartbeat renew (and hear the run is lost) before it is answered with `answer`;

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,20 +27,18 @@ import (
 
 // Exit codes of the program (conformance/WORKER.md; the same as the Python and TypeScript ones).
 const (
-	exitDone        = 0 // published, or stopped as told, or cannot afford the next step
-	exitLost        = 1 // ownership lost (or the receiver said our fence is stale)
-	exitUnknown     = 2 // ownership unknown until the lease deadline
-	exitCrash       = 3 // crashed on purpose
-	exitNotStarted  = 4 // the attempt could not start (a refused claim, no environment, ...)
-	exitInvalidTook = 5 // the invalid result was accepted: the SDK failed to report it
+	exitDone        = 0  // published, or stopped as told, or cannot afford the next step
+	exitLost        = 1  // ownership lost (or the receiver said our fence is stale)
+	exitUnknown     = 2  // ownership unknown until the lease deadline
+	exitCrash       = 3  // crashed on purpose
+	exitNotStarted  = 4  // the attempt could not start (a refused claim, no environment, ...)
+	exitInvalidTook = 5  // the invalid result was accepted: the SDK failed to report it
+	exitBroken      = 70 // the program itself failed: never mistaken for lost (1) or unknown (2)
 )
 
-// gatePoll is how often the gate looks again (at most 100 ms); flushPoll, how soon the crash's
-// flush renews again after a renewal that was not confirmed.
-const (
-	gatePoll  = 100 * time.Millisecond
-	flushPoll = 50 * time.Millisecond
-)
+// gatePoll is how often the gate looks again (at most 100 ms), and how long a step waits before
+// going back to it after a side effect that did not happen (not a busy loop against the receiver).
+const gatePoll = 100 * time.Millisecond
 
 // script is the run's payload.
 type script struct {
@@ -55,34 +54,61 @@ type script struct {
 }
 
 func main() {
+	// The crash's code reaches os.Exit straight from run, which leaves that Run unclosed.
 	os.Exit(run())
 }
 
-func run() int {
+// run is the program; it returns the exit code. Every exit but the crash closes the run first: its
+// last renewal reports the usage and checkpoint of the steps done since the previous one.
+func run() (code int) {
 	// The program models a worker on a partitioned node, whose kubelet cannot tell it the pod was
 	// deleted: only the protocol may stop it.
 	signal.Ignore(syscall.SIGTERM)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	slog.SetDefault(log)
+	defer recovered(log, &code)
 	ctx := context.Background()
 
-	r, code := start(ctx, log)
+	var r *tether.Run
+	r, code = start(ctx, log)
 	if r == nil {
 		return code
 	}
-	defer r.Close()
+	code = guarded(log, func() int { return attempt(ctx, log, r) })
+	if code != exitCrash { // the crash leaves as a crash does, reporting nothing more
+		_ = r.Close()
+	}
+	return code
+}
 
+// recovered, deferred, turns a panic into the program's own failure: Go's exit code for one, 2,
+// would read as "ownership unknown".
+func recovered(log *slog.Logger, code *int) {
+	if p := recover(); p != nil {
+		log.Error("the program failed", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		*code = exitBroken
+	}
+}
+
+// guarded runs f; a panic in it is exitBroken, so that the run is still closed after it.
+func guarded(log *slog.Logger, f func() int) (code int) {
+	defer recovered(log, &code)
+	return f()
+}
+
+// attempt runs the started attempt: its steps, then its publication. It never closes the run.
+func attempt(ctx context.Context, log *slog.Logger, r *tether.Run) int {
 	s := script{Steps: 3, StepSeconds: 0.5, CrashAfterStep: 1}
 	if err := json.Unmarshal(r.Payload(), &s); err != nil {
 		log.Error("the payload is not a conformance script", "error", err)
-		return exitLost
+		return exitBroken
 	}
 	cursor := 0
 	if c := r.CheckpointCursor(); c != "" {
 		n, err := strconv.Atoi(c)
 		if err != nil {
 			log.Error("the checkpoint is not a step number", "checkpoint", c)
-			return exitLost
+			return exitBroken
 		}
 		cursor = n
 	}
@@ -97,11 +123,11 @@ func run() int {
 		cp := strconv.Itoa(step + 1)
 		if err := r.Checkpoint(cp, false); err != nil {
 			log.Error("checkpoint refused", "error", err)
-			return exitLost
+			return exitBroken
 		}
 		if err := r.ReportUsage(done*s.CentsPerStep, done*s.TokensPerStep); err != nil {
 			log.Error("usage refused", "error", err)
-			return exitLost
+			return exitBroken
 		}
 		if slices.Contains(s.CrashAttempts, r.Attempt()) && step+1 == s.CrashAfterStep {
 			if err := flush(r, cp); err != nil {
@@ -114,8 +140,9 @@ func run() int {
 	return publish(ctx, log, r, s)
 }
 
-// flush renews with the checkpoint until a renewal is confirmed or the run is lost, for at most the
-// lease duration: the checkpoint must land before the crash. It returns the last renewal's failure.
+// flush renews with the checkpoint until a renewal is confirmed or the run is lost, at most once per
+// renew interval (like the heartbeat) and for at most the lease duration: the checkpoint must land
+// before the crash. It returns the last renewal's failure.
 func flush(r *tether.Run, cp string) error {
 	deadline := time.Now().Add(r.LeaseDuration())
 	for {
@@ -123,7 +150,7 @@ func flush(r *tether.Run, cp string) error {
 		if err == nil || errors.Is(err, tether.ErrLeaseLost) || !time.Now().Before(deadline) {
 			return err
 		}
-		time.Sleep(flushPoll)
+		time.Sleep(r.RenewInterval())
 	}
 }
 
@@ -166,20 +193,34 @@ func doStep(ctx context.Context, log *slog.Logger, r *tether.Run, s script, step
 		if s.EffectURL == "" {
 			return 0, true
 		}
-		status, refusal, err := effect(ctx, r, s.EffectURL, step)
+		req, err := effectRequest(ctx, r, s.EffectURL, step)
+		if err != nil {
+			log.Error("cannot make the side effect's request", "step", step, "error", err)
+			return exitBroken, false
+		}
+		status, refusal, err := sendEffect(r, req, step)
 		switch {
 		case err != nil:
-			// Refused by the SDK (lost, unknown, stop) or not answered: back to the gate.
-			log.Warn("side effect not sent", "step", step, "error", err)
+			// Refused by the SDK (lost, unknown, stop), or no answer (a tool timeout, a connection
+			// error): back to the gate, for the same key.
+			log.Warn("side effect not sent or not answered: back to the gate", "step", step, "error", err)
+		case status >= 200 && status < 300:
+			return 0, true
 		case status == http.StatusConflict && refusal == "InProgress":
 			// An earlier try of this very key is still running at the receiver: not a stale fence.
 			log.Info("the receiver is still running this step's effect: back to the gate", "step", step)
-		case status == http.StatusConflict: // {"error": "StaleFence"}
-			log.Error("the receiver refused our fence", "step", step, "error", refusal)
+		case status == http.StatusConflict && refusal == "StaleFence":
+			log.Error("the receiver refused our fence", "step", step)
 			return exitLost, false
+		case status >= 500:
+			// A receiver stores no 5xx: the effect did not happen.
+			log.Warn("the receiver failed: back to the gate", "step", step, "status", status)
 		default:
-			return 0, true
+			log.Error("the receiver answered what the program has no rule for", "step", step, "status", status,
+				"error", refusal)
+			return exitBroken, false
 		}
+		time.Sleep(gatePoll)
 	}
 }
 
@@ -206,19 +247,25 @@ func gate(log *slog.Logger, r *tether.Run, s script) (int, bool) {
 	}
 }
 
-// effect sends the step's side effect through the SDK's fenced call; it returns the answer's status
-// and the receiver's error ({"error": "InProgress" | "StaleFence"}; "" when the body has none).
-func effect(ctx context.Context, r *tether.Run, url string, step int) (int, string, error) {
+// effectRequest is the step's side effect: {"run", "attempt", "fence", "step"} to url.
+func effectRequest(ctx context.Context, r *tether.Run, url string, step int) (*http.Request, error) {
 	body, err := json.Marshal(map[string]any{"run": r.Name(), "attempt": r.Attempt(), "fence": r.Fence(), "step": step})
 	if err != nil {
-		return 0, "", err
+		return nil, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return 0, "", err
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := r.Effect(ctx, req, fmt.Sprintf("step-%d", step))
+	return req, nil
+}
+
+// sendEffect sends the step's side effect through the SDK's fenced call; it returns the answer's
+// status and the receiver's error ({"error": "InProgress" | "StaleFence"}; "" when the body has
+// none). An error: the SDK refused to send it, or it got no answer.
+func sendEffect(r *tether.Run, req *http.Request, step int) (int, string, error) {
+	resp, err := r.Effect(req.Context(), req, fmt.Sprintf("step-%d", step))
 	if err != nil {
 		return 0, "", err
 	}
@@ -230,8 +277,11 @@ func effect(ctx context.Context, r *tether.Run, url string, step int) (int, stri
 	return resp.StatusCode, answer.Error, nil
 }
 
-// publish ends the attempt with its error or its result, after the invalid result when asked.
+// publish ends the attempt with its error, or with its result (after the invalid one, when asked).
 func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int {
+	if slices.Contains(s.FailAttempts, r.Attempt()) {
+		return outcome(log, r.Fail(ctx, "ConformanceFailure", fmt.Sprintf("attempt %d fails on purpose", r.Attempt())))
+	}
 	if s.BadResultFirst {
 		err := r.Complete(ctx, []int{1})
 		switch {
@@ -242,9 +292,6 @@ func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int
 			return outcome(log, err)
 		}
 		log.Info("the invalid result was refused as expected", "error", err)
-	}
-	if slices.Contains(s.FailAttempts, r.Attempt()) {
-		return outcome(log, r.Fail(ctx, "ConformanceFailure", fmt.Sprintf("attempt %d fails on purpose", r.Attempt())))
 	}
 	err := r.Complete(ctx, map[string]any{"steps": s.Steps, "attempt": r.Attempt(), "sdk": "go"})
 	if errors.Is(err, tether.ErrResultInvalid) {
@@ -260,11 +307,14 @@ func outcome(log *slog.Logger, err error) int {
 	case err == nil:
 		log.Info("published")
 		return exitDone
+	case errors.Is(err, tether.ErrLeaseLost):
+		log.Error("ownership lost: not published", "error", err)
+		return exitLost
 	case errors.Is(err, tether.ErrOwnershipUnknown):
 		log.Error("ownership unknown until the lease deadline", "error", err)
 		return exitUnknown
 	default:
 		log.Error("not published", "error", err)
-		return exitLost
+		return exitBroken
 	}
 }

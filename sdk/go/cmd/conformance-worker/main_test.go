@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -10,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // heartbeat is one heartbeat the fake gateway answered.
@@ -18,14 +21,19 @@ type heartbeat struct {
 	status     int
 }
 
-// fakeGateway hands out attempt 1 of ns/job with a script; heartbeats get the scripted answers in
-// order, then 200.
+// fakeGateway hands out attempt 1 of ns/job with a script, L = 10 s and R = renew seconds (default
+// 1 h: the heartbeat never renews on its own during a test); heartbeats get the scripted answers
+// in order, then 200 (410 once retired).
 type fakeGateway struct {
 	mu         sync.Mutex
 	payload    string
+	renew      float64
 	answers    []int // heartbeat statuses
 	heartbeats []heartbeat
-	published  int
+	beatAt     []time.Time
+	completes  int
+	fails      int
+	retired    bool
 }
 
 func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -35,18 +43,26 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	switch strings.TrimPrefix(req.URL.Path, "/api/v1/namespaces/ns/workerruns/job/") {
 	case "claim":
-		_, _ = io.WriteString(w, `{"holder":"job-a1","fence":1,"attempt":1,"runUid":"uid-1","leaseDurationSeconds":10,`+
-			`"renewIntervalSeconds":3600,"idempotencyKey":"key","payload":`+g.payload+`}`)
+		renew := g.renew
+		if renew == 0 {
+			renew = 3600
+		}
+		_, _ = fmt.Fprintf(w, `{"holder":"job-a1","fence":1,"attempt":1,"runUid":"uid-1","leaseDurationSeconds":10,`+
+			`"renewIntervalSeconds":%g,"idempotencyKey":"key","payload":%s}`, renew, g.payload)
 	case "heartbeat":
 		var body struct {
 			Checkpoint string `json:"checkpoint"`
 		}
 		_ = json.Unmarshal(raw, &body)
 		status := http.StatusOK
-		if len(g.answers) > 0 {
+		switch {
+		case g.retired:
+			status = http.StatusGone
+		case len(g.answers) > 0:
 			status, g.answers = g.answers[0], g.answers[1:]
 		}
 		g.heartbeats = append(g.heartbeats, heartbeat{body.Checkpoint, status})
+		g.beatAt = append(g.beatAt, time.Now())
 		w.WriteHeader(status)
 		switch status {
 		case http.StatusOK:
@@ -56,23 +72,51 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		default:
 			_, _ = io.WriteString(w, `{"error":{"code":"Busy","message":"try again"}}`)
 		}
-	default: // complete, fail
-		g.published++
+	case "complete":
+		g.completes++
 		_, _ = io.WriteString(w, `{"status":"Succeeded","fence":2}`)
+	case "fail":
+		g.fails++
+		_, _ = io.WriteString(w, `{"status":"Failed","fence":2}`)
 	}
 }
 
-// seen is what the gateway saw, once the program has ended.
+// seen is what the gateway saw, once the program has ended: heartbeats, and publications.
 func (g *fakeGateway) seen() ([]heartbeat, int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.heartbeats, g.published
+	return append([]heartbeat(nil), g.heartbeats...), g.completes + g.fails
+}
+
+// retire answers later heartbeats 410 and waits for one: a crashed program's heartbeat, which its
+// os.Exit would have ended, then stops renewing within the test.
+func (g *fakeGateway) retire(t *testing.T) {
+	t.Helper()
+	g.mu.Lock()
+	g.retired = true
+	g.mu.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		g.mu.Lock()
+		last := g.heartbeats[len(g.heartbeats)-1]
+		g.mu.Unlock()
+		if last.status == http.StatusGone {
+			return
+		}
+	}
+	t.Fatal("no heartbeat after the crash: the program closed the run, or its heartbeat died")
+}
+
+// answer is one scripted receiver answer; drop closes the connection without one.
+type answer struct {
+	status int
+	body   string
+	drop   bool
 }
 
 // receiver answers the side effects with the scripted answers in order, then 200.
 type receiver struct {
 	mu      sync.Mutex
-	answers []string // 409 bodies
+	answers []answer
 	keys    []string
 }
 
@@ -80,14 +124,20 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	rc.keys = append(rc.keys, req.Header.Get("Idempotency-Key"))
-	w.Header().Set("Content-Type", "application/json")
+	a := answer{status: http.StatusOK, body: `{"ok":true}`}
 	if len(rc.answers) > 0 {
-		w.WriteHeader(http.StatusConflict)
-		_, _ = io.WriteString(w, rc.answers[0])
-		rc.answers = rc.answers[1:]
+		a, rc.answers = rc.answers[0], rc.answers[1:]
+	}
+	if a.drop {
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
 		return
 	}
-	_, _ = io.WriteString(w, `{"ok":true}`)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(a.status)
+	_, _ = io.WriteString(w, a.body)
 }
 
 func (rc *receiver) seen() []string {
@@ -119,9 +169,14 @@ func withReceiver(t *testing.T, rc *receiver) string {
 	return srv.URL + "/effect"
 }
 
+// effectScript is a one-step script whose side effect goes to the receiver.
+func effectScript(t *testing.T, rc *receiver) string {
+	return `{"steps":1,"stepSeconds":0,"effectUrl":"` + withReceiver(t, rc) + `"}`
+}
+
 func TestAReceiverStillRunningTheStepSendsItAgain(t *testing.T) {
-	rc := &receiver{answers: []string{`{"error":"InProgress","message":"in progress; retry later"}`}}
-	g := &fakeGateway{payload: `{"steps":1,"stepSeconds":0,"effectUrl":"` + withReceiver(t, rc) + `"}`}
+	rc := &receiver{answers: []answer{{status: 409, body: `{"error":"InProgress","message":"in progress; retry later"}`}}}
+	g := &fakeGateway{payload: effectScript(t, rc)}
 	if code := runExternal(t, g); code != exitDone {
 		t.Fatalf("exit %d", code)
 	}
@@ -130,27 +185,132 @@ func TestAReceiverStillRunningTheStepSendsItAgain(t *testing.T) {
 	}
 }
 
-func TestAStaleFenceAtTheReceiverIsLost(t *testing.T) {
-	rc := &receiver{answers: []string{`{"error":"StaleFence","message":"fence 1 < 2","highestFence":2}`}}
-	g := &fakeGateway{payload: `{"steps":1,"stepSeconds":0,"effectUrl":"` + withReceiver(t, rc) + `"}`}
-	if code := runExternal(t, g); code != exitLost {
+func TestAReceiverFailureOrNoAnswerSendsTheStepAgain(t *testing.T) {
+	for name, first := range map[string]answer{
+		"503":                  {status: 503, body: `{"error":"Unavailable"}`},
+		"500 without a body":   {status: 500},
+		"a dropped connection": {drop: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			rc := &receiver{answers: []answer{first}}
+			g := &fakeGateway{payload: effectScript(t, rc)}
+			if code := runExternal(t, g); code != exitDone {
+				t.Fatalf("exit %d", code)
+			}
+			if _, published := g.seen(); strings.Join(rc.seen(), " ") != "key:step-0 key:step-0" || published != 1 {
+				t.Fatalf("effects %v, %d publications", rc.seen(), published)
+			}
+		})
+	}
+}
+
+// TestTheProgramClosesTheRunBeforeItExits: every exit but the crash sends a last renewal (the
+// start's renewal is the first heartbeat, the closing one the second).
+func TestTheProgramClosesTheRunBeforeItExits(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer answer
+		code   int
+	}{
+		{"a stale fence at the receiver", answer{status: 409, body: `{"error":"StaleFence","message":"fence 1 < 2","highestFence":2}`}, exitLost},
+		{"a 400 from the receiver", answer{status: 400, body: `{"error":"BadRequest"}`}, exitBroken},
+		{"a 409 without a known error", answer{status: 409, body: `{"error":"Duplicate"}`}, exitBroken},
+		{"a 409 without a body", answer{status: 409}, exitBroken},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := &receiver{answers: []answer{tc.answer}}
+			g := &fakeGateway{payload: effectScript(t, rc)}
+			if code := runExternal(t, g); code != tc.code {
+				t.Fatalf("exit %d, want %d", code, tc.code)
+			}
+			beats, published := g.seen()
+			if len(rc.seen()) != 1 || published != 0 || len(beats) != 2 {
+				t.Fatalf("effects %v, %d publications, heartbeats %+v", rc.seen(), published, beats)
+			}
+		})
+	}
+}
+
+func TestTheProgramsOwnFailuresExit70(t *testing.T) {
+	for name, payload := range map[string]string{
+		"a payload that is not a script": `{"steps":"three"}`,
+		"an effect URL that is not one":  `{"steps":1,"stepSeconds":0,"effectUrl":"http://[::1"}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := &fakeGateway{payload: payload}
+			if code := runExternal(t, g); code != exitBroken {
+				t.Fatalf("exit %d", code)
+			}
+			if beats, published := g.seen(); len(beats) != 2 || published != 0 {
+				t.Fatalf("heartbeats %+v, %d publications: the run was not closed", beats, published)
+			}
+		})
+	}
+}
+
+func TestAPanicExits70(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	if code := guarded(log, func() int { panic("a bug") }); code != exitBroken {
 		t.Fatalf("exit %d", code)
 	}
-	if _, published := g.seen(); len(rc.seen()) != 1 || published != 0 {
-		t.Fatalf("effects %v, %d publications", rc.seen(), published)
+}
+
+func TestNoBadResultInAnAttemptThatFailsOnPurpose(t *testing.T) {
+	g := &fakeGateway{payload: `{"steps":1,"stepSeconds":0,"failAttempts":[1],"badResultFirst":true}`}
+	if code := runExternal(t, g); code != exitDone {
+		t.Fatalf("exit %d", code)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.completes != 0 || g.fails != 1 {
+		t.Fatalf("%d completes, %d fails", g.completes, g.fails)
 	}
 }
 
 func TestACrashRenewsUntilTheCheckpointIsConfirmed(t *testing.T) {
-	g := &fakeGateway{payload: `{"steps":3,"stepSeconds":0,"crashAttempts":[1],"crashAfterStep":1}`,
+	g := &fakeGateway{payload: `{"steps":3,"stepSeconds":0,"crashAttempts":[1],"crashAfterStep":1}`, renew: 0.2,
 		answers: []int{http.StatusOK, http.StatusServiceUnavailable, http.StatusServiceUnavailable}}
 	if code := runExternal(t, g); code != exitCrash {
 		t.Fatalf("exit %d", code)
 	}
-	// The start, two busy answers, then the confirmed one.
+	// The start, two busy answers, then confirmed ones (the heartbeat renews too, and may be
+	// confirmed before the flush's own renewal).
 	beats, published := g.seen()
-	if len(beats) < 4 || beats[3] != (heartbeat{"1", http.StatusOK}) || published != 0 {
+	g.retire(t)
+	if len(beats) < 4 || beats[3] != (heartbeat{"1", http.StatusOK}) || beats[len(beats)-1] != beats[3] || published != 0 {
 		t.Fatalf("heartbeats %+v, %d publications", beats, published)
+	}
+}
+
+func TestACrashRenewsAtMostOncePerInterval(t *testing.T) {
+	const renew = 400 * time.Millisecond
+	busy := http.StatusServiceUnavailable
+	g := &fakeGateway{payload: `{"steps":3,"stepSeconds":0,"crashAttempts":[1],"crashAfterStep":1}`,
+		renew: renew.Seconds(), answers: []int{http.StatusOK, busy, busy, busy, busy}}
+	if code := runExternal(t, g); code != exitCrash {
+		t.Fatalf("exit %d", code)
+	}
+	g.mu.Lock()
+	at := append([]time.Time(nil), g.beatAt...)
+	g.mu.Unlock()
+	g.retire(t)
+	// Two sources renew, the heartbeat and the crash's flush, each at most once per R: of any three
+	// renewals in a row, two come from one source, so they span at least R.
+	for i := 2; i < len(at); i++ {
+		if span := at[i].Sub(at[i-2]); span < renew*9/10 {
+			t.Fatalf("renewals %d..%d within %v", i-2, i, span)
+		}
+	}
+}
+
+func TestACrashClosesNothing(t *testing.T) {
+	g := &fakeGateway{payload: `{"steps":3,"stepSeconds":0,"crashAttempts":[1],"crashAfterStep":1}`}
+	if code := runExternal(t, g); code != exitCrash {
+		t.Fatalf("exit %d", code)
+	}
+	// The start's renewal, the flush's: no last renewal, as after a real crash.
+	if beats, _ := g.seen(); len(beats) != 2 {
+		t.Fatalf("heartbeats %+v", beats)
 	}
 }
 
