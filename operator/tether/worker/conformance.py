@@ -89,9 +89,9 @@ def _main() -> int:
                                        json={"run": run.name, "attempt": run.attempt, "fence": run.fence, "step": step})
                 except (LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout, httpx.TransportError):
                     continue  # not sent, or no answer: back to the gate for this same step (same key)
-                if resp.status_code == 409:
-                    if _error_code(resp) == "InProgress":
-                        continue  # the same key is still running: try this step again
+                if resp.status_code == 409 and _error_code(resp) == "InProgress":
+                    continue  # the same key is still running: try this step again
+                if resp.status_code == 409 and _error_code(resp) == "StaleFence":
                     run.stop()
                     return 1
                 if resp.status_code >= 500:
