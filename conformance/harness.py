@@ -25,11 +25,11 @@ import httpx
 
 from tether.devcluster.kubelet import API_SERVER_ANNOTATION
 from tether.devcluster.processes import free_port, spawn, terminate
-from tether.fencing import Accept, MemoryStore, Reject, Replay, StoredResponse, check
 from tests.support.apiproxy import ApiProxy
 from tests.support.audit import AuditRecord
 from tests.support.chaos import read_audit_to_end
 from tests.support.kube import Kube, eventually, worker_identity
+from tests.support.receiver import Effect, Receiver
 from tests.support.operator_process import OperatorProcess
 from tests.support.oracle import TrialFacts, judge
 
@@ -55,18 +55,6 @@ class Cluster:
 
 
 @dataclass(frozen=True)
-class Effect:
-    """One side-effect request as the receiver saw it."""
-
-    fence: int | None
-    key: str
-    step: int | None
-    attempt: int | None
-    at: float  # wall clock, comparable with the audit log's times on this machine
-    decision: str  # accepted | refused | replayed
-
-
-@dataclass(frozen=True)
 class Sent:
     """One request a worker sent, as its proxy saw it."""
 
@@ -74,60 +62,6 @@ class Sent:
     method: str
     path: str
     status: int  # what the worker got; 0: no answer
-
-
-class Receiver:
-    """A side-effect service fenced with tether.fencing, recording every request and its time."""
-
-    def __init__(self) -> None:
-        self.store = MemoryStore()
-        self.effects: list[Effect] = []
-        self._lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                arrived = time.time()
-                try:  # a malformed body is still an effect that was sent: recorded, never a crash
-                    body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                    body = body if isinstance(body, dict) else {}
-                except ValueError:
-                    body = {}
-                key, fence = self.headers.get("Idempotency-Key") or "", self.headers.get("X-Execution-Fence")
-                decision = check(outer.store, key.rsplit(":", 1)[0], fence, key)
-                status, answer, verdict = 200, b'{"ok":true}', "accepted"
-                if isinstance(decision, Reject):
-                    code = getattr(decision, "code", "StaleFence")  # InProgress: the same key is running
-                    status, verdict = 409, "refused" if code == "StaleFence" else "in-progress"
-                    answer = json.dumps({"error": code, "message": decision.message}).encode()
-                elif isinstance(decision, Replay):
-                    status, answer, verdict = decision.response.status, decision.response.body, "replayed"
-                else:
-                    assert isinstance(decision, Accept)
-                    outer.store.remember(key, StoredResponse(200, answer))
-                with outer._lock:
-                    outer.effects.append(Effect(int(fence) if (fence or "").isdigit() else None, key, body.get("step"),
-                                                body.get("attempt"), arrived, verdict))
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/effect"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def seen(self) -> list[Effect]:
-        with self._lock:
-            return list(self.effects)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 class GatewayProxy:

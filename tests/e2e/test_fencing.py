@@ -12,9 +12,9 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.support import runs
-from tests.support.kube import Kube, eventually
+from tests.support.kube import Kube
 from tests.support.netcut import CutProxy
-from tests.support.receiver import FencedReceiver
+from tests.support.receiver import Receiver
 from tests.support.scenario import app_run, lease, lines, record_measurement, wait_line, watch_last_renewal
 
 SKEW_DIR = Path(__file__).resolve().parents[1] / "support" / "clockskew"
@@ -30,7 +30,7 @@ def _ts(value: str) -> dt.datetime:
 def test_reference_scenario_network_cut(kube: Kube, namespace: str, operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     api = urlparse(kube.config.server)
     api_proxy = CutProxy((api.hostname or "127.0.0.1", api.port or 443))
-    receiver = FencedReceiver()
+    receiver = Receiver()
     effect_proxy = CutProxy(("127.0.0.1", receiver.port))
     out, gate = tmp_path / "out.jsonl", tmp_path / "gate"
     body = app_run("ref", {"holdAttempts": [1], "gateFile": str(gate), "outFile": str(out),
@@ -55,7 +55,7 @@ def test_reference_scenario_network_cut(kube: Kube, namespace: str, operator, tm
         assert a1["outcome"] == "LeaseLost" and a1["fence"] == 1
         assert a2["fence"] == 3 and a2["outcome"] == "Succeeded"
         assert s["result"] == {"attempt": 2}
-        assert [(e["fence"], e["attempt"]) for e in receiver.accepted] == [(3, 2)]
+        assert [(e.fence, e.attempt) for e in receiver.accepted()] == [(3, 2)]
         # 5. W1 is reconnected: its late request arrives, its renewal and its result fail.
         api_proxy.heal(pid)
         effect_proxy.heal(pid)
@@ -66,7 +66,7 @@ def test_reference_scenario_network_cut(kube: Kube, namespace: str, operator, tm
         renew = next(entry for entry in w1_lines if entry["event"] == "renew")
         assert renew["renewed"] is False and renew["lost"] is True
         assert done["accepted"] is False and done["error"] == "LeaseLost"
-        assert len(receiver.accepted) == 1 and [r["fence"] for r in receiver.refused] == ["1"]
+        assert len(receiver.accepted()) == 1 and [e.fence for e in receiver.refused()] == [1]
         final = runs.get(kube, namespace, "ref")["status"]
         assert final["result"] == {"attempt": 2} and final["fence"] == 4
         assert operator.events("heartbeat_lost")
