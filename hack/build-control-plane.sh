@@ -35,38 +35,14 @@ if [[ ! -x "$out/etcd" ]]; then
   )
 fi
 
-# Kubernetes: k8s.io/kubernetes requires its staging modules at v0.0.0 with
-# local replaces; a consumer module replaces them with the published v0.X.Y.
-kv="${KUBERNETES_VERSION#v}"
-staging_version="v0.${kv#*.}"
-work="$cache/src/kubernetes-${KUBERNETES_VERSION}"
-mkdir -p "$work"
+# Kubernetes: from a consumer module with the staging modules at their published versions.
 (
-  cd "$work"
-  modfile="$(go mod download -json "k8s.io/kubernetes@${KUBERNETES_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
-  go_directive="$(grep -E '^go ' "$modfile" | awk '{print $2}')"
-  {
-    echo "module tether.dev/build/kubernetes"
-    echo
-    echo "go ${go_directive}"
-    echo
-    echo "require k8s.io/kubernetes ${KUBERNETES_VERSION}"
-    echo
-    grep -E '=> \./staging/' "$modfile" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
-  } > go.mod
-  major="${kv%%.*}"; rest="${kv#*.}"; minor="${rest%%.*}"
-  pkg=k8s.io/component-base/version
-  ldflags="-s -w -X ${pkg}.gitVersion=${KUBERNETES_VERSION} -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${minor}"
-  ldflags+=" -X ${pkg}.gitCommit=0000000000000000000000000000000000000000 -X ${pkg}.gitTreeState=clean"
-  ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
-  # kubectl reads its version from client-go too.
-  cpkg=k8s.io/client-go/pkg/version
-  ldflags+=" -X ${cpkg}.gitVersion=${KUBERNETES_VERSION} -X ${cpkg}.gitMajor=${major} -X ${cpkg}.gitMinor=${minor}"
+  kubernetes_workspace
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     [[ -x "$out/$b" ]] && continue
     log "building $b ${KUBERNETES_VERSION}"
     # -p 1 keeps the kube-apiserver link within memory on small machines.
-    go build -p "${TETHER_BUILD_PARALLELISM:-2}" -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
+    go build -p "${TETHER_BUILD_PARALLELISM:-2}" -trimpath -ldflags "$k8s_ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2
     mv "$out/$b.tmp" "$out/$b"
   done
 )

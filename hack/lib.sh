@@ -17,3 +17,32 @@ use_cached_output() {
   fi
   mkdir -p "$out"
 }
+
+# kubernetes_workspace: cd into a consumer module of k8s.io/kubernetes@$KUBERNETES_VERSION whose
+# staging modules (required at v0.0.0 with local replaces) are replaced by the published v0.X.Y,
+# and set `k8s_ldflags` to the version stamps a release build carries.
+kubernetes_workspace() {
+  local kv="${KUBERNETES_VERSION#v}" staging_version modfile go_directive major rest minor pkg cpkg
+  staging_version="v0.${kv#*.}"
+  mkdir -p "$cache/src/kubernetes-${KUBERNETES_VERSION}"
+  cd "$cache/src/kubernetes-${KUBERNETES_VERSION}"
+  modfile="$(go mod download -json "k8s.io/kubernetes@${KUBERNETES_VERSION}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+  go_directive="$(grep -E '^go ' "$modfile" | awk '{print $2}')"
+  {
+    echo "module tether.dev/build/kubernetes"
+    echo
+    echo "go ${go_directive}"
+    echo
+    echo "require k8s.io/kubernetes ${KUBERNETES_VERSION}"
+    echo
+    grep -E '=> \./staging/' "$modfile" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
+  } > go.mod
+  major="${kv%%.*}"; rest="${kv#*.}"; minor="${rest%%.*}"
+  pkg=k8s.io/component-base/version
+  k8s_ldflags="-s -w -X ${pkg}.gitVersion=${KUBERNETES_VERSION} -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${minor}"
+  k8s_ldflags+=" -X ${pkg}.gitCommit=0000000000000000000000000000000000000000 -X ${pkg}.gitTreeState=clean"
+  k8s_ldflags+=" -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+  # kubectl reads its version from client-go too.
+  cpkg=k8s.io/client-go/pkg/version
+  k8s_ldflags+=" -X ${cpkg}.gitVersion=${KUBERNETES_VERSION} -X ${cpkg}.gitMajor=${major} -X ${cpkg}.gitMinor=${minor}"
+}
