@@ -147,7 +147,9 @@ def lease_signals(lease: Mapping[str, Any] | None) -> Signals | None:
     if not raw:
         return Signals()
     try:
-        return Signals.model_validate_json(raw)
+        # Strict: the types docs/protocol.md §7 gives ("stop": "true" is malformed, not true),
+        # as the TypeScript and Go SDKs read them.
+        return Signals.model_validate_json(raw, strict=True)
     except ValueError:
         return None
 

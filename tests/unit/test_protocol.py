@@ -155,3 +155,22 @@ def test_only_causes_about_the_published_field_make_a_bad_value() -> None:
     assert refuses_value([{"field": "status.error.code"}, {"field": "<nil>"}], "error")
     assert not refuses_value([{"field": "status.resultant"}], "result")
     assert not refuses_value([{"field": "status.fence"}], "result") and not refuses_value([], "error")
+
+
+@pytest.mark.parametrize("raw", ['{"stop":"true"}', '{"paused":1}', '{"capCents":"5"}', '{"endsAt":12345}',
+                                 '{"baseCents":null}', '[1]', 'not json'])
+def test_signals_of_the_wrong_type_are_malformed_and_keep_the_last_good_ones(raw: str) -> None:
+    from tether.protocol import lease_signals
+
+    assert lease_signals({"metadata": {"annotations": {"tether.dev/signals": raw}}}) is None
+
+
+def test_the_operators_own_signals_read_back_exactly() -> None:
+    import datetime as dt
+
+    from tether.api.models import Signals
+    from tether.protocol import lease_signals, signals_annotation
+
+    sig = Signals(stop=True, reason="cap", ends_at=dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc), cap_cents=5,
+                  base_cents=2)
+    assert lease_signals({"metadata": {"annotations": {"tether.dev/signals": signals_annotation(sig)}}}) == sig
