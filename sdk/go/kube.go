@@ -232,15 +232,21 @@ func resultBody(res rest.Result) ([]byte, error) {
 	return res.Raw()
 }
 
-// getLease reads the Lease; nil when it is gone. MaxRetries(0) here and below: the Run retries by
-// the protocol's rules (the next interval, or the publication's backoff), never client-go.
-func (t *kubeTransport) getLease(ctx context.Context) (*leaseDoc, error) {
-	raw, err := resultBody(t.leases.Get().Namespace(t.namespace).Resource("leases").Name(t.name).
-		MaxRetries(0).Do(ctx))
+// getRaw reads this run's object of `resource` as JSON; found is false (and no error) when it is gone.
+// MaxRetries(0) here and below: the Run retries by the protocol's rules (the next interval, or the
+// publication's backoff), never client-go.
+func (t *kubeTransport) getRaw(ctx context.Context, client rest.Interface, resource string) (raw []byte, found bool, err error) {
+	raw, err = resultBody(client.Get().Namespace(t.namespace).Resource(resource).Name(t.name).MaxRetries(0).Do(ctx))
 	if apierrors.IsNotFound(err) {
-		return nil, nil
+		return nil, false, nil
 	}
-	if err != nil {
+	return raw, err == nil, err
+}
+
+// getLease reads the Lease; nil when it is gone.
+func (t *kubeTransport) getLease(ctx context.Context) (*leaseDoc, error) {
+	raw, found, err := t.getRaw(ctx, t.leases, "leases")
+	if err != nil || !found {
 		return nil, err
 	}
 	return parseLease(raw)
@@ -378,12 +384,8 @@ func (t *kubeTransport) publish(ctx context.Context, field string, value json.Ra
 }
 
 func (t *kubeTransport) recorded(ctx context.Context, field string, value json.RawMessage) (bool, error) {
-	raw, err := resultBody(t.runs.Get().Namespace(t.namespace).Resource("workerruns").Name(t.name).
-		MaxRetries(0).Do(ctx))
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
+	raw, found, err := t.getRaw(ctx, t.runs, "workerruns")
+	if err != nil || !found {
 		return false, err
 	}
 	var run runView
