@@ -365,8 +365,7 @@ class Gateway:
                 raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
             status = run.get("status") or {}
             if status.get("result") is not None or status.get("error") is not None:
-                if body.runUid in (None, run["metadata"].get("uid")) and \
-                        protocol.publication_recorded(run, body.holder, body.fence, fld, value):
+                if self._holds_publication(run, body, fld, value):
                     return {"status": status.get("phase", ""), "fence": body.fence}  # a retry of an accepted call
                 if (status.get("holder"), status.get("fence")) == (body.holder, body.fence):
                     raise Failure(409, "AlreadyPublished", f"attempt {body.holder} already published its result or "
@@ -396,9 +395,13 @@ class Gateway:
             run = await self.kube.get_run(ns, name)
         except NotFound:
             return False
-        if body.runUid is not None and run["metadata"].get("uid") != body.runUid:
-            return False
-        return protocol.publication_recorded(run, body.holder, body.fence, field, value)
+        return self._holds_publication(run, body, field, value)
+
+    @staticmethod
+    def _holds_publication(run: dict[str, Any], body: m.Fenced, field: str, value: Any) -> bool:
+        """Whether this run (not a namesake) holds exactly this attempt's publication (see protocol)."""
+        return body.runUid in (None, run["metadata"].get("uid")) and \
+            protocol.publication_recorded(run, body.holder, body.fence, field, value)
 
     @staticmethod
     def _rejected(ns: str, name: str, body: m.Fenced) -> None:
