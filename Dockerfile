@@ -1,6 +1,9 @@
 # Tether operator image (also usable as the example worker image: it carries examples/).
 # Multi-stage: build a wheel and a virtualenv, copy only the virtualenv into a slim runtime.
-FROM python:3.11-slim AS build
+# BASE: any Debian-like image with Python 3.11 (`python -m venv`, groupadd/useradd). The project's
+# CI, which reaches no registry, builds on a local debootstrap of bookworm (hack/build-images.sh).
+ARG BASE=python:3.11-slim
+FROM ${BASE} AS build
 WORKDIR /src
 RUN python -m venv /opt/tether
 COPY pyproject.toml README.md ./
@@ -8,7 +11,7 @@ COPY operator ./operator
 RUN /opt/tether/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/tether/bin/pip install --no-cache-dir .
 
-FROM python:3.11-slim
+FROM ${BASE}
 RUN groupadd --gid 65532 tether && useradd --uid 65532 --gid 65532 --no-create-home --shell /sbin/nologin tether
 COPY --from=build /opt/tether /opt/tether
 COPY examples /app/examples

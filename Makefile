@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools test unit sdk-test conformance chaos bench demo cluster e2e-kind clean
+.PHONY: help install control-plane tools node test unit sdk-test conformance chaos bench demo cluster e2e-kind clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -20,6 +20,7 @@ help:
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
 	@echo "make e2e-kind       (Docker + kind) build the image, helm install it, run the e2e suite there"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
+	@echo "make node           build/cache kubelet, containerd, the pause image and the Tether image (docker build)"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +37,13 @@ tools:
 	bash hack/build-tools.sh
 	bash hack/build-kwok.sh
 
-test: install control-plane tools sdk-test
+# The real node (tests/node): kubelet and containerd from Go modules, runc and CNI from Debian, the
+# image from this checkout's Dockerfile on a debootstrapped base (Docker is installed and started).
+node:
+	bash hack/build-node.sh
+	bash hack/build-images.sh
+
+test: install control-plane tools node sdk-test
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
 
 # The worker SDKs in other languages (sdk/): dependencies from npm and the Go module proxy.

@@ -3,8 +3,13 @@
 # Kubernetes module workspace as the control plane, containerd 2.x and its runc shim from Go
 # modules, ctr, and a static `pause` binary for the sandbox image, compiled from the Kubernetes
 # module's own source. Cached like the control plane; prints the directory on stdout.
-# runc comes from Debian (apt-get install runc).
+# runc, the CNI plugins and iptables come from Debian's packages, installed here when missing.
 set -euo pipefail
+
+if ! command -v runc >/dev/null || [[ ! -x /usr/lib/cni/bridge ]] || ! command -v iptables >/dev/null; then
+  echo "[build-node] installing Debian's runc, containernetworking-plugins and iptables" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q runc containernetworking-plugins iptables >&2
+fi
 
 # shellcheck source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"

@@ -9,6 +9,7 @@ tests/unit are marked `unit` and need no cluster: `pytest -m unit`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import uuid
@@ -21,6 +22,7 @@ from tests.support.kube import Kube, eventually
 
 if False:  # typing only
     from tests.support.operator_process import OperatorProcess  # noqa: F401
+    from tests.support.realnode import RealNodeHandle  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 _cluster = None
@@ -31,6 +33,14 @@ def _wants_cluster(config: pytest.Config) -> bool:
         return False
     args = [a for a in config.args if not a.startswith("-")]
     return not args or any("unit" not in Path(a).parts for a in args)
+
+
+def _wants_real_node(config: pytest.Config) -> bool:
+    explicit = os.environ.get("TETHER_REAL_NODE")
+    if explicit is not None:
+        return explicit == "1"
+    args = [a for a in config.args if not a.startswith("-")]
+    return not args or any("node" in Path(a).parts for a in args)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,8 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
     bin_dir = resolve_binaries()
     # The audit log is the fault trials' independent oracle; it costs one JSON line per write.
     # Two kwok nodes (tainted: only pods that ask land there) keep the scale harness from rotting.
+    # The real node (kubelet + containerd, tests/node) when the whole suite or tests/node runs.
     _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")), audit=True,
-                            kwok_nodes=2)
+                            kwok_nodes=2, real_node=_wants_real_node(config))
     _cluster.__enter__()
     with _cluster.client() as client:
         install_crds(client)
@@ -56,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TETHER_TEST_AUDIT_LOG"] = str(_cluster.audit_log)
     os.environ["TETHER_TEST_BIN_DIR"] = str(bin_dir)
     os.environ["TETHER_TEST_STATE_DIR"] = str(_cluster.state_dir)
+    if _cluster.node is not None:
+        os.environ["TETHER_TEST_REAL_NODE"] = json.dumps(_cluster.node.describe())
     config.stash[_startup_key] = _cluster.startup_seconds
 
 
@@ -104,6 +117,17 @@ def tools_dir() -> Path:
 
     out = subprocess.run(["bash", str(ROOT / "hack" / "build-tools.sh")], check=True, stdout=subprocess.PIPE, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def real_node() -> "RealNodeHandle":
+    """The cluster's real node (kubelet + containerd + runc); see tests/support/realnode.py."""
+    from tests.support.realnode import RealNodeHandle
+
+    described = os.environ.get("TETHER_TEST_REAL_NODE")
+    if not described:
+        pytest.fail("no real node: run tests/node through `make test` (or with TETHER_REAL_NODE=1)")
+    return RealNodeHandle.from_description(json.loads(described))
 
 
 @pytest.fixture

@@ -7,8 +7,13 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tether import __version__
+
+if TYPE_CHECKING:
+    import asyncio
+    from typing import Awaitable
 
 
 def _dev_cluster(args: argparse.Namespace) -> int:
@@ -18,7 +23,7 @@ def _dev_cluster(args: argparse.Namespace) -> int:
     bin_dir = resolve_binaries()
     state = Path(args.state_dir).resolve() if args.state_dir else Path.cwd() / ".tether" / "cluster"
     state.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(bin_dir=bin_dir, state_dir=state)
+    cluster = LocalCluster(bin_dir=bin_dir, state_dir=state, real_node=args.real_node)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with cluster:
         with cluster.client() as client:
@@ -27,6 +32,12 @@ def _dev_cluster(args: argparse.Namespace) -> int:
         print(f"# control plane up in {cluster.startup_seconds:.1f}s; logs in {cluster.log_dir}")
         print(f"export KUBECONFIG={cluster.kubeconfig}")
         print(f"export PATH={bin_dir}:$PATH   # kubectl {os.path.basename(str(bin_dir))}")
+        if cluster.node is not None:
+            from tether.devcluster.realnode import REAL_NODE_NAME, REAL_NODE_TAINT
+
+            print(f"# real node {REAL_NODE_NAME} (kubelet + containerd, netns {cluster.node.network.netns}); "
+                  f"pods go there with nodeSelector {REAL_NODE_TAINT}=true and a toleration of that taint")
+            print(f"# images: {cluster.node.images['TETHER_IMAGE']} and {cluster.node.images['EXAMPLE_IMAGE']}")
         print("# Ctrl-C stops the cluster and removes its state.", flush=True)
         try:
             signal.pause()
@@ -61,11 +72,16 @@ async def _run_operator(args: argparse.Namespace) -> int:
 
     log = logging.getLogger("tether.operator")
     gcpause.install()
+    # SIGTERM and SIGINT are handled here, from the start: in a container the operator is PID 1, and
+    # PID 1 without a handler ignores SIGTERM, so a standby (kopf not started yet) would otherwise
+    # sit out the whole grace period and be killed.
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    gateway = None
-    if args.gateway_port:
-        gateway = asyncio.create_task(_serve_gateway(args))
+    gateway = _Gateway(args) if args.gateway_port else None
     elector = None
     if args.leader_elect:
         cfg = kubeconfig.load()
@@ -76,7 +92,11 @@ async def _run_operator(args: argparse.Namespace) -> int:
                                 renew_deadline=args.leader_lease_seconds * 2 / 3,
                                 retry_period=max(1.0, args.leader_lease_seconds / 7.5))
         metrics.STATE.is_leader = False
-        await elector.acquire()
+        if not await _until_stopped(elector.acquire(), stopping):
+            log.info("stopped before leadership", extra={"event": "operator_stopped"})
+            if gateway is not None:
+                await gateway.stop()
+            return 0
         metrics.STATE.is_leader = True
         handlers.configure(may_act=lambda: elector.is_leader)
     handlers.configure(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles,
@@ -84,39 +104,76 @@ async def _run_operator(args: argparse.Namespace) -> int:
                        worker_identity=args.worker_identity)
 
     namespaces = args.namespace or []
+    # From here kopf owns SIGTERM and SIGINT (it stops its handlers gracefully); its end ends the rest.
     operator = asyncio.create_task(kopf.operator(
         standalone=True,  # HA is the Lease-based election above, not kopf peering
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
     ))
-    if elector is None:
-        await operator
-        return 0
-    holding = asyncio.create_task(elector.hold())
-    await asyncio.wait({operator, holding}, return_when=asyncio.FIRST_COMPLETED)
-    if holding.done():
-        # Exit at once: a replica that lost its lease must not act again (the standby owns it now).
-        log.error("leadership lost; exiting", extra={"event": "leader_lost"})
-        os._exit(1)
+    if elector is not None:
+        holding = asyncio.create_task(elector.hold())
+        await asyncio.wait({operator, holding}, return_when=asyncio.FIRST_COMPLETED)
+        if holding.done():
+            # Exit at once: a replica that lost its lease must not act again (the standby owns it now).
+            log.error("leadership lost; exiting", extra={"event": "leader_lost"})
+            os._exit(1)
+        holding.cancel()
+    await operator
+    if elector is not None:
+        # kopf has stopped every handler: hand the Lease over now rather than after it lapses.
+        await elector.release()
+    if gateway is not None:
+        await gateway.stop()
+    log.info("operator stopped", extra={"event": "operator_stopped"})
     return 0
 
 
-async def _serve_gateway(args: argparse.Namespace) -> None:
+async def _until_stopped(work: "Awaitable[None]", stopping: "asyncio.Event") -> bool:
+    """Runs `work` unless `stopping` is set first (then cancels it); True when `work` finished."""
+    import asyncio
+
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    return False
+
+
+class _Gateway:
     """The gateway for external workers, in the operator's event loop (every replica serves it:
-    its calls are fenced, so it needs no leadership)."""
-    import uvicorn
+    its calls are fenced, so it needs no leadership). The operator owns the signals, not uvicorn."""
 
-    from tether.gateway.app import build_app
-    from tether.kube import config as kubeconfig
-    from tether.kube.client import KubeClient
+    def __init__(self, args: argparse.Namespace) -> None:
+        import asyncio
+        import contextlib
 
-    # A short timeout: a caller waiting on an unreachable API server gets 503 + Retry-After soon.
-    app = build_app(KubeClient(kubeconfig.load(), timeout=5.0), audience=args.gateway_audience or None)
-    config = uvicorn.Config(app, host=args.gateway_host, port=args.gateway_port, log_level="warning",
-                            lifespan="off", ssl_certfile=args.gateway_tls_cert or None,
-                            ssl_keyfile=args.gateway_tls_key or None)
-    await uvicorn.Server(config).serve()
+        import uvicorn
+
+        from tether.gateway.app import build_app
+        from tether.kube import config as kubeconfig
+        from tether.kube.client import KubeClient
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):  # type: ignore[no-untyped-def,override]
+                yield  # uvicorn would re-raise SIGTERM on exit, which PID 1 ignores
+
+        # A short timeout: a caller waiting on an unreachable API server gets 503 + Retry-After soon.
+        app = build_app(KubeClient(kubeconfig.load(), timeout=5.0), audience=args.gateway_audience or None)
+        config = uvicorn.Config(app, host=args.gateway_host, port=args.gateway_port, log_level="warning",
+                                lifespan="off", ssl_certfile=args.gateway_tls_cert or None,
+                                ssl_keyfile=args.gateway_tls_key or None)
+        self.server = Server(config)
+        self.task = asyncio.create_task(self.server.serve())
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        await self.task
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="DEV_COMMAND")
     cl = dev_sub.add_parser("cluster", help="start a local control plane and print its KUBECONFIG")
     cl.add_argument("--state-dir", help="where certificates, etcd data and logs go (default ./.tether/cluster)")
+    cl.add_argument("--real-node", action="store_true",
+                    help="also start a real node (kubelet + containerd, as root) with the Tether image built "
+                         "from this checkout; builds them on first use")
     cl.set_defaults(func=_dev_cluster)
     demo = dev_sub.add_parser("demo", help="the main job on a local cluster: examples, a frozen worker, timelines")
     demo.set_defaults(func=lambda _args: __import__("tether.devcluster.demo", fromlist=["main"]).main())

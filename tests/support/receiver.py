@@ -28,7 +28,8 @@ class Effect:
 class Receiver:
     """A side-effect service fenced with tether.fencing, recording every request and its time."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        """`host`: the address to listen on (a real node's pods reach the host side of its veth)."""
         self.store = MemoryStore()
         self.effects: list[Effect] = []
         self._lock = threading.Lock()
@@ -66,9 +67,9 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(answer)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/effect"
+        self.url = f"http://{host}:{self.port}/effect"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def seen(self) -> list[Effect]:

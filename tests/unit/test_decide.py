@@ -348,6 +348,42 @@ def test_old_attempt_pods_are_deleted_and_released() -> None:
     assert DeletePod("job-a2") not in d.actions
 
 
+DUE = T0 + dt.timedelta(seconds=4)  # a deleted pod's deletionTimestamp: its grace period ends
+
+
+@pytest.mark.parametrize("pod_obs, now, expected, exit_code", [
+    # deleted, still in its grace period: keep Tether's finalizer, look again when it may be over
+    (pod(1, deleting=True, deletion_due=DUE), T0, [], None),
+    # killed when the grace period ran out: its exit status goes on the ended attempt first...
+    (pod(1, "Failed", deleting=True, deletion_due=DUE, exit_code=137), DUE, ["WriteStatus"], 137),
+    # ... as does one that exited on SIGTERM, or by itself after its attempt ended
+    (pod(1, "Failed", deleting=True, deletion_due=DUE, exit_code=143), T0, ["WriteStatus"], 143),
+    (pod(1, "Succeeded", exit_code=0), T0, ["WriteStatus"], 0),
+    # a node that never reports: given up on a minute past the grace period, released without one
+    (pod(1, deleting=True, deletion_due=DUE), DUE + dt.timedelta(seconds=61), ["ReleasePod"], None),
+    # terminated without an exit code (never started): released
+    (pod(1, "Failed", deleting=True, deletion_due=DUE), T0, ["ReleasePod"], None),
+])
+def test_an_ended_attempt_gets_its_pods_exit_status(pod_obs: PodObservation, now: dt.datetime,
+                                                    expected: list[str], exit_code: int | None) -> None:
+    st = held(attempt=2)
+    d = decide(observe(run(status=st), lease(attempt=2), (pod_obs, pod(2)), now=now))
+    assert [k for k in kinds(d.actions) if k in ("WriteStatus", "ReleasePod", "DeletePod")] == expected, d.actions
+    if expected == ["WriteStatus"]:
+        first = status_of(d.actions).attempts[0]
+        assert (first.outcome, first.exit_code) == ("LeaseLost", exit_code)
+        assert d.again_now  # then the pod is released, on the next pass
+    if expected == []:
+        assert d.requeue_after is not None and d.requeue_after <= 4 + 60
+
+
+def test_a_recorded_exit_code_is_never_replaced() -> None:
+    st = held(attempt=2)
+    st["attempts"][0]["exitCode"] = 3
+    d = decide(observe(run(status=st), lease(attempt=2), (pod(1, "Failed", exit_code=137), pod(2))))
+    assert kinds(d.actions) == ["ReleasePod"]
+
+
 def test_restart_waits_a_full_duration() -> None:
     # After a restart the tracker saw the lease first at mono=500: lapse only at 520.
     d = decide(observe(run(status=held()), lease(last_change=500.0), (pod(),), mono=519.0))

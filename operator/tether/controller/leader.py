@@ -92,6 +92,24 @@ class LeaderElector:
             log.warning("leader election request failed", extra={"error": str(exc)})
             return False
 
+    async def release(self) -> None:
+        """Gives the Lease up once this replica has stopped acting (client-go's ReleaseOnCancel), so a
+        standby takes over within its retry period instead of after the lease duration. A
+        compare-and-swap on the Lease this replica still holds: a successor's is never touched."""
+        was_leader, self._renewed_at = self.is_leader, float("-inf")
+        if not was_leader:
+            return
+        try:
+            current = await self.kube.get_lease(self.namespace, self.name)
+            if current is None or (current.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            body = dict(current)
+            body["spec"] = {**current["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
+            await self.kube.replace_lease(body)
+            log.info("released leadership", extra={"event": "leader_released", "identity": self.identity})
+        except Exception as exc:  # noqa: BLE001 - it lapses on its own anyway
+            log.warning("could not release leadership", extra={"error": str(exc)})
+
     async def hold(self) -> None:
         """Renews until leadership is lost, then returns (the caller exits)."""
         while True:

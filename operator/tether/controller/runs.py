@@ -175,10 +175,15 @@ def _budget_gate(budget: dict[str, Any]) -> tuple[Any, ...]:
     return budget["metadata"].get("generation"), status.get("periodStart"), exhausted
 
 
+def _parse_time(text: str | None) -> dt.datetime | None:
+    """An API timestamp (RFC 3339, `Z`) as an aware datetime."""
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
 def foreign_pod(pod: dict[str, Any], gone_at: dt.datetime | None = None) -> ForeignPod:
     """A pod another run controls, and until when the API server may accept its bound token."""
-    deleting = pod["metadata"].get("deletionTimestamp")
-    dead_at = dt.datetime.fromisoformat(deleting.replace("Z", "+00:00")) + BOUND_TOKEN_AFTER_DELETION if deleting else None
+    deleting = _parse_time(pod["metadata"].get("deletionTimestamp"))
+    dead_at = deleting + BOUND_TOKEN_AFTER_DELETION if deleting else None
     if gone_at is not None:
         dead_at = min(dead_at, gone_at + BOUND_TOKEN_AFTER_GONE) if dead_at else gone_at + BOUND_TOKEN_AFTER_GONE
     return ForeignPod(name=pod["metadata"]["name"], token_dead_at=dead_at)
@@ -227,6 +232,7 @@ def pod_observation(pod: dict[str, Any]) -> PodObservation | None:
             break
     return PodObservation(name=meta["name"], attempt=attempt, phase=status.get("phase", "Pending"),
                           exit_code=exit_code, deleting=bool(meta.get("deletionTimestamp")),
+                          deletion_due=_parse_time(meta.get("deletionTimestamp")),
                           has_finalizer=c.POD_FINALIZER in (meta.get("finalizers") or []))
 
 

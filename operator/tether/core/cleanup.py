@@ -4,11 +4,11 @@ are closed), a finished run (charge, then TTL), and pods of attempts that ended.
 
 from __future__ import annotations
 
-from tether.api.models import Outcome
+from tether.api.models import AttemptRecord, Outcome
 from tether.core.accounting import charge_finished, release_due
 from tether.core.actions import ClearLease, Decision, DeletePod, DeleteRun, ReleasePod, RemoveFinalizer
 from tether.core.lifecycle import StatusBuilder, revoke
-from tether.core.observe import Observed
+from tether.core.observe import Observed, PodObservation
 
 # The gateway mints tool-claim tokens for 10 minutes, and never once the run's status has moved on
 # (the attempt's end); kube-apiserver accepts them a minute past expiry (JWT leeway) and caches a
@@ -94,14 +94,53 @@ def decide_finished(o: Observed, d: Decision) -> None:
             d.wake(due)
 
 
+# A deleted pod's containers are killed when its grace period ends (its deletionTimestamp). Its
+# exit status is waited for this long past that, then given up on (a node that is gone never says).
+EXIT_STATUS_WAIT_SECONDS = 60.0
+
+
+def record_exit_codes(o: Observed, d: Decision) -> bool:
+    """An attempt ends when its pod is deleted, not when its containers stop: the next attempt need
+    not wait out a grace period (fencing keeps the old worker harmless). The exit code comes later
+    (143 for SIGTERM, 137 when the grace period ran out) and is added to the ended attempt's record
+    here, while Tether's finalizer keeps the pod. True when it wrote."""
+    by_attempt = {a.attempt: a for a in o.run.status.attempts}
+    late = {pod.attempt: pod.exit_code for pod in o.pods
+            if pod.has_finalizer and pod.terminated and pod.exit_code is not None
+            and (record := by_attempt.get(pod.attempt)) is not None
+            and record.ended_at is not None and record.exit_code is None}
+    if not late:
+        return False
+    b = StatusBuilder(o)
+    for record in b.status.attempts:
+        if record.attempt in late:
+            record.exit_code = late[record.attempt]
+    d.actions.append(b.write())
+    d.again()
+    return True
+
+
+def _exit_status_pending(o: Observed, pod: PodObservation, record: AttemptRecord | None) -> float | None:
+    """Seconds left to wait for a deleted pod's exit status (see record_exit_codes), or None."""
+    if record is None or record.exit_code is not None or pod.deletion_due is None:
+        return None
+    left = (pod.deletion_due - o.now).total_seconds() + EXIT_STATUS_WAIT_SECONDS
+    return left if left > 0 else None
+
+
 def housekeep_pods(o: Observed, d: Decision) -> None:
-    """Pods of attempts that no longer hold the run: delete the running ones, release the rest."""
+    """Pods of attempts that no longer hold the run: delete the running ones, release the rest
+    (a deleted one once its exit status is known)."""
     s = o.run.status
     by_attempt = {a.attempt: a for a in s.attempts}
     for pod in o.pods:
         if s.holder is not None and pod.attempt == s.attempt:
             continue
         record = by_attempt.get(pod.attempt)
+        if pod.deleting and not pod.terminated and pod.has_finalizer and \
+                (pending := _exit_status_pending(o, pod, record)) is not None:
+            d.wake(pending)
+            continue
         if not pod.terminated and not pod.deleting:
             ended_for = 0.0 if record is None or record.ended_at is None else (o.now - record.ended_at).total_seconds()
             succeeded = record is not None and record.outcome == Outcome.SUCCEEDED

@@ -39,7 +39,13 @@ from tether.core.actions import (
     UsageAlarm,
     WriteStatus,
 )
-from tether.core.cleanup import decide_deleting, decide_finished, housekeep_pods, revocation_unfinished
+from tether.core.cleanup import (
+    decide_deleting,
+    decide_finished,
+    housekeep_pods,
+    record_exit_codes,
+    revocation_unfinished,
+)
 from tether.core.clock import after
 from tether.core.enforcement import (
     Stop,
@@ -88,7 +94,7 @@ def decide(o: Observed) -> Decision:
         decide_foreign_fence(o, d, ahead)
     elif o.run.metadata.deletion_timestamp is not None:
         decide_deleting(o, d)
-    else:
+    elif not record_exit_codes(o, d):
         housekeep_pods(o, d)
         if o.run.status.phase is not None and o.run.status.phase.terminal:
             decide_finished(o, d)

@@ -56,6 +56,8 @@ class PodObservation:
     exit_code: int | None = None
     deleting: bool = False
     has_finalizer: bool = True
+    # The pod's deletionTimestamp: when its grace period ends and the kubelet kills what is left.
+    deletion_due: dt.datetime | None = None
 
     @property
     def terminated(self) -> bool:

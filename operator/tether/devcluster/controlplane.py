@@ -29,6 +29,9 @@ import yaml
 from tether.devcluster import pki
 from tether.kube import config as kubeconfig
 from tether.devcluster.processes import free_port, spawn, terminate, wait_for
+from tether.devcluster.realnode import (
+    KUBERNETES_SERVICE_IP, REAL_NODE_NAME, SERVICE_CIDR, NodeNetwork, RealNode, resolve_images, resolve_node_binaries,
+)
 
 NODE_NAME = "tether-node-0"
 KWOK_NODE_PREFIX = "kwok-node-"
@@ -116,6 +119,10 @@ class LocalCluster:
     # Fake nodes played by kwok (pods on them reach Running without processes): scale runs.
     kwok_nodes: int = 0
     keep_state: bool = False
+    # A real kubelet + containerd node (realnode.py) beside the process kubelet; pods go there
+    # only when they ask (realnode.real_node_placement).
+    real_node: bool = False
+    node: RealNode | None = None
     # Write the API server's audit log (see AUDIT_POLICY) to `audit_log`.
     audit: bool = False
     audit_log: Path | None = None
@@ -146,8 +153,12 @@ class LocalCluster:
         pki_dir.mkdir(exist_ok=True)
         ca = pki.CertificateAuthority(pki_dir)
         self.ca = ca.pair
-        serving = ca.issue("apiserver", "kube-apiserver", server=True)
+        network = NodeNetwork.pick() if self.real_node else None
+        serving = ca.issue("apiserver", "kube-apiserver", server=True,
+                           ips=(KUBERNETES_SERVICE_IP, *([network.host_ip] if network else [])))
         self.admin = ca.issue("admin", "tether-admin", ("system:masters",))
+        # How the API server authenticates to kubelets (logs, exec).
+        kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",))
         sa_key = pki.write_service_account_key(pki_dir / "sa.key")
 
         etcd_url = self._start_etcd()
@@ -183,7 +194,10 @@ class LocalCluster:
             f"--service-account-key-file={sa_key}",
             f"--service-account-signing-key-file={sa_key}",
             "--api-audiences=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+            "--kubelet-preferred-address-types=InternalIP",
             # The "kubernetes" Service endpoints would point at loopback, which
             # the endpoint reconciler refuses; nothing here needs them.
             "--endpoint-reconciler-type=none",
@@ -235,17 +249,27 @@ class LocalCluster:
             ])
         if self.kwok_nodes:
             self._start_kwok()
+        if network is not None:
+            self.node = RealNode(state_dir=self.state_dir / "node", bin_dir=resolve_node_binaries(_build),
+                                 images=resolve_images(_build), network=network, log_dir=self.log_dir)
+            self.node.start(self.ca, ca, self.write_kubeconfig, self.server)
         # The cluster is usable once the controller manager mints service
         # accounts (pods need them) and, with a kubelet, the node is Ready.
         wait_for(lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default").status_code == 200,
                  timeout=120, what="the default service account (kube-controller-manager)")
         if self.with_kubelet:
             wait_for(lambda: self._node_ready(NODE_NAME), timeout=60, what=f"node {NODE_NAME} Ready")
+        if self.node is not None:
+            wait_for(lambda: self.node.check_alive() is None and self._node_ready(REAL_NODE_NAME),  # type: ignore[union-attr]
+                     timeout=120, what=f"real node {REAL_NODE_NAME} Ready")
         for name in (f"{KWOK_NODE_PREFIX}{i}" for i in range(self.kwok_nodes)):
             wait_for(lambda n=name: self._node_ready(n), timeout=60, what=f"kwok node {name} Ready")
         self.startup_seconds = time.monotonic() - began
 
     def stop(self) -> None:
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
         for _, proc in reversed(self._procs):
             terminate(proc)
         self._procs.clear()

@@ -104,7 +104,9 @@ class CertificateAuthority:
         common_name: str,
         organizations: tuple[str, ...] = (),
         server: bool = False,
+        ips: tuple[str, ...] = (),
     ) -> CertPair:
+        """A leaf certificate; a server's names loopback, the in-cluster DNS names and `ips`."""
         key = _key()
         now = dt.datetime.now(dt.timezone.utc)
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
@@ -132,7 +134,7 @@ class CertificateAuthority:
                         x509.DNSName("kubernetes"),
                         x509.DNSName("kubernetes.default.svc"),
                         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+                        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips),
                     ]
                 ),
                 critical=False,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -228,6 +229,7 @@ class WorkerRun:
     def start(self) -> "WorkerRun":
         """Renews once (so ownership is confirmed before any work), then heartbeats on a thread."""
         if self._thread is None:
+            _exit_on_sigterm()
             self.renew()
             self._thread = threading.Thread(target=self._heartbeat_loop, name="tether-heartbeat", daemon=True)
             self._thread.start()
@@ -409,7 +411,9 @@ class WorkerRun:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if exc is not None and not self._finished.is_set() and \
+            # Only the program's own errors are the run's failure: not SystemExit (SIGTERM, below)
+            # or KeyboardInterrupt, and not a loss of ownership.
+            if isinstance(exc, Exception) and not self._finished.is_set() and \
                     not isinstance(exc, (LeaseLost, OwnershipUnknown, StopRequested)):
                 try:
                     self.fail(type(exc).__name__, str(exc)[:500])
@@ -445,3 +449,16 @@ class FencedClient(httpx.Client):
             return self.request(method, url, headers=headers, **kw)
         except httpx.TimeoutException as exc:
             raise ToolTimeout(f"{method} {url} did not answer: {exc}") from exc
+
+
+def _exit_on_sigterm() -> None:
+    """In a container the worker is usually PID 1, and PID 1 ignores SIGTERM unless it has a handler:
+    a deleted pod would sit out its whole grace period and die by SIGKILL (exit 137). Exit as any
+    other process would (143), through `with`/`stop()`, so what was spent is still reported. A
+    program that set its own SIGTERM handler keeps it."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Makes sure a Docker engine answers, starting Debian's `dockerd` without systemd if none does.
+# `--iptables=false --bridge=none`: builds run with `--network host`, so the engine never rewrites
+# the machine's firewall rules or adds a bridge. Installs docker.io when dockerd is missing.
+set -euo pipefail
+log="${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}/docker/dockerd.log"
+
+docker info >/dev/null 2>&1 && exit 0
+if ! command -v dockerd >/dev/null; then
+  echo "[dockerd] installing Debian's docker.io" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >&2
+fi
+mkdir -p "$(dirname "$log")"
+echo "[dockerd] starting dockerd (log: $log)" >&2
+setsid nohup dockerd --iptables=false --ip6tables=false --bridge=none >>"$log" 2>&1 < /dev/null &
+for _ in $(seq 1 60); do
+  docker info >/dev/null 2>&1 && exit 0
+  sleep 1
+done
+echo "[dockerd] dockerd did not answer within 60 s; see $log" >&2
+exit 1
