@@ -451,3 +451,48 @@ def test_reports_the_control_plane_would_not_take_are_refused_at_once(call: str,
                     renew_interval=10, transport=LostAnswerTransport(landed=False), monotonic=lambda: 0.0)
     with pytest.raises(ValueError):
         getattr(run, call)(*args)
+
+
+SIGTERM_CHILD = """
+import atexit, json, sys, time
+from tether.api.models import Signals
+from tether.worker import WorkerRun
+from tether.worker.transport import Renewal
+
+class Recording:
+    renewals, publications = [], []
+    def renew(self, checkpoint, usage):
+        self.renewals.append(None if usage is None else usage.cents)
+        return Renewal(ok=True, signals=Signals())
+    def publish(self, field, value):
+        self.publications.append(field)
+        return True
+    def close(self):
+        pass
+
+t = Recording()
+atexit.register(lambda: print(json.dumps({"renewals": t.renewals, "publications": t.publications}), flush=True))
+with WorkerRun(name="job", namespace="ns", holder="job-a1", fence=1, attempt=1, lease_duration=60,
+               renew_interval=30, transport=t) as run:
+    run.report_usage(cents=7)
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_sigterm_ends_the_worker_with_143_after_reporting_what_it_spent() -> None:
+    """In a container the worker is PID 1, which ignores SIGTERM without a handler: the SDK sets one
+    (unless the program has its own), so `with` unwinds, the last renewal reports the usage, nothing
+    is published as a failure, and the exit status is 143."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    child.terminate()
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 143
+    report = json.loads(out.strip().splitlines()[-1])
+    assert 7 in report["renewals"]  # what it spent was reported (on the way out at the latest)
+    assert report["publications"] == []  # a terminated worker is not a failed one

@@ -36,6 +36,22 @@ import { Unanswered, type Renewal, type Transport } from "./transport.js";
 // Node 20.0–20.3 lack the well-known symbol that `await using` looks up.
 (Symbol as unknown as { asyncDispose?: symbol }).asyncDispose ??= Symbol("Symbol.asyncDispose");
 
+// In a container the worker is usually PID 1, and PID 1 ignores SIGTERM unless something listens:
+// a deleted pod would sit out its grace period and die by SIGKILL (137). Unless the program listens
+// itself, SIGTERM closes every running WorkerRun (its last renewal reports what was spent) and exits
+// 143, as any other process would.
+const running = new Set<WorkerRun>();
+let sigtermInstalled = false;
+
+function exitOnSigterm(run: WorkerRun): void {
+  running.add(run);
+  if (sigtermInstalled || process.listenerCount("SIGTERM") > 0) return;
+  sigtermInstalled = true;
+  process.once("SIGTERM", () => {
+    void Promise.allSettled([...running].map((r) => r.close())).finally(() => process.exit(143));
+  });
+}
+
 export interface WorkerRunOptions {
   name: string;
   namespace: string;
@@ -225,6 +241,7 @@ export class WorkerRun {
   /** Renews once, then heartbeats every renewIntervalSeconds. fromEnv and claim call it. */
   async start(): Promise<this> {
     if (this.loop === null) {
+      exitOnSigterm(this);
       await this.renew();
       this.loop = this.heartbeat();
     }
@@ -498,6 +515,7 @@ export class WorkerRun {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    running.delete(this);
     this.stopping = true;
     this.wake?.abort();
     await this.loop;
