@@ -30,7 +30,7 @@ node_bin="$(bash "$here/build-node.sh")"
 # The base image: its rootfs tarball is cached, so a new Docker data root only re-imports it.
 base_tar="$cache/images/base-bookworm-python3.11.tar"
 if [[ ! -f "$base_tar" ]]; then
-  command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >&2
+  command -v debootstrap >/dev/null || apt_install debootstrap
   rootfs="$(mktemp -d "$cache/images/rootfs.XXXXXX")"
   log "debootstrap bookworm with python3 into $rootfs (a few minutes)"
   debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \

@@ -6,13 +6,11 @@
 # runc, the CNI plugins and iptables come from Debian's packages, installed here when missing.
 set -euo pipefail
 
-if ! command -v runc >/dev/null || [[ ! -x /usr/lib/cni/bridge ]] || ! command -v iptables >/dev/null; then
-  echo "[build-node] installing Debian's runc, containernetworking-plugins and iptables" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q runc containernetworking-plugins iptables >&2
-fi
-
 # shellcheck source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+if ! command -v runc >/dev/null || [[ ! -x /usr/lib/cni/bridge ]] || ! command -v iptables >/dev/null; then
+  apt_install runc containernetworking-plugins iptables
+fi
 use_cached_output "$cache/node/k8s-${KUBERNETES_VERSION}_containerd-${CONTAINERD_VERSION}"
 log() { echo "[build-node] $*" >&2; }
 

@@ -3,13 +3,12 @@
 # `--iptables=false --bridge=none`: builds run with `--network host`, so the engine never rewrites
 # the machine's firewall rules or adds a bridge. Installs docker.io when dockerd is missing.
 set -euo pipefail
-log="${TETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tether}/docker/dockerd.log"
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+log="$cache/docker/dockerd.log"
 
 docker info >/dev/null 2>&1 && exit 0
-if ! command -v dockerd >/dev/null; then
-  echo "[dockerd] installing Debian's docker.io" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >&2
-fi
+command -v dockerd >/dev/null || apt_install docker.io
 mkdir -p "$(dirname "$log")"
 echo "[dockerd] starting dockerd (log: $log)" >&2
 setsid nohup dockerd --iptables=false --ip6tables=false --bridge=none >>"$log" 2>&1 < /dev/null &

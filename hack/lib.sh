@@ -46,3 +46,11 @@ kubernetes_workspace() {
   cpkg=k8s.io/client-go/pkg/version
   k8s_ldflags+=" -X ${cpkg}.gitVersion=${KUBERNETES_VERSION} -X ${cpkg}.gitMajor=${major} -X ${cpkg}.gitMinor=${minor}"
 }
+
+# apt_install PKG...: Debian packages the node needs, installed when missing (a fresh machine may
+# have no package lists yet: update once and retry).
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  echo "[apt] installing $*" >&2
+  apt-get install -y -q "$@" >&2 || { apt-get update -q >&2 && apt-get install -y -q "$@" >&2; }
+}

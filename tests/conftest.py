@@ -39,8 +39,10 @@ def _wants_real_node(config: pytest.Config) -> bool:
     explicit = os.environ.get("TETHER_REAL_NODE")
     if explicit is not None:
         return explicit == "1"
-    args = [a for a in config.args if not a.startswith("-")]
-    return not args or any("node" in Path(a).parts for a in args)
+    node_tests = ROOT / "tests" / "node"
+    paths = [Path(a.split("::")[0]).resolve() for a in config.args if not a.startswith("-")]
+    # The whole suite (`tests`, or no argument), tests/node, or a file in it.
+    return not paths or any(node_tests.is_relative_to(p) or p.is_relative_to(node_tests) for p in paths)
 
 
 def pytest_configure(config: pytest.Config) -> None:

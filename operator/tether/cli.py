@@ -93,9 +93,11 @@ async def _run_operator(args: argparse.Namespace) -> int:
                                 retry_period=max(1.0, args.leader_lease_seconds / 7.5))
         metrics.STATE.is_leader = False
         if not await _until_stopped(elector.acquire(), stopping):
-            log.info("stopped before leadership", extra={"event": "operator_stopped"})
+            # A Lease write in flight when the stop came may have landed: give it back.
+            await elector.release()
             if gateway is not None:
                 await gateway.stop()
+            log.info("stopped before leadership", extra={"event": "operator_stopped"})
             return 0
         metrics.STATE.is_leader = True
         handlers.configure(may_act=lambda: elector.is_leader)
@@ -104,22 +106,37 @@ async def _run_operator(args: argparse.Namespace) -> int:
                        worker_identity=args.worker_identity)
 
     namespaces = args.namespace or []
-    # From here kopf owns SIGTERM and SIGINT (it stops its handlers gracefully); its end ends the rest.
+    # kopf stops gracefully (its handlers finish) when `stopping` is set: a signal that came before
+    # it started is not lost. It installs its own signal handlers as it starts; ours go back once
+    # it is ready, so that one flag stops everything (kopf waits on its stop flag when it ends).
+    # Created before kopf starts, so kopf's shutdown leaves it to us (it waits on tasks born later).
+    holding = asyncio.create_task(elector.hold()) if elector is not None else None
+    ready = asyncio.Event()
     operator = asyncio.create_task(kopf.operator(
         standalone=True,  # HA is the Lease-based election above, not kopf peering
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
+        stop_flag=stopping,
+        ready_flag=ready,
     ))
-    if elector is not None:
-        holding = asyncio.create_task(elector.hold())
-        await asyncio.wait({operator, holding}, return_when=asyncio.FIRST_COMPLETED)
-        if holding.done():
+    readiness = asyncio.ensure_future(ready.wait())
+    for watched in ({readiness, operator}, {operator}):
+        await asyncio.wait(watched | ({holding} if holding is not None else set()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if holding is not None and holding.done():
             # Exit at once: a replica that lost its lease must not act again (the standby owns it now).
             log.error("leadership lost; exiting", extra={"event": "leader_lost"})
             os._exit(1)
+        if readiness in watched:
+            readiness.cancel()
+            if ready.is_set() and not operator.done():
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, stopping.set)
+    if holding is not None:
         holding.cancel()
     await operator
+    stopping.set()
     if elector is not None:
         # kopf has stopped every handler: hand the Lease over now rather than after it lapses.
         await elector.release()
@@ -130,17 +147,21 @@ async def _run_operator(args: argparse.Namespace) -> int:
 
 
 async def _until_stopped(work: "Awaitable[None]", stopping: "asyncio.Event") -> bool:
-    """Runs `work` unless `stopping` is set first (then cancels it); True when `work` finished."""
+    """Runs `work` unless `stopping` is set first or meanwhile (then cancels it and waits for it to
+    end); True when `work` finished and no stop was asked for."""
     import asyncio
+    import contextlib
 
     task = asyncio.ensure_future(work)
     stop = asyncio.ensure_future(stopping.wait())
     await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
     stop.cancel()
-    if task.done():
+    if not stopping.is_set():
         task.result()
         return True
     task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
     return False
 
 
@@ -172,8 +193,12 @@ class _Gateway:
         self.task = asyncio.create_task(self.server.serve())
 
     async def stop(self) -> None:
+        """Ends the gateway; one that failed earlier (its error was logged then) ends the operator
+        no differently."""
+        import asyncio
+
         self.server.should_exit = True
-        await self.task
+        await asyncio.gather(self.task, return_exceptions=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

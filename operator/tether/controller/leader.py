@@ -95,10 +95,9 @@ class LeaderElector:
     async def release(self) -> None:
         """Gives the Lease up once this replica has stopped acting (client-go's ReleaseOnCancel), so a
         standby takes over within its retry period instead of after the lease duration. A
-        compare-and-swap on the Lease this replica still holds: a successor's is never touched."""
-        was_leader, self._renewed_at = self.is_leader, float("-inf")
-        if not was_leader:
-            return
+        compare-and-swap on the Lease while it still names this replica: a successor's is never
+        touched. Also for a replica stopped while acquiring (its write may have landed)."""
+        self._renewed_at = float("-inf")
         try:
             current = await self.kube.get_lease(self.namespace, self.name)
             if current is None or (current.get("spec") or {}).get("holderIdentity") != self.identity:

@@ -153,9 +153,13 @@ class LocalCluster:
         pki_dir.mkdir(exist_ok=True)
         ca = pki.CertificateAuthority(pki_dir)
         self.ca = ca.pair
-        network = NodeNetwork.pick() if self.real_node else None
+        if self.real_node:
+            # Built (or found in the cache) first; the node's subnet is claimed now, as the API
+            # server's certificate must name the address the node reaches it at.
+            self.node = RealNode(state_dir=self.state_dir / "node", bin_dir=resolve_node_binaries(_build),
+                                 images=resolve_images(_build), network=NodeNetwork.pick(), log_dir=self.log_dir)
         serving = ca.issue("apiserver", "kube-apiserver", server=True,
-                           ips=(KUBERNETES_SERVICE_IP, *([network.host_ip] if network else [])))
+                           ips=(KUBERNETES_SERVICE_IP, *([self.node.network.host_ip] if self.node else [])))
         self.admin = ca.issue("admin", "tether-admin", ("system:masters",))
         # How the API server authenticates to kubelets (logs, exec).
         kubelet_client = ca.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",))
@@ -249,9 +253,7 @@ class LocalCluster:
             ])
         if self.kwok_nodes:
             self._start_kwok()
-        if network is not None:
-            self.node = RealNode(state_dir=self.state_dir / "node", bin_dir=resolve_node_binaries(_build),
-                                 images=resolve_images(_build), network=network, log_dir=self.log_dir)
+        if self.node is not None:
             self.node.start(self.ca, ca, self.write_kubeconfig, self.server)
         # The cluster is usable once the controller manager mints service
         # accounts (pods need them) and, with a kubelet, the node is Ready.

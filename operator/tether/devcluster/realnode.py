@@ -2,7 +2,8 @@
 
 The node lives in a network namespace of its own, joined to the host by a veth pair, so it has a
 routable, non-loopback address (the kubelet refuses a loopback node IP) and no byte leaves this
-machine. Addresses are in 198.18.0.0/15 (reserved for benchmarking, RFC 2544), never a real host's:
+machine: the node routes only to its link and the `kubernetes` Service, and the host drops anything
+forwarded from it. Addresses are in 198.18.0.0/15 (reserved for benchmarking, RFC 2544):
 
     host side of the veth   198.18.N.1   the API server is reached here, through a TCP forwarder
     node (kubelet, CRI)     198.18.N.2   InternalIP; the API server reaches the kubelet here (logs)
@@ -62,11 +63,19 @@ class NodeNetwork:
 
     @classmethod
     def pick(cls) -> "NodeNetwork":
-        """A link subnet no interface on this host uses yet (several clusters may run at once)."""
-        used = _run("ip", "-o", "-4", "addr", "show")
+        """Claims a link subnet no other cluster uses (several may start at once): the first N whose
+        addresses and routes are unused and whose namespace `ip netns add` creates (it fails when
+        the namespace exists, so two clusters never claim the same N)."""
+        used = _run("ip", "-o", "-4", "addr", "show") + _run("ip", "-4", "route", "show")
         for index in [*range(os.getpid() % 250, 250), *range(0, os.getpid() % 250)]:
-            if f"198.18.{index}.1/" not in used:
-                return cls(index)
+            network = cls(index)
+            if f"198.18.{index}." in used or f"198.19.{index}." in used:
+                continue
+            try:
+                _run("ip", "netns", "add", network.netns)
+            except subprocess.CalledProcessError:
+                continue  # another cluster's, or one left behind by a killed run
+            return network
         raise RuntimeError("no free 198.18.N.0/24 link subnet for a real node")
 
     @property
@@ -99,8 +108,9 @@ class NodeNetwork:
         return ["nsenter", f"--net=/run/netns/{self.netns}", "--", *argv]
 
     def create(self) -> None:
-        self.delete()
-        _run("ip", "netns", "add", self.netns)
+        """Sets up the namespace `pick` claimed. Nothing leaves this machine: the node has routes to
+        its link and the `kubernetes` Service only (no default route), and the host drops whatever
+        would be forwarded from the node's veth."""
         _run("ip", "link", "add", self.host_veth, "type", "veth", "peer", "name", self.node_veth)
         _run("ip", "link", "set", self.node_veth, "netns", self.netns)
         _run("ip", "addr", "add", f"{self.host_ip}/24", "dev", self.host_veth)
@@ -111,8 +121,10 @@ class NodeNetwork:
         inside("ip", "link", "set", "lo", "up")
         inside("ip", "addr", "add", f"{self.node_ip}/24", "dev", self.node_veth)
         inside("ip", "link", "set", self.node_veth, "up")
-        inside("ip", "route", "add", "default", "via", self.host_ip)
+        # Without this route the node's own connections to the Service fail before OUTPUT's DNAT.
+        inside("ip", "route", "add", f"{KUBERNETES_SERVICE_IP}/32", "via", self.host_ip)
         inside("sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        _run("iptables", "-I", "FORWARD", "-i", self.host_veth, "-j", "DROP")
         # The `kubernetes` Service, as kube-proxy would route it, for pods (PREROUTING) and the node (OUTPUT).
         to = f"{self.host_ip}:{APISERVER_FORWARD_PORT}"
         for chain in ("PREROUTING", "OUTPUT"):
@@ -123,6 +135,9 @@ class NodeNetwork:
         # The veth pair and everything inside go with the namespace; the host route with the veth.
         subprocess.run(["ip", "netns", "delete", self.netns], stderr=subprocess.DEVNULL, check=False)
         subprocess.run(["ip", "link", "delete", self.host_veth], stderr=subprocess.DEVNULL, check=False)
+        while subprocess.run(["iptables", "-D", "FORWARD", "-i", self.host_veth, "-j", "DROP"],
+                             stderr=subprocess.DEVNULL, check=False).returncode == 0:
+            pass
 
     def cut(self, pod_ip: str) -> None:
         """Drops every packet from and to one pod, as a network partition would (established
@@ -279,6 +294,8 @@ class RealNode:
     def _start_kubelet(self, kubeconfig: Path, ca: pki.CertPair) -> None:
         root = self.state_dir / "kubelet"
         root.mkdir(exist_ok=True)
+        resolv_conf = self.state_dir / "resolv.conf"
+        resolv_conf.write_text("# no DNS on the test node\n")
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
@@ -303,7 +320,9 @@ class RealNode:
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False,
-            "resolvConf": "/etc/resolv.conf",
+            # No DNS for pods: the host's resolver is not the project's to send to (and nothing
+            # routes there). Everything here goes by address.
+            "resolvConf": str(resolv_conf),
         }
         path = self.state_dir / "kubelet.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -343,7 +362,7 @@ class RealNode:
         if pids_root.exists():
             for procs in pids_root.rglob("cgroup.procs"):
                 pids |= {int(p) for p in procs.read_text().split()}
-        marker = str(self.run_dir).encode()
+        marker = (str(self.run_dir) + "/").encode()  # node 1 must not match node 10's shims
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 try:

@@ -411,10 +411,10 @@ class WorkerRun:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            # Only the program's own errors are the run's failure: not SystemExit (SIGTERM, below)
-            # or KeyboardInterrupt, and not a loss of ownership.
-            if isinstance(exc, Exception) and not self._finished.is_set() and \
-                    not isinstance(exc, (LeaseLost, OwnershipUnknown, StopRequested)):
+            # The program's own errors (sys.exit(2) too) are the run's failure; being terminated
+            # (SIGTERM, below; Ctrl-C) or losing ownership is not.
+            if exc is not None and not self._finished.is_set() and \
+                    not isinstance(exc, (LeaseLost, OwnershipUnknown, StopRequested, Terminated, KeyboardInterrupt)):
                 try:
                     self.fail(type(exc).__name__, str(exc)[:500])
                 except (LeaseLost, OwnershipUnknown, httpx.HTTPError):
@@ -460,5 +460,9 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _raise_terminated)
 
 
+class Terminated(SystemExit):
+    """SIGTERM, as the SDK's handler raises it: the process ends (143), the run does not fail."""
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise Terminated(128 + signum)
