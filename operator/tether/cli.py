@@ -259,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First thing: in a container `tether` is PID 1, which ignores SIGTERM without a handler, and
+    # importing the operator takes a while under load. A SIGTERM that comes meanwhile ends it as any
+    # other process (143); the operator replaces this with its own handling once it runs.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
@@ -266,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     return int(func(args) or 0)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -340,12 +340,20 @@ def test_the_chart_on_the_real_node_under_its_security_context_and_failover(  # 
                            podGoneSeconds=round(gone, 2))
         assert handover < 3 and gone < 10, (handover, gone)  # a lapse would take lease_seconds
         # A standby (kopf not started) stops at once too: before, PID 1 ignored SIGTERM until SIGKILL.
-        standby = eventually(lambda: next((p["metadata"]["name"] for p in _pods(kube, namespace, selector)
-                                           if p["status"].get("phase") == "Running"
-                                           and not p["metadata"].get("deletionTimestamp")
-                                           and not (kube.ok(kube.get(leader_lease))["spec"].get("holderIdentity")
-                                                    or "").startswith(p["metadata"]["name"] + "_")), None),
-                             timeout=60, what="a standby replica")
+        def waiting_replica() -> str | None:
+            """A replica in the election loop (not one still importing: a signal then ends it too,
+            but that is the first handler's doing, not the operator's)."""
+            holder = kube.ok(kube.get(leader_lease))["spec"].get("holderIdentity") or ""
+            for p in _pods(kube, namespace, selector):
+                name = p["metadata"]["name"]
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp") and \
+                        not holder.startswith(name + "_") and \
+                        '"event": "leader_waiting"' in _kubectl(bin_dir, kube, "logs", "-n", namespace, name,
+                                                                check=False).stdout:
+                    return name
+            return None
+
+        standby = eventually(waiting_replica, timeout=60, what="a standby replica")
         began = time.monotonic()
         kube.ok(kube.delete(f"/api/v1/namespaces/{namespace}/pods/{standby}"))
         eventually(lambda: _pod(kube, namespace, standby) is None, timeout=30, what="the standby gone")
