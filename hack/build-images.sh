@@ -74,4 +74,10 @@ PAUSE_IMAGE=$PAUSE_IMAGE
 BASE_IMAGE=$BASE_IMAGE
 EOF
 touch "$out/.complete"
+# Each source change makes a new image (about 370 MB): keep only this one, in the cache and in Docker.
+for old in "$cache"/images/v*_*; do
+  [[ "$old" != "$out" ]] && rm -rf "$old"
+done
+docker images --format '{{.Repository}}:{{.Tag}}' tether.local/tether | grep -vxF "$TETHER_IMAGE" \
+  | xargs -r docker rmi >/dev/null 2>&1 || true
 echo "$out"
