@@ -13,7 +13,7 @@ from tether import __version__
 
 if TYPE_CHECKING:
     import asyncio
-    from typing import Awaitable
+    from typing import Any, Awaitable
 
 
 def _dev_cluster(args: argparse.Namespace) -> int:
@@ -120,19 +120,21 @@ async def _run_operator(args: argparse.Namespace) -> int:
         stop_flag=stopping,
         ready_flag=ready,
     ))
-    readiness = asyncio.ensure_future(ready.wait())
-    for watched in ({readiness, operator}, {operator}):
-        await asyncio.wait(watched | ({holding} if holding is not None else set()),
-                           return_when=asyncio.FIRST_COMPLETED)
+
+    async def until_first(*tasks: "asyncio.Future[Any]") -> None:
+        await asyncio.wait({*tasks, *([holding] if holding is not None else [])}, return_when=asyncio.FIRST_COMPLETED)
         if holding is not None and holding.done():
             # Exit at once: a replica that lost its lease must not act again (the standby owns it now).
             log.error("leadership lost; exiting", extra={"event": "leader_lost"})
             os._exit(1)
-        if readiness in watched:
-            readiness.cancel()
-            if ready.is_set() and not operator.done():
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, stopping.set)
+
+    readiness = asyncio.ensure_future(ready.wait())
+    await until_first(readiness, operator)
+    readiness.cancel()
+    if ready.is_set() and not operator.done():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+    await until_first(operator)
     if holding is not None:
         holding.cancel()
     await operator
