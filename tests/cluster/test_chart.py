@@ -73,29 +73,37 @@ def test_optional_objects(tools_dir: Path) -> None:
     assert names == []
 
 
-def _plain_policies() -> dict[str, dict]:
+def _plain_policies() -> dict[tuple[str, str], dict]:
     docs = [d for p in sorted((ROOT / "policies").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
-    return {d["metadata"]["name"].removeprefix("tether-"): d for d in docs}
+    return {(d["kind"], d["metadata"]["name"].removeprefix("tether-")): d for d in docs}
+
+
+# Policies for workers, from which the operator is exempt; the approval policy exempts nobody.
+WORKER_POLICIES = {"worker-status-fencing", "worker-lease-fencing", "namespace-worker-scope"}
 
 
 def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:
     plain = _plain_policies()
-    chart = {d["metadata"]["name"].removeprefix("rel-tether-"): d for d in render(tools_dir)
+    chart = {(d["kind"], d["metadata"]["name"].removeprefix("rel-tether-")): d for d in render(tools_dir)
              if d["kind"].startswith("ValidatingAdmissionPolicy")}
-    assert set(chart) == set(plain) == {"worker-status-fencing", "worker-lease-fencing", "namespace-worker-scope"}
-    for name, doc in chart.items():
-        assert doc["kind"] == plain[name]["kind"]
+    names = WORKER_POLICIES | {"approval-approver"}
+    assert set(chart) == set(plain) == {(kind, n) for n in names for kind in
+                                        ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}
+    for (kind, name), doc in chart.items():
         spec = dict(doc["spec"])
-        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
+        if kind == "ValidatingAdmissionPolicyBinding":
             assert spec.pop("policyName") == f"rel-tether-{name}"
-            assert spec == {k: v for k, v in plain[name]["spec"].items() if k != "policyName"}
+            assert spec == {k: v for k, v in plain[kind, name]["spec"].items() if k != "policyName"}
+            continue
+        if name not in WORKER_POLICIES:
+            assert spec == plain[kind, name]["spec"]
             continue
         # The chart adds one thing: its own operator is exempt by name (with or without rbac.create).
         own, *conditions = spec.pop("matchConditions")
         assert own == {"name": "not-the-operator",
                        "expression": "request.userInfo.username != 'system:serviceaccount:tether-system:rel-tether'"}
-        assert conditions == plain[name]["spec"]["matchConditions"]
-        assert spec == {k: v for k, v in plain[name]["spec"].items() if k != "matchConditions"}
+        assert conditions == plain[kind, name]["spec"]["matchConditions"]
+        assert spec == {k: v for k, v in plain[kind, name]["spec"].items() if k != "matchConditions"}
     # The plain policies exempt the operator by the `fence` verb, which the chart's role grants.
     role = next(d for d in render(tools_dir) if d["kind"] == "ClusterRole")
     assert any("workerruns" in r["resources"] and "fence" in r["verbs"] for r in role["rules"])
