@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.kube import Kube
+from tests.support.kube import Kube, eventually
 
 APPROVALS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunapprovals"
 
@@ -33,6 +33,13 @@ def _grant_approver(kube: Kube, ns: str, user: str) -> None:
         "metadata": {"name": "approver"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "approver"},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}))
+    # The API server's RBAC cache follows the binding a moment later.
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"namespace": ns, "verb": "create", "group": "tether.dev",
+                                              "resource": "workerrunapprovals"}}}
+    eventually(lambda: kube.ok(kube.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review,
+                                         headers=_as(user)))["status"].get("allowed"),
+               timeout=10, interval=0.05, what=f"{user} allowed to create approvals")
 
 
 def _create(kube: Kube, ns: str, body: dict[str, Any], user: str) -> httpx.Response:

@@ -52,7 +52,7 @@ def test_every_number_has_bounds_that_kubectl_explain_shows(crd_file: Path) -> N
     # Issue 9: values the CRD admitted without a maximum (deadlineSeconds: 1e12) crashed the
     # operator. Every number is bounded, and `kubectl explain` tells the user the maximum.
     fields = _numeric_fields(crd_file)
-    assert fields
+    assert fields or crd_file.name == "workerrunapprovals.tether.dev.yaml"  # the only CRD with no numbers
     unbounded = [p for p, s in fields if "minimum" not in s or "maximum" not in s]
     assert not unbounded, f"{crd_file.name}: numbers without minimum/maximum: {unbounded}"
     unexplained = [p for p, s in fields if not _mentions(s["description"], s["maximum"])]

@@ -11,7 +11,7 @@ from tether.api.models import Condition, Phase
 Status = Literal["True", "False", "Unknown"]
 
 FAILURE_PHASES = frozenset({Phase.FAILED, Phase.LOST, Phase.CANCELLED, Phase.BUDGET_EXCEEDED,
-                            Phase.DEADLINE_EXCEEDED})
+                            Phase.DEADLINE_EXCEEDED, Phase.REJECTED})
 
 
 def set_condition(conditions: list[Condition], type_: str, status: Status, reason: str, message: str,

@@ -50,6 +50,7 @@ COND_SUCCEEDED = "Succeeded"
 COND_FAILED = "Failed"
 COND_ADMITTED = "Admitted"
 COND_LEASE_HELD = "LeaseHeld"
+COND_APPROVED = "Approved"
 
 # Event reasons (CamelCase, one per change).
 EV_ATTEMPT_STARTED = "AttemptStarted"
@@ -67,6 +68,9 @@ EV_BUDGET_EXCEEDED = "BudgetExceeded"
 EV_STOP_REQUESTED = "StopRequested"
 EV_STOP_WITHDRAWN = "StopWithdrawn"
 EV_STALLED = "Stalled"
+EV_APPROVAL_PENDING = "ApprovalPending"
+EV_APPROVED = "Approved"
+EV_REJECTED = "Rejected"
 # Why nobody holds a re-created run yet: a pod of its deleted namesake has the next holder's name.
 REASON_NAMESAKE_POD = "NamesakePodTerminating"
 

@@ -32,6 +32,7 @@ class _Model(BaseModel):
 
 class Phase(str, Enum):
     PENDING = "Pending"
+    AWAITING_APPROVAL = "AwaitingApproval"
     STARTING = "Starting"
     RUNNING = "Running"
     BACKOFF = "Backoff"
@@ -42,6 +43,7 @@ class Phase(str, Enum):
     CANCELLED = "Cancelled"
     BUDGET_EXCEEDED = "BudgetExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
+    REJECTED = "Rejected"
 
     @property
     def terminal(self) -> bool:
@@ -49,7 +51,7 @@ class Phase(str, Enum):
 
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.LOST, Phase.CANCELLED,
-                             Phase.BUDGET_EXCEEDED, Phase.DEADLINE_EXCEEDED})
+                             Phase.BUDGET_EXCEEDED, Phase.DEADLINE_EXCEEDED, Phase.REJECTED})
 
 
 class Outcome(str, Enum):
@@ -108,6 +110,11 @@ class BudgetSpec(_Model):
     budget_ref: BudgetRef | None = None
 
 
+class ReviewSpec(_Model):
+    start: bool = False
+    start_timeout_seconds: int | None = None
+
+
 class WorkerRunSpec(_Model):
     executor: Literal["Pod", "External"] = "Pod"
     template: dict[str, Any] | None = None
@@ -118,6 +125,7 @@ class WorkerRunSpec(_Model):
     budget: BudgetSpec | None = None
     deadline_seconds: int | None = None
     progress_deadline_seconds: int | None = None
+    review: ReviewSpec = Field(default_factory=ReviewSpec)
     suspend: bool = False
     stop: bool = False
     stop_grace_seconds: int = 30

@@ -89,6 +89,11 @@ async def lease_event(event: dict[str, Any], **_: Any) -> None:
     controller().on_lease(event.get("type"), event["object"])
 
 
+@kopf.on.event(GROUP, VERSION, "workerrunapprovals")
+async def approval_event(event: dict[str, Any], **_: Any) -> None:
+    controller().on_approval(event.get("type"), event["object"])
+
+
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_RUN: kopf.PRESENT})
 async def pod_event(event: dict[str, Any], **_: Any) -> None:
     controller().on_pod(event.get("type"), event["object"])

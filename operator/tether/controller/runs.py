@@ -53,6 +53,7 @@ from tether.core.decide import (
     decide,
 )
 from tether.core.liveness import mass_lapse
+from tether.core.observe import ApprovalObservation
 from tether.kube import resources
 from tether.kube.client import (
     ApiError,
@@ -180,6 +181,18 @@ def _parse_time(text: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
+def approval_observation(body: dict[str, Any]) -> ApprovalObservation | None:
+    """A WorkerRunApproval as decide reads it (None for one the schema should have refused)."""
+    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+    created = _parse_time(meta.get("creationTimestamp"))
+    ref = spec.get("runRef") or {}
+    if created is None or not ref.get("name") or spec.get("decision") not in ("Approve", "Deny"):
+        return None
+    return ApprovalObservation(name=meta["name"], gate=str(spec.get("gate", "")), decision=spec["decision"],
+                               approver=str(spec.get("approver", "")), reason=str(spec.get("reason") or ""),
+                               created=created, run_uid=ref.get("uid") or None)
+
+
 def foreign_pod(pod: dict[str, Any], gone_at: dt.datetime | None = None) -> ForeignPod:
     """A pod another run controls, and until when the API server may accept its bound token."""
     deleting = _parse_time(pod["metadata"].get("deletionTimestamp"))
@@ -261,6 +274,8 @@ class RunController:
         self.queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0))
         self.runs: dict[RunKey, dict[str, Any]] = {}
         self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
+        # WorkerRunApprovals by the run they name, then by their own name.
+        self.approvals: dict[RunKey, dict[str, ApprovalObservation]] = {}
         self.leases = LeaseTracker()  # keyed by the owning run's UID
         self.budgets = BudgetBook(kube, self.clock.now)
         self.rbac = WorkerRbac(kube, shared=namespace_identity)
@@ -408,6 +423,20 @@ class RunController:
         if before is None or event_type == "DELETED" or pod_observation(before) != pod_observation(body):
             self.queue.add(key)
 
+    def on_approval(self, event_type: str | None, body: dict[str, Any]) -> None:
+        approval = approval_observation(body)
+        if approval is None:
+            return
+        meta = body["metadata"]
+        key = (meta["namespace"], body["spec"]["runRef"]["name"])
+        if event_type == "DELETED":
+            self.approvals.get(key, {}).pop(approval.name, None)
+            if not self.approvals.get(key):
+                self.approvals.pop(key, None)
+        else:
+            self.approvals.setdefault(key, {})[approval.name] = approval
+        self.queue.add(key)
+
     # --- workers -------------------------------------------------------------
 
     async def _worker(self) -> None:
@@ -535,7 +564,8 @@ class RunController:
                             now=now, mono=mono,
                             budget=await self.budgets.observe(snap.run, now), fold_interval=self.fold_interval,
                             api_available_since=self.kube.health.available_since,
-                            namespace_terminating=mono - self.terminating.get(ns, -1e18) < TERMINATING_NAMESPACE_SECONDS)
+                            namespace_terminating=mono - self.terminating.get(ns, -1e18) < TERMINATING_NAMESPACE_SECONDS,
+                            approvals=tuple(self.approvals.get(key, {}).values()))
         decision = decide(observed)
         log.debug("decided", extra={"run": "/".join(key), "event": "decided", "requeueAfter": decision.requeue_after,
                                     "actions": [type(a).__name__ for a in decision.actions]})

@@ -70,6 +70,7 @@ from tether.core.lifecycle import (
     wait_for_namesake,
 )
 from tether.core.liveness import judge
+from tether.core.review import start_allowed
 from tether.core.observe import (
     BudgetObservation,
     ForeignPod,
@@ -167,6 +168,8 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
         return
     if o.namespace_terminating:
         d.wake(30.0)  # its runs are about to be deleted: starting attempts there only fails
+        return
+    if not start_allowed(o, b, d):
         return
     if not admit(o, b, d):
         return

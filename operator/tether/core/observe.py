@@ -65,6 +65,19 @@ class PodObservation:
 
 
 @dataclass(frozen=True)
+class ApprovalObservation:
+    """A WorkerRunApproval naming this run (by name; `run_uid` when it also names the UID)."""
+
+    name: str
+    gate: str
+    decision: str  # Approve | Deny
+    approver: str
+    reason: str
+    created: dt.datetime
+    run_uid: str | None = None
+
+
+@dataclass(frozen=True)
 class ForeignPod:
     name: str
     # When the API server stops accepting the pod's bound token (kube-apiserver: a minute past
@@ -92,6 +105,8 @@ class Observed:
     foreign_pods: tuple["ForeignPod", ...] = ()
     # This operator deleted the tool-claim Secrets of the run's ended attempts at its current fence.
     tool_claims_cleared: bool = False
+    # WorkerRunApprovals in the namespace that name this run (review gates).
+    approvals: tuple["ApprovalObservation", ...] = ()
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

@@ -26,6 +26,11 @@ if conds["Stalled"] ~= nil and conds["Stalled"].status == "True" then
   hs.message = phase .. ": " .. (conds["Stalled"].message or "")
   return hs
 end
+if phase == "AwaitingApproval" then
+  hs.status = "Suspended"
+  hs.message = "Awaiting approval: " .. ((conds["Approved"] ~= nil and conds["Approved"].message) or "gate Start")
+  return hs
+end
 if phase == "Suspended" then
   hs.status = "Suspended"
   hs.message = "spec.suspend is set"

@@ -1,0 +1,73 @@
+"""Review gates: a run that waits for a person's decision (spec.review, WorkerRunApproval).
+
+Only the start gate so far: a run with spec.review.start starts no attempt until an approval with
+gate Start approves it; a denial, or no decision within startTimeoutSeconds, ends it Rejected.
+"""
+
+from __future__ import annotations
+
+from tether.api import constants as c
+from tether.api.conditions import get_condition, set_condition
+from tether.api.models import Phase
+from tether.core.actions import Decision, Event
+from tether.core.lifecycle import StatusBuilder
+from tether.core.observe import ApprovalObservation, Observed
+
+GATE_START = "Start"
+PENDING_MESSAGE = "waiting for a WorkerRunApproval with gate Start"
+
+
+def decision_on(o: Observed, gate: str) -> ApprovalObservation | None:
+    """The latest decision on `gate` that is this run's: an approval naming its UID, or naming only
+    its name and made after it was created (never one made for a deleted namesake)."""
+    run = o.run.metadata
+    mine = [a for a in o.approvals if a.gate == gate and (
+        a.run_uid == run.uid if a.run_uid else run.creation_timestamp is None or a.created >= run.creation_timestamp)]
+    return max(mine, key=lambda a: (a.created, a.name), default=None)
+
+
+def _said(a: ApprovalObservation, verb: str) -> str:
+    return f"{verb} by {a.approver}" + (f": {a.reason}" if a.reason else "")
+
+
+def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
+    """True when an attempt may start as far as review goes: no start gate, approved before (an
+    attempt exists), or approved now (Approved=True joins the grant's status write). Otherwise
+    the run waits (AwaitingApproval) or ends (Rejected), and this returns False."""
+    run, s = o.run, o.run.status
+    if not run.spec.review.start or s.attempt > 0:
+        return True
+    gen = run.metadata.generation
+    decided = decision_on(o, GATE_START)
+    if decided is not None and decided.decision == "Approve":
+        message = _said(decided, "approved")
+        b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "True", "Approved", message,
+                                            gen, o.now)
+        b.events.append(Event("Normal", c.EV_APPROVED, f"start {message}"))
+        return True
+    if decided is not None:
+        _reject(b, d, "Denied", f"start {_said(decided, 'denied')}", gen, o)
+        return False
+    timeout = run.spec.review.start_timeout_seconds
+    if timeout is not None:
+        waited = (o.now - (run.metadata.creation_timestamp or o.now)).total_seconds()
+        if waited >= timeout:
+            _reject(b, d, "TimedOut", f"no decision on the start gate within startTimeoutSeconds={timeout}", gen, o)
+            return False
+        d.wake(timeout - waited)
+    approved = get_condition(s.conditions, c.COND_APPROVED)
+    if s.phase != Phase.AWAITING_APPROVAL or approved is None or approved.reason != "Pending":
+        b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "False", "Pending",
+                                            PENDING_MESSAGE, gen, o.now)
+        b.set_phase(Phase.AWAITING_APPROVAL, PENDING_MESSAGE)
+        b.events.append(Event("Normal", c.EV_APPROVAL_PENDING, PENDING_MESSAGE))
+        d.actions.append(b.write())
+    return False
+
+
+def _reject(b: StatusBuilder, d: Decision, reason: str, message: str, generation: int, o: Observed) -> None:
+    b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "False", reason, message,
+                                        generation, o.now)
+    b.set_phase(Phase.REJECTED, message)
+    b.events.append(Event("Warning", c.EV_REJECTED, message))
+    d.actions.append(b.write())

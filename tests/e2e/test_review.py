@@ -1,0 +1,93 @@
+"""The start gate on the real control plane: a run waits for a person's WorkerRunApproval, starts
+when approved, ends Rejected when denied or when nobody decides in time; what kstatus and Argo CD
+say while it waits; and no pod exists before the approval (the audit log says so, not Tether)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
+from tests.support import runs
+from tests.support.audit import AuditLog
+from tests.support.kube import Kube, eventually
+from tests.unit.test_argocd_health import health
+
+
+def _gated(timeout: int | None = None) -> dict[str, Any]:
+    body = runs.example("short-job.yaml", payload={"steps": 1, "stepSeconds": 0.1})
+    body["spec"]["review"] = {"start": True, **({"startTimeoutSeconds": timeout} if timeout else {})}
+    return body
+
+
+def _decide(kube: Kube, ns: str, decision: str, reason: str) -> dict[str, Any]:
+    body = _approval("alice", decision=decision)
+    body["spec"]["runRef"] = {"name": "short-job"}
+    body["spec"]["reason"] = reason
+    return kube.ok(kube.post(APPROVALS.format(ns=ns), body, headers=_as("alice")))
+
+
+def _pod_creations(audit: AuditLog, ns: str) -> list[Any]:
+    return [r for r in audit.read() if r.verb == "create" and r.object_ref is not None
+            and r.object_ref.resource == "pods" and r.object_ref.namespace == ns and r.accepted]
+
+
+def test_an_approved_start(kube: Kube, namespace: str, operator, tools_dir: Path,  # type: ignore[no-untyped-def]
+                           tmp_path: Path) -> None:
+    audit = AuditLog.from_env(from_end=True)
+    _grant_approver(kube, namespace, "alice")
+    runs.create(kube, namespace, _gated())
+    waiting = runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
+    assert runs.condition(waiting, "Approved")["reason"] == "Pending"
+    path = tmp_path / "waiting.json"
+    path.write_text(json.dumps(waiting))
+    out = subprocess.run([str(tools_dir / "kstatus-check"), str(path)], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)[0]["status"] == "InProgress"
+    assert health(waiting)["status"] == "Suspended"
+    assert "ApprovalPending" in runs.events(kube, namespace, "short-job")
+
+    approval = _decide(kube, namespace, "Approve", "estimate checked")
+    done = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Rejected"), timeout=60)
+    assert done["status"]["phase"] == "Succeeded"
+    approved = runs.condition(done, "Approved")
+    assert (approved["status"], approved["reason"]) == ("True", "Approved")
+    assert "approved by alice: estimate checked" in approved["message"]
+    assert "Approved" in runs.events(kube, namespace, "short-job")
+    # No pod before the approval: in the API server's audit log, the first pod creation in the
+    # namespace comes after the approval's creation completed.
+    created = eventually(lambda: _pod_creations(audit, namespace), timeout=10, what="the pod creation")
+    decided = [r for r in audit.read() if r.verb == "create" and r.object_ref is not None
+               and r.object_ref.resource == "workerrunapprovals" and r.object_ref.namespace == namespace]
+    assert len([r for r in decided if r.accepted]) == 1 and approval["spec"]["decision"] == "Approve"
+    assert min(r.received for r in created) > next(r for r in decided if r.accepted).completed
+
+
+def test_a_denied_start_ends_rejected_without_a_pod(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    audit = AuditLog.from_env(from_end=True)
+    _grant_approver(kube, namespace, "alice")
+    runs.create(kube, namespace, _gated())
+    runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
+    _decide(kube, namespace, "Deny", "too expensive")
+    run = runs.wait_phase(kube, namespace, "short-job", ("Rejected", "Succeeded"), timeout=30)
+    assert run["status"]["phase"] == "Rejected"
+    denied = runs.condition(run, "Approved")
+    assert (denied["status"], denied["reason"]) == ("False", "Denied") and "too expensive" in denied["message"]
+    assert health(run)["status"] == "Degraded" and run["status"].get("attempt", 0) == 0
+    assert _pod_creations(audit, namespace) == []
+
+
+def test_no_decision_in_time_rejects(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    runs.create(kube, namespace, _gated(timeout=3))
+    run = runs.wait_phase(kube, namespace, "short-job", ("Rejected", "Succeeded"), timeout=30)
+    assert run["status"]["phase"] == "Rejected"
+    assert runs.condition(run, "Approved")["reason"] == "TimedOut"
+
+
+def test_the_gate_cannot_be_removed_from_a_waiting_run(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    runs.create(kube, namespace, _gated())
+    runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
+    resp = kube.patch(Kube.wr_path(namespace, "short-job"), {"spec": {"review": None}})
+    assert resp.status_code == 422 and "spec.review is immutable" in resp.text, resp.text
+    assert runs.get(kube, namespace, "short-job")["status"]["phase"] == "AwaitingApproval"

@@ -1,0 +1,85 @@
+"""The start gate (spec.review.start) as a table: what decide does with each state of approvals."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from tether.api.models import Phase
+from tether.core.decide import decide
+from tether.core.observe import ApprovalObservation
+from tests.unit.test_decide import T0, cond, kinds, observe, run, status_of
+
+CREATED = T0 - dt.timedelta(minutes=10)
+
+
+def gated(timeout: int | None = None, status: dict[str, Any] | None = None) -> Any:
+    review: dict[str, Any] = {"start": True}
+    if timeout is not None:
+        review["startTimeoutSeconds"] = timeout
+    return run(spec={"review": review}, status=status, creationTimestamp=CREATED.isoformat())
+
+
+def approval(decision: str, minutes: float = -1, gate: str = "Start", uid: str | None = None,
+             name: str = "a") -> ApprovalObservation:
+    return ApprovalObservation(name=name, gate=gate, decision=decision, approver="alice", reason="looked fine",
+                               created=T0 + dt.timedelta(minutes=minutes), run_uid=uid)
+
+
+@pytest.mark.parametrize("approvals, phase, approved", [
+    # nothing decided: wait, say so (kstatus InProgress via Reconciling; Argo Suspended)
+    ((), Phase.AWAITING_APPROVAL, ("False", "Pending")),
+    # an approval for another gate or request does not count
+    ((approval("Approve", gate="Result"), approval("Approve", gate="refund")), Phase.AWAITING_APPROVAL,
+     ("False", "Pending")),
+    # made for a deleted namesake (before this run existed, no UID): never this run's
+    ((approval("Approve", minutes=-20),), Phase.AWAITING_APPROVAL, ("False", "Pending")),
+    # naming another run's UID
+    ((approval("Approve", uid="u-other"),), Phase.AWAITING_APPROVAL, ("False", "Pending")),
+    # approved: the first attempt is granted in the same write
+    ((approval("Approve"),), Phase.STARTING, ("True", "Approved")),
+    ((approval("Approve", minutes=-20, uid="u-1"),), Phase.STARTING, ("True", "Approved")),
+    # denied: the run ends Rejected
+    ((approval("Deny"),), Phase.REJECTED, ("False", "Denied")),
+    # the latest decision wins
+    ((approval("Deny", minutes=-2, name="x"), approval("Approve", minutes=-1, name="y")), Phase.STARTING,
+     ("True", "Approved")),
+    ((approval("Approve", minutes=-2, name="x"), approval("Deny", minutes=-1, name="y")), Phase.REJECTED,
+     ("False", "Denied")),
+])
+def test_the_start_gate(approvals: tuple[ApprovalObservation, ...], phase: Phase, approved: tuple[str, str]) -> None:
+    o = observe(gated(), None)
+    d = decide(o.__class__(**{**o.__dict__, "approvals": approvals}))
+    s = status_of(d.actions)
+    assert s.phase == phase
+    assert cond(s, "Approved") == approved
+    assert ("EnsureLease" in kinds(d.actions)) == (phase == Phase.STARTING)
+    if phase == Phase.REJECTED:
+        assert cond(s, "Stalled")[0] == "True" and s.finished_at == T0 and s.attempt == 0
+
+
+def test_waiting_writes_once_then_waits_quietly() -> None:
+    o = observe(gated(), None)
+    first = status_of(decide(o).actions)
+    again = decide(observe(gated(status=first.model_dump(by_alias=True, mode="json", exclude_none=True)), None))
+    assert again.actions == []
+
+
+def test_no_decision_within_the_timeout_rejects() -> None:
+    waiting = decide(observe(gated(timeout=900), None))  # created 10 min ago: 5 min left
+    assert status_of(waiting.actions).phase == Phase.AWAITING_APPROVAL
+    assert waiting.requeue_after == pytest.approx(300)
+    late = decide(observe(gated(timeout=600), None))
+    s = status_of(late.actions)
+    assert s.phase == Phase.REJECTED and cond(s, "Approved") == ("False", "TimedOut")
+
+
+def test_a_run_approved_once_needs_no_approval_for_its_retries() -> None:
+    st = {"phase": "Backoff", "attempt": 1, "fence": 2, "observedGeneration": 1, "startedAt": T0.isoformat(),
+          "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "PodFailed",
+                        "startedAt": T0.isoformat(), "endedAt": T0.isoformat()}],
+          "nextAttemptAt": T0.isoformat()}
+    d = decide(observe(gated(status=st), None))  # the approval is gone by now: still no gate
+    assert "EnsureLease" in kinds(d.actions)
