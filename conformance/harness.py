@@ -410,4 +410,4 @@ class Case:
             raise Fail("; ".join(str(v) for v in verdict.violations[:3]))
 
 
-TERMINAL = ("Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded")
+TERMINAL = ("Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")

@@ -56,7 +56,7 @@ INVARIANTS: dict[int, str] = {
     6: "no unfaulted worker declared lost",
 }
 
-TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded"})
+TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
 USAGE_ANNOTATION = "tether.dev/usage"
 LEASE_LOST = "LeaseLost"
 WORKER_FAILED = "WorkerFailed"
