@@ -4,6 +4,8 @@
   kubectl tether stop NAME       the kill switch (spec.stop)
   kubectl tether suspend NAME    no new attempts; the worker is told to pause
   kubectl tether resume NAME
+  kubectl tether approve NAME --reason R [--gate Start]   record your decision (a WorkerRunApproval)
+  kubectl tether deny NAME --reason R [--gate Start]
 """
 
 from __future__ import annotations
@@ -51,17 +53,55 @@ def status_lines(run: dict[str, Any], lease: dict[str, Any] | None, now: dt.date
     return lines
 
 
+def _error(resp: Any) -> str:
+    try:
+        return str(resp.json().get("message", resp.text))
+    except ValueError:
+        return resp.text
+
+
+def _decide(http: Any, ns: str, name: str, gate: str, decision: str, reason: str) -> int:
+    """Creates a WorkerRunApproval for the run (by name and UID) as the current user, whom the API
+    server names (SelfSubjectReview): the admission policy accepts no other approver."""
+    run = http.get(run_path(ns, name))
+    if run.status_code >= 400:
+        print(f"error: workerrun {ns}/{name}: {_error(run)}", file=sys.stderr)
+        return 1
+    me = http.post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                   json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    if me.status_code >= 400:
+        print(f"error: who am I: {_error(me)}", file=sys.stderr)
+        return 1
+    user = me.json()["status"]["userInfo"]["username"]
+    body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
+            "metadata": {"generateName": f"{name[:40]}-{gate.lower()[:10]}-"},
+            "spec": {"runRef": {"name": name, "uid": run.json()["metadata"]["uid"]}, "gate": gate,
+                     "decision": decision, "reason": reason, "approver": user}}
+    resp = http.post(f"/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunapprovals", json=body)
+    if resp.status_code >= 400:
+        print(f"error: {_error(resp)}", file=sys.stderr)
+        return 1
+    print(f"workerrunapproval.tether.dev/{resp.json()['metadata']['name']} created: {decision} {gate} of "
+          f"{name} by {user}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubectl tether", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["status", "stop", "suspend", "resume"])
+    parser.add_argument("command", choices=["status", "stop", "suspend", "resume", "approve", "deny"])
     parser.add_argument("name")
     parser.add_argument("-n", "--namespace", default=None)
     parser.add_argument("--kubeconfig", default=None)
+    parser.add_argument("--gate", default="Start", help="approve/deny: Start, Result or a request's name")
+    parser.add_argument("--reason", default="", help="approve/deny: why (a denied run's next attempt gets it)")
     args = parser.parse_args(argv)
     cfg = kubeconfig.load(args.kubeconfig)
     ns = args.namespace or cfg.namespace
     with cfg.sync_client() as http:
+        if args.command in ("approve", "deny"):
+            return _decide(http, ns, args.name, args.gate, "Approve" if args.command == "approve" else "Deny",
+                           args.reason)
         if args.command == "status":
             resp = http.get(run_path(ns, args.name))
             if resp.status_code == 404:

@@ -78,6 +78,23 @@ def test_a_denied_start_ends_rejected_without_a_pod(kube: Kube, namespace: str, 
     assert _pod_creations(audit, namespace) == []
 
 
+def test_kubectl_tether_approve_records_the_current_user(kube: Kube, namespace: str, operator,  # type: ignore[no-untyped-def]
+                                                        bin_dir: Path) -> None:
+    from tests.e2e.test_ship import kubectl
+
+    runs.create(kube, namespace, _gated())
+    runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
+    wrong = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "Ship It")
+    assert wrong.returncode == 1 and "spec.gate" in wrong.stderr, wrong
+    done = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--reason", "looks right")
+    assert done.returncode == 0 and "Approve Start of short-job by tether-admin" in done.stdout, done
+    run = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Rejected"), timeout=60)
+    assert run["status"]["phase"] == "Succeeded"
+    approvals = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
+    assert [(a["spec"]["approver"], a["spec"]["runRef"].get("uid")) for a in approvals] == [
+        ("tether-admin", run["metadata"]["uid"])]
+
+
 def test_no_decision_in_time_rejects(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     runs.create(kube, namespace, _gated(timeout=3))
     run = runs.wait_phase(kube, namespace, "short-job", ("Rejected", "Succeeded"), timeout=30)
