@@ -81,6 +81,9 @@ async def _run_operator(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stopping.set)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
+    # Liveness from the first moment, not kopf's (it starts with kopf, after leadership): a
+    # standby with no endpoint would fail its probe and be restarted again and again.
+    liveness = await _serve_liveness(args.liveness) if args.liveness else None
     gateway = _Gateway(args) if args.gateway_port else None
     elector = None
     if args.leader_elect:
@@ -116,7 +119,6 @@ async def _run_operator(args: argparse.Namespace) -> int:
         standalone=True,  # HA is the Lease-based election above, not kopf peering
         clusterwide=not namespaces,
         namespaces=namespaces,
-        liveness_endpoint=args.liveness,
         stop_flag=stopping,
         ready_flag=ready,
     ))
@@ -137,15 +139,42 @@ async def _run_operator(args: argparse.Namespace) -> int:
     await until_first(operator)
     if holding is not None:
         holding.cancel()
-    await operator
-    stopping.set()
-    if elector is not None:
-        # kopf has stopped every handler: hand the Lease over now rather than after it lapses.
-        await elector.release()
-    if gateway is not None:
-        await gateway.stop()
+    try:
+        await operator
+    except Exception:  # noqa: BLE001 - kopf failed: still hand over before exiting
+        log.exception("kopf stopped with an error", extra={"event": "operator_failed"})
+        return 1
+    finally:
+        stopping.set()
+        if elector is not None:
+            # kopf has stopped every handler: hand the Lease over now rather than after it lapses.
+            await elector.release()
+        if gateway is not None:
+            await gateway.stop()
+        if liveness is not None:
+            await liveness.cleanup()
     log.info("operator stopped", extra={"event": "operator_stopped"})
     return 0
+
+
+async def _serve_liveness(url: str) -> "Any":
+    """GET <path> answers 200 while the event loop runs (what kopf's endpoint says too, without
+    probe handlers). Returns the aiohttp runner, to clean up at exit."""
+    from urllib.parse import urlparse
+
+    from aiohttp import web
+
+    where = urlparse(url)
+
+    async def healthy(_: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get(where.path or "/healthz", healthy)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, where.hostname or "0.0.0.0", where.port or 8080).start()
+    return runner
 
 
 async def _until_stopped(work: "Awaitable[None]", stopping: "asyncio.Event") -> bool:
@@ -191,12 +220,21 @@ class _Gateway:
         config = uvicorn.Config(app, host=args.gateway_host, port=args.gateway_port, log_level="warning",
                                 lifespan="off", ssl_certfile=args.gateway_tls_cert or None,
                                 ssl_keyfile=args.gateway_tls_key or None)
+        config.load()  # a bad TLS file fails the operator's start, not the gateway task silently
         self.server = Server(config)
         self.task = asyncio.create_task(self.server.serve())
+        self.task.add_done_callback(self._ended)
+
+    @staticmethod
+    def _ended(task: "asyncio.Task[None]") -> None:
+        import logging
+
+        if not task.cancelled() and task.exception() is not None:
+            logging.getLogger("tether.gateway").error("gateway stopped", exc_info=task.exception(),
+                                                      extra={"event": "gateway_failed"})
 
     async def stop(self) -> None:
-        """Ends the gateway; one that failed earlier (its error was logged then) ends the operator
-        no differently."""
+        """Ends the gateway; one that failed earlier (logged then) ends no differently."""
         import asyncio
 
         self.server.should_exit = True

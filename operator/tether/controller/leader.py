@@ -99,15 +99,19 @@ class LeaderElector:
         touched. Also for a replica stopped while acquiring (its write may have landed)."""
         self._renewed_at = float("-inf")
         try:
-            current = await self.kube.get_lease(self.namespace, self.name)
-            if current is None or (current.get("spec") or {}).get("holderIdentity") != self.identity:
-                return
-            body = dict(current)
-            body["spec"] = {**current["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
-            await self.kube.replace_lease(body)
-            log.info("released leadership", extra={"event": "leader_released", "identity": self.identity})
+            # Bounded: it must fit in the pod's grace period even while the API server is slow.
+            await asyncio.wait_for(self._give_up(), timeout=5.0)
         except Exception as exc:  # noqa: BLE001 - it lapses on its own anyway
-            log.warning("could not release leadership", extra={"error": str(exc)})
+            log.warning("could not release leadership", extra={"error": str(exc) or type(exc).__name__})
+
+    async def _give_up(self) -> None:
+        current = await self.kube.get_lease(self.namespace, self.name)
+        if current is None or (current.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        body = dict(current)
+        body["spec"] = {**current["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
+        await self.kube.replace_lease(body)
+        log.info("released leadership", extra={"event": "leader_released", "identity": self.identity})
 
     async def hold(self) -> None:
         """Renews until leadership is lost, then returns (the caller exits)."""
