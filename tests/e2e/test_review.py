@@ -95,6 +95,35 @@ def test_kubectl_tether_approve_records_the_current_user(kube: Kube, namespace: 
         ("tether-admin", run["metadata"]["uid"])]
 
 
+def test_metrics_count_the_waiting_and_time_the_decision(kube: Kube, namespace: str, tmp_path: Path) -> None:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.e2e.test_ship import _free_port, _kubeconfig
+    from tests.support.operator_process import OperatorProcess
+
+    port = _free_port()
+    op = OperatorProcess(namespace, _kubeconfig(), tmp_path / "op.log", extra_args=[f"--metrics-port={port}"]).start()
+    try:
+        _grant_approver(kube, namespace, "alice")
+
+        def value(name: str, **labels: str) -> float:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                       if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+        runs.create(kube, namespace, _gated())
+        runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
+        eventually(lambda: value("tether_approvals_pending", gate="Start") == 1, timeout=20, what="one pending")
+        assert value("tether_approval_decision_seconds_count", gate="Start", decision="Approve") == 0
+        _decide(kube, namespace, "Approve", "fine")
+        runs.wait_phase(kube, namespace, "short-job", ("Starting", "Running", "Succeeded"), timeout=30)
+        eventually(lambda: value("tether_approvals_pending", gate="Start") == 0, timeout=20, what="none pending")
+        assert value("tether_approval_decision_seconds_count", gate="Start", decision="Approve") == 1
+    finally:
+        op.stop()
+
+
 def test_no_decision_in_time_rejects(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     runs.create(kube, namespace, _gated(timeout=3))
     run = runs.wait_phase(kube, namespace, "short-job", ("Rejected", "Succeeded"), timeout=30)

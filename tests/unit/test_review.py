@@ -58,6 +58,14 @@ def test_the_start_gate(approvals: tuple[ApprovalObservation, ...], phase: Phase
     assert ("EnsureLease" in kinds(d.actions)) == (phase == Phase.STARTING)
     if phase == Phase.REJECTED:
         assert cond(s, "Stalled")[0] == "True" and s.finished_at == T0 and s.attempt == 0
+    # What the time-to-decision metric observes: the decision, once, with the wait since creation.
+    write = next(a for a in d.actions if type(a).__name__ == "WriteStatus")
+    details = dict(write.details)
+    if phase == Phase.AWAITING_APPROVAL:
+        assert "approval" not in details
+    else:
+        assert details["approval"] == ("Approve" if phase == Phase.STARTING else "Deny")
+        assert details["approvalSeconds"] >= 0
 
 
 def test_waiting_writes_once_then_waits_quietly() -> None:

@@ -863,6 +863,10 @@ class RunController:
             ended = [a for a in written.status.attempts if a.outcome is not None]
             if ended:
                 metrics.ATTEMPTS_ENDED.labels(ended[-1].outcome.value).inc()  # type: ignore[union-attr]
+        details = dict(action.details)
+        if "approval" in details:
+            metrics.APPROVAL_DECISION.labels("Start", str(details["approval"])).observe(
+                float(details.get("approvalSeconds", 0.0)))
         if action.lapse:
             metrics.LEASE_LAPSES.inc()
             silence = dict(action.details).get("silenceSeconds")

@@ -39,19 +39,26 @@ def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
         return True
     gen = run.metadata.generation
     decided = decision_on(o, GATE_START)
+    if decided is not None:
+        # For the time-to-decision metric: from the run's creation, when its wait began.
+        created = run.metadata.creation_timestamp or decided.created
+        b.details["approvalSeconds"] = max(0.0, (decided.created - created).total_seconds())
     if decided is not None and decided.decision == "Approve":
+        b.details["approval"] = "Approve"
         message = _said(decided, "approved")
         b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "True", "Approved", message,
                                             gen, o.now)
         b.events.append(Event("Normal", c.EV_APPROVED, f"start {message}"))
         return True
     if decided is not None:
+        b.details["approval"] = "Deny"
         _reject(b, d, "Denied", f"start {_said(decided, 'denied')}", gen, o)
         return False
     timeout = run.spec.review.start_timeout_seconds
     if timeout is not None:
         waited = (o.now - (run.metadata.creation_timestamp or o.now)).total_seconds()
         if waited >= timeout:
+            b.details.update(approval="TimedOut", approvalSeconds=waited)
             _reject(b, d, "TimedOut", f"no decision on the start gate within startTimeoutSeconds={timeout}", gen, o)
             return False
         d.wake(timeout - waited)
