@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 import sys
 from typing import Any
 
@@ -63,9 +64,16 @@ def _error(resp: Any) -> str:
 def _decide(http: Any, ns: str, name: str, gate: str, decision: str, reason: str) -> int:
     """Creates a WorkerRunApproval for the run (by name and UID) as the current user, whom the API
     server names (SelfSubjectReview): the admission policy accepts no other approver."""
+    gate = {"start": "Start", "result": "Result"}.get(gate.lower(), gate)  # not a request named "start"
     run = http.get(run_path(ns, name))
     if run.status_code >= 400:
         print(f"error: workerrun {ns}/{name}: {_error(run)}", file=sys.stderr)
+        return 1
+    body_run = run.json()
+    phase = (body_run.get("status") or {}).get("phase")
+    if gate == "Start" and phase != "AwaitingApproval":
+        print(f"error: workerrun {ns}/{name} is {phase or 'new'}, not AwaitingApproval: nothing to decide",
+              file=sys.stderr)
         return 1
     me = http.post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
                    json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
@@ -73,16 +81,20 @@ def _decide(http: Any, ns: str, name: str, gate: str, decision: str, reason: str
         print(f"error: who am I: {_error(me)}", file=sys.stderr)
         return 1
     user = me.json()["status"]["userInfo"]["username"]
+    stem = re.sub(r"[^a-z0-9-]+", "-", f"{name[:40]}-{gate.lower()[:10]}").strip("-")
     body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
-            "metadata": {"generateName": f"{name[:40]}-{gate.lower()[:10]}-"},
-            "spec": {"runRef": {"name": name, "uid": run.json()["metadata"]["uid"]}, "gate": gate,
+            "metadata": {"generateName": f"{stem}-"},
+            "spec": {"runRef": {"name": name, "uid": body_run["metadata"]["uid"]}, "gate": gate,
                      "decision": decision, "reason": reason, "approver": user}}
     resp = http.post(f"/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunapprovals", json=body)
     if resp.status_code >= 400:
         print(f"error: {_error(resp)}", file=sys.stderr)
         return 1
+    # What was decided on: the run's UID (recorded) and what it will run (immutable while it waits).
+    images = ", ".join(c.get("image", "?") for c in ((body_run["spec"].get("template") or {}).get("spec") or {})
+                       .get("containers") or []) or body_run["spec"].get("executor", "Pod")
     print(f"workerrunapproval.tether.dev/{resp.json()['metadata']['name']} created: {decision} {gate} of "
-          f"{name} by {user}")
+          f"{name} (uid {body_run['metadata']['uid']}, {images}) by {user}")
     return 0
 
 

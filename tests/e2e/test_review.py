@@ -86,13 +86,17 @@ def test_kubectl_tether_approve_records_the_current_user(kube: Kube, namespace: 
     runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
     wrong = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "Ship It")
     assert wrong.returncode == 1 and "spec.gate" in wrong.stderr, wrong
-    done = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--reason", "looks right")
-    assert done.returncode == 0 and "Approve Start of short-job by tether-admin" in done.stdout, done
+    done = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "start",
+                   "--reason", "looks right")
+    assert done.returncode == 0 and "Approve Start of short-job" in done.stdout, done
+    assert "by tether-admin" in done.stdout and "example-worker" in done.stdout, done
     run = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Rejected"), timeout=60)
     assert run["status"]["phase"] == "Succeeded"
     approvals = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
     assert [(a["spec"]["approver"], a["spec"]["runRef"].get("uid")) for a in approvals] == [
         ("tether-admin", run["metadata"]["uid"])]
+    again = kubectl(bin_dir, "tether", "deny", "short-job", "-n", namespace, "--reason", "late")
+    assert again.returncode == 1 and "not AwaitingApproval" in again.stderr, again
 
 
 def test_metrics_count_the_waiting_and_time_the_decision(kube: Kube, namespace: str, tmp_path: Path) -> None:
@@ -129,6 +133,17 @@ def test_no_decision_in_time_rejects(kube: Kube, namespace: str, operator) -> No
     run = runs.wait_phase(kube, namespace, "short-job", ("Rejected", "Succeeded"), timeout=30)
     assert run["status"]["phase"] == "Rejected"
     assert runs.condition(run, "Approved")["reason"] == "TimedOut"
+
+
+def test_what_waits_for_approval_cannot_be_changed(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    """The approval is for what the run will execute: its template and payload are fixed from
+    creation, not only from its first attempt."""
+    runs.create(kube, namespace, _gated())
+    runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
+    for change in ({"payload": {"steps": 99}}, {"executor": "External"},
+                   {"template": {"spec": {"containers": [{"name": "w", "image": "evil", "command": ["sh"]}]}}}):
+        resp = kube.patch(Kube.wr_path(namespace, "short-job"), {"spec": change})
+        assert resp.status_code == 422 and "what is approved is what runs" in resp.text, (change, resp.text)
 
 
 def test_the_gate_cannot_be_removed_from_a_waiting_run(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]

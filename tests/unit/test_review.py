@@ -43,9 +43,9 @@ def approval(decision: str, minutes: float = -1, gate: str = "Start", uid: str |
     ((approval("Approve", minutes=-20, uid="u-1"),), Phase.STARTING, ("True", "Approved")),
     # denied: the run ends Rejected
     ((approval("Deny"),), Phase.REJECTED, ("False", "Denied")),
-    # the latest decision wins
-    ((approval("Deny", minutes=-2, name="x"), approval("Approve", minutes=-1, name="y")), Phase.STARTING,
-     ("True", "Approved")),
+    # a denial is final: any Deny wins, whatever came after it or the order it is seen in
+    ((approval("Deny", minutes=-2, name="x"), approval("Approve", minutes=-1, name="y")), Phase.REJECTED,
+     ("False", "Denied")),
     ((approval("Approve", minutes=-2, name="x"), approval("Deny", minutes=-1, name="y")), Phase.REJECTED,
      ("False", "Denied")),
 ])

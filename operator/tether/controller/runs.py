@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from tether import metrics, protocol
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
-from tether.api.models import Outcome, Phase, Usage, WorkerRun
+from tether.api.models import GROUP, VERSION, Outcome, Phase, Usage, WorkerRun
 from tether.controller.budgets import BudgetBook
 from tether.controller.leases import LeaseTracker
 from tether.controller.rbac import WorkerRbac
@@ -274,8 +274,6 @@ class RunController:
         self.queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0))
         self.runs: dict[RunKey, dict[str, Any]] = {}
         self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
-        # WorkerRunApprovals by the run they name, then by their own name.
-        self.approvals: dict[RunKey, dict[str, ApprovalObservation]] = {}
         self.leases = LeaseTracker()  # keyed by the owning run's UID
         self.budgets = BudgetBook(kube, self.clock.now)
         self.rbac = WorkerRbac(kube, shared=namespace_identity)
@@ -423,19 +421,24 @@ class RunController:
         if before is None or event_type == "DELETED" or pod_observation(before) != pod_observation(body):
             self.queue.add(key)
 
+    async def _approvals(self, snap: Snapshot) -> tuple[ApprovalObservation, ...]:
+        """The approvals naming a run that still waits on its start gate (the only state that reads
+        them), read fresh from the API server rather than from a watch cache: after a restart or a
+        failover the cache may not have listed them all yet, or may still hold a deleted one, and a
+        grant or a rejection decided from it cannot be taken back."""
+        run = snap.run
+        if not run.spec.review.start or run.status.attempt > 0 or (run.status.phase and run.status.phase.terminal):
+            return ()
+        items = await self.kube.list_objects(
+            f"/apis/{GROUP}/{VERSION}/namespaces/{run.metadata.namespace}/workerrunapprovals")
+        return tuple(a for body in items if ((body.get("spec") or {}).get("runRef") or {}).get("name") == run.metadata.name
+                     and (a := approval_observation(body)) is not None)
+
     def on_approval(self, event_type: str | None, body: dict[str, Any]) -> None:
-        approval = approval_observation(body)
-        if approval is None:
-            return
-        meta = body["metadata"]
-        key = (meta["namespace"], body["spec"]["runRef"]["name"])
-        if event_type == "DELETED":
-            self.approvals.get(key, {}).pop(approval.name, None)
-            if not self.approvals.get(key):
-                self.approvals.pop(key, None)
-        else:
-            self.approvals.setdefault(key, {})[approval.name] = approval
-        self.queue.add(key)
+        """An approval was made (or removed): decide again for the run it names."""
+        run_name = ((body.get("spec") or {}).get("runRef") or {}).get("name")
+        if run_name:
+            self.queue.add((body["metadata"]["namespace"], run_name))
 
     # --- workers -------------------------------------------------------------
 
@@ -565,7 +568,7 @@ class RunController:
                             budget=await self.budgets.observe(snap.run, now), fold_interval=self.fold_interval,
                             api_available_since=self.kube.health.available_since,
                             namespace_terminating=mono - self.terminating.get(ns, -1e18) < TERMINATING_NAMESPACE_SECONDS,
-                            approvals=tuple(self.approvals.get(key, {}).values()))
+                            approvals=await self._approvals(snap))
         decision = decide(observed)
         log.debug("decided", extra={"run": "/".join(key), "event": "decided", "requeueAfter": decision.requeue_after,
                                     "actions": [type(a).__name__ for a in decision.actions]})

@@ -6,6 +6,8 @@ gate Start approves it; a denial, or no decision within startTimeoutSeconds, end
 
 from __future__ import annotations
 
+import datetime as dt
+
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
 from tether.api.models import Phase
@@ -18,12 +20,18 @@ PENDING_MESSAGE = "waiting for a WorkerRunApproval with gate Start"
 
 
 def decision_on(o: Observed, gate: str) -> ApprovalObservation | None:
-    """The latest decision on `gate` that is this run's: an approval naming its UID, or naming only
-    its name and made after it was created (never one made for a deleted namesake)."""
+    """The decision on `gate`, from the approvals that are this run's: naming its UID, or naming only
+    its name and made after it was created (never one made for a deleted namesake), and made before
+    the gate's deadline (both times are the API server's). Any Deny wins over any Approve: a denial
+    is final, whatever order the operator happens to see them in."""
     run = o.run.metadata
-    mine = [a for a in o.approvals if a.gate == gate and (
-        a.run_uid == run.uid if a.run_uid else run.creation_timestamp is None or a.created >= run.creation_timestamp)]
-    return max(mine, key=lambda a: (a.created, a.name), default=None)
+    timeout = o.run.spec.review.start_timeout_seconds if gate == GATE_START else None
+    deadline = (run.creation_timestamp + dt.timedelta(seconds=timeout)
+                if timeout is not None and run.creation_timestamp is not None else None)
+    mine = [a for a in o.approvals if a.gate == gate
+            and (a.run_uid == run.uid if a.run_uid else run.creation_timestamp is None or a.created >= run.creation_timestamp)
+            and (deadline is None or a.created <= deadline)]
+    return min(mine, key=lambda a: (a.decision != "Deny", a.created, a.name), default=None)
 
 
 def _said(a: ApprovalObservation, verb: str) -> str:
@@ -63,7 +71,8 @@ def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
             return False
         d.wake(timeout - waited)
     approved = get_condition(s.conditions, c.COND_APPROVED)
-    if s.phase != Phase.AWAITING_APPROVAL or approved is None or approved.reason != "Pending":
+    if s.phase != Phase.AWAITING_APPROVAL or approved is None or approved.reason != "Pending" or \
+            s.observed_generation != gen:  # an edit while waiting is observed (Argo reads it)
         b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "False", "Pending",
                                             PENDING_MESSAGE, gen, o.now)
         b.set_phase(Phase.AWAITING_APPROVAL, PENDING_MESSAGE)
