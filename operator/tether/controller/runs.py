@@ -372,7 +372,7 @@ class RunController:
             seen = self.leases.get(uid)
             if event_type is not None and renewed and seen is not None and seen.last_change == mono:
                 # A renewal (not a signal update by the operator) just arrived by watch.
-                lag = self.clock.now() - dt.datetime.fromisoformat(renewed.replace("Z", "+00:00"))
+                lag = self.clock.now() - _parse_time(renewed)  # type: ignore[operator]  # renewed is set here
                 metrics.WATCH_LAG.observe(max(0.0, lag.total_seconds()))
         tracked = self.leases.get(uid)
         if not changed and key in self.runs and before is not None and tracked is not None and \
