@@ -77,8 +77,12 @@ async def _run_operator(args: argparse.Namespace) -> int:
     # sit out the whole grace period and be killed.
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+
+    def own_signals() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+
+    own_signals()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     # Liveness from the first moment, not kopf's (it starts with kopf, after leadership): a
@@ -134,8 +138,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
     await until_first(readiness, operator)
     readiness.cancel()
     if ready.is_set() and not operator.done():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
+        own_signals()
     await until_first(operator)
     if holding is not None:
         holding.cancel()
