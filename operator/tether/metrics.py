@@ -51,8 +51,11 @@ WATCH_LAG = Histogram("tether_lease_watch_lag_seconds",
                       registry=REGISTRY, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
 APPROVAL_DECISION = Histogram("tether_approval_decision_seconds",
                               "Time from a gate starting to wait (the run's creation, for Start) to its decision, "
-                              "by gate and decision (Approve, Deny, TimedOut).", ["gate", "decision"],
+                              "by gate (Start, Result, Request) and decision (Approve, Deny, TimedOut).", ["gate", "decision"],
                               registry=REGISTRY, buckets=(10, 30, 60, 300, 900, 1800, 3600, 14400, 86400))
+REQUESTS_REJECTED = Counter("tether_approval_requests_rejected_total",
+                            "Malformed approval requests (tether.dev/requests on a run's Lease) refused.",
+                            registry=REGISTRY)
 USAGE_REJECTED = Counter("tether_usage_reports_rejected_total", "Malformed usage reports refused.",
                          registry=REGISTRY)
 BUDGET_CHARGED_CENTS = Counter("tether_budget_charged_cents_total", "Cents charged to WorkerBudgets.",
@@ -102,8 +105,8 @@ for _collector in (
               always=lambda: [([], 1.0 if STATE.is_leader else 0.0)]),
     _Computed("tether_workerruns", "WorkerRuns by phase.", ["phase"],
               lambda ctl: [([phase], float(n)) for phase, n in sorted(ctl.phase_counts().items())]),
-    _Computed("tether_approvals_pending", "Runs waiting for a person's decision, by gate.", ["gate"],
-              lambda ctl: [(["Start"], float(ctl.phase_counts().get("AwaitingApproval", 0)))]),
+    _Computed("tether_approvals_pending", "Gates waiting for a person's decision, by gate (Start, Result, Request: a worker's).", ["gate"],
+              lambda ctl: [([gate], float(n)) for gate, n in sorted(ctl.pending_approvals().items())]),
     _Computed("tether_heartbeat_age_seconds", "Seconds since the operator last observed a renewal of the run's lease.",
               ["namespace", "workerrun"], lambda ctl: [([ns, name], age) for ns, name, age in ctl.heartbeat_ages()]),
     _Computed("tether_budget_spent_cents", "Cents spent in the budget's current period.", ["namespace", "budget"],

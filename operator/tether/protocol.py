@@ -9,6 +9,7 @@ gateway that speaks it for external workers (gateway/), and the operator
 - the renewal a worker writes (`renewal`) and the fenced result patch (`fenced_patch`);
 - the usage annotation: its format, its parser and which reports are acceptable;
 - the control signals on the Lease and the cap arithmetic on them;
+- the approval requests a worker writes on its Lease, and their limits;
 - wire formats: the JSON-patch content type and Kubernetes time stamps.
 
 It imports only the API models, so the SDK stays independent of the controller.
@@ -19,6 +20,8 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import re
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from tether.api import constants as c
@@ -136,8 +139,12 @@ def lease_usage(lease: Mapping[str, Any] | None) -> Usage | None:
 
 def signals_annotation(signals: Signals) -> str:
     """The `tether.dev/signals` value the operator writes: canonical JSON, so equal signals give
-    equal strings and an unchanged signal costs no write."""
-    return json.dumps(signals.dump(), sort_keys=True, separators=(",", ":"))
+    equal strings and an unchanged signal costs no write. No decisions, no key: a run without
+    requests carries the same signals as before there were any."""
+    doc = signals.dump()
+    if not doc.get("decisions"):
+        doc.pop("decisions", None)
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
 def lease_signals(lease: Mapping[str, Any] | None) -> Signals | None:
@@ -259,3 +266,68 @@ def refuses_value(causes: list[dict[str, Any]], field: str) -> bool:
     """Whether a 422's causes name the published value itself (`status.result...`): only then is
     it a bad value. Causes about other fields say nothing this publication can fix."""
     return any(str(c.get("field") or "").split("[")[0].split(".")[:2] == ["status", field] for c in causes)
+
+
+# --- approval requests (docs/protocol.md §8) ---------------------------------------
+
+# A request's name: what a WorkerRunApproval's spec.gate names (start and result are the
+# run's own gates, Start and Result, which a worker cannot ask for).
+REQUEST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+RESERVED_REQUEST_NAMES = frozenset({"start", "result"})
+MAX_REQUESTS_PER_ATTEMPT = 20
+MAX_REQUEST_DETAILS = 4096
+MAX_REQUEST_TIMEOUT = 31_536_000
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """One approval a worker asks for: its name, what it wants to do, how long it waits."""
+
+    name: str
+    details: str = ""
+    timeout_seconds: int | None = None
+
+
+def request_refusal(name: object, details: object, timeout: object) -> str | None:
+    """Why a worker's approval request is malformed, or None."""
+    if not isinstance(name, str) or not REQUEST_NAME.match(name):
+        return "a request's name is lower-case letters, digits and '-', 1 to 63 characters"
+    if name in RESERVED_REQUEST_NAMES:
+        return f"{name!r} names a gate of the run itself (Start, Result), not a request"
+    if not isinstance(details, str) or len(details) > MAX_REQUEST_DETAILS:
+        return f"details must be a string of at most {MAX_REQUEST_DETAILS} characters"
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)
+                                or not 1 <= timeout <= MAX_REQUEST_TIMEOUT):
+        return f"timeoutSeconds must be an integer from 1 to {MAX_REQUEST_TIMEOUT}"
+    return None
+
+
+def requests_annotation(requests: Mapping[str, ApprovalRequest]) -> str:
+    """The `tether.dev/requests` value a worker writes: every request of its attempt, by name."""
+    return json.dumps({r.name: {"details": r.details, **({"timeoutSeconds": r.timeout_seconds}
+                                                         if r.timeout_seconds is not None else {})}
+                       for r in requests.values()}, sort_keys=True, separators=(",", ":"))
+
+
+def parse_requests(raw: str | None) -> tuple[ApprovalRequest, ...]:
+    """The requests annotation; () when absent. Raises ValueError when it is malformed as a whole
+    (not a JSON object of objects, a malformed entry, too many): nothing of it is taken, because a
+    worker that wrote it cannot tell which part would be."""
+    if not raw:
+        return ()
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise ValueError("not a JSON object of request objects")
+    if len(doc) > MAX_REQUESTS_PER_ATTEMPT:
+        raise ValueError(f"{len(doc)} requests; an attempt may make at most {MAX_REQUESTS_PER_ATTEMPT}")
+    out = []
+    for name, body in sorted(doc.items()):
+        details, timeout = body.get("details", ""), body.get("timeoutSeconds")
+        why = request_refusal(name, details, timeout)
+        if why is not None:
+            raise ValueError(f"request {str(name)[:70]!r}: {why}")
+        out.append(ApprovalRequest(name=name, details=details, timeout_seconds=timeout))
+    return tuple(out)

@@ -62,10 +62,16 @@ def test_the_start_gate(approvals: tuple[ApprovalObservation, ...], phase: Phase
     write = next(a for a in d.actions if type(a).__name__ == "WriteStatus")
     details = dict(write.details)
     if phase == Phase.AWAITING_APPROVAL:
-        assert "approval" not in details
+        assert "approvals" not in details
     else:
-        assert details["approval"] == ("Approve" if phase == Phase.STARTING else "Deny")
-        assert details["approvalSeconds"] >= 0
+        [(gate, decision, seconds)] = details["approvals"]
+        assert (gate, decision) == ("Start", "Approve" if phase == Phase.STARTING else "Deny")
+        assert seconds >= 0
+    # The gate is on record: pending while it waits, then with the decision and who made it.
+    [req] = s.review.requests
+    assert (req.gate, req.attempt, req.requested_at) == ("Start", 0, CREATED)
+    assert req.decision == {Phase.AWAITING_APPROVAL: None, Phase.STARTING: "Approve", Phase.REJECTED: "Deny"}[phase]
+    assert req.approver == (None if phase == Phase.AWAITING_APPROVAL else "alice")
 
 
 def test_waiting_writes_once_then_waits_quietly() -> None:

@@ -17,6 +17,8 @@ RUN_FINALIZER = f"{PREFIX}/run-cleanup"
 # Lease annotations written by the worker on each heartbeat (one write carries all).
 ANN_CHECKPOINT = f"{PREFIX}/checkpoint"
 ANN_USAGE = f"{PREFIX}/usage"
+# Lease annotation written by the worker: the approvals it asks for (docs/protocol.md §8).
+ANN_REQUESTS = f"{PREFIX}/requests"
 # Lease annotations written by the operator: the fence the lease was granted with, and the
 # control signals (JSON) the worker reads from every renewal's response.
 ANN_FENCE = f"{PREFIX}/fence"
@@ -28,6 +30,8 @@ ANN_CLAIMED_BY = f"{PREFIX}/claimed-by"
 ENV_RUN = "TETHER_RUN"
 ENV_NAMESPACE = "TETHER_NAMESPACE"
 ENV_HOLDER = "TETHER_HOLDER"
+# Why the previous attempt's result was denied (spec.review.result).
+ENV_REVIEW_FEEDBACK = "TETHER_REVIEW_FEEDBACK"
 # The run's UID: a run re-created under the same name reuses holder and fence, never the UID.
 ENV_RUN_UID = "TETHER_RUN_UID"
 ENV_FENCE = "TETHER_FENCE"
@@ -68,9 +72,16 @@ EV_BUDGET_EXCEEDED = "BudgetExceeded"
 EV_STOP_REQUESTED = "StopRequested"
 EV_STOP_WITHDRAWN = "StopWithdrawn"
 EV_STALLED = "Stalled"
+# The run's own review gates (spec.review); a worker's requests have lower-case names.
+GATE_START = "Start"
+GATE_RESULT = "Result"
+
 EV_APPROVAL_PENDING = "ApprovalPending"
 EV_APPROVED = "Approved"
 EV_REJECTED = "Rejected"
+EV_APPROVAL_DENIED = "ApprovalDenied"
+EV_RESULT_DENIED = "ResultDenied"
+EV_APPROVAL_TIMED_OUT = "ApprovalTimedOut"
 # Why nobody holds a re-created run yet: a pod of its deleted namesake has the next holder's name.
 REASON_NAMESAKE_POD = "NamesakePodTerminating"
 

@@ -33,6 +33,7 @@ class _Model(BaseModel):
 class Phase(str, Enum):
     PENDING = "Pending"
     AWAITING_APPROVAL = "AwaitingApproval"
+    AWAITING_REVIEW = "AwaitingReview"
     STARTING = "Starting"
     RUNNING = "Running"
     BACKOFF = "Backoff"
@@ -66,6 +67,8 @@ class Outcome(str, Enum):
     CANCELLED = "Cancelled"
     BUDGET_EXCEEDED = "BudgetExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
+    # A person denied the result the attempt published (spec.review.result).
+    RESULT_REJECTED = "ResultRejected"
 
 
 # --- spec -------------------------------------------------------------------
@@ -113,6 +116,8 @@ class BudgetSpec(_Model):
 class ReviewSpec(_Model):
     start: bool = False
     start_timeout_seconds: int | None = None
+    result: bool = False
+    result_timeout_seconds: int | None = None
 
 
 class WorkerRunSpec(_Model):
@@ -158,6 +163,31 @@ class AttemptRecord(_Model):
     usage: Usage | None = None
 
 
+class ReviewRequest(_Model):
+    """One gate awaiting or given a person's decision: Start, Result or a worker's named request."""
+
+    gate: str
+    attempt: int = 0  # the attempt whose gate this is; 0 for Start
+    requested_at: dt.datetime
+    deadline: dt.datetime | None = None
+    details: str | None = None
+    decision: Literal["Approve", "Deny", "TimedOut", "Withdrawn"] | None = None  # None: pending
+    approver: str | None = None
+    reason: str | None = None
+    decided_at: dt.datetime | None = None
+
+
+class ReviewStatus(_Model):
+    feedback: str | None = None  # the last denied result's reason, handed to the next attempt
+    requests: list[ReviewRequest] = Field(default_factory=list)
+
+    def pending(self) -> list[ReviewRequest]:
+        return [r for r in self.requests if r.decision is None]
+
+    def find(self, gate: str, attempt: int) -> ReviewRequest | None:
+        return next((r for r in self.requests if r.gate == gate and r.attempt == attempt), None)
+
+
 class ErrorInfo(_Model):
     code: str | None = None
     message: str | None = None
@@ -194,6 +224,7 @@ class WorkerRunStatus(_Model):
     overspend: Usage | None = None
     budget_charged: bool | None = None
     charged: Usage | None = None  # what the budget was charged for this run (baseline once released)
+    review: ReviewStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
     def current(self) -> AttemptRecord | None:
@@ -229,6 +260,14 @@ class WorkerRun(_Model):
         return self.spec.idempotency_key or self.metadata.uid
 
 
+class GateDecision(_Model):
+    """A decision on a request the worker made, as its Lease tells it."""
+
+    decision: Literal["Approve", "Deny", "TimedOut"]
+    reason: str | None = None
+    approver: str | None = None
+
+
 class Signals(_Model):
     """What the control plane tells the worker, carried on the Lease it renews."""
 
@@ -241,6 +280,9 @@ class Signals(_Model):
     # Spent by earlier attempts: the worker's own reports count from zero.
     base_cents: int = 0
     base_tokens: int = 0
+    # Decisions on this attempt's requests (request_approval), by request name; only this
+    # attempt's: the Lease is rewritten at every grant.
+    decisions: dict[str, GateDecision] = Field(default_factory=dict)
 
 
 # --- WorkerBudget -------------------------------------------------------------

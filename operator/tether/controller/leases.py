@@ -42,12 +42,26 @@ def parse_usage(raw: str | None, previous: Usage | None, key: str) -> Usage | No
     return usage
 
 
+def parse_requests(raw: str | None, previous: tuple[protocol.ApprovalRequest, ...],
+                   key: str) -> tuple[protocol.ApprovalRequest, ...]:
+    """The approvals the holder asks for. A malformed annotation is refused as a whole and logged,
+    and the previous requests stand (the worker's SDK refuses such requests before sending)."""
+    try:
+        return protocol.parse_requests(raw)
+    except ValueError as exc:
+        metrics.REQUESTS_REJECTED.inc()
+        log.warning("malformed approval requests refused", extra={"event": "requests_rejected", "run": key,
+                                                                  "reason": str(exc)[:200]})
+        return previous
+
+
 class LeaseTracker:
     def __init__(self) -> None:
         self._items: dict[str, LeaseObservation] = {}
         # The usage annotation as last parsed: an unchanged report is not parsed (nor refused
         # and logged) again on every heartbeat.
         self._raw_usage: dict[str, str | None] = {}
+        self._raw_requests: dict[str, str | None] = {}
 
     def get(self, key: str) -> LeaseObservation | None:
         return self._items.get(key)
@@ -55,6 +69,7 @@ class LeaseTracker:
     def forget(self, key: str) -> None:
         self._items.pop(key, None)
         self._raw_usage.pop(key, None)
+        self._raw_requests.pop(key, None)
 
     def observe(self, key: str, lease: dict[str, Any], mono: float) -> bool:
         """Records a Lease seen by watch, GET or our own write. Returns True when it matters
@@ -66,16 +81,22 @@ class LeaseTracker:
         if prev is not None and fence is not None and prev.fence is not None and fence < prev.fence:
             return False  # an event older than what we already know
         checkpoint, signals = ann.get(c.ANN_CHECKPOINT), ann.get(c.ANN_SIGNALS)
-        raw_usage = ann.get(c.ANN_USAGE)
+        raw_usage, raw_requests = ann.get(c.ANN_USAGE), ann.get(c.ANN_REQUESTS)
         if prev is None or (holder, fence) != (prev.holder, prev.fence):
             self._raw_usage[key] = raw_usage
+            self._raw_requests[key] = raw_requests
             self._items[key] = LeaseObservation(
                 holder=holder, fence=fence, resource_version=rv, last_change=mono, renewed=False,
                 checkpoint=checkpoint, checkpoint_changed=mono, signals=signals,
-                usage=parse_usage(ann.get(c.ANN_USAGE), None, key))
+                usage=parse_usage(ann.get(c.ANN_USAGE), None, key),
+                requests=parse_requests(raw_requests, (), key))
             return True
         if rv == prev.resource_version:
             return False
+        requests = prev.requests
+        if raw_requests != self._raw_requests.get(key):
+            self._raw_requests[key] = raw_requests
+            requests = parse_requests(raw_requests, prev.requests, key)
         # Only the holder's own writes count as renewals; a signal update by the operator does not.
         by_holder = signals == prev.signals
         usage = prev.usage if raw_usage == self._raw_usage.get(key) else parse_usage(raw_usage, prev.usage, key)
@@ -85,5 +106,6 @@ class LeaseTracker:
             last_change=mono if by_holder else prev.last_change,
             renewed=prev.renewed or by_holder, checkpoint=checkpoint,
             checkpoint_changed=mono if checkpoint != prev.checkpoint else prev.checkpoint_changed,
-            usage=usage)
-        return not prev.renewed and by_holder
+            usage=usage, requests=requests)
+        # A new request matters at once (a person is waiting to see it); other renewals do not.
+        return (not prev.renewed and by_holder) or requests != prev.requests

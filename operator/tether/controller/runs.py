@@ -54,6 +54,7 @@ from tether.core.decide import (
 )
 from tether.core.liveness import mass_lapse
 from tether.core.observe import ApprovalObservation
+from tether.core.review import needs_approvals
 from tether.kube import resources
 from tether.kube.client import (
     ApiError,
@@ -190,7 +191,8 @@ def approval_observation(body: dict[str, Any]) -> ApprovalObservation | None:
         return None
     return ApprovalObservation(name=meta["name"], gate=str(spec.get("gate", "")), decision=spec["decision"],
                                approver=str(spec.get("approver", "")), reason=str(spec.get("reason") or ""),
-                               created=created, run_uid=ref.get("uid") or None)
+                               created=created, run_uid=ref.get("uid") or None,
+                               attempt=spec["attempt"] if isinstance(spec.get("attempt"), int) else None)
 
 
 def foreign_pod(pod: dict[str, Any], gone_at: dt.datetime | None = None) -> ForeignPod:
@@ -422,12 +424,11 @@ class RunController:
             self.queue.add(key)
 
     async def _approvals(self, snap: Snapshot) -> tuple[ApprovalObservation, ...]:
-        """The approvals naming a run that still waits on its start gate (the only state that reads
-        them), read fresh from the API server rather than from a watch cache: after a restart or a
+        """The approvals naming a run with an open gate (the only state that reads them), read fresh from the API server rather than from a watch cache: after a restart or a
         failover the cache may not have listed them all yet, or may still hold a deleted one, and a
         grant or a rejection decided from it cannot be taken back."""
         run = snap.run
-        if not run.spec.review.start or run.status.attempt > 0 or (run.status.phase and run.status.phase.terminal):
+        if not needs_approvals(run, snap.lease):
             return ()
         items = await self.kube.list_objects(
             f"/apis/{GROUP}/{VERSION}/namespaces/{run.metadata.namespace}/workerrunapprovals")
@@ -866,10 +867,8 @@ class RunController:
             ended = [a for a in written.status.attempts if a.outcome is not None]
             if ended:
                 metrics.ATTEMPTS_ENDED.labels(ended[-1].outcome.value).inc()  # type: ignore[union-attr]
-        details = dict(action.details)
-        if "approval" in details:
-            metrics.APPROVAL_DECISION.labels("Start", str(details["approval"])).observe(
-                float(details.get("approvalSeconds", 0.0)))
+        for gate, decision, seconds in dict(action.details).get("approvals") or ():  # type: ignore[attr-defined]
+            metrics.APPROVAL_DECISION.labels(gate, decision).observe(seconds)
         if action.lapse:
             metrics.LEASE_LAPSES.inc()
             silence = dict(action.details).get("silenceSeconds")
@@ -1120,6 +1119,17 @@ class RunController:
         for body in self.runs.copy().values():
             phase = (body.get("status") or {}).get("phase") or Phase.PENDING.value
             counts[phase] = counts.get(phase, 0) + 1
+        return counts
+
+    def pending_approvals(self) -> dict[str, int]:
+        """Gates waiting for a person, by kind: Start, Result, or Request (a worker's)."""
+        counts = {c.GATE_START: 0, c.GATE_RESULT: 0, "Request": 0}
+        for body in self.runs.copy().values():
+            for req in (((body.get("status") or {}).get("review") or {}).get("requests") or []):
+                if "decision" not in req:
+                    gate = req.get("gate")
+                    kind = gate if gate in (c.GATE_START, c.GATE_RESULT) else "Request"
+                    counts[kind] += 1
         return counts
 
     def heartbeat_ages(self) -> list[tuple[str, str, float]]:

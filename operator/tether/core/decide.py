@@ -70,7 +70,7 @@ from tether.core.lifecycle import (
     wait_for_namesake,
 )
 from tether.core.liveness import judge
-from tether.core.review import start_allowed
+from tether.core.review import decide_result_review, start_allowed, track_requests
 from tether.core.observe import (
     BudgetObservation,
     ForeignPod,
@@ -117,7 +117,8 @@ def _decide_unfinished(o: Observed, d: Decision) -> None:
     # The whole-run deadline ends the run whatever the worker does, except publish a result
     # first: one the API server accepted (its fence and holder were current) ends the attempt
     # Succeeded, however late this pass comes. A stop without a worker to tell ends it at once.
-    accepted = active and s.result is not None
+    # A result under review (AwaitingReview) stands too: its gate has its own timeout.
+    accepted = s.result is not None
     ending: Ending | None = None
     if ends_at is not None and o.now >= ends_at and not accepted:
         ending = Ending(Outcome.DEADLINE_EXCEEDED, f"deadlineSeconds={run.spec.deadline_seconds} passed")
@@ -156,6 +157,9 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
     if b.settle_usage():
         d.actions.append(b.write())
         d.add(charge_due(o, b.status.usage))
+        return
+    if s.phase == Phase.AWAITING_REVIEW:
+        decide_result_review(o, b, d)
         return
     if run.spec.suspend:
         if s.phase != Phase.SUSPENDED:
@@ -279,6 +283,8 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
         b.events.append(Event("Normal", c.EV_LEASE_RENEWED, f"{s.holder} renewed its lease; running"))
         b.change = b.change or Change.RENEWED
         write = True
+    if track_requests(o, b, d, lease):
+        write = True
     if unfolded(o, total):
         wait = fold_wait(o)
         if wait <= 0:
@@ -303,6 +309,7 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
             b.status.last_renew_time = seen
             b.status.lease_expires_at = seen + dt.timedelta(seconds=run.spec.lease.duration_seconds)
         d.actions.append(b.write())
-    signals = desired_signals(o, stop.reason if stop is not None else None)
+    # From the status being written: a decision recorded now reaches the worker with it.
+    signals = signals_for(run.spec, b.status, stop.reason if stop is not None else None)
     if signals != lease.signals:
         d.actions.append(EnsureSignals(fence=s.fence, signals=signals))

@@ -11,7 +11,8 @@ import datetime as dt
 from dataclasses import dataclass
 
 from tether import protocol
-from tether.api.models import Outcome, Signals, Usage, WorkerRunSpec, WorkerRunStatus
+from tether.api import constants as c
+from tether.api.models import GateDecision, Outcome, Signals, Usage, WorkerRunSpec, WorkerRunStatus
 from tether.core.accounting import earlier_usage, run_usage
 from tether.core.actions import UsageAlarm
 from tether.core.clock import after
@@ -97,10 +98,15 @@ def signals_for(spec: WorkerRunSpec, status: WorkerRunStatus, stop_reason: str |
     written, so a grant's Lease carries the signals of the attempt it starts."""
     budget = spec.budget
     earlier = earlier_usage(status)
+    # Decisions on the holder's own requests only: never one made for another attempt.
+    decisions = {r.gate: GateDecision(decision=r.decision, reason=r.reason, approver=r.approver)
+                 for r in (status.review.requests if status.review is not None else [])
+                 if r.attempt == status.attempt and r.decision in ("Approve", "Deny", "TimedOut")
+                 and r.gate not in (c.GATE_START, c.GATE_RESULT)}
     return protocol.signals_annotation(Signals(
         stop=stop_reason is not None, reason=stop_reason, paused=spec.suspend, ends_at=status.ends_at,
         cap_cents=budget.cap_cents if budget else None, cap_tokens=budget.max_tokens if budget else None,
-        base_cents=earlier.cents, base_tokens=earlier.tokens))
+        base_cents=earlier.cents, base_tokens=earlier.tokens, decisions=decisions))
 
 
 def desired_signals(o: Observed, stop_reason: str | None) -> str:

@@ -11,7 +11,18 @@ from dataclasses import dataclass
 
 from tether.api import constants as c
 from tether.api.conditions import get_condition, phase_conditions, set_condition
-from tether.api.models import AttemptRecord, Checkpoint, ErrorInfo, Outcome, Phase, Usage, WorkerRun
+from tether.api.models import (
+    AttemptRecord,
+    Checkpoint,
+    ErrorInfo,
+    Outcome,
+    Phase,
+    ReviewRequest,
+    ReviewStatus,
+    Usage,
+    WorkerRun,
+    WorkerRunStatus,
+)
 from tether.core.accounting import reported_cursor, settle_usage, sum_usage
 from tether.core.actions import Change, ClearLease, Decision, Event, Revoke, WriteStatus
 from tether.core.clock import after
@@ -76,6 +87,30 @@ def room_for_attempt(fence: int) -> bool:
     return fence <= MAX_FENCE - FENCES_PER_ATTEMPT
 
 
+def review_of(status: WorkerRunStatus) -> ReviewStatus:
+    """The status's review record, created when first needed."""
+    if status.review is None:
+        status.review = ReviewStatus()
+    return status.review
+
+
+RESULT_PENDING_MESSAGE = "the result waits for a WorkerRunApproval with gate Result"
+# status.review.requests holds at most this many (the CRD's maxItems).
+MAX_REVIEW_REQUESTS = 50
+
+
+def open_request(review: ReviewStatus, req: ReviewRequest) -> ReviewRequest:
+    """Adds a gate to the record, making room by dropping the oldest decided gates (a pending one
+    is never dropped: at most 20 requests per attempt, one Start and one Result are pending)."""
+    while len(review.requests) >= MAX_REVIEW_REQUESTS:
+        oldest = next((r for r in review.requests if r.decision is not None), None)
+        if oldest is None:
+            break
+        review.requests.remove(oldest)
+    review.requests.append(req)
+    return req
+
+
 @dataclass(frozen=True)
 class Ending:
     """How an attempt (or a run without one) ends."""
@@ -130,6 +165,10 @@ class StatusBuilder:
                                         self.o.now, lease_reason)
         if phase.terminal and s.finished_at is None:
             s.finished_at = self.o.now
+        if phase.terminal:
+            for req in s.review.pending() if s.review is not None else []:
+                # A finished run has no open gate: a decision made now decides nothing.
+                req.decision, req.decided_at, req.reason = "Withdrawn", self.o.now, f"the run ended {phase.value}"
 
     def write(self) -> WriteStatus:
         return WriteStatus(status=self.status, events=tuple(self.events), change=self.change,
@@ -169,17 +208,25 @@ class StatusBuilder:
         s.usage = sum_usage(a.usage for a in s.attempts)
         s.folded_at = o.now
         s.stop_requested_at = None
+        attempt = cur.attempt if cur else s.attempt
+        for req in (s.review.requests if s.review is not None else []):
+            if req.attempt == attempt and req.decision is None:
+                # Nobody is left to act on a decision: a later one must not reach another attempt.
+                req.decision, req.decided_at, req.reason = "Withdrawn", o.now, f"attempt {attempt} ended"
         cursor = reported_cursor(o)
         if lease is not None and cursor and (s.checkpoint is None or s.checkpoint.cursor != cursor):
             s.checkpoint = Checkpoint(cursor=cursor, time=o.now)
-        attempt = cur.attempt if cur else s.attempt
         self.events.append(Event("Normal" if outcome == Outcome.SUCCEEDED else "Warning",
                                  _OUTCOME_EVENT.get(outcome, c.EV_ATTEMPT_ENDED),
                                  f"attempt {attempt} ended: {outcome.value}: {message}"))
 
-    def finish_after(self, outcome: Outcome, message: str, exit_code: int | None) -> None:
-        """After an attempt ended: retry (Backoff) or end the run."""
+    def finish_after(self, outcome: Outcome, message: str, exit_code: int | None, reviewed: bool = False) -> None:
+        """After an attempt ended: retry (Backoff) or end the run; a result under review
+        (spec.review.result) waits for its decision first (AwaitingReview)."""
         s, run = self.status, self.run
+        if outcome == Outcome.SUCCEEDED and run.spec.review.result and not reviewed and s.result is not None:
+            self.open_result_review()
+            return
         terminal = _TERMINAL_OUTCOMES.get(outcome)
         if terminal is not None:
             self.set_phase(terminal, message, lease_reason=outcome.value)
@@ -201,6 +248,24 @@ class StatusBuilder:
         self.set_phase(Phase.BACKOFF, f"attempt {s.attempt + 1} in {delay:g}s after {outcome.value}",
                        lease_reason=outcome.value)
         self.events.append(Event("Normal", c.EV_BACKOFF, f"next attempt in {delay:g}s"))
+
+    def open_result_review(self) -> ReviewRequest:
+        """The published result waits for a person: AwaitingReview, Approved=False (Pending)."""
+        s, o, run = self.status, self.o, self.run
+        attempt = s.current().attempt if s.current() is not None else s.attempt  # type: ignore[union-attr]
+        review = review_of(s)
+        req = review.find(c.GATE_RESULT, attempt)
+        if req is None:
+            timeout = run.spec.review.result_timeout_seconds
+            req = open_request(review, ReviewRequest(
+                gate=c.GATE_RESULT, attempt=attempt, requested_at=o.now,
+                deadline=after(o.now, timeout) if timeout is not None else None))
+        message = f"{RESULT_PENDING_MESSAGE} (attempt {attempt})"
+        s.conditions = set_condition(s.conditions, c.COND_APPROVED, "False", "Pending", message,
+                                     self.generation, o.now)
+        self.set_phase(Phase.AWAITING_REVIEW, message)
+        self.events.append(Event("Normal", c.EV_APPROVAL_PENDING, message))
+        return req
 
     def conclude(self, ending: Ending) -> None:
         """Ends the held attempt and decides what follows. The worker's error is kept in the

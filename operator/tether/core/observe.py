@@ -33,6 +33,8 @@ class LeaseObservation:
     # Monotonic time the checkpoint last changed (progress), and the signals on the lease now.
     checkpoint_changed: float = 0.0
     signals: str | None = None
+    # The approvals the holder asked for on the Lease (tether.dev/requests), as last well-formed.
+    requests: tuple[protocol.ApprovalRequest, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class ApprovalObservation:
     reason: str
     created: dt.datetime
     run_uid: str | None = None
+    attempt: int | None = None  # the attempt whose gate it decides (0: Start); None: any made before it
 
 
 @dataclass(frozen=True)

@@ -1,41 +1,95 @@
 """Review gates: a run that waits for a person's decision (spec.review, WorkerRunApproval).
 
-Only the start gate so far: a run with spec.review.start starts no attempt until an approval with
-gate Start approves it; a denial, or no decision within startTimeoutSeconds, ends it Rejected.
+Three kinds of gate, one record (status.review.requests) and one rule for which approval decides:
+- Start (spec.review.start): no attempt starts until approved; a denial or a timeout ends the run
+  Rejected.
+- Result (spec.review.result): a published result waits (AwaitingReview); approved, the run
+  Succeeded; denied, the attempt ends ResultRejected and the retry rules decide, the next attempt
+  receiving the reason; unreviewed in time, the run ends Rejected.
+- A worker's named request (request_approval): the attempt goes on; the decision (or TimedOut)
+  reaches the worker on its Lease's signals, for its own attempt only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
+from tether import protocol
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
-from tether.api.models import Phase
+from tether.api.models import Outcome, Phase, ReviewRequest, ReviewStatus, WorkerRun
 from tether.core.actions import Decision, Event
-from tether.core.lifecycle import StatusBuilder
-from tether.core.observe import ApprovalObservation, Observed
+from tether.core.clock import after
+from tether.core.lifecycle import StatusBuilder, open_request, review_of
+from tether.core.observe import ApprovalObservation, LeaseObservation, Observed
 
-GATE_START = "Start"
+GATE_START, GATE_RESULT = c.GATE_START, c.GATE_RESULT
 PENDING_MESSAGE = "waiting for a WorkerRunApproval with gate Start"
 
 
-def decision_on(o: Observed, gate: str) -> ApprovalObservation | None:
-    """The decision on `gate`, from the approvals that are this run's: naming its UID, or naming only
-    its name and made after it was created (never one made for a deleted namesake), and made before
-    the gate's deadline (both times are the API server's). Any Deny wins over any Approve: a denial
-    is final, whatever order the operator happens to see them in."""
+def decision_on(o: Observed, req: ReviewRequest) -> ApprovalObservation | None:
+    """The decision on gate `req`, from the approvals that are this run's and this gate's:
+    - the run's: naming its UID, or naming only its name and made after it was created (never one
+      made for a deleted namesake);
+    - this gate's: the same gate, for this attempt (spec.attempt), or, without an attempt, made
+      after the gate opened (a Result or a request of an earlier attempt is never this one's);
+    - in time: made before the gate's deadline.
+    Any Deny wins over any Approve: a denial is final, whatever order the operator sees them in."""
     run = o.run.metadata
-    timeout = o.run.spec.review.start_timeout_seconds if gate == GATE_START else None
-    deadline = (run.creation_timestamp + dt.timedelta(seconds=timeout)
-                if timeout is not None and run.creation_timestamp is not None else None)
-    mine = [a for a in o.approvals if a.gate == gate
+    mine = [a for a in o.approvals if a.gate == req.gate
             and (a.run_uid == run.uid if a.run_uid else run.creation_timestamp is None or a.created >= run.creation_timestamp)
-            and (deadline is None or a.created <= deadline)]
+            and (a.attempt == req.attempt if a.attempt is not None
+                 else req.gate == GATE_START or a.created >= req.requested_at)
+            and (req.deadline is None or a.created <= req.deadline)]
     return min(mine, key=lambda a: (a.decision != "Deny", a.created, a.name), default=None)
+
+
+def needs_approvals(run: WorkerRun, lease: LeaseObservation | None) -> bool:
+    """Whether deciding the run may read its approvals: a gate is open or about to open."""
+    s = run.status
+    if s.phase is not None and s.phase.terminal:
+        return False
+    if run.spec.review.start and s.attempt == 0:
+        return True
+    review = s.review or ReviewStatus()
+    return s.phase == Phase.AWAITING_REVIEW or bool(review.pending()) or (lease is not None and bool(lease.requests))
 
 
 def _said(a: ApprovalObservation, verb: str) -> str:
     return f"{verb} by {a.approver}" + (f": {a.reason}" if a.reason else "")
+
+
+def _record(req: ReviewRequest, decision: str, now: dt.datetime, a: ApprovalObservation | None = None,
+            reason: str | None = None) -> None:
+    req.decision = decision  # type: ignore[assignment]
+    req.decided_at = now
+    req.approver = a.approver if a is not None else None
+    req.reason = (a.reason or None) if a is not None else reason
+
+
+def _apply(o: Observed, b: StatusBuilder, req: ReviewRequest, decided: ApprovalObservation, what: str) -> str:
+    """Records a decision on a Start or Result gate: the request, the Approved condition, an Event
+    and the metric. Returns the message ("result approved by alice: ...")."""
+    approve = decided.decision == "Approve"
+    _metric(b, req.gate, decided.decision, (decided.created - req.requested_at).total_seconds())
+    _record(req, decided.decision, o.now, decided)
+    message = f"{what} {_said(decided, 'approved' if approve else 'denied')}"
+    b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "True" if approve else "False",
+                                        "Approved" if approve else "Denied", message, o.run.metadata.generation,
+                                        o.now)
+    b.events.append(Event("Normal", c.EV_APPROVED, message) if approve
+                    else Event("Warning", c.EV_RESULT_DENIED, message))
+    return message
+
+
+def _metric(b: StatusBuilder, gate: str, decision: str, seconds: float) -> None:
+    """For tether_approval_decision_seconds{gate,decision}, observed once the write lands."""
+    decided = b.details.setdefault("approvals", [])
+    assert isinstance(decided, list)
+    decided.append((gate, decision, max(0.0, seconds)))
+
+
+# --- Start ------------------------------------------------------------------------
 
 
 def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
@@ -46,33 +100,34 @@ def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     if not run.spec.review.start or s.attempt > 0:
         return True
     gen = run.metadata.generation
-    decided = decision_on(o, GATE_START)
-    if decided is not None:
-        # For the time-to-decision metric: from the run's creation, when its wait began.
-        created = run.metadata.creation_timestamp or decided.created
-        b.details["approvalSeconds"] = max(0.0, (decided.created - created).total_seconds())
+    review = review_of(b.status)
+    # The gate opened when the run was created (the API server's time): its deadline and the
+    # approvals that count are measured from there.
+    created = run.metadata.creation_timestamp or o.now
+    timeout = run.spec.review.start_timeout_seconds
+    req = review.find(GATE_START, 0) or open_request(review, ReviewRequest(
+        gate=GATE_START, attempt=0, requested_at=created,
+        deadline=after(created, timeout) if timeout is not None else None))
+    decided = decision_on(o, req)
     if decided is not None and decided.decision == "Approve":
-        b.details["approval"] = "Approve"
-        message = _said(decided, "approved")
-        b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "True", "Approved", message,
-                                            gen, o.now)
-        b.events.append(Event("Normal", c.EV_APPROVED, f"start {message}"))
+        _apply(o, b, req, decided, "start")
         return True
     if decided is not None:
-        b.details["approval"] = "Deny"
-        _reject(b, d, "Denied", f"start {_said(decided, 'denied')}", gen, o)
+        _metric(b, GATE_START, "Deny", (decided.created - created).total_seconds())
+        _record(req, "Deny", o.now, decided)
+        _reject(b, d, "Denied", f"start {_said(decided, 'denied')}", o)
         return False
-    timeout = run.spec.review.start_timeout_seconds
-    if timeout is not None:
-        waited = (o.now - (run.metadata.creation_timestamp or o.now)).total_seconds()
-        if waited >= timeout:
-            b.details.update(approval="TimedOut", approvalSeconds=waited)
-            _reject(b, d, "TimedOut", f"no decision on the start gate within startTimeoutSeconds={timeout}", gen, o)
+    if req.deadline is not None:
+        if o.now >= req.deadline:
+            _metric(b, GATE_START, "TimedOut", (o.now - created).total_seconds())
+            _record(req, "TimedOut", o.now, reason=f"startTimeoutSeconds={timeout}")
+            _reject(b, d, "TimedOut", f"no decision on the start gate within startTimeoutSeconds={timeout}", o)
             return False
-        d.wake(timeout - waited)
+        d.wake((req.deadline - o.now).total_seconds())
     approved = get_condition(s.conditions, c.COND_APPROVED)
     if s.phase != Phase.AWAITING_APPROVAL or approved is None or approved.reason != "Pending" or \
-            s.observed_generation != gen:  # an edit while waiting is observed (Argo reads it)
+            s.observed_generation != gen or s.review is None or s.review.find(GATE_START, 0) is None:
+        # An edit while waiting is observed too (Argo CD reads observedGeneration).
         b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "False", "Pending",
                                             PENDING_MESSAGE, gen, o.now)
         b.set_phase(Phase.AWAITING_APPROVAL, PENDING_MESSAGE)
@@ -81,9 +136,96 @@ def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     return False
 
 
-def _reject(b: StatusBuilder, d: Decision, reason: str, message: str, generation: int, o: Observed) -> None:
-    b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "False", reason, message,
-                                        generation, o.now)
+def _reject(b: StatusBuilder, d: Decision, reason: str, message: str, o: Observed) -> None:
+    gen = o.run.metadata.generation
+    b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "False", reason, message, gen, o.now)
     b.set_phase(Phase.REJECTED, message)
     b.events.append(Event("Warning", c.EV_REJECTED, message))
     d.actions.append(b.write())
+
+
+# --- Result -----------------------------------------------------------------------
+
+
+def decide_result_review(o: Observed, b: StatusBuilder, d: Decision) -> None:
+    """The run waits in AwaitingReview with the result its last attempt published (the attempt
+    ended when it published: nobody holds the run). Approve: Succeeded. Deny: that attempt ends
+    ResultRejected, the result is cleared, and the retry rules decide; the reason goes to the next
+    attempt. No decision by the deadline: Rejected, the result kept but never accepted."""
+    s, gen = o.run.status, o.run.metadata.generation
+    review = review_of(b.status)
+    req = review.find(GATE_RESULT, s.attempt)
+    if req is None:  # opened by finish_after in the same write that set AwaitingReview: repair
+        req = b.open_result_review()
+        d.actions.append(b.write())
+        return
+    decided = decision_on(o, req)
+    waited = (o.now - req.requested_at).total_seconds()
+    if decided is not None and decided.decision == "Approve":
+        message = _apply(o, b, req, decided, "result")
+        b.finish_after(Outcome.SUCCEEDED, message, None, reviewed=True)
+        d.actions.append(b.write())
+        return
+    if decided is not None:
+        message = _apply(o, b, req, decided, "result")
+        b.status.result = None
+        review.feedback = (decided.reason or f"denied by {decided.approver}")[:protocol.MAX_REQUEST_DETAILS]
+        cur = b.status.current()
+        if cur is not None and cur.attempt == req.attempt:
+            cur.outcome, cur.message = Outcome.RESULT_REJECTED, message
+        b.finish_after(Outcome.RESULT_REJECTED, message, None)
+        d.actions.append(b.write())
+        if b.status.next_attempt_at is not None:
+            d.wake((b.status.next_attempt_at - o.now).total_seconds())
+        return
+    if req.deadline is not None:
+        if o.now >= req.deadline:
+            timeout = o.run.spec.review.result_timeout_seconds
+            _metric(b, GATE_RESULT, "TimedOut", waited)
+            _record(req, "TimedOut", o.now, reason=f"resultTimeoutSeconds={timeout}")
+            _reject(b, d, "TimedOut", f"no decision on the result within resultTimeoutSeconds={timeout}", o)
+            return
+        d.wake((req.deadline - o.now).total_seconds())
+
+
+# --- a worker's named requests ---------------------------------------------------------
+
+
+def track_requests(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservation) -> bool:
+    """Records the requests the holder made on its Lease (the API server took them only from the
+    holder of this fence), and decides those of this attempt: approved, denied or timed out.
+    Returns True when the status changed (the decision reaches the worker in its signals)."""
+    s = b.status
+    attempt = s.attempt
+    review = review_of(s)
+    changed = False
+    for ask in lease.requests:
+        if review.find(ask.name, attempt) is None:
+            deadline = after(o.now, ask.timeout_seconds) if ask.timeout_seconds is not None else None
+            open_request(review, ReviewRequest(gate=ask.name, attempt=attempt, requested_at=o.now, deadline=deadline,
+                                        details=ask.details or None))
+            b.events.append(Event("Normal", c.EV_APPROVAL_PENDING, f"attempt {attempt} asks for approval of "
+                                                                    f"{ask.name!r}: {ask.details}"[:1024]))
+            changed = True
+    for req in review.requests:
+        if req.attempt != attempt or req.decision is not None or req.gate in (GATE_START, GATE_RESULT):
+            continue
+        decided = decision_on(o, req)
+        if decided is not None:
+            _metric(b, "Request", decided.decision, (decided.created - req.requested_at).total_seconds())
+            _record(req, decided.decision, o.now, decided)
+            approve = decided.decision == "Approve"
+            b.events.append(Event("Normal" if approve else "Warning",
+                                  c.EV_APPROVED if approve else c.EV_APPROVAL_DENIED,
+                                  f"{req.gate!r} of attempt {attempt} "
+                                  f"{_said(decided, 'approved' if approve else 'denied')}"))
+            changed = True
+        elif req.deadline is not None and o.now >= req.deadline:
+            _metric(b, "Request", "TimedOut", (o.now - req.requested_at).total_seconds())
+            _record(req, "TimedOut", o.now, reason="no decision in time")
+            b.events.append(Event("Warning", c.EV_APPROVAL_TIMED_OUT,
+                                  f"{req.gate!r} of attempt {attempt}: no decision in time"))
+            changed = True
+        elif req.deadline is not None:
+            d.wake((req.deadline - o.now).total_seconds())
+    return changed

@@ -171,6 +171,8 @@ def worker_env(run: WorkerRun, holder: str, attempt: int, fence: int) -> list[di
     }
     if s.checkpoint is not None:
         env[c.ENV_CHECKPOINT] = s.checkpoint.cursor
+    if s.review is not None and s.review.feedback:
+        env[c.ENV_REVIEW_FEEDBACK] = s.review.feedback  # why the last result was denied
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
