@@ -6,17 +6,18 @@
   kubectl tether resume NAME
   kubectl tether approve NAME --reason R [--gate Start]   record your decision (a WorkerRunApproval)
   kubectl tether deny NAME --reason R [--gate Start]
+  kubectl tether ui [-n NS | -A] [--port P] [--no-open]   the web console on 127.0.0.1, as you
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
-import re
 import sys
 from typing import Any
 
-
+from tether.console.actions import CONTROLS, ActionError, control, record_decision
 from tether.kube import config as kubeconfig
 from tether.kube.client import lease_path, run_path
 
@@ -54,87 +55,75 @@ def status_lines(run: dict[str, Any], lease: dict[str, Any] | None, now: dt.date
     return lines
 
 
-def _error(resp: Any) -> str:
-    try:
-        return str(resp.json().get("message", resp.text))
-    except ValueError:
-        return resp.text
-
-
-def _decide(http: Any, ns: str, name: str, gate: str, decision: str, reason: str) -> int:
-    """Creates a WorkerRunApproval for the run (by name and UID) as the current user, whom the API
-    server names (SelfSubjectReview): the admission policy accepts no other approver."""
-    gate = {"start": "Start", "result": "Result"}.get(gate.lower(), gate)  # not a request named "start"
-    run = http.get(run_path(ns, name))
-    if run.status_code >= 400:
-        print(f"error: workerrun {ns}/{name}: {_error(run)}", file=sys.stderr)
-        return 1
-    body_run = run.json()
-    phase = (body_run.get("status") or {}).get("phase")
-    if gate == "Start" and phase != "AwaitingApproval":
-        print(f"error: workerrun {ns}/{name} is {phase or 'new'}, not AwaitingApproval: nothing to decide",
-              file=sys.stderr)
-        return 1
-    me = http.post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
-                   json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
-    if me.status_code >= 400:
-        print(f"error: who am I: {_error(me)}", file=sys.stderr)
-        return 1
-    user = me.json()["status"]["userInfo"]["username"]
-    stem = re.sub(r"[^a-z0-9-]+", "-", f"{name[:40]}-{gate.lower()[:10]}").strip("-")
-    body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
-            "metadata": {"generateName": f"{stem}-"},
-            "spec": {"runRef": {"name": name, "uid": body_run["metadata"]["uid"]}, "gate": gate,
-                     "decision": decision, "reason": reason, "approver": user}}
-    resp = http.post(f"/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunapprovals", json=body)
-    if resp.status_code >= 400:
-        print(f"error: {_error(resp)}", file=sys.stderr)
-        return 1
+async def _decide(cfg: kubeconfig.KubeConfig, ns: str, name: str, gate: str, decision: str, reason: str) -> int:
+    """Records the decision as the current user (tether.console.actions, shared with the console)."""
+    async with cfg.async_client() as http:
+        try:
+            done = await record_decision(http, ns, name, gate, decision, reason)
+        except ActionError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     # What was decided on: the run's UID (recorded) and what it will run (immutable while it waits).
-    images = ", ".join(c.get("image", "?") for c in ((body_run["spec"].get("template") or {}).get("spec") or {})
-                       .get("containers") or []) or body_run["spec"].get("executor", "Pod")
-    print(f"workerrunapproval.tether.dev/{resp.json()['metadata']['name']} created: {decision} {gate} of "
-          f"{name} (uid {body_run['metadata']['uid']}, {images}) by {user}")
+    run = done.run
+    images = ", ".join(c.get("image", "?") for c in ((run["spec"].get("template") or {}).get("spec") or {})
+                       .get("containers") or []) or run["spec"].get("executor", "Pod")
+    print(f"workerrunapproval.tether.dev/{done.name} created: {decision} {done.gate} of "
+          f"{name} (uid {run['metadata']['uid']}, {images}) by {done.approver}")
+    return 0
+
+
+async def _control(cfg: kubeconfig.KubeConfig, ns: str, name: str, command: str) -> int:
+    async with cfg.async_client() as http:
+        try:
+            await control(http, ns, name, command)
+        except ActionError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    print(f"workerrun.tether.dev/{name} {command}{'ped' if command == 'stop' else 'ed'}")
+    return 0
+
+
+def _status(cfg: kubeconfig.KubeConfig, ns: str, name: str) -> int:
+    with cfg.sync_client() as http:
+        resp = http.get(run_path(ns, name))
+        if resp.status_code == 404:
+            print(f"workerrun {ns}/{name} not found", file=sys.stderr)
+            return 1
+        resp.raise_for_status()
+        lease_resp = http.get(lease_path(ns, name))
+        lease = lease_resp.json() if lease_resp.status_code == 200 else None
+    print("\n".join(status_lines(resp.json(), lease, dt.datetime.now(dt.timezone.utc))))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubectl tether", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["status", "stop", "suspend", "resume", "approve", "deny"])
-    parser.add_argument("name")
+    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "ui"])
+    parser.add_argument("name", nargs="?", help="the WorkerRun (every command but ui)")
     parser.add_argument("-n", "--namespace", default=None)
+    parser.add_argument("-A", "--all-namespaces", action="store_true", help="ui: every namespace you may list")
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("--gate", default="Start", help="approve/deny: Start, Result or a request's name")
     parser.add_argument("--reason", default="", help="approve/deny: why (a denied run's next attempt gets it)")
+    parser.add_argument("--port", type=int, default=0, help="ui: the local port (default: any free one)")
+    parser.add_argument("--no-open", action="store_true", help="ui: print the URL, do not open a browser")
     args = parser.parse_args(argv)
+    if (args.command == "ui") != (args.name is None):
+        parser.error("ui takes no NAME" if args.command == "ui" else f"{args.command} needs a NAME")
     cfg = kubeconfig.load(args.kubeconfig)
     ns = args.namespace or cfg.namespace
-    with cfg.sync_client() as http:
-        if args.command in ("approve", "deny"):
-            return _decide(http, ns, args.name, args.gate, "Approve" if args.command == "approve" else "Deny",
-                           args.reason)
-        if args.command == "status":
-            resp = http.get(run_path(ns, args.name))
-            if resp.status_code == 404:
-                print(f"workerrun {ns}/{args.name} not found", file=sys.stderr)
-                return 1
-            resp.raise_for_status()
-            lease_resp = http.get(lease_path(ns, args.name))
-            lease = lease_resp.json() if lease_resp.status_code == 200 else None
-            print("\n".join(status_lines(resp.json(), lease, dt.datetime.now(dt.timezone.utc))))
-            return 0
-        patch = {"stop": {"stop": True}, "suspend": {"suspend": True}, "resume": {"suspend": False}}[args.command]
-        resp = http.patch(run_path(ns, args.name), json={"spec": patch},
-                          headers={"Content-Type": "application/merge-patch+json"})
-        if resp.status_code >= 400:
-            print(f"error: {resp.json().get('message', resp.text)}", file=sys.stderr)
-            return 1
-        print(f"workerrun.tether.dev/{args.name} {args.command}{'ped' if args.command == 'stop' else 'ed'}")
-        return 0
+    if args.command == "ui":
+        from tether.console.local import serve  # starlette and uvicorn only for the console
+
+        return serve(cfg, None if args.all_namespaces else ns, args.port, open_browser=not args.no_open)
+    if args.command in ("approve", "deny"):
+        return asyncio.run(_decide(cfg, ns, args.name, args.gate, "Approve" if args.command == "approve" else "Deny",
+                                   args.reason))
+    if args.command == "status":
+        return _status(cfg, ns, args.name)
+    return asyncio.run(_control(cfg, ns, args.name, args.command))
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-

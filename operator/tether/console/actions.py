@@ -1,0 +1,112 @@
+"""What a person does to a run, for `kubectl tether` and the console alike: the control switches
+(stop, suspend, resume) and a decision on a gate, which names the run's UID, the attempt of the
+pending request and the approver.
+
+The approver is whoever the API server says the caller is (SelfSubjectReview): the admission
+policy accepts no other name, so asking is the only way to get it right for every kind of user.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tether.kube.client import MERGE_PATCH, run_path
+
+CONTROLS: dict[str, dict[str, bool]] = {"stop": {"stop": True}, "suspend": {"suspend": True},
+                                        "resume": {"suspend": False}}
+APPROVALS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunapprovals"
+
+
+class ActionError(Exception):
+    """Nothing was changed or recorded; the message says why (the API server's words where it refused)."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    name: str  # the WorkerRunApproval's
+    run: dict[str, Any]  # the run as read just before
+    gate: str
+    decision: str
+    attempt: int | None
+    approver: str
+
+
+def normalize_gate(gate: str) -> str:
+    """`start`/`result` mean the gates; a request's name is lower case, so it cannot be those."""
+    return {"start": "Start", "result": "Result"}.get(gate.lower(), gate)
+
+
+def pending_requests(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's gates awaiting a person, oldest first: status.review.requests without a decision.
+
+    An operator that predates status.review.requests still holds a gated run in AwaitingApproval:
+    that run is shown as one pending Start request opened at its creation."""
+    status = run.get("status") or {}
+    requests = (status.get("review") or {}).get("requests") or []
+    pending = [r for r in requests if not r.get("decision")]
+    if status.get("phase") == "AwaitingApproval" and not any(r.get("gate") == "Start" for r in requests):
+        pending.insert(0, {"gate": "Start", "attempt": 0, "requestedAt": run["metadata"].get("creationTimestamp")})
+    return sorted(pending, key=lambda r: r.get("requestedAt") or "")
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json().get("message", resp.text))
+    except ValueError:
+        return resp.text
+
+
+async def control(http: httpx.AsyncClient, ns: str, name: str, command: str) -> None:
+    """stop (spec.stop: the kill switch), suspend or resume (spec.suspend): a merge patch of the spec."""
+    resp = await http.patch(run_path(ns, name), json={"spec": CONTROLS[command]}, headers=MERGE_PATCH)
+    if resp.status_code >= 400:
+        raise ActionError(_message(resp))
+
+
+async def whoami(http: httpx.AsyncClient) -> str:
+    me = await http.post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                         json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    if me.status_code >= 400:
+        raise ActionError(f"who am I: {_message(me)}")
+    return str(me.json()["status"]["userInfo"]["username"])
+
+
+async def record_decision(http: httpx.AsyncClient, ns: str, name: str, gate: str, decision: str, reason: str,
+                          attempt: int | None = None) -> Recorded:
+    """Creates a WorkerRunApproval naming the run's UID and the attempt of its pending request.
+
+    `attempt` picks among pending requests of the same gate; unset, the newest is decided. A Start
+    gate must be pending. Another gate without a pending request is still recorded (without an
+    attempt): it then counts for a request the worker makes later, and the API server checks the
+    gate's name."""
+    gate = normalize_gate(gate)
+    resp = await http.get(run_path(ns, name))
+    if resp.status_code >= 400:
+        raise ActionError(f"workerrun {ns}/{name}: {_message(resp)}")
+    run = resp.json()
+    pending = [r for r in pending_requests(run)
+               if r.get("gate") == gate and (attempt is None or r.get("attempt") == attempt)]
+    if pending:
+        attempt = int(pending[-1].get("attempt") or 0)
+    elif gate == "Start":
+        phase = (run.get("status") or {}).get("phase")
+        raise ActionError(f"workerrun {ns}/{name} is {phase or 'new'}, not AwaitingApproval: nothing to decide")
+    elif attempt is not None:
+        raise ActionError(f"workerrun {ns}/{name} has no pending {gate} request of attempt {attempt}")
+    user = await whoami(http)
+    stem = re.sub(r"[^a-z0-9-]+", "-", f"{name[:40]}-{gate.lower()[:10]}").strip("-")
+    spec: dict[str, Any] = {"runRef": {"name": name, "uid": run["metadata"]["uid"]}, "gate": gate,
+                            "decision": decision, "reason": reason, "approver": user}
+    if attempt is not None:
+        spec["attempt"] = attempt
+    body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
+            "metadata": {"generateName": f"{stem}-"}, "spec": spec}
+    created = await http.post(APPROVALS.format(ns=ns), json=body)
+    if created.status_code >= 400:
+        raise ActionError(_message(created))
+    return Recorded(name=created.json()["metadata"]["name"], run=run, gate=gate, decision=decision,
+                    attempt=attempt, approver=user)

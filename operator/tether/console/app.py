@@ -1,0 +1,446 @@
+"""The console's web app: pages, Server-Sent Events and actions, for two ways of signing in.
+
+- Local (`kubectl tether ui`): the user's kubeconfig; one session, proven by the token in the URL
+  the plugin printed (then an HttpOnly SameSite=Strict cookie); served on 127.0.0.1 only, to its
+  own host names only.
+- Behind the gateway (/console): each user pastes a Kubernetes bearer token, checked with
+  TokenReview, kept in an HttpOnly Secure SameSite=Strict cookie, and every API call is made with
+  that token (pass-through): the console never acts with the operator's identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlencode
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope as AsgiScope, Send
+
+from tether.console import security, views
+from tether.console.actions import CONTROLS, ActionError, control, record_decision, whoami
+from tether.console.state import Listener, Scope, object_key
+from tether.gateway.auth import AuthError, Authenticator
+from tether.kube.client import KubeClient
+from tether.kube.config import KubeConfig
+
+STATIC = Path(__file__).parent / "static"
+KEEPALIVE_SECONDS = 15.0
+# A burst of watch events becomes one message per stream: at most one per this many seconds.
+COALESCE_SECONDS = {"runs": 0.25, "run": 0.25, "budgets": 1.0, "review": 0.5}
+IDLE_SCOPE_SECONDS = 300.0  # behind the gateway: a signed-in user's watches outlive their last tab this long
+MAX_SCOPES = 200  # behind the gateway: watches held for signed-in users at once
+TOKEN_COOKIE, NAMESPACE_COOKIE = "tether_console", "tether_console_ns"
+MAX_FORM_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Session:
+    scope: Scope
+    who: str  # the user's name as the API server knows it
+
+
+class Backend(Protocol):
+    logout: bool
+
+    async def session(self, request: Request) -> Session | Response: ...
+
+
+class Guard:
+    """Host (DNS rebinding) and write (CSRF) checks before anything else runs."""
+
+    def __init__(self, app: ASGIApp, hosts: frozenset[str] | None) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            request = Request(scope)
+            host = request.headers.get("host")
+            if not security.host_allowed(host, self.hosts):
+                await PlainResponse("unknown host name", 421)(scope, receive, send)
+                return
+            if not security.write_allowed(request.method, request.headers, host or ""):
+                await PlainResponse("cross-site request refused", 403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def PlainResponse(text: str, status: int) -> Response:  # reads as the response class it returns
+    return Response(text, status_code=status, media_type="text/plain")
+
+
+def _base(request: Request) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class LocalBackend:
+    """One user (the kubeconfig's), one namespace scope, one session cookie."""
+
+    logout = False
+
+    def __init__(self, cfg: KubeConfig, namespace: str | None, port: int, secret: str) -> None:
+        self.scope = Scope(cfg.async_client(timeout=10.0), namespace)
+        self.cookie, self.secret = security.cookie_name(port), secret
+        self.who: str | None = None
+
+    async def session(self, request: Request) -> Session | Response:
+        offered = request.query_params.get("token")
+        if offered is not None:
+            if not security.same_secret(offered, self.secret):
+                return PlainResponse("wrong token: open the URL kubectl tether ui printed", 401)
+            # The token leaves the address bar (and history) at once; the cookie carries the session.
+            response = RedirectResponse(request.url.path, status_code=303)
+            response.set_cookie(self.cookie, self.secret, httponly=True, samesite="strict", path="/")
+            return response
+        if not security.same_secret(request.cookies.get(self.cookie), self.secret):
+            return PlainResponse("no session: open the URL kubectl tether ui printed", 401)
+        if self.who is None:
+            try:
+                self.who = await whoami(self.scope.http)
+            except (ActionError, httpx.HTTPError):
+                self.who = "?"  # shown only; the API server still decides everything with the kubeconfig
+        self.scope.start()
+        return Session(self.scope, self.who)
+
+
+def without_client_certificate(ctx: ssl.SSLContext) -> ssl.SSLContext:
+    """The server's trust settings without its own client certificate: a pass-through request
+    must authenticate as the user's token alone (the API server prefers a certificate)."""
+    cas = ctx.get_ca_certs(binary_form=True)
+    fresh = ssl.create_default_context(cadata=b"".join(cas)) if cas else ssl.create_default_context()
+    fresh.check_hostname = ctx.check_hostname
+    fresh.verify_mode = ctx.verify_mode
+    return fresh
+
+
+class GatewayBackend:
+    """Each user signs in with their own bearer token; their watches and writes use it."""
+
+    logout = True
+
+    def __init__(self, cfg: KubeConfig, authenticator: Authenticator) -> None:
+        self.cfg, self.authenticator = cfg, authenticator
+        self.verify = without_client_certificate(cfg.ssl_context)
+        self.scopes: dict[tuple[str, str], Scope] = {}
+
+    @staticmethod
+    def _key(token: str, namespace: str) -> tuple[str, str]:
+        return hashlib.sha256(token.encode()).hexdigest(), namespace
+
+    async def session(self, request: Request) -> Session | Response:
+        token = request.cookies.get(TOKEN_COOKIE)
+        if not token:
+            return self._to_login(request)
+        try:
+            caller = await self.authenticator.authenticate(f"Bearer {token}")
+        except AuthError:
+            return self._to_login(request)  # expired or revoked since: sign in again
+        namespace = request.cookies.get(NAMESPACE_COOKIE, "")
+        key = self._key(token, namespace)
+        scope = self.scopes.get(key)
+        if scope is None:
+            await self._reap()
+            if len(self.scopes) >= MAX_SCOPES:
+                return PlainResponse("too many console users signed in right now; try again later", 503)
+            client = httpx.AsyncClient(base_url=self.cfg.server, verify=self.verify, timeout=10.0,
+                                       headers={"Authorization": f"Bearer {token}"})
+            scope = self.scopes[key] = Scope(client, namespace or None)
+        scope.last_used = time.monotonic()
+        scope.start()
+        return Session(scope, caller.username)
+
+    async def _reap(self) -> None:
+        idle = [k for k, s in self.scopes.items()
+                if not s.listeners and time.monotonic() - s.last_used > IDLE_SCOPE_SECONDS]
+        for key in idle:
+            await self.scopes.pop(key).close()
+
+    def _to_login(self, request: Request) -> Response:
+        if request.url.path.endswith("/events") or request.method != "GET":
+            return PlainResponse("sign in again", 401)
+        return RedirectResponse(f"{_base(request)}/login", status_code=303)
+
+    async def login_page(self, request: Request) -> Response:
+        return HTMLResponse(views.login_page(_base(request)))
+
+    async def login(self, request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            return PlainResponse("too large", 413)
+        form = {k: v[0] for k, v in parse_qs(body.decode(errors="replace")).items()}
+        token, namespace = form.get("token", "").strip(), form.get("namespace", "").strip()
+        try:
+            await self.authenticator.authenticate(f"Bearer {token}")
+        except AuthError as exc:
+            return HTMLResponse(views.login_page(_base(request), exc.message), status_code=401)
+        response = RedirectResponse(f"{_base(request)}/", status_code=303)
+        path = f"{_base(request)}/"
+        response.set_cookie(TOKEN_COOKIE, token, httponly=True, secure=True, samesite="strict", path=path)
+        response.set_cookie(NAMESPACE_COOKIE, namespace, httponly=True, secure=True, samesite="strict", path=path)
+        return response
+
+    async def logout_(self, request: Request) -> Response:
+        token = request.cookies.get(TOKEN_COOKIE)
+        if token:
+            scope = self.scopes.pop(self._key(token, request.cookies.get(NAMESPACE_COOKIE, "")), None)
+            if scope is not None:
+                await scope.close()
+        response = RedirectResponse(f"{_base(request)}/login", status_code=303)
+        for name in (TOKEN_COOKIE, NAMESPACE_COOKIE):
+            response.delete_cookie(name, path=f"{_base(request)}/", secure=True, httponly=True, samesite="strict")
+        return response
+
+    async def close(self) -> None:
+        for scope in self.scopes.values():
+            await scope.close()
+        self.scopes.clear()
+
+
+Handler = Callable[[Request, Session], Awaitable[Response]]
+
+
+def _signed_in(backend: Backend, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    async def call(request: Request) -> Response:
+        session = await backend.session(request)
+        if isinstance(session, Response):
+            return session
+        return await handler(request, session)
+
+    return call
+
+
+def _scope_label(session: Session) -> str:
+    return f"{session.who} · {f'namespace {session.scope.namespace}' if session.scope.namespace else 'all namespaces'}"
+
+
+def _runs(session: Session) -> list[dict[str, Any]]:
+    return list(session.scope.runs.objects.values())
+
+
+def _sse(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+class Pages:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def _shell(self, request: Request, session: Session, title: str, page: str, events: str, body: str) -> Response:
+        base = _base(request)
+        return HTMLResponse(views.shell(base, title, page, f"{base}/events?{events}", body, _scope_label(session),
+                                        session.scope.errors(), self.backend.logout),
+                            headers={"Cache-Control": "no-store"})
+
+    async def runs(self, request: Request, session: Session) -> Response:
+        f = views.Filters.of(request.query_params)
+        await _synced(session)
+        budgets = sorted({views.budget_of(r) for r in _runs(session)} - {""}
+                         | {b["metadata"]["name"] for b in session.scope.budgets.objects.values()})
+        body = views.runs_page(_base(request), _runs(session), f, session.scope.namespace, budgets)
+        return self._shell(request, session, "Runs", "runs", "&".join(filter(None, ["page=runs", f.query()])), body)
+
+    async def run(self, request: Request, session: Session) -> Response:
+        ns, name = request.path_params["namespace"], request.path_params["name"]
+        await _synced(session)
+        body = views.run_page(_base(request), ns, name, _run_fragments(request, session, ns, name))
+        return self._shell(request, session, f"{ns}/{name}", "run", urlencode({"page": "run", "namespace": ns, "name": name}), body)
+
+    async def budgets(self, request: Request, session: Session) -> Response:
+        await _synced(session)
+        body = f'<div id="budgets">{_budgets_fragment(request, session)}</div>'
+        return self._shell(request, session, "Budgets", "budgets", "page=budgets", body)
+
+    async def review(self, request: Request, session: Session) -> Response:
+        await _synced(session)
+        body = f'<h2>Review queue <span class="muted">oldest first</span></h2><div id="queue">' \
+               f'{views.review_fragment(_base(request), _runs(session))}</div>'
+        return self._shell(request, session, "Review queue", "review", "page=review", body)
+
+    async def events(self, request: Request, session: Session) -> Response:
+        page = request.query_params.get("page", "runs")
+        if page not in COALESCE_SECONDS:
+            return PlainResponse("unknown page", 404)
+        render = _renderer(request, session, page)
+        listener = session.scope.listen()
+        return StreamingResponse(_stream(session, listener, render, COALESCE_SECONDS[page]),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def control(self, request: Request, session: Session) -> Response:
+        ns, name, command = (request.path_params[k] for k in ("namespace", "name", "command"))
+        if command not in CONTROLS:
+            return JSONResponse({"error": f"unknown command {command}"}, status_code=404)
+        try:
+            await control(session.scope.http, ns, name, command)
+        except ActionError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"message": f"{name}: {command} requested"})
+
+    async def decide(self, request: Request, session: Session) -> Response:
+        ns, name = request.path_params["namespace"], request.path_params["name"]
+        try:
+            body = json.loads(await request.body())
+            gate, decision, reason = str(body["gate"]), str(body["decision"]), str(body.get("reason", ""))
+            attempt = int(body["attempt"])
+        except (ValueError, KeyError, TypeError):
+            return JSONResponse({"error": "expected JSON with gate, attempt, decision and reason"}, status_code=422)
+        if decision not in ("Approve", "Deny"):
+            return JSONResponse({"error": "decision is Approve or Deny"}, status_code=422)
+        try:
+            done = await record_decision(session.scope.http, ns, name, gate, decision, reason, attempt)
+        except ActionError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"message": f"{done.decision} {done.gate} of {name} (attempt {done.attempt}) recorded "
+                                        f"as {done.name} by {done.approver}"})
+
+
+async def _synced(session: Session) -> None:
+    """A page rendered before the first list would show an empty table for a moment; wait briefly
+    (a failed list shows its error instead)."""
+    watches = (session.scope.runs, session.scope.budgets)
+    pending = [asyncio.ensure_future(w.synced.wait()) for w in watches if not w.synced.is_set() and w.error is None]
+    if pending:
+        _, late = await asyncio.wait(pending, timeout=5.0)
+        for task in late:
+            task.cancel()
+
+
+def _run_fragments(request: Request, session: Session, ns: str, name: str) -> dict[str, str]:
+    key = f"{ns}/{name}"
+    run = session.scope.runs.objects.get(key)
+    events = session.scope.run_events(run["metadata"]["uid"]) if run else []
+    return views.run_fragments(_base(request), run, session.scope.series.get(key, []), events, _now())
+
+
+def _budgets_fragment(request: Request, session: Session) -> str:
+    return views.budgets_fragment(_base(request), list(session.scope.budgets.objects.values()), _runs(session))
+
+
+Render = Callable[[set[str] | None], list[str]]
+
+
+def _renderer(request: Request, session: Session, page: str) -> Render:
+    """What a stream sends for a set of changed keys (None: everything, as at the start)."""
+    base = _base(request)
+    sent: dict[str, str] = {}
+
+    def changed_fragments(fragments: dict[str, str]) -> list[str]:
+        fresh = {k: v for k, v in fragments.items() if sent.get(k) != v}
+        sent.update(fresh)
+        return [_sse("fragments", fresh)] if fresh else []
+
+    def with_errors(keys: set[str] | None, out: list[str]) -> list[str]:
+        return changed_fragments({"errors": views.errors_fragment(session.scope.errors())}) + out
+
+    if page == "runs":
+        f = views.Filters.of(request.query_params)
+
+        def runs(keys: set[str] | None) -> list[str]:
+            if keys is None:
+                rows = [[object_key(r), views.run_row(base, r)] for r in views.sorted_runs(_runs(session))
+                        if f.matches(r)]
+                return with_errors(keys, [_sse("reset", rows)])
+            upsert, remove = [], []
+            for key in sorted(k[4:] for k in keys if k.startswith("run:") and k != "run:"):
+                run = session.scope.runs.objects.get(key)
+                if run is not None and f.matches(run):
+                    upsert.append([key, views.run_row(base, run)])
+                else:
+                    remove.append(key)
+            return with_errors(keys, [_sse("rows", {"upsert": upsert, "remove": remove})] if upsert or remove else [])
+
+        return runs
+    if page == "run":
+        ns, name = request.query_params.get("namespace", ""), request.query_params.get("name", "")
+
+        def run(keys: set[str] | None) -> list[str]:
+            if keys is not None and f"run:{ns}/{name}" not in keys and "" not in keys:
+                return with_errors(keys, [])
+            return with_errors(keys, changed_fragments(_run_fragments(request, session, ns, name)))
+
+        return run
+    if page == "budgets":
+        return lambda keys: with_errors(keys, changed_fragments({"budgets": _budgets_fragment(request, session)}))
+    return lambda keys: with_errors(keys, changed_fragments({"queue": views.review_fragment(base, _runs(session))}))
+
+
+async def _stream(session: Session, listener: Listener, render: Render, coalesce: float) -> AsyncIterator[str]:
+    try:
+        yield "retry: 1000\n\n"  # the browser reconnects a second after a dropped stream
+        for message in render(None):
+            yield message
+        while True:
+            try:
+                keys = await asyncio.wait_for(listener.next(), timeout=KEEPALIVE_SECONDS)
+            except asyncio.TimeoutError:
+                yield ": keep-alive\n\n"  # proxies close silent connections
+                continue
+            await asyncio.sleep(coalesce)  # the rest of the burst joins this message
+            keys |= listener.take()
+            for message in render(keys):
+                yield message
+    finally:
+        session.scope.leave(listener)
+
+
+def _routes(backend: Backend) -> list[Route | Mount]:
+    pages = Pages(backend)
+    routes: list[Route | Mount] = [
+        Route("/", _signed_in(backend, pages.runs)),
+        Route("/runs/{namespace}/{name}", _signed_in(backend, pages.run)),
+        Route("/budgets", _signed_in(backend, pages.budgets)),
+        Route("/review", _signed_in(backend, pages.review)),
+        Route("/events", _signed_in(backend, pages.events)),
+        Route("/api/runs/{namespace}/{name}/decide", _signed_in(backend, pages.decide), methods=["POST"]),
+        Route("/api/runs/{namespace}/{name}/{command}", _signed_in(backend, pages.control), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC)),
+    ]
+    return routes
+
+
+def build_local_app(cfg: KubeConfig, namespace: str | None, port: int, secret: str) -> Starlette:
+    backend = LocalBackend(cfg, namespace, port, secret)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        backend.scope.start()  # the usage series begin now, not with the first browser
+        yield
+        await backend.scope.close()
+
+    app = Starlette(routes=_routes(backend), lifespan=lifespan)
+    app.state.backend = backend
+    app.add_middleware(Guard, hosts=security.local_hosts(port))
+    return app
+
+
+def build_gateway_console(kube: KubeClient) -> Starlette:
+    """The console for the gateway's /console: sign-in by token, every call with that token.
+
+    `kube` (the operator's client) only reviews tokens. They are meant for the API server (no
+    audience asked): the console hands each one to the API server as it is."""
+    backend = GatewayBackend(kube.cfg, Authenticator(kube, audience=None))
+    routes = _routes(backend) + [Route("/login", backend.login_page), Route("/login", backend.login, methods=["POST"]),
+                                 Route("/logout", backend.logout_, methods=["POST"])]
+    app = Starlette(routes=routes)
+    app.state.backend = backend
+    app.add_middleware(Guard, hosts=None)
+    return app
+

@@ -1,0 +1,125 @@
+// The console's only script: it keeps the server-rendered page live. The server pushes fragments
+// and rows over one EventSource; this swaps them in, ticks ages, and posts the user's actions.
+"use strict";
+
+const body = document.body;
+const flash = document.getElementById("flash");
+let source = null;
+
+function say(text, bad) {
+  flash.textContent = text;
+  flash.className = bad ? "error" : "ok";
+}
+
+// Inputs a swap would wipe (a reason being typed) keep their value across it.
+function swap(el, html) {
+  const kept = {};
+  el.querySelectorAll("form[data-action]").forEach((f) => {
+    kept[f.dataset.action + "|" + f.dataset.gate + "|" + f.dataset.attempt] = f.elements.reason.value;
+  });
+  el.innerHTML = html;
+  el.querySelectorAll("form[data-action]").forEach((f) => {
+    const value = kept[f.dataset.action + "|" + f.dataset.gate + "|" + f.dataset.attempt];
+    if (value) f.elements.reason.value = value;
+  });
+  tick();
+}
+
+function upsertRow(tbody, key, html) {
+  const tpl = document.createElement("template");
+  tpl.innerHTML = html.trim();
+  const row = tpl.content.firstElementChild;
+  const old = tbody.querySelector(`tr[data-key="${CSS.escape(key)}"]`);
+  if (old) { old.replaceWith(row); return; }
+  const after = [...tbody.children].find((tr) => tr.dataset.key > key);
+  tbody.insertBefore(row, after || null);
+}
+
+function showEmpty() {
+  const rows = document.getElementById("rows");
+  const empty = document.getElementById("empty");
+  if (rows && empty) empty.hidden = rows.children.length > 0;
+}
+
+function connect(url) {
+  if (source) source.close();
+  source = new EventSource(url);
+  const live = document.getElementById("live");
+  source.onopen = () => live.classList.add("on");
+  source.onerror = () => live.classList.remove("on");
+  source.addEventListener("fragments", (e) => {
+    for (const [id, html] of Object.entries(JSON.parse(e.data))) {
+      const el = document.getElementById(id);
+      if (el) swap(el, html);
+    }
+  });
+  source.addEventListener("reset", (e) => {
+    const tbody = document.getElementById("rows");
+    tbody.innerHTML = "";
+    for (const [key, html] of JSON.parse(e.data)) upsertRow(tbody, key, html);
+    showEmpty(); tick();
+  });
+  source.addEventListener("rows", (e) => {
+    const tbody = document.getElementById("rows");
+    const change = JSON.parse(e.data);
+    for (const key of change.remove) tbody.querySelector(`tr[data-key="${CSS.escape(key)}"]`)?.remove();
+    for (const [key, html] of change.upsert) upsertRow(tbody, key, html);
+    showEmpty(); tick();
+  });
+}
+
+// Ages (lease renewals, requests) from the browser's clock: they change every second without the
+// objects changing, so the server never sends them again.
+function tick() {
+  const now = Date.now();
+  document.querySelectorAll("[data-since]").forEach((el) => {
+    const s = Math.round((now - Date.parse(el.dataset.since)) / 1000);
+    el.textContent = s < 0 ? `in ${-s}s` : s < 120 ? `${s}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago`
+      : `${Math.round(s / 3600)}h ago`;
+    el.title = el.dataset.since;
+  });
+}
+
+async function post(url, payload) {
+  const resp = await fetch(url, {
+    method: "POST", credentials: "same-origin",
+    headers: {"X-Tether-Console": "1", "Content-Type": "application/json"},
+    body: JSON.stringify(payload || {}),
+  });
+  const answer = await resp.json().catch(() => ({error: resp.statusText}));
+  say(answer.message || answer.error, !resp.ok);
+  return resp.ok;
+}
+
+// One handler for every gate (Start, Result, a worker's request), wherever its form is shown.
+document.addEventListener("submit", async (e) => {
+  const form = e.target.closest("form.decide");
+  if (!form) return;
+  e.preventDefault();
+  const reason = form.elements.reason.value.trim();
+  await post(form.dataset.action, {gate: form.dataset.gate, attempt: Number(form.dataset.attempt),
+                                   decision: e.submitter.value, reason});
+});
+
+document.addEventListener("click", async (e) => {
+  const button = e.target.closest("button[data-post]");
+  if (!button) return;
+  if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
+  await post(button.dataset.post);
+});
+
+const filters = document.getElementById("filters");
+if (filters) {
+  filters.addEventListener("change", () => {
+    const query = new URLSearchParams();
+    for (const [k, v] of new FormData(filters)) if (v) query.set(k, v);
+    history.replaceState(null, "", `${location.pathname}${query.size ? "?" + query : ""}`);
+    query.set("page", "runs");
+    connect(`${body.dataset.events.split("?")[0]}?${query}`);
+  });
+}
+
+showEmpty();
+tick();
+setInterval(tick, 1000);
+connect(body.dataset.events);

@@ -1,0 +1,270 @@
+"""The console's HTML (pure): page shells, the runs table's rows, a run's page, budgets and the
+review queue. Everything from the API is escaped; the browser's script only swaps fragments in."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from tether.console import charts
+from tether.console.actions import pending_requests
+from tether.console.state import Point
+
+PHASES = ("Pending", "AwaitingApproval", "AwaitingReview", "Starting", "Running", "Backoff", "Suspended",
+          "Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")
+TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The runs table's filters; empty means any."""
+
+    namespace: str = ""
+    phase: str = ""
+    budget: str = ""
+
+    @classmethod
+    def of(cls, params: Any) -> "Filters":
+        return cls(params.get("namespace", "").strip(), params.get("phase", "").strip(),
+                   params.get("budget", "").strip())
+
+    def matches(self, run: dict[str, Any]) -> bool:
+        return ((not self.namespace or run["metadata"].get("namespace") == self.namespace)
+                and (not self.phase or phase_of(run) == self.phase)
+                and (not self.budget or budget_of(run) == self.budget))
+
+    def query(self) -> str:
+        return urlencode({k: v for k, v in (("namespace", self.namespace), ("phase", self.phase),
+                                            ("budget", self.budget)) if v})
+
+
+def phase_of(run: dict[str, Any]) -> str:
+    return (run.get("status") or {}).get("phase") or "Pending"
+
+
+def budget_of(run: dict[str, Any]) -> str:
+    return (((run.get("spec") or {}).get("budget") or {}).get("budgetRef") or {}).get("name") or ""
+
+
+def run_href(base: str, run: dict[str, Any]) -> str:
+    meta = run["metadata"]
+    return f"{base}/runs/{quote(meta['namespace'])}/{quote(meta['name'])}"
+
+
+def _since(ts: str | None) -> str:
+    """A cell the browser's clock ticks (data-since): a lease's age changes every second without
+    the run changing."""
+    return f'<span data-since="{escape(ts)}">{escape(ts)}</span>' if ts else "-"
+
+
+def run_row(base: str, run: dict[str, Any]) -> str:
+    meta, status = run["metadata"], run.get("status") or {}
+    usage = status.get("usage") or {}
+    phase = phase_of(run)
+    pending = len(pending_requests(run))
+    key = f"{meta['namespace']}/{meta['name']}"
+    return (f'<tr data-key="{escape(key)}" data-phase="{escape(phase)}">'
+            f'<td>{escape(meta["namespace"])}</td>'
+            f'<td><a href="{escape(run_href(base, run))}">{escape(meta["name"])}</a></td>'
+            f'<td><span class="phase p-{escape(phase)}">{escape(phase)}</span>'
+            f'{f" <span class=badge>{pending} awaiting</span>" if pending else ""}</td>'
+            f'<td class="num">{int(status.get("attempt") or 0)}</td><td class="num">{int(status.get("fence") or 0)}</td>'
+            f'<td>{escape(status.get("holder") or "-")}</td>'
+            f'<td>{_since(status.get("lastRenewTime")) if status.get("holder") else "-"}</td>'
+            f'<td class="num">{int(usage.get("cents") or 0)}</td><td class="num">{int(usage.get("tokens") or 0)}</td>'
+            f'<td>{escape(budget_of(run) or "-")}</td></tr>')
+
+
+def sorted_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(runs, key=lambda r: (r["metadata"]["namespace"], r["metadata"]["name"]))
+
+
+def _options(values: list[str], chosen: str, any_label: str) -> str:
+    return f'<option value="">{any_label}</option>' + "".join(
+        f'<option{" selected" if v == chosen else ""}>{escape(v)}</option>' for v in values)
+
+
+def runs_page(base: str, runs: list[dict[str, Any]], f: Filters, scope: str | None,
+              budgets: list[str]) -> str:
+    namespaces = sorted({r["metadata"]["namespace"] for r in runs} | ({f.namespace} if f.namespace else set()))
+    # A namespaced console shows one namespace: its filter would choose among one.
+    ns_filter = (f'<label>namespace <select name="namespace">{_options(namespaces, f.namespace, "all")}</select>'
+                 f'</label>') if scope is None else ""
+    rows = "".join(run_row(base, r) for r in sorted_runs(runs) if f.matches(r))
+    return (f'<form id="filters" class="filters">{ns_filter}'
+            f'<label>phase <select name="phase">{_options(list(PHASES), f.phase, "all")}</select></label>'
+            f'<label>budget <select name="budget">{_options(sorted(set(budgets) | {f.budget} - {""}), f.budget, "all")}'
+            f'</select></label></form>'
+            '<table class="runs"><thead><tr><th>namespace</th><th>name</th><th>phase</th><th>attempt</th>'
+            '<th>fence</th><th>holder</th><th>lease age</th><th>cents</th><th>tokens</th><th>budget</th></tr>'
+            f'</thead><tbody id="rows">{rows}</tbody></table>'
+            '<p id="empty" class="muted">no runs match</p>')
+
+
+def decision_form(base: str, run: dict[str, Any], request: dict[str, Any]) -> str:
+    """The one way to decide any gate (Start, Result or a worker's request), on every page."""
+    meta = run["metadata"]
+    gate, attempt = str(request.get("gate")), int(request.get("attempt") or 0)
+    action = f"{base}/api/runs/{quote(meta['namespace'])}/{quote(meta['name'])}/decide"
+    details = f'<p class="details">{escape(request["details"])}</p>' if request.get("details") else ""
+    deadline = f' · deadline {_since(request.get("deadline"))}' if request.get("deadline") else ""
+    return (f'<form class="decide" data-action="{escape(action)}" data-gate="{escape(gate)}" '
+            f'data-attempt="{attempt}"><b>{escape(gate)}</b> · attempt {attempt} · requested '
+            f'{_since(request.get("requestedAt"))}{deadline}{details}'
+            '<input name="reason" placeholder="reason" required maxlength="4096">'
+            '<button name="decision" value="Approve" class="approve">Approve</button>'
+            '<button name="decision" value="Deny" class="deny">Deny</button></form>')
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in headers) + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows) + "</tbody></table>")
+
+
+def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], events: list[dict[str, Any]],
+                  now: dt.datetime) -> dict[str, str]:
+    """A run's page as fragments by element id, re-rendered whenever the run or its events change."""
+    if run is None:
+        return {"summary": '<p class="error">this run does not exist (any more)</p>', "charts": "", "review": "",
+                "conditions": "", "events": "", "controls": ""}
+    meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+    usage = status.get("usage") or {}
+    phase = phase_of(run)
+    summary = (f'<span class="phase p-{escape(phase)}" id="phase">{escape(phase)}</span> attempt '
+               f'{int(status.get("attempt") or 0)} · fence {int(status.get("fence") or 0)} · holder '
+               f'{escape(status.get("holder") or "-")} · lease renewed {_since(status.get("lastRenewTime"))} · '
+               f'{int(usage.get("cents") or 0)} cents, {int(usage.get("tokens") or 0)} tokens'
+               + (f' · budget {escape(budget_of(run))}' if budget_of(run) else "")
+               + (f' · checkpoint <code>{escape(str(status["checkpoint"].get("cursor")))}</code>'
+                  if status.get("checkpoint") else "")
+               + (' · <b>stop requested</b>' if spec.get("stop") else "")
+               + (' · <b>suspended</b>' if spec.get("suspend") else ""))
+    scale = charts.scale_for(run, series, now)
+    chart = (charts.timeline_svg(charts.timeline(run, events, scale, now)) + f'<p class="legend">{charts.legend()}</p>'
+             + "<h3>usage and checkpoints</h3>" + charts.usage_svg(charts.usage_points(run, series), scale, now))
+    requests = pending_requests(run)
+    feedback = (status.get("review") or {}).get("feedback")
+    review = ("".join(decision_form(base, run, r) for r in requests) or '<p class="muted">nothing awaits a decision</p>')
+    if feedback:
+        review += f'<p>last result denied: {escape(feedback)}</p>'
+    decided = [r for r in (status.get("review") or {}).get("requests") or [] if r.get("decision")]
+    if decided:
+        review += _table(["gate", "attempt", "decision", "by", "reason", "decided"],
+                         [[escape(str(r.get("gate"))), str(int(r.get("attempt") or 0)), escape(r["decision"]),
+                           escape(r.get("approver") or "-"), escape(r.get("reason") or ""),
+                           escape(r.get("decidedAt") or "")] for r in decided])
+    conditions = _table(["type", "status", "reason", "message", "since"],
+                        [[escape(cd["type"]), escape(cd["status"]), escape(cd.get("reason", "")),
+                          escape(cd.get("message") or ""), escape(cd.get("lastTransitionTime") or "")]
+                         for cd in status.get("conditions") or []])
+    ordered = sorted(events, key=lambda e: (charts.event_time(e) or now).timestamp(), reverse=True)
+    event_rows = _table(["last seen", "type", "reason", "count", "message"],
+                        [[escape(str(e.get("lastTimestamp") or e.get("eventTime") or "")), escape(e.get("type", "")),
+                          escape(e.get("reason", "")), str(e.get("count") or 1), escape(e.get("message", ""))]
+                         for e in ordered])
+    path = f"{base}/api/runs/{quote(meta['namespace'])}/{quote(meta['name'])}"
+    controls = "" if phase in TERMINAL else (
+        f'<button data-post="{escape(path)}/stop" data-confirm="Stop {escape(meta["name"])}? It ends Cancelled." '
+        f'class="deny">Stop</button>'
+        + (f'<button data-post="{escape(path)}/resume">Resume</button>' if spec.get("suspend")
+           else f'<button data-post="{escape(path)}/suspend">Suspend</button>'))
+    return {"summary": summary, "charts": chart, "review": review, "conditions": conditions, "events": event_rows,
+            "controls": controls}
+
+
+def run_page(base: str, ns: str, name: str, fragments: dict[str, str]) -> str:
+    return (f'<h2>{escape(ns)}/<b>{escape(name)}</b></h2><p id="summary">{fragments["summary"]}</p>'
+            f'<div id="controls" class="controls">{fragments["controls"]}</div>'
+            f'<h3>attempts</h3><div id="charts">{fragments["charts"]}</div>'
+            f'<h3>awaiting a decision</h3><div id="review">{fragments["review"]}</div>'
+            f'<h3>conditions</h3><div id="conditions">{fragments["conditions"]}</div>'
+            f'<h3>events</h3><div id="events">{fragments["events"]}</div>')
+
+
+def review_queue(runs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every pending request of every run, oldest first."""
+    items = [(run, r) for run in runs for r in pending_requests(run)]
+    return sorted(items, key=lambda item: (item[1].get("requestedAt") or "", item[0]["metadata"]["namespace"],
+                                           item[0]["metadata"]["name"]))
+
+
+def review_fragment(base: str, runs: list[dict[str, Any]]) -> str:
+    items = review_queue(runs)
+    if not items:
+        return '<p class="muted">nothing awaits a decision</p>'
+    return "".join(
+        f'<div class="queue-item"><a href="{escape(run_href(base, run))}">{escape(run["metadata"]["namespace"])}/'
+        f'{escape(run["metadata"]["name"])}</a> <span class="phase p-{escape(phase_of(run))}">'
+        f'{escape(phase_of(run))}</span>{decision_form(base, run, r)}</div>' for run, r in items)
+
+
+def _gauge(label: str, spent: int, limit: int | None) -> str:
+    if limit is None:
+        return f'<div class="gauge"><span>{label}: {spent} spent, no limit</span></div>'
+    share = spent / limit if limit else 1.0
+    level = "over" if share >= 1 else "high" if share >= 0.8 else "ok"
+    return (f'<div class="gauge" data-share="{share:.3f}"><span>{label}: {spent} of {limit}</span>'
+            f'<svg viewBox="0 0 300 14" class="meter"><rect width="300" height="14" rx="3" class="track"/>'
+            f'<rect width="{min(share, 1) * 300:.1f}" height="14" rx="3" class="fill {level}"/></svg></div>')
+
+
+def budgets_fragment(base: str, budgets: list[dict[str, Any]], runs: list[dict[str, Any]]) -> str:
+    if not budgets:
+        return '<p class="muted">no WorkerBudgets in this scope</p>'
+    out = []
+    for b in sorted(budgets, key=lambda b: (b["metadata"]["namespace"], b["metadata"]["name"])):
+        meta, spec, status = b["metadata"], b.get("spec") or {}, b.get("status") or {}
+        spent = status.get("spent") or {}
+        exhausted = next((cd for cd in status.get("conditions") or [] if cd["type"] == "Exhausted"), None)
+        charging = [r for r in sorted_runs(runs) if r["metadata"]["namespace"] == meta["namespace"]
+                    and budget_of(r) == meta["name"]]
+        rows = [[f'<a href="{escape(run_href(base, r))}">{escape(r["metadata"]["name"])}</a>', escape(phase_of(r)),
+                 str(int(((r.get("status") or {}).get("usage") or {}).get("cents") or 0)),
+                 str(int(((r.get("status") or {}).get("usage") or {}).get("tokens") or 0))] for r in charging]
+        out.append(
+            f'<section class="budget" data-budget="{escape(meta["namespace"])}/{escape(meta["name"])}">'
+            f'<h3>{escape(meta["namespace"])}/<b>{escape(meta["name"])}</b> <span class="muted">period '
+            f'{escape(spec.get("period", "None"))}, since {escape(status.get("periodStart") or "-")}</span>'
+            + (' <span class="phase p-Failed">exhausted</span>' if exhausted and exhausted["status"] == "True" else "")
+            + "</h3>"
+            + _gauge("cents", int(spent.get("cents") or 0), spec.get("limitCents"))
+            + _gauge("tokens", int(spent.get("tokens") or 0), spec.get("limitTokens"))
+            + (_table(["run", "phase", "cents", "tokens"], rows) if rows else '<p class="muted">no runs charge it now</p>')
+            + "</section>")
+    return "".join(out)
+
+
+def errors_fragment(errors: list[str]) -> str:
+    return "".join(f'<p class="error">{escape(e)}</p>' for e in errors)
+
+
+def shell(base: str, title: str, page: str, events_url: str, body: str, who: str, errors: list[str],
+          logout: bool) -> str:
+    nav = "".join(f'<a href="{base}{href}"{" class=here" if name == page else ""}>{label}</a>'
+                  for name, href, label in (("runs", "/", "Runs"), ("budgets", "/budgets", "Budgets"),
+                                            ("review", "/review", "Review queue")))
+    out = (f'<form method="post" action="{base}/logout" class="logout"><button>log out</button></form>'
+           if logout else "")
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<title>{escape(title)} · Tether</title><meta name="viewport" content="width=device-width">'
+            f'<link rel="stylesheet" href="{base}/static/console.css"></head>'
+            f'<body data-page="{page}" data-events="{escape(events_url)}">'
+            f'<header><h1>Tether</h1><nav>{nav}</nav><span class="who">{escape(who)}</span>{out}'
+            '<span id="live" class="live" title="live updates">&#9679;</span></header>'
+            f'<div id="errors">{errors_fragment(errors)}</div><p id="flash" role="status"></p>'
+            f'<main>{body}</main><script src="{base}/static/console.js"></script></body></html>')
+
+
+def login_page(base: str, error: str = "") -> str:
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Log in · Tether</title>'
+            f'<link rel="stylesheet" href="{base}/static/console.css"></head><body class="login">'
+            '<h1>Tether console</h1>'
+            f'<form method="post" action="{base}/login"><p>Paste a Kubernetes bearer token: the console acts '
+            'with it and nothing else (e.g. <code>kubectl create token NAME</code>).</p>'
+            '<label>token <textarea name="token" rows="4" required autocomplete="off"></textarea></label>'
+            '<label>namespace <input name="namespace" placeholder="empty: every namespace you may list"></label>'
+            '<button>Log in</button>'
+            + (f'<p class="error" id="login-error">{escape(error)}</p>' if error else "") + "</form></body></html>")
