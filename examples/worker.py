@@ -6,6 +6,12 @@ Payload (spec.payload):
   crashAttempts attempts on which the worker crashes halfway (exit code 3), e.g. [1]
   effectUrl     if set, one side effect (POST) is sent after the last step, fenced and idempotent
   centsPerStep  usage reported per step (default 1)
+  approval      if set, e.g. {"name": "send-report", "details": "POST the report", "timeoutSeconds": 600},
+                the worker asks a person (a WorkerRunApproval with that gate) before its side effect,
+                and sends it only if approved
+
+A result denied by a reviewer (spec.review.result) comes back as the next attempt's
+run.review_feedback, which this worker puts into its result.
 
 Resumes from the last checkpoint when a previous attempt was lost.
 """
@@ -47,12 +53,24 @@ def main() -> int:
             run.checkpoint(str(step + 1), flush=True)
             cents = int(run.payload.get("centsPerStep", 1))
             run.report_usage(cents=cents * (step + 1 - start), tokens=100 * (step + 1 - start))
-        if run.payload.get("effectUrl"):
+        asked = run.payload.get("approval")
+        decision = None
+        if asked:
+            decision = run.request_approval(asked["name"], asked.get("details", ""), asked.get("timeoutSeconds"))
+            log.info("approval decided", extra={"event": "worker_approval", "request": asked["name"],
+                                                "decision": decision.decision, "reason": decision.reason})
+        if run.payload.get("effectUrl") and (decision is None or decision.approved):
             with run.http_client() as http:
                 resp = http.effect("POST", run.payload["effectUrl"], operation="deliver",
                                    json={"steps": steps})
                 log.info("side effect sent", extra={"event": "effect_sent", "status": resp.status_code})
-        run.complete({"steps": steps, "resumedFrom": start})
+        result: dict[str, object] = {"steps": steps, "resumedFrom": start}
+        if decision is not None:
+            result["approval"] = {"decision": decision.decision, "reason": decision.reason,
+                                  "approver": decision.approver}
+        if run.review_feedback:
+            result["feedback"] = run.review_feedback  # what the reviewer asked of this attempt
+        run.complete(result)
     return 0
 
 

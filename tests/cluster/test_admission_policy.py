@@ -288,6 +288,20 @@ def test_current_holder_renews_and_publishes(kube: Kube, scene: Scene) -> None:
     assert runs.get(kube, scene.ns, scene.run)["status"]["result"] == {"rows": 7}
 
 
+def test_only_the_holder_may_ask_for_an_approval(scene: Scene) -> None:
+    """A request (tether.dev/requests) rides on a renewal: the current holder's is admitted, a
+    revoked attempt's is refused however it is written, so a stale worker can ask nothing."""
+    ask = {"metadata": {"annotations": {"tether.dev/requests": '{"wire-money":{"details":"1000 EUR"}}'}}}
+    refused(scene.stale.patch(scene.lease_path, json=ask, headers=MERGE_PATCH), LEASE_POLICY,
+            "pod job-a1 does not hold Lease job")
+    lease = _ok(scene.stale.get(scene.lease_path))
+    lease["metadata"]["annotations"].update(ask["metadata"]["annotations"])
+    refused(scene.stale.put(scene.lease_path, json=lease), LEASE_POLICY, "pod job-a1 does not hold")
+    assert "tether.dev/requests" not in scene.lease()["metadata"].get("annotations", {})
+    asked = _ok(scene.current.patch(scene.lease_path, json=ask, headers=MERGE_PATCH))
+    assert asked["metadata"]["annotations"]["tether.dev/requests"] == '{"wire-money":{"details":"1000 EUR"}}'
+
+
 def test_sdk_transport_passes_the_policy(kube: Kube, scene: Scene) -> None:
     """The worker SDK's own writes (heartbeat with reports, fenced result) are what the policy admits."""
     from tether.api.models import Usage

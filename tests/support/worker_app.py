@@ -14,6 +14,7 @@ Payload:
   holdWhileUnknown  keep holding while ownership is unknown (an outage); stop only when lost
   failAttempts  attempts that publish an error (code "Injected") instead of a result
   stopOnSignal  leave the hold when the control plane says stop, and exit without a result
+  approval      after the hold, ask for this approval (request_approval) and record what came back
 While holding, every change of the control signals is recorded with the wall time it was seen.
 Attempts not in holdAttempts work `workSeconds`, send the side effect, and complete.
 SIGTERM is recorded and otherwise ignored, so a worker cut off from the cluster stays alive.
@@ -81,6 +82,12 @@ def main() -> int:
         record(event="gate", owned=run.owned, lost=run.lost, unknown=run.ownership_unknown)
     else:
         time.sleep(float(p.get("workSeconds", 0.5)))
+    if p.get("approval"):
+        try:
+            decided = run.request_approval(p["approval"], f"attempt {run.attempt} asks")
+            record(event="approval", decision=decided.decision, reason=decided.reason)
+        except (LeaseLost, OwnershipUnknown) as exc:
+            record(event="approval_refused", error=type(exc).__name__)
     if p.get("effectUrl"):
         try:
             with run.http_client(timeout=180) as http:

@@ -111,7 +111,7 @@ class _Recording:
     def __init__(self) -> None:
         self.publications: list[tuple[str, dict[str, Any]]] = []
 
-    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+    def renew(self, checkpoint: str | None, usage: Usage | None, requests: Any = None) -> Renewal:
         return Renewal(ok=True, signals=Signals())
 
     def publish(self, field: str, value: dict[str, Any]) -> bool:

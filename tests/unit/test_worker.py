@@ -24,7 +24,7 @@ class FlakyTransport:
         self.calls = 0
         self.changed = threading.Condition()
 
-    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+    def renew(self, checkpoint: str | None, usage: Usage | None, requests: Any = None) -> Renewal:
         with self.changed:
             self.calls += 1
             number = self.calls
@@ -248,7 +248,7 @@ class LostAnswerTransport:
         self.landed = landed
         self.calls: list[str] = []
 
-    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+    def renew(self, checkpoint: str | None, usage: Usage | None, requests: Any = None) -> Renewal:
         return Renewal(ok=True, signals=Signals())
 
     def publish(self, field: str, value: dict[str, Any]) -> bool:
@@ -370,7 +370,7 @@ def test_leaving_without_a_result_reports_what_was_spent_once() -> None:
     seen: list[tuple[str | None, Usage | None]] = []
 
     class Recording(LostAnswerTransport):
-        def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+        def renew(self, checkpoint: str | None, usage: Usage | None, requests: Any = None) -> Renewal:
             seen.append((checkpoint, usage))
             return Renewal(ok=True, signals=Signals())
 
@@ -423,7 +423,7 @@ def test_renewals_never_overlap_so_older_progress_cannot_overtake_newer() -> Non
     gate = threading.Lock()
 
     class Slow(LostAnswerTransport):
-        def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+        def renew(self, checkpoint: str | None, usage: Usage | None, requests: Any = None) -> Renewal:
             with gate:
                 inside[0] += 1
                 most[0] = max(most[0], inside[0])
@@ -461,7 +461,7 @@ from tether.worker.transport import Renewal
 
 class Recording:
     renewals, publications = [], []
-    def renew(self, checkpoint, usage):
+    def renew(self, checkpoint, usage, requests=None):
         self.renewals.append(None if usage is None else usage.cents)
         return Renewal(ok=True, signals=Signals())
     def publish(self, field, value):

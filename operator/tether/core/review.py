@@ -152,7 +152,7 @@ def decide_result_review(o: Observed, b: StatusBuilder, d: Decision) -> None:
     ended when it published: nobody holds the run). Approve: Succeeded. Deny: that attempt ends
     ResultRejected, the result is cleared, and the retry rules decide; the reason goes to the next
     attempt. No decision by the deadline: Rejected, the result kept but never accepted."""
-    s, gen = o.run.status, o.run.metadata.generation
+    s = o.run.status
     review = review_of(b.status)
     req = review.find(GATE_RESULT, s.attempt)
     if req is None:  # opened by finish_after in the same write that set AwaitingReview: repair

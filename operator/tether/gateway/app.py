@@ -1,7 +1,7 @@
 """The gateway: six JSON calls for workers outside the cluster, on the same fenced
 Lease and status operations as a pod worker (one protocol, two transports).
 
-POST /api/v1/namespaces/{ns}/workerruns/{name}/{claim|heartbeat|checkpoint|complete|fail|cancel}
+POST /api/v1/namespaces/{ns}/workerruns/{name}/{claim|heartbeat|checkpoint|complete|fail|cancel|approval}
 
 200 ok · 401/403 auth (403 NotClaimant: the attempt was claimed by another identity) ·
 402 budget exceeded (admission first) · 404 no such run · 409 held by another / nothing to claim ·
@@ -203,6 +203,7 @@ class Gateway:
             "endsAt": protocol.rfc3339(sig.ends_at) if sig.ends_at else None,
             "capRemainingCents": cents, "capRemainingTokens": tokens,
             "status": run.status.phase.value if run.status.phase else "Pending",
+            "decisions": {k: v.dump() for k, v in sig.decisions.items()},
         }
 
     @staticmethod
@@ -259,7 +260,8 @@ class Gateway:
                 "serviceAccount": sa}
 
     async def _renew(self, run: WorkerRun, caller: Caller, body: m.Fenced, usage: m.UsageReport | None,
-                     checkpoint: str | None, claim: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+                     checkpoint: str | None, claim: bool = False,
+                     asks: list[m.ApprovalAsk] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """The pod worker's conditional Lease renewal, with the claimant inside the compare-and-swap.
 
         Every check (holder and fence, claimant, usage) is made on the very Lease object whose
@@ -290,8 +292,11 @@ class Gateway:
                 why = protocol.valid_report(report, protocol.lease_usage(lease))
                 if why is not None:
                     raise Failure(422, "MalformedBody", f"usage: {why}", "usage")
-            claimant = {c.ANN_CLAIMED_BY: Claimant.of(caller, body.workerId).encode()} if claim else None
-            updated = protocol.renewal(lease, _now(), checkpoint=checkpoint, usage=report, extra_annotations=claimant)
+            extra = {c.ANN_CLAIMED_BY: Claimant.of(caller, body.workerId).encode()} if claim else {}
+            if asks:
+                extra[c.ANN_REQUESTS] = _with_requests(lease, asks)
+            updated = protocol.renewal(lease, _now(), checkpoint=checkpoint, usage=report,
+                                       extra_annotations=extra or None)
             try:
                 return await self.kube.replace_lease(updated), lease
             except Conflict:
@@ -322,15 +327,28 @@ class Gateway:
                 "leaseDurationSeconds": run.spec.lease.duration_seconds,
                 "renewIntervalSeconds": run.spec.lease.renew_interval_seconds,
                 "payload": run.spec.payload or {}, "checkpoint": s.checkpoint.cursor if s.checkpoint else None,
-                "idempotencyKey": run.idempotency_key, "toolClaim": await self._tool_claim(run, s.holder, s.fence)}
+                "idempotencyKey": run.idempotency_key, "toolClaim": await self._tool_claim(run, s.holder, s.fence),
+                "reviewFeedback": s.review.feedback if s.review is not None else None}
 
     async def heartbeat(self, request: Request, ns: str, name: str) -> dict[str, Any]:
         caller = await self._caller(request, ns, name)
         body: m.HeartbeatRequest = await self._body(request, m.HeartbeatRequest)
         run = await self._run(ns, name)
-        lease, _ = await self._renew(run, caller, body, body.usage, body.checkpoint)
+        lease, _ = await self._renew(run, caller, body, body.usage, body.checkpoint, asks=body.requests)
         return {**self._signals(run, lease, body.usage),
                 "toolClaim": await self._tool_claim(run, body.holder, body.fence)}
+
+    async def approval(self, request: Request, ns: str, name: str) -> dict[str, Any]:
+        caller = await self._caller(request, ns, name)
+        body: m.ApprovalRequest = await self._body(request, m.ApprovalRequest)
+        run = await self._run(ns, name)
+        ask = m.ApprovalAsk(name=body.name, details=body.details, timeoutSeconds=body.timeoutSeconds)
+        lease, before = await self._renew(run, caller, body, None, None, asks=[ask])
+        signals = self._signals(run, lease, None)
+        if ask.name not in protocol.annotations(before).get(c.ANN_REQUESTS, ""):
+            log.info("approval requested", extra={"event": "approval_requested", "run": f"{ns}/{name}",
+                                                  "holder": body.holder, "fence": body.fence, "request": ask.name})
+        return {**signals, "decision": signals["decisions"].get(ask.name)}
 
     async def checkpoint(self, request: Request, ns: str, name: str) -> dict[str, Any]:
         caller = await self._caller(request, ns, name)
@@ -418,7 +436,25 @@ class Gateway:
         return await self._publish(request, ns, name, m.CancelRequest, "cancel")
 
 
-OPERATIONS = ("claim", "heartbeat", "checkpoint", "complete", "fail", "cancel")
+OPERATIONS = ("claim", "heartbeat", "checkpoint", "complete", "fail", "cancel", "approval")
+
+
+def _with_requests(lease: dict[str, Any], asks: list[m.ApprovalAsk]) -> str:
+    """The requests annotation with `asks` added to the attempt's earlier requests (a request
+    already made keeps its first details and timeout, as the operator recorded them)."""
+    try:
+        known = {r.name: r for r in protocol.parse_requests(protocol.annotations(lease).get(c.ANN_REQUESTS))}
+    except ValueError:
+        known = {}  # only the gateway writes an External run's requests; start over rather than fail
+    for ask in asks:
+        why = protocol.request_refusal(ask.name, ask.details, ask.timeoutSeconds)
+        if why is not None:
+            raise Failure(422, "MalformedBody", f"request {ask.name!r}: {why}", "name")
+        known.setdefault(ask.name, protocol.ApprovalRequest(ask.name, ask.details, ask.timeoutSeconds))
+    if len(known) > protocol.MAX_REQUESTS_PER_ATTEMPT:
+        raise Failure(422, "MalformedBody", f"an attempt may make at most {protocol.MAX_REQUESTS_PER_ATTEMPT} "
+                                            "approval requests", "requests")
+    return protocol.requests_annotation(known)
 
 Handler = Callable[[Request, str, str], Awaitable[dict[str, Any]]]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.protocol import MAX_CENTS, MAX_TOKENS
+from tether.protocol import MAX_CENTS, MAX_REQUEST_DETAILS, MAX_REQUEST_TIMEOUT, MAX_REQUESTS_PER_ATTEMPT, MAX_TOKENS
 
 
 class _Body(BaseModel):
@@ -37,9 +37,23 @@ class Fenced(_Body):
                                            "never on one re-created under the same name since.")
 
 
+class ApprovalAsk(_Body):
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                      description="What a WorkerRunApproval's spec.gate names to decide it (not start or result).")
+    details: str = Field(default="", max_length=MAX_REQUEST_DETAILS, description="What the worker wants to do.")
+    timeoutSeconds: int | None = Field(default=None, ge=1, le=MAX_REQUEST_TIMEOUT,
+                                       description="Decided TimedOut when nobody decides within it.")
+
+
 class HeartbeatRequest(Fenced):
     usage: UsageReport | None = None
     checkpoint: str | None = Field(default=None, max_length=1024)
+    requests: list[ApprovalAsk] | None = Field(default=None, max_length=MAX_REQUESTS_PER_ATTEMPT,
+                                               description="Approvals this attempt asks for (sent again each time).")
+
+
+class ApprovalRequest(Fenced, ApprovalAsk):
+    """Asks for one approval; the decision comes back in this and every later heartbeat reply."""
 
 
 class CheckpointRequest(Fenced):
@@ -64,6 +78,12 @@ class CancelRequest(Fenced):
     reason: str = Field(default="", max_length=1024)
 
 
+class GateDecision(BaseModel):
+    decision: str = Field(description="Approve, Deny or TimedOut.")
+    reason: str | None = None
+    approver: str | None = None
+
+
 class ToolClaim(BaseModel):
     token: str
     expiresAt: str
@@ -79,6 +99,12 @@ class Signals(BaseModel):
     capRemainingTokens: int | None = None
     status: str
     toolClaim: ToolClaim | None = None
+    decisions: dict[str, GateDecision] = Field(default_factory=dict,
+                                               description="Decisions on this attempt's requests, by name.")
+
+
+class ApprovalResponse(Signals):
+    decision: GateDecision | None = Field(default=None, description="This request's decision; null while pending.")
 
 
 class ClaimResponse(Signals):
@@ -91,6 +117,7 @@ class ClaimResponse(Signals):
     payload: dict[str, Any] = {}
     checkpoint: str | None = None
     idempotencyKey: str
+    reviewFeedback: str | None = Field(default=None, description="Why the previous attempt's result was denied.")
 
 
 class Done(BaseModel):

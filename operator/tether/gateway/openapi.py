@@ -11,11 +11,11 @@ from tether.gateway import models as m
 
 _REQUESTS: dict[str, type[BaseModel]] = {
     "claim": m.ClaimRequest, "heartbeat": m.HeartbeatRequest, "checkpoint": m.CheckpointRequest,
-    "complete": m.CompleteRequest, "fail": m.FailRequest, "cancel": m.CancelRequest,
+    "complete": m.CompleteRequest, "fail": m.FailRequest, "cancel": m.CancelRequest, "approval": m.ApprovalRequest,
 }
 _RESPONSES: dict[str, type[BaseModel]] = {
     "claim": m.ClaimResponse, "heartbeat": m.Signals, "checkpoint": m.Signals,
-    "complete": m.Done, "fail": m.Done, "cancel": m.Done,
+    "complete": m.Done, "fail": m.Done, "cancel": m.Done, "approval": m.ApprovalResponse,
 }
 _SUMMARIES = {
     "claim": "Take the run's open attempt: returns holder, fence, lease and a tool credential.",
@@ -24,6 +24,8 @@ _SUMMARIES = {
     "complete": "Publish the result (fenced).",
     "fail": "Publish a failure (fenced); retry rules decide what follows.",
     "cancel": "Give the attempt up (fenced); another worker may claim the next one.",
+    "approval": "Ask a person to approve a step (a renewal too); the decision comes back here and in "
+                "every later heartbeat reply, for this attempt only.",
 }
 _ERRORS = {
     "401": "No valid bearer token (TokenReview, audience checked).",

@@ -12,8 +12,8 @@
 
 from tether.worker.errors import (ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested,
                                   TetherWorkerError, ToolTimeout)
-from tether.worker.run import ControlSignals, FencedClient, WorkerRun
+from tether.worker.run import ApprovalDecision, ControlSignals, FencedClient, WorkerRun
 
-__all__ = ["ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
+__all__ = ["ApprovalDecision", "ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
            "StopRequested",
            "ToolTimeout", "TetherWorkerError"]

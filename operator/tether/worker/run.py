@@ -65,6 +65,19 @@ def load_payload(env: Mapping[str, str], kube: kubeconfig.KubeConfig | None = No
 
 
 @dataclass(frozen=True)
+class ApprovalDecision:
+    """A person's decision on a request_approval: Approve, Deny or TimedOut."""
+
+    decision: str
+    reason: str | None = None
+    approver: str | None = None
+
+    @property
+    def approved(self) -> bool:
+        return self.decision == "Approve"
+
+
+@dataclass(frozen=True)
 class ControlSignals:
     """What the control plane says, as of the last confirmed heartbeat."""
 
@@ -97,6 +110,7 @@ class WorkerRun:
         margin: float | None = None,
         transport: Transport | None = None,
         run_uid: str | None = None,
+        review_feedback: str | None = None,
     ) -> None:
         self.name = name
         self.namespace = namespace
@@ -107,6 +121,8 @@ class WorkerRun:
         self.renew_interval = float(renew_interval)
         self.payload = payload or {}
         self.checkpoint_cursor = checkpoint
+        # Why a person denied the previous attempt's result (spec.review.result), for this one to act on.
+        self.review_feedback = review_feedback
         self.idempotency_key = idempotency_key or f"{namespace}/{name}"
         self.margin = margin if margin is not None else max(1.0, 0.1 * self.lease_duration)
         self._mono = monotonic
@@ -129,6 +145,8 @@ class WorkerRun:
         self._usage: Usage | None = None
         self._signals = Signals()
         self.signals_seen_at: float | None = None  # monotonic time the current signals arrived
+        self._signalled = threading.Event()  # new signals arrived (request_approval waits on it)
+        self._requests: dict[str, protocol.ApprovalRequest] = {}
 
     # --- construction --------------------------------------------------------
 
@@ -148,6 +166,7 @@ class WorkerRun:
             checkpoint=e.get(c.ENV_CHECKPOINT),
             idempotency_key=e.get(c.ENV_IDEMPOTENCY_KEY, ""),
             run_uid=e.get(c.ENV_RUN_UID) or None,
+            review_feedback=e.get(c.ENV_REVIEW_FEEDBACK) or None,
             **kw,
         )
 
@@ -172,7 +191,8 @@ class WorkerRun:
         return cls(name=name, namespace=namespace, holder=doc["holder"], fence=doc["fence"], attempt=doc["attempt"],
                    lease_duration=doc["leaseDurationSeconds"], renew_interval=doc["renewIntervalSeconds"],
                    payload=doc.get("payload"), checkpoint=doc.get("checkpoint"),
-                   idempotency_key=doc.get("idempotencyKey", ""), transport=transport, **kw)
+                   idempotency_key=doc.get("idempotencyKey", ""), transport=transport,
+                   review_feedback=doc.get("reviewFeedback"), **kw)
 
     @property
     def tool_claim(self) -> dict[str, Any] | None:
@@ -293,8 +313,8 @@ class WorkerRun:
 
     def _renew_once(self) -> bool:
         with self._lock:
-            checkpoint, usage = self._pending_checkpoint, self._usage
-        result = self._transport.renew(checkpoint, usage)
+            checkpoint, usage, requests = self._pending_checkpoint, self._usage, dict(self._requests)
+        result = self._transport.renew(checkpoint, usage, requests)
         if result.lost:
             self._mark_lost(result.why)
         elif not result.ok:
@@ -309,6 +329,7 @@ class WorkerRun:
             self._signals = signals
         if changed:
             self.signals_seen_at = self._mono()
+            self._signalled.set()
             log.info("control signals changed", extra=self._fields("signals_changed", stop=signals.stop,
                                                                     paused=signals.paused, reason=signals.reason))
 
@@ -340,6 +361,43 @@ class WorkerRun:
             if why is not None:
                 raise ValueError(f"usage report refused: {why}")
             self._usage = usage
+
+    # --- approvals ---------------------------------------------------------------
+
+    def request_approval(self, name: str, details: str = "", timeout: int | None = None,
+                         poll: float = 2.0) -> "ApprovalDecision":
+        """Asks a person to approve a step (a WorkerRunApproval with gate `name`), and blocks until
+        the control plane says Approve, Deny or TimedOut (after `timeout` seconds, counted by the
+        operator from when it saw the request). The request rides on this attempt's renewals, which
+        only its holder can write; the decision comes back on them, and only for this attempt.
+        While waiting, it renews every `poll` seconds so the decision arrives promptly.
+
+        Raises ValueError for a request the control plane would refuse, and LeaseLost,
+        OwnershipUnknown or StopRequested when the attempt cannot act on any decision. Asking
+        again for a decided name returns that decision."""
+        why = protocol.request_refusal(name, details, timeout)
+        if why is not None:
+            raise ValueError(f"approval request refused: {why}")
+        with self._lock:
+            known = self._requests.get(name)
+            if known is None and len(self._requests) >= protocol.MAX_REQUESTS_PER_ATTEMPT:
+                raise ValueError(f"approval request refused: an attempt may make at most "
+                                 f"{protocol.MAX_REQUESTS_PER_ATTEMPT} requests")
+            if known is None:
+                self._requests[name] = protocol.ApprovalRequest(name=name, details=details, timeout_seconds=timeout)
+        log.info("approval requested", extra=self._fields("approval_requested", request=name))
+        self.renew()
+        while True:
+            with self._lock:
+                decided = self._signals.decisions.get(name)
+            if decided is not None:
+                log.info("approval decided", extra=self._fields("approval_decided", request=name,
+                                                                decision=decided.decision))
+                return ApprovalDecision(decision=decided.decision, reason=decided.reason, approver=decided.approver)
+            self.ensure_owner()  # lost, unknown or told to stop: no decision can be acted on
+            self._signalled.clear()
+            if not self._signalled.wait(timeout=poll):
+                self.renew()
 
     # --- results ---------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Both give the same two operations, so WorkerRun's logic (self-fencing, signals,
 failure classes) is one piece of code:
-  renew(checkpoint, usage) -> Renewal     one conditional lease renewal
+  renew(checkpoint, usage, requests) -> Renewal   one conditional lease renewal
   publish(field, value)    -> bool        one fenced status write (False: rejected)
 Both raise httpx.HTTPError when there is no answer (ownership unknown, not lost).
 What is written, and when a Lease counts as ours, comes from tether.protocol,
@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Generator, Protocol, TypeVar
+from typing import Any, Awaitable, Callable, Generator, Mapping, Protocol, TypeVar
 
 import httpx
 
 from tether import protocol
-from tether.api.models import Signals, Usage
+from tether.api import constants as c
+from tether.api.models import GateDecision, Signals, Usage
 from tether.kube import config as kubeconfig
 from tether.kube.client import lease_path, run_path
 from tether.worker.errors import ResultInvalid
 
 T = TypeVar("T")
+# The approvals this attempt asked for (request_approval), by name: every renewal carries them all.
+Requests = Mapping[str, protocol.ApprovalRequest]
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,8 @@ class Renewal:
 
 
 class Transport(Protocol):
-    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal: ...
+    def renew(self, checkpoint: str | None, usage: Usage | None,
+              requests: Requests | None = None) -> Renewal: ...
 
     def publish(self, field: str, value: dict[str, Any]) -> bool: ...
 
@@ -79,12 +83,15 @@ class KubeSteps:
     def _is_mine(self, lease: dict[str, Any] | None) -> bool:
         return protocol.holds(lease, self.holder, self.fence, self.run_uid)
 
-    def renew_steps(self, checkpoint: str | None, usage: Usage | None, retry_conflict: bool = True) -> Steps[Renewal]:
+    def renew_steps(self, checkpoint: str | None, usage: Usage | None, requests: Requests | None = None,
+                    retry_conflict: bool = True) -> Steps[Renewal]:
         lease = self._lease if self._lease is not None else (yield from self._get_lease())
         if lease is None or not self._is_mine(lease):
             return Renewal(ok=False, lost=True,
                            why="the lease names another holder or fence" if lease else "the lease is gone")
-        body = protocol.renewal(lease, dt.datetime.now(dt.timezone.utc), checkpoint=checkpoint, usage=usage)
+        asked = {c.ANN_REQUESTS: protocol.requests_annotation(requests)} if requests else None
+        body = protocol.renewal(lease, dt.datetime.now(dt.timezone.utc), checkpoint=checkpoint, usage=usage,
+                                extra_annotations=asked)
         resp = yield Call("PUT", lease_path(self.namespace, self.name), json=body)
         if resp.status_code == 200:
             self._lease = resp.json()
@@ -94,7 +101,7 @@ class KubeSteps:
             # (the operator updating the signals); retry once.
             self._lease = yield from self._get_lease()
             if self._is_mine(self._lease) and retry_conflict:
-                return (yield from self.renew_steps(checkpoint, usage, retry_conflict=False))
+                return (yield from self.renew_steps(checkpoint, usage, requests, retry_conflict=False))
             if not self._is_mine(self._lease):
                 return Renewal(ok=False, lost=True, why="renewal conflicted and the lease is no longer ours")
             return Renewal(ok=False, why="renewal conflicted twice")
@@ -163,8 +170,8 @@ class KubeTransport(KubeSteps):
     def _send(self, call: Call) -> httpx.Response:
         return self._http.request(call.method, call.path, json=call.json, headers=call.headers)
 
-    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
-        return drive(self.renew_steps(checkpoint, usage), self._send)
+    def renew(self, checkpoint: str | None, usage: Usage | None, requests: Requests | None = None) -> Renewal:
+        return drive(self.renew_steps(checkpoint, usage, requests), self._send)
 
     def publish(self, field: str, value: dict[str, Any]) -> bool:
         return drive(self.publish_steps(field, value), self._send)
@@ -184,8 +191,8 @@ class AsyncKubeTransport(KubeSteps):
     async def _send(self, call: Call) -> httpx.Response:
         return await self._http.request(call.method, call.path, json=call.json, headers=call.headers)
 
-    async def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
-        return await drive_async(self.renew_steps(checkpoint, usage), self._send)
+    async def renew(self, checkpoint: str | None, usage: Usage | None, requests: Requests | None = None) -> Renewal:
+        return await drive_async(self.renew_steps(checkpoint, usage, requests), self._send)
 
     async def publish(self, field: str, value: dict[str, Any]) -> bool:
         return await drive_async(self.publish_steps(field, value), self._send)
@@ -216,8 +223,12 @@ class GatewayTransport:
     def close(self) -> None:
         self._http.close()
 
-    def renew(self, checkpoint: str | None, usage: Usage | None) -> Renewal:
+    def renew(self, checkpoint: str | None, usage: Usage | None, requests: Requests | None = None) -> Renewal:
         body: dict[str, Any] = dict(self._fenced)
+        if requests:
+            body["requests"] = [{"name": r.name, "details": r.details,
+                                 **({"timeoutSeconds": r.timeout_seconds} if r.timeout_seconds is not None else {})}
+                                for r in requests.values()]
         if checkpoint is not None:
             body["checkpoint"] = checkpoint
         if usage is not None:
@@ -290,5 +301,12 @@ def _message(resp: httpx.Response) -> str:
 
 def gateway_signals(doc: dict[str, Any], usage: Usage | None) -> Signals:
     """The gateway's flat reply as the SDK's signals (caps counted against the reported usage)."""
-    return protocol.signals_from_remaining(bool(doc.get("stop")), bool(doc.get("paused")), doc.get("endsAt"),
-                                           doc.get("capRemainingCents"), doc.get("capRemainingTokens"), usage)
+    signals = protocol.signals_from_remaining(bool(doc.get("stop")), bool(doc.get("paused")), doc.get("endsAt"),
+                                              doc.get("capRemainingCents"), doc.get("capRemainingTokens"), usage)
+    decisions = doc.get("decisions")
+    if isinstance(decisions, dict) and decisions:
+        try:
+            signals.decisions = {k: GateDecision.model_validate(v) for k, v in decisions.items()}
+        except ValueError:
+            pass  # a malformed reply decides nothing; the next heartbeat asks again
+    return signals

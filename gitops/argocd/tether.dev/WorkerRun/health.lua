@@ -26,9 +26,10 @@ if conds["Stalled"] ~= nil and conds["Stalled"].status == "True" then
   hs.message = phase .. ": " .. (conds["Stalled"].message or "")
   return hs
 end
-if phase == "AwaitingApproval" then
+if phase == "AwaitingApproval" or phase == "AwaitingReview" then
   hs.status = "Suspended"
-  hs.message = "Awaiting approval: " .. ((conds["Approved"] ~= nil and conds["Approved"].message) or "gate Start")
+  hs.message = "Awaiting " .. (phase == "AwaitingReview" and "review" or "approval") .. ": " ..
+    ((conds["Approved"] ~= nil and conds["Approved"].message) or (phase == "AwaitingReview" and "gate Result" or "gate Start"))
   return hs
 end
 if phase == "Suspended" then
