@@ -268,7 +268,7 @@ def refuses_value(causes: list[dict[str, Any]], field: str) -> bool:
     return any(str(c.get("field") or "").split("[")[0].split(".")[:2] == ["status", field] for c in causes)
 
 
-# --- approval requests (docs/protocol.md §8) ---------------------------------------
+# --- approval requests (docs/protocol.md §9) ---------------------------------------
 
 # A request's name: what a WorkerRunApproval's spec.gate names (start and result are the
 # run's own gates, Start and Result, which a worker cannot ask for).

@@ -17,7 +17,7 @@ RUN_FINALIZER = f"{PREFIX}/run-cleanup"
 # Lease annotations written by the worker on each heartbeat (one write carries all).
 ANN_CHECKPOINT = f"{PREFIX}/checkpoint"
 ANN_USAGE = f"{PREFIX}/usage"
-# Lease annotation written by the worker: the approvals it asks for (docs/protocol.md §8).
+# Lease annotation written by the worker: the approvals it asks for (docs/protocol.md §9).
 ANN_REQUESTS = f"{PREFIX}/requests"
 # Lease annotations written by the operator: the fence the lease was granted with, and the
 # control signals (JSON) the worker reads from every renewal's response.
