@@ -28,7 +28,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
+# Debian's Chromium for the console's browser tests (Playwright drives it; no browser download).
 install: $(VENV)/.installed
+	bash hack/install-browser.sh
 
 control-plane:
 	bash hack/build-control-plane.sh

@@ -314,9 +314,9 @@ class Pages:
 
 async def _synced(session: Session) -> None:
     """A page rendered before the first list would show an empty table for a moment; wait briefly
-    (a failed list shows its error instead)."""
+    (a refused list shows its error instead)."""
     watches = (session.scope.runs, session.scope.budgets)
-    pending = [asyncio.ensure_future(w.synced.wait()) for w in watches if not w.synced.is_set() and w.error is None]
+    pending = [asyncio.ensure_future(w.settled.wait()) for w in watches if not w.settled.is_set()]
     if pending:
         _, late = await asyncio.wait(pending, timeout=5.0)
         for task in late:

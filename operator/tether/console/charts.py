@@ -131,7 +131,8 @@ def _ticks(scale: Scale, y: float) -> str:
         label = dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%H:%M:%S")
         x = scale.x(t)
         out.append(f'<line class="tick" x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{y:.1f}"/>'
-                   f'<text class="axis" x="{x:.1f}" y="{y + 14:.1f}" text-anchor="middle">{label}</text>')
+                   f'<text class="axis" x="{x:.1f}" y="{y + 14:.1f}" text-anchor="{"end" if i == 4 else "middle"}">'
+                   f'{label}</text>')
     return "".join(out)
 
 

@@ -24,6 +24,7 @@ GROUP = "/apis/tether.dev/v1alpha1"
 WATCH_SECONDS = 290
 SERIES_POINTS = 720  # per run: a point per status change, so hours of a run's folds
 RETRY_MAX_SECONDS = 30.0
+REFUSALS = frozenset({401, 403, 404})  # answers a retry will not change soon (unlike 429 or 5xx)
 
 Changed = Callable[[str, "dict[str, Any] | None"], None]
 
@@ -50,7 +51,7 @@ class Gone(Exception):
 
 class Watch:
     """A list, then a watch resumed from the last resourceVersion seen; `on_change(key, obj)` for
-    every object that changed (obj None: deleted). `error` holds why the API refused, if it did."""
+    every object that changed (obj None: deleted). `error` holds why the last try failed, if it did."""
 
     def __init__(self, http: httpx.AsyncClient, path: str, on_change: Changed,
                  params: dict[str, str] | None = None) -> None:
@@ -58,7 +59,7 @@ class Watch:
         self.params = params or {}
         self.objects: dict[str, dict[str, Any]] = {}
         self.error: str | None = None
-        self.synced = asyncio.Event()
+        self.settled = asyncio.Event()  # listed once, or refused
 
     async def run(self) -> None:
         version: str | None = None
@@ -73,6 +74,8 @@ class Watch:
                 version = None
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 self._failed(str(exc) or type(exc).__name__)
+                if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in REFUSALS:
+                    self.settled.set()  # no use waiting for a list the API server refuses: show why
                 await asyncio.sleep(delay)  # the next try's pace, not a wait for a condition
                 delay = min(delay * 2, RETRY_MAX_SECONDS)
                 version = None
@@ -80,8 +83,8 @@ class Watch:
     def _failed(self, why: str) -> None:
         if why != self.error:
             self.error = why
-            log.warning("console watch failed", extra={"event": "console_watch_failed", "path": self.path,
-                                                        "error": why})
+            log.warning("console watch of %s failed: %s", self.path, why,
+                        extra={"event": "console_watch_failed", "path": self.path, "error": why})
             self.on_change("", None)  # the pages show the error
 
     async def _list(self) -> str:
@@ -101,7 +104,7 @@ class Watch:
         if self.error is not None:
             self.error = None
             self.on_change("", None)
-        self.synced.set()
+        self.settled.set()
         return str(body["metadata"]["resourceVersion"])
 
     async def _watch(self, version: str) -> str:

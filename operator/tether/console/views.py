@@ -135,8 +135,9 @@ def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], ev
     phase = phase_of(run)
     summary = (f'<span class="phase p-{escape(phase)}" id="phase">{escape(phase)}</span> attempt '
                f'{int(status.get("attempt") or 0)} · fence {int(status.get("fence") or 0)} · holder '
-               f'{escape(status.get("holder") or "-")} · lease renewed {_since(status.get("lastRenewTime"))} · '
-               f'{int(usage.get("cents") or 0)} cents, {int(usage.get("tokens") or 0)} tokens'
+               f'{escape(status.get("holder") or "-")} · '
+               + (f'lease renewed {_since(status.get("lastRenewTime"))} · ' if status.get("holder") else "")
+               + f'{int(usage.get("cents") or 0)} cents, {int(usage.get("tokens") or 0)} tokens'
                + (f' · budget {escape(budget_of(run))}' if budget_of(run) else "")
                + (f' · checkpoint <code>{escape(str(status["checkpoint"].get("cursor")))}</code>'
                   if status.get("checkpoint") else "")

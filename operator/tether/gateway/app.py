@@ -30,11 +30,12 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from tether import protocol
 from tether.api import constants as c
 from tether.api.models import Signals, Usage, WorkerRun
+from tether.console.app import build_gateway_console
 from tether.gateway import models as m
 from tether.gateway.auth import AuthError, Authenticator, Caller
 from tether.gateway.openapi import openapi_document
@@ -512,6 +513,9 @@ def build_app(kube: KubeClient, audience: str | None = None, max_body_bytes: int
     routes = [Route(f"/api/v1/namespaces/{{namespace}}/workerruns/{{name}}/{op}", _answer(op, getattr(gateway, op)),
                     methods=["POST"]) for op in OPERATIONS]
     routes += [Route("/openapi.json", openapi, methods=["GET"]), Route("/healthz", healthz, methods=["GET"])]
+    # The shared web console (docs: README "Console"): each user signs in with their own bearer token,
+    # and the console calls the API server with that token only.
+    routes.append(Mount("/console", build_gateway_console(kube)))
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _bug})
     app.state.gateway = gateway  # for tests and introspection
     return app

@@ -1,0 +1,285 @@
+"""The web console in a real browser (Debian's Chromium, driven by Playwright) against the real
+control plane and operator: `kubectl tether ui` as a limited user, and /console behind the gateway
+with token sign-in. What the browser shows is checked in the page; what it did, in the API.
+
+The screenshots in docs/ (console-*.png, shown in the README) are taken here.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.test_approvals import APPROVALS, _as
+from tests.e2e.test_gateway import _up
+from tests.e2e.test_review import _gated
+from tests.support import runs
+from tests.support.kube import Kube, eventually
+from tests.support.scenario import app_run, wait_line
+
+playwright = pytest.importorskip("playwright.sync_api")
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (hack/install-browser.sh)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    yield page
+    context.close()  # closes the event streams before the servers stop
+
+
+def _user(kube: Kube, ns: str, tmp_path: Path, name: str = "alice") -> tuple[str, str, Path]:
+    """A ServiceAccount as a user of one namespace: reads runs, budgets and events, controls runs,
+    records approvals. Returns its username, a token for the API server and a kubeconfig with it."""
+    kube.ok(kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": name}}))
+    kube.ok(kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
+        "metadata": {"name": f"{name}-console"},
+        "rules": [{"apiGroups": ["tether.dev"], "resources": ["workerruns"], "verbs": ["get", "list", "watch", "patch"]},
+                  {"apiGroups": ["tether.dev"], "resources": ["workerbudgets"], "verbs": ["get", "list", "watch"]},
+                  {"apiGroups": ["tether.dev"], "resources": ["workerrunapprovals"], "verbs": ["create", "get", "list"]},
+                  {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]}))
+    username = f"system:serviceaccount:{ns}:{name}"
+    kube.ok(kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
+        "metadata": {"name": f"{name}-console"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-console"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}))
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+              "spec": {"resourceAttributes": {"namespace": ns, "verb": "create", "group": "tether.dev",
+                                              "resource": "workerrunapprovals"}}}
+    eventually(lambda: kube.ok(kube.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review,
+                                         headers=_as(username)))["status"].get("allowed"),
+               timeout=10, interval=0.05, what=f"{name}'s role in effect")
+    token = kube.ok(kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
+                              {"spec": {"expirationSeconds": 3600}}))["status"]["token"]
+    admin = yaml.safe_load(Path(kube.kubeconfig_path).read_text())
+    cluster = admin["clusters"][0]["cluster"]
+    config = {"apiVersion": "v1", "kind": "Config",
+              "clusters": [{"name": "c", "cluster": cluster}],
+              "users": [{"name": name, "user": {"token": token}}],
+              "contexts": [{"name": "c", "context": {"cluster": "c", "user": name, "namespace": ns}}],
+              "current-context": "c"}
+    path = tmp_path / f"{name}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return username, token, path
+
+
+@pytest.fixture
+def alice(kube: Kube, namespace: str, tmp_path: Path) -> tuple[str, str, Path]:
+    return _user(kube, namespace, tmp_path)
+
+
+@pytest.fixture
+def console(alice: tuple[str, str, Path], namespace: str) -> Iterator[str]:
+    """`kubectl tether ui` as alice; yields the URL it printed (with its session token)."""
+    plugin = Path(sys.executable).parent / "kubectl-tether"
+    proc = subprocess.Popen([str(plugin), "ui", "--kubeconfig", str(alice[2]), "-n", namespace, "--no-open"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
+        url = lines[1].strip()
+        assert url.startswith("http://127.0.0.1:") and "?token=" in url, (lines, proc.poll())
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        print("--- kubectl tether ui stderr ---", proc.stderr.read() if proc.stderr else "")  # type: ignore[union-attr]
+
+
+def _phase_cell(page: Page, ns: str, name: str) -> Any:
+    return page.locator(f'tr[data-key="{ns}/{name}"] .phase')
+
+
+def _budget(name: str, cents: int) -> dict[str, Any]:
+    return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget", "metadata": {"name": name},
+            "spec": {"limitCents": cents, "limitTokens": 5000, "period": "Daily"}}
+
+
+def test_runs_change_live_and_budgets_fill(kube: Kube, namespace: str, operator, console: str,  # type: ignore[no-untyped-def]
+                                           page: Page) -> None:
+    kube.ok(kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets", _budget("research", 40)))
+    page.goto(console)
+    assert "token=" not in page.url  # the session moved into the cookie
+    page.evaluate("window.__sameDocument = true")
+    expect(page.locator("#live.on")).to_be_visible()
+    assert page.locator("#rows tr").count() == 0
+
+    body = runs.example("short-job.yaml", payload={"steps": 8, "stepSeconds": 1, "centsPerStep": 2})
+    body["spec"]["budget"] = {"budgetRef": {"name": "research"}}
+    runs.create(kube, namespace, body)
+    runs.create(kube, namespace, runs.example("short-job.yaml", payload={"steps": 1, "stepSeconds": 0.1}),
+                name="quick-job")
+    runs.create(kube, namespace, _gated(), name="gated-job")
+    # Pushed, not reloaded: the row appears and its phase moves on in the same document.
+    expect(_phase_cell(page, namespace, "short-job")).to_have_text("Running", timeout=60_000)
+    expect(_phase_cell(page, namespace, "quick-job")).to_have_text("Succeeded", timeout=60_000)
+    expect(_phase_cell(page, namespace, "gated-job")).to_have_text("AwaitingApproval", timeout=60_000)
+    expect(page.locator(f'tr[data-key="{namespace}/short-job"] td').nth(7)).not_to_have_text("0", timeout=30_000)
+    page.screenshot(path=str(DOCS / "console-runs.png"))
+
+    page.select_option("select[name=phase]", "AwaitingApproval")
+    expect(page.locator("#rows tr")).to_have_count(1)
+    assert "phase=AwaitingApproval" in page.url
+    page.select_option("select[name=phase]", "")
+    page.select_option("select[name=budget]", "research")
+    expect(page.locator("#rows tr")).to_have_count(1)
+    expect(_phase_cell(page, namespace, "short-job")).to_have_text("Succeeded", timeout=60_000)
+    assert page.evaluate("window.__sameDocument") is True
+
+    page.click("nav >> text=Budgets")
+    gauge = page.locator(f'section[data-budget="{namespace}/research"] .gauge').first
+    expect(gauge).to_contain_text("16 of 40", timeout=30_000)  # 8 steps of 2 cents, charged once
+    expect(page.locator(f'section[data-budget="{namespace}/research"] table')).to_contain_text("short-job")
+    page.screenshot(path=str(DOCS / "console-budgets.png"), full_page=True)
+
+
+def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operator, alice: tuple[str, str, Path],  # type: ignore[no-untyped-def]
+                                            console: str, page: Page) -> None:
+    username = alice[0]
+    created = runs.create(kube, namespace, _gated())
+    runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
+    page.goto(console)
+    page.click("nav >> text=Review queue")
+    item = page.locator(f'form.decide[data-action$="/{namespace}/short-job/decide"][data-gate="Start"]')
+    expect(item).to_be_visible()
+    item.locator("input[name=reason]").fill("estimate checked")
+    page.screenshot(path=str(DOCS / "console-review.png"))
+    item.locator("button.approve").click()
+    expect(page.locator("#flash")).to_contain_text(f"Approve Start of short-job (attempt 0) recorded", timeout=15_000)
+    expect(page.locator("#flash")).to_contain_text(username)
+    expect(page.locator("#queue")).to_contain_text("nothing awaits a decision", timeout=30_000)
+
+    (approval,) = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
+    spec = approval["spec"]
+    assert (spec["approver"], spec["decision"], spec["gate"], spec["reason"]) == (
+        username, "Approve", "Start", "estimate checked")
+    assert spec["runRef"] == {"name": "short-job", "uid": created["metadata"]["uid"]}
+    assert spec.get("attempt", 0) == 0
+    assert runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed"), timeout=60)["status"]["phase"] == \
+        "Succeeded"
+
+
+def test_controls_act_as_the_user(kube: Kube, namespace: str, operator, console: str, page: Page) -> None:  # type: ignore[no-untyped-def]
+    runs.create(kube, namespace, runs.example("short-job.yaml", payload={"steps": 60, "stepSeconds": 1}))
+    runs.wait_phase(kube, namespace, "short-job", "Running", timeout=60)
+    page.goto(console)
+    page.goto(page.url.rstrip("/") + f"/runs/{namespace}/short-job")
+    page.click("#controls >> text=Suspend")
+    expect(page.locator("#controls")).to_contain_text("Resume", timeout=15_000)
+    assert runs.get(kube, namespace, "short-job")["spec"]["suspend"] is True
+    page.once("dialog", lambda d: d.accept())
+    page.click("#controls >> text=Stop")
+    expect(page.locator("#phase")).to_have_text("Cancelled", timeout=60_000)
+    assert runs.get(kube, namespace, "short-job")["spec"]["stop"] is True
+
+
+@pytest.mark.local_cluster
+def test_the_timeline_of_a_frozen_and_lost_worker(kube: Kube, namespace: str, operator, console: str,  # type: ignore[no-untyped-def]
+                                                  page: Page, tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    runs.create(kube, namespace, app_run("paused", {"holdAttempts": [1], "outFile": str(out), "usageCents": 4,
+                                                    "checkpoint": "row-17", "workSeconds": 2}, duration=8))
+    pid = wait_line(out, event="started", attempt=1)["pid"]
+    try:
+        runs.wait_phase(kube, namespace, "paused", "Running", timeout=30)
+        page.goto(console)
+        page.goto(page.url.rstrip("/") + f"/runs/{namespace}/paused")
+        expect(page.locator("svg.timeline rect[data-outcome=Running]")).to_have_count(1)
+        os.kill(pid, signal.SIGSTOP)  # frozen: no more renewals, the lease lapses
+        # Drawn live as the operator revokes attempt 1 and attempt 2 finishes.
+        expect(page.locator("svg.timeline rect[data-outcome=LeaseLost]")).to_have_count(1, timeout=60_000)
+        expect(page.locator("svg.timeline rect[data-outcome=Succeeded]")).to_have_count(1, timeout=60_000)
+        os.kill(pid, signal.SIGCONT)  # its late result is refused
+        wait_line(out, timeout=30, event="complete", attempt=1)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    expect(page.locator("#phase")).to_have_text("Succeeded")
+    expect(page.locator('svg.timeline .mark[data-kind="lapse"]')).to_have_count(1)
+    expect(page.locator('svg.timeline .mark[data-kind="revoked"]')).to_have_count(2)
+    expect(page.locator("svg.usage .checkpoint")).not_to_have_count(0)
+    expect(page.locator("#events")).to_contain_text("LeaseLost")
+    expect(page.locator("#conditions")).to_contain_text("Succeeded")
+    page.screenshot(path=str(DOCS / "console-run.png"), full_page=True)
+
+
+def _gateway(namespace: str, tmp_path: Path) -> Any:
+    from tests.e2e.test_ship import _free_port
+    from tests.support.operator_process import OperatorProcess
+
+    port = _free_port()
+    op = OperatorProcess(namespace, os.environ["TETHER_TEST_KUBECONFIG"], tmp_path / "op.log",
+                         extra_args=[f"--gateway-port={port}", "--gateway-host=127.0.0.1"],
+                         extra_env={"TETHER_FOLD_INTERVAL_SECONDS": "1"}).start()
+    eventually(lambda: _up(f"http://127.0.0.1:{port}"), timeout=30, what="the gateway")
+    return op, f"http://localhost:{port}/console"
+
+
+def test_the_console_behind_the_gateway_signs_in_with_a_token(kube: Kube, namespace: str, tmp_path: Path,
+                                                              alice: tuple[str, str, Path], browser: Browser) -> None:
+    username, token, _ = alice
+    op, url = _gateway(namespace, tmp_path)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(url + "/")
+        assert page.url.endswith("/console/login")
+        page.fill("textarea[name=token]", "not-a-token")
+        page.click("text=Log in")
+        expect(page.locator("#login-error")).to_contain_text("not valid")
+        assert context.cookies() == []
+
+        # All namespaces: alice may list runs in hers only, and the console has no other rights.
+        page.fill("textarea[name=token]", token)
+        page.click("text=Log in")
+        expect(page.locator("header .who")).to_contain_text(f"{username} · all namespaces")
+        expect(page.locator("#errors")).to_contain_text("forbidden")
+        (cookie,) = [c for c in context.cookies() if c["name"] == "tether_console"]
+        assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+        page.click("text=log out")
+
+        page.fill("textarea[name=token]", token)
+        page.fill("input[name=namespace]", namespace)
+        page.click("text=Log in")
+        runs.create(kube, namespace, _gated())
+        expect(_phase_cell(page, namespace, "short-job")).to_have_text("AwaitingApproval", timeout=30_000)
+        expect(page.locator("#errors")).to_be_empty()
+        page.click(f'tr[data-key="{namespace}/short-job"] a')
+        form = page.locator('#review form.decide[data-gate="Start"]')
+        form.locator("input[name=reason]").fill("too expensive")
+        form.locator("button.deny").click()
+        expect(page.locator("#flash")).to_contain_text(f"Deny Start of short-job (attempt 0) recorded")
+        expect(page.locator("#phase")).to_have_text("Rejected", timeout=30_000)
+        (approval,) = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
+        assert approval["spec"]["approver"] == username  # the user's own token, not the operator's
+    finally:
+        context.close()
+        op.stop()
