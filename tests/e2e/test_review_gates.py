@@ -9,13 +9,18 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tether.worker import WorkerRun
 from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
+from tests.e2e.test_gateway import call, external_run, gateway, open_attempt  # noqa: F401 (gateway: a fixture)
 from tests.support import runs
 from tests.support.audit import AuditLog
-from tests.support.kube import Kube, eventually
+from tests.support.kube import Kube, eventually, worker_identity
 from tests.support.scenario import app_run, wait_line, watch_last_renewal
 from tests.unit.test_argocd_health import health
 
@@ -180,3 +185,53 @@ def test_a_stale_workers_request_is_refused_and_a_decision_reaches_only_its_atte
               and r.object_ref.name == "stale" and r.verb in ("update", "patch") and r.user.pod == "stale-a1"
               and r.received > granted]
     assert writes and not any(r.accepted for r in writes), writes
+
+
+# --- over the gateway ---------------------------------------------------------------------
+
+
+@pytest.mark.local_cluster
+def test_external_worker_asks_through_the_gateway_and_gets_the_reviewers_feedback(
+        kube: Kube, namespace: str, gateway: str) -> None:
+    _grant_approver(kube, namespace, "alice")
+    token = worker_identity(kube, namespace, "ext")
+    runs.create(kube, namespace, external_run("ext-job", review={"result": True}))
+    open_attempt(kube, namespace, "ext-job")
+    c = call(gateway, namespace, "ext-job", "claim", token, {}).json()
+    fenced = {"holder": c["holder"], "fence": c["fence"], "runUid": c["runUid"]}
+    # The approval call records the request; nothing is decided yet.
+    asked = call(gateway, namespace, "ext-job", "approval", token,
+                 {**fenced, "name": "refund", "details": "refund 30 EUR", "timeoutSeconds": 600})
+    assert asked.status_code == 200 and asked.json()["decision"] is None, asked.text
+    eventually(lambda: ("refund", 1) in _pending(runs.get(kube, namespace, "ext-job")), timeout=30,
+               what="the request in the status")
+    bad = call(gateway, namespace, "ext-job", "approval", token, {**fenced, "name": "Refund!"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "name", bad.text
+    stale = call(gateway, namespace, "ext-job", "approval", token, {**fenced, "fence": c["fence"] + 1, "name": "x"})
+    assert stale.status_code == 410, stale.text
+    _decide(kube, namespace, "ext-job", "refund", "Approve", "within policy", attempt=1)
+
+    def decided() -> dict[str, Any] | None:
+        beat = call(gateway, namespace, "ext-job", "heartbeat", token, fenced).json()
+        return beat["decisions"].get("refund")
+    assert eventually(decided, timeout=30, what="the decision in the heartbeat reply") == {
+        "decision": "Approve", "reason": "within policy", "approver": "alice"}
+    done = call(gateway, namespace, "ext-job", "complete", token, {**fenced, "result": {"refunded": 30}})
+    assert done.status_code == 200, done.text
+    runs.wait_phase(kube, namespace, "ext-job", "AwaitingReview", timeout=30)
+    _decide(kube, namespace, "ext-job", "Result", "Deny", "attach the receipt", attempt=1)
+    open_attempt(kube, namespace, "ext-job")
+    # The SDK over the gateway: request_approval blocks until a person decides.
+    sdk = WorkerRun.claim(gateway, namespace, "ext-job", token)
+    with sdk:
+        assert sdk.attempt == 2 and sdk.review_feedback == "attach the receipt"
+        threading.Thread(target=lambda: (
+            eventually(lambda: ("deploy", 2) in _pending(runs.get(kube, namespace, "ext-job")), timeout=30,
+                       what="attempt 2's request"),
+            _decide(kube, namespace, "ext-job", "deploy", "Deny", "not today", attempt=2)), daemon=True).start()
+        decision = sdk.request_approval("deploy", "deploy v2", timeout=600)
+        assert (decision.decision, decision.reason, decision.approved) == ("Deny", "not today", False)
+        sdk.complete({"refunded": 30, "receipt": "r-1"})
+    _decide(kube, namespace, "ext-job", "Result", "Approve", "receipt attached", attempt=2)
+    final = runs.wait_phase(kube, namespace, "ext-job", ("Succeeded", "Failed", "Rejected"), timeout=30)
+    assert final["status"]["phase"] == "Succeeded" and final["status"]["result"]["receipt"] == "r-1"
