@@ -5,8 +5,10 @@
 
 import { ClaimRefused, ResultInvalid, type InvalidCause } from "./errors.js";
 import {
+  parseDecisions,
   retryAfterSeconds,
   signalsFromRemaining,
+  type ApprovalRequest,
   type JsonObject,
   type PublishField,
   type Signals,
@@ -33,6 +35,8 @@ export interface ClaimReply {
   checkpoint: string | null;
   idempotencyKey: string;
   toolClaim: ToolClaim | null;
+  /** Why a person denied the previous attempt's result (spec.review.result), for this one to act on. */
+  reviewFeedback: string | null;
 }
 
 interface GatewayAnswer {
@@ -114,6 +118,7 @@ export async function claimRun(gatewayUrl: string, namespace: string, name: stri
     checkpoint: typeof doc.checkpoint === "string" ? doc.checkpoint : null,
     idempotencyKey: typeof doc.idempotencyKey === "string" ? doc.idempotencyKey : "",
     toolClaim: toolClaimOf(doc),
+    reviewFeedback: typeof doc.reviewFeedback === "string" ? doc.reviewFeedback : null,
   };
 }
 
@@ -123,9 +128,13 @@ function intOrNull(v: unknown): number | null {
 
 /** The gateway's flat heartbeat reply as signals (caps counted against the usage it was sent). */
 export function gatewaySignals(doc: Record<string, unknown>, usage: Usage | null): Signals {
-  return signalsFromRemaining(doc.stop === true, doc.paused === true,
+  const signals = signalsFromRemaining(doc.stop === true, doc.paused === true,
     typeof doc.endsAt === "string" ? doc.endsAt : null,
     intOrNull(doc.capRemainingCents), intOrNull(doc.capRemainingTokens), usage);
+  // Malformed decisions decide nothing (the next heartbeat asks again); the other signals stand,
+  // as the Python SDK reads the same reply.
+  const decisions = doc.decisions === undefined ? null : parseDecisions(doc.decisions);
+  return decisions === null ? signals : { ...signals, decisions };
 }
 
 export class GatewayTransport implements Transport {
@@ -162,8 +171,14 @@ export class GatewayTransport implements Transport {
     }
   }
 
-  async renew(checkpoint: string | null, usage: Usage | null): Promise<Renewal> {
+  async renew(checkpoint: string | null, usage: Usage | null,
+    requests: readonly ApprovalRequest[] = []): Promise<Renewal> {
     const body: Record<string, unknown> = {};
+    if (requests.length > 0) {
+      body.requests = requests.map((r) => ({
+        name: r.name, details: r.details, ...(r.timeoutSeconds === null ? {} : { timeoutSeconds: r.timeoutSeconds }),
+      }));
+    }
     if (checkpoint !== null) body.checkpoint = checkpoint;
     if (usage !== null) body.usage = { cents: usage.cents, tokens: usage.tokens };
     const answer = await this.call("heartbeat", body);

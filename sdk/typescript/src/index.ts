@@ -12,7 +12,9 @@
  */
 
 export { WorkerRun } from "./run.js";
-export type { ClaimOptions, EffectOptions, FromEnvOptions, StartOptions, WorkerRunOptions } from "./run.js";
+export type {
+  ApprovalDecision, ApprovalOptions, ClaimOptions, EffectOptions, FromEnvOptions, StartOptions, WorkerRunOptions,
+} from "./run.js";
 export {
   ClaimRefused,
   LeaseLost,
@@ -34,4 +36,4 @@ export type { KubeConfigSource } from "./kube.js";
 export { GatewayTransport } from "./gateway.js";
 export type { ClaimReply, ToolClaim } from "./gateway.js";
 export * as protocol from "./protocol.js";
-export type { ControlSignals, Json, JsonObject, Ownership, Usage } from "./protocol.js";
+export type { ApprovalRequest, ControlSignals, GateDecision, Json, JsonObject, Ownership, Usage } from "./protocol.js";

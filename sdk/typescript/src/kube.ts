@@ -32,6 +32,7 @@ import {
 
 import { LeaseLost, ResultInvalid } from "./errors.js";
 import {
+  ANN_REQUESTS,
   GROUP,
   PLURAL,
   VERSION,
@@ -43,7 +44,9 @@ import {
   publicationRecorded,
   refusesValue,
   renewal,
+  requestsAnnotation,
   retryAfterSeconds,
+  type ApprovalRequest,
   type JsonObject,
   type LeaseObject,
   type PublishField,
@@ -241,11 +244,13 @@ export class KubeTransport implements Transport {
     return holds(lease, this.holder, this.fence, this.runUid);
   }
 
-  async renew(checkpoint: string | null, usage: Usage | null): Promise<Renewal> {
-    return this.renewOnce(checkpoint, usage, true);
+  async renew(checkpoint: string | null, usage: Usage | null,
+    requests: readonly ApprovalRequest[] = []): Promise<Renewal> {
+    return this.renewOnce(checkpoint, usage, requests, true);
   }
 
-  private async renewOnce(checkpoint: string | null, usage: Usage | null, retryConflict: boolean): Promise<Renewal> {
+  private async renewOnce(checkpoint: string | null, usage: Usage | null, requests: readonly ApprovalRequest[],
+    retryConflict: boolean): Promise<Renewal> {
     if (this.lease === null) {
       const got = await this.getLease();
       if (!got.ok) return unconfirmed(`lease read refused: ${got.status} ${got.text.slice(0, 200)}`);
@@ -253,7 +258,10 @@ export class KubeTransport implements Transport {
       this.lease = got.body;
     }
     if (!this.isMine(this.lease)) return unconfirmed("the lease names another holder or fence", true);
-    const body = renewal(this.lease, new Date(), checkpoint, usage);
+    // No requests, no annotation: a worker that asks for nothing writes what it always did.
+    const asked: Record<string, string> = requests.length > 0
+      ? { [ANN_REQUESTS]: requestsAnnotation(requests) } : {};
+    const body = renewal(this.lease, new Date(), checkpoint, usage, asked);
     const wire: Wire = { text: null };
     const put = await this.call("PUT lease", () => this.leases.replaceNamespacedLease(
       { name: this.name, namespace: this.namespace, body: body as V1Lease }, this.options({ send: JSON.stringify(body), wire })));
@@ -271,7 +279,7 @@ export class KubeTransport implements Transport {
       }
       this.lease = got.body;
       if (!this.isMine(this.lease)) return unconfirmed("renewal conflicted and the lease is no longer ours", true);
-      if (retryConflict) return this.renewOnce(checkpoint, usage, false);
+      if (retryConflict) return this.renewOnce(checkpoint, usage, requests, false);
       return unconfirmed("renewal conflicted twice");
     }
     if (put.status === 404) return unconfirmed("the lease is gone", true);

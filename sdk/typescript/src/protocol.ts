@@ -13,6 +13,8 @@ export const PLURAL = "workerruns";
 /** Lease annotations the worker writes on each renewal (one write carries both). */
 export const ANN_CHECKPOINT = "tether.dev/checkpoint";
 export const ANN_USAGE = "tether.dev/usage";
+/** Lease annotation the worker writes on each renewal: every approval request of its attempt (§9). */
+export const ANN_REQUESTS = "tether.dev/requests";
 /** Lease annotation the operator writes: the control signals, read from every renewal's answer. */
 export const ANN_SIGNALS = "tether.dev/signals";
 
@@ -30,6 +32,7 @@ export const ENV = {
   payloadFrom: "TETHER_PAYLOAD_FROM",
   checkpoint: "TETHER_CHECKPOINT",
   idempotencyKey: "TETHER_IDEMPOTENCY_KEY",
+  reviewFeedback: "TETHER_REVIEW_FEEDBACK",
 } as const;
 
 /** TETHER_PAYLOAD_FROM's only value: the payload was too large for the environment. */
@@ -95,6 +98,13 @@ export interface Usage {
   tokens: number;
 }
 
+/** A person's decision on one of the attempt's approval requests (docs/protocol.md §9). */
+export interface GateDecision {
+  decision: "Approve" | "Deny" | "TimedOut";
+  reason: string | null;
+  approver: string | null;
+}
+
 /** The control signals as the operator writes them on the Lease (`tether.dev/signals`). */
 export interface Signals {
   stop: boolean;
@@ -106,11 +116,14 @@ export interface Signals {
   /** Spent by earlier attempts: the worker's own reports count from zero. */
   baseCents: number;
   baseTokens: number;
+  /** Decisions on this attempt's approval requests, by request name (only this attempt's: the
+   * operator rewrites the Lease at every grant). */
+  decisions: Readonly<Record<string, GateDecision>>;
 }
 
 export const NO_SIGNALS: Readonly<Signals> = Object.freeze({
   stop: false, paused: false, reason: null, endsAt: null,
-  capCents: null, capTokens: null, baseCents: 0, baseTokens: 0,
+  capCents: null, capTokens: null, baseCents: 0, baseTokens: 0, decisions: Object.freeze({}),
 });
 
 /** What the control plane says, as the worker sees it: caps counted against its own usage. */
@@ -259,7 +272,39 @@ export function parseSignals(raw: string | null | undefined): Signals | null {
   if (capCents === undefined || capTokens === undefined || baseCents === undefined || baseTokens === undefined) {
     return null;
   }
-  return { stop, paused, reason, endsAt, capCents, capTokens, baseCents: baseCents ?? 0, baseTokens: baseTokens ?? 0 };
+  // Absent: none decided; null or any other malformed value makes the whole annotation malformed,
+  // as a wrong type in any other signal does (§7).
+  const decisions = doc.decisions === undefined ? {} : parseDecisions(doc.decisions);
+  if (decisions === null) return null;
+  return {
+    stop, paused, reason, endsAt, capCents, capTokens, baseCents: baseCents ?? 0, baseTokens: baseTokens ?? 0,
+    decisions,
+  };
+}
+
+const DECISIONS: readonly string[] = ["Approve", "Deny", "TimedOut"];
+
+function optionalString(v: unknown): string | null | undefined {
+  if (v === undefined || v === null) return null;
+  return typeof v === "string" ? v : undefined;
+}
+
+/**
+ * The `decisions` signal: `{"<name>": {"decision", "reason"?, "approver"?}}`. null when it is not
+ * that (any entry malformed): a decision is acted upon, so none is taken from a value that is wrong
+ * anywhere. Unknown keys of an entry are ignored, as the operator's own model does.
+ */
+export function parseDecisions(v: unknown): Record<string, GateDecision> | null {
+  if (!isObject(v)) return null;
+  const out: Record<string, GateDecision> = {};
+  for (const [name, entry] of Object.entries(v)) {
+    if (!isObject(entry) || typeof entry.decision !== "string" || !DECISIONS.includes(entry.decision)) return null;
+    const reason = optionalString(entry.reason);
+    const approver = optionalString(entry.approver);
+    if (reason === undefined || approver === undefined) return null;
+    out[name] = { decision: entry.decision as GateDecision["decision"], reason, approver };
+  }
+  return out;
 }
 
 /** The operator's signals on a Lease (see `parseSignals`). */
@@ -296,7 +341,7 @@ export function signalsFromRemaining(stop: boolean, paused: boolean, endsAt: str
     stop, paused, reason: null, endsAt,
     capCents: centsLeft === null ? null : centsLeft + usage.cents,
     capTokens: tokensLeft === null ? null : tokensLeft + usage.tokens,
-    baseCents: 0, baseTokens: 0,
+    baseCents: 0, baseTokens: 0, decisions: {},
   };
 }
 
@@ -304,15 +349,17 @@ export function signalsFromRemaining(stop: boolean, paused: boolean, endsAt: str
 
 /**
  * The body of a heartbeat: the Lease as last seen (its resourceVersion makes the PUT a
- * compare-and-swap), renewTime set, checkpoint and usage riding on the same write.
+ * compare-and-swap), renewTime set, checkpoint and usage (and `extraAnnotations`, the approval
+ * requests) riding on the same write.
  */
 export function renewal(lease: LeaseObject, now: Date, checkpoint: string | null = null,
-  usage: Usage | null = null): LeaseObject {
+  usage: Usage | null = null, extraAnnotations: Readonly<Record<string, string>> = {}): LeaseObject {
   const body = structuredClone(lease);
   body.spec = { ...(body.spec ?? {}), renewTime: microTime(now) };
   const ann = annotations(body);
   if (checkpoint !== null) ann[ANN_CHECKPOINT] = checkpoint;
   if (usage !== null) ann[ANN_USAGE] = usageAnnotation(usage);
+  Object.assign(ann, extraAnnotations);
   body.metadata = { ...(body.metadata ?? {}), annotations: ann };
   return body;
 }
@@ -366,6 +413,59 @@ export function publicationRecorded(run: RunObject, holder: string, fence: numbe
   const last = mine[mine.length - 1];
   return last !== undefined && last.outcome === PUBLISHED_OUTCOME[field]
     && (field !== "result" || jsonEqual(status.result, value));
+}
+
+// --- approval requests (docs/protocol.md §9) -----------------------------------------------------
+
+/** A request's name: what a WorkerRunApproval's spec.gate names to decide it. */
+const REQUEST_NAME = /^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$/;
+/** start and result name the run's own gates (Start, Result), which a worker cannot ask for. */
+const RESERVED_REQUEST_NAMES: readonly string[] = ["start", "result"];
+export const MAX_REQUESTS_PER_ATTEMPT = 20;
+export const MAX_REQUEST_DETAILS = 4096;
+export const MAX_REQUEST_TIMEOUT = 31_536_000;
+
+/** One approval a worker asks for: its name, what it wants to do, how long it waits (null: forever). */
+export interface ApprovalRequest {
+  name: string;
+  details: string;
+  timeoutSeconds: number | null;
+}
+
+/** Why an approval request is malformed (what the operator and the gateway would refuse), or null. */
+export function requestRefusal(name: string, details: string, timeoutSeconds: number | null): string | null {
+  if (!REQUEST_NAME.test(name)) return "a request's name is lower-case letters, digits and '-', 1 to 63 characters";
+  if (RESERVED_REQUEST_NAMES.includes(name)) return `'${name}' names a gate of the run itself (Start, Result), not a request`;
+  // Characters as the operator counts them: code points, not UTF-16 units.
+  if ([...details].length > MAX_REQUEST_DETAILS) return `details must be a string of at most ${MAX_REQUEST_DETAILS} characters`;
+  if (timeoutSeconds !== null && !(Number.isSafeInteger(timeoutSeconds) && timeoutSeconds >= 1
+    && timeoutSeconds <= MAX_REQUEST_TIMEOUT)) {
+    return `timeoutSeconds must be an integer from 1 to ${MAX_REQUEST_TIMEOUT}`;
+  }
+  return null;
+}
+
+/**
+ * A JSON string as Python's `json.dumps` writes it (ensure_ascii): everything outside printable
+ * ASCII, DEL included, as a lower-case `\uXXXX` escape (UTF-16 units, so astral characters as a
+ * surrogate pair). JSON.stringify already writes the rest (quotes, backslashes, control
+ * characters, lone surrogates) exactly as Python does.
+ */
+function asciiJson(s: string): string {
+  return JSON.stringify(s).replace(/[\u007f-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
+}
+
+/**
+ * The `tether.dev/requests` value: every request of the attempt, by name. Byte for byte what the
+ * Python SDK writes (sorted keys, compact, ASCII, `timeoutSeconds` only when set), so every SDK
+ * sends the same annotation for the same requests.
+ */
+export function requestsAnnotation(requests: readonly ApprovalRequest[]): string {
+  const entries = [...requests].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)).map((r) => {
+    const timeout = r.timeoutSeconds === null ? "" : `,"timeoutSeconds":${r.timeoutSeconds}`;
+    return `${asciiJson(r.name)}:{"details":${asciiJson(r.details)}${timeout}}`;
+  });
+  return `{${entries.join(",")}}`;
 }
 
 // --- reading the API server's answers -------------------------------------------------------------

@@ -14,17 +14,21 @@ import { KubeTransport, loadKubeConfig } from "./kube.js";
 import { jsonLogger, type LogLevel, type Logger } from "./log.js";
 import {
   ENV,
+  MAX_REQUESTS_PER_ATTEMPT,
   NO_SIGNALS,
   PAYLOAD_FROM_RUN,
   controlSignals,
   jsonEqual,
   nextDelay,
   ownership,
+  requestRefusal,
   requestTimeout,
   safetyMargin,
   validCursor,
   validReport,
+  type ApprovalRequest,
   type ControlSignals,
+  type GateDecision,
   type JsonObject,
   type Ownership,
   type PublishField,
@@ -67,8 +71,24 @@ export interface WorkerRunOptions {
   /** Default `<namespace>/<name>`. */
   idempotencyKey?: string;
   runUid?: string | null;
+  /** Why a person denied the previous attempt's result (spec.review.result). */
+  reviewFeedback?: string | null;
   clock?: Clock;
   logger?: Logger;
+}
+
+/** A person's decision on a `requestApproval`. */
+export interface ApprovalDecision {
+  readonly decision: GateDecision["decision"];
+  readonly reason: string | null;
+  readonly approver: string | null;
+  /** decision is Approve (Deny and TimedOut are not). */
+  readonly approved: boolean;
+}
+
+export interface ApprovalOptions {
+  /** How often to renew while waiting, so the decision arrives promptly (default 2000 ms). */
+  pollMs?: number;
 }
 
 /** What `fromEnv` and `claim` accept besides their required arguments. */
@@ -130,6 +150,9 @@ export class WorkerRun {
   readonly margin: number;
   readonly payload: JsonObject;
   readonly idempotencyKey: string;
+  /** Why a person denied the previous attempt's result (spec.review.result), for this one to act
+   * on; null when none was. */
+  readonly reviewFeedback: string | null;
   /** The last checkpoint: the one resumed from, then each one recorded. */
   checkpointCursor: string | null;
   /** Monotonic time the current signals arrived (null: none yet). */
@@ -147,6 +170,11 @@ export class WorkerRun {
   private pendingCheckpoint: string | null = null;
   private usage: Usage | null = null;
   private rawSignals: Signals = { ...NO_SIGNALS };
+  /** Every approval this attempt asked for, by name: each renewal carries them all. */
+  private readonly requests = new Map<string, ApprovalRequest>();
+  /** Aborted (and replaced) when something a waiting requestApproval acts on changes: new signals,
+   * lost ownership, close. */
+  private signalled = new AbortController();
   /** Renewals run one at a time (a flush and the heartbeat must not race on the resourceVersion). */
   private renewals: Promise<unknown> = Promise.resolve();
   private wake: AbortController | null = null;
@@ -164,6 +192,7 @@ export class WorkerRun {
     this.margin = safetyMargin(options.leaseDurationSeconds);
     this.payload = options.payload ?? {};
     this.checkpointCursor = options.checkpoint ?? null;
+    this.reviewFeedback = options.reviewFeedback ?? null;
     this.idempotencyKey = options.idempotencyKey || `${options.namespace}/${options.name}`;
     this.transport = options.transport;
     this.clock = options.clock ?? systemClock;
@@ -203,6 +232,7 @@ export class WorkerRun {
       leaseDurationSeconds: number(env, ENV.leaseDuration, false),
       checkpoint: env[ENV.checkpoint] ?? null,
       idempotencyKey: env[ENV.idempotencyKey] ?? "",
+      reviewFeedback: env[ENV.reviewFeedback] || null,
       ...(options.clock ? { clock: options.clock } : {}),
       logger,
     });
@@ -231,6 +261,7 @@ export class WorkerRun {
       payload: reply.payload,
       checkpoint: reply.checkpoint,
       idempotencyKey: reply.idempotencyKey,
+      reviewFeedback: reply.reviewFeedback,
       ...(options.clock ? { clock: options.clock } : {}),
       ...(options.logger ? { logger: options.logger } : {}),
     });
@@ -310,6 +341,7 @@ export class WorkerRun {
       this.isLost = true;
       this.log("warn", `lease lost: ${why}`, "heartbeat_lost", { reason: why });
       this.wake?.abort();
+      this.notify();
     }
   }
 
@@ -356,7 +388,7 @@ export class WorkerRun {
     const started = this.clock.now();
     let result: Renewal;
     try {
-      result = await this.transport.renew(this.pendingCheckpoint, this.usage);
+      result = await this.transport.renew(this.pendingCheckpoint, this.usage, [...this.requests.values()]);
     } catch (err) {
       if (!(err instanceof Unanswered)) throw err;
       this.log("warn", "heartbeat got no answer", "heartbeat_unanswered", { error: err.message });
@@ -378,6 +410,7 @@ export class WorkerRun {
     if (jsonEqual(signals, this.rawSignals)) return;
     this.rawSignals = signals;
     this.signalsSeenAt = this.clock.now();
+    this.notify();
     this.log("info", "control signals changed", "signals_changed",
       { stop: signals.stop, paused: signals.paused, reason: signals.reason });
   }
@@ -407,6 +440,54 @@ export class WorkerRun {
     const why = validReport(report, this.usage);
     if (why !== null) throw new RangeError(`usage report refused: ${why}`);
     this.usage = report;
+  }
+
+  // --- approvals ---------------------------------------------------------------------------------
+
+  /** Wakes a waiting requestApproval. */
+  private notify(): void {
+    this.signalled.abort();
+    this.signalled = new AbortController();
+  }
+
+  /**
+   * Asks a person to approve a step (a WorkerRunApproval with gate `name`) and resolves when the
+   * control plane says Approve, Deny or TimedOut (after `timeoutSeconds`, counted by the operator
+   * from when it saw the request; null: no timeout). The request rides on this attempt's renewals,
+   * which only its holder can write; the decision comes back on them, and only for this attempt.
+   * While waiting it renews every `pollMs` so the decision arrives promptly. Asking again for a
+   * decided name resolves with that decision.
+   *
+   * Throws RangeError for a request the control plane would refuse (before sending anything).
+   * Rejects with LeaseLost, OwnershipUnknown or StopRequested when the attempt cannot act on any
+   * decision: ownership lost or unknown, told to stop, or the run closed meanwhile.
+   */
+  async requestApproval(name: string, details = "", timeoutSeconds: number | null = null,
+    options: ApprovalOptions = {}): Promise<ApprovalDecision> {
+    const why = requestRefusal(name, details, timeoutSeconds);
+    if (why !== null) throw new RangeError(`approval request refused: ${why}`);
+    if (!this.requests.has(name)) {
+      if (this.requests.size >= MAX_REQUESTS_PER_ATTEMPT) {
+        throw new RangeError(`approval request refused: an attempt may make at most ${MAX_REQUESTS_PER_ATTEMPT} requests`);
+      }
+      this.requests.set(name, { name, details, timeoutSeconds });
+    }
+    const pollSeconds = (options.pollMs ?? 2000) / 1000;
+    this.log("info", "approval requested", "approval_requested", { request: name });
+    await this.renewLogged();
+    for (;;) {
+      const decided = this.rawSignals.decisions[name];
+      if (decided !== undefined) {
+        this.log("info", "approval decided", "approval_decided", { request: name, decision: decided.decision });
+        return { ...decided, approved: decided.decision === "Approve" };
+      }
+      // A closed run renews no more: no decision could arrive.
+      if (this.closed) throw new StopRequested("the run was closed while waiting for an approval");
+      this.ensureOwner(); // lost, unknown or told to stop: no decision can be acted on
+      const woken = this.signalled.signal;
+      await this.clock.sleep(pollSeconds, { signal: woken });
+      if (!woken.aborted) await this.renewLogged();
+    }
   }
 
   // --- results -----------------------------------------------------------------------------------
@@ -518,6 +599,7 @@ export class WorkerRun {
     running.delete(this);
     this.stopping = true;
     this.wake?.abort();
+    this.notify();
     await this.loop;
     if (!this.isLost && !this.finished) await this.renewLogged();
     await this.transport.close();

@@ -4,7 +4,7 @@
  * failure classes) is one piece of code, and a test can drive it with a fake transport.
  */
 
-import type { PublishField, Signals, Usage } from "./protocol.js";
+import type { ApprovalRequest, PublishField, Signals, Usage } from "./protocol.js";
 
 /** The outcome of one renewal. */
 export interface Renewal {
@@ -44,10 +44,11 @@ export class Unanswered extends Error {
 
 export interface Transport {
   /**
-   * One conditional renewal carrying the pending checkpoint and the attempt's usage. Answers that
-   * refuse it come back as a Renewal; no answer at all throws `Unanswered`.
+   * One conditional renewal carrying the pending checkpoint, the attempt's usage and every approval
+   * request it made (each renewal carries them all). Answers that refuse it come back as a Renewal;
+   * no answer at all throws `Unanswered`.
    */
-  renew(checkpoint: string | null, usage: Usage | null): Promise<Renewal>;
+  renew(checkpoint: string | null, usage: Usage | null, requests: readonly ApprovalRequest[]): Promise<Renewal>;
   /**
    * One fenced write of the result or error. true: published; false: refused for good (the attempt
    * is not this worker's any more). Throws `ResultInvalid` (the value was refused) or `Unanswered`

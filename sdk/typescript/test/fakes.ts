@@ -4,7 +4,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 
 import type { Clock, SleepOptions } from "../src/clock.js";
-import type { PublishField, Usage } from "../src/protocol.js";
+import type { ApprovalRequest, PublishField, Usage } from "../src/protocol.js";
 import { confirmed, type Renewal, type Transport } from "../src/transport.js";
 
 /** Lets every pending promise callback run. */
@@ -78,6 +78,8 @@ async function play<T>(script: Step<T>[], fallback: T): Promise<T> {
 /** Answers from scripts, in order; when a script runs out: renewals confirm, publications land. */
 export class FakeTransport implements Transport {
   readonly renewals: { checkpoint: string | null; usage: Usage | null }[] = [];
+  /** The approval requests each renewal carried, in order. */
+  readonly asked: ApprovalRequest[][] = [];
   readonly publications: { field: PublishField; value: unknown }[] = [];
   recordedCalls = 0;
   closed = false;
@@ -85,8 +87,9 @@ export class FakeTransport implements Transport {
   publishScript: Step<boolean>[] = [];
   recordedScript: Step<boolean>[] = [];
 
-  async renew(checkpoint: string | null, usage: Usage | null): Promise<Renewal> {
+  async renew(checkpoint: string | null, usage: Usage | null, requests: readonly ApprovalRequest[]): Promise<Renewal> {
     this.renewals.push({ checkpoint, usage: usage === null ? null : { ...usage } });
+    this.asked.push(requests.map((r) => ({ ...r })));
     return play(this.renewScript, confirmed(null));
   }
 

@@ -61,6 +61,7 @@ describe("claim", () => {
       assert.equal(calls("heartbeat").length, 1);
       assert.equal(run.owned, true);
       assert.equal(run.signals.capRemainingCents, 380);
+      assert.equal(run.reviewFeedback, null);
     } finally {
       await run.close();
     }
@@ -97,7 +98,28 @@ describe("heartbeat", () => {
     force("heartbeat", heartbeatReply({ stop: true, paused: true, endsAt: "2026-12-01T00:00:00Z", capRemainingTokens: 50 }));
     const r = await transport().renew(null, { cents: 120, tokens: 9 });
     assert.deepEqual({ ...r.signals }, { stop: true, paused: true, reason: null, endsAt: "2026-12-01T00:00:00Z",
-      capCents: 500, capTokens: 59, baseCents: 0, baseTokens: 0 });
+      capCents: 500, capTokens: 59, baseCents: 0, baseTokens: 0, decisions: {} });
+  });
+
+  it("carries every approval request, timeoutSeconds only when set", async () => {
+    await transport().renew(null, null, [{ name: "refund", details: "42 EUR", timeoutSeconds: 600 },
+      { name: "ship", details: "", timeoutSeconds: null }]);
+    assert.deepEqual(body(calls("heartbeat")[0]).requests, [{ name: "refund", details: "42 EUR", timeoutSeconds: 600 },
+      { name: "ship", details: "" }]);
+  });
+
+  it("reads the decisions", async () => {
+    force("heartbeat", heartbeatReply({ decisions: { refund: { decision: "Deny", reason: "too much", approver: "alice" } } }));
+    const r = await transport().renew(null, null);
+    assert.deepEqual(r.signals?.decisions, { refund: { decision: "Deny", reason: "too much", approver: "alice" } });
+  });
+
+  it("malformed decisions decide nothing, and the other signals stand", async () => {
+    force("heartbeat", heartbeatReply({ stop: true, decisions: { refund: { decision: "Perhaps" } } }));
+    const r = await transport().renew(null, null);
+    assert.equal(r.ok, true);
+    assert.equal(r.signals?.stop, true);
+    assert.deepEqual(r.signals?.decisions, {});
   });
 
   it("keeps the newest tool claim", async () => {
@@ -135,6 +157,25 @@ describe("heartbeat", () => {
   it("no answer is Unanswered", async () => {
     force("heartbeat", "hang");
     await assert.rejects(transport(null, 0.3).renew(null, null), Unanswered);
+  });
+});
+
+describe("approvals through WorkerRun", () => {
+  it("the claim reply's reviewFeedback; the request rides on heartbeats until the decision comes back", async () => {
+    force("claim", { status: 200, body: { ...CLAIM, reviewFeedback: "round the totals" } });
+    force("heartbeat", heartbeatReply(), heartbeatReply());
+    const run = await WorkerRun.claim(server.url, "agents", "invoice-8f1b", "tok", { logger: () => {} });
+    try {
+      assert.equal(run.reviewFeedback, "round the totals");
+      force("heartbeat", heartbeatReply({ decisions: { refund: { decision: "Approve", reason: null, approver: "alice" } } }));
+      const decided = await run.requestApproval("refund", "42 EUR", null, { pollMs: 10 });
+      assert.deepEqual(decided, { decision: "Approve", reason: null, approver: "alice", approved: true });
+      const asked = calls("heartbeat").slice(1).map((s) => body(s).requests);
+      assert.ok(asked.length >= 2);
+      for (const requests of asked) assert.deepEqual(requests, [{ name: "refund", details: "42 EUR" }]);
+    } finally {
+      await run.close();
+    }
   });
 });
 

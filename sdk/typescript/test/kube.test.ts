@@ -6,7 +6,7 @@ import { afterEach, beforeEach, describe, it } from "node:test";
 
 import { ResultInvalid } from "../src/errors.js";
 import { KubeTransport, kubeconfigTokenFile, loadKubeConfig } from "../src/kube.js";
-import { ANN_CHECKPOINT, ANN_SIGNALS, ANN_USAGE, fencedPatch, type LeaseObject, type RunObject } from "../src/protocol.js";
+import { ANN_CHECKPOINT, ANN_REQUESTS, ANN_SIGNALS, ANN_USAGE, fencedPatch, type LeaseObject, type RunObject } from "../src/protocol.js";
 import { WorkerRun } from "../src/run.js";
 import { Unanswered } from "../src/transport.js";
 import { serve, type FakeServer, type Reply, type Seen } from "./fakes.js";
@@ -188,6 +188,23 @@ describe("renewal", () => {
     }
   });
 
+  it("writes the approval requests as one annotation, and none when there are none", async () => {
+    const t = transport();
+    await t.renew(null, null);
+    await t.renew(null, null, [{ name: "ship", details: "", timeoutSeconds: null },
+      { name: "refund", details: "42 €", timeoutSeconds: 600 }]);
+    const [put1, put2] = puts().map((s) => JSON.parse(s.body) as LeaseObject);
+    assert.equal(put1?.metadata?.annotations?.[ANN_REQUESTS], undefined);
+    assert.equal(put2?.metadata?.annotations?.[ANN_REQUESTS],
+      '{"refund":{"details":"42 \\u20ac","timeoutSeconds":600},"ship":{"details":""}}');
+  });
+
+  it("reads the decisions from the renewal's answer", async () => {
+    api.lease.metadata!.annotations![ANN_SIGNALS] = '{"decisions":{"ship":{"decision":"TimedOut"}}}';
+    const r = await transport().renew(null, null);
+    assert.deepEqual(r.signals?.decisions, { ship: { decision: "TimedOut", reason: null, approver: null } });
+  });
+
   it("reads the signals from the renewal's answer", async () => {
     api.lease.metadata!.annotations![ANN_SIGNALS] = '{"stop":true,"reason":"budget"}';
     const r = await transport().renew(null, null);
@@ -356,6 +373,7 @@ describe("WorkerRun.fromEnv", () => {
       assert.deepEqual([run.attempt, run.fence, run.holder, run.runUid], [2, 1, "job-a1", "uid-1"]);
       assert.deepEqual(run.payload, { steps: 3 });
       assert.equal(run.checkpointCursor, "row-7");
+      assert.equal(run.reviewFeedback, null);
       assert.equal(run.effectHeaders("capture")["Idempotency-Key"], "invoice:8f1b:capture");
       assert.equal(puts().length, 1);
       run.reportUsage({ cents: 5 });
@@ -365,6 +383,13 @@ describe("WorkerRun.fromEnv", () => {
     } finally {
       await run.close();
     }
+  });
+
+  it("reads why the previous attempt's result was denied", async () => {
+    const run = await WorkerRun.fromEnv({ env: env({ TETHER_PAYLOAD: "{}", TETHER_REVIEW_FEEDBACK: "round the totals" }),
+      logger: () => {} });
+    await run.close();
+    assert.equal(run.reviewFeedback, "round the totals");
   });
 
   it("reads a payload too large for the environment from its own WorkerRun", async () => {

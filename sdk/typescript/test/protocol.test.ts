@@ -1,8 +1,10 @@
 import assert from "node:assert/strict";
+import fs from "node:fs";
 import { describe, it } from "node:test";
 
 import {
   ANN_CHECKPOINT,
+  ANN_REQUESTS,
   ANN_SIGNALS,
   ANN_USAGE,
   NO_SIGNALS,
@@ -21,13 +23,16 @@ import {
   publicationRecorded,
   refusesValue,
   renewal,
+  requestRefusal,
   requestTimeout,
+  requestsAnnotation,
   retryAfterSeconds,
   safetyMargin,
   signalsFromRemaining,
   usageAnnotation,
   validCursor,
   validReport,
+  type ApprovalRequest,
   type LeaseObject,
   type RunObject,
 } from "../src/protocol.js";
@@ -113,6 +118,10 @@ describe("renewal body", () => {
     assert.equal(body.metadata?.annotations?.[ANN_CHECKPOINT], "row-40");
     assert.equal(body.metadata?.annotations?.[ANN_USAGE], '{"cents":12,"tokens":900}');
   });
+  it("carries extra annotations (the approval requests)", () => {
+    const body = renewal(lease("r-a1", 1), now, null, null, { [ANN_REQUESTS]: "{}" });
+    assert.deepEqual(body.metadata?.annotations, { "tether.dev/fence": "1", [ANN_REQUESTS]: "{}" });
+  });
   it("usage annotation is compact JSON", () => assert.equal(usageAnnotation({ cents: 0, tokens: 5 }), '{"cents":0,"tokens":5}'));
 });
 
@@ -179,6 +188,17 @@ describe("signals", () => {
     ["stop not a boolean", '{"stop":"yes"}', null],
     ["cap not an integer", '{"capCents":1.5}', null],
     ["endsAt not a time", '{"endsAt":"soon"}', null],
+    ["decisions", '{"decisions":{"refund":{"decision":"Approve","approver":"alice"},"ship":{"decision":"TimedOut","reason":null}}}',
+      { ...NO_SIGNALS, decisions: { refund: { decision: "Approve", reason: null, approver: "alice" },
+        ship: { decision: "TimedOut", reason: null, approver: null } } }],
+    ["a decision's unknown keys ignored", '{"decisions":{"a":{"decision":"Deny","reason":"no","at":1}}}',
+      { ...NO_SIGNALS, decisions: { a: { decision: "Deny", reason: "no", approver: null } } }],
+    ["decisions null", '{"stop":true,"decisions":null}', null],
+    ["decisions not an object", '{"decisions":[]}', null],
+    ["a decision not an object", '{"decisions":{"a":"Approve"}}', null],
+    ["an unknown decision", '{"decisions":{"a":{"decision":"Maybe"}},"stop":true}', null],
+    ["a decision's reason not a string", '{"decisions":{"a":{"decision":"Deny","reason":3}}}', null],
+    ["a decision's approver not a string", '{"decisions":{"a":{"decision":"Deny","approver":true}}}', null],
   ];
   for (const [what, raw, expected] of parsed) {
     it(`parses ${what}`, () => assert.deepEqual(parseSignals(raw), expected));
@@ -207,6 +227,44 @@ describe("signals", () => {
     assert.equal(controlSignals(s, null).capRemainingTokens, null);
     assert.equal(s.paused, true);
   });
+});
+
+describe("approval requests", () => {
+  // Shared with the Go SDK's tests; generated with operator/tether/protocol.py's requests_annotation.
+  const vectors = JSON.parse(fs.readFileSync(new URL("../../../vectors/approvals.json", import.meta.url), "utf8")) as {
+    requestsAnnotation: { name: string; requests: ApprovalRequest[]; annotation: string }[];
+  };
+  for (const v of vectors.requestsAnnotation) {
+    it(`the annotation is Python's, byte for byte: ${v.name}`, () => assert.equal(requestsAnnotation(v.requests), v.annotation));
+  }
+  const refused = /refused|name|details|timeoutSeconds|gate/;
+  const cases: [string, string, string, number | null, boolean][] = [
+    ["a plain request", "send-report", "POST it", 600, true],
+    ["no timeout", "a", "", null, true],
+    ["63 characters", "a".repeat(63), "", null, true],
+    ["4096 astral characters (8192 UTF-16 units)", "a", "😀".repeat(4096), null, true],
+    ["the longest timeout", "a", "", 31_536_000, true],
+    ["64 characters", "a".repeat(64), "", null, false],
+    ["upper case", "Refund", "", null, false],
+    ["a trailing dash", "refund-", "", null, false],
+    ["a trailing newline", "refund\n", "", null, false],
+    ["empty", "", "", null, false],
+    ["the run's start gate", "start", "", null, false],
+    ["the run's result gate", "result", "", null, false],
+    ["4097 characters of details", "a", "x".repeat(4097), null, false],
+    ["a zero timeout", "a", "", 0, false],
+    ["a fractional timeout", "a", "", 1.5, false],
+    ["a timeout over a year", "a", "", 31_536_001, false],
+  ];
+  for (const [what, name, details, timeout, ok] of cases) {
+    it(`${what}: ${ok ? "accepted" : "refused"}`, () => {
+      const why = requestRefusal(name, details, timeout);
+      if (ok) assert.equal(why, null);
+      else assert.match(why ?? "", refused);
+    });
+  }
+  it("says why a reserved name is refused", () =>
+    assert.equal(requestRefusal("start", "", null), "'start' names a gate of the run itself (Start, Result), not a request"));
 });
 
 describe("answers", () => {

@@ -241,6 +241,99 @@ describe("checkpoints and usage", () => {
   });
 });
 
+describe("approvals", () => {
+  const decided = (decisions: Record<string, { decision: "Approve" | "Deny" | "TimedOut"; reason?: string; approver?: string }>) =>
+    confirmed({ ...NO_SIGNALS, decisions: Object.fromEntries(Object.entries(decisions).map(([name, d]) =>
+      [name, { decision: d.decision, reason: d.reason ?? null, approver: d.approver ?? null }])) });
+
+  const malformed: [string, string, string, number | null][] = [
+    ["an upper-case name", "Refund", "", null],
+    ["a reserved name", "result", "", null],
+    ["details over 4096 characters", "refund", "x".repeat(4097), null],
+    ["a zero timeout", "refund", "", 0],
+  ];
+  for (const [what, name, details, timeout] of malformed) {
+    it(`refuses ${what} before sending anything`, async () => {
+      const { run, transport } = await started();
+      await assert.rejects(run.requestApproval(name, details, timeout), (err: Error) =>
+        err instanceof RangeError && err.message.startsWith("approval request refused: "));
+      await run.renew();
+      assert.deepEqual(transport.asked.at(-1), []);
+    });
+  }
+
+  it("rides on every renewal until decided, renewing every 2 s while waiting", async () => {
+    const { run, clock, transport, logs } = await started((t) => t.renewScript.push(confirmed(null), confirmed(null),
+      confirmed(null), decided({ refund: { decision: "Deny", reason: "too much", approver: "alice" } })));
+    const decision = await run.requestApproval("refund", "42 EUR", 600);
+    assert.deepEqual(decision, { decision: "Deny", reason: "too much", approver: "alice", approved: false });
+    assert.equal(transport.renewals.length, 4);
+    for (const asked of transport.asked.slice(1)) {
+      assert.deepEqual(asked, [{ name: "refund", details: "42 EUR", timeoutSeconds: 600 }]);
+    }
+    assert.ok(clock.sleeps.length >= 1 && clock.sleeps.every((s) => s === 2));
+    assert.deepEqual(logs.map((l) => l.event).filter((e) => String(e).startsWith("approval")),
+      ["approval_requested", "approval_decided"]);
+    await clock.advance(2);
+    assert.deepEqual(transport.asked.at(-1), [{ name: "refund", details: "42 EUR", timeoutSeconds: 600 }],
+      "a decided request is still the attempt's, and still sent");
+  });
+
+  it("asking again for a decided name resolves with that decision and asks nothing new", async () => {
+    const { run, transport } = await started((t) => t.renewScript.push(decided({ refund: { decision: "Approve" } })));
+    assert.equal((await run.requestApproval("refund")).approved, true);
+    assert.equal((await run.requestApproval("refund", "other details", 5)).approved, true);
+    assert.deepEqual(transport.asked.at(-1), [{ name: "refund", details: "", timeoutSeconds: null }]);
+  });
+
+  it("an attempt makes at most 20 requests", async () => {
+    const names = Array.from({ length: 20 }, (_, i) => `step-${i}`);
+    const { run, transport } = await started((t) =>
+      t.renewScript.push(decided(Object.fromEntries(names.map((n) => [n, { decision: "Approve" as const }])))));
+    for (const name of names) await run.requestApproval(name);
+    await assert.rejects(run.requestApproval("step-20"), /at most 20 requests/);
+    assert.equal((await run.requestApproval("step-3")).decision, "Approve");
+    assert.equal(transport.asked.at(-1)?.length, 20);
+  });
+
+  it("rejects with LeaseLost when the run is lost while waiting", async () => {
+    const { run } = await started((t) => t.renewScript.push(confirmed(null), confirmed(null), unconfirmed("gone", true)));
+    await assert.rejects(run.requestApproval("refund"), LeaseLost);
+  });
+
+  it("rejects with StopRequested when told to stop while waiting", async () => {
+    const { run } = await started((t) => t.renewScript.push(confirmed(null), confirmed({ ...NO_SIGNALS, stop: true, reason: "budget" })));
+    await assert.rejects(run.requestApproval("refund"), (err: Error) => err instanceof StopRequested && err.message === "budget");
+  });
+
+  it("rejects with OwnershipUnknown when no renewal is confirmed for too long", async () => {
+    const { run } = await started((t) => t.renewScript.push(confirmed(null), ...Array.from({ length: 20 }, noAnswer)));
+    await assert.rejects(run.requestApproval("refund"), OwnershipUnknown);
+  });
+
+  it("a decision the heartbeat brings ends the wait at once, not at the next poll", async () => {
+    const transport = new FakeTransport();
+    transport.renewScript.push(confirmed(null), confirmed(null), decided({ refund: { decision: "Approve" } }));
+    const run = new WorkerRun({ name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
+      leaseDurationSeconds: 10, renewIntervalSeconds: 0.02, transport, logger: () => {} });
+    runs.push(run);
+    await run.start();
+    const began = performance.now();
+    assert.equal((await run.requestApproval("refund", "", null, { pollMs: 60_000 })).approved, true);
+    assert.ok(performance.now() - began < 5_000);
+  });
+
+  it("closing the run ends the wait with StopRequested", async () => {
+    const run = new WorkerRun({ name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
+      leaseDurationSeconds: 10, renewIntervalSeconds: 2, transport: new FakeTransport(), logger: () => {} });
+    await run.start();
+    const outcome = assert.rejects(run.requestApproval("refund", "", null, { pollMs: 10 }), StopRequested);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    await run.close();
+    await outcome;
+  });
+});
+
 describe("publishing", () => {
   it("renews first (flushing usage), then publishes once, then stops heartbeating", async () => {
     const { run, clock, transport } = await started();
