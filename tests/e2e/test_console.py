@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.test_approvals import APPROVALS, _as
+from tests.cluster.test_approvals import APPROVALS
 from tests.e2e.test_gateway import _up
 from tests.e2e.test_review import _gated
+from tests.e2e.test_review_gates import _asking, _reviewed
 from tests.support import runs
 from tests.support.kube import Kube, eventually
 from tests.support.scenario import app_run, wait_line
@@ -46,7 +47,7 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 560})
     page = context.new_page()
     page.set_default_timeout(30_000)
     yield page
@@ -68,12 +69,6 @@ def _user(kube: Kube, ns: str, tmp_path: Path, name: str = "alice") -> tuple[str
         "metadata": {"name": f"{name}-console"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-console"},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}]}))
-    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-              "spec": {"resourceAttributes": {"namespace": ns, "verb": "create", "group": "tether.dev",
-                                              "resource": "workerrunapprovals"}}}
-    eventually(lambda: kube.ok(kube.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review,
-                                         headers=_as(username)))["status"].get("allowed"),
-               timeout=10, interval=0.05, what=f"{name}'s role in effect")
     token = kube.ok(kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token",
                               {"spec": {"expirationSeconds": 3600}}))["status"]["token"]
     admin = yaml.safe_load(Path(kube.kubeconfig_path).read_text())
@@ -86,6 +81,10 @@ def _user(kube: Kube, ns: str, tmp_path: Path, name: str = "alice") -> tuple[str
     path = tmp_path / f"{name}.kubeconfig"
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
+    # The API server's RBAC cache follows the binding a moment later.
+    as_user = Kube(str(path))
+    eventually(lambda: as_user.get(APPROVALS.format(ns=ns)).status_code == 200, timeout=10, interval=0.05,
+               what=f"{name}'s role in effect")
     return username, token, path
 
 
@@ -165,18 +164,23 @@ def test_runs_change_live_and_budgets_fill(kube: Kube, namespace: str, operator,
 def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operator, alice: tuple[str, str, Path],  # type: ignore[no-untyped-def]
                                             console: str, page: Page) -> None:
     username = alice[0]
+    # Each kind of gate waits in the queue: a worker's request, a result, a start.
+    runs.create(kube, namespace, _asking(), name="report-job")
+    runs.create(kube, namespace, _reviewed(), name="summary-job")
     created = runs.create(kube, namespace, _gated())
     runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
     page.goto(console)
     page.click("nav >> text=Review queue")
+    for gate in ("send-report", "Result", "Start"):
+        expect(page.locator(f'#queue form.decide[data-gate="{gate}"]')).to_have_count(1, timeout=60_000)
     item = page.locator(f'form.decide[data-action$="/{namespace}/short-job/decide"][data-gate="Start"]')
-    expect(item).to_be_visible()
     item.locator("input[name=reason]").fill("estimate checked")
-    page.screenshot(path=str(DOCS / "console-review.png"))
+    page.screenshot(path=str(DOCS / "console-review.png"), full_page=True)
     item.locator("button.approve").click()
     expect(page.locator("#flash")).to_contain_text(f"Approve Start of short-job (attempt 0) recorded", timeout=15_000)
     expect(page.locator("#flash")).to_contain_text(username)
-    expect(page.locator("#queue")).to_contain_text("nothing awaits a decision", timeout=30_000)
+    expect(item).to_have_count(0, timeout=30_000)
+    expect(page.locator('#queue form.decide[data-gate="Result"] input[name=reason]')).to_have_value("")
 
     (approval,) = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
     spec = approval["spec"]
@@ -186,6 +190,28 @@ def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operato
     assert spec.get("attempt", 0) == 0
     assert runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed"), timeout=60)["status"]["phase"] == \
         "Succeeded"
+
+
+def test_a_workers_request_approved_on_its_run_page(kube: Kube, namespace: str, operator,  # type: ignore[no-untyped-def]
+                                                    alice: tuple[str, str, Path], console: str, page: Page) -> None:
+    """A mid-run request is decided by the same form and call as a start gate; the decision reaches
+    the worker (it publishes what it was told) and names the request's attempt."""
+    runs.create(kube, namespace, _asking())
+    page.goto(console)
+    page.goto(page.url.rstrip("/") + f"/runs/{namespace}/short-job")
+    form = page.locator('#review form.decide[data-gate="send-report"]')
+    expect(form).to_contain_text("POST the report to finance", timeout=60_000)
+    assert form.get_attribute("data-attempt") == "1"
+    form.locator("input[name=reason]").fill("numbers checked")
+    form.locator("button.approve").click()
+    expect(page.locator("#flash")).to_contain_text("Approve send-report of short-job (attempt 1) recorded")
+    expect(page.locator("#phase")).to_have_text("Succeeded", timeout=60_000)
+    expect(page.locator("#review table")).to_contain_text("numbers checked")
+    run = runs.get(kube, namespace, "short-job")
+    assert run["status"]["result"]["approval"] == {"decision": "Approve", "reason": "numbers checked",
+                                                   "approver": alice[0]}
+    (approval,) = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
+    assert (approval["spec"]["gate"], approval["spec"]["attempt"]) == ("send-report", 1)
 
 
 def test_controls_act_as_the_user(kube: Kube, namespace: str, operator, console: str, page: Page) -> None:  # type: ignore[no-untyped-def]

@@ -135,8 +135,10 @@ def test_the_review_queue_is_oldest_first_across_runs() -> None:
     queue = views.review_queue([late, early, gated, _run("done", phase="Succeeded")])
     assert [(run["metadata"]["name"], r["gate"]) for run, r in queue] == [
         ("early", "deploy"), ("gated", "Start"), ("late", "Result")]
+    late["status"]["result"] = {"summary": "<b>done</b>"}
     html = views.review_fragment("/console", [late])
     assert 'data-gate="Result"' in html and 'data-attempt="2"' in html
+    assert "&lt;b&gt;done&lt;/b&gt;" in html  # the result under review, escaped
     assert 'data-action="/console/api/runs/agents/late/decide"' in html
 
 

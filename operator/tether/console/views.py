@@ -4,6 +4,7 @@ review queue. Everything from the API is escaped; the browser's script only swap
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -15,6 +16,7 @@ from tether.console.state import Point
 
 PHASES = ("Pending", "AwaitingApproval", "AwaitingReview", "Starting", "Running", "Backoff", "Suspended",
           "Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")
+RESULT_CHARS = 2000  # of a result awaiting review, shown in its decision form
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
 
 
@@ -110,6 +112,10 @@ def decision_form(base: str, run: dict[str, Any], request: dict[str, Any]) -> st
     gate, attempt = str(request.get("gate")), int(request.get("attempt") or 0)
     action = f"{base}/api/runs/{quote(meta['namespace'])}/{quote(meta['name'])}/decide"
     details = f'<p class="details">{escape(request["details"])}</p>' if request.get("details") else ""
+    result = (run.get("status") or {}).get("result")
+    if gate == "Result" and result is not None:  # what the reviewer accepts or denies
+        shown = json.dumps(result, indent=1, sort_keys=True)
+        details += f'<pre class="details">{escape(shown[:RESULT_CHARS])}{" …" if len(shown) > RESULT_CHARS else ""}</pre>'
     deadline = f' · deadline {_since(request.get("deadline"))}' if request.get("deadline") else ""
     return (f'<form class="decide" data-action="{escape(action)}" data-gate="{escape(gate)}" '
             f'data-attempt="{attempt}"><b>{escape(gate)}</b> · attempt {attempt} · requested '
