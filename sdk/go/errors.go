@@ -30,6 +30,9 @@ var (
 	// ErrUsageRefused: a usage report the operator would refuse (negative, decreasing, implausibly
 	// large), refused here where the caller can still fix it.
 	ErrUsageRefused = errors.New("tether: usage report refused")
+	// ErrRequestRefused: an approval request the control plane would refuse (a malformed name,
+	// details or timeout, or more than 20 requests in one attempt), refused here before it is sent.
+	ErrRequestRefused = errors.New("tether: approval request refused")
 )
 
 // ClaimRefusedError is the gateway's refusal of a claim: 402 budget exceeded, 409 held by another

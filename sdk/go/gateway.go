@@ -38,6 +38,7 @@ type claimReply struct {
 	IdempotencyKey       string          `json:"idempotencyKey"`
 	RunUID               string          `json:"runUid"`
 	ToolClaim            *ToolClaim      `json:"toolClaim"`
+	ReviewFeedback       *string         `json:"reviewFeedback"`
 }
 
 // heartbeatReply is the gateway's answer to a heartbeat: the signals, flat.
@@ -48,6 +49,8 @@ type heartbeatReply struct {
 	CapRemainingCents  *int64     `json:"capRemainingCents"`
 	CapRemainingTokens *int64     `json:"capRemainingTokens"`
 	ToolClaim          *ToolClaim `json:"toolClaim"`
+	// Raw, so that malformed decisions do not make the whole reply unreadable (see renew).
+	Decisions json.RawMessage `json:"decisions"`
 }
 
 // Claim claims the open attempt of the run namespace/name through the Tether gateway at
@@ -100,6 +103,9 @@ func Claim(ctx context.Context, gatewayURL, namespace, name, token string, opts 
 		renewInterval: time.Duration(reply.RenewIntervalSeconds * float64(time.Second))}
 	if reply.Checkpoint != nil {
 		info.checkpoint = *reply.Checkpoint
+	}
+	if reply.ReviewFeedback != nil {
+		info.reviewFeedback = *reply.ReviewFeedback
 	}
 	if string(info.payload) == "null" {
 		info.payload = nil
@@ -185,8 +191,22 @@ func describe(status int, body []byte) string {
 	return fmt.Sprintf("%d %s", status, clip(string(body)))
 }
 
-func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usage) (renewResult, error) {
+// approvalAsk is one approval request as the gateway's heartbeat takes it.
+type approvalAsk struct {
+	Name           string `json:"name"`
+	Details        string `json:"details"`
+	TimeoutSeconds *int   `json:"timeoutSeconds,omitempty"`
+}
+
+func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usage, requests []approvalRequest) (renewResult, error) {
 	extra := map[string]any{}
+	if len(requests) > 0 {
+		asks := make([]approvalAsk, len(requests))
+		for i, r := range requests {
+			asks[i] = approvalAsk(r)
+		}
+		extra["requests"] = asks
+	}
 	if checkpoint != nil {
 		extra["checkpoint"] = *checkpoint
 	}
@@ -216,6 +236,11 @@ func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usa
 		}
 		sig := signalsFromRemaining(reply.Stop, reply.Paused, endsAt, reply.CapRemainingCents,
 			reply.CapRemainingTokens, u)
+		// Malformed decisions decide nothing (the next heartbeat asks again); the other signals
+		// stand, as the Python SDK reads the same reply.
+		if len(reply.Decisions) > 0 {
+			sig.Decisions, _ = parseDecisions(reply.Decisions)
+		}
 		return renewResult{ok: true, signals: &sig}, nil
 	}
 	// Gone, a moved fence, or another identity (NotClaimant) or worker (HeldByAnother) claimed the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -296,5 +297,57 @@ func TestGatewayFailAndBadResult(t *testing.T) {
 	e := g.callsTo("fail")[0].body["error"].(map[string]any)
 	if e["code"] != "ConformanceFailure" || e["message"] != "on purpose" {
 		t.Fatalf("fail body %v", e)
+	}
+}
+
+func TestGatewayApprovals(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	g.script("claim", gatewayAnswer(200, `{"holder":"invoice-8f1b-a2","fence":3,"attempt":2,"leaseDurationSeconds":10,`+
+		`"renewIntervalSeconds":3600,"runUid":"uid-1","reviewFeedback":"round the totals"}`))
+	r := claimTest(t, srv)
+	r.poll = time.Millisecond
+	if r.ReviewFeedback() != "round the totals" {
+		t.Fatalf("review feedback %q", r.ReviewFeedback())
+	}
+	pending := `{"stop":false,"paused":false,"status":"Running","decisions":{}}`
+	g.script("heartbeat", gatewayAnswer(200, pending), gatewayAnswer(200, pending), gatewayAnswer(200, pending),
+		gatewayAnswer(200, `{"stop":false,"paused":false,"status":"Running",`+
+			`"decisions":{"refund":{"decision":"Deny","reason":"too much","approver":"alice"}}}`))
+	d, err := r.RequestApproval(context.Background(), "refund", "42 EUR", ptr(600))
+	if err != nil || d != (ApprovalDecision{Decision: "Deny", Reason: "too much", Approver: "alice"}) || d.Approved() {
+		t.Fatalf("decision %+v, %v", d, err)
+	}
+	beats := g.callsTo("heartbeat")[1:] // the first is the start's, before the request
+	if len(beats) != 4 {
+		t.Fatalf("%d heartbeats while waiting, want 4", len(beats))
+	}
+	for _, b := range beats {
+		want := []any{map[string]any{"name": "refund", "details": "42 EUR", "timeoutSeconds": float64(600)}}
+		if !reflect.DeepEqual(b.body["requests"], want) {
+			t.Fatalf("heartbeat requests %v", b.body["requests"])
+		}
+	}
+}
+
+func TestGatewayRequestWithoutTimeout(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	g.script("heartbeat", gatewayAnswer(200, `{}`), gatewayAnswer(200, `{"decisions":{"ship":{"decision":"TimedOut"}}}`))
+	r := claimTest(t, srv)
+	if d, err := r.RequestApproval(context.Background(), "ship", "", nil); err != nil || d.Decision != "TimedOut" {
+		t.Fatalf("decision %+v, %v", d, err)
+	}
+	want := []any{map[string]any{"name": "ship", "details": ""}}
+	if got := g.callsTo("heartbeat")[1].body["requests"]; !reflect.DeepEqual(got, want) {
+		t.Fatalf("requests %v: timeoutSeconds is sent only when set", got)
+	}
+}
+
+func TestGatewayMalformedDecisionsDecideNothing(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	r := claimTest(t, srv)
+	g.script("heartbeat", gatewayAnswer(200, `{"stop":true,"paused":true,"decisions":{"refund":{"decision":"Perhaps"}}}`))
+	res, err := r.tr.renew(context.Background(), nil, nil, nil)
+	if err != nil || !res.ok || res.signals == nil || !res.signals.Stop || !res.signals.Paused || res.signals.Decisions != nil {
+		t.Fatalf("renewal %+v, %v: the other signals must stand", res, err)
 	}
 }

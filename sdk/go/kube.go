@@ -37,6 +37,7 @@ const (
 	envPayloadFrom     = "TETHER_PAYLOAD_FROM" // "spec.payload": too large for the environment, read the run
 	envCheckpoint      = "TETHER_CHECKPOINT"
 	envIdempotencyKey  = "TETHER_IDEMPOTENCY_KEY"
+	envReviewFeedback  = "TETHER_REVIEW_FEEDBACK"
 	payloadFromRun     = "spec.payload"
 	inClusterTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 )
@@ -64,7 +65,7 @@ func FromEnv(ctx context.Context, opts ...Option) (*Run, error) {
 		return nil, fmt.Errorf("tether: not a Tether worker pod: %s unset", strings.Join(missing, ", "))
 	}
 	info := attemptInfo{name: get(envRun), namespace: get(envNamespace), holder: get(envHolder),
-		checkpoint: get(envCheckpoint), idempotencyKey: get(envIdempotencyKey)}
+		checkpoint: get(envCheckpoint), idempotencyKey: get(envIdempotencyKey), reviewFeedback: get(envReviewFeedback)}
 	var err error
 	if info.fence, err = strconv.ParseInt(get(envFence), 10, 64); err != nil {
 		return nil, fmt.Errorf("tether: %s: %w", envFence, err)
@@ -257,11 +258,12 @@ func (t *kubeTransport) mine(lease *leaseDoc) bool {
 	return lease != nil && holds(&lease.view, t.holder, t.fence, t.runUID)
 }
 
-func (t *kubeTransport) renew(ctx context.Context, checkpoint *string, u *usage) (renewResult, error) {
-	return t.renewAttempt(ctx, checkpoint, u, true)
+func (t *kubeTransport) renew(ctx context.Context, checkpoint *string, u *usage, requests []approvalRequest) (renewResult, error) {
+	return t.renewAttempt(ctx, checkpoint, u, requests, true)
 }
 
-func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u *usage, retryConflict bool) (renewResult, error) {
+func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u *usage, requests []approvalRequest,
+	retryConflict bool) (renewResult, error) {
 	if t.lease == nil {
 		lease, err := t.getLease(ctx)
 		if err != nil {
@@ -275,7 +277,11 @@ func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u 
 	if !t.mine(t.lease) {
 		return renewResult{lost: true, why: "the lease names another holder or fence"}, nil
 	}
-	renewed, err := renewal(t.lease.raw, time.Now(), checkpoint, u)
+	var asked map[string]string // no requests, no annotation: a worker that asks nothing writes what it always did
+	if len(requests) > 0 {
+		asked = map[string]string{annRequests: requestsAnnotation(requests)}
+	}
+	renewed, err := renewal(t.lease.raw, time.Now(), checkpoint, u, asked)
 	if err != nil {
 		return renewResult{}, fmt.Errorf("the Lease as read: %w", err)
 	}
@@ -308,7 +314,7 @@ func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u 
 		t.lease = lease
 		mine := t.mine(lease)
 		if mine && retryConflict {
-			return t.renewAttempt(ctx, checkpoint, u, false)
+			return t.renewAttempt(ctx, checkpoint, u, requests, false)
 		}
 		if !mine {
 			return renewResult{lost: true, why: "renewal conflicted and the lease is no longer ours"}, nil

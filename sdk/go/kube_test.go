@@ -239,7 +239,7 @@ func TestKubeRenewal(t *testing.T) {
 	api, srv := newFakeAPI(t)
 	api.lease.Annotations = map[string]string{annSignals: `{"capCents":500,"baseCents":20}`}
 	kt := newTestKube(t, srv, "uid-1")
-	res, err := kt.renew(ctx2s(t), ptr("3"), &usage{Cents: 6, Tokens: 1})
+	res, err := kt.renew(ctx2s(t), ptr("3"), &usage{Cents: 6, Tokens: 1}, nil)
 	if err != nil || !res.ok || res.signals == nil || deref(res.signals.CapCents) != int64(500) || res.signals.BaseCents != 20 {
 		t.Fatalf("renewal: %+v, %v", res, err)
 	}
@@ -262,11 +262,36 @@ func TestKubeRenewal(t *testing.T) {
 		t.Fatalf("renewTime %q is not RFC 3339 UTC microseconds", raw.Spec.RenewTime)
 	}
 	// The next renewal writes the object the PUT returned: no second read.
-	if res, err := kt.renew(ctx2s(t), nil, nil); err != nil || !res.ok {
+	if res, err := kt.renew(ctx2s(t), nil, nil, nil); err != nil || !res.ok {
 		t.Fatalf("second renewal: %+v, %v", res, err)
 	}
 	if gets := api.callsTo(http.MethodGet, leasePath); len(gets) != 1 {
 		t.Fatalf("%d GETs of the Lease, want 1", len(gets))
+	}
+}
+
+func TestKubeRenewalCarriesTheRequests(t *testing.T) {
+	api, srv := newFakeAPI(t)
+	api.lease.Annotations = map[string]string{annSignals: `{"decisions":{"ship":{"decision":"TimedOut"}}}`}
+	kt := newTestKube(t, srv, "uid-1")
+	if res, err := kt.renew(ctx2s(t), nil, nil, nil); err != nil || !res.ok ||
+		res.signals.Decisions["ship"] != (ApprovalDecision{Decision: "TimedOut"}) {
+		t.Fatalf("renewal: %+v, %v", res, err)
+	}
+	requests := []approvalRequest{{Name: "ship"}, {Name: "refund", Details: "42 €", TimeoutSeconds: ptr(600)}}
+	if res, err := kt.renew(ctx2s(t), nil, nil, requests); err != nil || !res.ok {
+		t.Fatalf("renewal: %+v, %v", res, err)
+	}
+	puts := api.callsTo(http.MethodPut, leasePath)
+	var first, second coordinationv1.Lease
+	if json.Unmarshal(puts[0].body, &first) != nil || json.Unmarshal(puts[1].body, &second) != nil {
+		t.Fatal("PUT bodies are not Leases")
+	}
+	if _, ok := first.Annotations[annRequests]; ok {
+		t.Errorf("a renewal without requests wrote %q", first.Annotations[annRequests])
+	}
+	if got := second.Annotations[annRequests]; got != `{"refund":{"details":"42 \u20ac","timeoutSeconds":600},"ship":{"details":""}}` {
+		t.Errorf("requests annotation %s", got)
 	}
 }
 
@@ -278,7 +303,7 @@ func TestKubeRenewalKeepsFieldsItDoesNotKnow(t *testing.T) {
 	}
 	kt := newTestKube(t, srv, "uid-1")
 	for i := 0; i < 2; i++ { // the first PUT sends the Lease as read, the second as the first PUT returned it
-		if res, err := kt.renew(ctx2s(t), ptr("3"), nil); err != nil || !res.ok {
+		if res, err := kt.renew(ctx2s(t), ptr("3"), nil, nil); err != nil || !res.ok {
 			t.Fatalf("renewal %d: %+v, %v", i, res, err)
 		}
 	}
@@ -361,7 +386,7 @@ func TestKubeRenewalAnswers(t *testing.T) {
 			api, srv := newFakeAPI(t)
 			tc.setup(api)
 			kt := newTestKube(t, srv, "uid-1")
-			res, err := kt.renew(ctx2s(t), nil, nil)
+			res, err := kt.renew(ctx2s(t), nil, nil, nil)
 			if (err != nil) != tc.noReply || res.ok != tc.ok || res.lost != tc.lost {
 				t.Fatalf("renew = %+v, %v", res, err)
 			}
@@ -379,7 +404,7 @@ func TestKubeRenewalRereadsAfterTheRetrysConflict(t *testing.T) {
 	api.script("PUT lease", status(409, metav1.StatusReasonConflict, "modified"),
 		status(409, metav1.StatusReasonConflict, "modified"))
 	kt := newTestKube(t, srv, "uid-1")
-	res, err := kt.renew(ctx2s(t), nil, nil)
+	res, err := kt.renew(ctx2s(t), nil, nil, nil)
 	if err != nil || res.ok || res.lost {
 		t.Fatalf("renew = %+v, %v; want unconfirmed, not lost", res, err)
 	}
@@ -402,7 +427,7 @@ func TestKubeRenewalNoAnswer(t *testing.T) {
 	kt := newTestKube(t, srv, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := kt.renew(ctx, nil, nil); err == nil {
+	if _, err := kt.renew(ctx, nil, nil, nil); err == nil {
 		t.Fatal("a request without an answer was taken for one")
 	}
 }
@@ -532,6 +557,7 @@ contexts: [{name: pod, context: {cluster: pod, user: pod, namespace: ns}}]
 		"KUBECONFIG": kubeconfig, "KUBERNETES_SERVICE_HOST": "127.0.0.1", envRun: "job", envNamespace: "ns",
 		envRunUID: "uid-1", envHolder: "job-a1", envFence: "1", envAttempt: "1", envLeaseDuration: "10",
 		envRenewInterval: "3600", envPayload: `{"steps":4}`, envCheckpoint: "2", envIdempotencyKey: "invoice:8f1b",
+		envReviewFeedback: "round the totals",
 	} {
 		t.Setenv(k, v)
 	}
@@ -549,7 +575,7 @@ func TestFromEnvWithATokenFile(t *testing.T) {
 	defer r.Close()
 	if !r.Owned() || r.Name() != "job" || r.Holder() != "job-a1" || r.Fence() != 1 || r.Attempt() != 1 ||
 		string(r.Payload()) != `{"steps":4}` || r.CheckpointCursor() != "2" || r.IdempotencyKey() != "invoice:8f1b" ||
-		r.LeaseDuration() != 10*time.Second {
+		r.LeaseDuration() != 10*time.Second || r.ReviewFeedback() != "round the totals" {
 		t.Fatalf("run from the environment: %s %+v", state(r), r.info)
 	}
 	// The kubelet rotates the token: the old one is refused (401, unconfirmed), and the next

@@ -9,21 +9,26 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"reflect"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Lease annotations: the worker's reports, and the operator's signals.
+// Lease annotations: the worker's reports and approval requests, and the operator's signals.
 const (
 	annCheckpoint = "tether.dev/checkpoint"
 	annUsage      = "tether.dev/usage"
+	annRequests   = "tether.dev/requests"
 	annSignals    = "tether.dev/signals"
 )
 
@@ -127,8 +132,9 @@ func parseLease(raw []byte) (*leaseDoc, error) {
 }
 
 // renewal is the body of a heartbeat: the Lease exactly as last seen (its resourceVersion makes the
-// PUT a compare-and-swap), renewTime set, checkpoint and usage riding on the same write.
-func renewal(lease json.RawMessage, now time.Time, checkpoint *string, u *usage) (json.RawMessage, error) {
+// PUT a compare-and-swap), renewTime set, checkpoint and usage (and extra annotations: the approval
+// requests) riding on the same write.
+func renewal(lease json.RawMessage, now time.Time, checkpoint *string, u *usage, extra map[string]string) (json.RawMessage, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(lease, &obj); err != nil {
 		return nil, err
@@ -156,6 +162,7 @@ func renewal(lease json.RawMessage, now time.Time, checkpoint *string, u *usage)
 	if u != nil {
 		ann[annUsage] = usageAnnotation(*u)
 	}
+	maps.Copy(ann, extra)
 	if spec["renewTime"], err = json.Marshal(metav1.NewMicroTime(now.UTC())); err != nil {
 		return nil, err
 	}
@@ -196,6 +203,9 @@ type signalState struct {
 	CapTokens  *int64
 	BaseCents  int64 // spent by earlier attempts: the worker's own reports count from zero
 	BaseTokens int64
+	// Decisions on this attempt's approval requests, by request name (only this attempt's: the
+	// operator rewrites the Lease at every grant).
+	Decisions map[string]ApprovalDecision
 }
 
 // parseSignals reads a tether.dev/signals value. An empty value means no signal (defaults);
@@ -235,6 +245,10 @@ func parseSignals(raw string) (s signalState, ok bool) {
 			s.CapCents, err = jsonOptionalInt(val, isNull)
 		case "capTokens":
 			s.CapTokens, err = jsonOptionalInt(val, isNull)
+		case "decisions":
+			// null or any malformed entry makes the whole annotation malformed, as a wrong type
+			// in any other signal does (§7).
+			s.Decisions, err = parseDecisions(val)
 		}
 		if err != nil {
 			return signalState{}, false
@@ -329,6 +343,154 @@ func signalsFromRemaining(stop, paused bool, endsAt *time.Time, centsLeft, token
 	}
 	return signalState{Stop: stop, Paused: paused, EndsAt: endsAt,
 		CapCents: capOf(centsLeft, u.Cents), CapTokens: capOf(tokensLeft, u.Tokens)}
+}
+
+// --- approval requests (docs/protocol.md §9) ---------------------------------------
+
+// requestName is a request's name: what a WorkerRunApproval's spec.gate names to decide it.
+var requestName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// reservedRequestNames name the run's own gates (Start, Result), which a worker cannot ask for.
+var reservedRequestNames = []string{"start", "result"}
+
+const (
+	maxRequestsPerAttempt = 20
+	maxRequestDetails     = 4096
+	maxRequestTimeout     = 31_536_000
+)
+
+// approvalRequest is one approval a worker asks for: its name, what it wants to do, and how long
+// it waits (nil: no timeout).
+type approvalRequest struct {
+	Name           string
+	Details        string
+	TimeoutSeconds *int
+}
+
+// requestRefusal says why an approval request is malformed (what the operator and the gateway
+// would refuse), or "" when it is acceptable.
+func requestRefusal(name, details string, timeoutSeconds *int) string {
+	switch {
+	case !requestName.MatchString(name):
+		return "a request's name is lower-case letters, digits and '-', 1 to 63 characters"
+	case slices.Contains(reservedRequestNames, name):
+		return fmt.Sprintf("'%s' names a gate of the run itself (Start, Result), not a request", name)
+	case utf8.RuneCountInString(details) > maxRequestDetails: // characters as the operator counts them
+		return fmt.Sprintf("details must be a string of at most %d characters", maxRequestDetails)
+	case timeoutSeconds != nil && (*timeoutSeconds < 1 || *timeoutSeconds > maxRequestTimeout):
+		return fmt.Sprintf("timeoutSeconds must be an integer from 1 to %d", maxRequestTimeout)
+	}
+	return ""
+}
+
+// requestsAnnotation is the tether.dev/requests value: every request of the attempt, by name. Byte
+// for byte what the Python SDK writes (sorted keys, compact, ASCII, timeoutSeconds only when set),
+// so every SDK sends the same annotation for the same requests.
+func requestsAnnotation(requests []approvalRequest) string {
+	sorted := slices.SortedFunc(slices.Values(requests), func(a, b approvalRequest) int {
+		return strings.Compare(a.Name, b.Name)
+	})
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, r := range sorted {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(asciiJSON(r.Name) + `:{"details":` + asciiJSON(r.Details))
+		if r.TimeoutSeconds != nil {
+			fmt.Fprintf(&b, `,"timeoutSeconds":%d`, *r.TimeoutSeconds)
+		}
+		b.WriteByte('}')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// asciiJSON is a JSON string as Python's json.dumps writes it (ensure_ascii): the short escapes
+// for quote, backslash and \b \f \n \r \t, and everything else outside printable ASCII (DEL
+// included) as a lower-case \uXXXX escape, astral characters as a UTF-16 surrogate pair.
+// encoding/json differs (it escapes <, > and & and writes other characters as they are).
+func asciiJSON(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch r {
+		case '"':
+			b.WriteString(`\"`)
+		case '\\':
+			b.WriteString(`\\`)
+		case '\b':
+			b.WriteString(`\b`)
+		case '\f':
+			b.WriteString(`\f`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		default:
+			switch {
+			case r >= 0x20 && r < 0x7f:
+				b.WriteRune(r)
+			case r > 0xffff:
+				hi, lo := utf16.EncodeRune(r)
+				fmt.Fprintf(&b, `\u%04x\u%04x`, hi, lo)
+			default:
+				fmt.Fprintf(&b, `\u%04x`, r)
+			}
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// decisionValues are the decisions a person (or the deadline) makes on a request.
+var decisionValues = []string{"Approve", "Deny", "TimedOut"}
+
+// parseDecisions reads the decisions signal: {"<name>": {"decision", "reason"?, "approver"?}}. An
+// error when it is not that, in any entry: a decision is acted upon, so none is taken from a
+// value that is wrong anywhere. Unknown keys of an entry are ignored, as the operator's model does.
+func parseDecisions(raw json.RawMessage) (map[string]ApprovalDecision, error) {
+	var entries map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &entries); err != nil || entries == nil {
+		return nil, fmt.Errorf("decisions: not a JSON object")
+	}
+	out := make(map[string]ApprovalDecision, len(entries))
+	for name, entry := range entries {
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(entry, &fields); err != nil || fields == nil {
+			return nil, fmt.Errorf("decision %q: not a JSON object", name)
+		}
+		var d ApprovalDecision
+		if err := json.Unmarshal(fields["decision"], &d.Decision); err != nil || !slices.Contains(decisionValues, d.Decision) {
+			return nil, fmt.Errorf("decision %q: not one of %v", name, decisionValues)
+		}
+		var err error
+		if d.Reason, err = optionalString(fields["reason"]); err != nil {
+			return nil, fmt.Errorf("decision %q: reason: %w", name, err)
+		}
+		if d.Approver, err = optionalString(fields["approver"]); err != nil {
+			return nil, fmt.Errorf("decision %q: approver: %w", name, err)
+		}
+		out[name] = d
+	}
+	return out, nil
+}
+
+// optionalString reads a JSON string that may be absent or null ("" then).
+func optionalString(raw json.RawMessage) (string, error) {
+	var v *string
+	if len(raw) == 0 {
+		return "", nil
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return "", err
+	}
+	if v == nil {
+		return "", nil
+	}
+	return *v, nil
 }
 
 // patchOp is one operation of a JSON patch (RFC 6902).

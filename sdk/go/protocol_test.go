@@ -2,6 +2,7 @@ package tether
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -120,7 +121,7 @@ func TestRenewal(t *testing.T) {
 		`"futureField":[1.50,"x"]},"futureTop":true}`)
 	original := string(l)
 	now := time.Date(2026, 11, 30, 16, 0, 0, 123456789, time.FixedZone("x", 3600))
-	body, err := renewal(l, now, ptr("4"), &usage{Cents: 8, Tokens: 2})
+	body, err := renewal(l, now, ptr("4"), &usage{Cents: 8, Tokens: 2}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,15 +164,15 @@ func TestRenewal(t *testing.T) {
 	if string(l) != original {
 		t.Error("renewal changed the Lease it was given")
 	}
-	plain, err := renewal(l, now, nil, nil)
+	plain, err := renewal(l, now, nil, nil, nil)
 	if err != nil || !strings.Contains(string(plain), `"tether.dev/checkpoint":"1"`) || strings.Contains(string(plain), annUsage) {
 		t.Errorf("a renewal without reports changed them: %s, %v", plain, err)
 	}
-	bare, err := renewal(json.RawMessage(`{"metadata":{"annotations":null},"spec":null}`), now, ptr("2"), nil)
+	bare, err := renewal(json.RawMessage(`{"metadata":{"annotations":null},"spec":null}`), now, ptr("2"), nil, nil)
 	if err != nil || string(bare) != `{"metadata":{"annotations":{"tether.dev/checkpoint":"2"}},"spec":{"renewTime":"2026-11-30T15:00:00.123456Z"}}` {
 		t.Errorf("a Lease without annotations or spec: %s, %v", bare, err)
 	}
-	if _, err := renewal(json.RawMessage(`{"spec":"x"}`), now, nil, nil); err == nil {
+	if _, err := renewal(json.RawMessage(`{"spec":"x"}`), now, nil, nil, nil); err == nil {
 		t.Error("a malformed Lease was renewed")
 	}
 }
@@ -230,6 +231,18 @@ func TestParseSignals(t *testing.T) {
 		{"fractional cap", `{"capCents":1.5}`, false, signalState{}},
 		{"bad time", `{"endsAt":"tomorrow"}`, false, signalState{}},
 		{"base null", `{"baseCents":null}`, false, signalState{}},
+		{"decisions", `{"decisions":{"refund":{"decision":"Approve","approver":"alice"},"ship":{"decision":"TimedOut","reason":null}}}`,
+			true, signalState{Decisions: map[string]ApprovalDecision{"refund": {Decision: "Approve", Approver: "alice"},
+				"ship": {Decision: "TimedOut"}}}},
+		{"a decision's unknown keys ignored", `{"decisions":{"a":{"decision":"Deny","reason":"no","at":1}}}`, true,
+			signalState{Decisions: map[string]ApprovalDecision{"a": {Decision: "Deny", Reason: "no"}}}},
+		{"decisions null", `{"stop":true,"decisions":null}`, false, signalState{}},
+		{"decisions not an object", `{"decisions":[]}`, false, signalState{}},
+		{"a decision not an object", `{"decisions":{"a":"Approve"}}`, false, signalState{}},
+		{"a decision missing", `{"decisions":{"a":{"reason":"x"}}}`, false, signalState{}},
+		{"an unknown decision", `{"decisions":{"a":{"decision":"Maybe"}},"stop":true}`, false, signalState{}},
+		{"a decision's reason not a string", `{"decisions":{"a":{"decision":"Deny","reason":3}}}`, false, signalState{}},
+		{"a decision's approver not a string", `{"decisions":{"a":{"decision":"Deny","approver":true}}}`, false, signalState{}},
 	} {
 		got, ok := parseSignals(tc.raw)
 		if ok != tc.ok || (ok && !sameSignals(got, tc.want)) {
@@ -356,5 +369,84 @@ func TestRetryAfterHeader(t *testing.T) {
 		if got := retryAfterHeader(tc.value, now); got != tc.want {
 			t.Errorf("retryAfterHeader(%q) = %v, want %v", tc.value, got, tc.want)
 		}
+	}
+}
+
+// The vectors are shared with the TypeScript SDK's tests, generated with operator/tether/protocol.py.
+func TestRequestsAnnotationIsPythons(t *testing.T) {
+	raw, err := os.ReadFile("../vectors/approvals.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vectors struct {
+		RequestsAnnotation []struct {
+			Name     string `json:"name"`
+			Requests []struct {
+				Name           string `json:"name"`
+				Details        string `json:"details"`
+				TimeoutSeconds *int   `json:"timeoutSeconds"`
+			} `json:"requests"`
+			Annotation string `json:"annotation"`
+		} `json:"requestsAnnotation"`
+	}
+	if err := json.Unmarshal(raw, &vectors); err != nil || len(vectors.RequestsAnnotation) == 0 {
+		t.Fatalf("vectors: %v", err)
+	}
+	for _, v := range vectors.RequestsAnnotation {
+		requests := make([]approvalRequest, len(v.Requests))
+		for i, r := range v.Requests {
+			requests[i] = approvalRequest(r)
+		}
+		if got := requestsAnnotation(requests); got != v.Annotation {
+			t.Errorf("%s:\n got %s\nwant %s", v.Name, got, v.Annotation)
+		}
+	}
+}
+
+func TestRequestRefusal(t *testing.T) {
+	for _, tc := range []struct {
+		name, request, details string
+		timeout                *int
+		ok                     bool
+	}{
+		{"a plain request", "send-report", "POST it", ptr(600), true},
+		{"no timeout", "a", "", nil, true},
+		{"63 characters", strings.Repeat("a", 63), "", nil, true},
+		{"4096 characters of 4 bytes", "a", strings.Repeat("😀", 4096), nil, true},
+		{"the longest timeout", "a", "", ptr(31_536_000), true},
+		{"64 characters", strings.Repeat("a", 64), "", nil, false},
+		{"upper case", "Refund", "", nil, false},
+		{"a trailing dash", "refund-", "", nil, false},
+		{"a trailing newline", "refund\n", "", nil, false},
+		{"empty", "", "", nil, false},
+		{"the run's start gate", "start", "", nil, false},
+		{"the run's result gate", "result", "", nil, false},
+		{"4097 characters of details", "a", strings.Repeat("x", 4097), nil, false},
+		{"a zero timeout", "a", "", ptr(0), false},
+		{"a timeout over a year", "a", "", ptr(31_536_001), false},
+	} {
+		if why := requestRefusal(tc.request, tc.details, tc.timeout); (why == "") != tc.ok {
+			t.Errorf("%s: refusal %q, want accepted %v", tc.name, why, tc.ok)
+		}
+	}
+	if why := requestRefusal("start", "", nil); why != "'start' names a gate of the run itself (Start, Result), not a request" {
+		t.Errorf("reserved: %q", why)
+	}
+}
+
+func TestRenewalCarriesExtraAnnotations(t *testing.T) {
+	body, err := renewal(json.RawMessage(`{"metadata":{"annotations":{"a":"1"}}}`), time.Now(), nil, nil,
+		map[string]string{annRequests: "{}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil || len(got.Metadata.Annotations) != 2 ||
+		got.Metadata.Annotations[annRequests] != "{}" || got.Metadata.Annotations["a"] != "1" {
+		t.Fatalf("annotations %v, %v", got.Metadata.Annotations, err)
 	}
 }

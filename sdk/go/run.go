@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -35,6 +37,22 @@ type Signals struct {
 	CapRemainingCents  *int64
 	CapRemainingTokens *int64
 }
+
+// ApprovalDecision is a person's decision on a RequestApproval: Decision is Approve, Deny or
+// TimedOut (nobody decided within the request's timeout); Reason and Approver are "" when the
+// decision names none.
+type ApprovalDecision struct {
+	Decision string
+	Reason   string
+	Approver string
+}
+
+// Approved says whether the decision is Approve (Deny and TimedOut are not).
+func (d ApprovalDecision) Approved() bool { return d.Decision == "Approve" }
+
+// approvalPoll is how often a RequestApproval renews while it waits, so the decision arrives
+// promptly (the heartbeat alone would bring it one renew interval later at worst).
+const approvalPoll = 2 * time.Second
 
 // ToolClaim is a short-lived token of the run's ServiceAccount, minted by the gateway on every
 // heartbeat for external workers.
@@ -73,7 +91,8 @@ type publishResult struct {
 // transport is how a Run reaches Tether: the Kubernetes API (pods) or the gateway (anywhere).
 // An error means no answer (or an answer that is not one): ownership unknown, not lost.
 type transport interface {
-	renew(ctx context.Context, checkpoint *string, u *usage) (renewResult, error)
+	// renew carries every approval request of the attempt: each renewal carries them all.
+	renew(ctx context.Context, checkpoint *string, u *usage, requests []approvalRequest) (renewResult, error)
 	publish(ctx context.Context, field string, value json.RawMessage) (publishResult, error)
 	// recorded says whether the run already shows this publication (its earlier answer was lost).
 	recorded(ctx context.Context, field string, value json.RawMessage) (bool, error)
@@ -95,6 +114,7 @@ type attemptInfo struct {
 	payload                 json.RawMessage
 	checkpoint              string
 	idempotencyKey          string
+	reviewFeedback          string // why a person denied the previous attempt's result
 }
 
 // Run is one attempt of a run, held by this worker. Create it with FromEnv (pods) or Claim
@@ -104,6 +124,7 @@ type Run struct {
 	info    attemptInfo
 	margin  time.Duration
 	timeout time.Duration // a request unanswered for this long counts as no answer
+	poll    time.Duration // RequestApproval's renewal period while it waits
 
 	tr           transport
 	clock        Clock
@@ -128,6 +149,10 @@ type Run struct {
 	cursor            string
 	usage             *usage
 	signals           signalState
+	requests          []approvalRequest // every approval this attempt asked for, in order
+	// changed is closed (and replaced) when something a waiting RequestApproval acts on changes:
+	// new signals, or lost ownership.
+	changed chan struct{}
 }
 
 func newRun(ctx context.Context, info attemptInfo, tr transport, s settings) *Run {
@@ -138,8 +163,8 @@ func newRun(ctx context.Context, info attemptInfo, tr transport, s settings) *Ru
 		info.payload = json.RawMessage("{}")
 	}
 	r := &Run{
-		info: info, margin: margin(info.leaseDuration), timeout: requestTimeout(info.renewInterval),
-		tr: tr, clock: s.clock, sleep: sleepCtx, effectClient: s.effectClient, log: s.logger,
+		info: info, margin: margin(info.leaseDuration), timeout: requestTimeout(info.renewInterval), poll: approvalPoll,
+		changed: make(chan struct{}), tr: tr, clock: s.clock, sleep: sleepCtx, effectClient: s.effectClient, log: s.logger,
 		wake: make(chan struct{}, 1), done: make(chan struct{}), cursor: info.checkpoint,
 	}
 	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -196,6 +221,10 @@ func (r *Run) Payload() json.RawMessage { return r.info.payload }
 
 // IdempotencyKey is the run's idempotency key (spec.idempotencyKey, default the run's UID).
 func (r *Run) IdempotencyKey() string { return r.info.idempotencyKey }
+
+// ReviewFeedback is why a person denied the previous attempt's result (spec.review.result), for
+// this attempt to act on; "" when none was (TETHER_REVIEW_FEEDBACK, or the claim's reviewFeedback).
+func (r *Run) ReviewFeedback() string { return r.info.reviewFeedback }
 
 // LeaseDuration is the lease's duration: ownership is unknown once no renewal was confirmed for
 // this long, minus a margin.
@@ -300,6 +329,9 @@ func (r *Run) markLost(why string) {
 	r.mu.Lock()
 	already := r.lost
 	r.lost = true
+	if !already {
+		r.notifyLocked()
+	}
 	r.mu.Unlock()
 	if !already {
 		r.log.Warn("lease lost", r.logAttrs("heartbeat_lost", "reason", why)...)
@@ -348,7 +380,7 @@ func (r *Run) renewOnce(ctx context.Context) error {
 	r.renewMu.Lock()
 	defer r.renewMu.Unlock()
 	r.mu.Lock()
-	lost, checkpoint, own := r.lost, r.pendingCheckpoint, r.usage
+	lost, checkpoint, own, requests := r.lost, r.pendingCheckpoint, r.usage, slices.Clone(r.requests)
 	r.mu.Unlock()
 	if lost {
 		return fmt.Errorf("%w: not renewing", ErrLeaseLost)
@@ -356,7 +388,7 @@ func (r *Run) renewOnce(ctx context.Context) error {
 	started := r.clock()
 	rctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	res, err := r.tr.renew(rctx, checkpoint, own)
+	res, err := r.tr.renew(rctx, checkpoint, own, requests)
 	switch {
 	case err != nil:
 		r.log.Warn("heartbeat got no answer", r.logAttrs("heartbeat_unanswered", "error", err.Error())...)
@@ -374,6 +406,9 @@ func (r *Run) renewOnce(ctx context.Context) error {
 	if res.signals != nil {
 		changed = !sameSignals(*res.signals, r.signals)
 		r.signals = *res.signals
+		if changed {
+			r.notifyLocked()
+		}
 	}
 	r.mu.Unlock()
 	r.log.Debug("heartbeat ok", r.logAttrs("heartbeat_ok")...)
@@ -391,7 +426,71 @@ func sameSignals(a, b signalState) bool {
 	eqTime := func(x, y *time.Time) bool { return (x == nil) == (y == nil) && (x == nil || x.Equal(*y)) }
 	return a.Stop == b.Stop && a.Paused == b.Paused && a.Reason == b.Reason && a.BaseCents == b.BaseCents &&
 		a.BaseTokens == b.BaseTokens && eqInt(a.CapCents, b.CapCents) && eqInt(a.CapTokens, b.CapTokens) &&
-		eqTime(a.EndsAt, b.EndsAt)
+		eqTime(a.EndsAt, b.EndsAt) && maps.Equal(a.Decisions, b.Decisions)
+}
+
+// --- approvals -------------------------------------------------------------------
+
+// notifyLocked wakes a waiting RequestApproval; r.mu is held.
+func (r *Run) notifyLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// RequestApproval asks a person to approve a step (a WorkerRunApproval with spec.gate name) and
+// waits until the control plane says Approve, Deny or TimedOut (after timeoutSeconds, counted by
+// the operator from when it saw the request; nil: no timeout). The request rides on this
+// attempt's renewals, which only its holder can write; the decision comes back on them, and only
+// for this attempt. While waiting it renews every 2 s so the decision arrives promptly. Asking
+// again for a name already asked returns its decision (the first details and timeout stand).
+//
+// Errors: ErrRequestRefused for a request the control plane would refuse (nothing is sent), or a
+// 21st request of the attempt; ErrLeaseLost, ErrOwnershipUnknown or ErrStopRequested when the
+// attempt can act on no decision (ownership lost or unknown, told to stop, or the Run closed
+// meanwhile); the context's error.
+func (r *Run) RequestApproval(ctx context.Context, name, details string, timeoutSeconds *int) (ApprovalDecision, error) {
+	if why := requestRefusal(name, details, timeoutSeconds); why != "" {
+		return ApprovalDecision{}, fmt.Errorf("%w: %s", ErrRequestRefused, why)
+	}
+	r.mu.Lock()
+	known := slices.ContainsFunc(r.requests, func(q approvalRequest) bool { return q.Name == name })
+	if !known && len(r.requests) >= maxRequestsPerAttempt {
+		r.mu.Unlock()
+		return ApprovalDecision{}, fmt.Errorf("%w: an attempt may make at most %d requests", ErrRequestRefused,
+			maxRequestsPerAttempt)
+	}
+	if !known {
+		r.requests = append(r.requests, approvalRequest{Name: name, Details: details, TimeoutSeconds: timeoutSeconds})
+	}
+	r.mu.Unlock()
+	r.log.Info("approval requested", r.logAttrs("approval_requested", "request", name)...)
+	_ = r.renewOnce(ctx) // its failure shows in EnsureOwner below, in time
+	for {
+		r.mu.Lock()
+		decided, ok := r.signals.Decisions[name]
+		changed := r.changed
+		r.mu.Unlock()
+		if ok {
+			r.log.Info("approval decided", r.logAttrs("approval_decided", "request", name, "decision", decided.Decision)...)
+			return decided, nil
+		}
+		if err := r.EnsureOwner(); err != nil { // lost, unknown or told to stop: no decision can be acted on
+			return ApprovalDecision{}, err
+		}
+		timer := time.NewTimer(r.poll)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return ApprovalDecision{}, ctx.Err()
+		case <-r.ctx.Done(): // closed: no renewal will bring a decision
+			timer.Stop()
+			return ApprovalDecision{}, fmt.Errorf("%w: the run was closed while waiting for an approval", ErrStopRequested)
+		case <-changed:
+			timer.Stop()
+		case <-timer.C:
+			_ = r.renewOnce(ctx)
+		}
+	}
 }
 
 // --- progress --------------------------------------------------------------------

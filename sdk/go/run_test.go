@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,6 +35,7 @@ func (c *fakeClock) advance(d time.Duration) {
 type renewCall struct {
 	checkpoint *string
 	usage      *usage
+	requests   []approvalRequest
 }
 
 // fakeTransport answers as the test scripts it; by default every renewal is confirmed.
@@ -47,10 +50,10 @@ type fakeTransport struct {
 	closed     bool
 }
 
-func (f *fakeTransport) renew(_ context.Context, checkpoint *string, u *usage) (renewResult, error) {
+func (f *fakeTransport) renew(_ context.Context, checkpoint *string, u *usage, requests []approvalRequest) (renewResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.renews = append(f.renews, renewCall{checkpoint, u})
+	f.renews = append(f.renews, renewCall{checkpoint, u, requests})
 	if f.renewFn == nil {
 		return renewResult{ok: true, signals: &signalState{}}, nil
 	}
@@ -700,5 +703,149 @@ func TestCloseSendsNoLastRenewalWhenLostOrPublished(t *testing.T) {
 	_ = r.Close()
 	if n := done.renewCount(); n != before {
 		t.Fatalf("a published run renewed on Close: %d renewals", n-before)
+	}
+}
+
+// decidedAfter confirms every renewal, and from the n-th on carries these decisions.
+func decidedAfter(n int, decisions map[string]ApprovalDecision) func(int) (renewResult, error) {
+	return func(i int) (renewResult, error) {
+		if i < n {
+			return renewResult{ok: true, signals: &signalState{}}, nil
+		}
+		return renewResult{ok: true, signals: &signalState{Decisions: decisions}}, nil
+	}
+}
+
+func TestRequestApprovalRefusesAMalformedRequestBeforeSending(t *testing.T) {
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, &fakeClock{})
+	for _, tc := range []struct {
+		name, details string
+		timeout       *int
+	}{{"Refund", "", nil}, {"result", "", nil}, {"refund", strings.Repeat("x", 4097), nil}, {"refund", "", ptr(0)}} {
+		if _, err := r.RequestApproval(context.Background(), tc.name, tc.details, tc.timeout); !errors.Is(err, ErrRequestRefused) {
+			t.Errorf("%+v: %v", tc, err)
+		}
+	}
+	if n := tr.renewCount(); n != 1 {
+		t.Fatalf("%d renewals: a refused request sends nothing", n)
+	}
+	_ = r.renewOnce(context.Background())
+	if got := tr.lastRenew().requests; len(got) != 0 {
+		t.Fatalf("a refused request was kept: %+v", got)
+	}
+}
+
+func TestRequestApprovalRidesOnRenewalsUntilDecided(t *testing.T) {
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, &fakeClock{})
+	r.poll = time.Millisecond
+	tr.renewFn = decidedAfter(5, map[string]ApprovalDecision{"refund": {Decision: "Approve", Approver: "alice"}})
+	d, err := r.RequestApproval(context.Background(), "refund", "42 EUR", ptr(600))
+	if err != nil || !d.Approved() || d.Approver != "alice" {
+		t.Fatalf("decision %+v, %v", d, err)
+	}
+	if n := tr.renewCount(); n != 5 {
+		t.Fatalf("%d renewals, want 5 (the start's, the request's, then one per poll until decided)", n)
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for i, c := range tr.renews[1:] {
+		if len(c.requests) != 1 || c.requests[0].Name != "refund" || c.requests[0].Details != "42 EUR" ||
+			*c.requests[0].TimeoutSeconds != 600 {
+			t.Fatalf("renewal %d carried %+v", i+2, c.requests)
+		}
+	}
+}
+
+func TestRequestApprovalAgainAndAtMostTwenty(t *testing.T) {
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, &fakeClock{})
+	decided := map[string]ApprovalDecision{}
+	for i := range 20 {
+		decided[fmt.Sprintf("step-%d", i)] = ApprovalDecision{Decision: "Deny", Reason: "no"}
+	}
+	tr.renewFn = decidedAfter(0, decided)
+	for name := range decided {
+		if d, err := r.RequestApproval(context.Background(), name, "", nil); err != nil || d.Approved() {
+			t.Fatalf("%s: %+v, %v", name, d, err)
+		}
+	}
+	if _, err := r.RequestApproval(context.Background(), "step-20", "", nil); !errors.Is(err, ErrRequestRefused) {
+		t.Fatalf("a 21st request: %v", err)
+	}
+	if d, err := r.RequestApproval(context.Background(), "step-3", "other details", ptr(5)); err != nil || d.Reason != "no" {
+		t.Fatalf("asking again: %+v, %v", d, err)
+	}
+	if got := tr.lastRenew().requests; len(got) != 20 {
+		t.Fatalf("%d requests on the last renewal, want 20", len(got))
+	}
+}
+
+func TestRequestApprovalEndsWithoutADecision(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		renew func(clock *fakeClock) func(int) (renewResult, error)
+		want  error
+	}{
+		{"lost", func(*fakeClock) func(int) (renewResult, error) {
+			return func(int) (renewResult, error) { return renewResult{lost: true, why: "another holder"}, nil }
+		}, ErrLeaseLost},
+		{"told to stop", func(*fakeClock) func(int) (renewResult, error) {
+			return func(int) (renewResult, error) {
+				return renewResult{ok: true, signals: &signalState{Stop: true, Reason: "budget"}}, nil
+			}
+		}, ErrStopRequested},
+		{"no answer until the lease deadline", func(clock *fakeClock) func(int) (renewResult, error) {
+			return func(int) (renewResult, error) {
+				clock.advance(3 * time.Second)
+				return renewResult{}, errors.New("no answer")
+			}
+		}, ErrOwnershipUnknown},
+	} {
+		tr, clock := &fakeTransport{}, &fakeClock{}
+		r, _ := testRun(t, tr, clock)
+		r.poll = time.Millisecond
+		tr.mu.Lock()
+		tr.renewFn = tc.renew(clock)
+		tr.mu.Unlock()
+		if _, err := r.RequestApproval(context.Background(), "refund", "", nil); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestRequestApprovalEndsWithItsContextOrTheRun(t *testing.T) {
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, &fakeClock{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := r.RequestApproval(ctx, "refund", "", nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("cancelled: %v", err)
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_ = r.Close()
+	}()
+	if _, err := r.RequestApproval(context.Background(), "refund", "", nil); !errors.Is(err, ErrStopRequested) {
+		t.Fatalf("closed: %v", err)
+	}
+}
+
+func TestRequestApprovalWakesOnTheHeartbeatsDecision(t *testing.T) {
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, &fakeClock{})
+	r.poll = time.Hour // only the heartbeat's renewal can bring the decision in time
+	tr.mu.Lock()
+	tr.renewFn = decidedAfter(3, map[string]ApprovalDecision{"refund": {Decision: "Approve"}})
+	tr.mu.Unlock()
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		r.heartbeatOnce()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if d, err := r.RequestApproval(ctx, "refund", "", nil); err != nil || !d.Approved() {
+		t.Fatalf("decision %+v, %v", d, err)
 	}
 }
