@@ -7,7 +7,6 @@ The screenshots in docs/ (console-*.png, shown in the README) are taken here.
 
 from __future__ import annotations
 
-import base64
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.cluster.test_approvals import APPROVALS
 from tests.e2e.test_gateway import _up
@@ -26,9 +26,6 @@ from tests.e2e.test_review_gates import _asking, _reviewed
 from tests.support import runs
 from tests.support.kube import Kube, eventually
 from tests.support.scenario import app_run, wait_line
-
-playwright = pytest.importorskip("playwright.sync_api")
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -177,7 +174,7 @@ def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operato
     item.locator("input[name=reason]").fill("estimate checked")
     page.screenshot(path=str(DOCS / "console-review.png"), full_page=True)
     item.locator("button.approve").click()
-    expect(page.locator("#flash")).to_contain_text(f"Approve Start of short-job (attempt 0) recorded", timeout=15_000)
+    expect(page.locator("#flash")).to_contain_text("Approve Start of short-job (attempt 0) recorded", timeout=15_000)
     expect(page.locator("#flash")).to_contain_text(username)
     expect(item).to_have_count(0, timeout=30_000)
     expect(page.locator('#queue form.decide[data-gate="Result"] input[name=reason]')).to_have_value("")
@@ -269,6 +266,7 @@ def _gateway(namespace: str, tmp_path: Path) -> Any:
     return op, f"http://localhost:{port}/console"
 
 
+@pytest.mark.local_cluster  # its own operator process serves the gateway
 def test_the_console_behind_the_gateway_signs_in_with_a_token(kube: Kube, namespace: str, tmp_path: Path,
                                                               alice: tuple[str, str, Path], browser: Browser) -> None:
     username, token, _ = alice
@@ -302,7 +300,7 @@ def test_the_console_behind_the_gateway_signs_in_with_a_token(kube: Kube, namesp
         form = page.locator('#review form.decide[data-gate="Start"]')
         form.locator("input[name=reason]").fill("too expensive")
         form.locator("button.deny").click()
-        expect(page.locator("#flash")).to_contain_text(f"Deny Start of short-job (attempt 0) recorded")
+        expect(page.locator("#flash")).to_contain_text("Deny Start of short-job (attempt 0) recorded")
         expect(page.locator("#phase")).to_have_text("Rejected", timeout=30_000)
         (approval,) = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
         assert approval["spec"]["approver"] == username  # the user's own token, not the operator's

@@ -138,7 +138,7 @@ def _ticks(scale: Scale, y: float) -> str:
 
 MARK_SHAPES = {
     "revoked": lambda x, y: f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y - 2:.1f}" y2="{y + ROW - 2:.1f}"/>',
-    "lapse": lambda x, y: f'<path d="M{x - 5:.1f} {y + 1:.1f} l5 7 l-4 0 l4 8" fill="none"/>',
+    "lapse": lambda x, y: f'<path d="M{x:.1f} {y - 3:.1f} l6 8 l-6 8 l-6 -8 z"/>',  # a diamond on the bar's end
 }
 
 
@@ -167,7 +167,7 @@ def timeline_svg(t: Timeline) -> str:
 def legend() -> str:
     items = [*OUTCOME_COLOURS.items(), ("Running", RUNNING_COLOUR)]
     return "".join(f'<span class="key"><i style="background:{colour}"></i>{name}</span>' for name, colour in items) + (
-        '<span class="key">| revoked (fence bump) &#9474; lapse &#8623; event &#9679;</span>')
+        '<span class="key">&#9474; revoked (fence bump) &#9670; lapse &#9679; event</span>')
 
 
 def usage_points(run: dict[str, Any], series: list[Point]) -> list[Point]:
