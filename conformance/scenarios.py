@@ -615,6 +615,44 @@ def long_step(case: Case) -> str:
     return f"two {L + 4:.0f}s steps under an {L:.0f}s lease, one attempt"
 
 
+def approval(case: Case) -> str:
+    """The worker asks a person before publishing (docs/protocol.md §9): the request rides on the
+    holder's renewals, the operator records it, a WorkerRunApproval decides it, and the decision
+    reaches the same attempt, whose result reports it."""
+    case.create_run("job", {"steps": 1, "stepSeconds": 0.2,
+                            "approval": {"name": "ship", "details": "conformance: ship it", "timeoutSeconds": 600}})
+    case.launch("job")
+
+    def recorded() -> dict[str, Any] | None:
+        requests = (_status(case.run("job")).get("review") or {}).get("requests") or []
+        return next((r for r in requests if r.get("gate") == "ship"), None)
+
+    request = case.wait(recorded, 60, "the operator to record the worker's request")
+    _expect(request.get("attempt") == 1 and not request.get("decision"),
+            f"the request was recorded as {request}, not attempt 1's, undecided")
+    run = case.run("job")
+    _expect(_status(run).get("phase") not in ENDED, f"the run ended ({_status(run).get('phase')}) before any decision")
+    holder = _status(run)["holder"]
+    if case.transport == POD:
+        carried = [r for r in case.lease_writes("job") if r.accepted and r.user.pod == holder
+                   and "ship" in json.loads(_lease_annotation(r, "tether.dev/requests") or "{}")]
+        _expect(bool(carried), "no accepted renewal of the holder carried the request (tether.dev/requests)")
+    # The approver must be the creating user (the API server's policy): the kit's own identity.
+    me = case.kube.ok(case.kube.post("/apis/authentication.k8s.io/v1/selfsubjectreviews", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))["status"]["userInfo"]["username"]
+    case.kube.ok(case.kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{case.ns}/workerrunapprovals", {
+        "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval", "metadata": {"generateName": "job-ship-"},
+        "spec": {"runRef": {"name": "job", "uid": run["metadata"]["uid"]}, "gate": "ship", "decision": "Approve",
+                 "reason": "conformance", "approver": me, "attempt": 1}}))
+    decided = time.time()
+    run = _succeeded(case, 1, attempt=1, timeout=60)
+    got = _status(run)["result"].get("approval")
+    _expect(got == {"decision": "Approve", "reason": "conformance", "approver": me},
+            f"the result reports the approval as {got!r}, not Approve by {me} (reason 'conformance')")
+    case.judge_safety()
+    return f"request recorded, approved by {me}, decision in the result {time.time() - decided:.1f}s later"
+
+
 SCENARIOS = [
     Scenario("happy", happy, summary="result, effects once, usage charged exactly, bad result ≠ lost"),
     Scenario("crash-resume", crash_resume, summary="crash, then resume from the checkpoint"),
@@ -630,4 +668,5 @@ SCENARIOS = [
     Scenario("pause", pause, summary="spec.suspend honoured within one renew interval, heartbeat goes on"),
     Scenario("cap", cap, summary="a lowered cap honoured within one renew interval, charged exactly"),
     Scenario("backoff", backoff, summary="429/503 with Retry-After: one renewal per interval, waits as asked"),
+    Scenario("approval", approval, summary="a mid-run approval request: recorded, decided, the decision in the result"),
 ]

@@ -114,6 +114,15 @@ def _main() -> int:
         if run.attempt in p.get("failAttempts", []):
             run.fail("ConformanceFailure", f"attempt {run.attempt} fails on purpose")
         else:
+            result: dict[str, Any] = {"steps": steps, "attempt": run.attempt, "sdk": "python"}
+            asked = p.get("approval")
+            if asked:
+                try:
+                    decided = run.request_approval(asked["name"], asked.get("details", ""), asked.get("timeoutSeconds"))
+                except StopRequested:
+                    return 0  # told to stop while waiting: publish nothing (the run is closed below)
+                result["approval"] = {"decision": decided.decision, "reason": decided.reason,
+                                      "approver": decided.approver}
             if p.get("badResultFirst"):
                 try:
                     run.complete([1])  # type: ignore[arg-type]
@@ -122,7 +131,7 @@ def _main() -> int:
                 except ResultInvalid:
                     pass
             try:
-                run.complete({"steps": steps, "attempt": run.attempt, "sdk": "python"})
+                run.complete(result)
             except ResultInvalid as exc:
                 run.fail("ConformanceBadResult", str(exc)[:500])
     except LeaseLost:

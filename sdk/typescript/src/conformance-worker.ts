@@ -40,6 +40,7 @@ interface Script {
   crashAfterStep: number;
   failAttempts: number[];
   badResultFirst: boolean;
+  approval: { name: string; details: string; timeoutSeconds: number | null } | null;
 }
 
 function readScript(payload: JsonObject): Script {
@@ -61,6 +62,17 @@ function readScript(payload: JsonObject): Script {
     crashAfterStep: num("crashAfterStep", 1),
     failAttempts: ints("failAttempts"),
     badResultFirst: payload.badResultFirst === true,
+    approval: readApproval(payload.approval),
+  };
+}
+
+function readApproval(v: unknown): Script["approval"] {
+  if (typeof v !== "object" || v === null || Array.isArray(v)) return null;
+  const { name, details, timeoutSeconds } = v as Record<string, unknown>;
+  return {
+    name: String(name),
+    details: typeof details === "string" ? details : "",
+    timeoutSeconds: typeof timeoutSeconds === "number" ? timeoutSeconds : null,
   };
 }
 
@@ -170,6 +182,18 @@ async function publish(run: WorkerRun, script: Script): Promise<number> {
     if (script.failAttempts.includes(run.attempt)) {
       await run.fail("ConformanceFailure", `attempt ${run.attempt} fails as the script says`);
     } else {
+      const result: JsonObject = { steps: script.steps, attempt: run.attempt, sdk: "typescript" };
+      if (script.approval !== null) {
+        const { name, details, timeoutSeconds } = script.approval;
+        try {
+          const d = await run.requestApproval(name, details, timeoutSeconds);
+          result.approval = { decision: d.decision, reason: d.reason, approver: d.approver };
+        } catch (err) {
+          if (!(err instanceof StopRequested)) throw err;
+          say("stopped while waiting for an approval: nothing published", { error: err.message });
+          return 0;
+        }
+      }
       if (script.badResultFirst) {
         try {
           // Deliberately not an object: the CRD refuses it, and that says nothing about ownership.
@@ -182,7 +206,7 @@ async function publish(run: WorkerRun, script: Script): Promise<number> {
         }
       }
       try {
-        await run.complete({ steps: script.steps, attempt: run.attempt, sdk: "typescript" });
+        await run.complete(result);
       } catch (err) {
         // WORKER.md: a real result refused as a bad one is followed by a failure, so a refusal
         // mistaken for a bad result shows as a second publication.

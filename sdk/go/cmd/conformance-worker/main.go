@@ -51,6 +51,11 @@ type script struct {
 	CrashAfterStep int     `json:"crashAfterStep"`
 	FailAttempts   []int   `json:"failAttempts"`
 	BadResultFirst bool    `json:"badResultFirst"`
+	Approval       *struct {
+		Name           string `json:"name"`
+		Details        string `json:"details"`
+		TimeoutSeconds *int   `json:"timeoutSeconds"`
+	} `json:"approval"`
 }
 
 func main() {
@@ -277,10 +282,23 @@ func sendEffect(r *tether.Run, req *http.Request, step int) (int, string, error)
 	return resp.StatusCode, answer.Error, nil
 }
 
-// publish ends the attempt with its error, or with its result (after the invalid one, when asked).
+// publish ends the attempt with its error, or with its result (after the approval and the invalid
+// result, when the script asks for them).
 func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int {
 	if slices.Contains(s.FailAttempts, r.Attempt()) {
 		return outcome(log, r.Fail(ctx, "ConformanceFailure", fmt.Sprintf("attempt %d fails on purpose", r.Attempt())))
+	}
+	result := map[string]any{"steps": s.Steps, "attempt": r.Attempt(), "sdk": "go"}
+	if a := s.Approval; a != nil {
+		d, err := r.RequestApproval(ctx, a.Name, a.Details, a.TimeoutSeconds)
+		if errors.Is(err, tether.ErrStopRequested) {
+			log.Info("stopped while waiting for an approval: nothing published", "error", err)
+			return exitDone
+		}
+		if err != nil {
+			return outcome(log, err)
+		}
+		result["approval"] = map[string]any{"decision": d.Decision, "reason": d.Reason, "approver": d.Approver}
 	}
 	if s.BadResultFirst {
 		err := r.Complete(ctx, []int{1})
@@ -293,7 +311,7 @@ func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int
 		}
 		log.Info("the invalid result was refused as expected", "error", err)
 	}
-	err := r.Complete(ctx, map[string]any{"steps": s.Steps, "attempt": r.Attempt(), "sdk": "go"})
+	err := r.Complete(ctx, result)
 	if errors.Is(err, tether.ErrResultInvalid) {
 		// WORKER.md: a real result refused as a bad one is followed by a failure, so a refusal
 		// mistaken for a bad result shows as a second publication.
