@@ -222,7 +222,9 @@ class _Gateway:
         app = build_app(KubeClient(kubeconfig.load(), timeout=5.0), audience=args.gateway_audience or None)
         config = uvicorn.Config(app, host=args.gateway_host, port=args.gateway_port, log_level="warning",
                                 lifespan="off", ssl_certfile=args.gateway_tls_cert or None,
-                                ssl_keyfile=args.gateway_tls_key or None)
+                                ssl_keyfile=args.gateway_tls_key or None,
+                                # A console tab holds an event stream open: shutdown must not wait on it.
+                                timeout_graceful_shutdown=2)
         config.load()  # a bad TLS file fails the operator's start, not the gateway task silently
         self.server = Server(config)
         self.task = asyncio.create_task(self.server.serve())

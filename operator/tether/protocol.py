@@ -272,11 +272,14 @@ def refuses_value(causes: list[dict[str, Any]], field: str) -> bool:
 
 # A request's name: what a WorkerRunApproval's spec.gate names (start and result are the
 # run's own gates, Start and Result, which a worker cannot ask for).
-REQUEST_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+REQUEST_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # fullmatch: `$` passes a trailing newline
 RESERVED_REQUEST_NAMES = frozenset({"start", "result"})
 MAX_REQUESTS_PER_ATTEMPT = 20
 MAX_REQUEST_DETAILS = 4096
 MAX_REQUEST_TIMEOUT = 31_536_000
+# The annotation as a whole (the Lease's annotations share 256 KiB with the operator's signals,
+# which must always fit); the admission policy refuses a worker's larger one.
+MAX_REQUESTS_BYTES = 65_536
 
 
 @dataclass(frozen=True)
@@ -290,7 +293,7 @@ class ApprovalRequest:
 
 def request_refusal(name: object, details: object, timeout: object) -> str | None:
     """Why a worker's approval request is malformed, or None."""
-    if not isinstance(name, str) or not REQUEST_NAME.match(name):
+    if not isinstance(name, str) or not REQUEST_NAME.fullmatch(name):
         return "a request's name is lower-case letters, digits and '-', 1 to 63 characters"
     if name in RESERVED_REQUEST_NAMES:
         return f"{name!r} names a gate of the run itself (Start, Result), not a request"
@@ -306,7 +309,7 @@ def requests_annotation(requests: Mapping[str, ApprovalRequest]) -> str:
     """The `tether.dev/requests` value a worker writes: every request of its attempt, by name."""
     return json.dumps({r.name: {"details": r.details, **({"timeoutSeconds": r.timeout_seconds}
                                                          if r.timeout_seconds is not None else {})}
-                       for r in requests.values()}, sort_keys=True, separators=(",", ":"))
+                       for r in requests.values()}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def parse_requests(raw: str | None) -> tuple[ApprovalRequest, ...]:
@@ -315,6 +318,8 @@ def parse_requests(raw: str | None) -> tuple[ApprovalRequest, ...]:
     worker that wrote it cannot tell which part would be."""
     if not raw:
         return ()
+    if len(raw.encode()) > MAX_REQUESTS_BYTES:
+        raise ValueError(f"larger than {MAX_REQUESTS_BYTES} bytes")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:

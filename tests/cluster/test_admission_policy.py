@@ -13,6 +13,7 @@ import asyncio
 import base64
 import copy
 import datetime as dt
+import json
 import re
 import ssl
 from dataclasses import dataclass
@@ -300,6 +301,10 @@ def test_only_the_holder_may_ask_for_an_approval(scene: Scene) -> None:
     assert "tether.dev/requests" not in scene.lease()["metadata"].get("annotations", {})
     asked = _ok(scene.current.patch(scene.lease_path, json=ask, headers=MERGE_PATCH))
     assert asked["metadata"]["annotations"]["tether.dev/requests"] == '{"wire-money":{"details":"1000 EUR"}}'
+    # Bounded, so the operator's signals always fit beside them: 65536 bytes, counted as bytes.
+    huge = {"metadata": {"annotations": {"tether.dev/requests": json.dumps({"a": {"details": "€" * 22000}})}}}
+    refused(scene.current.patch(scene.lease_path, json=huge, headers=MERGE_PATCH), LEASE_POLICY,
+            "may be at most 65536 bytes")
 
 
 def test_sdk_transport_passes_the_policy(kube: Kube, scene: Scene) -> None:

@@ -10,9 +10,10 @@ Six invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    the pod it names.
 2. No accepted result or error is later erased or replaced: once a worker's fenced patch
    published one, every later version of the run keeps it (an error may move into its
-   attempt's record when a retry follows, as the operator documents), a run with a result is
-   never granted to another worker (the work would run twice), and a terminal phase stays
-   what it was.
+   attempt's record when a retry follows, as the operator documents; a result under review that a
+   person denied is cleared, and one nobody reviewed in time ends the run Rejected), a run with a
+   result is never granted to another worker (the work would run twice), and a terminal phase
+   stays what it was.
 3. At most one pod per attempt, ever: accepted pod creations, per run incarnation and name.
 4. Every budget's charges equal the final usage of every attempt that named it, to the cent,
    no run charged twice: the budget's marks never shrink, its `spent` moves by exactly the
@@ -371,8 +372,11 @@ def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Ve
         reported: set[str] = set()
         for i, (where, status) in enumerate(states):
             w = writes[i] if i < len(writes) else None
-            for fld, (value, pod, first) in published.items():
+            for fld, (value, pod, first) in list(published.items()):
                 if fld in reported or status.get(fld) == value:
+                    continue
+                if fld == "result" and status.get(fld) is None and _review_decided(status, pod, ("Deny",)):
+                    del published[fld]  # a person denied it: cleared, and the retry rules go on
                     continue
                 if fld == "error" and _error_recorded(status, pod, value):
                     continue
@@ -401,11 +405,22 @@ def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Ve
             if terminal is None and status.get("phase") in TERMINAL:
                 terminal = (status["phase"], where)
         if "result" in published and terminal is not None and terminal[0] != "Succeeded" \
-                and "phase" not in reported:
+                and "phase" not in reported and not (
+                    terminal[0] in ("Rejected", "Cancelled") and final.get(uid) is not None and _review_decided(
+                        final[uid].get("status") or {}, published["result"][1], ("TimedOut", "Withdrawn"))):
             # The worker was told its result stands: the run must not end as if it never came.
             verdict.violations.append(Violation(
                 2, subject, f"result published by pod {published['result'][1]} ({published['result'][2]}), "
                             f"yet the run ended {terminal[0]} ({terminal[1]})"))
+
+
+def _review_decided(status: Mapping[str, Any], pod: str, decisions: tuple[str, ...]) -> bool:
+    """The result of `pod`'s attempt was under review (spec.review.result) and so decided: denied
+    (the attempt ends ResultRejected, its result cleared), or never reviewed in time or withdrawn
+    by a stop (the run ends Rejected or Cancelled), as the operator documents."""
+    attempts = [a.get("attempt") for a in status.get("attempts") or [] if a.get("holder") == pod]
+    return any(r.get("gate") == "Result" and r.get("attempt") in attempts and r.get("decision") in decisions
+               for r in (status.get("review") or {}).get("requests") or [])
 
 
 def _error_recorded(status: Mapping[str, Any], pod: str, error: Mapping[str, Any]) -> bool:

@@ -230,7 +230,7 @@ def test_a_decision_made_for_a_withdrawn_request_is_not_applied() -> None:
 
 def test_requests_fill_the_record_without_dropping_a_pending_gate() -> None:
     many = [f"r{i}" for i in range(protocol.MAX_REQUESTS_PER_ATTEMPT)]
-    old = [{"gate": f"o{i}", "attempt": 1, "requestedAt": T0.isoformat(), "decision": "Approve"} for i in range(45)]
+    old = [{"gate": f"o{i}", "attempt": 0, "requestedAt": T0.isoformat(), "decision": "Approve"} for i in range(45)]
     st = held(1, review={"requests": old})
     s = status_of(decide(asking(*many, status=st)).actions)
     assert len(s.review.requests) == 50
@@ -240,3 +240,37 @@ def test_requests_fill_the_record_without_dropping_a_pending_gate() -> None:
 def test_signals_without_decisions_are_unchanged() -> None:
     o = observe(run(status=held(1)), lease(1))
     assert "decisions" not in json.loads(desired_signals(o, None))
+
+
+def test_approvals_that_could_not_be_listed_decide_no_gate_and_block_nothing_else() -> None:
+    # The list failed (approvals None): a result under review waits, even past its deadline...
+    waiting = awaiting(timeout=60)
+    d = decide(replace(at(waiting, minutes=5, timeout=60), approvals=None))
+    assert d.actions == [] and d.requeue_after is not None
+    # ...a start gate neither starts nor times out...
+    gated = run(spec={"review": {"start": True, "startTimeoutSeconds": 1}}, status={},
+                creationTimestamp=(T0 - dt.timedelta(hours=1)).isoformat())
+    assert not any(type(a).__name__ in ("EnsureLease", "WriteStatus") for a in
+                   decide(replace(observe(gated, None), approvals=None)).actions)
+    # ...and a held attempt's lapse is still judged.
+    lapsed = replace(asking("refund", minutes=1), approvals=None, mono=1000.0)
+    assert status_of(decide(lapsed).actions).attempts[-1].outcome == Outcome.LEASE_LOST
+
+
+def test_the_sdk_refuses_requests_the_control_plane_would_refuse() -> None:
+    from tether.worker.run import WorkerRun
+
+    class Never:
+        def renew(self, *a: Any, **k: Any) -> Any:
+            raise AssertionError("nothing is sent")
+
+    w = WorkerRun(name="r", namespace="ns", holder="r-a1", fence=1, attempt=1, lease_duration=20,
+                  renew_interval=5, transport=Never())  # type: ignore[arg-type]
+    for name, details, timeout in (("a" * 63 + "\n", "", None), ("Refund", "", None), ("start", "", None),
+                                   ("ok", "x" * 4097, None), ("ok", "", 0)):
+        with pytest.raises(ValueError, match="approval request refused"):
+            w.request_approval(name, details, timeout)
+    for i in range(19):  # 19 x 1000 characters of 3 bytes, and 4096 more: over 65536 bytes
+        w._requests[f"r{i}"] = protocol.ApprovalRequest(f"r{i}", "€" * 1000)
+    with pytest.raises(ValueError, match="65536 bytes"):
+        w.request_approval("one-more", "€" * 4096)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import ssl
@@ -138,8 +139,13 @@ class GatewayBackend:
 
     def __init__(self, cfg: KubeConfig, authenticator: Authenticator) -> None:
         self.cfg, self.authenticator = cfg, authenticator
-        self.verify = without_client_certificate(cfg.ssl_context)
         self.scopes: dict[tuple[str, str], Scope] = {}
+
+    @functools.cached_property
+    def verify(self) -> ssl.SSLContext:
+        """Made at the first sign-in, not when the gateway is built: a gateway whose console nobody
+        opens never needs it."""
+        return without_client_certificate(self.cfg.ssl_context)
 
     @staticmethod
     def _key(token: str, namespace: str) -> tuple[str, str]:

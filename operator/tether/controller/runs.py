@@ -423,15 +423,24 @@ class RunController:
         if before is None or event_type == "DELETED" or pod_observation(before) != pod_observation(body):
             self.queue.add(key)
 
-    async def _approvals(self, snap: Snapshot) -> tuple[ApprovalObservation, ...]:
-        """The approvals naming a run with an open gate (the only state that reads them), read fresh from the API server rather than from a watch cache: after a restart or a
-        failover the cache may not have listed them all yet, or may still hold a deleted one, and a
-        grant or a rejection decided from it cannot be taken back."""
+    async def _approvals(self, snap: Snapshot) -> tuple[ApprovalObservation, ...] | None:
+        """The approvals naming a run with an open gate (the only state that reads them), read fresh
+        from the API server rather than from a watch cache: after a restart or a failover the cache
+        may not have listed them all yet, or may still hold a deleted one, and a grant or a
+        rejection decided from it cannot be taken back. None when the list fails: the pass decides
+        no gate, and everything else (lapses, stops, deadlines) goes on."""
         run = snap.run
         if not needs_approvals(run, snap.lease):
             return ()
-        items = await self.kube.list_objects(
-            f"/apis/{GROUP}/{VERSION}/namespaces/{run.metadata.namespace}/workerrunapprovals")
+        try:
+            items = await self.kube.list_objects(
+                f"/apis/{GROUP}/{VERSION}/namespaces/{run.metadata.namespace}/workerrunapprovals",
+                field_selector=f"spec.runRef.name={run.metadata.name}")
+        except ApiError as exc:
+            log.warning("approvals not listed; no gate decided this pass",
+                        extra={"run": f"{run.metadata.namespace}/{run.metadata.name}", "event": "approvals_unlisted",
+                               "status": exc.status})
+            return None
         return tuple(a for body in items if ((body.get("spec") or {}).get("runRef") or {}).get("name") == run.metadata.name
                      and (a := approval_observation(body)) is not None)
 

@@ -6,6 +6,7 @@ it is a revocation past that fence.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass
 
@@ -99,16 +100,24 @@ RESULT_PENDING_MESSAGE = "the result waits for a WorkerRunApproval with gate Res
 MAX_REVIEW_REQUESTS = 50
 
 
-def open_request(review: ReviewStatus, req: ReviewRequest) -> ReviewRequest:
-    """Adds a gate to the record, making room by dropping the oldest decided gates (a pending one
-    is never dropped: at most 20 requests per attempt, one Start and one Result are pending)."""
+def open_request(review: ReviewStatus, req: ReviewRequest) -> ReviewRequest | None:
+    """Adds a gate to the record, making room by dropping the oldest decided gates. None when
+    every entry is pending (never: an attempt makes at most 20 requests, and a run's other pending
+    gates are one Start or one Result): the record never outgrows what the CRD stores, since a
+    status write it would make fail would block every other write of the run too."""
     while len(review.requests) >= MAX_REVIEW_REQUESTS:
         oldest = next((r for r in review.requests if r.decision is not None), None)
         if oldest is None:
-            break
+            return None
         review.requests.remove(oldest)
     review.requests.append(req)
     return req
+
+
+def opened_at(now: dt.datetime) -> dt.datetime:
+    """When a gate opens, in whole seconds: approvals' creationTimestamps have no fraction, so
+    one made in the same second as the gate counts as made after it opened."""
+    return now.replace(microsecond=0)
 
 
 @dataclass(frozen=True)
@@ -249,7 +258,7 @@ class StatusBuilder:
                        lease_reason=outcome.value)
         self.events.append(Event("Normal", c.EV_BACKOFF, f"next attempt in {delay:g}s"))
 
-    def open_result_review(self) -> ReviewRequest:
+    def open_result_review(self) -> ReviewRequest | None:
         """The published result waits for a person: AwaitingReview, Approved=False (Pending)."""
         s, o, run = self.status, self.o, self.run
         attempt = s.current().attempt if s.current() is not None else s.attempt  # type: ignore[union-attr]
@@ -257,9 +266,9 @@ class StatusBuilder:
         req = review.find(c.GATE_RESULT, attempt)
         if req is None:
             timeout = run.spec.review.result_timeout_seconds
-            req = open_request(review, ReviewRequest(
-                gate=c.GATE_RESULT, attempt=attempt, requested_at=o.now,
-                deadline=after(o.now, timeout) if timeout is not None else None))
+            at = opened_at(o.now)
+            req = open_request(review, ReviewRequest(gate=c.GATE_RESULT, attempt=attempt, requested_at=at,
+                                                     deadline=after(at, timeout) if timeout is not None else None))
         message = f"{RESULT_PENDING_MESSAGE} (attempt {attempt})"
         s.conditions = set_condition(s.conditions, c.COND_APPROVED, "False", "Pending", message,
                                      self.generation, o.now)

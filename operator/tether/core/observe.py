@@ -108,8 +108,9 @@ class Observed:
     foreign_pods: tuple["ForeignPod", ...] = ()
     # This operator deleted the tool-claim Secrets of the run's ended attempts at its current fence.
     tool_claims_cleared: bool = False
-    # WorkerRunApprovals in the namespace that name this run (review gates).
-    approvals: tuple["ApprovalObservation", ...] = ()
+    # WorkerRunApprovals in the namespace that name this run (review gates); None when they could
+    # not be listed: no gate is decided or timed out then, and everything else goes on.
+    approvals: tuple["ApprovalObservation", ...] | None = ()
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

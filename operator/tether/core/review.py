@@ -20,10 +20,12 @@ from tether.api.conditions import get_condition, set_condition
 from tether.api.models import Outcome, Phase, ReviewRequest, ReviewStatus, WorkerRun
 from tether.core.actions import Decision, Event
 from tether.core.clock import after
-from tether.core.lifecycle import StatusBuilder, open_request, review_of
+from tether.core.lifecycle import RESULT_PENDING_MESSAGE, StatusBuilder, open_request, opened_at, review_of
 from tether.core.observe import ApprovalObservation, LeaseObservation, Observed
 
 GATE_START, GATE_RESULT = c.GATE_START, c.GATE_RESULT
+# Seconds until a pass whose approvals could not be listed tries again.
+APPROVALS_UNKNOWN_RETRY = 5.0
 PENDING_MESSAGE = "waiting for a WorkerRunApproval with gate Start"
 
 
@@ -32,14 +34,15 @@ def decision_on(o: Observed, req: ReviewRequest) -> ApprovalObservation | None:
     - the run's: naming its UID, or naming only its name and made after it was created (never one
       made for a deleted namesake);
     - this gate's: the same gate, for this attempt (spec.attempt), or, without an attempt, made
-      after the gate opened (a Result or a request of an earlier attempt is never this one's);
+      after the gate opened (a Result or a request of an earlier attempt is never this one's); a
+      run has one Start gate, so any attempt an approval of Start names is that gate's;
     - in time: made before the gate's deadline.
     Any Deny wins over any Approve: a denial is final, whatever order the operator sees them in."""
     run = o.run.metadata
-    mine = [a for a in o.approvals if a.gate == req.gate
+    mine = [a for a in o.approvals or () if a.gate == req.gate
             and (a.run_uid == run.uid if a.run_uid else run.creation_timestamp is None or a.created >= run.creation_timestamp)
-            and (a.attempt == req.attempt if a.attempt is not None
-                 else req.gate == GATE_START or a.created >= req.requested_at)
+            and (req.gate == GATE_START or (a.attempt == req.attempt if a.attempt is not None
+                                            else a.created >= req.requested_at))
             and (req.deadline is None or a.created <= req.deadline)]
     return min(mine, key=lambda a: (a.decision != "Deny", a.created, a.name), default=None)
 
@@ -108,6 +111,9 @@ def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     req = review.find(GATE_START, 0) or open_request(review, ReviewRequest(
         gate=GATE_START, attempt=0, requested_at=created,
         deadline=after(created, timeout) if timeout is not None else None))
+    if req is None or o.approvals is None:
+        d.wake(APPROVALS_UNKNOWN_RETRY)  # approvals unknown (the list failed): decide nothing yet
+        return False
     decided = decision_on(o, req)
     if decided is not None and decided.decision == "Approve":
         _apply(o, b, req, decided, "start")
@@ -156,8 +162,11 @@ def decide_result_review(o: Observed, b: StatusBuilder, d: Decision) -> None:
     review = review_of(b.status)
     req = review.find(GATE_RESULT, s.attempt)
     if req is None:  # opened by finish_after in the same write that set AwaitingReview: repair
-        req = b.open_result_review()
+        b.open_result_review()
         d.actions.append(b.write())
+        return
+    if o.approvals is None:
+        d.wake(APPROVALS_UNKNOWN_RETRY)  # approvals unknown (the list failed): decide nothing yet
         return
     decided = decision_on(o, req)
     waited = (o.now - req.requested_at).total_seconds()
@@ -186,6 +195,10 @@ def decide_result_review(o: Observed, b: StatusBuilder, d: Decision) -> None:
             _reject(b, d, "TimedOut", f"no decision on the result within resultTimeoutSeconds={timeout}", o)
             return
         d.wake((req.deadline - o.now).total_seconds())
+    if s.observed_generation != o.run.metadata.generation:
+        # An edit while the result waits is observed too (Argo CD reads observedGeneration).
+        b.set_phase(Phase.AWAITING_REVIEW, f"{RESULT_PENDING_MESSAGE} (attempt {req.attempt})")
+        d.actions.append(b.write())
 
 
 # --- a worker's named requests ---------------------------------------------------------
@@ -199,14 +212,21 @@ def track_requests(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObser
     attempt = s.attempt
     review = review_of(s)
     changed = False
+    made = sum(1 for r in review.requests if r.attempt == attempt and r.gate not in (GATE_START, GATE_RESULT))
     for ask in lease.requests:
-        if review.find(ask.name, attempt) is None:
-            deadline = after(o.now, ask.timeout_seconds) if ask.timeout_seconds is not None else None
-            open_request(review, ReviewRequest(gate=ask.name, attempt=attempt, requested_at=o.now, deadline=deadline,
-                                        details=ask.details or None))
+        # At most MAX_REQUESTS_PER_ATTEMPT in all, however often a worker renames its requests.
+        if review.find(ask.name, attempt) is None and made < protocol.MAX_REQUESTS_PER_ATTEMPT:
+            at = opened_at(o.now)
+            deadline = after(at, ask.timeout_seconds) if ask.timeout_seconds is not None else None
+            if open_request(review, ReviewRequest(gate=ask.name, attempt=attempt, requested_at=at,
+                                                  deadline=deadline, details=ask.details or None)) is None:
+                break
+            made += 1
             b.events.append(Event("Normal", c.EV_APPROVAL_PENDING, f"attempt {attempt} asks for approval of "
                                                                     f"{ask.name!r}: {ask.details}"[:1024]))
             changed = True
+    if o.approvals is None:
+        return changed  # approvals unknown (the list failed): decide nothing, time nothing out
     for req in review.requests:
         if req.attempt != attempt or req.decision is not None or req.gate in (GATE_START, GATE_RESULT):
             continue

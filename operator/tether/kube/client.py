@@ -253,8 +253,10 @@ class KubeClient:
         except Invalid as exc:  # the `test` failed: the finalizers changed between the read and the patch
             raise Conflict(409, exc.body, f"release pod {ns}/{name}: finalizers moved") from None
 
-    async def list_objects(self, path: str, label_selector: str = "") -> list[dict[str, Any]]:
+    async def list_objects(self, path: str, label_selector: str = "", field_selector: str = "") -> list[dict[str, Any]]:
         params = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            params["fieldSelector"] = field_selector
         return list((await self._call("GET", path, f"list {path}", params=params)).get("items") or [])
 
     # --- RBAC and service accounts for workers -------------------------------

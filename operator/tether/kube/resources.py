@@ -52,12 +52,14 @@ def regrant_lease(current: dict[str, Any], holder: str | None, fence: int, durat
     """The current Lease rewritten for a new holder (or none), keeping its resourceVersion.
 
     A new grant drops the previous attempt's usage report and claimer; the checkpoint
-    stays for whoever resumes.
+    stays for whoever resumes. Approval requests are the attempt's own: a grant or a clearing
+    drops them, so no later holder is taken to have asked what its predecessor asked.
     """
     lease = copy.deepcopy(current)
     ann = lease["metadata"].setdefault("annotations", {}) or {}
     lease["metadata"]["annotations"] = ann
     ann[c.ANN_FENCE] = str(fence)
+    ann.pop(c.ANN_REQUESTS, None)
     if holder is not None:
         ann.pop(c.ANN_USAGE, None)
         ann.pop(c.ANN_CLAIMED_BY, None)

@@ -384,7 +384,11 @@ class WorkerRun:
                 raise ValueError(f"approval request refused: an attempt may make at most "
                                  f"{protocol.MAX_REQUESTS_PER_ATTEMPT} requests")
             if known is None:
-                self._requests[name] = protocol.ApprovalRequest(name=name, details=details, timeout_seconds=timeout)
+                asked = {**self._requests, name: protocol.ApprovalRequest(name, details, timeout)}
+                if len(protocol.requests_annotation(asked).encode()) > protocol.MAX_REQUESTS_BYTES:
+                    raise ValueError(f"approval request refused: this attempt's requests would exceed "
+                                     f"{protocol.MAX_REQUESTS_BYTES} bytes")
+                self._requests = asked
         log.info("approval requested", extra=self._fields("approval_requested", request=name))
         self.renew()
         while True:
