@@ -290,7 +290,7 @@ func TestKubeRenewalCarriesTheRequests(t *testing.T) {
 	if _, ok := first.Annotations[annRequests]; ok {
 		t.Errorf("a renewal without requests wrote %q", first.Annotations[annRequests])
 	}
-	if got := second.Annotations[annRequests]; got != `{"refund":{"details":"42 \u20ac","timeoutSeconds":600},"ship":{"details":""}}` {
+	if got := second.Annotations[annRequests]; got != `{"refund":{"details":"42 €","timeoutSeconds":600},"ship":{"details":""}}` {
 		t.Errorf("requests annotation %s", got)
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf16"
 	"unicode/utf8"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -357,6 +356,9 @@ const (
 	maxRequestsPerAttempt = 20
 	maxRequestDetails     = 4096
 	maxRequestTimeout     = 31_536_000
+	// maxRequestsBytes bounds the annotation as a whole: the Lease's annotations share 256 KiB with
+	// the operator's signals, and the admission policy refuses a worker's larger one.
+	maxRequestsBytes = 65_536
 )
 
 // approvalRequest is one approval a worker asks for: its name, what it wants to do, and how long
@@ -384,7 +386,7 @@ func requestRefusal(name, details string, timeoutSeconds *int) string {
 }
 
 // requestsAnnotation is the tether.dev/requests value: every request of the attempt, by name. Byte
-// for byte what the Python SDK writes (sorted keys, compact, ASCII, timeoutSeconds only when set),
+// for byte what the Python SDK writes (sorted keys, compact, UTF-8, timeoutSeconds only when set),
 // so every SDK sends the same annotation for the same requests.
 func requestsAnnotation(requests []approvalRequest) string {
 	sorted := slices.SortedFunc(slices.Values(requests), func(a, b approvalRequest) int {
@@ -396,7 +398,7 @@ func requestsAnnotation(requests []approvalRequest) string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(asciiJSON(r.Name) + `:{"details":` + asciiJSON(r.Details))
+		b.WriteString(pythonJSON(r.Name) + `:{"details":` + pythonJSON(r.Details))
 		if r.TimeoutSeconds != nil {
 			fmt.Fprintf(&b, `,"timeoutSeconds":%d`, *r.TimeoutSeconds)
 		}
@@ -406,11 +408,10 @@ func requestsAnnotation(requests []approvalRequest) string {
 	return b.String()
 }
 
-// asciiJSON is a JSON string as Python's json.dumps writes it (ensure_ascii): the short escapes
-// for quote, backslash and \b \f \n \r \t, and everything else outside printable ASCII (DEL
-// included) as a lower-case \uXXXX escape, astral characters as a UTF-16 surrogate pair.
-// encoding/json differs (it escapes <, > and & and writes other characters as they are).
-func asciiJSON(s string) string {
+// pythonJSON is a JSON string as Python's json.dumps writes it with ensure_ascii=False: the short
+// escapes for quote, backslash and \b \f \n \r \t, \u00XX for the other control characters, and
+// everything else as it is. encoding/json differs: it escapes <, >, &, U+2028 and U+2029.
+func pythonJSON(s string) string {
 	var b strings.Builder
 	b.WriteByte('"')
 	for _, r := range s {
@@ -430,14 +431,10 @@ func asciiJSON(s string) string {
 		case '\t':
 			b.WriteString(`\t`)
 		default:
-			switch {
-			case r >= 0x20 && r < 0x7f:
-				b.WriteRune(r)
-			case r > 0xffff:
-				hi, lo := utf16.EncodeRune(r)
-				fmt.Fprintf(&b, `\u%04x\u%04x`, hi, lo)
-			default:
+			if r < 0x20 {
 				fmt.Fprintf(&b, `\u%04x`, r)
+			} else {
+				b.WriteRune(r)
 			}
 		}
 	}

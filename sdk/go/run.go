@@ -444,8 +444,8 @@ func (r *Run) notifyLocked() {
 // for this attempt. While waiting it renews every 2 s so the decision arrives promptly. Asking
 // again for a name already asked returns its decision (the first details and timeout stand).
 //
-// Errors: ErrRequestRefused for a request the control plane would refuse (nothing is sent), or a
-// 21st request of the attempt; ErrLeaseLost, ErrOwnershipUnknown or ErrStopRequested when the
+// Errors: ErrRequestRefused for a request the control plane would refuse (nothing is sent): a
+// malformed one, a 21st of the attempt, or one that would make its requests exceed 64 KiB; ErrLeaseLost, ErrOwnershipUnknown or ErrStopRequested when the
 // attempt can act on no decision (ownership lost or unknown, told to stop, or the Run closed
 // meanwhile); the context's error.
 func (r *Run) RequestApproval(ctx context.Context, name, details string, timeoutSeconds *int) (ApprovalDecision, error) {
@@ -460,7 +460,13 @@ func (r *Run) RequestApproval(ctx context.Context, name, details string, timeout
 			maxRequestsPerAttempt)
 	}
 	if !known {
-		r.requests = append(r.requests, approvalRequest{Name: name, Details: details, TimeoutSeconds: timeoutSeconds})
+		asked := append(slices.Clone(r.requests), approvalRequest{Name: name, Details: details, TimeoutSeconds: timeoutSeconds})
+		if len(requestsAnnotation(asked)) > maxRequestsBytes {
+			r.mu.Unlock()
+			return ApprovalDecision{}, fmt.Errorf("%w: this attempt's requests would exceed %d bytes", ErrRequestRefused,
+				maxRequestsBytes)
+		}
+		r.requests = asked
 	}
 	r.mu.Unlock()
 	r.log.Info("approval requested", r.logAttrs("approval_requested", "request", name)...)

@@ -782,6 +782,26 @@ func TestRequestApprovalAgainAndAtMostTwenty(t *testing.T) {
 	}
 }
 
+func TestRequestApprovalStaysWithin64KiB(t *testing.T) {
+	tr := &fakeTransport{}
+	r, _ := testRun(t, tr, &fakeClock{})
+	tr.renewFn = decidedAfter(0, map[string]ApprovalDecision{"a": {Decision: "Approve"}, "b": {Decision: "Approve"},
+		"c": {Decision: "Approve"}, "d": {Decision: "Approve"}, "e": {Decision: "Approve"}})
+	details := strings.Repeat("€", 4096) // 12 KiB in UTF-8: the sixth would pass 64 KiB
+	for _, name := range []string{"a", "b", "c", "d", "e"} {
+		if _, err := r.RequestApproval(context.Background(), name, details, nil); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if _, err := r.RequestApproval(context.Background(), "f", details, nil); !errors.Is(err, ErrRequestRefused) ||
+		!strings.Contains(err.Error(), "65536 bytes") {
+		t.Fatalf("a request past 64 KiB: %v", err)
+	}
+	if n := len(tr.lastRenew().requests); n != 5 {
+		t.Fatalf("%d requests on the last renewal, want 5", n)
+	}
+}
+
 func TestRequestApprovalEndsWithoutADecision(t *testing.T) {
 	for _, tc := range []struct {
 		name  string

@@ -424,6 +424,9 @@ const RESERVED_REQUEST_NAMES: readonly string[] = ["start", "result"];
 export const MAX_REQUESTS_PER_ATTEMPT = 20;
 export const MAX_REQUEST_DETAILS = 4096;
 export const MAX_REQUEST_TIMEOUT = 31_536_000;
+/** The requests annotation as a whole, in UTF-8 bytes: the Lease's annotations share 256 KiB with
+ * the operator's signals, and the admission policy refuses a worker's larger one. */
+export const MAX_REQUESTS_BYTES = 65_536;
 
 /** One approval a worker asks for: its name, what it wants to do, how long it waits (null: forever). */
 export interface ApprovalRequest {
@@ -446,24 +449,15 @@ export function requestRefusal(name: string, details: string, timeoutSeconds: nu
 }
 
 /**
- * A JSON string as Python's `json.dumps` writes it (ensure_ascii): everything outside printable
- * ASCII, DEL included, as a lower-case `\uXXXX` escape (UTF-16 units, so astral characters as a
- * surrogate pair). JSON.stringify already writes the rest (quotes, backslashes, control
- * characters, lone surrogates) exactly as Python does.
- */
-function asciiJson(s: string): string {
-  return JSON.stringify(s).replace(/[\u007f-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
-}
-
-/**
  * The `tether.dev/requests` value: every request of the attempt, by name. Byte for byte what the
- * Python SDK writes (sorted keys, compact, ASCII, `timeoutSeconds` only when set), so every SDK
- * sends the same annotation for the same requests.
+ * Python SDK writes (sorted keys, compact, `timeoutSeconds` only when set; JSON.stringify escapes
+ * strings as Python's json.dumps does with ensure_ascii=False), so every SDK sends the same
+ * annotation for the same requests.
  */
 export function requestsAnnotation(requests: readonly ApprovalRequest[]): string {
   const entries = [...requests].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0)).map((r) => {
     const timeout = r.timeoutSeconds === null ? "" : `,"timeoutSeconds":${r.timeoutSeconds}`;
-    return `${asciiJson(r.name)}:{"details":${asciiJson(r.details)}${timeout}}`;
+    return `${JSON.stringify(r.name)}:{"details":${JSON.stringify(r.details)}${timeout}}`;
   });
   return `{${entries.join(",")}}`;
 }

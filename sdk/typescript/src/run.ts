@@ -14,6 +14,7 @@ import { KubeTransport, loadKubeConfig } from "./kube.js";
 import { jsonLogger, type LogLevel, type Logger } from "./log.js";
 import {
   ENV,
+  MAX_REQUESTS_BYTES,
   MAX_REQUESTS_PER_ATTEMPT,
   NO_SIGNALS,
   PAYLOAD_FROM_RUN,
@@ -23,6 +24,7 @@ import {
   ownership,
   requestRefusal,
   requestTimeout,
+  requestsAnnotation,
   safetyMargin,
   validCursor,
   validReport,
@@ -458,7 +460,8 @@ export class WorkerRun {
    * While waiting it renews every `pollMs` so the decision arrives promptly. Asking again for a
    * decided name resolves with that decision.
    *
-   * Throws RangeError for a request the control plane would refuse (before sending anything).
+   * Throws RangeError for a request the control plane would refuse (before sending anything): a
+   * malformed one, a 21st, or one that would make the attempt's requests exceed 64 KiB.
    * Rejects with LeaseLost, OwnershipUnknown or StopRequested when the attempt cannot act on any
    * decision: ownership lost or unknown, told to stop, or the run closed meanwhile.
    */
@@ -469,6 +472,10 @@ export class WorkerRun {
     if (!this.requests.has(name)) {
       if (this.requests.size >= MAX_REQUESTS_PER_ATTEMPT) {
         throw new RangeError(`approval request refused: an attempt may make at most ${MAX_REQUESTS_PER_ATTEMPT} requests`);
+      }
+      const asked = [...this.requests.values(), { name, details, timeoutSeconds }];
+      if (Buffer.byteLength(requestsAnnotation(asked)) > MAX_REQUESTS_BYTES) {
+        throw new RangeError(`approval request refused: this attempt's requests would exceed ${MAX_REQUESTS_BYTES} bytes`);
       }
       this.requests.set(name, { name, details, timeoutSeconds });
     }

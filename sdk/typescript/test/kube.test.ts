@@ -196,7 +196,7 @@ describe("renewal", () => {
     const [put1, put2] = puts().map((s) => JSON.parse(s.body) as LeaseObject);
     assert.equal(put1?.metadata?.annotations?.[ANN_REQUESTS], undefined);
     assert.equal(put2?.metadata?.annotations?.[ANN_REQUESTS],
-      '{"refund":{"details":"42 \\u20ac","timeoutSeconds":600},"ship":{"details":""}}');
+      '{"refund":{"details":"42 €","timeoutSeconds":600},"ship":{"details":""}}');
   });
 
   it("reads the decisions from the renewal's answer", async () => {

@@ -296,6 +296,16 @@ describe("approvals", () => {
     assert.equal(transport.asked.at(-1)?.length, 20);
   });
 
+  it("the attempt's requests stay within 64 KiB (UTF-8)", async () => {
+    const names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+    const { run, transport } = await started((t) =>
+      t.renewScript.push(decided(Object.fromEntries(names.map((n) => [n, { decision: "Approve" as const }])))));
+    // 4096 three-byte characters: 12 KiB each; the sixth would pass 64 KiB.
+    for (const name of names.slice(0, 5)) await run.requestApproval(name, "€".repeat(4096));
+    await assert.rejects(run.requestApproval("f", "€".repeat(4096)), /would exceed 65536 bytes/);
+    assert.equal(transport.asked.at(-1)?.length, 5);
+  });
+
   it("rejects with LeaseLost when the run is lost while waiting", async () => {
     const { run } = await started((t) => t.renewScript.push(confirmed(null), confirmed(null), unconfirmed("gone", true)));
     await assert.rejects(run.requestApproval("refund"), LeaseLost);
