@@ -274,3 +274,17 @@ def test_the_sdk_refuses_requests_the_control_plane_would_refuse() -> None:
         w._requests[f"r{i}"] = protocol.ApprovalRequest(f"r{i}", "€" * 1000)
     with pytest.raises(ValueError, match="65536 bytes"):
         w.request_approval("one-more", "€" * 4096)
+
+
+def test_the_requests_annotation_is_what_every_sdk_writes() -> None:
+    """sdk/vectors/approvals.json, which the TypeScript and Go SDKs check byte for byte, is what
+    the protocol's own writer produces, and what the operator parses back."""
+    from pathlib import Path
+
+    vectors = json.loads((Path(__file__).resolve().parents[2] / "sdk/vectors/approvals.json").read_text())
+    assert vectors["requestsAnnotation"]
+    for v in vectors["requestsAnnotation"]:
+        asks = {r["name"]: protocol.ApprovalRequest(r["name"], r.get("details", ""), r.get("timeoutSeconds"))
+                for r in v["requests"]}
+        assert protocol.requests_annotation(asks) == v["annotation"], v["name"]
+        assert {r.name: r for r in protocol.parse_requests(v["annotation"])} == asks, v["name"]
