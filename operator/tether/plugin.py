@@ -4,8 +4,8 @@
   kubectl tether stop NAME       the kill switch (spec.stop)
   kubectl tether suspend NAME    no new attempts; the worker is told to pause
   kubectl tether resume NAME
-  kubectl tether approve NAME --reason R [--gate Start]   record your decision (a WorkerRunApproval)
-  kubectl tether deny NAME --reason R [--gate Start]
+  kubectl tether approve NAME --reason R [--gate G] [--attempt N]   record your decision on a
+  kubectl tether deny NAME --reason R [--gate G] [--attempt N]      pending gate (a WorkerRunApproval)
   kubectl tether ui [-n NS | -A] [--port P] [--no-open]   the web console on 127.0.0.1, as you
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import sys
 from typing import Any
 
@@ -55,11 +56,12 @@ def status_lines(run: dict[str, Any], lease: dict[str, Any] | None, now: dt.date
     return lines
 
 
-async def _decide(cfg: kubeconfig.KubeConfig, ns: str, name: str, gate: str, decision: str, reason: str) -> int:
+async def _decide(cfg: kubeconfig.KubeConfig, ns: str, name: str, gate: str, decision: str, reason: str,
+                  attempt: int | None) -> int:
     """Records the decision as the current user (tether.console.actions, shared with the console)."""
     async with cfg.async_client() as http:
         try:
-            done = await record_decision(http, ns, name, gate, decision, reason)
+            done = await record_decision(http, ns, name, gate, decision, reason, attempt)
         except ActionError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -67,8 +69,13 @@ async def _decide(cfg: kubeconfig.KubeConfig, ns: str, name: str, gate: str, dec
     run = done.run
     images = ", ".join(c.get("image", "?") for c in ((run["spec"].get("template") or {}).get("spec") or {})
                        .get("containers") or []) or run["spec"].get("executor", "Pod")
-    print(f"workerrunapproval.tether.dev/{done.name} created: {decision} {done.gate} of "
+    print(f"workerrunapproval.tether.dev/{done.name} created: {decision} {done.gate} (attempt {done.attempt}) of "
           f"{name} (uid {run['metadata']['uid']}, {images}) by {done.approver}")
+    # And what the decision is about: the result under review, or what the worker asked to do.
+    if done.gate == "Result":
+        print(f"  result: {json.dumps((run.get('status') or {}).get('result'), sort_keys=True)[:500]}")
+    elif done.request.get("details"):
+        print(f"  details: {str(done.request['details'])[:500]}")
     return 0
 
 
@@ -106,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("--gate", default="Start", help="approve/deny: Start, Result or a request's name")
     parser.add_argument("--reason", default="", help="approve/deny: why (a denied run's next attempt gets it)")
+    parser.add_argument("--attempt", type=int, default=None,
+                        help="approve/deny: the attempt whose gate you decide (default: the newest pending one)")
     parser.add_argument("--port", type=int, default=0, help="ui: the local port (default: any free one)")
     parser.add_argument("--no-open", action="store_true", help="ui: print the URL, do not open a browser")
     args = parser.parse_args(argv)
@@ -119,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(cfg, None if args.all_namespaces else ns, args.port, open_browser=not args.no_open)
     if args.command in ("approve", "deny"):
         return asyncio.run(_decide(cfg, ns, args.name, args.gate, "Approve" if args.command == "approve" else "Deny",
-                                   args.reason))
+                                   args.reason, args.attempt))
     if args.command == "status":
         return _status(cfg, ns, args.name)
     return asyncio.run(_control(cfg, ns, args.name, args.command))

@@ -96,7 +96,7 @@ def test_kubectl_tether_approve_records_the_current_user(kube: Kube, namespace: 
     assert [(a["spec"]["approver"], a["spec"]["runRef"].get("uid")) for a in approvals] == [
         ("tether-admin", run["metadata"]["uid"])]
     again = kubectl(bin_dir, "tether", "deny", "short-job", "-n", namespace, "--reason", "late")
-    assert again.returncode == 1 and "not AwaitingApproval" in again.stderr, again
+    assert again.returncode == 1 and "no pending Start gate" in again.stderr, again
 
 
 def test_metrics_count_the_waiting_and_time_the_decision(kube: Kube, namespace: str, tmp_path: Path) -> None:

@@ -124,14 +124,23 @@ def test_a_request_approved_with_kubectl_tether_reaches_the_worker(  # type: ign
     assert req["details"] == "POST the report to finance"
     assert waiting["status"]["phase"] == "Running" and waiting["status"]["holder"] == "short-job-a1"
     assert "ApprovalPending" in runs.events(kube, namespace, "short-job")
+    wrong = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "send-report",
+                    "--attempt", "2", "--reason", "numbers checked")
+    assert wrong.returncode == 1 and "no pending send-report gate of attempt 2" in wrong.stderr, wrong
     done = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "send-report",
-                   "--reason", "numbers checked")
+                   "--attempt", "1", "--reason", "numbers checked")
     assert done.returncode == 0, done
+    assert "send-report (attempt 1)" in done.stdout and "details: POST the report to finance" in done.stdout, done
     run = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed"), timeout=60)
     assert run["status"]["result"]["approval"] == {"decision": "Approve", "reason": "numbers checked",
                                                    "approver": "tether-admin"}
     [approval] = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
     assert (approval["spec"]["gate"], approval["spec"]["attempt"]) == ("send-report", 1)
+    # The approval lives as long as its run: owned by it, collected by Kubernetes' garbage collector.
+    assert [o["uid"] for o in approval["metadata"]["ownerReferences"]] == [run["metadata"]["uid"]]
+    kube.ok(kube.delete(Kube.wr_path(namespace, "short-job")))
+    eventually(lambda: kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"] == [], timeout=60,
+               what="the approval collected with its run")
 
 
 def test_a_request_denied_or_timed_out_is_told_to_the_worker(kube: Kube, namespace: str,  # type: ignore[no-untyped-def]

@@ -31,8 +31,9 @@ class Recorded:
     run: dict[str, Any]  # the run as read just before
     gate: str
     decision: str
-    attempt: int | None
+    attempt: int
     approver: str
+    request: dict[str, Any]  # the pending gate decided, as the run's status showed it
 
 
 def normalize_gate(gate: str) -> str:
@@ -79,10 +80,9 @@ async def record_decision(http: httpx.AsyncClient, ns: str, name: str, gate: str
                           attempt: int | None = None) -> Recorded:
     """Creates a WorkerRunApproval naming the run's UID and the attempt of its pending request.
 
-    `attempt` picks among pending requests of the same gate; unset, the newest is decided. A Start
-    gate must be pending. Another gate without a pending request is still recorded (without an
-    attempt): it then counts for a request the worker makes later, and the API server checks the
-    gate's name."""
+    `attempt` picks among pending requests of the same gate; unset, the newest is decided. The gate
+    must be pending: a decision on nothing would be recorded and never count. The approval is owned
+    by the run (no blocking owner reference), so it lives as long as the run and no longer."""
     gate = normalize_gate(gate)
     resp = await http.get(run_path(ns, name))
     if resp.status_code >= 400:
@@ -90,23 +90,25 @@ async def record_decision(http: httpx.AsyncClient, ns: str, name: str, gate: str
     run = resp.json()
     pending = [r for r in pending_requests(run)
                if r.get("gate") == gate and (attempt is None or r.get("attempt") == attempt)]
-    if pending:
-        attempt = int(pending[-1].get("attempt") or 0)
-    elif gate == "Start":
-        phase = (run.get("status") or {}).get("phase")
-        raise ActionError(f"workerrun {ns}/{name} is {phase or 'new'}, not AwaitingApproval: nothing to decide")
-    elif attempt is not None:
-        raise ActionError(f"workerrun {ns}/{name} has no pending {gate} request of attempt {attempt}")
+    if not pending:
+        phase = (run.get("status") or {}).get("phase") or "new"
+        waiting = ", ".join(f"{r.get('gate')} (attempt {r.get('attempt')})" for r in pending_requests(run))
+        raise ActionError(f"workerrun {ns}/{name} ({phase}) has no pending {gate} gate"
+                          + (f" of attempt {attempt}" if attempt is not None else "")
+                          + (f"; pending: {waiting}" if waiting else "; nothing to decide"))
+    attempt = int(pending[-1].get("attempt") or 0)
     user = await whoami(http)
     stem = re.sub(r"[^a-z0-9-]+", "-", f"{name[:40]}-{gate.lower()[:10]}").strip("-")
-    spec: dict[str, Any] = {"runRef": {"name": name, "uid": run["metadata"]["uid"]}, "gate": gate,
+    uid = run["metadata"]["uid"]
+    spec: dict[str, Any] = {"runRef": {"name": name, "uid": uid}, "gate": gate, "attempt": attempt,
                             "decision": decision, "reason": reason, "approver": user}
-    if attempt is not None:
-        spec["attempt"] = attempt
     body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
-            "metadata": {"generateName": f"{stem}-"}, "spec": spec}
+            "metadata": {"generateName": f"{stem}-", "labels": {"tether.dev/run": name},
+                         "ownerReferences": [{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+                                              "name": name, "uid": uid}]},
+            "spec": spec}
     created = await http.post(APPROVALS.format(ns=ns), json=body)
     if created.status_code >= 400:
         raise ActionError(_message(created))
     return Recorded(name=created.json()["metadata"]["name"], run=run, gate=gate, decision=decision,
-                    attempt=attempt, approver=user)
+                    attempt=attempt, approver=user, request=pending[-1])
