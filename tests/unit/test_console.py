@@ -31,10 +31,12 @@ def _run(name: str = "job", ns: str = "agents", **status: Any) -> dict[str, Any]
 # --- guards -------------------------------------------------------------------------------------
 
 
-def test_only_the_consoles_own_host_names_are_served() -> None:
-    hosts = security.local_hosts(8123)
-    assert security.host_allowed("127.0.0.1:8123", hosts) and security.host_allowed("LOCALHOST:8123", hosts)
-    for host in ("evil.example:8123", "127.0.0.1:8124", "127.0.0.1", "", None):
+def test_only_the_consoles_own_host_name_is_served() -> None:
+    own = security.local_host(8123)
+    hosts = frozenset({own})
+    assert security.host_allowed(own, hosts) and security.host_allowed(own.upper(), hosts)
+    for host in ("evil.example:8123", "127.0.0.1:8123", "localhost:8123", own.replace("8123", "8124"),
+                 own.split(":")[0], "", None):
         assert not security.host_allowed(host, hosts), host
     assert security.host_allowed("console.example.com", None)  # behind the gateway
 
@@ -58,14 +60,14 @@ def test_secrets_are_long_random_and_compared_whole() -> None:
     a, b = security.new_secret(), security.new_secret()
     assert a != b and len(a) >= 40
     assert security.same_secret(a, a) and not security.same_secret(a[:-1], a) and not security.same_secret(None, a)
-    assert security.cookie_name(8123) != security.cookie_name(8124)
+    assert security.local_host(8123) != security.local_host(8123)
 
 
 def _local_client() -> tuple[TestClient, str]:
     cfg = KubeConfig(server="https://127.0.0.1:1", ssl_context=ssl.create_default_context())
-    secret = security.new_secret()
-    app = build_local_app(cfg, "agents", 8123, secret)
-    return TestClient(app, base_url="http://127.0.0.1:8123", follow_redirects=False), secret
+    secret, host = security.new_secret(), security.local_host(8123)
+    app = build_local_app(cfg, "agents", host, secret)
+    return TestClient(app, base_url=f"http://{host}", follow_redirects=False), secret
 
 
 def test_the_url_token_becomes_a_strict_httponly_cookie_and_leaves_the_address() -> None:
@@ -75,12 +77,12 @@ def test_the_url_token_becomes_a_strict_httponly_cookie_and_leaves_the_address()
     resp = client.get("/budgets", params={"token": secret})
     assert resp.status_code == 303 and resp.headers["location"] == "/budgets"
     cookie = resp.headers["set-cookie"]
-    assert cookie.startswith("tether_console_8123=") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert cookie.startswith("tether_console=") and "HttpOnly" in cookie and "SameSite=strict" in cookie
 
 
 def test_the_local_console_refuses_other_hosts_and_cross_site_writes() -> None:
     client, secret = _local_client()
-    client.cookies.set(security.cookie_name(8123), secret)
+    client.cookies.set(security.SESSION_COOKIE, secret)
     assert client.get("/", headers={"host": "rebound.example:8123"}).status_code == 421
     path = "/api/runs/agents/job/stop"
     assert client.post(path, headers={"origin": "http://evil.example"}).status_code == 403

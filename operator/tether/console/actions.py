@@ -25,6 +25,10 @@ class ActionError(Exception):
     """Nothing was changed or recorded; the message says why (the API server's words where it refused)."""
 
 
+class Replaced(ActionError):
+    """The run of that name is not the one the caller named by UID: deleted and re-created since."""
+
+
 @dataclass(frozen=True)
 class Recorded:
     name: str  # the WorkerRunApproval's
@@ -61,9 +65,17 @@ def _message(resp: httpx.Response) -> str:
         return resp.text
 
 
-async def control(http: httpx.AsyncClient, ns: str, name: str, command: str) -> None:
-    """stop (spec.stop: the kill switch), suspend or resume (spec.suspend): a merge patch of the spec."""
-    resp = await http.patch(run_path(ns, name), json={"spec": CONTROLS[command]}, headers=MERGE_PATCH)
+async def control(http: httpx.AsyncClient, ns: str, name: str, command: str, uid: str | None = None) -> None:
+    """stop (spec.stop: the kill switch), suspend or resume (spec.suspend): a merge patch of the spec.
+
+    With `uid`, the patch carries it as metadata.uid, a precondition: the API server answers 409
+    when the run of that name is another object (a namesake created since the caller looked)."""
+    patch: dict[str, Any] = {"spec": CONTROLS[command]}
+    if uid is not None:
+        patch["metadata"] = {"uid": uid}
+    resp = await http.patch(run_path(ns, name), json=patch, headers=MERGE_PATCH)
+    if resp.status_code == 409 and uid is not None:
+        raise Replaced(f"workerrun {ns}/{name} was deleted and re-created since: {_message(resp)}")
     if resp.status_code >= 400:
         raise ActionError(_message(resp))
 
@@ -77,10 +89,11 @@ async def whoami(http: httpx.AsyncClient) -> str:
 
 
 async def record_decision(http: httpx.AsyncClient, ns: str, name: str, gate: str, decision: str, reason: str,
-                          attempt: int | None = None) -> Recorded:
+                          attempt: int | None = None, uid: str | None = None) -> Recorded:
     """Creates a WorkerRunApproval naming the run's UID and the attempt of its pending request.
 
-    `attempt` picks among pending requests of the same gate; unset, the newest is decided. The gate
+    `attempt` picks among pending requests of the same gate; unset, the newest is decided. `uid`,
+    if given, must be the run's: a decision made looking at one run never lands on a namesake. The gate
     must be pending: a decision on nothing would be recorded and never count. The approval is owned
     by the run (no blocking owner reference), so it lives as long as the run and no longer."""
     gate = normalize_gate(gate)
@@ -88,6 +101,9 @@ async def record_decision(http: httpx.AsyncClient, ns: str, name: str, gate: str
     if resp.status_code >= 400:
         raise ActionError(f"workerrun {ns}/{name}: {_message(resp)}")
     run = resp.json()
+    if uid is not None and run["metadata"]["uid"] != uid:
+        raise Replaced(f"workerrun {ns}/{name} was deleted and re-created since (uid {run['metadata']['uid']}, "
+                       f"not {uid}); nothing recorded, reload to see the new one")
     pending = [r for r in pending_requests(run)
                if r.get("gate") == gate and (attempt is None or r.get("attempt") == attempt)]
     if not pending:

@@ -1,8 +1,8 @@
 """The console's web app: pages, Server-Sent Events and actions, for two ways of signing in.
 
 - Local (`kubectl tether ui`): the user's kubeconfig; one session, proven by the token in the URL
-  the plugin printed (then an HttpOnly SameSite=Strict cookie); served on 127.0.0.1 only, to its
-  own host names only.
+  the plugin printed (then an HttpOnly SameSite=Strict cookie); served on 127.0.0.1 only, under
+  its own random host name only (tether-<random>.localhost, see security).
 - Behind the gateway (/console): each user pastes a Kubernetes bearer token, checked with
   TokenReview, kept in an HttpOnly Secure SameSite=Strict cookie, and every API call is made with
   that token (pass-through): the console never acts with the operator's identity.
@@ -16,12 +16,14 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import logging
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qs, urlencode
 
 import httpx
@@ -30,22 +32,29 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope as AsgiScope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope as AsgiScope, Send
 
 from tether.console import security, views
-from tether.console.actions import CONTROLS, ActionError, control, record_decision, whoami
+from tether.console.actions import CONTROLS, ActionError, Replaced, control, record_decision, whoami
 from tether.console.state import Listener, Scope, object_key
+from tether.gateway.app import BodyTooLarge, read_body
 from tether.gateway.auth import AuthError, Authenticator
-from tether.kube.client import KubeClient
+from tether.kube.client import ApiError, KubeClient
 from tether.kube.config import KubeConfig
+
+log = logging.getLogger("tether.console")
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_SECONDS = 15.0
 # A burst of watch events becomes one message per stream: at most one per this many seconds.
 COALESCE_SECONDS = {"runs": 0.25, "run": 0.25, "budgets": 1.0, "review": 0.5}
-IDLE_SCOPE_SECONDS = 300.0  # behind the gateway: a signed-in user's watches outlive their last tab this long
-MAX_SCOPES = 200  # behind the gateway: watches held for signed-in users at once
+# Behind the gateway:
+IDLE_SCOPE_SECONDS = 300.0  # a signed-in user's watches outlive their last tab this long
+MAX_SCOPES = 200  # scopes that list something (a refused one costs a retry a while), for everyone at once
+MAX_USER_SCOPES = 4  # one user's (namespaces and tokens): nobody takes every slot
+SWEEP_SECONDS = 60.0  # how often held tokens are reviewed again and idle scopes closed
 TOKEN_COOKIE, NAMESPACE_COOKIE = "tether_console", "tether_console_ns"
+NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # a DNS label, as namespaces are named
 MAX_FORM_BYTES = 64 * 1024
 
 
@@ -68,16 +77,24 @@ class Guard:
         self.app, self.hosts = app, hosts
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            request = Request(scope)
-            host = request.headers.get("host")
-            if not security.host_allowed(host, self.hosts):
-                await PlainResponse("unknown host name", 421)(scope, receive, send)
-                return
-            if not security.write_allowed(request.method, request.headers, host or ""):
-                await PlainResponse("cross-site request refused", 403)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def guarded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *security.HEADERS]}
+            await send(message)
+
+        request = Request(scope)
+        host = request.headers.get("host")
+        if not security.host_allowed(host, self.hosts):
+            await PlainResponse("unknown host name: open the URL kubectl tether ui printed", 421)(
+                scope, receive, guarded)
+        elif not security.write_allowed(request.method, request.headers, host or ""):
+            await PlainResponse("cross-site request refused", 403)(scope, receive, guarded)
+        else:
+            await self.app(scope, receive, guarded)
 
 
 def PlainResponse(text: str, status: int) -> Response:  # reads as the response class it returns
@@ -97,9 +114,9 @@ class LocalBackend:
 
     logout = False
 
-    def __init__(self, cfg: KubeConfig, namespace: str | None, port: int, secret: str) -> None:
+    def __init__(self, cfg: KubeConfig, namespace: str | None, secret: str) -> None:
         self.scope = Scope(cfg.async_client(timeout=10.0), namespace)
-        self.cookie, self.secret = security.cookie_name(port), secret
+        self.secret = secret
         self.who: str | None = None
 
     async def session(self, request: Request) -> Session | Response:
@@ -109,9 +126,10 @@ class LocalBackend:
                 return PlainResponse("wrong token: open the URL kubectl tether ui printed", 401)
             # The token leaves the address bar (and history) at once; the cookie carries the session.
             response = RedirectResponse(request.url.path, status_code=303)
-            response.set_cookie(self.cookie, self.secret, httponly=True, samesite="strict", path="/")
+            # Host-only: it goes to this console's own name, never to 127.0.0.1 or localhost.
+            response.set_cookie(security.SESSION_COOKIE, self.secret, httponly=True, samesite="strict", path="/")
             return response
-        if not security.same_secret(request.cookies.get(self.cookie), self.secret):
+        if not security.same_secret(request.cookies.get(security.SESSION_COOKIE), self.secret):
             return PlainResponse("no session: open the URL kubectl tether ui printed", 401)
         if self.who is None:
             try:
@@ -132,6 +150,18 @@ def without_client_certificate(ctx: ssl.SSLContext) -> ssl.SSLContext:
     return fresh
 
 
+@dataclass(frozen=True)
+class Opened:
+    evicted: list[Scope]  # to close (idle), whether or not the new scope was opened
+    scope: Scope | Response  # the new scope, or why there is none
+
+
+class ScopeKey(NamedTuple):
+    token: str  # its SHA-256: tokens are never kept as keys
+    user: str  # whom the token names
+    namespace: str
+
+
 class GatewayBackend:
     """Each user signs in with their own bearer token; their watches and writes use it."""
 
@@ -139,7 +169,8 @@ class GatewayBackend:
 
     def __init__(self, cfg: KubeConfig, authenticator: Authenticator) -> None:
         self.cfg, self.authenticator = cfg, authenticator
-        self.scopes: dict[tuple[str, str], Scope] = {}
+        self.scopes: dict[ScopeKey, Scope] = {}
+        self._sweeper: asyncio.Task[None] | None = None
 
     @functools.cached_property
     def verify(self) -> ssl.SSLContext:
@@ -148,36 +179,89 @@ class GatewayBackend:
         return without_client_certificate(self.cfg.ssl_context)
 
     @staticmethod
-    def _key(token: str, namespace: str) -> tuple[str, str]:
-        return hashlib.sha256(token.encode()).hexdigest(), namespace
+    def _digest(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
 
     async def session(self, request: Request) -> Session | Response:
         token = request.cookies.get(TOKEN_COOKIE)
         if not token:
             return self._to_login(request)
+        digest = self._digest(token)
         try:
             caller = await self.authenticator.authenticate(f"Bearer {token}")
         except AuthError:
-            return self._to_login(request)  # expired or revoked since: sign in again
+            await self._end(digest)  # expired or revoked since: nothing goes on calling the API server with it
+            return self._to_login(request)
         namespace = request.cookies.get(NAMESPACE_COOKIE, "")
-        key = self._key(token, namespace)
+        if namespace and not NAMESPACE.fullmatch(namespace):
+            return self._to_login(request)
+        key = ScopeKey(digest, caller.username, namespace)
         scope = self.scopes.get(key)
         if scope is None:
-            await self._reap()
-            if len(self.scopes) >= MAX_SCOPES:
-                return PlainResponse("too many console users signed in right now; try again later", 503)
-            client = httpx.AsyncClient(base_url=self.cfg.server, verify=self.verify, timeout=10.0,
-                                       headers={"Authorization": f"Bearer {token}"})
-            scope = self.scopes[key] = Scope(client, namespace or None)
+            opened = self._open(key, token)
+            await self._close_all(opened.evicted)
+            if isinstance(opened.scope, Response):
+                return opened.scope
+            scope = opened.scope
         scope.last_used = time.monotonic()
         scope.start()
         return Session(scope, caller.username)
 
-    async def _reap(self) -> None:
-        idle = [k for k, s in self.scopes.items()
-                if not s.listeners and time.monotonic() - s.last_used > IDLE_SCOPE_SECONDS]
-        for key in idle:
-            await self.scopes.pop(key).close()
+    def _open(self, key: ScopeKey, token: str) -> Opened:
+        """Adds the key's scope, or says why not. No await from the caller's lookup to here: two
+        first requests at once get one scope, not two of which one is never closed."""
+        evicted = self._take_idle()
+        mine = sorted((k for k in self.scopes if k.user == key.user), key=lambda k: self.scopes[k].last_used)
+        if len(mine) >= MAX_USER_SCOPES:
+            idle = [k for k in mine if not self.scopes[k].listeners]
+            if not idle:
+                return Opened(evicted, PlainResponse(
+                    "you watch too many namespaces at once here: close other console pages", 429))
+            evicted.append(self.scopes.pop(idle[0]))  # the user's least recently used
+        # A scope counts once it lists something: one the API server refuses holds no slot.
+        if sum(s.runs.listed for s in self.scopes.values()) >= MAX_SCOPES:
+            return Opened(evicted, PlainResponse("too many console users signed in right now; try again later", 503))
+        client = httpx.AsyncClient(base_url=self.cfg.server, verify=self.verify, timeout=10.0,
+                                   headers={"Authorization": f"Bearer {token}"})
+        scope = self.scopes[key] = Scope(client, key.namespace or None)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep())
+        return Opened(evicted, scope)
+
+    def _take(self, chosen: Callable[[ScopeKey], bool]) -> list[Scope]:
+        return [self.scopes.pop(k) for k in [k for k in self.scopes if chosen(k)]]
+
+    def _take_idle(self) -> list[Scope]:
+        """The scopes no page has streamed from for IDLE_SCOPE_SECONDS."""
+        now = time.monotonic()
+        return self._take(lambda k: not self.scopes[k].listeners and now - self.scopes[k].last_used > IDLE_SCOPE_SECONDS)
+
+    async def _close(self, chosen: Callable[[ScopeKey], bool]) -> None:
+        await self._close_all(self._take(chosen))
+
+    async def _end(self, digest: str) -> None:
+        """Closes every scope of one token."""
+        await self._close(lambda key: key.token == digest)
+
+    @staticmethod
+    async def _close_all(scopes: list[Scope]) -> None:
+        for scope in scopes:
+            await scope.close()  # its watches stop and its open pages' streams end
+
+    async def _sweep(self) -> None:
+        """While any scope is held: closes idle ones, and every scope of a token the API server no
+        longer accepts (its watches would call it forever, its open pages would stay live)."""
+        while self.scopes:
+            await asyncio.sleep(SWEEP_SECONDS)  # the sweep's pace, not a wait for a condition
+            await self._close_all(self._take_idle())
+            held = {k.token: s.http.headers["authorization"] for k, s in self.scopes.items()}
+            for digest, header in held.items():
+                try:
+                    await self.authenticator.authenticate(header)
+                except AuthError:
+                    await self._end(digest)
+                except (ApiError, httpx.HTTPError) as exc:
+                    log.warning("console token review failed: %s", exc, extra={"event": "console_review_failed"})
 
     def _to_login(self, request: Request) -> Response:
         if request.url.path.endswith("/events") or request.method != "GET":
@@ -188,15 +272,22 @@ class GatewayBackend:
         return HTMLResponse(views.login_page(_base(request)))
 
     async def login(self, request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_FORM_BYTES:
-            return PlainResponse("too large", 413)
+        try:
+            body = await read_body(request, MAX_FORM_BYTES)
+        except BodyTooLarge as exc:
+            return PlainResponse(str(exc), 413)
         form = {k: v[0] for k, v in parse_qs(body.decode(errors="replace")).items()}
         token, namespace = form.get("token", "").strip(), form.get("namespace", "").strip()
+        if namespace and not NAMESPACE.fullmatch(namespace):
+            return HTMLResponse(views.login_page(_base(request), f"{namespace!r} is not a namespace name"),
+                                status_code=422)
         try:
             await self.authenticator.authenticate(f"Bearer {token}")
         except AuthError as exc:
             return HTMLResponse(views.login_page(_base(request), exc.message), status_code=401)
+        replaced = request.cookies.get(TOKEN_COOKIE)
+        if replaced:  # the browser's pages now act with the new cookies: the old ones' watches end
+            await self._end(self._digest(replaced))
         response = RedirectResponse(f"{_base(request)}/", status_code=303)
         path = f"{_base(request)}/"
         response.set_cookie(TOKEN_COOKIE, token, httponly=True, secure=True, samesite="strict", path=path)
@@ -205,19 +296,17 @@ class GatewayBackend:
 
     async def logout_(self, request: Request) -> Response:
         token = request.cookies.get(TOKEN_COOKIE)
-        if token:
-            scope = self.scopes.pop(self._key(token, request.cookies.get(NAMESPACE_COOKIE, "")), None)
-            if scope is not None:
-                await scope.close()
+        if token:  # every scope made with the token, whatever namespace each was for
+            await self._end(self._digest(token))
         response = RedirectResponse(f"{_base(request)}/login", status_code=303)
         for name in (TOKEN_COOKIE, NAMESPACE_COOKIE):
             response.delete_cookie(name, path=f"{_base(request)}/", secure=True, httponly=True, samesite="strict")
         return response
 
     async def close(self) -> None:
-        for scope in self.scopes.values():
-            await scope.close()
-        self.scopes.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        await self._close(lambda _: True)
 
 
 Handler = Callable[[Request, Session], Awaitable[Response]]
@@ -294,28 +383,51 @@ class Pages:
         ns, name, command = (request.path_params[k] for k in ("namespace", "name", "command"))
         if command not in CONTROLS:
             return JSONResponse({"error": f"unknown command {command}"}, status_code=404)
+        body = await _json_body(request, "uid")
+        if isinstance(body, Response):
+            return body
         try:
-            await control(session.scope.http, ns, name, command)
+            await control(session.scope.http, ns, name, command, str(body["uid"]))
         except ActionError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return _refused(exc)
         return JSONResponse({"message": f"{name}: {command} requested"})
 
     async def decide(self, request: Request, session: Session) -> Response:
         ns, name = request.path_params["namespace"], request.path_params["name"]
+        body = await _json_body(request, "uid", "gate", "attempt", "decision")
+        if isinstance(body, Response):
+            return body
         try:
-            body = json.loads(await request.body())
-            gate, decision, reason = str(body["gate"]), str(body["decision"]), str(body.get("reason", ""))
-            attempt = int(body["attempt"])
-        except (ValueError, KeyError, TypeError):
-            return JSONResponse({"error": "expected JSON with gate, attempt, decision and reason"}, status_code=422)
+            uid, gate, decision = str(body["uid"]), str(body["gate"]), str(body["decision"])
+            reason, attempt = str(body.get("reason", "")), int(body["attempt"])
+        except (ValueError, TypeError):
+            return JSONResponse({"error": "attempt is a number"}, status_code=422)
         if decision not in ("Approve", "Deny"):
             return JSONResponse({"error": "decision is Approve or Deny"}, status_code=422)
         try:
-            done = await record_decision(session.scope.http, ns, name, gate, decision, reason, attempt)
+            done = await record_decision(session.scope.http, ns, name, gate, decision, reason, attempt, uid)
         except ActionError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return _refused(exc)
         return JSONResponse({"message": f"{done.decision} {done.gate} of {name} (attempt {done.attempt}) recorded "
                                         f"as {done.name} by {done.approver}"})
+
+
+async def _json_body(request: Request, *required: str) -> dict[str, Any] | Response:
+    """A write's JSON object, read no further than MAX_FORM_BYTES, with the fields it must name."""
+    try:
+        body = json.loads(await read_body(request, MAX_FORM_BYTES))
+    except BodyTooLarge as exc:
+        return JSONResponse({"error": str(exc)}, status_code=413)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or any(body.get(k) is None for k in required):
+        return JSONResponse({"error": f"expected a JSON object with {', '.join(required)}"}, status_code=422)
+    return body
+
+
+def _refused(exc: ActionError) -> Response:
+    # 409: the run shown was replaced by a namesake; reloading shows the new one.
+    return JSONResponse({"error": str(exc)}, status_code=409 if isinstance(exc, Replaced) else 400)
 
 
 async def _synced(session: Session) -> None:
@@ -399,6 +511,8 @@ async def _stream(session: Session, listener: Listener, render: Render, coalesce
             except asyncio.TimeoutError:
                 yield ": keep-alive\n\n"  # proxies close silent connections
                 continue
+            if listener.ended:
+                return  # the browser reconnects, and is sent to sign in if it must
             await asyncio.sleep(coalesce)  # the rest of the burst joins this message
             keys |= listener.take()
             for message in render(keys):
@@ -422,8 +536,9 @@ def _routes(backend: Backend) -> list[Route | Mount]:
     return routes
 
 
-def build_local_app(cfg: KubeConfig, namespace: str | None, port: int, secret: str) -> Starlette:
-    backend = LocalBackend(cfg, namespace, port, secret)
+def build_local_app(cfg: KubeConfig, namespace: str | None, host: str, secret: str) -> Starlette:
+    """`host`: the console's own (security.local_host), the only one it answers to."""
+    backend = LocalBackend(cfg, namespace, secret)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -433,7 +548,7 @@ def build_local_app(cfg: KubeConfig, namespace: str | None, port: int, secret: s
 
     app = Starlette(routes=_routes(backend), lifespan=lifespan)
     app.state.backend = backend
-    app.add_middleware(Guard, hosts=security.local_hosts(port))
+    app.add_middleware(Guard, hosts=frozenset({host}))
     return app
 
 

@@ -166,7 +166,9 @@ def timeline_svg(t: Timeline) -> str:
 
 def legend() -> str:
     items = [*OUTCOME_COLOURS.items(), ("Running", RUNNING_COLOUR)]
-    return "".join(f'<span class="key"><i style="background:{colour}"></i>{name}</span>' for name, colour in items) + (
+    # A swatch is drawn, not styled: the pages allow no inline style (Content-Security-Policy).
+    return "".join(f'<span class="key"><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" rx="2" '
+                   f'fill="{colour}"/></svg>{name}</span>' for name, colour in items) + (
         '<span class="key">&#9474; revoked (fence bump) &#9670; lapse &#9679; event</span>')
 
 

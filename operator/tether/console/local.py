@@ -41,10 +41,9 @@ def serve(cfg: KubeConfig, namespace: str | None, port: int, open_browser: bool 
     except OSError as exc:
         print(f"error: cannot listen on 127.0.0.1:{port}: {exc}", file=sys.stderr)
         return 1
-    port = sock.getsockname()[1]
-    secret = security.new_secret()
-    url = f"http://127.0.0.1:{port}/?token={secret}"
-    app = build_local_app(cfg, namespace, port, secret)
+    host, secret = security.local_host(sock.getsockname()[1]), security.new_secret()
+    url = f"http://{host}/?token={secret}"
+    app = build_local_app(cfg, namespace, host, secret)
     print(f"Tether console ({f'namespace {namespace}' if namespace else 'all namespaces'}, as your kubeconfig's "
           f"user) at\n  {url}\nCtrl-C stops it.", flush=True)
     # Open event streams would otherwise hold the shutdown until every browser tab is closed.

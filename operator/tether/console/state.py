@@ -60,6 +60,7 @@ class Watch:
         self.objects: dict[str, dict[str, Any]] = {}
         self.error: str | None = None
         self.settled = asyncio.Event()  # listed once, or refused
+        self.listed = False  # the last list succeeded and nothing was refused since
 
     async def run(self) -> None:
         version: str | None = None
@@ -73,12 +74,20 @@ class Watch:
             except Gone:
                 version = None
             except (httpx.HTTPError, ValueError, KeyError) as exc:
-                self._failed(str(exc) or type(exc).__name__)
                 if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in REFUSALS:
+                    self._forget()
                     self.settled.set()  # no use waiting for a list the API server refuses: show why
+                self._failed(str(exc) or type(exc).__name__)
                 await asyncio.sleep(delay)  # the next try's pace, not a wait for a condition
                 delay = min(delay * 2, RETRY_MAX_SECONDS)
                 version = None
+
+    def _forget(self) -> None:
+        """What the credential may no longer list (RBAC removed, token expired) is shown no longer."""
+        self.listed = False
+        for key in list(self.objects):
+            del self.objects[key]
+            self.on_change(key, None)
 
     def _failed(self, why: str) -> None:
         if why != self.error:
@@ -104,6 +113,7 @@ class Watch:
         if self.error is not None:
             self.error = None
             self.on_change("", None)
+        self.listed = True
         self.settled.set()
         return str(body["metadata"]["resourceVersion"])
 
@@ -162,6 +172,11 @@ class Listener:
     def __init__(self) -> None:
         self.changed: set[str] = set()
         self.wake = asyncio.Event()
+        self.ended = False  # its scope was closed (logout, an expired token): the stream ends
+
+    def end(self) -> None:
+        self.ended = True
+        self.wake.set()
 
     def notify(self, key: str) -> None:
         self.changed.add(key)
@@ -201,6 +216,8 @@ class Scope:
             self._tasks = [asyncio.create_task(w.run()) for w in (self.runs, self.budgets, self.events)]
 
     async def close(self) -> None:
+        for listener in self.listeners:
+            listener.end()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -117,9 +117,12 @@ def decision_form(base: str, run: dict[str, Any], request: dict[str, Any]) -> st
         shown = json.dumps(result, indent=1, sort_keys=True)
         details += f'<pre class="details">{escape(shown[:RESULT_CHARS])}{" …" if len(shown) > RESULT_CHARS else ""}</pre>'
     deadline = f' · deadline {_since(request.get("deadline"))}' if request.get("deadline") else ""
-    return (f'<form class="decide" data-action="{escape(action)}" data-gate="{escape(gate)}" '
-            f'data-attempt="{attempt}"><b>{escape(gate)}</b> · attempt {attempt} · requested '
-            f'{_since(request.get("requestedAt"))}{deadline}{details}'
+    # The first submit button is what Enter in the reason "clicks": a disabled one makes Enter do
+    # nothing, rather than Approve a run the reviewer was typing a denial for.
+    return (f'<form class="decide" data-action="{escape(action)}" data-uid="{escape(meta["uid"])}" '
+            f'data-gate="{escape(gate)}" data-attempt="{attempt}"><b>{escape(gate)}</b> · attempt {attempt} · '
+            f'requested {_since(request.get("requestedAt"))}{deadline}{details}'
+            '<button type="submit" disabled hidden aria-hidden="true" tabindex="-1"></button>'
             '<input name="reason" placeholder="reason" required maxlength="4096">'
             '<button name="decision" value="Approve" class="approve">Approve</button>'
             '<button name="decision" value="Deny" class="deny">Deny</button></form>')
@@ -173,11 +176,12 @@ def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], ev
                           escape(e.get("reason", "")), str(e.get("count") or 1), escape(e.get("message", ""))]
                          for e in ordered])
     path = f"{base}/api/runs/{quote(meta['namespace'])}/{quote(meta['name'])}"
+    uid = f'data-uid="{escape(meta["uid"])}"'  # the run shown, not whichever has its name when clicked
     controls = "" if phase in TERMINAL else (
-        f'<button data-post="{escape(path)}/stop" data-confirm="Stop {escape(meta["name"])}? It ends Cancelled." '
-        f'class="deny">Stop</button>'
-        + (f'<button data-post="{escape(path)}/resume">Resume</button>' if spec.get("suspend")
-           else f'<button data-post="{escape(path)}/suspend">Suspend</button>'))
+        f'<button data-post="{escape(path)}/stop" {uid} data-confirm="Stop {escape(meta["name"])}? It ends '
+        f'Cancelled." class="deny">Stop</button>'
+        + (f'<button data-post="{escape(path)}/resume" {uid}>Resume</button>' if spec.get("suspend")
+           else f'<button data-post="{escape(path)}/suspend" {uid}>Suspend</button>'))
     return {"summary": summary, "charts": chart, "review": review, "conditions": conditions, "events": event_rows,
             "controls": controls}
 

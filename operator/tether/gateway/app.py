@@ -35,7 +35,6 @@ from starlette.routing import Mount, Route
 from tether import protocol
 from tether.api import constants as c
 from tether.api.models import Signals, Usage, WorkerRun
-from tether.console.app import build_gateway_console
 from tether.gateway import models as m
 from tether.gateway.auth import AuthError, Authenticator, Caller
 from tether.gateway.openapi import openapi_document
@@ -78,6 +77,25 @@ def _unavailable(what: str) -> Failure:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the body exceeds {limit} bytes")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused as soon as it is known to exceed `limit` (never read whole): the gateway's
+    calls and the console's forms alike, since either is reachable before signing in."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise BodyTooLarge(limit)
+    return bytes(raw)
 
 
 def _depth(doc: Any) -> int:
@@ -154,20 +172,11 @@ class Gateway:
 
     # --- plumbing ------------------------------------------------------------
 
-    async def _read(self, request: Request) -> bytes:
-        """The body, refused as soon as it is known to exceed the limit (never read whole)."""
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise Failure(413, "BodyTooLarge", f"the body exceeds {self.max_body_bytes} bytes")
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > self.max_body_bytes:
-                raise Failure(413, "BodyTooLarge", f"the body exceeds {self.max_body_bytes} bytes")
-        return bytes(raw)
-
     async def _body(self, request: Request, model: type[BaseModel]) -> Any:
-        raw = await self._read(request)
+        try:
+            raw = await read_body(request, self.max_body_bytes)
+        except BodyTooLarge as exc:
+            raise Failure(413, "BodyTooLarge", str(exc)) from exc
         try:
             doc = json.loads(raw or b"{}")
         except RecursionError as exc:
@@ -515,6 +524,9 @@ def build_app(kube: KubeClient, audience: str | None = None, max_body_bytes: int
     routes += [Route("/openapi.json", openapi, methods=["GET"]), Route("/healthz", healthz, methods=["GET"])]
     # The shared web console (docs: README "Console"): each user signs in with their own bearer token,
     # and the console calls the API server with that token only.
+    # Imported here: the console reads its forms with read_body, from this module.
+    from tether.console.app import build_gateway_console
+
     routes.append(Mount("/console", build_gateway_console(kube)))
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _bug})
     app.state.gateway = gateway  # for tests and introspection

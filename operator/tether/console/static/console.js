@@ -11,15 +11,18 @@ function say(text, bad) {
   flash.className = bad ? "error" : "ok";
 }
 
-// Inputs a swap would wipe (a reason being typed) keep their value across it.
+// Inputs a swap would wipe (a reason being typed) keep their value across it, within the same run:
+// a reason typed for one run never reappears under a namesake's form.
+function formKey(f) {
+  return [f.dataset.action, f.dataset.uid, f.dataset.gate, f.dataset.attempt].join("|");
+}
+
 function swap(el, html) {
   const kept = {};
-  el.querySelectorAll("form[data-action]").forEach((f) => {
-    kept[f.dataset.action + "|" + f.dataset.gate + "|" + f.dataset.attempt] = f.elements.reason.value;
-  });
+  el.querySelectorAll("form[data-action]").forEach((f) => { kept[formKey(f)] = f.elements.reason.value; });
   el.innerHTML = html;
   el.querySelectorAll("form[data-action]").forEach((f) => {
-    const value = kept[f.dataset.action + "|" + f.dataset.gate + "|" + f.dataset.attempt];
+    const value = kept[formKey(f)];
     if (value) f.elements.reason.value = value;
   });
   tick();
@@ -46,7 +49,12 @@ function connect(url) {
   source = new EventSource(url);
   const live = document.getElementById("live");
   source.onopen = () => live.classList.add("on");
-  source.onerror = () => live.classList.remove("on");
+  source.onerror = () => {
+    live.classList.remove("on");
+    // Closed, not retrying: the server refused the stream (signed out, token expired, too many
+    // users). Loading the page again shows why, or the sign-in page.
+    if (source.readyState === EventSource.CLOSED) location.reload();
+  };
   source.addEventListener("fragments", (e) => {
     for (const [id, html] of Object.entries(JSON.parse(e.data))) {
       const el = document.getElementById(id);
@@ -96,16 +104,18 @@ document.addEventListener("submit", async (e) => {
   const form = e.target.closest("form.decide");
   if (!form) return;
   e.preventDefault();
+  // Only a click on Approve or Deny decides; any other way of submitting (Enter) does nothing.
+  if (!e.submitter || e.submitter.name !== "decision") return;
   const reason = form.elements.reason.value.trim();
-  await post(form.dataset.action, {gate: form.dataset.gate, attempt: Number(form.dataset.attempt),
-                                   decision: e.submitter.value, reason});
+  await post(form.dataset.action, {uid: form.dataset.uid, gate: form.dataset.gate,
+                                   attempt: Number(form.dataset.attempt), decision: e.submitter.value, reason});
 });
 
 document.addEventListener("click", async (e) => {
   const button = e.target.closest("button[data-post]");
   if (!button) return;
   if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
-  await post(button.dataset.post);
+  await post(button.dataset.post, {uid: button.dataset.uid});
 });
 
 const filters = document.getElementById("filters");
