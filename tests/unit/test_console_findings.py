@@ -342,3 +342,69 @@ def test_a_refused_list_forgets_what_was_listed_before() -> None:
 
     objects = asyncio.run(go())
     assert not objects, f"still served after the API server refused the list: {list(objects)}"
+
+
+# --- the fixes' own guarantees beyond the findings -------------------------------------------------
+
+
+def test_held_tokens_are_reviewed_again_without_a_request(gateway: tuple[Any, TokenKube],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """alice's tab is closed (no further request): her token's expiry still ends her watches."""
+    app, kube = gateway
+    backend = app.state.backend
+    monkeypatch.setattr(console_app, "SWEEP_SECONDS", 0.05)
+    with TestClient(app, base_url="https://gw.example", follow_redirects=False) as portal:
+        portal.cookies.set(console_app.TOKEN_COOKIE, "alice-token")
+        assert portal.get("/budgets").status_code == 200
+        del kube.valid["alice-token"]
+        deadline = time.monotonic() + 3.0
+        while backend.scopes and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert not backend.scopes, "an expired token's watches outlive it until its user comes back"
+
+
+def test_a_closed_scope_ends_its_open_streams() -> None:
+    """Logout or an expired token closes the scope: a page's event stream must end with it, not
+    stay live (the browser reconnects and is sent to sign in)."""
+    async def go() -> list[str]:
+        http = httpx.AsyncClient(base_url="https://api", transport=httpx.MockTransport(FakeApi([])))
+        scope = Scope(http, "agents")
+        session = console_app.Session(scope, "alice")
+        stream = console_app._stream(session, scope.listen(), lambda keys: [], 0.0)
+        sent = [await stream.__anext__()]
+        rest = asyncio.ensure_future(_drain(stream))
+        await asyncio.sleep(0.05)
+        await scope.close()
+        sent += await asyncio.wait_for(rest, timeout=2.0)
+        assert not scope.listeners
+        return sent
+
+    async def _drain(stream: Any) -> list[str]:
+        return [message async for message in stream]
+
+    assert asyncio.run(go()) == ["retry: 1000\n\n"]
+
+
+def test_one_user_holds_at_most_a_few_scopes(gateway: tuple[Any, TokenKube]) -> None:
+    app, _ = gateway
+    backend = app.state.backend
+    with TestClient(app, base_url="https://gw.example", follow_redirects=False) as portal:
+        portal.cookies.set(console_app.TOKEN_COOKIE, "mallory-token")
+        for i in range(console_app.MAX_USER_SCOPES + 3):
+            portal.cookies.set(console_app.NAMESPACE_COOKIE, f"ns-{i}")
+            assert portal.get("/budgets").status_code == 200  # the least recently used idle one made way
+        assert len(backend.scopes) == console_app.MAX_USER_SCOPES
+        portal.cookies.set(console_app.NAMESPACE_COOKIE, "../../api/v1/secrets")
+        assert portal.get("/budgets").status_code == 303  # not a namespace: sign in again
+        assert len(backend.scopes) == console_app.MAX_USER_SCOPES
+
+
+def test_an_oversized_decision_is_refused_and_refusals_carry_the_guards() -> None:
+    app, secret = _local(FakeApi([_run(phase="AwaitingApproval")], current=_run(phase="AwaitingApproval")))
+    with _signed_in(app, secret) as client:
+        resp = client.post("/api/runs/agents/job/decide", headers=WRITE, content=b"{" + b" " * 70_000 + b"}")
+        assert resp.status_code == 413
+        missing = client.post("/api/runs/agents/job/stop", headers=WRITE, json={})
+        assert missing.status_code == 422, "a control that names no run UID"
+        other = TestClient(app, base_url=f"http://127.0.0.1:{PORT}").get("/")
+    assert other.status_code == 421 and other.headers["x-frame-options"] == "DENY"
