@@ -71,7 +71,8 @@ class Backend(Protocol):
 
 
 class Guard:
-    """Host (DNS rebinding) and write (CSRF) checks before anything else runs."""
+    """Host (DNS rebinding) and write (CSRF) checks before anything else runs, and on every answer
+    the headers that keep it out of other sites' frames (security.HEADERS)."""
 
     def __init__(self, app: ASGIApp, hosts: frozenset[str] | None) -> None:
         self.app, self.hosts = app, hosts
