@@ -8,6 +8,7 @@ The screenshots in docs/ (console-*.png, shown in the README) are taken here.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,8 +48,11 @@ def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 560})
     page = context.new_page()
     page.set_default_timeout(30_000)
+    refused: list[str] = []  # what the pages' Content-Security-Policy blocked: the pages must need nothing of it
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
     yield page
     context.close()  # closes the event streams before the servers stop
+    assert not refused, refused
 
 
 def _user(kube: Kube, ns: str, tmp_path: Path, name: str = "alice") -> tuple[str, str, Path]:
@@ -99,7 +103,8 @@ def console(alice: tuple[str, str, Path], namespace: str) -> Iterator[str]:
     try:
         lines = [proc.stdout.readline() for _ in range(2)]  # type: ignore[union-attr]
         url = lines[1].strip()
-        assert url.startswith("http://127.0.0.1:") and "?token=" in url, (lines, proc.poll())
+        # Its own host name: the session cookie goes to no other server on 127.0.0.1.
+        assert re.fullmatch(r"http://tether-[0-9a-f]{16}\.localhost:\d+/\?token=\S+", url), (lines, proc.poll())
         yield url
     finally:
         proc.send_signal(signal.SIGINT)
@@ -173,6 +178,7 @@ def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operato
     item = page.locator(f'form.decide[data-action$="/{namespace}/short-job/decide"][data-gate="Start"]')
     item.locator("input[name=reason]").fill("estimate checked")
     page.screenshot(path=str(DOCS / "console-review.png"), full_page=True)
+    item.locator("input[name=reason]").press("Enter")  # decides nothing: only Approve or Deny does
     item.locator("button.approve").click()
     expect(page.locator("#flash")).to_contain_text("Approve Start of short-job (attempt 0) recorded", timeout=15_000)
     expect(page.locator("#flash")).to_contain_text(username)
