@@ -85,10 +85,11 @@ def test_kubectl_tether_approve_records_the_current_user(kube: Kube, namespace: 
     runs.create(kube, namespace, _gated())
     runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
     wrong = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "Ship It")
-    assert wrong.returncode == 1 and "spec.gate" in wrong.stderr, wrong
+    # Only a pending gate can be decided; the message says which are.
+    assert wrong.returncode == 1 and "no pending Ship It gate; pending: Start (attempt 0)" in wrong.stderr, wrong
     done = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "start",
                    "--reason", "looks right")
-    assert done.returncode == 0 and "Approve Start of short-job" in done.stdout, done
+    assert done.returncode == 0 and "Approve Start (attempt 0) of short-job" in done.stdout, done
     assert "by tether-admin" in done.stdout and "example-worker" in done.stdout, done
     run = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Rejected"), timeout=60)
     assert run["status"]["phase"] == "Succeeded"
