@@ -7,6 +7,7 @@ The screenshots in docs/ (console-*.png, shown in the README) are taken here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -247,10 +248,10 @@ def test_the_timeline_of_a_frozen_and_lost_worker(kube: Kube, namespace: str, op
         # Drawn live as the operator revokes attempt 1 and attempt 2 finishes.
         expect(page.locator("svg.timeline rect[data-outcome=LeaseLost]")).to_have_count(1, timeout=60_000)
         expect(page.locator("svg.timeline rect[data-outcome=Succeeded]")).to_have_count(1, timeout=60_000)
-        os.kill(pid, signal.SIGCONT)  # its late result is refused
-        wait_line(out, timeout=30, event="complete", attempt=1)
     finally:
-        os.kill(pid, signal.SIGKILL)
+        # Revocation deleted its pod, so the kubelet may have ended the frozen process already.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     expect(page.locator("#phase")).to_have_text("Succeeded")
     expect(page.locator('svg.timeline .mark[data-kind="lapse"]')).to_have_count(1)
     expect(page.locator('svg.timeline .mark[data-kind="revoked"]')).to_have_count(2)

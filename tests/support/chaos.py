@@ -71,6 +71,8 @@ FAULT_WEIGHTS: dict[str, int] = {
 }
 API_PAUSE = "api-pause"
 FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, API_PAUSE)
+# What the harness's reviewer did to results under review (not faults: a person's decisions).
+REVIEW_DECISIONS = ("review-approve", "review-deny")
 # Kinds that hit one run's current worker: it is found, and recorded as faulted, first.
 AIMED_AT_WORKER = frozenset(k for k in FAULT_KINDS if k.startswith("worker-")) | {"operator-kill-mid-revocation"}
 
@@ -87,6 +89,10 @@ class RunPlan:
     fail_first: bool  # attempt 1 publishes an error
     cap_cents: int | None  # spec.budget.capCents: ends BudgetExceeded once crossed
     gate_at: float | None  # seconds into the trial when its workers may finish (None: after the faults)
+    # spec.review.result: each published result waits for the harness's decision (oracle invariant 7).
+    review: bool = False
+    # Per attempt under review: (seconds the reviewer waits, decision, bound to the attempt?).
+    reviews: list[tuple[float, str, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -119,6 +125,15 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
                     cap_cents=25 if rng.random() < 0.15 else None,
                     gate_at=round(rng.uniform(4, window), 1) if rng.random() < 0.35 else None)
             for i in range(rng.randint(2, 4))]
+    for i, rp in enumerate(runs):
+        # A generator of its own, so the plans of seeds drawn before the result gate stay as they were.
+        review = random.Random(f"{seed}/review/{i}")
+        rp.review = review.random() < 0.3
+        if rp.review:
+            rp.reviews = [(round(review.uniform(0, 3), 1), "Deny" if review.random() < 0.35 else "Approve",
+                           review.random() < 0.7) for _ in range(4)]
+            if rp.gate_at is None:  # results published while the faults go on, so they are decided then too
+                rp.gate_at = round(review.uniform(4, window), 1)
     ha = rng.random() < 0.2
     kinds, weights = list(FAULT_WEIGHTS), list(FAULT_WEIGHTS.values())
     faults = [_draw_fault(rng, rng.choices(kinds, weights)[0], len(runs), window) for _ in range(rng.randint(3, 6))]
@@ -387,6 +402,8 @@ class Trial:
         self.stop = threading.Event()
         self.t0 = 0.0
         self._settle_view: list[str] | None = None  # what the previous settle poll saw
+        self.healed = threading.Event()  # the faults are over: the reviewer only approves
+        self.reviewed = threading.Event()  # the trial settled: the reviewer stops
 
     # --- setup -------------------------------------------------------------------------------
 
@@ -415,6 +432,8 @@ class Trial:
             budget["capCents"] = rp.cap_cents
         if budget:
             spec["budget"] = budget
+        if rp.review:
+            spec["review"] = {"result": True}
         return body
 
     def _setup(self) -> None:
@@ -801,6 +820,9 @@ class Trial:
                                         name=f"fault-{f.kind}") for f in self.plan.faults]
             threads += [threading.Thread(target=self._guard, args=(self._open_gate, rp), daemon=True)
                         for rp in self.plan.runs if rp.gate_at is not None]
+            reviewer = threading.Thread(target=self._guard, args=(self._review,), daemon=True, name="reviewer")
+            if any(rp.review for rp in self.plan.runs):
+                reviewer.start()
             for t in threads:
                 t.start()
             end = self.t0 + FAULT_WINDOW + 4 * LEASE_SECONDS  # the longest fault ends well before this
@@ -811,10 +833,14 @@ class Trial:
             if any(t.is_alive() for t in threads):
                 self.notes.append("harness: a fault thread outlived its bound")
             self._heal()
+            self.healed.set()  # the reviewer approves from now on, so every run can finish
             try:
                 self._poll(self._settled, self.settle_seconds, "settled trial", interval=0.5)
             except TimeoutError:
                 pass  # the oracle says what did not settle
+            self.reviewed.set()
+            if reviewer.is_alive():
+                reviewer.join(timeout=10)
             runs = self.kube.ok(self.kube.get(Kube.wr_path(self.ns)))["items"]
             live = [r["metadata"]["name"] for r in runs if (r.get("status") or {}).get("phase") not in TERMINAL]
             before, after = self._watch_leases(live) if live else ({}, {})
@@ -876,6 +902,41 @@ class Trial:
         except Exception as exc:  # noqa: BLE001 - one fault's failure must not end the trial
             with self.lock:
                 self.notes.append(f"harness: {fn.__name__}{args!r} failed: {exc!r}")
+
+    def _review(self) -> None:
+        """A person deciding results under review, as the plan says: each attempt's result once,
+        after a delay, Approve or Deny, naming the attempt or not (then only once the gate is open,
+        which the operator and the oracle both require); after the faults, Approve only."""
+        me = self.kube.ok(self.kube.post("/apis/authentication.k8s.io/v1/selfsubjectreviews", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))["status"]["userInfo"]["username"]
+        plans = {rp.name: rp for rp in self.plan.runs if rp.review}
+        due: dict[tuple[str, str, int], float] = {}  # (run, uid, attempt) -> when to decide
+        decided: set[tuple[str, str, int]] = set()
+        while not self.reviewed.is_set():
+            for name, rp in plans.items():
+                run = self._run(name)
+                s = (run or {}).get("status") or {}
+                if run is None or s.get("phase") != "AwaitingReview" or not s.get("attempts"):
+                    continue
+                key = (name, run["metadata"]["uid"], int(s["attempts"][-1]["attempt"]))
+                wait, decision, bound = rp.reviews[min(key[2], len(rp.reviews)) - 1]
+                if self.healed.is_set():
+                    decision = "Approve"
+                due.setdefault(key, time.monotonic() + wait + (0 if bound else 2))
+                if key in decided or time.monotonic() < due[key]:
+                    continue
+                spec: dict[str, Any] = {"runRef": {"name": name, "uid": key[1]}, "gate": "Result",
+                                        "decision": decision, "reason": "chaos reviewer", "approver": me}
+                if bound:
+                    spec["attempt"] = key[2]
+                resp = self.kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerrunapprovals", {
+                    "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
+                    "metadata": {"generateName": f"{name}-"}, "spec": spec})
+                if resp.status_code == 201:
+                    decided.add(key)
+                    with self.lock:
+                        self.faults[REVIEW_DECISIONS[decision == "Deny"]] += 1
+            self.reviewed.wait(0.3)
 
     def _open_gate(self, rp: RunPlan) -> None:
         assert rp.gate_at is not None
@@ -941,7 +1002,7 @@ class Tally:
                  f"({self.harness_errors} of them by a harness error)"]
         lines.append("faults injected, by kind (skipped: drawn but not injected: no live target, or the "
                      "harness failed; see the trial's notes):")
-        for kind in FAULT_KINDS:
+        for kind in (*FAULT_KINDS, *REVIEW_DECISIONS):
             if self.faults[kind] or self.skipped[kind]:
                 lines.append(f"  {kind:32} {self.faults[kind]:5}" +
                              (f"   (skipped {self.skipped[kind]})" if self.skipped[kind] else ""))

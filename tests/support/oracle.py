@@ -1,7 +1,7 @@
 """The fault trials' oracle: Tether's safety promise judged from the API server's audit log and
 the final objects, never from Tether's logs or the status it claims.
 
-Six invariants (`INVARIANTS`), checked by `judge()` over one namespace:
+Seven invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 
 1. No write by a worker is accepted after its fence was superseded. Who held which fence, and
    when that ended, is rebuilt from the accepted WorkerRun status writes (the operator's
@@ -22,6 +22,13 @@ Six invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 5. Nothing is stuck: every run that still exists is terminal, suspended on request, or held
    by a holder whose Lease was renewed while the harness watched; no deleted run lingers.
 6. No worker the harness never faulted is declared lost (an attempt ending `LeaseLost`).
+7. A result under review (spec.review.result) is accepted or denied only as a person decided:
+   every operator write that ends such a run Succeeded follows (in commit order) an accepted
+   WorkerRunApproval approving that attempt's Result gate, with no accepted denial of it before;
+   every write that marks an attempt ResultRejected follows an accepted denial of its gate; and
+   every accepted approval names the user who created it. An approval decides an attempt's gate
+   when it names that attempt, or names none and was created after the gate opened; and it is
+   the run's when it names the run's UID, or its name and was created after the run.
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -55,6 +62,7 @@ INVARIANTS: dict[int, str] = {
     4: "budget charges equal the final usage of every attempt, each run charged once",
     5: "every run terminal or live with a renewing holder (nothing stuck)",
     6: "no unfaulted worker declared lost",
+    7: "a result under review accepted or denied only as a person decided",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
@@ -185,6 +193,50 @@ def _write(rec: AuditRecord) -> _Write | None:
                   when=rec.completed, audit_id=rec.audit_id)
 
 
+@dataclass(frozen=True)
+class _Approval:
+    """An accepted WorkerRunApproval creation."""
+
+    rv: int
+    run_name: str
+    run_uid: str | None
+    gate: str
+    attempt: int | None
+    decision: str
+    approver: str
+    user: str
+    created: dt.datetime
+
+    def decides(self, uid: str, name: str, created: dt.datetime | None, gate: str, attempt: int,
+                opened_rv: int | None) -> bool:
+        """Whether this approval decides `gate` of `attempt` of that run (the rule README documents)."""
+        if self.gate != gate or self.run_name != name:
+            return False
+        if (self.run_uid != uid) if self.run_uid else (created is not None and self.created < created):
+            return False
+        if self.attempt is not None:
+            return self.attempt == attempt
+        return opened_rv is not None and self.rv > opened_rv
+
+
+def _approval(rec: AuditRecord) -> _Approval | None:
+    body = rec.response_object
+    if not rec.accepted or rec.dry_run or not isinstance(body, dict) or _rv(body) is None:
+        return None
+    spec, meta = body.get("spec") or {}, body.get("metadata") or {}
+    ref = spec.get("runRef") or {}
+    created = _time(meta.get("creationTimestamp"))
+    if created is None:
+        return None
+    return _Approval(rv=_rv(body) or 0, run_name=str(ref.get("name")), run_uid=ref.get("uid") or None,
+                     gate=str(spec.get("gate")), attempt=spec.get("attempt"), decision=str(spec.get("decision")),
+                     approver=str(spec.get("approver")), user=rec.user.username, created=created)
+
+
+def _time(text: Any) -> dt.datetime | None:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if isinstance(text, str) and text else None
+
+
 @dataclass
 class _Tenure:
     """One grant: `holder` held the run with `fence` from `granted` until `superseded` (rvs)."""
@@ -213,9 +265,15 @@ class _History:
         self.pods_created: set[tuple[str, str]] = set()  # (run uid, pod name)
         self.pod_deletes: dict[str, dt.datetime] = {}  # pod name -> its last accepted delete request
         self.run_creates: dict[str, list[AuditRecord]] = defaultdict(list)  # by run name
+        self.approvals: list[_Approval] = []  # accepted WorkerRunApproval creations, in commit order
         for rec in records:
             ref = rec.object_ref
             if ref is None or ref.namespace != namespace:
+                continue
+            if ref.resource == "workerrunapprovals" and rec.verb == "create":
+                approval = _approval(rec)
+                if approval is not None:
+                    self.approvals.append(approval)
                 continue
             if ref.resource == "pods" and ref.subresource == "" and rec.verb == "create":
                 if rec.accepted and not rec.dry_run:
@@ -260,6 +318,7 @@ class _History:
         for group in (self.run_writes, self.lease_writes, self.budget_writes):
             for writes in group.values():
                 writes.sort(key=lambda w: w.rv)
+        self.approvals.sort(key=lambda a: a.rv)
         self.worker_writes.sort(key=lambda kw: kw[1].rv)
 
     def name(self, uid: str) -> str:
@@ -292,7 +351,7 @@ class _History:
 
 
 def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool = False) -> Verdict:
-    """Checks the six invariants over `facts.namespace`; see the module docstring."""
+    """Checks the seven invariants over `facts.namespace`; see the module docstring."""
     history = _History(records, facts.namespace)
     verdict = Verdict()
     final = {str(r["metadata"]["uid"]): r for r in facts.runs}
@@ -303,11 +362,53 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
     _budgets(history, final, tenures, facts, verdict)
     _nothing_stuck(facts, history, verdict)
     _unfaulted_lost(history, facts, verdict)
+    _reviews(history, verdict)
     verdict.stats["worker writes accepted"] += len(history.worker_writes)
     for what, n in history.refused_worker_writes.items():
         verdict.stats[f"worker writes refused ({what})"] += n
     verdict.stats["pods created"] += len(history.pod_creates)
     return verdict
+
+
+def _reviews(history: _History, verdict: Verdict) -> None:
+    """Invariant 7."""
+    for a in history.approvals:
+        verdict.stats["approvals accepted"] += 1
+        if a.approver != a.user:
+            verdict.violations.append(Violation(7, f"approval of {a.run_name}", f"approver {a.approver!r} accepted "
+                                                                                f"from user {a.user!r}"))
+    for uid, writes in history.run_writes.items():
+        if not any((w.spec.get("review") or {}).get("result") for w in writes):
+            continue
+        subject, name = history.name(uid), history.run_names.get(uid, "")
+        created = _time(writes[0].body.get("metadata", {}).get("creationTimestamp"))
+        opened: dict[int, int] = {}  # attempt -> rv of the write that put its result under review
+        before: dict[str, Any] = {}
+        for w in writes:
+            s = w.status
+            attempts = s.get("attempts") or []
+            last = int(attempts[-1].get("attempt") or 0) if attempts else 0
+            if w.pod is None and s.get("phase") == "AwaitingReview":
+                opened.setdefault(last, w.rv)
+
+            def decided(decision: str, attempt: int, at: _Write = w) -> list[_Approval]:
+                return [a for a in history.approvals if a.rv < at.rv and a.decision == decision
+                        and a.decides(uid, name, created, "Result", attempt, opened.get(attempt))]
+            if w.pod is None and s.get("phase") == "Succeeded" and before.get("phase") != "Succeeded":
+                verdict.stats["results accepted on review"] += 1
+                if last not in opened or not decided("Approve", last) or decided("Deny", last):
+                    verdict.violations.append(Violation(
+                        7, subject, f"attempt {last}'s result accepted in {w.describe()} without an approval of it "
+                                    f"(approved: {bool(decided('Approve', last))}, denied: {bool(decided('Deny', last))})"))
+            was = {int(x.get("attempt") or 0): x.get("outcome") for x in before.get("attempts") or []}
+            for x in attempts:
+                n = int(x.get("attempt") or 0)
+                if w.pod is None and x.get("outcome") == "ResultRejected" and was.get(n) != "ResultRejected":
+                    verdict.stats["results denied on review"] += 1
+                    if not decided("Deny", n):
+                        verdict.violations.append(Violation(
+                            7, subject, f"attempt {n}'s result rejected in {w.describe()} without a denial of it"))
+            before = s
 
 
 def _final_is_newest(history: _History, final: Mapping[str, dict[str, Any]], uid: str) -> bool:

@@ -288,3 +288,4 @@ def test_the_requests_annotation_is_what_every_sdk_writes() -> None:
                 for r in v["requests"]}
         assert protocol.requests_annotation(asks) == v["annotation"], v["name"]
         assert {r.name: r for r in protocol.parse_requests(v["annotation"])} == asks, v["name"]
+

@@ -220,15 +220,11 @@ def test_the_oracle_accepts_a_denied_result_and_its_retry() -> None:
     cleared and the attempt retried; an unreviewed one ends Rejected with its result kept. A fault
     trial with spec.review.result would report Tether's correct behaviour as a safety violation."""
     from tests.support.oracle import judge
-    from tests.unit.test_oracle import Log, Run, facts, invariants
+    from tests.unit.test_oracle import facts, invariants
+    from tests.unit.test_oracle_reviews import approve, under_review
 
-    log = Log()
-    r = Run(log)
-    r.spec["review"] = {"result": True}
-    a1 = r.grant()
-    r.renew(a1, usage=1)
-    r.publish(a1)
-    r.end("Succeeded", "AwaitingReview", usage=1)
+    log, r = under_review()
+    approve(log, r, decision="Deny", attempt=1)  # the person's decision (invariant 7 wants one)
     denied = copy.deepcopy(r.status)  # the operator's write on a Deny: ResultRejected, result cleared
     denied.pop("result")
     denied["attempts"][-1].update(outcome="ResultRejected", message="result denied by alice: cite sources")
@@ -240,6 +236,7 @@ def test_the_oracle_accepts_a_denied_result_and_its_retry() -> None:
     r.renew(a2, usage=2)
     r.publish(a2)
     r.end("Succeeded", "AwaitingReview", usage=2)
+    approve(log, r, attempt=2)
     r.write(phase="Succeeded")
     verdict = judge(log.records, facts(r))
     assert invariants(verdict) == [], verdict.violations

@@ -63,6 +63,9 @@ AUDIT_POLICY = {
          "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
         {"level": "RequestResponse", "verbs": ["update", "patch"],
          "resources": [{"group": "tether.dev", "resources": ["workerruns/status", "workerbudgets/status"]}]},
+        # Who decided which gate (the fault trials' invariant 7 reads the approval as stored).
+        {"level": "RequestResponse", "verbs": ["create"],
+         "resources": [{"group": "tether.dev", "resources": ["workerrunapprovals"]}]},
         {"level": "Metadata", "resources": [{"group": "tether.dev"}]},
         {"level": "Metadata", "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
         # A pod's creation with its UID and owner: which run a pod-bound token's worker belongs to.

@@ -1,0 +1,38 @@
+"""The gateway's authentication caches (TokenReview and SubjectAccessReview answers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_gateways_token_caches_are_bounded_and_remember_refusals() -> None:
+    """Anyone may present tokens to the gateway (and its console's sign-in): neither a flood of
+    distinct tokens grows its memory, nor one bogus token costs a TokenReview per request."""
+    import asyncio
+
+    from tether.gateway import auth
+
+    reviews: list[str] = []
+
+    class Kube:
+        async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            reviews.append(body["spec"]["token"])
+            ok = body["spec"]["token"].startswith("good")
+            return {"status": {"authenticated": ok, "user": {"username": "u"}}}
+
+    a = auth.Authenticator(Kube(), audience=None)  # type: ignore[arg-type]
+
+    async def go() -> None:
+        for _ in range(3):
+            with pytest.raises(auth.AuthError):
+                await a.authenticate("Bearer bogus")
+        assert reviews == ["bogus"]
+        for i in range(auth.CACHE_ENTRIES + 10):
+            await a.authenticate(f"Bearer good-{i}")
+        assert len(a._tokens._items) == auth.CACHE_ENTRIES
+
+    asyncio.run(go())
