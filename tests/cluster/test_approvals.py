@@ -92,6 +92,10 @@ def test_malformed_approvals_say_what_to_fix(kube: Kube, namespace: str) -> None
         (_approval("alice", gate="Ship It!"), "spec.gate"),
         ({**_approval("alice"), "spec": {k: v for k, v in _approval("alice")["spec"].items() if k != "runRef"}},
          "spec.runRef"),
+        # Every gate but Start names its attempt: never matched by time.
+        (_approval("alice", gate="Result"), "spec.attempt is required for gate Result"),
+        (_approval("alice", gate="refund"), "spec.attempt is required"),
+        (_approval("alice", attempt=2), "spec.attempt for gate Start is 0 or unset"),
     ]
     for body, field in cases:
         resp = _create(kube, namespace, body, "alice")

@@ -905,8 +905,8 @@ class Trial:
 
     def _review(self) -> None:
         """A person deciding results under review, as the plan says: each attempt's result once,
-        after a delay, Approve or Deny, naming the attempt or not (then only once the gate is open,
-        which the operator and the oracle both require); after the faults, Approve only."""
+        after a delay, Approve or Deny, naming the attempt; a plan's "unbound" decision first tries
+        without naming it, which the API server must refuse; after the faults, Approve only."""
         me = self.kube.ok(self.kube.post("/apis/authentication.k8s.io/v1/selfsubjectreviews", {
             "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))["status"]["userInfo"]["username"]
         plans = {rp.name: rp for rp in self.plan.runs if rp.review}
@@ -922,16 +922,19 @@ class Trial:
                 wait, decision, bound = rp.reviews[min(key[2], len(rp.reviews)) - 1]
                 if self.healed.is_set():
                     decision = "Approve"
-                due.setdefault(key, time.monotonic() + wait + (0 if bound else 2))
+                due.setdefault(key, time.monotonic() + wait)
                 if key in decided or time.monotonic() < due[key]:
                     continue
                 spec: dict[str, Any] = {"runRef": {"name": name, "uid": key[1]}, "gate": "Result",
                                         "decision": decision, "reason": "chaos reviewer", "approver": me}
-                if bound:
-                    spec["attempt"] = key[2]
-                resp = self.kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerrunapprovals", {
-                    "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
-                    "metadata": {"generateName": f"{name}-"}, "spec": spec})
+                path = f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerrunapprovals"
+                body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
+                        "metadata": {"generateName": f"{name}-"}, "spec": spec}
+                if not bound and self.kube.post(path, body).status_code != 422:
+                    with self.lock:
+                        self.notes.append(f"harness: an approval of {name}'s result naming no attempt was not refused")
+                spec["attempt"] = key[2]
+                resp = self.kube.post(path, body)
                 if resp.status_code == 201:
                     decided.add(key)
                     with self.lock:

@@ -27,8 +27,8 @@ Seven invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    WorkerRunApproval approving that attempt's Result gate, with no accepted denial of it before;
    every write that marks an attempt ResultRejected follows an accepted denial of its gate; and
    every accepted approval names the user who created it. An approval decides an attempt's gate
-   when it names that attempt, or names none and was created after the gate opened; and it is
-   the run's when it names the run's UID, or its name and was created after the run.
+   when it names that attempt (never by time); and it is the run's when it names the run's UID,
+   or its name and was created after the run.
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -207,16 +207,13 @@ class _Approval:
     user: str
     created: dt.datetime
 
-    def decides(self, uid: str, name: str, created: dt.datetime | None, gate: str, attempt: int,
-                opened_rv: int | None) -> bool:
+    def decides(self, uid: str, name: str, created: dt.datetime | None, gate: str, attempt: int) -> bool:
         """Whether this approval decides `gate` of `attempt` of that run (the rule README documents)."""
         if self.gate != gate or self.run_name != name:
             return False
         if (self.run_uid != uid) if self.run_uid else (created is not None and self.created < created):
             return False
-        if self.attempt is not None:
-            return self.attempt == attempt
-        return opened_rv is not None and self.rv > opened_rv
+        return self.attempt == attempt
 
 
 def _approval(rec: AuditRecord) -> _Approval | None:
@@ -393,7 +390,7 @@ def _reviews(history: _History, verdict: Verdict) -> None:
 
             def decided(decision: str, attempt: int, at: _Write = w) -> list[_Approval]:
                 return [a for a in history.approvals if a.rv < at.rv and a.decision == decision
-                        and a.decides(uid, name, created, "Result", attempt, opened.get(attempt))]
+                        and a.decides(uid, name, created, "Result", attempt)]
             if w.pod is None and s.get("phase") == "Succeeded" and before.get("phase") != "Succeeded":
                 verdict.stats["results accepted on review"] += 1
                 if last not in opened or not decided("Approve", last) or decided("Deny", last):

@@ -27,7 +27,7 @@ def reviewed(status: dict[str, Any], timeout: int | None = None, **spec: Any) ->
     return run(spec={"review": review, **spec}, status=status)
 
 
-def approval(decision: str, gate: str = "Result", minutes: float = 1, attempt: int | None = None,
+def approval(decision: str, gate: str = "Result", minutes: float = 1, attempt: int | None = 1,
              name: str = "a", reason: str = "checked") -> ApprovalObservation:
     return ApprovalObservation(name=name, gate=gate, decision=decision, approver="alice", reason=reason,
                                created=T0 + dt.timedelta(minutes=minutes), attempt=attempt)
@@ -78,10 +78,12 @@ def test_a_published_result_ends_the_attempt_and_waits_for_review() -> None:
     # another gate's decision, or one for another attempt, does not decide this result
     ((approval("Approve", gate="Start"), approval("Approve", gate="refund")), Phase.AWAITING_REVIEW, None),
     ((approval("Approve", attempt=2),), Phase.AWAITING_REVIEW, None),
-    # without an attempt, only one made after the result went to review counts
-    ((approval("Approve", minutes=-1),), Phase.AWAITING_REVIEW, None),
+    # one naming no attempt decides nothing, whenever it was made (the CRD refuses new ones)
+    ((approval("Approve", attempt=None),), Phase.AWAITING_REVIEW, None),
+    ((approval("Approve", minutes=-1, attempt=None),), Phase.AWAITING_REVIEW, None),
     ((approval("Approve"),), Phase.SUCCEEDED, ("True", "Approved")),
-    ((approval("Approve", minutes=-1, attempt=1),), Phase.SUCCEEDED, ("True", "Approved")),
+    # bound to the attempt, even one made before the result (a pre-approval of that attempt)
+    ((approval("Approve", minutes=-1),), Phase.SUCCEEDED, ("True", "Approved")),
     # denied: the retry rules decide (attempts remain: Backoff)
     ((approval("Deny", reason="cite your sources"),), Phase.BACKOFF, ("False", "Denied")),
     ((approval("Approve", name="x"), approval("Deny", name="y", minutes=1.5)), Phase.BACKOFF, ("False", "Denied")),

@@ -6,7 +6,6 @@ it is a revocation past that fence.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from dataclasses import dataclass
 
@@ -113,11 +112,6 @@ def open_request(review: ReviewStatus, req: ReviewRequest) -> ReviewRequest | No
     review.requests.append(req)
     return req
 
-
-def opened_at(now: dt.datetime) -> dt.datetime:
-    """When a gate opens, in whole seconds: approvals' creationTimestamps have no fraction, so
-    one made in the same second as the gate counts as made after it opened."""
-    return now.replace(microsecond=0)
 
 
 @dataclass(frozen=True)
@@ -266,9 +260,8 @@ class StatusBuilder:
         req = review.find(c.GATE_RESULT, attempt)
         if req is None:
             timeout = run.spec.review.result_timeout_seconds
-            at = opened_at(o.now)
-            req = open_request(review, ReviewRequest(gate=c.GATE_RESULT, attempt=attempt, requested_at=at,
-                                                     deadline=after(at, timeout) if timeout is not None else None))
+            req = open_request(review, ReviewRequest(gate=c.GATE_RESULT, attempt=attempt, requested_at=o.now,
+                                                     deadline=after(o.now, timeout) if timeout is not None else None))
         message = f"{RESULT_PENDING_MESSAGE} (attempt {attempt})"
         s.conditions = set_condition(s.conditions, c.COND_APPROVED, "False", "Pending", message,
                                      self.generation, o.now)

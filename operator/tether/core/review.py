@@ -20,7 +20,7 @@ from tether.api.conditions import get_condition, set_condition
 from tether.api.models import Outcome, Phase, ReviewRequest, ReviewStatus, WorkerRun
 from tether.core.actions import Decision, Event
 from tether.core.clock import after
-from tether.core.lifecycle import RESULT_PENDING_MESSAGE, StatusBuilder, open_request, opened_at, review_of
+from tether.core.lifecycle import RESULT_PENDING_MESSAGE, StatusBuilder, open_request, review_of
 from tether.core.observe import ApprovalObservation, LeaseObservation, Observed
 
 GATE_START, GATE_RESULT = c.GATE_START, c.GATE_RESULT
@@ -33,16 +33,16 @@ def decision_on(o: Observed, req: ReviewRequest) -> ApprovalObservation | None:
     """The decision on gate `req`, from the approvals that are this run's and this gate's:
     - the run's: naming its UID, or naming only its name and made after it was created (never one
       made for a deleted namesake);
-    - this gate's: the same gate, for this attempt (spec.attempt), or, without an attempt, made
-      after the gate opened (a Result or a request of an earlier attempt is never this one's); a
-      run has one Start gate, so any attempt an approval of Start names is that gate's;
+    - this gate's: the same gate and, but for Start (a run has one, so any attempt an approval of
+      Start names is that gate's), the same attempt (spec.attempt, which the CRD requires for other
+      gates). Never by time: creationTimestamps have whole seconds, and an approval made for one
+      attempt's gate in the second the next attempt's opened would decide both;
     - in time: made before the gate's deadline.
     Any Deny wins over any Approve: a denial is final, whatever order the operator sees them in."""
     run = o.run.metadata
     mine = [a for a in o.approvals or () if a.gate == req.gate
             and (a.run_uid == run.uid if a.run_uid else run.creation_timestamp is None or a.created >= run.creation_timestamp)
-            and (req.gate == GATE_START or (a.attempt == req.attempt if a.attempt is not None
-                                            else a.created >= req.requested_at))
+            and (req.gate == GATE_START or a.attempt == req.attempt)
             and (req.deadline is None or a.created <= req.deadline)]
     return min(mine, key=lambda a: (a.decision != "Deny", a.created, a.name), default=None)
 
@@ -216,9 +216,8 @@ def track_requests(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObser
     for ask in lease.requests:
         # At most MAX_REQUESTS_PER_ATTEMPT in all, however often a worker renames its requests.
         if review.find(ask.name, attempt) is None and made < protocol.MAX_REQUESTS_PER_ATTEMPT:
-            at = opened_at(o.now)
-            deadline = after(at, ask.timeout_seconds) if ask.timeout_seconds is not None else None
-            if open_request(review, ReviewRequest(gate=ask.name, attempt=attempt, requested_at=at,
+            deadline = after(o.now, ask.timeout_seconds) if ask.timeout_seconds is not None else None
+            if open_request(review, ReviewRequest(gate=ask.name, attempt=attempt, requested_at=o.now,
                                                   deadline=deadline, details=ask.details or None)) is None:
                 break
             made += 1
