@@ -46,7 +46,8 @@ def test_an_approved_start(kube: Kube, namespace: str, operator, tools_dir: Path
     out = subprocess.run([str(tools_dir / "kstatus-check"), str(path)], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)[0]["status"] == "InProgress"
     assert health(waiting)["status"] == "Suspended"
-    assert "ApprovalPending" in runs.events(kube, namespace, "short-job")
+    eventually(lambda: "ApprovalPending" in runs.events(kube, namespace, "short-job"), timeout=15,
+               what="the ApprovalPending event")  # posted after the status write it tells of
 
     approval = _decide(kube, namespace, "Approve", "estimate checked")
     done = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Rejected"), timeout=60)
@@ -54,7 +55,8 @@ def test_an_approved_start(kube: Kube, namespace: str, operator, tools_dir: Path
     approved = runs.condition(done, "Approved")
     assert (approved["status"], approved["reason"]) == ("True", "Approved")
     assert "approved by alice: estimate checked" in approved["message"]
-    assert "Approved" in runs.events(kube, namespace, "short-job")
+    eventually(lambda: "Approved" in runs.events(kube, namespace, "short-job"), timeout=15,
+               what="the Approved event")  # posted after the status write it tells of
     # No pod before the approval: in the API server's audit log, the first pod creation in the
     # namespace comes after the approval's creation completed.
     created = eventually(lambda: _pod_creations(audit, namespace), timeout=10, what="the pod creation")

@@ -80,7 +80,8 @@ def test_a_result_waits_for_review_then_a_denial_retries_with_the_reason(  # typ
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["TETHER_REVIEW_FEEDBACK"] == "cite your sources"
     assert again["status"]["result"]["feedback"] == "cite your sources"
-    assert "ResultDenied" in runs.events(kube, namespace, "short-job")
+    eventually(lambda: "ResultDenied" in runs.events(kube, namespace, "short-job"), timeout=15,
+               what="the ResultDenied event")  # posted after the status write it tells of
 
     # An approval bound to attempt 1 decides nothing for attempt 2; one for attempt 2 does.
     _decide(kube, namespace, "short-job", "Result", "Approve", "too late for attempt 1", attempt=1)
@@ -123,7 +124,8 @@ def test_a_request_approved_with_kubectl_tether_reaches_the_worker(  # type: ign
     [req] = [r for r in waiting["status"]["review"]["requests"] if r["gate"] == "send-report"]
     assert req["details"] == "POST the report to finance"
     assert waiting["status"]["phase"] == "Running" and waiting["status"]["holder"] == "short-job-a1"
-    assert "ApprovalPending" in runs.events(kube, namespace, "short-job")
+    eventually(lambda: "ApprovalPending" in runs.events(kube, namespace, "short-job"), timeout=15,
+               what="the ApprovalPending event")  # posted after the status write it tells of
     wrong = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "send-report",
                     "--attempt", "2", "--reason", "numbers checked")
     assert wrong.returncode == 1 and "no pending send-report gate of attempt 2" in wrong.stderr, wrong
@@ -156,7 +158,8 @@ def test_a_request_denied_or_timed_out_is_told_to_the_worker(kube: Kube, namespa
     runs.create(kube, namespace, _asking(timeout=2), name="short-job-2")
     late = runs.wait_phase(kube, namespace, "short-job-2", ("Succeeded", "Failed"), timeout=60)
     assert late["status"]["result"]["approval"]["decision"] == "TimedOut"
-    assert "ApprovalTimedOut" in runs.events(kube, namespace, "short-job-2")
+    eventually(lambda: "ApprovalTimedOut" in runs.events(kube, namespace, "short-job-2"), timeout=15,
+               what="the ApprovalTimedOut event")  # posted after the status write it tells of
 
 
 def test_a_stale_workers_request_is_refused_and_a_decision_reaches_only_its_attempt(  # type: ignore[no-untyped-def]
