@@ -334,9 +334,13 @@ def test_the_chart_on_the_real_node_under_its_security_context_and_failover(  # 
                                 and h, timeout=lease_seconds * 4, interval=0.1, what="a new leader")
         takeover = time.monotonic() - killed
         assert takeover <= lease_seconds + 3, takeover
-        # The replica that took over had been a standby since the install, probed every second.
-        successor = next(p for p in _pods(kube, namespace, selector) if new_leader.startswith(p["metadata"]["name"] + "_"))
-        assert successor["status"]["containerStatuses"][0]["restartCount"] == 0, successor["status"]
+        # The standby had been one since the install, probed every second, and never restarted. It
+        # usually takes over; the killed container, restarted by the kubelet, may win the expired
+        # Lease first (a new process: a new identity), which is a failover all the same.
+        pods_now = _pods(kube, namespace, selector)
+        standby = next(p for p in pods_now if p["metadata"]["name"] != leader_pod["metadata"]["name"])
+        assert standby["status"]["containerStatuses"][0]["restartCount"] == 0, standby["status"]
+        assert any(new_leader.startswith(p["metadata"]["name"] + "_") for p in pods_now), new_leader
         runs.create(kube, namespace, real_node.place(runs.example("short-job.yaml", payload={"steps": 1}) | {
             "metadata": {"name": "after-failover"}}))
         runs.wait_phase(kube, namespace, "after-failover", ("Running", "Succeeded"), timeout=30)
