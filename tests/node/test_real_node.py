@@ -346,7 +346,8 @@ def test_the_chart_on_the_real_node_under_its_security_context_and_failover(  # 
         runs.wait_phase(kube, namespace, "after-failover", ("Running", "Succeeded"), timeout=30)
         acting = time.monotonic() - killed
         record_measurement("real_node_failover", leaseSeconds=lease_seconds, takeoverSeconds=round(takeover, 2),
-                           newRunRunningAfterKillSeconds=round(acting, 2))
+                           newRunRunningAfterKillSeconds=round(acting, 2),
+                           winner="standby" if new_leader.startswith(standby["metadata"]["name"] + "_") else "restarted")
         run = runs.wait_phase(kube, namespace, "long-job", ("Succeeded", "Failed", "Lost"), timeout=90)
         assert run["status"]["phase"] == "Succeeded" and [a["attempt"] for a in run["status"]["attempts"]] == [1]
         # The killed container was restarted in place by the kubelet.
