@@ -47,6 +47,11 @@ def rfc3339(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_time(text: str | None) -> dt.datetime | None:
+    """An API timestamp (RFC 3339, `Z`, either of the above) as an aware datetime; None for none."""
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
 # --- who holds the Lease ----------------------------------------------------------
 
 

@@ -291,3 +291,17 @@ def test_the_requests_annotation_is_what_every_sdk_writes() -> None:
         assert protocol.requests_annotation(asks) == v["annotation"], v["name"]
         assert {r.name: r for r in protocol.parse_requests(v["annotation"])} == asks, v["name"]
 
+
+
+def test_approvals_are_listed_only_while_a_gate_is_open_or_a_request_is_new() -> None:
+    from tether.core.review import needs_approvals
+
+    asked = lease(1, requests=(protocol.ApprovalRequest("refund", "x"),))
+    new = run(status=held(1))
+    assert needs_approvals(new, asked)  # a request not recorded yet
+    recorded = status_of(decide(asking("refund")).actions)
+    assert needs_approvals(run(status=dumped(recorded)), asked)  # pending
+    decided = status_of(decide(asking("refund", status=dumped(recorded),
+                                      approvals=(approval("Approve", gate="refund"),), minutes=1)).actions)
+    assert not needs_approvals(run(status=dumped(decided)), asked)  # decided: no list on every fold
+    assert not needs_approvals(run(status=held(1)), lease(1))

@@ -14,6 +14,7 @@ from html import escape
 from typing import Any
 
 from tether.api import constants as c
+from tether.protocol import parse_time
 from tether.console.state import Point
 
 OUTCOME_COLOURS = {
@@ -27,10 +28,6 @@ RUNNING_COLOUR = "#1565c0"
 EVENT_MARKS = {c.EV_RESULT_REJECTED: "stale result", c.EV_STALLED: "refused", c.REASON_LEASE_TAMPERED: "tampered"}
 
 WIDTH, LEFT, RIGHT, ROW, TOP, AXIS = 760.0, 90.0, 20.0, 22.0, 8.0, 26.0
-
-
-def parse_time(value: str | None) -> dt.datetime | None:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
 @dataclass(frozen=True)

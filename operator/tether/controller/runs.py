@@ -177,15 +177,10 @@ def _budget_gate(budget: dict[str, Any]) -> tuple[Any, ...]:
     return budget["metadata"].get("generation"), status.get("periodStart"), exhausted
 
 
-def _parse_time(text: str | None) -> dt.datetime | None:
-    """An API timestamp (RFC 3339, `Z`) as an aware datetime."""
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-
-
 def approval_observation(body: dict[str, Any]) -> ApprovalObservation | None:
     """A WorkerRunApproval as decide reads it (None for one the schema should have refused)."""
     meta, spec = body.get("metadata") or {}, body.get("spec") or {}
-    created = _parse_time(meta.get("creationTimestamp"))
+    created = protocol.parse_time(meta.get("creationTimestamp"))
     ref = spec.get("runRef") or {}
     if created is None or not ref.get("name") or spec.get("decision") not in ("Approve", "Deny"):
         return None
@@ -197,7 +192,7 @@ def approval_observation(body: dict[str, Any]) -> ApprovalObservation | None:
 
 def foreign_pod(pod: dict[str, Any], gone_at: dt.datetime | None = None) -> ForeignPod:
     """A pod another run controls, and until when the API server may accept its bound token."""
-    deleting = _parse_time(pod["metadata"].get("deletionTimestamp"))
+    deleting = protocol.parse_time(pod["metadata"].get("deletionTimestamp"))
     dead_at = deleting + BOUND_TOKEN_AFTER_DELETION if deleting else None
     if gone_at is not None:
         dead_at = min(dead_at, gone_at + BOUND_TOKEN_AFTER_GONE) if dead_at else gone_at + BOUND_TOKEN_AFTER_GONE
@@ -247,7 +242,7 @@ def pod_observation(pod: dict[str, Any]) -> PodObservation | None:
             break
     return PodObservation(name=meta["name"], attempt=attempt, phase=status.get("phase", "Pending"),
                           exit_code=exit_code, deleting=bool(meta.get("deletionTimestamp")),
-                          deletion_due=_parse_time(meta.get("deletionTimestamp")),
+                          deletion_due=protocol.parse_time(meta.get("deletionTimestamp")),
                           has_finalizer=c.POD_FINALIZER in (meta.get("finalizers") or []))
 
 
@@ -374,7 +369,7 @@ class RunController:
             seen = self.leases.get(uid)
             if event_type is not None and renewed and seen is not None and seen.last_change == mono:
                 # A renewal (not a signal update by the operator) just arrived by watch.
-                lag = self.clock.now() - _parse_time(renewed)  # type: ignore[operator]  # renewed is set here
+                lag = self.clock.now() - protocol.parse_time(renewed)  # type: ignore[operator]  # renewed is set here
                 metrics.WATCH_LAG.observe(max(0.0, lag.total_seconds()))
         tracked = self.leases.get(uid)
         if not changed and key in self.runs and before is not None and tracked is not None and \

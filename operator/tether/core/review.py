@@ -55,7 +55,10 @@ def needs_approvals(run: WorkerRun, lease: LeaseObservation | None) -> bool:
     if run.spec.review.start and s.attempt == 0:
         return True
     review = s.review or ReviewStatus()
-    return s.phase == Phase.AWAITING_REVIEW or bool(review.pending()) or (lease is not None and bool(lease.requests))
+    # Not for a request already decided: a worker's requests stay on its Lease for the whole attempt,
+    # and a list per pass for them would be a cost on every fold of a long-running run.
+    unseen = lease is not None and any(review.find(r.name, s.attempt) is None for r in lease.requests)
+    return s.phase == Phase.AWAITING_REVIEW or bool(review.pending()) or unseen
 
 
 def _said(a: ApprovalObservation, verb: str) -> str:
