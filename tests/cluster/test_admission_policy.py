@@ -307,6 +307,18 @@ def test_only_the_holder_may_ask_for_an_approval(scene: Scene) -> None:
             "may be at most 65536 bytes")
 
 
+def test_a_workers_checkpoint_is_bounded(scene: Scene) -> None:
+    """Issue 21, defect 9: an unbounded tether.dev/checkpoint could fill the Lease's 256 KiB of
+    annotations, after which every operator write of that Lease fails (signals, the next grant).
+    The holder's checkpoint is admitted up to 4096 bytes, counted as bytes, and refused beyond."""
+    fits = {"metadata": {"annotations": {"tether.dev/checkpoint": "€" * 1365}}}  # 4095 bytes
+    assert _ok(scene.current.patch(scene.lease_path, json=fits, headers=MERGE_PATCH))
+    huge = {"metadata": {"annotations": {"tether.dev/checkpoint": "€" * 1366}}}  # 4098 bytes
+    refused(scene.current.patch(scene.lease_path, json=huge, headers=MERGE_PATCH), LEASE_POLICY,
+            "tether.dev/checkpoint of Lease job may be at most 4096 bytes (4098 sent)")
+    assert scene.lease()["metadata"]["annotations"]["tether.dev/checkpoint"] == "€" * 1365
+
+
 def test_sdk_transport_passes_the_policy(kube: Kube, scene: Scene) -> None:
     """The worker SDK's own writes (heartbeat with reports, fenced result) are what the policy admits."""
     from tether.api.models import Usage

@@ -5,9 +5,10 @@ the budget so that every cent is charged exactly once.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 
-from tether.api.models import MAX_STATUS_NUMBER, Usage, WorkerRunStatus
+from tether.api.models import MAX_STATUS_NUMBER, Checkpoint, Usage, WorkerRunStatus
 from tether.core.actions import Action, ChargeBudget, Change, ReleaseCharge, WriteStatus
 from tether.core.observe import Observed, current_lease
 
@@ -59,21 +60,27 @@ def fold_wait(o: Observed) -> float:
     return 0.0 if folded_at is None else o.fold_interval - (o.now - folded_at).total_seconds()
 
 
-def settle_usage(o: Observed, s: WorkerRunStatus) -> bool:
-    """Picks up usage the last holder reported between the revocation's status write and the
-    lease being cleared: the cleared lease keeps its final report, and nothing is written
-    after it. Updates `s`; returns True when it changed."""
+def settle_usage(o: Observed, s: WorkerRunStatus, now: dt.datetime) -> bool:
+    """Picks up what the last holder reported between the revocation's status write and the
+    lease being cleared: the cleared lease keeps its final usage report and checkpoint, and
+    nothing is written after it (a grant drops both from the Lease). Updates `s`; returns True
+    when it changed."""
     last = s.attempts[-1] if s.attempts else None
     lease = o.lease
     if s.holder is not None or last is None or last.outcome is None or lease is None or \
-            lease.holder is not None or lease.fence != s.fence or lease.usage is None:
+            lease.holder is not None or lease.fence != s.fence:
         return False
+    changed = False
+    cursor = reported_cursor(o)
+    if cursor and (s.checkpoint is None or s.checkpoint.cursor != cursor):
+        s.checkpoint = Checkpoint(cursor=cursor, time=now)
+        changed = True
     have = last.usage or Usage()
-    if lease.usage.cents <= have.cents and lease.usage.tokens <= have.tokens:
-        return False
-    last.usage = Usage(cents=max(have.cents, lease.usage.cents), tokens=max(have.tokens, lease.usage.tokens))
-    s.usage = sum_usage(a.usage for a in s.attempts)
-    return True
+    if lease.usage is not None and (lease.usage.cents > have.cents or lease.usage.tokens > have.tokens):
+        last.usage = Usage(cents=max(have.cents, lease.usage.cents), tokens=max(have.tokens, lease.usage.tokens))
+        s.usage = sum_usage(a.usage for a in s.attempts)
+        changed = True
+    return changed
 
 
 def charged_so_far(o: Observed) -> Usage:

@@ -69,7 +69,7 @@ from tether.core.lifecycle import (
     room_for_attempt,
     wait_for_namesake,
 )
-from tether.core.liveness import judge
+from tether.core.liveness import judge, never_leased_wait
 from tether.core.review import decide_result_review, start_allowed, track_requests
 from tether.core.observe import (
     BudgetObservation,
@@ -210,7 +210,7 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord)
     ending = attempt_end(o, pod, stop)
     lease = current_lease(o)
     if ending is None and lease is not None:
-        verdict = judge(run, lease, o.mono, o.api_available_since)
+        verdict = judge(run, lease, o.mono, o.api_available_since, o.progress_held_at)
         if verdict.lapsed:
             if stop is not None and s.stop_requested_at is not None:
                 # Told to stop, the worker went away: the stop is over, as when a pod exits. (An
@@ -227,6 +227,15 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord)
                             "(progressDeadlineSeconds)")
         elif verdict.recheck_in is not None:
             d.wake(verdict.recheck_in)
+    elif ending is None:
+        # No Lease names the holder: a grant interrupted before its Lease write, repaired below. A
+        # repair that keeps failing (the Lease refused) must not hold the run forever.
+        wait = never_leased_wait(run, cur, o.now, o.mono, o.api_available_since)
+        if wait is None:
+            ending = Ending(Outcome.LEASE_LOST, f"its Lease was not written within "
+                                                f"{max(run.spec.lease.startup_grace_seconds, run.spec.lease.duration_seconds)}s of the grant")
+        else:
+            d.wake(wait)
 
     if ending is not None:
         if ending.outcome == Outcome.BUDGET_EXCEEDED and stop is not None and stop.overspend is not None:

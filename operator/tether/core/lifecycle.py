@@ -179,10 +179,13 @@ class StatusBuilder:
                            grants=self.grants)
 
     def settle_usage(self) -> bool:
-        """Books the last holder's final report (see accounting.settle_usage); an overspend
-        already recorded follows it."""
-        if not settle_usage(self.o, self.status):
+        """Books the last holder's final report and checkpoint (see accounting.settle_usage); an
+        overspend already recorded follows it."""
+        before = self.status.usage
+        if not settle_usage(self.o, self.status, self.o.now):
             return False
+        if self.status.usage == before:
+            return True
         if self.status.budget_charged:
             # More usage than the budget was told of: it is owed again (charged before the TTL).
             self.status.budget_charged = False

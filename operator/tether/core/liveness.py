@@ -12,10 +12,12 @@ connection to it, not that every worker died at the same moment.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass
 
-from tether.api.models import Phase, WorkerRun
+from tether.api.constants import GATE_RESULT, GATE_START
+from tether.api.models import AttemptRecord, Phase, WorkerRun
 from tether.core.observe import LeaseObservation
 
 # At least this many overdue leases, and at least this share of the held ones, is a mass lapse
@@ -48,15 +50,29 @@ def lapse_deadline(run: WorkerRun, lease: LeaseObservation, api_available_since:
     return max(lease.last_change + silence, judge)
 
 
-def progress_deadline(run: WorkerRun, lease: LeaseObservation, api_available_since: float | None) -> float | None:
+def progress_held(run: WorkerRun) -> bool:
+    """The holder does what it was told and cannot make progress meanwhile: paused by
+    spec.suspend, or waiting for a person's decision on a request of its own attempt."""
+    if run.spec.suspend:
+        return True
+    s = run.status
+    return s.review is not None and any(
+        r.attempt == s.attempt and r.gate not in (GATE_START, GATE_RESULT) for r in s.review.pending())
+
+
+def progress_deadline(run: WorkerRun, lease: LeaseObservation, api_available_since: float | None,
+                      held_at: float | None = None) -> float | None:
     """Monotonic time at which a renewing holder without a new checkpoint counts as stalled.
-    None: no progressDeadlineSeconds, or the holder has not renewed yet (until then the lease
-    alone judges it, and its first renewal brings a new pass anyway)."""
+    None: no progressDeadlineSeconds, the holder has not renewed yet (until then the lease
+    alone judges it, and its first renewal brings a new pass anyway), or its progress is held
+    (progress_held). The clock does not run while held: it counts from the later of the last
+    checkpoint and the last moment this operator saw the run held (`held_at`)."""
     pd = run.spec.progress_deadline_seconds
-    if pd is None or not lease.renewed:
+    if pd is None or not lease.renewed or progress_held(run):
         return None
     judge = judge_from(api_available_since, run.spec.lease.duration_seconds)
-    return math.inf if judge is None else max(lease.checkpoint_changed + pd, judge)
+    since = max(lease.checkpoint_changed, held_at if held_at is not None else -math.inf)
+    return math.inf if judge is None else max(since + pd, judge)
 
 
 @dataclass(frozen=True)
@@ -69,9 +85,10 @@ class Verdict:
     recheck_in: float | None = None  # seconds until the verdict can change, when neither
 
 
-def judge(run: WorkerRun, lease: LeaseObservation, mono: float, api_available_since: float | None) -> Verdict:
+def judge(run: WorkerRun, lease: LeaseObservation, mono: float, api_available_since: float | None,
+          progress_held_at: float | None = None) -> Verdict:
     lapse = lapse_deadline(run, lease, api_available_since)
-    progress = progress_deadline(run, lease, api_available_since)
+    progress = progress_deadline(run, lease, api_available_since, progress_held_at)
     if mono >= lapse:
         return Verdict(lapsed=True, silence=mono - lease.last_change)
     if progress is not None and mono >= progress:
@@ -81,3 +98,17 @@ def judge(run: WorkerRun, lease: LeaseObservation, mono: float, api_available_si
         # once it answers, a full duration must pass before anything is judged).
         return Verdict(recheck_in=run.spec.lease.duration_seconds)
     return Verdict(recheck_in=min(lapse, progress if progress is not None else math.inf) - mono)
+
+
+def never_leased_wait(run: WorkerRun, cur: AttemptRecord, now: dt.datetime, mono: float,
+                      api_available_since: float | None) -> float | None:
+    """An attempt whose Lease was never written is judged like one that never renewed: after the
+    startup grace from its grant (the operator's own timestamp), and only once the API server
+    has answered for a full duration. Seconds until then; None: it has lapsed."""
+    spec = run.spec.lease
+    grace = max(spec.startup_grace_seconds, spec.duration_seconds)
+    judge = judge_from(api_available_since, spec.duration_seconds)
+    if judge is None:
+        return float(spec.duration_seconds)
+    left = max(grace - (now - cur.started_at).total_seconds(), judge - mono) if cur.started_at else grace
+    return left if left > 0 else None

@@ -111,6 +111,9 @@ class Observed:
     # WorkerRunApprovals in the namespace that name this run (review gates); None when they could
     # not be listed: no gate is decided or timed out then, and everything else goes on.
     approvals: tuple["ApprovalObservation", ...] | None = ()
+    # Monotonic time this operator last saw the run's progress held (liveness.progress_held): the
+    # progress deadline counts from then at the earliest. None: never seen held.
+    progress_held_at: float | None = None
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

@@ -51,17 +51,22 @@ def regrant_lease(current: dict[str, Any], holder: str | None, fence: int, durat
                   now: dt.datetime, signals: str = "") -> dict[str, Any]:
     """The current Lease rewritten for a new holder (or none), keeping its resourceVersion.
 
-    A new grant drops the previous attempt's usage report and claimer; the checkpoint
-    stays for whoever resumes. Approval requests are the attempt's own: a grant or a clearing
-    drops them, so no later holder is taken to have asked what its predecessor asked.
+    Every report on a Lease is its holder's: a new grant drops the previous attempt's usage,
+    checkpoint (the run's status carries it to whoever resumes) and claimer, and approval
+    requests go with any rewrite. Clearing keeps the holder's final usage report, which is then
+    settled into that holder's attempt; a Lease that already names nobody drops it when
+    rewritten, since its report belongs to an attempt that is settled already (an interrupted
+    grant's revocation must not book it into the attempt that never got the Lease).
     """
     lease = copy.deepcopy(current)
     ann = lease["metadata"].setdefault("annotations", {}) or {}
     lease["metadata"]["annotations"] = ann
     ann[c.ANN_FENCE] = str(fence)
     ann.pop(c.ANN_REQUESTS, None)
-    if holder is not None:
+    if holder is not None or not (current.get("spec") or {}).get("holderIdentity"):
         ann.pop(c.ANN_USAGE, None)
+    if holder is not None:
+        ann.pop(c.ANN_CHECKPOINT, None)
         ann.pop(c.ANN_CLAIMED_BY, None)
     if signals:
         ann[c.ANN_SIGNALS] = signals
