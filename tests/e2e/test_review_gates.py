@@ -18,6 +18,7 @@ import pytest
 from tether.worker import WorkerRun
 from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
 from tests.e2e.test_gateway import call, external_run, gateway, open_attempt  # noqa: F401 (gateway: a fixture)
+from tests.e2e.test_review import after_creation_second
 from tests.support import runs
 from tests.support.audit import AuditLog
 from tests.support.kube import Kube, eventually, worker_identity
@@ -34,6 +35,7 @@ def _reviewed(timeout: int | None = None, **payload: Any) -> dict[str, Any]:
 
 def _decide(kube: Kube, ns: str, run: str, gate: str, decision: str, reason: str,
             attempt: int | None = None) -> dict[str, Any]:
+    after_creation_second(kube, ns, run)
     body = _approval("alice", gate=gate, decision=decision)
     body["spec"]["runRef"] = {"name": run}
     body["spec"]["reason"] = reason

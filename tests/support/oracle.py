@@ -211,7 +211,7 @@ class _Approval:
         """Whether this approval decides `gate` of `attempt` of that run (the rule README documents)."""
         if self.gate != gate or self.run_name != name:
             return False
-        if (self.run_uid != uid) if self.run_uid else (created is not None and self.created < created):
+        if (self.run_uid != uid) if self.run_uid else (created is not None and self.created <= created):
             return False
         return self.attempt == attempt
 

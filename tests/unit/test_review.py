@@ -23,9 +23,9 @@ def gated(timeout: int | None = None, status: dict[str, Any] | None = None) -> A
 
 
 def approval(decision: str, minutes: float = -1, gate: str = "Start", uid: str | None = None,
-             name: str = "a") -> ApprovalObservation:
+             name: str = "a", seconds: int = 0) -> ApprovalObservation:
     return ApprovalObservation(name=name, gate=gate, decision=decision, approver="alice", reason="looked fine",
-                               created=T0 + dt.timedelta(minutes=minutes), run_uid=uid)
+                               created=T0 + dt.timedelta(minutes=minutes, seconds=seconds), run_uid=uid)
 
 
 @pytest.mark.parametrize("approvals, phase, approved", [
@@ -36,6 +36,12 @@ def approval(decision: str, minutes: float = -1, gate: str = "Start", uid: str |
      ("False", "Pending")),
     # made for a deleted namesake (before this run existed, no UID): never this run's
     ((approval("Approve", minutes=-20),), Phase.AWAITING_APPROVAL, ("False", "Pending")),
+    # made in the second this run was created, naming only the name: creation times have whole
+    # seconds, so it may be a deleted namesake's (deleted and re-created in that second): not this run's
+    ((approval("Approve", minutes=-10),), Phase.AWAITING_APPROVAL, ("False", "Pending")),
+    # from the next second on a name-only approval counts; one naming the UID counts whenever made
+    ((approval("Approve", minutes=-10, seconds=1),), Phase.STARTING, ("True", "Approved")),
+    ((approval("Approve", minutes=-10, uid="u-1"),), Phase.STARTING, ("True", "Approved")),
     # naming another run's UID
     ((approval("Approve", uid="u-other"),), Phase.AWAITING_APPROVAL, ("False", "Pending")),
     # approved: the first attempt is granted in the same write
@@ -97,3 +103,12 @@ def test_a_run_approved_once_needs_no_approval_for_its_retries() -> None:
           "nextAttemptAt": T0.isoformat()}
     d = decide(observe(gated(status=st), None))  # the approval is gone by now: still no gate
     assert "EnsureLease" in kinds(d.actions)
+
+
+def test_a_name_only_approval_of_the_creation_second_is_named_as_not_counted() -> None:
+    # It would otherwise be ignored in silence: the run says which approval and what to do.
+    o = observe(gated(), None)
+    d = decide(o.__class__(**{**o.__dict__, "approvals": (approval("Approve", minutes=-10, name="early"),)}))
+    s = status_of(d.actions)
+    message = next(c.message for c in s.conditions if c.type == "Approved")
+    assert s.phase == Phase.AWAITING_APPROVAL and "not counted: early" in message and "spec.runRef.uid" in message

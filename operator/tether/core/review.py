@@ -17,7 +17,7 @@ import datetime as dt
 from tether import protocol
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
-from tether.api.models import Outcome, Phase, ReviewRequest, ReviewStatus, WorkerRun
+from tether.api.models import ObjectMeta, Outcome, Phase, ReviewRequest, ReviewStatus, WorkerRun
 from tether.core.actions import Decision, Event
 from tether.core.clock import after
 from tether.core.lifecycle import RESULT_PENDING_MESSAGE, StatusBuilder, open_request, review_of
@@ -31,8 +31,7 @@ PENDING_MESSAGE = "waiting for a WorkerRunApproval with gate Start"
 
 def decision_on(o: Observed, req: ReviewRequest) -> ApprovalObservation | None:
     """The decision on gate `req`, from the approvals that are this run's and this gate's:
-    - the run's: naming its UID, or naming only its name and made after it was created (never one
-      made for a deleted namesake);
+    - the run's (see `_names_run`);
     - this gate's: the same gate and, but for Start (a run has one, so any attempt an approval of
       Start names is that gate's), the same attempt (spec.attempt, which the CRD requires for other
       gates). Never by time: creationTimestamps have whole seconds, and an approval made for one
@@ -40,11 +39,20 @@ def decision_on(o: Observed, req: ReviewRequest) -> ApprovalObservation | None:
     - in time: made before the gate's deadline.
     Any Deny wins over any Approve: a denial is final, whatever order the operator sees them in."""
     run = o.run.metadata
-    mine = [a for a in o.approvals or () if a.gate == req.gate
-            and (a.run_uid == run.uid if a.run_uid else run.creation_timestamp is None or a.created >= run.creation_timestamp)
+    mine = [a for a in o.approvals or () if a.gate == req.gate and _names_run(a, run)
             and (req.gate == GATE_START or a.attempt == req.attempt)
             and (req.deadline is None or a.created <= req.deadline)]
     return min(mine, key=lambda a: (a.decision != "Deny", a.created, a.name), default=None)
+
+
+def _names_run(a: ApprovalObservation, run: ObjectMeta) -> bool:
+    """Whether approval `a` is this run's: it names the run's UID, or it names only the name and
+    was made from the second after the run's creation on. Creation times have whole seconds: a
+    name-only approval made in the run's own creation second may have been made for a namesake
+    deleted in that second, so it counts only for a run created in an earlier second."""
+    if a.run_uid:
+        return a.run_uid == run.uid
+    return run.creation_timestamp is None or a.created > run.creation_timestamp
 
 
 def needs_approvals(run: WorkerRun, lease: LeaseObservation | None) -> bool:
@@ -134,15 +142,29 @@ def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
             return False
         d.wake((req.deadline - o.now).total_seconds())
     approved = get_condition(s.conditions, c.COND_APPROVED)
+    message = _pending_message(o)
     if s.phase != Phase.AWAITING_APPROVAL or approved is None or approved.reason != "Pending" or \
-            s.observed_generation != gen or s.review is None or s.review.find(GATE_START, 0) is None:
+            approved.message != message or s.observed_generation != gen or s.review is None or \
+            s.review.find(GATE_START, 0) is None:
         # An edit while waiting is observed too (Argo CD reads observedGeneration).
-        b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "False", "Pending",
-                                            PENDING_MESSAGE, gen, o.now)
-        b.set_phase(Phase.AWAITING_APPROVAL, PENDING_MESSAGE)
-        b.events.append(Event("Normal", c.EV_APPROVAL_PENDING, PENDING_MESSAGE))
+        b.status.conditions = set_condition(b.status.conditions, c.COND_APPROVED, "False", "Pending", message,
+                                            gen, o.now)
+        b.set_phase(Phase.AWAITING_APPROVAL, message)
+        b.events.append(Event("Normal", c.EV_APPROVAL_PENDING, message))
         d.actions.append(b.write())
     return False
+
+
+def _pending_message(o: Observed) -> str:
+    """Why the start gate still waits; it names the approvals that do not count only because they
+    name just the run's name and were made in its creation second (see `_names_run`)."""
+    created = o.run.metadata.creation_timestamp
+    same_second = sorted(a.name for a in o.approvals or ()
+                         if a.gate == GATE_START and not a.run_uid and a.created == created)
+    if not same_second:
+        return PENDING_MESSAGE
+    return (f"{PENDING_MESSAGE}; not counted: {', '.join(same_second)} (naming only the run's name, made in the "
+            "second the run was created, so possibly for a deleted namesake; name spec.runRef.uid)")
 
 
 def _reject(b: StatusBuilder, d: Decision, reason: str, message: str, o: Observed) -> None:
