@@ -20,7 +20,7 @@ from typing import Any
 
 from tether.console.actions import CONTROLS, ActionError, control, record_decision
 from tether.kube import config as kubeconfig
-from tether.kube.client import lease_path, run_path
+from tether.kube.paths import lease_path, run_path
 
 
 def _age(ts: str | None, now: dt.datetime) -> str:

@@ -14,7 +14,8 @@ from typing import Any
 
 import httpx
 
-from tether.kube.client import MERGE_PATCH, run_path
+from tether.kube.client import MERGE_PATCH
+from tether.kube.paths import run_path
 
 CONTROLS: dict[str, dict[str, bool]] = {"stop": {"stop": True}, "suspend": {"suspend": True},
                                         "resume": {"suspend": False}}

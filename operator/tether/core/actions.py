@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tether.api.models import Outcome, Usage, WorkerRunStatus
 
@@ -31,6 +32,31 @@ class Change(enum.Enum):
     LEASE_TAMPERED = "lease_tampered"  # the Lease carried a fence the run never issued
     FENCE_EXHAUSTED = "fence_exhausted"  # no fence is left for another attempt: the run failed
     BUDGET_CHARGED = "budget_charged"  # a finished run's usage is charged in full
+
+
+class Confirm(enum.Enum):
+    """A fresh read an action rests on. Each action declares what it requires; the controller's
+    confirmer makes those reads before the first action runs, and any that contradicts the
+    decision (or cannot be made in time) sends it back to be decided again."""
+
+    # Ending an attempt: the Lease is as decided on, so its final usage report is in the books.
+    LEASE_FINAL = "lease-final"
+    # A lapse: that read was timely, met no outage, and this is not one of many lapsing at once.
+    LAPSE = "lapse"
+    # A grant: the Lease the grant overwrites is as decided on (an ended attempt's uncleared
+    # Lease is cleared and its report settled first, never overwritten).
+    LEASE_FOR_GRANT = "lease-for-grant"
+    # A grant: no pod of another (deleted) run carries the new holder's name.
+    HOLDER_NAME_FREE = "holder-name-free"
+    # A retry's grant: the namespace is not being deleted (its pods vanish for that reason).
+    NAMESPACE_LIVE = "namespace-live"
+    # The books close: the Lease holds no usage report the status lacks.
+    BOOKS = "books"
+    # The run is let go: its mark has left the budget's ledger.
+    LEDGER = "ledger"
+    # A repair that no status write precedes: the run is unchanged since the snapshot (a status
+    # compare-and-swap earlier in the same decision proves that for the actions after it).
+    RUN_UNMOVED = "run-unmoved"
 
 
 @dataclass(frozen=True)
@@ -53,10 +79,18 @@ class WriteStatus:
     lapse: bool = False  # ends the attempt for silence: the executor confirms it with a timely read
     grants: bool = False  # starts an attempt (bumps the fence and names a holder)
 
+    pins_run: ClassVar[bool] = True  # a compare-and-swap against the snapshot
+
     @property
     def ends_attempt(self) -> bool:
-        """The executor first re-reads the Lease for the final usage report."""
         return self.ended is not None
+
+    @property
+    def requires(self) -> tuple[Confirm, ...]:
+        if self.grants:
+            retry = (Confirm.NAMESPACE_LIVE,) if self.status.attempt > 1 else ()
+            return (Confirm.LEASE_FOR_GRANT, Confirm.HOLDER_NAME_FREE, *retry)
+        return (Confirm.BOOKS,) if self.change == Change.BUDGET_CHARGED else ()
 
 
 @dataclass(frozen=True)
@@ -66,10 +100,16 @@ class EnsureLease:
     duration_seconds: int
     signals: str = ""
 
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
+
 
 @dataclass(frozen=True)
 class ClearLease:
     fence: int
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
 
 
 @dataclass(frozen=True)
@@ -79,10 +119,16 @@ class EnsurePod:
     fence: int
     holder: str
 
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
+
 
 @dataclass(frozen=True)
 class DeletePod:
     name: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
 
 
 @dataclass(frozen=True)
@@ -91,15 +137,22 @@ class ReleasePod:
 
     name: str
 
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
+
 
 @dataclass(frozen=True)
 class DeleteRun:
-    pass
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.BOOKS, Confirm.LEDGER)
 
 
 @dataclass(frozen=True)
 class RemoveFinalizer:
     """Let a deleted run go: its attempt is ended, its usage charged, its pods released."""
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.BOOKS, Confirm.LEDGER)
 
 
 @dataclass(frozen=True)
@@ -109,6 +162,9 @@ class EnsureSignals:
     fence: int
     signals: str
 
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
+
 
 @dataclass(frozen=True)
 class ChargeBudget:
@@ -117,6 +173,9 @@ class ChargeBudget:
     budget: str
     total: Usage
 
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
+
 
 @dataclass(frozen=True)
 class ReleaseCharge:
@@ -124,6 +183,9 @@ class ReleaseCharge:
     full and nothing more can come (finished, Lease cleared), so the ledger keeps live runs only."""
 
     budget: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.BOOKS, Confirm.RUN_UNMOVED)
 
 
 @dataclass(frozen=True)
@@ -147,10 +209,16 @@ class Revoke:
     pods_to_delete: tuple[str, ...] = ()
     tool_claim_holders: tuple[str, ...] = ()
 
+    pins_run: ClassVar[bool] = True  # its first step is a compare-and-swap against the snapshot
+
     @property
     def fence(self) -> int:
         """The fence the Lease is cleared at: the one the status write moves to."""
         return self.status_write.status.fence
+
+    @property
+    def requires(self) -> tuple[Confirm, ...]:
+        return (Confirm.LEASE_FINAL, Confirm.LAPSE) if self.status_write.lapse else (Confirm.LEASE_FINAL,)
 
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
@@ -191,3 +259,15 @@ class Decision:
     def add(self, action: Action | None) -> None:
         if action is not None:
             self.actions.append(action)
+
+    def confirmations(self) -> tuple[Confirm, ...]:
+        """What the actions require, in order, each once. RUN_UNMOVED is met for the actions after
+        a compare-and-swap of the run (it fails if the run moved)."""
+        out: list[Confirm] = []
+        pinned = False
+        for action in self.actions:
+            for need in action.requires:
+                if need not in out and not (need == Confirm.RUN_UNMOVED and pinned):
+                    out.append(need)
+            pinned = pinned or action.pins_run
+        return tuple(out)

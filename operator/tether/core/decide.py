@@ -270,13 +270,11 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
     """The attempt goes on: tell the worker to stop if it must, record its first renewal, fold
     its reports at a bounded rate, and keep its signals current."""
     run, s = o.run, o.run.status
-    write = False
     if stop is not None and s.stop_requested_at is None:
         b.status.stop_requested_at = o.now
         b.events.append(Event("Warning", c.EV_BUDGET_EXCEEDED if stop.outcome == Outcome.BUDGET_EXCEEDED
                               else c.EV_STOP_REQUESTED, f"{s.holder} told to stop: {stop.reason}"))
         b.change, b.details["reason"] = Change.STOP_REQUESTED, stop.reason
-        write = True
     if stop is not None:
         d.wake((stop_due(o) - o.now).total_seconds())
     elif s.stop_requested_at is not None:
@@ -284,16 +282,14 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
         # A stop that comes back later is told afresh, with its full grace.
         b.status.stop_requested_at = None
         b.events.append(Event("Normal", c.EV_STOP_WITHDRAWN, f"{s.holder} is no longer told to stop"))
-        write = True
     if s.phase != Phase.RUNNING and lease.renewed:
         b.status.last_renew_time = o.now
         b.status.lease_expires_at = after(o.now, run.spec.lease.duration_seconds)
         b.set_phase(Phase.RUNNING, f"{s.holder} renewed its lease", lease_reason="LeaseRenewed")
         b.events.append(Event("Normal", c.EV_LEASE_RENEWED, f"{s.holder} renewed its lease; running"))
         b.change = b.change or Change.RENEWED
-        write = True
-    if track_requests(o, b, d, lease):
-        write = True
+    track_requests(o, b, d, lease)
+    charge = None
     if unfolded(o, total):
         wait = fold_wait(o)
         if wait <= 0:
@@ -302,15 +298,13 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
             if cursor and (s.checkpoint is None or s.checkpoint.cursor != cursor):
                 b.status.checkpoint = Checkpoint(cursor=cursor, time=o.now)
             b.status.folded_at = o.now
-            write = True
-            d.add(charge_due(o, total))
+            charge = charge_due(o, total)  # after the status write below, which pins the run
         else:
             d.wake(wait)
-    if s.observed_generation != run.metadata.generation and not write:
+    if s.observed_generation != run.metadata.generation and not b.changed():
         b.set_phase(s.phase or Phase.STARTING, f"{s.holder} holds the lease",
                     lease_reason="LeaseRenewed" if s.phase == Phase.RUNNING else "AttemptStarted")
-        write = True
-    if write:
+    if b.changed():
         if lease.renewed:
             # Refreshed on every status write (folds come at a bounded rate), never by their own
             # write: heartbeats cost no WorkerRun writes. The time is when *this operator* saw it.
@@ -318,6 +312,7 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
             b.status.last_renew_time = seen
             b.status.lease_expires_at = seen + dt.timedelta(seconds=run.spec.lease.duration_seconds)
         d.actions.append(b.write())
+    d.add(charge)
     # From the status being written: a decision recorded now reaches the worker with it.
     signals = signals_for(run.spec, b.status, stop.reason if stop is not None else None)
     if signals != lease.signals:

@@ -142,6 +142,13 @@ def attempt_end(o: Observed, pod: PodObservation | None, stop: Stop | None) -> E
     return None
 
 
+def _essence(status: WorkerRunStatus) -> dict[str, object]:
+    body = status.dump()
+    if body.get("review") == {"requests": []}:
+        del body["review"]
+    return body
+
+
 class StatusBuilder:
     """Accumulates one status write for one decision, from a copy of the observed status."""
 
@@ -174,9 +181,16 @@ class StatusBuilder:
                 req.decision, req.decided_at, req.reason = "Withdrawn", self.o.now, f"the run ended {phase.value}"
 
     def write(self) -> WriteStatus:
-        return WriteStatus(status=self.status, events=tuple(self.events), change=self.change,
+        """The write of the status as built so far: a copy, so what is built after it (another
+        write of the same decision) never changes an action already handed out."""
+        return WriteStatus(status=self.status.model_copy(deep=True), events=tuple(self.events), change=self.change,
                            details=tuple(self.details.items()), ended=self.ended, lapse=self.lapse,
                            grants=self.grants)
+
+    def changed(self) -> bool:
+        """Whether there is anything to write: an Event, or a status other than the observed one
+        (an empty review record, created on first use, is no change)."""
+        return bool(self.events) or _essence(self.status) != _essence(self.o.run.status)
 
     def settle_usage(self) -> bool:
         """Books the last holder's final report and checkpoint (see accounting.settle_usage); an

@@ -14,8 +14,9 @@ from typing import Any
 import httpx
 
 from tether import gcpause, metrics
-from tether.api.models import API_VERSION, BUDGET_PLURAL, PLURAL
+from tether.api.models import API_VERSION
 from tether.kube.config import KubeConfig
+from tether.kube.paths import budget_path, event_path, lease_path, pod_path, run_path, secret_path
 from tether.protocol import JSON_PATCH, rfc3339
 from tether.kube.health import ApiHealth
 from tether.kube.ratelimit import TokenBucket
@@ -68,22 +69,6 @@ def _raise_for(resp: httpx.Response, what: str) -> None:
     # 400: an object the API server cannot even decode (e.g. cpu: "abc"), a refusal like 422.
     cls = {409: Conflict, 404: NotFound, 400: Invalid, 422: Invalid, 403: Forbidden}.get(resp.status_code, ApiError)
     raise cls(resp.status_code, resp.text, what)
-
-
-def run_path(ns: str, name: str = "") -> str:
-    return f"/apis/{API_VERSION}/namespaces/{ns}/{PLURAL}" + (f"/{name}" if name else "")
-
-
-def budget_path(ns: str, name: str = "") -> str:
-    return f"/apis/{API_VERSION}/namespaces/{ns}/{BUDGET_PLURAL}" + (f"/{name}" if name else "")
-
-
-def lease_path(ns: str, name: str = "") -> str:
-    return f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases" + (f"/{name}" if name else "")
-
-
-def pod_path(ns: str, name: str = "") -> str:
-    return f"/api/v1/namespaces/{ns}/pods" + (f"/{name}" if name else "")
 
 
 class KubeClient:
@@ -284,7 +269,7 @@ class KubeClient:
 
     async def delete_secret(self, ns: str, name: str) -> None:
         try:
-            await self._call("DELETE", f"/api/v1/namespaces/{ns}/secrets/{name}", f"delete secret {ns}/{name}")
+            await self._call("DELETE", secret_path(ns, name), f"delete secret {ns}/{name}")
         except NotFound:
             pass
 
@@ -305,5 +290,5 @@ class KubeClient:
         if self.event_limiter is not None and not self.event_limiter.try_acquire():
             metrics.EVENTS_DROPPED.inc()
             return
-        await self._call("POST", f"/api/v1/namespaces/{meta['namespace']}/events", "post event", json=event,
+        await self._call("POST", event_path(meta['namespace']), "post event", json=event,
                          limited=self.event_limiter is None)
