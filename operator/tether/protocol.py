@@ -5,7 +5,8 @@ the pod worker's transport (worker/transport.py), the SDK (worker/run.py), the
 gateway that speaks it for external workers (gateway/), and the operator
 (kube/, controller/). What lives here:
 
-- whether a Lease is held by a given holder and fence (`holds`);
+- whether an answer is a Lease at all (`parse_lease`), and whether it is held by a given holder
+  and fence (`holds`);
 - the renewal a worker writes (`renewal`) and the fenced result patch (`fenced_patch`);
 - the usage annotation: its format, its parser and which reports are acceptable;
 - the control signals on the Lease and the cap arithmetic on them;
@@ -53,6 +54,47 @@ def parse_time(text: str | None) -> dt.datetime | None:
 
 
 # --- who holds the Lease ----------------------------------------------------------
+
+
+def parse_lease(body: str | bytes) -> dict[str, Any] | None:
+    """An answer's body as a Lease, or None when it is not one: not JSON (a proxy's HTML page), JSON of
+    another shape (a Status, null, a proxy's error), or a Lease whose fields the protocol reads have
+    other types. Such an answer says nothing about ownership (docs/protocol.md §5.2): unconfirmed.
+    The TypeScript and Go SDKs draw the same line (sdk/vectors/leases.json)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return doc if _is_lease(doc) else None
+
+
+_STR_OR_NULL = (str, type(None))
+
+
+def _is_lease(doc: Any) -> bool:
+    if not isinstance(doc, dict) or doc.get("kind") not in (None, "Lease") \
+            or doc.get("apiVersion") not in (None, "coordination.k8s.io/v1"):
+        return False
+    # Absent and null are alike, as Go's decoder has them.
+    meta, spec = doc.get("metadata"), _or_empty(doc.get("spec"), {})
+    if not isinstance(meta, dict) or not isinstance(spec, dict):
+        return False
+    rv, fence = meta.get("resourceVersion"), spec.get("leaseTransitions")
+    ann, refs = _or_empty(meta.get("annotations"), {}), _or_empty(meta.get("ownerReferences"), [])
+    return (isinstance(rv, str) and rv != ""  # without one, a renewal's PUT is not a compare-and-swap
+            and isinstance(ann, dict) and all(isinstance(v, str) for v in ann.values())
+            and isinstance(refs, list) and all(_is_owner_ref(r) for r in refs)
+            and isinstance(spec.get("holderIdentity"), _STR_OR_NULL)
+            and (fence is None or (isinstance(fence, int) and not isinstance(fence, bool))))
+
+
+def _is_owner_ref(ref: Any) -> bool:
+    return isinstance(ref, dict) and isinstance(ref.get("kind"), _STR_OR_NULL) \
+        and isinstance(ref.get("uid"), _STR_OR_NULL) and isinstance(ref.get("controller"), (bool, type(None)))
+
+
+def _or_empty(value: Any, empty: Any) -> Any:
+    return empty if value is None else value
 
 
 def annotations(obj: Mapping[str, Any] | None) -> dict[str, str]:

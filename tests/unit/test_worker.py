@@ -6,7 +6,8 @@ import asyncio
 import json
 import logging
 import threading
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -78,6 +79,18 @@ def test_failed_renewals_let_ownership_turn_unknown_on_schedule() -> None:
         run.stop()
 
 
+def test_a_renewal_that_fails_before_publishing_does_not_stop_the_publication(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """docs/protocol.md §5.4: the renewal right before publishing is a courtesy; its failure, even
+    an unexpected one, must not keep the result from going out (it raised out of complete())."""
+    transport = FlakyTransport({2: KeyError("spec")})
+    run = _run(transport, [100.0])
+    assert run.renew()
+    run.complete({"ok": True})  # renewal 2 blows up; the publication still goes out
+    assert transport.calls == 2 and not run.lost
+    assert [getattr(r, "event", None) for r in caplog.records].count("heartbeat_error") == 1
+
+
 def test_report_usage_refuses_what_the_operator_would_refuse() -> None:
     run = _run(FlakyTransport({}), [0.0])
     run.report_usage(cents=10, tokens=5)
@@ -98,14 +111,21 @@ def _gateway(handler: Any, worker_id: str | None = "w1") -> GatewayTransport:
 
 
 def test_gateway_transport_survives_answers_that_are_not_json() -> None:
-    """A proxy in front of the gateway answers HTML: that is a refusal, not a crash of the heartbeat."""
+    """A proxy in front of the gateway answers HTML: that is a refusal, not a crash of the heartbeat,
+    and a 200 that is not the gateway's reply (a sign-in page, JSON of another shape) confirms
+    nothing (issue 21, defect 7)."""
     status = [502]
     t = _gateway(lambda request: httpx.Response(status[0], text="<html>Bad gateway</html>"))
     refused = t.renew(None, None)
     assert not refused.ok and not refused.lost and "502" in refused.why
+    status[0] = 200
+    page = t.renew(None, None)
+    assert not page.ok and not page.lost and "<html>" in page.why
     status[0] = 404
     gone = t.renew(None, None)
     assert not gone.ok and gone.lost
+    listed = _gateway(lambda request: httpx.Response(200, json=[{"stop": False}])).renew(None, None)
+    assert not listed.ok and not listed.lost
 
 
 def test_gateway_transport_sends_the_claimant_and_counts_caps_like_the_pod_path() -> None:
@@ -496,3 +516,109 @@ def test_sigterm_ends_the_worker_with_143_after_reporting_what_it_spent() -> Non
     report = json.loads(out.strip().splitlines()[-1])
     assert 7 in report["renewals"]  # what it spent was reported (on the way out at the latest)
     assert report["publications"] == []  # a terminated worker is not a failed one
+
+
+# --- what an answer to a Lease request means (sdk/vectors/leases.json, shared with the TypeScript and Go SDKs) ---
+
+LEASE_VECTORS: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[2] / "sdk/vectors/leases.json").read_text())
+
+
+def _vector_body(v: dict[str, Any]) -> bytes:
+    return (v["text"] if "text" in v else json.dumps(v["json"])).encode()
+
+
+@pytest.mark.parametrize("vector", LEASE_VECTORS["parseLease"], ids=lambda v: v["name"])
+def test_an_answer_is_a_lease_exactly_when_every_sdk_reads_it_as_one(vector: dict[str, Any]) -> None:
+    from tether import protocol
+
+    assert (protocol.parse_lease(_vector_body(vector)) is not None) is vector["lease"]
+
+
+class VectorApi:
+    """The API server of the Lease vectors: one Lease, updated by resourceVersion compare-and-swap;
+    `script` replaces its answers, in order, and records which requests came."""
+
+    def __init__(self, answers: list[dict[str, Any]]) -> None:
+        self.lease: dict[str, Any] = json.loads(json.dumps(LEASE_VECTORS["lease"]))
+        self.script = list(answers)
+        self.methods: list[str] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.methods.append(request.method)
+        answer = self.script.pop(0) if self.script else {"method": request.method}
+        assert answer["method"] == request.method, f"the worker sent {request.method}, the vector expects {answer}"
+        if "status" not in answer or answer.get("landed"):
+            own = self._serve(request)
+            if "status" not in answer:
+                return own
+        return httpx.Response(answer["status"], content=_vector_body(answer),
+                              headers={"Content-Type": answer.get("contentType", "application/json")})
+
+    def _serve(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            sent = json.loads(request.content)
+            rv = self.lease["metadata"]["resourceVersion"]
+            if sent["metadata"].get("resourceVersion") != rv:
+                return httpx.Response(409, json={"kind": "Status", "code": 409, "reason": "Conflict"})
+            self.lease = {**sent, "metadata": {**sent["metadata"], "resourceVersion": str(int(rv) + 1)}}
+        return httpx.Response(200, json=self.lease)
+
+
+def _vector_transport(api: Callable[[httpx.Request], httpx.Response]) -> Any:
+    from tether.worker.transport import KubeTransport
+
+    w = LEASE_VECTORS["worker"]
+    return KubeTransport(w["namespace"], w["name"], w["holder"], w["fence"], _MockKube(api),  # type: ignore[arg-type]
+                         timeout=1.0, run_uid=w["runUid"])
+
+
+def _outcome(renewal: Renewal) -> str:
+    return "confirmed" if renewal.ok else "lost" if renewal.lost else "unconfirmed"
+
+
+@pytest.mark.parametrize("vector", LEASE_VECTORS["renewals"], ids=lambda v: v["name"])
+def test_renewal_answers_mean_to_the_python_sdk_what_they_mean_to_every_sdk(vector: dict[str, Any]) -> None:
+    """Issue 21, defect 7: a 200 that is not a Lease (a proxy's page, a Status) was read as lost, or
+    raised; docs/protocol.md §5.2 says it leaves the renewal unconfirmed, and the next one may confirm."""
+    api = VectorApi(vector["answers"])
+    t = _vector_transport(api)
+    assert _outcome(t.renew(None, None)) == vector["outcome"]
+    assert api.methods == [a["method"] for a in vector["answers"]]
+    if "then" in vector:
+        assert _outcome(t.renew(None, None)) == vector["then"]
+
+
+def test_a_proxy_page_neither_breaks_start_nor_stops_the_publication(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 21, defect 7: an HTML 200 from a proxy in front of the API server made start() and the
+    renewal before publishing raise (a JSONDecodeError). It leaves ownership unknown, like no answer;
+    the next renewal confirms it, and a publication still goes out after an unconfirmed renewal."""
+    page = [True]
+    patches: list[bytes] = []
+    lease_api = VectorApi([])
+
+    def api(request: httpx.Request) -> httpx.Response:
+        if request.method == "PATCH":
+            patches.append(request.content)
+            return httpx.Response(200, json={"metadata": {"uid": "uid-1"}})
+        if page[0]:
+            return httpx.Response(200, text="<html><body>Please sign in</body></html>",
+                                  headers={"Content-Type": "text/html"})
+        return lease_api(request)
+
+    w = LEASE_VECTORS["worker"]
+    clock = [100.0]
+    run = WorkerRun(name=w["name"], namespace=w["namespace"], holder=w["holder"], fence=w["fence"], attempt=1,
+                    lease_duration=30, renew_interval=3600, monotonic=lambda: clock[0],
+                    transport=_vector_transport(api))
+    run.start()
+    try:
+        assert run.ownership_unknown and not run.lost and run.heartbeating
+        page[0] = False
+        assert run.renew() and run.owned
+        page[0] = True
+        run.complete({"ok": True})  # its renewal first gets the page: unconfirmed, and the result goes out
+        assert len(patches) == 1 and not run.lost
+        assert [r for r in caplog.records if getattr(r, "event", None) == "heartbeat_error"] == []
+    finally:
+        run.stop()

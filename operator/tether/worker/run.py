@@ -276,18 +276,24 @@ class WorkerRun:
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set() and not self._lost.is_set() and not self._finished.is_set():
-            try:
-                self.renew()
-            except Exception as exc:  # noqa: BLE001 - the heartbeat must outlive any one failure
-                # Not an httpx error, so a bug or a reply nobody expected (a proxy's HTML page,
-                # a malformed Lease). A dead thread would leave the worker believing it owns the
-                # run until its deadline passes silently; instead the failure is logged and the
-                # renewal counts as unconfirmed, so ownership turns unknown on schedule and a
-                # later renewal can confirm it again.
-                log.error("heartbeat failed unexpectedly", exc_info=exc,
-                          extra=self._fields("heartbeat_error", error=f"{type(exc).__name__}: {exc}"[:300]))
+            self._renew_logged()
             self._wake.wait(timeout=self.renew_interval)
             self._wake.clear()
+
+    def _renew_logged(self) -> bool:
+        """A renewal whose failure, whatever it is, only leaves ownership unconfirmed: for the
+        heartbeat, which must outlive any one failure, and the renewal before publishing, which must
+        not stop the publication (docs/protocol.md §5.4)."""
+        try:
+            return self.renew()
+        except Exception as exc:  # noqa: BLE001
+            # Not an httpx error and not an answer (those are Renewals), so a bug. A dead thread
+            # would leave the worker believing it owns the run until its deadline passes silently;
+            # instead the failure is logged and ownership turns unknown on schedule, and a later
+            # renewal can confirm it again.
+            log.error("heartbeat failed unexpectedly", exc_info=exc,
+                      extra=self._fields("heartbeat_error", error=f"{type(exc).__name__}: {exc}"[:300]))
+            return False
 
     @property
     def heartbeating(self) -> bool:
@@ -420,7 +426,7 @@ class WorkerRun:
             raise LeaseLost("result not published: the lease is lost")
         # Usage and the last checkpoint go out with a final renewal, so nothing is left behind; a
         # confirmed one also moves the deadline below.
-        self.renew()
+        self._renew_logged()
         delay = 0.5
         unanswered = False  # a request whose answer was lost may have landed
         while True:

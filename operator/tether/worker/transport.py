@@ -21,7 +21,7 @@ from tether import protocol
 from tether.api import constants as c
 from tether.api.models import GateDecision, Signals, Usage
 from tether.kube import config as kubeconfig
-from tether.kube.client import lease_path, run_path
+from tether.kube.paths import lease_path, run_path
 from tether.worker.errors import ResultInvalid
 
 T = TypeVar("T")
@@ -72,34 +72,49 @@ class KubeSteps:
         self.run_uid = run_uid  # the Lease and run must be this run's, not a re-created namesake's
         self._lease: dict[str, Any] | None = None
 
-    def _get_lease(self) -> Steps[dict[str, Any] | None]:
+    def _get_lease(self) -> Steps[dict[str, Any] | Renewal]:
+        """The Lease, or, when the answer brings none, what that means: gone (lost), or a 200 that is
+        not a Lease (unconfirmed, docs/protocol.md §5.2). No answer, or a refusal, raises."""
         resp = yield Call("GET", lease_path(self.namespace, self.name))
         if resp.status_code == 404:
-            return None
+            return Renewal(ok=False, lost=True, why="the lease is gone")
         resp.raise_for_status()
-        lease: dict[str, Any] = resp.json()
-        return lease
+        lease = protocol.parse_lease(resp.content)
+        return lease if lease is not None else _not_a_lease("the lease read", resp)
 
     def _is_mine(self, lease: dict[str, Any] | None) -> bool:
         return protocol.holds(lease, self.holder, self.fence, self.run_uid)
 
     def renew_steps(self, checkpoint: str | None, usage: Usage | None, requests: Requests | None = None,
                     retry_conflict: bool = True) -> Steps[Renewal]:
-        lease = self._lease if self._lease is not None else (yield from self._get_lease())
-        if lease is None or not self._is_mine(lease):
-            return Renewal(ok=False, lost=True,
-                           why="the lease names another holder or fence" if lease else "the lease is gone")
+        if self._lease is None:
+            read = yield from self._get_lease()
+            if isinstance(read, Renewal):
+                return read
+            self._lease = read
+        lease = self._lease
+        if not self._is_mine(lease):
+            return Renewal(ok=False, lost=True, why="the lease names another holder or fence")
         asked = {c.ANN_REQUESTS: protocol.requests_annotation(requests)} if requests else None
         body = protocol.renewal(lease, dt.datetime.now(dt.timezone.utc), checkpoint=checkpoint, usage=usage,
                                 extra_annotations=asked)
         resp = yield Call("PUT", lease_path(self.namespace, self.name), json=body)
         if resp.status_code == 200:
-            self._lease = resp.json()
-            return Renewal(ok=True, signals=protocol.lease_signals(self._lease))
+            renewed = protocol.parse_lease(resp.content)
+            if renewed is None or not self._is_mine(renewed):
+                # Not the answer to this renewal (a proxy's page, a Status): it confirms nothing and
+                # denies nothing. The last Lease stays; if this PUT landed, the next one conflicts
+                # and re-reads.
+                return _not_a_lease("the renewal", resp)
+            self._lease = renewed
+            return Renewal(ok=True, signals=protocol.lease_signals(renewed))
         if resp.status_code == 409:
             # Re-read: still our holder and fence means someone touched the lease harmlessly
             # (the operator updating the signals); retry once.
-            self._lease = yield from self._get_lease()
+            read = yield from self._get_lease()
+            if isinstance(read, Renewal):
+                return read  # unconfirmed: the last Lease stays (§5.2); or gone
+            self._lease = read
             if self._is_mine(self._lease) and retry_conflict:
                 return (yield from self.renew_steps(checkpoint, usage, requests, retry_conflict=False))
             if not self._is_mine(self._lease):
@@ -235,7 +250,11 @@ class GatewayTransport:
             body["usage"] = {"cents": usage.cents, "tokens": usage.tokens}
         resp = self._http.post(f"{self._prefix}/heartbeat", json=body)
         if resp.status_code == 200:
-            doc = resp.json()
+            doc = _json(resp)
+            if not isinstance(doc, dict):
+                # Only the gateway's reply confirms: a 200 without a JSON object came from something
+                # else (a proxy's page), which says nothing about the lease.
+                return Renewal(ok=False, why=f"heartbeat answered 200 without the gateway's reply: {resp.text[:200]}")
             self.tool_claim = doc.get("toolClaim") or self.tool_claim
             return Renewal(ok=True, signals=gateway_signals(doc, usage))
         if resp.status_code in (404, 410) or error_body(resp).get("code") in ("NotClaimant", "HeldByAnother"):
@@ -259,6 +278,10 @@ class GatewayTransport:
         return False  # the gateway answers a repeated publication of an accepted value with 200
 
 
+def _not_a_lease(what: str, resp: httpx.Response) -> Renewal:
+    return Renewal(ok=False, why=f"{what} answered {resp.status_code} without this attempt's Lease: {resp.text[:200]}")
+
+
 def fenced_by_policy(resp: httpx.Response) -> bool:
     """A 403 from Tether's admission policy (the write is not this attempt's to make), as opposed
     to RBAC's 403 (a misconfigured worker identity), which says nothing about ownership."""
@@ -277,13 +300,18 @@ def _published(resp: httpx.Response, refused: bool) -> bool:
     return False
 
 
-def error_body(resp: httpx.Response) -> dict[str, Any]:
-    """The gateway's error envelope `{"error": {...}}`; empty when the answer is not one (a proxy
-    in between may answer with anything, and that must not break the heartbeat)."""
+def _json(resp: httpx.Response) -> Any:
+    """The answer's JSON; None when it is not JSON (a proxy in between may answer with anything, and
+    that must not break the heartbeat)."""
     try:
-        doc = resp.json()
+        return resp.json()
     except ValueError:
-        return {}
+        return None
+
+
+def error_body(resp: httpx.Response) -> dict[str, Any]:
+    """The gateway's error envelope `{"error": {...}}`; empty when the answer is not one."""
+    doc = _json(resp)
     error = doc.get("error") if isinstance(doc, dict) else None
     return error if isinstance(error, dict) else {}
 
