@@ -41,6 +41,7 @@ import {
   holds,
   invalidCauses,
   leaseSignals,
+  parseLease,
   publicationRecorded,
   refusesValue,
   renewal,
@@ -157,6 +158,9 @@ interface Wire {
   text: string | null;
 }
 
+/** A Lease read: the Lease, or what the answer means when it brings none (gone, or unconfirmed). */
+type LeaseRead = { lease: LeaseObject } | { verdict: Renewal };
+
 /**
  * The pod worker's transport: a resourceVersion-conditional Lease update and a fenced JSON patch on
  * the run's status, through client-node's generated clients.
@@ -204,6 +208,9 @@ export class KubeTransport implements Transport {
         if (wire === undefined) return now(rsp);
         return new Observable(rsp.body.text().then((text) => {
           wire.text = text;
+          // The protocol reads a success from the text (parseLease): client-node must not refuse an
+          // answer first (a proxy's page, JSON of another shape), which says nothing about ownership.
+          if (rsp.httpStatusCode >= 200 && rsp.httpStatusCode < 300) rsp.headers["content-type"] = "text/plain";
           rsp.body = { text: async () => text, binary: async () => Buffer.from(text) };
           return rsp;
         }));
@@ -232,12 +239,16 @@ export class KubeTransport implements Transport {
     }
   }
 
-  private async getLease(): Promise<Answer<LeaseObject | null>> {
+  private async getLease(what: string): Promise<LeaseRead> {
     const wire: Wire = { text: null };
     const answer = await this.call("GET lease", () =>
       this.leases.readNamespacedLease({ name: this.name, namespace: this.namespace }, this.options({ wire })));
-    if (answer.ok) return { ok: true, body: JSON.parse(wire.text ?? "null") as LeaseObject };
-    return answer.status === 404 ? { ok: true, body: null } : answer;
+    if (!answer.ok) {
+      return { verdict: answer.status === 404 ? unconfirmed("the lease is gone", true)
+        : unconfirmed(`${what} refused: ${answer.status} ${answer.text.slice(0, 200)}`) };
+    }
+    const lease = parseLease(wire.text ?? "");
+    return lease !== null ? { lease } : { verdict: notALease(what, wire) };
   }
 
   private isMine(lease: LeaseObject | null): boolean {
@@ -252,10 +263,9 @@ export class KubeTransport implements Transport {
   private async renewOnce(checkpoint: string | null, usage: Usage | null, requests: readonly ApprovalRequest[],
     retryConflict: boolean): Promise<Renewal> {
     if (this.lease === null) {
-      const got = await this.getLease();
-      if (!got.ok) return unconfirmed(`lease read refused: ${got.status} ${got.text.slice(0, 200)}`);
-      if (got.body === null) return unconfirmed("the lease is gone", true);
-      this.lease = got.body;
+      const read = await this.getLease("the lease read");
+      if ("verdict" in read) return read.verdict;
+      this.lease = read.lease;
     }
     if (!this.isMine(this.lease)) return unconfirmed("the lease names another holder or fence", true);
     // No requests, no annotation: a worker that asks for nothing writes what it always did.
@@ -266,18 +276,22 @@ export class KubeTransport implements Transport {
     const put = await this.call("PUT lease", () => this.leases.replaceNamespacedLease(
       { name: this.name, namespace: this.namespace, body: body as V1Lease }, this.options({ send: JSON.stringify(body), wire })));
     if (put.ok) {
-      this.lease = JSON.parse(wire.text ?? "null") as LeaseObject;
-      return confirmed(leaseSignals(this.lease));
+      const renewed = parseLease(wire.text ?? "");
+      // Not the answer to this renewal (a proxy's page, a Status): it confirms nothing and denies
+      // nothing. The last Lease stays; if this PUT landed, the next one conflicts and re-reads.
+      if (renewed === null || !this.isMine(renewed)) return notALease("the renewal", wire);
+      this.lease = renewed;
+      return confirmed(leaseSignals(renewed));
     }
     if (put.status === 409) {
       // Re-read: still our holder and fence means someone touched the Lease harmlessly (the
       // operator writing the signals); retry once.
-      const got = await this.getLease();
-      if (!got.ok) {
+      const read = await this.getLease("the lease re-read");
+      if ("verdict" in read) {
         this.lease = null;
-        return unconfirmed(`lease re-read refused: ${got.status} ${got.text.slice(0, 200)}`);
+        return read.verdict;
       }
-      this.lease = got.body;
+      this.lease = read.lease;
       if (!this.isMine(this.lease)) return unconfirmed("renewal conflicted and the lease is no longer ours", true);
       if (retryConflict) return this.renewOnce(checkpoint, usage, requests, false);
       return unconfirmed("renewal conflicted twice");
@@ -353,6 +367,10 @@ export class KubeTransport implements Transport {
   }
 
   async close(): Promise<void> {}
+}
+
+function notALease(what: string, wire: Wire): Renewal {
+  return unconfirmed(`${what} answered without this attempt's Lease: ${(wire.text ?? "").slice(0, 200)}`);
 }
 
 function statusMessage(text: string): string {

@@ -183,6 +183,46 @@ export function microTime(t: Date): string {
 
 // --- who holds the Lease ----------------------------------------------------------------------
 
+/**
+ * An answer's text as a Lease, or null when it is not one: not JSON (a proxy's HTML page), JSON of
+ * another shape (a Status, null, a proxy's error), or a Lease whose fields the protocol reads have
+ * other types. Such an answer says nothing about ownership (docs/protocol.md §5.2): unconfirmed.
+ * The Python and Go SDKs draw the same line (sdk/vectors/leases.json).
+ */
+export function parseLease(text: string): LeaseObject | null {
+  let doc: unknown;
+  try {
+    doc = JSON.parse(text);
+  } catch {
+    return null;
+  }
+  return isLease(doc) ? doc : null;
+}
+
+const isNull = (v: unknown): v is null | undefined => v === undefined || v === null;
+const stringOrNull = (v: unknown): boolean => isNull(v) || typeof v === "string";
+
+// Absent and null are alike, as Go's decoder has them.
+function isLease(doc: unknown): doc is LeaseObject {
+  if (!isObject(doc) || !(isNull(doc.kind) || doc.kind === "Lease")
+    || !(isNull(doc.apiVersion) || doc.apiVersion === "coordination.k8s.io/v1")) return false;
+  const meta = doc.metadata;
+  const spec = isNull(doc.spec) ? {} : doc.spec;
+  if (!isObject(meta) || !isObject(spec)) return false;
+  const ann = isNull(meta.annotations) ? {} : meta.annotations;
+  const refs = isNull(meta.ownerReferences) ? [] : meta.ownerReferences;
+  const fence = spec.leaseTransitions;
+  return typeof meta.resourceVersion === "string" && meta.resourceVersion !== "" // else a PUT is no compare-and-swap
+    && isObject(ann) && Object.values(ann).every((v) => typeof v === "string")
+    && Array.isArray(refs) && refs.every(isOwnerReference)
+    && stringOrNull(spec.holderIdentity) && (isNull(fence) || Number.isInteger(fence));
+}
+
+function isOwnerReference(ref: unknown): boolean {
+  return isObject(ref) && stringOrNull(ref.kind) && stringOrNull(ref.uid)
+    && (isNull(ref.controller) || typeof ref.controller === "boolean");
+}
+
 export function annotations(obj: KubeObject | null | undefined): Record<string, string> {
   return { ...(obj?.metadata?.annotations ?? {}) };
 }

@@ -289,6 +289,74 @@ describe("renewal", () => {
   });
 });
 
+/** sdk/vectors/leases.json: what an answer to a Lease request means, alike in the three SDKs. */
+interface VectorAnswer {
+  method: string;
+  status?: number;
+  contentType?: string;
+  text?: string;
+  json?: unknown;
+  landed?: boolean;
+}
+
+const LEASE_VECTORS = JSON.parse(fs.readFileSync(new URL("../../../vectors/leases.json", import.meta.url), "utf8")) as {
+  lease: LeaseObject;
+  renewals: { name: string; answers: VectorAnswer[]; outcome: string; then?: string }[];
+};
+
+/** The vectors' API server: their Lease, compare-and-swapped by resourceVersion; the script's answers first. */
+class VectorApi extends FakeApi {
+  readonly methods: string[] = [];
+
+  constructor(private readonly script: VectorAnswer[]) {
+    super();
+    this.lease = structuredClone(LEASE_VECTORS.lease);
+    this.rv = Number(this.lease.metadata?.resourceVersion);
+  }
+
+  override handle(req: Seen): Reply {
+    this.methods.push(req.method);
+    const answer = this.script.shift() ?? { method: req.method };
+    assert.equal(req.method, answer.method);
+    if (answer.status === undefined || answer.landed) {
+      const own = super.handle(req);
+      if (answer.status === undefined) return own;
+    }
+    return { status: answer.status, body: answer.text ?? JSON.stringify(answer.json),
+      headers: { "Content-Type": answer.contentType ?? "application/json" } };
+  }
+}
+
+const outcome = (r: { ok: boolean; lost: boolean }): string => r.ok ? "confirmed" : r.lost ? "lost" : "unconfirmed";
+
+describe("answers that are not a Lease (issue 21, defect 7): unconfirmed, never lost", () => {
+  for (const v of LEASE_VECTORS.renewals) {
+    it(v.name, async () => {
+      const vapi = new VectorApi([...v.answers]);
+      api = vapi;
+      const t = transport();
+      assert.equal(outcome(await t.renew(null, null)), v.outcome);
+      assert.deepEqual(vapi.methods, v.answers.map((a) => a.method));
+      if (v.then !== undefined) assert.equal(outcome(await t.renew(null, null)), v.then);
+    });
+  }
+
+  it("a proxy's HTML 200 does not break the start: ownership is unknown until a renewal confirms it", async () => {
+    const page = { status: 200, body: "<html><body>Please sign in</body></html>", headers: { "Content-Type": "text/html" } };
+    api.force("GET lease", page);
+    const run = await WorkerRun.fromEnv({ env: { KUBECONFIG: path.join(dir, "kubeconfig"), TETHER_RUN: "job",
+      TETHER_NAMESPACE: "ns", TETHER_RUN_UID: "uid-1", TETHER_HOLDER: "job-a1", TETHER_FENCE: "1", TETHER_ATTEMPT: "1",
+      TETHER_LEASE_DURATION_SECONDS: "10", TETHER_RENEW_INTERVAL_SECONDS: "2" }, logger: () => {} });
+    try {
+      assert.deepEqual([run.ownership, run.lost], ["unknown", false]);
+      assert.equal(await run.renew(), true);
+      assert.equal(run.owned, true);
+    } finally {
+      await run.close();
+    }
+  });
+});
+
 describe("publication", () => {
   it("one JSON patch, as application/json-patch+json, testing uid, fence and holder", async () => {
     assert.equal(await transport().publish("result", { steps: 3 }), true);

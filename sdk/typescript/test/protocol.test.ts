@@ -19,6 +19,7 @@ import {
   microTime,
   nextDelay,
   ownership,
+  parseLease,
   parseSignals,
   publicationRecorded,
   refusesValue,
@@ -227,6 +228,17 @@ describe("signals", () => {
     assert.equal(controlSignals(s, null).capRemainingTokens, null);
     assert.equal(s.paused, true);
   });
+});
+
+describe("what counts as a Lease", () => {
+  // Shared with the Python and Go SDKs' tests (sdk/vectors/leases.json).
+  const vectors = JSON.parse(fs.readFileSync(new URL("../../../vectors/leases.json", import.meta.url), "utf8")) as {
+    parseLease: { name: string; text?: string; json?: unknown; lease: boolean }[];
+  };
+  for (const v of vectors.parseLease) {
+    it(`${v.lease ? "a Lease" : "not a Lease"}: ${v.name}`, () =>
+      assert.equal(parseLease(v.text ?? JSON.stringify(v.json)) !== null, v.lease));
+  }
 });
 
 describe("approval requests", () => {
