@@ -244,7 +244,8 @@ func (t *kubeTransport) getRaw(ctx context.Context, client rest.Interface, resou
 	return raw, err == nil, err
 }
 
-// getLease reads the Lease; nil when it is gone.
+// getLease reads the Lease; nil when it is gone. An answer that is not a Lease is an error, like no
+// answer: unconfirmed (docs/protocol.md §5.2).
 func (t *kubeTransport) getLease(ctx context.Context) (*leaseDoc, error) {
 	raw, found, err := t.getRaw(ctx, t.leases, "leases")
 	if err != nil || !found {
@@ -288,9 +289,14 @@ func (t *kubeTransport) renewAttempt(ctx context.Context, checkpoint *string, u 
 	raw, err := resultBody(t.leases.Put().Namespace(t.namespace).Resource("leases").Name(t.name).
 		SetHeader("Content-Type", "application/json").Body([]byte(renewed)).MaxRetries(0).Do(ctx))
 	if err == nil {
+		// An answer that is not this renewal's (a proxy's page, a Status) confirms nothing and denies
+		// nothing. The last Lease stays; if this PUT landed, the next one conflicts and re-reads.
 		updated, err := parseLease(raw)
 		if err != nil {
 			return renewResult{}, fmt.Errorf("the renewal's answer: %w", err)
+		}
+		if !t.mine(updated) {
+			return renewResult{}, fmt.Errorf("the renewal's answer is not this attempt's Lease: %s", clip(string(raw)))
 		}
 		t.lease = updated
 		res := renewResult{ok: true}

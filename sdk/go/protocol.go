@@ -19,7 +19,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -85,11 +84,62 @@ func validCursor(cursor string) string {
 	return ""
 }
 
-// controllerUID is the UID of the WorkerRun that controls an object, if any.
-func controllerUID(refs []metav1.OwnerReference) (string, bool) {
-	for _, ref := range refs {
+// leaseView is what the protocol reads of a Lease (docs/protocol.md §5.1), with the types it reads
+// them as: a body whose fields have other types is not a Lease. Pointers tell absent and null (alike,
+// as in the Python and TypeScript SDKs) from a value.
+type leaseView struct {
+	Kind       *string `json:"kind"`
+	APIVersion *string `json:"apiVersion"`
+	Metadata   *struct {
+		ResourceVersion *string            `json:"resourceVersion"`
+		Annotations     map[string]*string `json:"annotations"`
+		OwnerReferences []*ownerReference  `json:"ownerReferences"`
+	} `json:"metadata"`
+	Spec *struct {
+		HolderIdentity   *string `json:"holderIdentity"`
+		LeaseTransitions *int64  `json:"leaseTransitions"`
+	} `json:"spec"`
+}
+
+type ownerReference struct {
+	Kind       string `json:"kind"`
+	UID        string `json:"uid"`
+	Controller *bool  `json:"controller"`
+}
+
+// isLease says whether the view is a Lease's: this kind and version (when named), a resourceVersion
+// (without one a renewal's PUT is not a compare-and-swap), no null annotation or owner reference.
+func (v *leaseView) isLease() bool {
+	if v == nil || (v.Kind != nil && *v.Kind != "Lease") ||
+		(v.APIVersion != nil && *v.APIVersion != "coordination.k8s.io/v1") ||
+		v.Metadata == nil || v.Metadata.ResourceVersion == nil || *v.Metadata.ResourceVersion == "" {
+		return false
+	}
+	for _, value := range v.Metadata.Annotations {
+		if value == nil {
+			return false
+		}
+	}
+	for _, ref := range v.Metadata.OwnerReferences {
+		if ref == nil {
+			return false
+		}
+	}
+	return true
+}
+
+func (v *leaseView) annotation(key string) string {
+	if value := v.Metadata.Annotations[key]; value != nil {
+		return *value
+	}
+	return ""
+}
+
+// controllerUID is the UID of the WorkerRun that controls the Lease, if any.
+func (v *leaseView) controllerUID() (string, bool) {
+	for _, ref := range v.Metadata.OwnerReferences {
 		if ref.Kind == "WorkerRun" && ref.Controller != nil && *ref.Controller {
-			return string(ref.UID), true
+			return ref.UID, true
 		}
 	}
 	return "", false
@@ -98,19 +148,19 @@ func controllerUID(refs []metav1.OwnerReference) (string, bool) {
 // holds says whether the Lease names exactly this holder and fence and, when runUID is given,
 // belongs to that run: a run deleted and re-created under its name starts again at holder
 // <name>-a1 and fence 1, and only the UID tells the two apart. Nobody holds a cleared Lease.
-func holds(lease *coordinationv1.Lease, holder string, fence int64, runUID string) bool {
-	if lease == nil || holder == "" {
+func holds(lease *leaseView, holder string, fence int64, runUID string) bool {
+	if lease == nil || holder == "" || lease.Spec == nil {
 		return false
 	}
 	spec := lease.Spec
 	if spec.HolderIdentity == nil || *spec.HolderIdentity != holder ||
-		spec.LeaseTransitions == nil || int64(*spec.LeaseTransitions) != fence {
+		spec.LeaseTransitions == nil || *spec.LeaseTransitions != fence {
 		return false
 	}
 	if runUID == "" {
 		return true
 	}
-	uid, ok := controllerUID(lease.OwnerReferences)
+	uid, ok := lease.controllerUID()
 	return ok && uid == runUID
 }
 
@@ -119,15 +169,22 @@ func holds(lease *coordinationv1.Lease, holder string, fence int64, runUID strin
 // erases it or is refused by the admission policy, read as lost), and the fields the protocol reads.
 type leaseDoc struct {
 	raw  json.RawMessage
-	view coordinationv1.Lease
+	view leaseView
 }
 
+// parseLease reads an answer's body as a Lease. An error says it is not one: not JSON (a proxy's
+// HTML page), JSON of another shape (a Status, null, a proxy's error), or a Lease whose fields the
+// protocol reads have other types. Such an answer says nothing about ownership (docs/protocol.md
+// §5.2): unconfirmed. The Python and TypeScript SDKs draw the same line (sdk/vectors/leases.json).
 func parseLease(raw []byte) (*leaseDoc, error) {
-	doc := &leaseDoc{raw: raw}
-	if err := json.Unmarshal(raw, &doc.view); err != nil {
+	var view *leaseView
+	if err := json.Unmarshal(raw, &view); err != nil {
 		return nil, fmt.Errorf("not a Lease: %w", err)
 	}
-	return doc, nil
+	if !view.isLease() {
+		return nil, fmt.Errorf("not a Lease: %s", clip(string(raw)))
+	}
+	return &leaseDoc{raw: raw, view: *view}, nil
 }
 
 // renewal is the body of a heartbeat: the Lease exactly as last seen (its resourceVersion makes the
@@ -304,8 +361,8 @@ func parseTime(text string) (*time.Time, error) {
 }
 
 // leaseSignals reads the operator's signals from a Lease; ok is false when they are malformed.
-func leaseSignals(lease *coordinationv1.Lease) (signalState, bool) {
-	return parseSignals(lease.Annotations[annSignals])
+func leaseSignals(lease *leaseView) (signalState, bool) {
+	return parseSignals(lease.annotation(annSignals))
 }
 
 // remaining is what is left of the run's caps, counting the attempt's own usage: cap - base - own

@@ -107,7 +107,15 @@ func TestHolds(t *testing.T) {
 		{"no owner", lease("job-a1", 1, ""), "uid-1", false},
 		{"owner not controller", notController, "uid-1", false},
 	} {
-		if got := holds(tc.lease, "job-a1", 1, tc.runUID); got != tc.want {
+		var view *leaseView
+		if tc.lease != nil {
+			doc, err := parseLease(mustJSON(t, tc.lease))
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			view = &doc.view
+		}
+		if got := holds(view, "job-a1", 1, tc.runUID); got != tc.want {
 			t.Errorf("%s: holds = %v, want %v", tc.name, got, tc.want)
 		}
 	}
