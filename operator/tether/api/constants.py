@@ -87,3 +87,5 @@ REASON_NAMESAKE_POD = "NamesakePodTerminating"
 
 # Condition and Event reason when the Lease's fence was moved by someone other than Tether.
 REASON_LEASE_TAMPERED = "LeaseTampered"
+# Condition and Event reason when the execution fields differ from those approved or first run.
+REASON_SPEC_CHANGED = "SpecChanged"

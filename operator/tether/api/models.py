@@ -175,6 +175,8 @@ class ReviewRequest(_Model):
     approver: str | None = None
     reason: str | None = None
     decided_at: dt.datetime | None = None
+    # Start: the digest of the execution fields the gate asks to approve (core/execution.py).
+    execution_digest: str | None = None
 
 
 class ReviewStatus(_Model):
@@ -225,6 +227,8 @@ class WorkerRunStatus(_Model):
     budget_charged: bool | None = None
     charged: Usage | None = None  # what the budget was charged for this run (baseline once released)
     review: ReviewStatus | None = None
+    # The digest of the execution fields as approved or first granted; every grant must match it.
+    execution_digest: str | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
     def current(self) -> AttemptRecord | None:

@@ -56,6 +56,7 @@ from tether.core.enforcement import (
     stop_for,
     usage_alarm,
 )
+from tether.core.execution import execution_allowed
 from tether.core.lifecycle import (
     Ending,
     StatusBuilder,
@@ -174,6 +175,8 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
         d.wake(30.0)  # its runs are about to be deleted: starting attempts there only fails
         return
     if not start_allowed(o, b, d):
+        return
+    if not execution_allowed(o, b, d):
         return
     if not admit(o, b, d):
         return

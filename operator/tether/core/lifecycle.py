@@ -27,6 +27,7 @@ from tether.core.accounting import reported_cursor, settle_usage, sum_usage
 from tether.core.actions import Change, ClearLease, Decision, Event, Revoke, WriteStatus
 from tether.core.clock import after
 from tether.core.enforcement import Stop, admission_refusal, over_limit, run_ends_at, stop_due
+from tether.core.execution import execution_digest
 from tether.core.observe import ForeignPod, Observed, PodObservation, current_lease
 
 # status.fence and Lease.spec.leaseTransitions are int32 in the API: the largest fence there is.
@@ -334,6 +335,8 @@ class StatusBuilder:
         if s.started_at is None:
             s.started_at = o.now
             s.ends_at = run_ends_at(run.spec, s.started_at)
+        # Every later grant must run these fields (execution.execution_allowed checked this one).
+        s.execution_digest = s.execution_digest or execution_digest(run.spec)
         pod = holder if run.spec.executor == "Pod" else None
         s.attempts.append(AttemptRecord(attempt=attempt, fence=s.fence, holder=holder, pod=pod,
                                         started_at=o.now))

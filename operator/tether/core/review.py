@@ -20,6 +20,7 @@ from tether.api.conditions import get_condition, set_condition
 from tether.api.models import ObjectMeta, Outcome, Phase, ReviewRequest, ReviewStatus, WorkerRun
 from tether.core.actions import Decision, Event
 from tether.core.clock import after
+from tether.core.execution import execution_digest
 from tether.core.lifecycle import RESULT_PENDING_MESSAGE, StatusBuilder, open_request, review_of
 from tether.core.observe import ApprovalObservation, LeaseObservation, Observed
 
@@ -121,7 +122,8 @@ def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     timeout = run.spec.review.start_timeout_seconds
     req = review.find(GATE_START, 0) or open_request(review, ReviewRequest(
         gate=GATE_START, attempt=0, requested_at=created,
-        deadline=after(created, timeout) if timeout is not None else None))
+        deadline=after(created, timeout) if timeout is not None else None,
+        execution_digest=execution_digest(run.spec)))  # what an approval approves: no grant runs other fields
     if req is None or o.approvals is None:
         d.wake(APPROVALS_UNKNOWN_RETRY)  # approvals unknown (the list failed): decide nothing yet
         return False
