@@ -107,10 +107,11 @@ async def _run_operator(args: argparse.Namespace) -> int:
             log.info("stopped before leadership", extra={"event": "operator_stopped"})
             return 0
         metrics.STATE.is_leader = True
-        handlers.configure(may_act=lambda: elector.is_leader)
-    handlers.configure(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles,
-                       event_qps=args.event_qps, event_burst=2 * max(1, int(args.event_qps)),
-                       worker_identity=args.worker_identity)
+    settings = handlers.Settings(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles,
+                                 event_qps=args.event_qps, event_burst=2 * max(1, int(args.event_qps)),
+                                 worker_identity=args.worker_identity)
+    if elector is not None:
+        settings.may_act = lambda: elector.is_leader
 
     namespaces = args.namespace or []
     # kopf stops gracefully (its handlers finish) when `stopping` is set: a signal that came before
@@ -125,6 +126,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
         namespaces=namespaces,
         stop_flag=stopping,
         ready_flag=ready,
+        memo=handlers.memo(settings),
     ))
 
     async def until_first(*tasks: "asyncio.Future[Any]") -> None:

@@ -8,14 +8,14 @@ between scrapes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from tether.controller.runs import RunController
+    from tether.controller.controller import RunController
 
 REGISTRY = CollectorRegistry()
 
@@ -64,12 +64,32 @@ BUDGET_CHARGED_TOKENS = Counter("tether_budget_charged_tokens_total", "Tokens ch
                                 ["namespace", "budget"], registry=REGISTRY)
 
 
+# client-go's workqueue metrics (controller-runtime exports them under these names).
+WORKQUEUE_ADDS = Counter("workqueue_adds_total", "Adds handled by the work queue.", ["name"], registry=REGISTRY)
+WORKQUEUE_RETRIES = Counter("workqueue_retries_total", "Retries (rate-limited adds) handled by the work queue.",
+                            ["name"], registry=REGISTRY)
+_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+WORKQUEUE_QUEUE_DURATION = Histogram("workqueue_queue_duration_seconds",
+                                     "How long a key waits in the work queue before it is processed.", ["name"],
+                                     registry=REGISTRY, buckets=_QUEUE_BUCKETS)
+WORKQUEUE_WORK_DURATION = Histogram("workqueue_work_duration_seconds", "How long processing a key takes.",
+                                    ["name"], registry=REGISTRY, buckets=_QUEUE_BUCKETS)
+
+
+class _Queue(Protocol):
+    def __len__(self) -> int: ...
+
+    def in_progress(self) -> list[float]: ...
+
+
 class _State:
-    """What the computed gauges read: the controller (None until it starts) and leadership."""
+    """What the computed gauges read: the controller (None until it starts), leadership, and
+    the work queues by name."""
 
     def __init__(self) -> None:
         self.controller: RunController | None = None
         self.is_leader: bool = True
+        self.queues: dict[str, _Queue] = {}
 
 
 STATE = _State()
@@ -112,6 +132,14 @@ for _collector in (
     _Computed("tether_budget_spent_cents", "Cents spent in the budget's current period.", ["namespace", "budget"],
               lambda ctl: [([ns, name], float(((body.get("status") or {}).get("spent") or {}).get("cents", 0)))
                            for (ns, name), body in ctl.budgets.cache.copy().items()]),  # a snapshot in one step
+    _Computed("workqueue_depth", "Keys waiting in the work queue.", ["name"], lambda _: [],
+              always=lambda: [([n], float(len(q))) for n, q in STATE.queues.copy().items()]),
+    _Computed("workqueue_unfinished_work_seconds", "Seconds of work in progress not yet done, summed over "
+              "the keys being processed.", ["name"], lambda _: [],
+              always=lambda: [([n], sum(q.in_progress())) for n, q in STATE.queues.copy().items()]),
+    _Computed("workqueue_longest_running_processor_seconds", "Seconds the longest-running key has been in "
+              "process.", ["name"], lambda _: [],
+              always=lambda: [([n], max(q.in_progress(), default=0.0)) for n, q in STATE.queues.copy().items()]),
 ):
     REGISTRY.register(_collector)
 

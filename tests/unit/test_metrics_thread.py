@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tether.controller.runs import RunController
+from tether.controller.controller import RunController
 
 
 def _run(i: int) -> dict[str, Any]:
@@ -22,13 +22,13 @@ def _run(i: int) -> dict[str, Any]:
 def meddling_collector() -> Any:
     """Every collection adds a run: what the loop's thread may do while the scrape is inside one."""
     ctl = RunController(None)  # type: ignore[arg-type]  # no I/O here
-    ctl.runs.update({("ns", f"r{i}"): _run(i) for i in range(200)})
+    ctl.cache.runs.update({("ns", f"r{i}"): _run(i) for i in range(200)})
     added = iter(range(200, 10**6))
 
     def meddle(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             i = next(added)
-            ctl.runs[("ns", f"r{i}")] = _run(i)
+            ctl.cache.runs[("ns", f"r{i}")] = _run(i)
 
     thresholds = gc.get_threshold()
     gc.callbacks.append(meddle)
@@ -42,9 +42,9 @@ def meddling_collector() -> Any:
 
 def test_the_scrape_reads_survive_a_dict_changing_under_them(meddling_collector: RunController) -> None:
     ctl = meddling_collector
-    before = len(ctl.runs)
+    before = len(ctl.cache.runs)
     counts = ctl.phase_counts()
     ages = ctl.heartbeat_ages()
-    assert len(ctl.runs) > before  # the collections did run, and changed the dict meanwhile
+    assert len(ctl.cache.runs) > before  # the collections did run, and changed the dict meanwhile
     assert counts["Running"] >= before
     assert ages == []  # no Lease observed for any of them

@@ -12,7 +12,9 @@ import pytest
 
 from tether.api import constants as c
 from tether.api.models import WorkerRun
-from tether.controller.runs import Again, Clock, RunController, foreign_pod
+from tether.controller.controller import Clock, RunController
+from tether.controller.errors import Again
+from tether.controller.snapshot import foreign_pod
 from tether.core.cleanup import revocation_unfinished
 from tether.core.decide import EnsureLease, LeaseObservation, Observed, decide
 from tether.kube.client import Conflict
@@ -80,6 +82,12 @@ class FakeKube:
         pass
 
 
+async def reconcile(ctl: RunController, key: tuple[str, str]) -> tuple[float | None, bool]:
+    """One pass of the run reconciler: (seconds to the next timed pass, whether it acted)."""
+    result = await ctl.reconciler.reconcile(key)
+    return result.requeue_after, result.acted
+
+
 def _old_pod(deleting: dt.datetime | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "job-a1", "namespace": "ns", "uid": "pod-old", "resourceVersion": "5",
                             "labels": {c.LABEL_RUN: "job", c.LABEL_ATTEMPT: "1"},
@@ -107,18 +115,20 @@ def test_a_namesakes_pod_the_watch_has_not_delivered_holds_the_grant() -> None:
         ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
         ctl.on_run("ADDED", _new_run())
         with pytest.raises(Again):
-            await ctl._reconcile(("ns", "job"))
-        # Now it knows the pod: it deletes it (a deleted run's) and waits until its token is dead.
-        requeue, _ = await ctl._reconcile(("ns", "job"))
-        assert requeue == 1.0  # decided on the pod as it was before the delete
-        requeue, _ = await ctl._reconcile(("ns", "job"))
+            await reconcile(ctl, ("ns", "job"))
+        # Now it knows the pod: it waits until the pod's token is dead; the stray queue deletes it.
+        requeue, _ = await reconcile(ctl, ("ns", "job"))
+        assert requeue == 1.0  # not being deleted yet
+        assert len(ctl.stray_queue) == 1  # the pod of a deleted run waits on the stray queue
+        await ctl.stray_loop.reconciler.reconcile(("ns", "job"))
+        requeue, _ = await reconcile(ctl, ("ns", "job"))
         assert requeue == pytest.approx(85.0)
         return kube, ctl
 
     kube, ctl = asyncio.run(go())
     # No Lease, no pod: only the status that says why the run waits (pod not deleted, then terminating).
-    assert kube.calls == ["get_pod job-a1", "delete_pod job-a1", "status", "status"], kube.calls
-    assert "job-a1" in ctl.pods[("ns", "job")]
+    assert kube.calls == ["get_pod job-a1", "status", "delete_pod job-a1", "status"], kube.calls
+    assert "job-a1" in ctl.cache.pods[("ns", "job")]
 
 
 def test_a_deleted_namesakes_pod_holds_the_grant_for_the_token_cache_after_it_is_gone() -> None:
@@ -132,12 +142,12 @@ def test_a_deleted_namesakes_pod_holds_the_grant_for_the_token_cache_after_it_is
         ctl.on_pod("ADDED", _old_pod())
         ctl.on_pod("DELETED", _old_pod(deleting=T0))
         ctl.on_run("ADDED", _new_run())
-        requeue, acted = await ctl._reconcile(("ns", "job"))
+        requeue, acted = await reconcile(ctl, ("ns", "job"))
         assert acted and requeue == pytest.approx(20.0)  # acted: it said why it waits
-        status = ctl.runs[("ns", "job")]["status"]
+        status = ctl.cache.runs[("ns", "job")]["status"]
         assert status["phase"] == "Pending" and "job-a1" in status["conditions"][-1]["message"]
         now[0] = T0 + dt.timedelta(seconds=21)
-        await ctl._reconcile(("ns", "job"))
+        await reconcile(ctl, ("ns", "job"))
         return kube.calls
 
     calls = asyncio.run(go())
@@ -178,18 +188,18 @@ def test_a_report_is_folded_within_a_fold_interval_but_never_cuts_an_error_backo
     async def go() -> tuple[float, float, float]:
         ctl = RunController(None, clock=Clock(now=lambda: T0), fold_interval=10.0)  # type: ignore[arg-type]
         key = ("ns", "job")
-        ctl.runs[key] = _new_run()
+        ctl.cache.runs[key] = _new_run()
         ctl.on_lease("MODIFIED", _lease('{"cents":1,"tokens":1}', "1"))
         ctl.on_lease("MODIFIED", _lease('{"cents":1,"tokens":1}', "2"))  # the first renewal
         ctl.queue._timers.clear()
         ctl.on_lease("MODIFIED", _lease('{"cents":2,"tokens":1}', "3"))  # new usage
-        fold = ctl.queue._timers[key][0] - ctl.queue._mono()
+        fold = ctl.queue._timers[key][0] - ctl.queue.mono()
         ctl.queue._timers.pop(key)[1].cancel()
         for _ in range(13):
             ctl.queue.backoff.when(key)
         delay = ctl.queue.add_rate_limited(key)  # failing reconciles, backed off to the cap
         ctl.on_lease("MODIFIED", _lease('{"cents":3,"tokens":1}', "4"))
-        due = ctl.queue._timers[key][0] - ctl.queue._mono()
+        due = ctl.queue._timers[key][0] - ctl.queue.mono()
         for _, handle in ctl.queue._timers.values():
             handle.cancel()
         return fold, delay, due
@@ -255,9 +265,9 @@ def test_a_grant_never_overwrites_a_lease_that_still_names_an_ended_attempt() ->
         ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
         ctl.on_run("ADDED", run)  # the Lease is not in this operator's cache
         with pytest.raises(Again):
-            await ctl._reconcile(("ns", "job"))
+            await reconcile(ctl, ("ns", "job"))
         assert kube.calls == []  # nothing granted
-        await ctl._reconcile(("ns", "job"))  # now it sees the Lease: clear it first
+        await reconcile(ctl, ("ns", "job"))  # now it sees the Lease: clear it first
         return kube
 
     kube = asyncio.run(go())
@@ -301,19 +311,19 @@ def test_the_books_close_only_against_a_fresh_lease_and_budget() -> None:
         ctl.on_budget("ADDED", budget)
         ctl.on_run("ADDED", finished)  # no Lease in the cache yet
         with pytest.raises(Again):
-            await ctl._reconcile(("ns", "job"))  # about to record budgetCharged on 7 cents: read first
+            await reconcile(ctl, ("ns", "job"))  # about to record budgetCharged on 7 cents: read first
         assert kube.calls == []
-        await ctl._reconcile(("ns", "job"))  # the 10 cents are settled into the status
-        settled = ctl.runs[("ns", "job")]["status"]
+        await reconcile(ctl, ("ns", "job"))  # the 10 cents are settled into the status
+        settled = ctl.cache.runs[("ns", "job")]["status"]
         assert settled["usage"]["cents"] == 10 and not settled.get("budgetCharged")
         # The run is charged in full and released; then a stale budget event brings the mark back.
-        ctl.runs[("ns", "job")] = {**ctl.runs[("ns", "job")], "status": {
+        ctl.cache.runs[("ns", "job")] = {**ctl.cache.runs[("ns", "job")], "status": {
             **settled, "budgetCharged": True, "charged": {"cents": 10, "tokens": 0}}}
         budget["status"] = {"spent": {"cents": 10, "tokens": 0}, "charges": {"run-NEW": {"run": "job", "cents": 10}}}
         ctl.on_budget("MODIFIED", {**budget, "metadata": {**budget["metadata"], "resourceVersion": "5"},
                                    "status": {"spent": {"cents": 10, "tokens": 0}, "charges": {}}})
         with pytest.raises(Again):
-            await ctl._reconcile(("ns", "job"))  # TTL due, but the fresh budget still holds its mark
+            await reconcile(ctl, ("ns", "job"))  # TTL due, but the fresh budget still holds its mark
         return kube.calls
 
     calls = asyncio.run(go())

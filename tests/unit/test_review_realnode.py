@@ -53,7 +53,7 @@ def test_sigterm_right_after_leadership_stops_the_operator(monkeypatch: pytest.M
     import kopf
 
     from tether import cli, gcpause, metrics
-    from tether.controller import handlers, leader
+    from tether.controller import leader
     from tether.kube import client as kube_client
     from tether.kube import config as kubeconfig
 
@@ -89,7 +89,6 @@ def test_sigterm_right_after_leadership_stops_the_operator(monkeypatch: pytest.M
     monkeypatch.setattr(leader, "LeaderElector", Elector)
     monkeypatch.setattr(kube_client, "KubeClient", lambda *a, **kw: object())
     monkeypatch.setattr(kubeconfig, "load", lambda: types.SimpleNamespace(namespace="tether-system"))
-    monkeypatch.setattr(handlers, "configure", lambda **kw: None)
     monkeypatch.setattr(gcpause, "install", lambda: None)
     monkeypatch.setattr(metrics.STATE, "is_leader", metrics.STATE.is_leader)
     args = argparse.Namespace(metrics_port=0, gateway_port=0, leader_elect=True, leader_election_namespace="ns",

@@ -15,6 +15,8 @@ from tether import metrics
 from tether.api.models import Usage, WorkerBudget, WorkerRun
 from tether.core import budget as budgets
 from tether.core.decide import BudgetObservation
+from tether.controller.errors import NotLeader
+from tether.controller.leader import Leadership
 from tether.kube.client import Conflict, KubeClient, NotFound
 
 log = logging.getLogger("tether.budgets")
@@ -32,9 +34,10 @@ class _Queued:
 
 
 class BudgetBook:
-    def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime]) -> None:
+    def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime], leadership: Leadership | None = None) -> None:
         self.kube = kube
         self.now = now
+        self.leadership = leadership or Leadership()
         self.cache: dict[BudgetKey, dict[str, Any]] = {}
         # The validated model of each cached body, by resourceVersion: a budget shared by
         # thousands of runs is parsed once per change, not once per reconcile.
@@ -227,7 +230,10 @@ class BudgetBook:
             ops = [replace(batch[i].op, base=bases.get(i)) for i in live]  # type: ignore[arg-type]
             status, added = budgets.settle(budget, ops, self.now())
             try:
+                self.leadership.check()  # a deposed leader's batch is not written
                 written = await self.kube.replace_budget_status({**body, "status": status.dump()})
+            except NotLeader as exc:
+                return [exc] * len(batch)
             except Conflict:
                 metrics.BUDGET_CONFLICTS.inc()
                 body = None  # another writer (a refresh, another replica) came first: read again

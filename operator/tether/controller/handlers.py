@@ -1,37 +1,45 @@
 """Thin kopf handlers: they feed watch events to the RunController and nothing else.
 
 kopf only watches here: no handler stores progress on objects, so kopf writes
-nothing to WorkerRuns (ownership-dependent writes go through tether.kube).
+nothing to WorkerRuns (ownership-dependent writes go through tether.kube). Settings and the
+controller live in kopf's `memo` (handed in by `tether operator`), not in module globals.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import kopf
 
 from tether import metrics
 from tether.api import constants as c
 from tether.api.models import BUDGET_PLURAL, GROUP, PLURAL, VERSION
-from tether.controller.runs import RunController
+from tether.controller.controller import RunController
 from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
 from tether.kube.ratelimit import TokenBucket
 
-_state: dict[str, Any] = {"may_act": lambda: True, "qps": 100.0, "burst": 200, "workers": 16,
-                          "worker_identity": "namespace"}
+
+@dataclass
+class Settings:
+    """The operator's settings: `may_act` (with leader election, only the leader acts), the
+    client-side rate limits, concurrent reconciles, and the worker identity."""
+
+    may_act: Callable[[], bool] = lambda: True
+    qps: float = 100.0
+    burst: int = 200
+    event_qps: float = 25.0
+    event_burst: int = 50
+    workers: int = 16
+    worker_identity: str = "namespace"
 
 
-def controller() -> RunController:
-    return _state["controller"]
-
-
-def configure(**settings: Any) -> None:
-    """Called before kopf starts: `may_act` (with leader election, only the leader acts),
-    `qps`/`burst` (client-side rate limit), `workers` (concurrent reconciles)."""
-    _state.update(settings)
+def memo(settings: Settings) -> kopf.Memo:
+    """What kopf hands every handler: the settings, and the controller once it is started."""
+    return kopf.Memo(settings=settings, controller=None)
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):
@@ -49,7 +57,7 @@ class _NoDiffBase(kopf.DiffBaseStorage):
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.finalizer = f"{c.PREFIX}/kopf-finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.PREFIX)
     settings.persistence.diffbase_storage = _NoDiffBase()
@@ -60,45 +68,47 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
+    ours: Settings = memo.get("settings") or Settings()
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
-    kube = KubeClient(kubeconfig.load(), limiter=TokenBucket(_state["qps"], _state["burst"]),
-                      event_limiter=TokenBucket(_state.get("event_qps", 25.0), int(_state.get("event_burst", 50))))
-    ctl = RunController(kube, fold_interval=fold, may_act=_state["may_act"], workers=_state["workers"],
-                        namespace_identity=_state.get("worker_identity", "namespace") == "namespace")
+    kube = KubeClient(kubeconfig.load(), limiter=TokenBucket(ours.qps, ours.burst),
+                      event_limiter=TokenBucket(ours.event_qps, ours.event_burst))
+    ctl = RunController(kube, fold_interval=fold, may_act=ours.may_act, workers=ours.workers,
+                        namespace_identity=ours.worker_identity == "namespace")
     ctl.start()
-    _state["controller"] = ctl
+    memo.controller = ctl
     metrics.STATE.controller = ctl
     logging.getLogger("tether.operator").info("tether operator started", extra={"event": "operator_started"})
 
 
 @kopf.on.cleanup()
-async def cleanup(**_: Any) -> None:
-    ctl = _state.pop("controller", None)
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    ctl: RunController | None = memo.get("controller")
+    memo.controller = None
     if ctl is not None:
         await ctl.stop()
         await ctl.kube.close()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def run_event(event: dict[str, Any], **_: Any) -> None:
-    controller().on_run(event.get("type"), event["object"])
+async def run_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.on_run(event.get("type"), event["object"])
 
 
 @kopf.on.event("coordination.k8s.io", "v1", "leases", labels={c.LABEL_RUN: kopf.PRESENT})
-async def lease_event(event: dict[str, Any], **_: Any) -> None:
-    controller().on_lease(event.get("type"), event["object"])
+async def lease_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.on_lease(event.get("type"), event["object"])
 
 
 @kopf.on.event(GROUP, VERSION, "workerrunapprovals")
-async def approval_event(event: dict[str, Any], **_: Any) -> None:
-    controller().on_approval(event.get("type"), event["object"])
+async def approval_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.on_approval(event.get("type"), event["object"])
 
 
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_RUN: kopf.PRESENT})
-async def pod_event(event: dict[str, Any], **_: Any) -> None:
-    controller().on_pod(event.get("type"), event["object"])
+async def pod_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.on_pod(event.get("type"), event["object"])
 
 
 @kopf.on.event(GROUP, VERSION, BUDGET_PLURAL)
-async def budget_event(event: dict[str, Any], **_: Any) -> None:
-    controller().on_budget(event.get("type"), event["object"])
+async def budget_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.on_budget(event.get("type"), event["object"])

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tether.controller.errors import NotLeader
 from tether.kube import resources
 from tether.kube.client import Conflict, KubeClient
 
@@ -86,8 +87,15 @@ class LeaderElector:
             await asyncio.sleep(self.retry_period)
 
     async def _attempt(self) -> bool:
+        """One try, bounded like client-go's (its context carries the renew deadline): a leader's
+        try ends when its leadership would, so a hung call never keeps it acting past that."""
+        remaining = self.renew_deadline - (self.mono() - self._renewed_at)
+        timeout = remaining if self.is_leader else self.renew_deadline
         try:
-            return await self.try_acquire_or_renew()
+            return await asyncio.wait_for(self.try_acquire_or_renew(), timeout=max(timeout, 0.001))
+        except asyncio.TimeoutError:
+            log.warning("leader election request timed out", extra={"timeoutSeconds": round(timeout, 3)})
+            return False
         except Exception as exc:  # noqa: BLE001 - the API may be briefly unavailable
             log.warning("leader election request failed", extra={"error": str(exc)})
             return False
@@ -121,3 +129,16 @@ class LeaderElector:
             if not self.is_leader:
                 log.error("lost leadership", extra={"event": "leader_lost", "identity": self.identity})
                 return
+
+
+class Leadership:
+    """Whether this replica may still write. Checked before every write of a pass and inside every
+    retry loop, not once per reconcile: a deposed leader's passes already under way stop at
+    their next step instead of writing on for as long as they take."""
+
+    def __init__(self, may_act: Callable[[], bool] = lambda: True) -> None:
+        self.may_act = may_act
+
+    def check(self) -> None:
+        if not self.may_act():
+            raise NotLeader("this replica is not the leader")

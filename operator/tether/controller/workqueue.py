@@ -6,6 +6,7 @@
   it is queued again once the worker calls `done`.
 - `add_after` schedules a timed pass (a lease deadline); the earliest pending time wins.
 - `add_rate_limited` backs a failing key off exponentially (per key), `forget` resets it.
+- client-go's workqueue metrics, labelled by the queue's name, timed on the injected clock.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import asyncio
 import time
 from collections import deque
 from typing import Callable, Generic, Hashable, TypeVar
+
+from tether import metrics
 
 K = TypeVar("K", bound=Hashable)
 
@@ -40,12 +43,21 @@ class ExponentialBackoff(Generic[K]):
 
 class WorkQueue(Generic[K]):
     def __init__(self, backoff: ExponentialBackoff[K] | None = None,
-                 mono: Callable[[], float] = time.monotonic) -> None:
+                 mono: Callable[[], float] = time.monotonic, name: str = "") -> None:
         self.backoff: ExponentialBackoff[K] = backoff or ExponentialBackoff()
-        self._mono = mono
+        self.mono = mono
+        self.name = name
         self._queue: deque[K] = deque()
         self._dirty: set[K] = set()
-        self._processing: set[K] = set()
+        # Key -> when it was added (queue duration) / when a worker took it (work duration).
+        self._added: dict[K, float] = {}
+        self._processing: dict[K, float] = {}
+        self._adds = metrics.WORKQUEUE_ADDS.labels(name)
+        self._retries = metrics.WORKQUEUE_RETRIES.labels(name)
+        self._waited = metrics.WORKQUEUE_QUEUE_DURATION.labels(name)
+        self._worked = metrics.WORKQUEUE_WORK_DURATION.labels(name)
+        if name:
+            metrics.STATE.queues[name] = self
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._shutdown = False
@@ -56,7 +68,9 @@ class WorkQueue(Generic[K]):
     def add(self, key: K) -> None:
         if self._shutdown or key in self._dirty:
             return
+        self._adds.inc()
         self._dirty.add(key)
+        self._added.setdefault(key, self.mono())
         if key in self._processing:
             return  # queued again by done()
         self._queue.append(key)
@@ -69,7 +83,7 @@ class WorkQueue(Generic[K]):
         if delay <= 0:
             self.add(key)
             return
-        due = self._mono() + delay
+        due = self.mono() + delay
         pending = self._timers.get(key)
         if pending is not None:
             if pending[0] <= due:
@@ -79,6 +93,7 @@ class WorkQueue(Generic[K]):
         self._timers[key] = (due, handle)
 
     def add_rate_limited(self, key: K) -> float:
+        self._retries.inc()
         delay = self.backoff.when(key)
         self.add_after(key, delay)
         return delay
@@ -95,6 +110,11 @@ class WorkQueue(Generic[K]):
 
     def pending_timers(self) -> int:
         return len(self._timers)
+
+    def in_progress(self) -> list[float]:
+        """Seconds each key being processed has been at it (the unfinished-work gauges)."""
+        now = self.mono()
+        return [now - began for began in self._processing.copy().values()]
 
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
@@ -122,11 +142,15 @@ class WorkQueue(Generic[K]):
             return None
         key = self._queue.popleft()
         self._dirty.discard(key)
-        self._processing.add(key)
+        now = self.mono()
+        self._waited.observe(max(0.0, now - self._added.pop(key, now)))
+        self._processing[key] = now
         return key
 
     def done(self, key: K) -> None:
-        self._processing.discard(key)
+        began = self._processing.pop(key, None)
+        if began is not None:
+            self._worked.observe(max(0.0, self.mono() - began))
         if key in self._dirty:
             self._queue.append(key)
             self._notify()

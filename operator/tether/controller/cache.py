@@ -1,0 +1,223 @@
+"""Everything the operator keeps in memory of the cluster, in one object with one forget().
+
+Runs, pods and tombstones by run key; Lease observations, tool-claim bookkeeping and progress
+holds by run UID (a namesake re-created under the same key starts afresh); namespaces being
+deleted. Watch events and the answers to the operator's own reads and writes update it; the
+reconciler reads one Snapshot of it per pass. It decides nothing and wakes nothing (wakes.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tether import protocol
+from tether.api import constants as c
+from tether.api.models import Phase, WorkerRun
+from tether.controller.leases import LeaseTracker
+from tether.controller.snapshot import Snapshot, foreign_pod, lean_pod, lean_run, pod_observation
+from tether.controller.views import BudgetKey, PodView, RunKey, RunView
+from tether.core.actions import UsageAlarm
+from tether.core.observe import ForeignPod
+
+
+@dataclass(frozen=True)
+class RunStored:
+    """What storing a run's body changed."""
+
+    stored: bool  # the body was newer than the cached one
+    new_spec: bool = False  # its generation moved (an error backoff of the old spec no longer applies)
+
+
+class RunCache:
+    def __init__(self, now: Callable[[], dt.datetime], mono: Callable[[], float]) -> None:
+        self.now, self.mono = now, mono
+        self.runs: dict[RunKey, dict[str, Any]] = {}
+        self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
+        self.leases = LeaseTracker()  # keyed by the owning run's UID
+        # Pods that were deleted, by (run key, name): (their controller's UID, as ForeignPod). A
+        # namesake's pod can still act for a few seconds after it is gone (see foreign_pod).
+        self.tombstones: dict[tuple[RunKey, str], tuple[str | None, ForeignPod]] = {}
+        self.budget_runs: dict[BudgetKey, set[RunKey]] = {}  # the runs that draw on each budget
+        self.alarms: dict[RunKey, UsageAlarm] = {}  # usage at which a held run must be decided at once
+        # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
+        self.tool_claims_cleared: dict[str, int] = {}
+        # Run UID -> monotonic time this operator last saw its progress held (suspended, or asking).
+        self.progress_held_at: dict[str, float] = {}
+        self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen being deleted
+        self._overdue_counted: tuple[float | None, tuple[int, int]] = (None, (0, 0))
+
+    def run(self, key: RunKey) -> RunView | None:
+        body = self.runs.get(key)
+        return RunView(body) if body is not None else None
+
+    # --- runs ------------------------------------------------------------------
+
+    def put_run(self, body: dict[str, Any]) -> RunStored:
+        """A run as a watch event brought it: kept unless it is older than what is cached."""
+        new = RunView(body)
+        cached = self.run(new.key)
+        new_spec = False
+        if cached is not None:
+            if new.resource_version == cached.resource_version:
+                return RunStored(False)
+            if new.uid == cached.uid and new.fence < cached.fence:
+                return RunStored(False)  # older than what our own write returned (the fence never decreases)
+            new_spec = new.generation != cached.generation
+            if new.uid == cached.uid and cached.suspended and not new.suspended:
+                self.progress_held_at[new.uid] = self.mono()  # resumed: the progress clock starts now
+        self._store(new.key, body)
+        return RunStored(True, new_spec)
+
+    def newest_run(self, key: RunKey, fresh: dict[str, Any] | None) -> None:
+        """A GET's answer: the newest view, even if its fence looks lower (None: the run is gone)."""
+        if fresh is None:
+            gone = self.runs.get(key)
+            if gone is not None:
+                self.drop_run(gone)
+            return
+        self.put_run(fresh)
+        self._store(key, fresh)
+
+    def written_run(self, snap: Snapshot, written: dict[str, Any]) -> Snapshot:
+        """Our write succeeded against the snapshot, so nothing came between the two: cache the
+        answer unless the watch already brought it (or something newer), and decide on from it."""
+        cached = self.run(snap.key)
+        if cached is not None and cached.resource_version == snap.resource_version:
+            self._store(snap.key, written)  # (never re-adds a run whose deletion was seen meanwhile)
+        return Snapshot(key=snap.key, body=written, run=WorkerRun.model_validate(written), lease=snap.lease,
+                        pods=snap.pods, foreign_pods=snap.foreign_pods, lease_read=snap.lease_read)
+
+    def drop_run(self, body: dict[str, Any]) -> None:
+        """The run was deleted: forget it and what is kept of it by UID (its pods stay until they go)."""
+        gone = RunView(body)
+        cached = self.run(gone.key)
+        if cached is not None and cached.uid == gone.uid:
+            del self.runs[gone.key]
+            self.budget_runs.get(cached.budget, set()).discard(gone.key)
+            self.alarms.pop(gone.key, None)
+        self.forget(gone.uid)
+
+    def _store(self, key: RunKey, body: dict[str, Any]) -> None:
+        self.runs[key] = lean_run(body)
+        self.budget_runs.setdefault(RunView(body).budget, set()).add(key)
+
+    # --- pods ------------------------------------------------------------------
+
+    def put_pod(self, body: dict[str, Any]) -> bool:
+        """A pod labelled for a run; True when it changed what a decision sees of it."""
+        pod = PodView(body)
+        key = pod.run_key
+        assert key is not None
+        pods = self.pods.setdefault(key, {})
+        before = pods.get(pod.name)
+        pods[pod.name] = lean_pod(body)
+        return before is None or pod_observation(before) != pod_observation(body)
+
+    def drop_pod(self, body: dict[str, Any]) -> None:
+        """The pod is gone; its name stays taken while its token may still be accepted."""
+        pod = PodView(body)
+        key = pod.run_key
+        assert key is not None
+        self._remove_pod(key, pod.name)
+        now = self.now()
+        for k in [k for k, (_, tomb) in self.tombstones.items() if (tomb.token_dead_at or now) <= now]:
+            del self.tombstones[k]
+        self.tombstones[(key, pod.name)] = (pod.controller_uid, foreign_pod(body, now))
+
+    def pod_written(self, key: RunKey, name: str, body: dict[str, Any] | None) -> None:
+        """Our own write's answer updates the cache at once: the next pass must not act on the
+        pod as it was (and in a namespace being deleted, no watch event will follow)."""
+        if body is not None:
+            self.put_pod(body)
+        else:
+            self._remove_pod(key, name)
+
+    def _remove_pod(self, key: RunKey, name: str) -> None:
+        pods = self.pods.get(key, {})
+        pods.pop(name, None)
+        if not pods:
+            self.pods.pop(key, None)
+
+    def strays(self, key: RunKey) -> list[PodView]:
+        """Pods labelled for this run name that another (deleted) run controls and that still need
+        Tether: a pod already deleting without Tether's finalizer is the kubelet's business."""
+        run = self.run(key)
+        uid = run.uid if run is not None else None
+        return [p for p in map(PodView, self.pods.get(key, {}).values())
+                if p.controller_uid not in (None, uid) and (not p.deleting or p.held_by_tether)]
+
+    # --- by UID ------------------------------------------------------------------
+
+    def forget(self, uid: str) -> None:
+        """Everything kept of a run by its UID (the run itself is dropped by drop_run)."""
+        self.leases.forget(uid)
+        self.tool_claims_cleared.pop(uid, None)
+        self.progress_held_at.pop(uid, None)
+
+    def forget_key(self, key: RunKey) -> None:
+        """Nothing is left under the key (no run, no pods): drop its per-key bookkeeping."""
+        if key not in self.runs and key not in self.pods:
+            self.alarms.pop(key, None)
+
+    # --- reads ---------------------------------------------------------------------
+
+    def snapshot(self, key: RunKey) -> Snapshot | None:
+        body = self.runs.get(key)
+        if body is None:
+            return None
+        run = WorkerRun.model_validate(body)
+        uid = run.metadata.uid
+        live = self.pods.get(key, {})
+        mine = {n: b for n, b in live.items() if protocol.controller_uid(b) == uid}
+        pods = tuple(p for p in map(pod_observation, mine.values()) if p is not None)
+        foreign = tuple(foreign_pod(b) for n, b in live.items() if n not in mine) + tuple(
+            tomb for (k, n), (owner, tomb) in self.tombstones.items() if k == key and n not in live and owner != uid)
+        return Snapshot(key=key, body=body, run=run, lease=self.leases.get(uid), pods=pods, foreign_pods=foreign)
+
+    def overdue(self, mono: float) -> tuple[int, int]:
+        """(overdue, active) leases, counted at most once a second: a scan of every run per lapse
+        cost 5% of the operator's CPU at 5,000 runs."""
+        at, counts = self._overdue_counted
+        if at is not None and 0 <= mono - at < 1.0:
+            return counts
+        active = overdue = 0
+        for run in map(RunView, self.runs.values()):
+            holder = run.holder
+            if holder is None:
+                continue
+            active += 1
+            lease = self.leases.get(run.uid)
+            if lease is not None and lease.holder == holder and mono - lease.last_change >= run.lease_seconds:
+                overdue += 1
+        self._overdue_counted = (mono, (overdue, active))
+        return overdue, active
+
+    # The three below are read by the metrics thread. dict.copy() takes the snapshot in one step;
+    # list(d.items()) iterates, and a garbage collection inside it runs Python code (gc callbacks)
+    # during which the event loop's thread can change the dict: "changed size during iteration".
+    def phase_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for run in map(RunView, self.runs.copy().values()):
+            phase = run.phase or Phase.PENDING.value
+            counts[phase] = counts.get(phase, 0) + 1
+        return counts
+
+    def pending_approvals(self) -> dict[str, int]:
+        """Gates waiting for a person, by kind: Start, Result, or Request (a worker's)."""
+        counts = {c.GATE_START: 0, c.GATE_RESULT: 0, "Request": 0}
+        for run in map(RunView, self.runs.copy().values()):
+            for gate in run.pending_gates:
+                counts[gate if gate in (c.GATE_START, c.GATE_RESULT) else "Request"] += 1
+        return counts
+
+    def heartbeat_ages(self) -> list[tuple[str, str, float]]:
+        now = self.mono()
+        out = []
+        for run in map(RunView, self.runs.copy().values()):
+            holder = run.holder
+            lease = self.leases.get(run.uid)
+            if holder and lease is not None and lease.holder == holder:
+                out.append((run.namespace, run.name, max(0.0, now - lease.last_change)))
+        return out

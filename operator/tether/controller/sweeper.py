@@ -1,0 +1,90 @@
+"""Namespaces being deleted: kopf stops watching a namespace once it is being deleted, yet its
+runs still need their cleanup (Tether's finalizer holds them). Until the namespace is gone, what
+is left there is listed every few seconds and fed to the controller as the watch would have."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from tether.api import constants as c
+from tether.controller.budgets import BudgetBook
+from tether.controller.cache import RunCache
+from tether.controller.views import PodView, RunView
+from tether.kube.client import Forbidden, KubeClient, NotFound, Unavailable
+from tether.kube.paths import budget_path, lease_path, namespace_path, pod_path, run_path
+
+log = logging.getLogger("tether.controller")
+
+# How often a namespace being deleted (no longer watched by kopf) is listed.
+SWEEP_SECONDS = 2.0
+# How long a namespace that refused a create as "being terminated" gets no new attempts.
+TERMINATING_NAMESPACE_SECONDS = 30.0
+
+# (kind, event type, body): the controller's watch-event entry.
+Feed = Callable[[str, str, dict[str, Any]], None]
+
+
+class NamespaceSweeper:
+    def __init__(self, kube: KubeClient, cache: RunCache, budgets: BudgetBook, feed: Feed,
+                 on_terminating: Callable[[str], None]) -> None:
+        self.kube, self.cache, self.budgets, self.feed = kube, cache, budgets, feed
+        self.on_terminating = on_terminating
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def terminating(self, ns: str) -> bool:
+        return self.cache.mono() - self.cache.terminating.get(ns, -1e18) < TERMINATING_NAMESPACE_SECONDS
+
+    def mark(self, ns: str) -> None:
+        """The namespace is being deleted: no attempts start there, and it is swept until it is gone."""
+        self.cache.terminating[ns] = self.cache.mono()
+        self.on_terminating(ns)
+        if ns not in self._tasks:
+            task = asyncio.create_task(self._sweep(ns), name=f"sweep {ns}")
+            self._tasks[ns] = task
+            task.add_done_callback(lambda _: self._tasks.pop(ns, None))
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _sweep(self, ns: str) -> None:
+        while True:
+            try:
+                if await self.kube.get_object(namespace_path(ns)) is None:
+                    break
+                runs = await self.kube.list_objects(run_path(ns))
+                pods = await self.kube.list_objects(pod_path(ns), c.LABEL_RUN)
+                leases = await self.kube.list_objects(lease_path(ns), c.LABEL_RUN)
+                budgets = await self.kube.list_objects(budget_path(ns))
+            except (Unavailable, Forbidden, NotFound) as exc:
+                log.warning("cannot list a namespace being deleted", extra={"namespace": ns, "error": str(exc)})
+            else:
+                self._relist(ns, runs, pods, leases, budgets)
+            self.cache.terminating[ns] = self.cache.mono()
+            await asyncio.sleep(SWEEP_SECONDS)
+        self._relist(ns, [], [], [], [])
+        self.cache.terminating.pop(ns, None)  # a namespace of that name created later starts afresh
+
+    def _relist(self, ns: str, runs: list[dict[str, Any]], pods: list[dict[str, Any]],
+                leases: list[dict[str, Any]], budgets: list[dict[str, Any]]) -> None:
+        """Like an informer's relist: what is listed is current, what is not listed is gone."""
+        for body in runs:
+            self.feed("run", "MODIFIED", body)
+        listed = {RunView(r).name for r in runs}
+        for body in [b for (rns, name), b in self.cache.runs.items() if rns == ns and name not in listed]:
+            self.feed("run", "DELETED", body)
+        for body in leases:
+            self.feed("lease", "MODIFIED", body)
+        for body in pods:
+            self.feed("pod", "MODIFIED", body)
+        listed = {PodView(p).name for p in pods}
+        for body in [b for key, cached in self.cache.pods.items() if key[0] == ns
+                     for name, b in cached.items() if name not in listed]:
+            self.feed("pod", "DELETED", body)
+        listed = {b["metadata"]["name"] for b in budgets}
+        for body in [b for (bns, name), b in self.budgets.cache.copy().items() if bns == ns and name not in listed]:
+            self.feed("budget", "DELETED", body)

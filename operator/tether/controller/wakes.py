@@ -1,0 +1,114 @@
+"""What wakes what: each watch event updates the cache and names the keys to reconcile.
+
+The one place where it is written down which change concerns which run: a run's own events; a
+Lease's new holder, first renewal or request (at once), new progress or spending (within one
+fold interval), a cap or the budget reached (at once, by the usage alarm); a pod's change; a
+budget's new limit, period or exhaustion (all its runs) or a charge (the runs waiting to be
+admitted); an approval (the run it names); a stray pod (the stray queue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tether import metrics, protocol
+from tether.controller.budgets import BudgetBook
+from tether.controller.cache import RunCache
+from tether.controller.views import ApprovalView, LeaseView, PodView, RunKey, RunView
+
+
+@dataclass(frozen=True)
+class Wake:
+    key: RunKey
+    after: float = 0.0  # seconds from now (0: at once)
+    strays: bool = False  # the stray-pod queue rather than the run's
+    # A fold timer: one per run however many heartbeats, and never cutting an error backoff short.
+    fold: bool = False
+    new_spec: bool = False  # the run's generation moved: its error backoff starts over
+
+
+def _budget_gate(budget: dict[str, Any]) -> tuple[Any, ...]:
+    """What of a WorkerBudget decides whether runs may spend: its spec, period and exhaustion."""
+    status = budget.get("status") or {}
+    exhausted = next((x.get("status") for x in status.get("conditions") or [] if x.get("type") == "Exhausted"), None)
+    return budget["metadata"].get("generation"), status.get("periodStart"), exhausted
+
+
+class Wakes:
+    def __init__(self, cache: RunCache, budgets: BudgetBook, fold_interval: float) -> None:
+        self.cache, self.budgets, self.fold_interval = cache, budgets, fold_interval
+
+    def on_run(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+        run = RunView(body)
+        if event_type == "DELETED":
+            self.cache.drop_run(body)
+            # What is left of it (pods) is released by the stray queue; the run's own pass drops its state.
+            return [Wake(run.key), Wake(run.key, strays=True)]
+        stored = self.cache.put_run(body)
+        return [Wake(run.key, new_spec=stored.new_spec)] if stored.stored else []
+
+    def on_lease(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+        lease = LeaseView(body)
+        key, uid = lease.run_key, lease.controller_uid
+        if key is None or uid is None:
+            return []
+        tracker = self.cache.leases
+        before = tracker.get(uid)
+        if event_type == "DELETED":
+            tracker.forget(uid)
+            changed = True
+        else:
+            mono = self.cache.mono()
+            changed = tracker.observe(uid, body, mono)
+            seen = tracker.get(uid)
+            renewed = lease.renew_time
+            if event_type is not None and renewed and seen is not None and seen.last_change == mono:
+                # A renewal (not a signal update by the operator) just arrived by watch.
+                lag = self.cache.now() - protocol.parse_time(renewed)  # type: ignore[operator]  # renewed is set here
+                metrics.WATCH_LAG.observe(max(0.0, lag.total_seconds()))
+        if key not in self.cache.runs:
+            return []
+        after = tracker.get(uid)
+        alarm = self.cache.alarms.get(key)
+        if alarm is not None and after is not None and after.usage is not None and alarm.reached(after.usage):
+            return [Wake(key)]  # a cap or the budget is reached: act now, not at the next fold
+        if changed:
+            return [Wake(key)]
+        if before is not None and after is not None and \
+                (before.usage, before.checkpoint) != (after.usage, after.checkpoint):
+            # New progress or spending reaches the status within one fold interval, not only at
+            # the next lapse check a lease later.
+            return [Wake(key, after=self.fold_interval, fold=True)]
+        return []
+
+    def on_pod(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+        pod = PodView(body)
+        key = pod.run_key
+        if key is None:
+            return []
+        if event_type == "DELETED":
+            self.cache.drop_pod(body)
+            changed = True
+        else:
+            changed = self.cache.put_pod(body)
+        wakes = [Wake(key)] if changed else []
+        if self.cache.strays(key):
+            wakes.append(Wake(key, strays=True))
+        return wakes
+
+    def on_budget(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+        meta = body["metadata"]
+        before = self.budgets.cache.get((meta["namespace"], meta["name"]))
+        budget = self.budgets.on_event(event_type, body)
+        # A charge (every fold of every run on it) concerns only runs waiting to be admitted; a
+        # new limit or period, or the budget running out or coming back, concerns all its runs.
+        # Held runs see the spending of others at their own next pass (at most a fold interval).
+        everyone = event_type == "DELETED" or before is None or _budget_gate(before) != _budget_gate(body)
+        return [Wake(key) for key in list(self.cache.budget_runs.get(budget, ()))
+                if (run := self.cache.run(key)) is not None and (everyone or run.holder is None)]
+
+    def on_approval(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+        """An approval was made (or removed): decide again for the run it names."""
+        key = ApprovalView(body).run_key
+        return [Wake(key)] if key is not None else []
