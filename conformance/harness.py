@@ -66,13 +66,14 @@ class Sent:
 
 class GatewayProxy:
     """An HTTP hop between an external worker and the gateway that a case can cut (requests are
-    held, then forwarded late, like a partition that heals) or make answer an error."""
+    held, then forwarded late, like a partition that heals) or make answer an error, or anything."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self._open = threading.Event()
         self._open.set()
         self._fault: tuple[int, int] | None = None  # (status, retry-after)
+        self._answer: tuple[re.Pattern[str], int, str, str] | None = None  # (path, status, body, content type)
         self._hold: tuple[re.Pattern[str], threading.Event] | None = None  # requests matching wait
         self._drop_response: re.Pattern[str] | None = None  # the next match is served, its answer lost
         self.held = 0  # requests that have waited on hold()
@@ -96,10 +97,12 @@ class GatewayProxy:
                     outer.held += 1
                     hold[1].wait()
                 outer._open.wait()
-                fault = outer._fault
+                fault, answer = outer._fault, outer._answer
                 if fault is not None:
                     status, content = fault[0], json.dumps({"error": {"code": "Unavailable", "message": "injected"}})
                     headers = {"Retry-After": str(fault[1])}
+                elif answer is not None and answer[0].search(self.path):
+                    status, content, headers = answer[1], answer[2], {"Content-Type": answer[3]}
                 else:
                     try:
                         resp = httpx.post(outer.upstream + self.path, content=body, timeout=30, headers={
@@ -133,7 +136,7 @@ class GatewayProxy:
         self._open.clear()
 
     def heal(self) -> None:
-        self._fault = None
+        self._fault = self._answer = None
         if self._hold is not None:
             self._hold[1].set()
             self._hold = None
@@ -149,6 +152,10 @@ class GatewayProxy:
 
     def fail_with(self, status: int, retry_after: int = 1) -> None:
         self._fault = (status, retry_after)
+
+    def answer_with(self, path: str, status: int, body: str, content_type: str = "application/json") -> None:
+        """Requests whose path matches (regex) get this answer instead of the gateway's, until heal()."""
+        self._answer = (re.compile(path), status, body, content_type)
 
     def seen(self) -> list[tuple[float, str, int]]:
         with self._lock:

@@ -479,6 +479,55 @@ def backoff(case: Case) -> str:
     return f"{len(renewals)} renewals and {len(publishes)} publication tries in the 4 s window; kept the lease"
 
 
+# What a proxy between the worker and the control plane may answer 200 with: its sign-in page, then
+# JSON that is not the answer (a Status where the Lease belongs; a list where the gateway's reply does).
+SIGN_IN_PAGE = "<!DOCTYPE html><html><body>Please sign in to continue.</body></html>"
+NOT_THE_ANSWER = {POD: json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                   "code": 200}),
+                  GATEWAY: json.dumps([{"stop": False}])}
+PAGE_SECONDS = 1.5
+
+
+def proxy_page(case: Case) -> str:
+    """Something between the worker and the control plane answers its renewals 200 with what is not
+    their answer, a sign-in page and then JSON of another shape, for 3 s (inside L − M): each such
+    renewal is unconfirmed, not lost (docs/protocol.md §5.2). The worker goes on renewing, withholds
+    side effects should ownership turn unknown, and finishes in the same attempt."""
+    case.create_run("job", {"steps": 14, "stepSeconds": 0.5})
+    _start(case)
+    run = case.wait_holder("job", 1)
+    holder = _status(run)["holder"]
+    _wait_effects(case, 2)
+    start = time.time()
+    if case.transport == POD:
+        lease: dict[str, Any] = {"method": "GET|PUT", "path": r"/leases/job$", "client": rf"{case.ns}/{holder}$"}
+        page = case.worker_proxy.answer(200, SIGN_IN_PAGE.encode(), content_type="text/html", **lease)
+        time.sleep(PAGE_SECONDS)  # the fault's duration, not a wait for a condition
+        page.remove()
+        # This time the API server renewed the Lease; the worker is told something else.
+        status = case.worker_proxy.answer(200, NOT_THE_ANSWER[POD].encode(), phase="response", **lease)
+        time.sleep(PAGE_SECONDS)
+        case.worker_proxy.clear()
+        answered = page.hits + status.hits
+    else:
+        case.gateway_proxy.answer_with(r"/heartbeat$", 200, SIGN_IN_PAGE, "text/html")
+        time.sleep(PAGE_SECONDS)
+        case.gateway_proxy.answer_with(r"/heartbeat$", 200, NOT_THE_ANSWER[GATEWAY])
+        time.sleep(PAGE_SECONDS)
+        case.gateway_proxy.heal()
+        answered = sum(1 for r in case.worker_requests(holder) if start <= r.at and r.path.endswith("/heartbeat"))
+    healed = time.time()
+    least = int(2 * PAGE_SECONDS / R) - 1
+    _expect(answered >= least, f"only {answered} renewal(s) got the proxy's answers in {healed - start:.1f}s "
+                               f"(at least {least}): the worker stopped renewing")
+    confirmed = _last_confirmed(case, "job", holder, start)
+    unknown = [e for e in case.effects(accepted_only=False) if confirmed + L - MARGIN + SLACK < e.at < healed]
+    _expect(not unknown, f"{len(unknown)} side effect(s) sent while ownership was unknown")
+    _succeeded(case, 14, attempt=1, timeout=60)
+    case.judge_safety()
+    return f"{answered} renewals answered 200 with a page or JSON of another shape: unconfirmed, not lost"
+
+
 def stale_publish(case: Case) -> str:
     """The holder's publication is held in flight (and everything it sends after it) while the
     run is stopped with no grace, which revokes the attempt (the fence moves); then the
@@ -668,5 +717,6 @@ SCENARIOS = [
     Scenario("pause", pause, summary="spec.suspend honoured within one renew interval, heartbeat goes on"),
     Scenario("cap", cap, summary="a lowered cap honoured within one renew interval, charged exactly"),
     Scenario("backoff", backoff, summary="429/503 with Retry-After: one renewal per interval, waits as asked"),
+    Scenario("proxy-page", proxy_page, summary="renewals answered 200 with a sign-in page or a Status: unconfirmed"),
     Scenario("approval", approval, summary="a mid-run approval request: recorded, decided, the decision in the result"),
 ]

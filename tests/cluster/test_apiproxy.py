@@ -203,6 +203,22 @@ def test_error_after_the_write_landed(proxy: ApiProxy, client: httpx.Client, kub
     assert (rec.upstream_status, rec.status) == (201, 503)
 
 
+def test_answer_sends_the_body_as_given_before_or_after_the_write(proxy: ApiProxy, client: httpx.Client, kube: Kube,
+                                                                  namespace: str) -> None:
+    path = CMS.format(ns=namespace)
+    page = b"<html><body>Please sign in</body></html>"
+    proxy.answer(200, page, content_type="text/html", method="GET", path=r"/configmaps$", watch=False, times=1)
+    resp = client.get(path)
+    assert (resp.status_code, resp.headers["content-type"], resp.content) == (200, "text/html", page)
+    assert not _last(proxy, "GET", "/configmaps").forwarded
+    proxy.answer(200, b'{"kind":"Status"}', phase="response", method="POST", times=1)
+    resp = client.post(path, json=_cm("answered"))
+    assert (resp.status_code, resp.json()) == (200, {"kind": "Status"})
+    assert kube.get(f"{path}/answered").status_code == 200  # the API server did it; the client was not told
+    rec = _last(proxy, "POST", "/configmaps")
+    assert (rec.upstream_status, rec.status) == (201, 200)
+
+
 def test_an_expired_watch_looks_like_the_api_servers_own(proxy: ApiProxy, client: httpx.Client, kube: Kube,
                                                          namespace: str) -> None:
     """kube-apiserver reports a watch from a compacted resourceVersion in-band: 200, one ERROR event whose

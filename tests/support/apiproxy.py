@@ -429,6 +429,13 @@ class ApiProxy:
         return self._add(Rule(self, "status", phase, criteria, code=code, retry_after=retry_after,
                               message=message))
 
+    def answer(self, code: int, body: bytes, *, content_type: str = "application/json", phase: Phase = "request",
+               **criteria: Unpack[Criteria]) -> Rule:
+        """Answers `code` with `body` as it is, instead of the API server's answer: what a proxy in
+        between may send (a sign-in page, a Status where an object belongs). With phase "response"
+        the request was served upstream first."""
+        return self._add(Rule(self, "answer", phase, criteria, code=code, body=body, content_type=content_type))
+
     def drop(self, *, phase: Phase = "request", **criteria: Unpack[Criteria]) -> Rule:
         """Closes the client's connection without an answer, before forwarding or after the API server
         answered (the client cannot tell whether its write happened)."""
@@ -686,7 +693,7 @@ class ApiProxy:
             self._tasks.discard(task)
 
     async def _apply(self, rules: list[Rule], rec: RequestRecord) -> dict[str, Any] | None:
-        """Runs delays and gates; returns a terminal action (status or drop) if one matched."""
+        """Runs delays and gates; returns a terminal action (status or answer; drop raises) if one matched."""
         for rule in rules:
             if rule.kind == "delay":
                 await asyncio.sleep(rule.params["seconds"])
@@ -694,7 +701,7 @@ class ApiProxy:
                 await rule._hold(rec)
             elif rule.kind == "drop":
                 raise _Dropped()
-            elif rule.kind == "status":
+            elif rule.kind in ("status", "answer"):
                 return rule.params
         return None
 
@@ -777,6 +784,11 @@ class ApiProxy:
     async def _answer_status(self, request: web.Request, rec: RequestRecord,
                              params: dict[str, Any]) -> web.StreamResponse:
         await self._flow(rec.watch)
+        if "body" in params:  # answer(): the body as given
+            out = web.Response(status=params["code"], body=params["body"],
+                               headers={"Content-Type": params["content_type"]})
+            self._update(rec, status=params["code"], finished=time.monotonic())
+            return out
         code, retry_after = params["code"], params["retry_after"]
         if code == 429 and retry_after is None:
             retry_after = 1  # kube-apiserver always sends one with a 429
