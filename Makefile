@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools node test unit sdk-test conformance chaos bench demo cluster e2e-kind clean
+.PHONY: help install control-plane tools node test layers unit sdk-test conformance chaos bench demo cluster e2e-kind clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -45,8 +45,12 @@ node:
 	bash hack/build-node.sh
 	bash hack/build-images.sh
 
-test: install control-plane tools node sdk-test
+test: install control-plane tools node sdk-test layers
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
+
+# The layers are a checked contract (pyproject.toml [tool.importlinter]).
+layers: install
+	cd operator && ../$(VENV)/bin/lint-imports --config ../pyproject.toml
 
 # The worker SDKs in other languages (sdk/): dependencies from npm and the Go module proxy.
 SDK_TS := sdk/typescript

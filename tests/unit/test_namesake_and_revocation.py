@@ -328,3 +328,31 @@ def test_the_books_close_only_against_a_fresh_lease_and_budget() -> None:
 
     calls = asyncio.run(go())
     assert calls == ["status"], calls  # the settle; no deletion while the mark is in the ledger
+
+
+def test_a_deposed_leader_stops_writing_in_the_middle_of_a_pass() -> None:
+    """Issue 21, defect 6: leadership was checked once per reconcile, so a pass already under way
+    when the Lease of leadership was lost went on writing (Lease, pod) without preconditions.
+    Now every action checks it: the grant's status write lands (a compare-and-swap), then
+    leadership is gone, and nothing after it is written."""
+    leader = [True]
+
+    class Kube(FakeKube):
+        async def replace_run_status(self, run: dict[str, Any]) -> dict[str, Any]:
+            written = await super().replace_run_status(run)
+            leader[0] = False  # deposed while the status write was in flight
+            return written
+
+    async def go() -> tuple[list[str], Any]:
+        kube = Kube({})
+        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0),  # type: ignore[arg-type]
+                            may_act=lambda: leader[0])
+        ctl.on_run("ADDED", _new_run())
+        key = ("ns", "job")
+        await ctl.loop.process(key)
+        return kube.calls, ctl.queue
+
+    calls, queue = asyncio.run(go())
+    writes = [call for call in calls if not call.startswith("get_")]
+    assert writes == ["status"], calls  # no Lease written, no pod created by a replica that is not the leader
+    assert queue.pending_timers() == 1  # the key comes back once this replica may act again (or it exits)
