@@ -171,3 +171,88 @@ def test_kubectl_explain_teaches_the_lease_rules(kube: Kube, namespace: str, bin
     assert "every accepted result or error" in " ".join(fence.split()), fence
     resp = kube.post(Kube.wr_path(namespace), _run("six", lease={"durationSeconds": 6, "renewIntervalSeconds": 1}))
     assert resp.status_code == 422 and "smallest is durationSeconds 8" in resp.text, resp.text
+
+
+# --- issue 21, defect 2: the execution fields really compared -------------------------------
+# CEL compared the schemaless payload and template by the keys both objects had: a renamed key
+# ({"n":1,"dryRun":true} -> {"n":1,"dryRunX":true}) passed on a run that had started or waited for
+# approval. Now those fields are maps of any JSON value, which CEL looks up key by key.
+
+PAYLOAD = {"n": 1, "dryRun": True, "opts": {"a": 1}}
+TEMPLATE = {"metadata": {"labels": {"app": "w"}},
+            "spec": {"containers": [{"name": "w", "image": "w:1", "command": ["w"]}]}}
+EDITS = {
+    "payload": {
+        "key renamed": {"dryRun": None, "dryRunX": True},
+        "key added": {"m": 2},
+        "key removed": {"dryRun": None},
+        "nested change": {"opts": {"a": 2}},
+        "nested key renamed": {"opts": {"a": None, "b": 1}},
+        "value type": {"n": "1"},
+    },
+    "template": {
+        "key renamed": {"metadata": None, "metadatA": {"labels": {"app": "w"}}},
+        "key added": {"extra": {}},
+        "key removed": {"metadata": None},
+        "nested change": {"spec": {"containers": [{"name": "w", "image": "w:2", "command": ["w"]}]}},
+    },
+}
+
+
+def _frozen(kube: Kube, ns: str, state: str) -> str:
+    """A run whose execution fields are frozen: gated and approved (waiting for its budget), or
+    between its first and second attempt."""
+    review = {"review": {"start": True}} if state == "approved" else {}
+    kube.ok(kube.post(Kube.wr_path(ns), {**_run(), "spec": {"executor": "Pod", "payload": PAYLOAD,
+                                                            "template": TEMPLATE, **review}}))
+    path = Kube.wr_path(ns, "r")
+    when = "2026-01-01T00:00:00Z"
+    status = ({"phase": "Pending", "review": {"requests": [{"gate": "Start", "attempt": 0, "requestedAt": when,
+                                                             "decision": "Approve", "approver": "alice",
+                                                             "decidedAt": when}]}}
+              if state == "approved" else
+              {"phase": "Backoff", "attempt": 1, "fence": 2, "attempts": [{"attempt": 1, "fence": 1,
+                                                                           "outcome": "PodFailed"}]})
+    kube.ok(kube.patch(path + "/status", {"status": status}))
+    return path
+
+
+@pytest.mark.parametrize("state", ["approved", "after a grant"])
+@pytest.mark.parametrize(("field", "edit"), [(f, e) for f, edits in EDITS.items() for e in edits])
+def test_every_change_of_payload_and_template_is_refused_once_frozen(kube: Kube, namespace: str, state: str,
+                                                                     field: str, edit: str) -> None:
+    path = _frozen(kube, namespace, state)
+    _refused(kube.patch(path, {"spec": {field: EDITS[field][edit]}}), f"spec.{field}", "immutable once the run")
+    run = kube.ok(kube.get(path))
+    assert (run["spec"]["payload"], run["spec"]["template"]) == (PAYLOAD, TEMPLATE)
+
+
+@pytest.mark.parametrize("state", ["approved", "after a grant"])
+def test_control_fields_stay_mutable_once_frozen(kube: Kube, namespace: str, state: str) -> None:
+    path = _frozen(kube, namespace, state)
+    changed = kube.ok(kube.patch(path, {"spec": {"stop": True, "suspend": True, "budget": {"capCents": 900},
+                                                 "deadlineSeconds": 600, "payload": PAYLOAD}}))
+    assert (changed["spec"]["stop"], changed["spec"]["suspend"], changed["spec"]["budget"]) == (True, True,
+                                                                                              {"capCents": 900})
+
+
+def test_payload_and_template_keep_any_json_and_change_freely_before_the_start(kube: Kube, namespace: str) -> None:
+    odd = {"none": None, "list": [1, None, {"x": None}], "s": "t", "f": 1.5, "nested": {"null": None}}
+    created = kube.ok(kube.post(Kube.wr_path(namespace), {**_run(), "spec": {"executor": "External", "payload": odd}}))
+    assert created["spec"]["payload"] == odd  # nothing pruned, as when the field was schemaless
+    path = Kube.wr_path(namespace, "r")
+    renamed = kube.ok(kube.patch(path, {"spec": {"payload": {"s": None, "sX": "t"}}}))["spec"]["payload"]
+    assert "sX" in renamed and "s" not in renamed
+    kube.ok(kube.patch(path + "/status", {"status": {"attempt": 1, "fence": 1, "holder": "r-a1"}}))
+    # A run with nulls in its payload is not refused for an edit of a control field.
+    assert kube.ok(kube.patch(path, {"spec": {"suspend": True}}))["spec"]["suspend"] is True
+    _refused(kube.post(Kube.wr_path(namespace), {**_run("s"), "spec": {"executor": "External", "payload": "x"}}),
+             "spec.payload")
+
+
+def test_the_execution_digest_never_changes_once_set(kube: Kube, namespace: str) -> None:
+    path = _started(kube, namespace) + "/status"
+    first, other = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    _refused(kube.patch(path, {"status": {"executionDigest": "sha256:abc"}}), "status.executionDigest")
+    assert kube.ok(kube.patch(path, {"status": {"executionDigest": first}}))["status"]["executionDigest"] == first
+    _refused(kube.patch(path, {"status": {"executionDigest": other}}), "status.executionDigest never changes once set")

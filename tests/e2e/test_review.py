@@ -167,3 +167,50 @@ def test_the_gate_cannot_be_removed_from_a_waiting_run(kube: Kube, namespace: st
     resp = kube.patch(Kube.wr_path(namespace, "short-job"), {"spec": {"review": None}})
     assert resp.status_code == 422 and "spec.review is immutable" in resp.text, resp.text
     assert runs.get(kube, namespace, "short-job")["status"]["phase"] == "AwaitingApproval"
+
+
+def test_an_approval_starts_only_the_fields_it_approved(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    """Issue 21, defect 2. The Start gate's entry records the digest of the execution fields it asks
+    to approve, and no attempt starts with others. The API server refuses the edit itself, so the
+    test puts the difference where CEL cannot look, as a bypass of the rule would: in the entry."""
+    from tether.api.models import WorkerRun
+    from tether.core.execution import execution_digest
+
+    audit = AuditLog.from_env(from_end=True)
+    _grant_approver(kube, namespace, "alice")
+    runs.create(kube, namespace, _gated())
+    path = Kube.wr_path(namespace, "short-job")
+    waiting = runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
+    [entry] = waiting["status"]["review"]["requests"]
+    assert entry["executionDigest"] == execution_digest(WorkerRun.model_validate(waiting).spec)
+    renamed = kube.patch(path, {"spec": {"payload": {"steps": None, "stepz": 1}}})
+    assert renamed.status_code == 422 and "immutable" in renamed.text, renamed.text
+
+    def pin(digest: str) -> bool:
+        run = runs.get(kube, namespace, "short-job")
+        requests = [{**r, "executionDigest": digest} if r["gate"] == "Start" else r
+                    for r in run["status"]["review"]["requests"]]
+        patch = {"metadata": {"resourceVersion": run["metadata"]["resourceVersion"]},
+                 "status": {"review": {**run["status"]["review"], "requests": requests}}}
+        return kube.patch(path + "/status", patch).status_code == 200  # 409: the operator wrote first
+
+    eventually(lambda: pin("sha256:" + "0" * 64), timeout=10, what="the Start entry rewritten")
+    _decide(kube, namespace, "Approve", "estimate checked")
+
+    def refused() -> dict[str, Any] | None:
+        run = runs.get(kube, namespace, "short-job")
+        stalled = runs.condition(run, "Stalled") or {}
+        return run if (stalled.get("status"), stalled.get("reason")) == ("True", "SpecChanged") else None
+
+    run = eventually(refused, timeout=30, what="Stalled=True SpecChanged")
+    assert (run["status"]["phase"], run["status"].get("attempt", 0)) == ("Pending", 0)
+    assert runs.condition(run, "Approved")["status"] == "True"  # decided, and still not started
+    assert "create a new WorkerRun" in runs.condition(run, "Ready")["message"]
+    eventually(lambda: "SpecChanged" in runs.events(kube, namespace, "short-job"), timeout=15,
+               what="the SpecChanged event")
+    assert _pod_creations(audit, namespace) == []
+    # The approved fields back in place, the run starts.
+    eventually(lambda: pin(entry["executionDigest"]), timeout=10, what="the Start entry restored")
+    done = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Rejected"), timeout=60)
+    assert done["status"]["phase"] == "Succeeded"
+    assert done["status"]["executionDigest"] == entry["executionDigest"]
