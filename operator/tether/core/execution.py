@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # The fields the digest covers, by their names in WorkerRunSpec.
 EXECUTION_FIELDS = frozenset({"executor", "template", "payload", "idempotency_key", "lease", "retry"})
-_FIELD_NAMES = "spec.executor, template, payload, idempotencyKey, lease and retry"
+_FIELD_NAMES = "spec.executor, template, payload, idempotencyKey, lease or retry"
 
 
 def execution_digest(spec: WorkerRunSpec) -> str:
