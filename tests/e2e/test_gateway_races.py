@@ -20,7 +20,8 @@ from tether.api.models import WorkerRun
 from tether.gateway.app import build_app
 from tether.kube import config as kubeconfig
 from tether.kube import resources
-from tether.kube.client import KubeClient, lease_path, run_path
+from tether.kube.client import KubeClient
+from tether.kube.paths import lease_path, run_path
 from tests.e2e.test_gateway import ca_only, external_run
 from tests.support.kube import AUDIENCE, Kube, worker_identity
 from tests.support import runs
@@ -31,12 +32,15 @@ T = TypeVar("T")
 
 
 class HookedKube(KubeClient):
-    """The real client; `before_replace_lease` / `before_apply` run just before those calls go out."""
+    """The real client; `before_replace_lease` / `before_apply` / `before_patch_run_status` run just
+    before those calls go out, and every TokenRequest it sends is recorded in `token_requests`."""
 
     def __init__(self) -> None:
         super().__init__(kubeconfig.load(os.environ["TETHER_TEST_KUBECONFIG"]))
         self.before_replace_lease: Callable[[], Awaitable[None]] | None = None
         self.before_apply: Callable[[str], Awaitable[None]] | None = None
+        self.before_patch_run_status: Callable[[], Awaitable[None]] | None = None
+        self.token_requests: list[str] = []
 
     async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
         if self.before_replace_lease is not None:
@@ -47,6 +51,16 @@ class HookedKube(KubeClient):
         if self.before_apply is not None:
             await self.before_apply(path)
         return await super().apply(path, body)
+
+    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.before_patch_run_status is not None:
+            await self.before_patch_run_status()
+        return await super().patch_run_status(ns, name, patch)
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path.endswith("/token"):
+            self.token_requests.append(path)
+        return await super().create(path, body)
 
 
 def grant(kube: Kube, ns: str, name: str) -> tuple[str, int]:
@@ -61,6 +75,30 @@ def grant(kube: Kube, ns: str, name: str) -> tuple[str, int]:
     kube.ok(kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts",
                       {"metadata": {"name": resources.worker_service_account(model)}}))
     return holder, 1
+
+
+async def move_fence(kube: Kube, ns: str, name: str, fence: int) -> None:
+    """The revocation's first write, as the operator makes it: the fence moves past `fence` and the
+    holder is cleared. Its Lease clear comes second (not made here)."""
+    async with kube.config.async_client(timeout=30) as api:
+        bumped = await api.patch(run_path(ns, name) + "/status", headers={
+            "Content-Type": "application/json-patch+json"}, json=[
+            {"op": "test", "path": "/status/fence", "value": fence},
+            {"op": "replace", "path": "/status/fence", "value": fence + 1},
+            {"op": "replace", "path": "/status/holder", "value": None}])
+        assert bumped.status_code == 200, bumped.text
+
+
+def once(action: Callable[[], Awaitable[None]]) -> tuple[Callable[[], Awaitable[None]], list[int]]:
+    """A hook that runs `action` the first time it is called only, and the count of its calls."""
+    calls = [0]
+
+    async def hook() -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            await action()
+
+    return hook, calls
 
 
 async def _post(app: Any, ns: str, name: str, op: str, token: str, body: dict[str, Any]) -> httpx.Response:
@@ -161,13 +199,8 @@ def test_revocation_between_renewal_and_mint_leaves_no_credential(kube: Kube, na
     async def revoke(path: str) -> None:
         if not path.endswith("/secrets"):
             return
+        await move_fence(kube, namespace, "late", fence)
         async with kube.config.async_client(timeout=30) as api:
-            bumped = await api.patch(run_path(namespace, "late") + "/status", headers={
-                "Content-Type": "application/json-patch+json"}, json=[
-                {"op": "test", "path": "/status/fence", "value": fence},
-                {"op": "replace", "path": "/status/fence", "value": fence + 1},
-                {"op": "replace", "path": "/status/holder", "value": None}])
-            assert bumped.status_code == 200, bumped.text
             lease = (await api.get(lease_path(namespace, "late"))).json()
             lease["spec"] = {"holderIdentity": None, "leaseTransitions": fence + 1, "leaseDurationSeconds": 30}
             cleared = await api.put(lease_path(namespace, "late"), json=lease)
@@ -248,3 +281,74 @@ def test_two_concurrent_publications_cannot_both_land(kube: Kube, namespace: str
     assert sorted(r.status_code for r in answers) == [200, 409], [r.text for r in answers]
     winner = next(i for i, r in enumerate(answers) if r.status_code == 200) + 1
     assert runs.get(kube, namespace, "pair")["status"]["result"] == {"v": winner}
+
+
+RENEWALS = {"claim": {}, "heartbeat": {"usage": {"cents": 3, "tokens": 10}}, "checkpoint": {"cursor": "row-7"},
+            "approval": {"name": "deploy", "details": "push to prod"}}
+
+
+@pytest.mark.parametrize("op", sorted(RENEWALS))
+def test_a_lease_write_that_lands_after_the_fence_moved_is_not_answered_as_current(
+        kube: Kube, namespace: str, op: str) -> None:
+    """Revocation moves the run's status first and clears the Lease second. A call that read the run
+    before the fence moved still finds the Lease held, and its PUT lands (the resourceVersion is
+    current). Its answer must not say the attempt is current (410; a claim 409), and no tool claim
+    may be minted for the revoked attempt."""
+    token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
+    name = f"moved-{op}"
+    holder, fence = grant(kube, namespace, name)
+    secret = f"/api/v1/namespaces/{namespace}/secrets/{holder}-toolclaim"
+    body: dict[str, Any] = {"workerId": "w1", **RENEWALS[op]}
+    if op != "claim":
+        claimed = through_gateway(lambda app: _post(app, namespace, name, "claim", token, {"workerId": "w1"}))
+        assert claimed.status_code == 200, claimed.text
+        body.update(holder=holder, fence=fence, runUid=claimed.json()["runUid"])
+        # The claim minted its own tool claim: without its Secret, one found at the end was minted by `op`.
+        kube.ok(kube.delete(secret))
+    hook, calls = once(lambda: move_fence(kube, namespace, name, fence))
+    clients: list[HookedKube] = []
+
+    def between_run_read_and_lease_write(client: HookedKube) -> None:
+        client.before_replace_lease = hook
+        clients.append(client)
+
+    answer = through_gateway(lambda app: _post(app, namespace, name, op, token, body), between_run_read_and_lease_write)
+    assert calls[0] == 1, "the gateway never wrote the Lease: the interleaving was not forced"
+    expected = (409, "NotClaimable") if op == "claim" else (410, "StaleFence")
+    assert (answer.status_code, answer.json().get("error", {}).get("code")) == expected, answer.text
+    assert clients[0].token_requests == [], "a tool claim was minted for the revoked attempt"
+    assert kube.get(secret).status_code == 404, "a tool-claim Secret was created for the revoked attempt"
+    # The window was real: the run's fence had moved, yet the gateway's Lease write still landed on the
+    # not-yet-cleared Lease (the revocation's Lease clear wins over it, a compare-and-swap retried).
+    status = runs.get(kube, namespace, name)["status"]
+    assert (status["fence"], status.get("holder")) == (fence + 1, None)
+    lease = kube.ok(kube.get(lease_path(namespace, name)))
+    assert lease["spec"]["holderIdentity"] == holder
+    assert "tether.dev/claimed-by" in lease["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("op,body", [("complete", {"result": {"v": 1}}),
+                                     ("fail", {"error": {"code": "Boom", "message": "m"}}),
+                                     ("cancel", {"reason": "enough"})])
+def test_a_publication_after_the_fence_moved_is_refused_as_stale(kube: Kube, namespace: str, op: str,
+                                                                 body: dict[str, Any]) -> None:
+    """The fence moves between the gateway's Lease read (still held: the Lease clear comes second)
+    and its fenced status patch: the patch's `test` refuses it, and the answer is 410, not a 503
+    that sends the worker to retry a publication that can never land."""
+    token = worker_identity(kube, namespace, "ext", audience=AUDIENCE)
+    name = f"late-{op}"
+    holder, fence = grant(kube, namespace, name)
+    claimed = through_gateway(lambda app: _post(app, namespace, name, "claim", token, {"workerId": "w1"}))
+    assert claimed.status_code == 200, claimed.text
+    fenced = {"holder": holder, "fence": fence, "workerId": "w1", "runUid": claimed.json()["runUid"]}
+    hook, calls = once(lambda: move_fence(kube, namespace, name, fence))
+
+    def between_lease_read_and_status_patch(client: HookedKube) -> None:
+        client.before_patch_run_status = hook
+
+    answer = through_gateway(lambda app: _post(app, namespace, name, op, token, {**fenced, **body}),
+                             between_lease_read_and_status_patch)
+    assert calls[0] >= 1, "the gateway never patched the status: the interleaving was not forced"
+    assert (answer.status_code, answer.json().get("error", {}).get("code")) == (410, "StaleFence"), answer.text
+    status = runs.get(kube, namespace, name)["status"]
+    assert (status["fence"], status.get("result"), status.get("error")) == (fence + 1, None, None)

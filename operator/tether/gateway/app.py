@@ -162,6 +162,31 @@ class Claimant:
         return worker is None or self.worker is None or worker == self.worker
 
 
+def _names_attempt(run: WorkerRun, body: m.Fenced) -> bool:
+    """Whether the run's status still names the caller's attempt (holder, fence, and the run's UID
+    when the caller sent it). Revocation writes the status first and clears the Lease second, so
+    the status is where a lost attempt shows first."""
+    return (run.status.holder, run.status.fence) == (body.holder, body.fence) and \
+        body.runUid in (None, run.metadata.uid)
+
+
+def _lost(body: m.Fenced, claim: bool) -> Failure:
+    """The answer to a call whose attempt is no longer the run's: a claim may retry on the next one."""
+    if claim:
+        return Failure(409, "NotClaimable", "the attempt is being granted or revoked; retry shortly")
+    return Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A Lease renewal that landed for a current attempt: the Lease as written and as it was before,
+    and the run as read after the write (what the answer is built from)."""
+
+    lease: dict[str, Any]
+    before: dict[str, Any]
+    run: WorkerRun
+
+
 class Gateway:
     def __init__(self, kube: KubeClient, audience: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.kube = kube
@@ -271,26 +296,26 @@ class Gateway:
 
     async def _renew(self, run: WorkerRun, caller: Caller, body: m.Fenced, usage: m.UsageReport | None,
                      checkpoint: str | None, claim: bool = False,
-                     asks: list[m.ApprovalAsk] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The pod worker's conditional Lease renewal, with the claimant inside the compare-and-swap.
+                     asks: list[m.ApprovalAsk] | None = None) -> Renewal:
+        """The pod worker's conditional Lease renewal, with the claimant inside the compare-and-swap,
+        judged on a read of the run made after the write.
 
         Every check (holder and fence, claimant, usage) is made on the very Lease object whose
         resourceVersion the PUT carries, so a concurrent claim or grant makes the PUT fail with
         409 and the checks run again on the newer object; none of them can be outdated when the
         write lands. A claim writes the claimant; every other call must come from it.
-        Returns the Lease as written and as it was before."""
+        But revocation moves the run's status before it clears the Lease, so a PUT can land
+        between the two: only a read of the run after the write tells whether the attempt was
+        still current when it landed. Every answer that says so, and every tool claim, rests on it."""
         ns, name = run.metadata.namespace, run.metadata.name
         attempt = f"attempt {body.holder} (fence {body.fence})"
-        if not claim and (run.status.holder, run.status.fence) != (body.holder, body.fence):
-            # Revocation writes the run's status first: from then on the attempt renews nothing and
-            # gets no new tool credential, even while its Lease is not cleared yet.
-            raise Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
+        if not claim and not _names_attempt(run, body):
+            # Already revoked: renew nothing (its usage, checkpoint and requests would be the old attempt's).
+            raise _lost(body, claim)
         for _ in range(2):  # the protocol's rule: on a conflict re-read, and retry once if still ours
             lease = await self.kube.get_lease(ns, name)
             if lease is None or not protocol.holds(lease, body.holder, body.fence, body.runUid):
-                if claim:
-                    raise Failure(409, "NotClaimable", "the attempt is being granted or revoked; retry shortly")
-                raise Failure(410, "StaleFence", f"fence {body.fence} of {body.holder} is no longer current")
+                raise _lost(body, claim)
             if claim:
                 current = Claimant.parse(protocol.annotations(lease).get(c.ANN_CLAIMED_BY))
                 if current is not None and not current.is_claim_of(caller, body.workerId):
@@ -308,9 +333,16 @@ class Gateway:
             updated = protocol.renewal(lease, _now(), checkpoint=checkpoint, usage=report,
                                        extra_annotations=extra or None)
             try:
-                return await self.kube.replace_lease(updated), lease
+                written = await self.kube.replace_lease(updated)
             except Conflict:
                 continue
+            after = await self._run(ns, name)
+            if not _names_attempt(after, body):
+                # The revocation's Lease clear, which comes after its status write, overwrites this renewal.
+                log.info("renewal landed after revocation", extra={
+                    "event": "renewal_revoked", "run": f"{ns}/{name}", "holder": body.holder, "fence": body.fence})
+                raise _lost(body, claim)
+            return Renewal(written, lease, after)
         raise Failure(503, "Busy", "the lease changed twice during the call; retry", headers={"Retry-After": "1"})
 
     # --- the six calls -------------------------------------------------------
@@ -328,34 +360,35 @@ class Gateway:
         if s.holder is None:
             raise Failure(409, "NotClaimable", f"no attempt is open (phase {s.phase.value if s.phase else 'Pending'})")
         fenced = m.Fenced(holder=s.holder, fence=s.fence, workerId=body.workerId, runUid=run.metadata.uid)
-        lease, before = await self._renew(run, caller, fenced, None, None, claim=True)
-        if c.ANN_CLAIMED_BY not in protocol.annotations(before):
+        renewed = await self._renew(run, caller, fenced, None, None, claim=True)
+        run, s = renewed.run, renewed.run.status
+        if c.ANN_CLAIMED_BY not in protocol.annotations(renewed.before):
             log.info("claimed", extra={"event": "job_claimed", "run": f"{ns}/{name}", "attempt": s.attempt,
                                        "fence": s.fence, "holder": s.holder, "worker": body.workerId})
-        return {**self._signals(run, lease, None), "holder": s.holder, "fence": s.fence, "attempt": s.attempt,
-                "runUid": run.metadata.uid,
+        return {**self._signals(run, renewed.lease, None), "holder": fenced.holder, "fence": fenced.fence,
+                "attempt": s.attempt, "runUid": run.metadata.uid,
                 "leaseDurationSeconds": run.spec.lease.duration_seconds,
                 "renewIntervalSeconds": run.spec.lease.renew_interval_seconds,
                 "payload": run.spec.payload or {}, "checkpoint": s.checkpoint.cursor if s.checkpoint else None,
-                "idempotencyKey": run.idempotency_key, "toolClaim": await self._tool_claim(run, s.holder, s.fence),
+                "idempotencyKey": run.idempotency_key,
+                "toolClaim": await self._tool_claim(run, fenced.holder, fenced.fence),
                 "reviewFeedback": s.review.feedback if s.review is not None else None}
 
     async def heartbeat(self, request: Request, ns: str, name: str) -> dict[str, Any]:
         caller = await self._caller(request, ns, name)
         body: m.HeartbeatRequest = await self._body(request, m.HeartbeatRequest)
-        run = await self._run(ns, name)
-        lease, _ = await self._renew(run, caller, body, body.usage, body.checkpoint, asks=body.requests)
-        return {**self._signals(run, lease, body.usage),
-                "toolClaim": await self._tool_claim(run, body.holder, body.fence)}
+        renewed = await self._renew(await self._run(ns, name), caller, body, body.usage, body.checkpoint,
+                                    asks=body.requests)
+        return {**self._signals(renewed.run, renewed.lease, body.usage),
+                "toolClaim": await self._tool_claim(renewed.run, body.holder, body.fence)}
 
     async def approval(self, request: Request, ns: str, name: str) -> dict[str, Any]:
         caller = await self._caller(request, ns, name)
         body: m.ApprovalRequest = await self._body(request, m.ApprovalRequest)
-        run = await self._run(ns, name)
         ask = m.ApprovalAsk(name=body.name, details=body.details, timeoutSeconds=body.timeoutSeconds)
-        lease, before = await self._renew(run, caller, body, None, None, asks=[ask])
-        signals = self._signals(run, lease, None)
-        if ask.name not in protocol.annotations(before).get(c.ANN_REQUESTS, ""):
+        renewed = await self._renew(await self._run(ns, name), caller, body, None, None, asks=[ask])
+        signals = self._signals(renewed.run, renewed.lease, None)
+        if ask.name not in protocol.annotations(renewed.before).get(c.ANN_REQUESTS, ""):
             log.info("approval requested", extra={"event": "approval_requested", "run": f"{ns}/{name}",
                                                   "holder": body.holder, "fence": body.fence, "request": ask.name})
         return {**signals, "decision": signals["decisions"].get(ask.name)}
@@ -363,9 +396,8 @@ class Gateway:
     async def checkpoint(self, request: Request, ns: str, name: str) -> dict[str, Any]:
         caller = await self._caller(request, ns, name)
         body: m.CheckpointRequest = await self._body(request, m.CheckpointRequest)
-        run = await self._run(ns, name)
-        lease, _ = await self._renew(run, caller, body, body.usage, body.cursor)
-        return self._signals(run, lease, body.usage)
+        renewed = await self._renew(await self._run(ns, name), caller, body, body.usage, body.cursor)
+        return self._signals(renewed.run, renewed.lease, body.usage)
 
     async def _publish(self, request: Request, ns: str, name: str, model: type[m.Fenced], field: str) -> dict[str, Any]:
         caller = await self._caller(request, ns, name)
@@ -392,14 +424,15 @@ class Gateway:
             except NotFound as exc:
                 raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
             status = run.get("status") or {}
-            if status.get("result") is not None or status.get("error") is not None:
-                if self._holds_publication(run, body, fld, value):
-                    return {"status": status.get("phase", ""), "fence": body.fence}  # a retry of an accepted call
-                if (status.get("holder"), status.get("fence")) == (body.holder, body.fence):
-                    raise Failure(409, "AlreadyPublished", f"attempt {body.holder} already published its result or "
-                                                           "error; an accepted one is never replaced")
+            if self._holds_publication(run, body, fld, value):
+                return {"status": status.get("phase", ""), "fence": body.fence}  # a retry of an accepted call
+            if not _names_attempt(WorkerRun.model_validate(run), body):
+                # Revoked since the Lease read (the status moves first, the Lease clear follows).
                 self._rejected(ns, name, body)
                 raise stale
+            if status.get("result") is not None or status.get("error") is not None:
+                raise Failure(409, "AlreadyPublished", f"attempt {body.holder} already published its result or "
+                                                       "error; an accepted one is never replaced")
             patch = protocol.fenced_patch(body.holder, body.fence, fld, value, body.runUid,
                                           resource_version=run["metadata"]["resourceVersion"])
             try:
