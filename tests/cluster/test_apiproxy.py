@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.support.apiproxy import ApiProxy, RequestRecord
+from tests.support.audit import AuditLog
 from tests.support.kube import Kube, eventually
 from tether.kube import config as kubeconfig
 
@@ -311,6 +312,53 @@ def test_gate_holds_a_request_until_released_then_it_reaches_the_api_server(
     assert _last(proxy, "PUT", "/leases/l").upstream_status == 409
     assert kube.ok(kube.get(f"{path}/l"))["spec"]["holderIdentity"] == "c"
     assert gate.held == 0 and gate.hits == 1
+
+
+def test_a_dropped_gate_never_forwards_what_it_held(proxy: ApiProxy, client: httpx.Client, kube: Kube,
+                                                  namespace: str) -> None:
+    path = LEASES.format(ns=namespace)
+    lease = kube.ok(kube.post(path, {"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}))
+    gate = proxy.gate(method="PUT", path=r"/leases/l$")
+    call = Call(lambda: client.put(f"{path}/l", json={**lease, "spec": {"holderIdentity": "b"}}))
+    gate.wait_arrived(timeout=30)
+    gate.drop()
+    with pytest.raises(httpx.RemoteProtocolError):
+        call.result()
+    rec = _last(proxy, "PUT", "/leases/l")
+    assert not rec.forwarded and rec.error == "dropped"
+    assert kube.ok(kube.get(f"{path}/l"))["metadata"]["resourceVersion"] == lease["metadata"]["resourceVersion"]
+    assert client.put(f"{path}/l", json={**lease, "spec": {"holderIdentity": "c"}}).status_code == 200  # gate gone
+
+
+def test_named_clients_share_the_upstream_identity_and_the_audit_log_tells_them_apart(
+        proxy: ApiProxy, kube: Kube, namespace: str, tmp_path: Path) -> None:
+    """The operator's replicas: one identity upstream, yet the audit log says which process sent
+    each request, and when it reached the proxy (a request a gate held is judged by that)."""
+    audit = AuditLog.from_env(from_end=True)
+    path = LEASES.format(ns=namespace)
+    clients = {label: kubeconfig.load(proxy.write_kubeconfig(tmp_path / label, token=proxy.client_token(label)))
+               for label in ("replica-0.1", "replica-1.1")}
+    for label, cfg in clients.items():
+        with cfg.sync_client() as c:
+            assert c.post(path, json={"metadata": {"name": label}, "spec": {"holderIdentity": label}}).status_code == 201
+    gate = proxy.gate(method="DELETE", path=r"/leases/replica-1\.1$")
+    with clients["replica-1.1"].sync_client() as c:
+        call = Call(lambda: c.delete(f"{path}/replica-1.1"))
+        gate.wait_arrived(timeout=30)
+        time.sleep(1.0)  # the hold is the fault: the request reaches the API server a second late
+        gate.release()
+        assert call.result().status_code == 200
+    assert {r.client for r in proxy.requests() if r.path.startswith(path)} == set(clients)
+    records = [audit.wait_for(lambda r, n=name, v=verb: r.about("leases", namespace, n) and r.verb == v,
+                              what=f"{verb} of {name}")
+               for name, verb in (("replica-0.1", "create"), ("replica-1.1", "create"), ("replica-1.1", "delete"))]
+    assert all(r.user.username == records[0].user.username and r.accepted for r in records)
+    stamps = [r.stamp for r in records]
+    assert [s.client for s in stamps if s] == ["replica-0.1", "replica-1.1", "replica-1.1"]
+    assert all(s is not None and s.sent <= r.received for s, r in zip(stamps, records))
+    held = records[2]
+    assert held.stamp is not None and (held.received - held.stamp.sent).total_seconds() >= 0.9
+    assert kube.get(f"{path}/replica-0.1").status_code == 200 and records[0].user_agent.startswith("python-httpx")
 
 
 def test_gate_on_the_response_hands_back_what_was_read_before(proxy: ApiProxy, client: httpx.Client, kube: Kube,

@@ -14,6 +14,10 @@ credentials (client certificate or token). A client that presents any other
 bearer token (a worker's service-account token) is forwarded with that token
 and no client certificate, so the API server sees the worker's own identity,
 RBAC and admission policies. A client with no credentials is anonymous.
+Several clients that should share the upstream identity yet be told apart (the
+operator's replicas) each get a token of their own from client_token(label);
+their requests carry the label, upstream too, in the User-Agent (the audit log
+keeps it).
 
 The operator behind a proxy::
 
@@ -57,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import datetime as dt
 import json
 import os
 import random
@@ -83,6 +88,7 @@ from yarl import URL
 
 from tether.devcluster import pki
 from tether.kube import config as kubeconfig
+from tests.support.audit import ProxyStamp
 
 Phase = Literal["request", "response"]
 
@@ -148,7 +154,9 @@ class RequestRecord:
     path: str
     query: str  # raw query string, as sent
     watch: bool
-    client: str  # "proxy" (the proxy's own token), "<namespace>/<pod>" or the token's subject, "anonymous"
+    # "proxy" (the proxy's own token), a named client's label (client_token), "<namespace>/<pod>" or the
+    # token's subject, "anonymous"
+    client: str
     started: float
     forwarded: bool = False  # the request was sent to the API server
     upstream_status: int | None = None  # what the API server answered
@@ -156,6 +164,7 @@ class RequestRecord:
     finished: float | None = None  # set before the last byte goes out, or when the request ends otherwise
     faults: list[str] = field(default_factory=list)
     error: str | None = None
+    received_at: dt.datetime | None = None  # wall clock, when the request reached the proxy
 
     @property
     def params(self) -> dict[str, list[str]]:
@@ -258,6 +267,7 @@ class Gate(Rule):
         self._cond = threading.Condition()
         self._arrived: list[RequestRecord] = []
         self._held = 0
+        self.dropping = False
 
     @property
     def held(self) -> int:
@@ -282,6 +292,11 @@ class Gate(Rule):
         """Lets every held request go on, and opens the gate for good (later matches pass)."""
         self.proxy._remove(self)
         self._valve.open()
+
+    def drop(self) -> None:
+        """Like release(), but the held requests never reach the API server: their connections close."""
+        self.dropping = True
+        self.release()
 
     async def _hold(self, rec: RequestRecord) -> None:
         with self._cond:
@@ -348,6 +363,7 @@ class ApiProxy:
         self._upstream = _upstream(Path(upstream_kubeconfig))
         self.random = random.Random(seed)
         self.token = "tether-apiproxy-" + secrets.token_hex(16)
+        self._clients: dict[str, str] = {}  # "Bearer <token>" -> label, for client_token()
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="tether-apiproxy-")) if workdir is None else workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -413,6 +429,16 @@ class ApiProxy:
         path.write_text(yaml.safe_dump(doc))
         path.chmod(0o600)
         return path
+
+    def client_token(self, label: str) -> str:
+        """A further token of the proxy's own, for one client known by `label` (e.g. one operator
+        replica): forwarded with the upstream credentials like the proxy's token, recorded with
+        client=label, and sent upstream with a User-Agent stamped with the label and when the proxy
+        received the request (audit.ProxyStamp), so the audit log tells such clients apart."""
+        token = "tether-apiproxy-" + secrets.token_hex(16)
+        with self._lock:
+            self._clients[f"Bearer {token}"] = label
+        return token
 
     def delay(self, seconds: float, *, phase: Phase = "request", **criteria: Unpack[Criteria]) -> Rule:
         """Waits `seconds` before forwarding the request (phase "request") or before answering the client
@@ -643,6 +669,9 @@ class ApiProxy:
             return "anonymous"
         if auth == f"Bearer {self.token}":
             return "proxy"
+        with self._lock:
+            if auth in self._clients:
+                return self._clients[auth]
         return _token_identity(auth.removeprefix("Bearer ").strip())
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -654,7 +683,8 @@ class ApiProxy:
         with self._records_changed:
             self._next_id += 1
             rec = RequestRecord(self._next_id, request.method, request.path, query, watch,
-                                self._identity(request.headers.get("Authorization", "")), time.monotonic())
+                                self._identity(request.headers.get("Authorization", "")), time.monotonic(),
+                                received_at=dt.datetime.now(dt.timezone.utc))
             self._records.append(rec)
             self._records_changed.notify_all()
         try:
@@ -699,6 +729,8 @@ class ApiProxy:
                 await asyncio.sleep(rule.params["seconds"])
             elif isinstance(rule, Gate):
                 await rule._hold(rec)
+                if rule.dropping:
+                    raise _Dropped()
             elif rule.kind == "drop":
                 raise _Dropped()
             elif rule.kind in ("status", "answer"):
@@ -715,13 +747,19 @@ class ApiProxy:
             (k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP and k.lower() != "authorization")
         auth = request.headers.get("Authorization", "")
         session = self._bare
-        if rec.client == "proxy":
+        with self._lock:
+            named = rec.client in self._clients.values()
+        if rec.client == "proxy" or named:
             session = self._admin
             bearer = self._upstream.bearer()
             if bearer:
                 headers["Authorization"] = f"Bearer {bearer}"
         elif auth:
             headers["Authorization"] = auth
+        if named:
+            assert rec.received_at is not None
+            headers["User-Agent"] = ProxyStamp(rec.client, rec.received_at).user_agent(
+                request.headers.get("User-Agent", ""))
         # Without these, aiohttp would add its own: the API server would then gzip an answer the client
         # did not ask to be compressed.
         skip = [h for h in ("Accept-Encoding", "User-Agent", "Accept") if h not in request.headers]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,26 @@ POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
 POD_UID_KEY = "authentication.kubernetes.io/pod-uid"
 VALIDATION_FAILURE = "validation.policy.admission.k8s.io/validation_failure"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+_STAMP = re.compile(r"tether-apiproxy\(client=(?P<client>[^;()]+);sent=(?P<sent>[^;()]+)\)")
+
+
+@dataclass(frozen=True)
+class ProxyStamp:
+    """What the test API proxy (tests/support/apiproxy.py) appends to the User-Agent of a client it
+    knows by name: which client sent the request and when the proxy received it. The audit log
+    keeps the User-Agent, so it tells the operator's replicas (one proxy, one identity) apart, and
+    says when a request was sent even if a fault held it up before it reached the API server."""
+
+    client: str
+    sent: dt.datetime
+
+    def user_agent(self, original: str) -> str:
+        return f"{original} tether-apiproxy(client={self.client};sent={self.sent.isoformat()})".strip()
+
+    @classmethod
+    def parse(cls, user_agent: str) -> "ProxyStamp | None":
+        m = _STAMP.search(user_agent)
+        return cls(m["client"], dt.datetime.fromisoformat(m["sent"])) if m else None
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,12 @@ class AuditRecord:
     received: dt.datetime
     completed: dt.datetime
     annotations: dict[str, str]
+    user_agent: str = ""
+
+    @property
+    def stamp(self) -> ProxyStamp | None:
+        """Who sent it and when, if it came through the test API proxy as a named client."""
+        return ProxyStamp.parse(self.user_agent)
 
     @property
     def accepted(self) -> bool:
@@ -113,7 +140,7 @@ class AuditRecord:
             code=int(status.get("code", 0)), message=status.get("message", ""),
             request_object=doc.get("requestObject"), response_object=doc.get("responseObject"),
             received=_time(doc["requestReceivedTimestamp"]), completed=_time(doc["stageTimestamp"]),
-            annotations=doc.get("annotations") or {},
+            annotations=doc.get("annotations") or {}, user_agent=doc.get("userAgent", ""),
         )
 
 

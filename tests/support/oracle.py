@@ -1,7 +1,7 @@
 """The fault trials' oracle: Tether's safety promise judged from the API server's audit log and
 the final objects, never from Tether's logs or the status it claims.
 
-Seven invariants (`INVARIANTS`), checked by `judge()` over one namespace:
+Nine invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 
 1. No write by a worker is accepted after its fence was superseded. Who held which fence, and
    when that ended, is rebuilt from the accepted WorkerRun status writes (the operator's
@@ -29,6 +29,22 @@ Seven invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    every accepted approval names the user who created it. An approval decides an attempt's gate
    when it names that attempt (never by time); and it is the run's when it names the run's UID,
    or its name and was created after the run.
+8. No attempt ends `Stalled` while its run is suspended or a request of that attempt waits for
+   a person (the progress clock stops then): the operator's write that ends an attempt Stalled
+   is a compare-and-swap on the whole object, so the spec it stored is the spec the operator
+   decided on; it must not say `suspend`, the run's status before it must show no pending
+   request of that attempt, and the write itself must withdraw none.
+9. With leader election, no operator replica writes outside its leadership. The replicas share
+   one identity, so the audit log tells them apart by the User-Agent the harness's API proxy
+   stamps (audit.ProxyStamp: which process, and when the proxy received the request, so a
+   request a fault held up is judged by when it was sent). A replica leads from its accepted
+   acquisition of the leader Lease until its last accepted renewal plus the renew deadline (the
+   elector counts from before its renewal's GET, so this end is never earlier than its own) or
+   until it released the Lease; every audited write it sent outside that, but for
+   `LEADERSHIP_SLACK` (the step from the elector's check to the request reaching the proxy),
+   accepted or refused, is a violation. Audited: run statuses and finalizers (the run's own
+   patches), run Leases, pods created and deleted, budgets. Not audited by the local control
+   plane's policy, so not judged: Secret deletes and pod patches (a pod finalizer's removal).
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -63,12 +79,21 @@ INVARIANTS: dict[int, str] = {
     5: "every run terminal or live with a renewing holder (nothing stuck)",
     6: "no unfaulted worker declared lost",
     7: "a result under review accepted or denied only as a person decided",
+    8: "no attempt ends Stalled while its run is suspended or a request of that attempt is pending",
+    9: "no operator replica writes outside its leadership (its renewals plus the renew deadline)",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
 USAGE_ANNOTATION = "tether.dev/usage"
 LEASE_LOST = "LeaseLost"
 WORKER_FAILED = "WorkerFailed"
+STALLED = "Stalled"
+WITHDRAWN = "Withdrawn"
+GATES_OF_THE_RUN = frozenset({"Start", "Result"})  # every other gate is a worker's request
+# From the elector's last check to its request reaching the API proxy (the event loop, the rate
+# limiter, the proxy's own thread on a loaded 2-core machine): writes sent this much past the
+# end of a leadership are not counted.
+LEADERSHIP_SLACK = dt.timedelta(seconds=1.0)
 # A fault aimed at every attempt of a run (rather than at one pod) is recorded with this pod name.
 ANY_POD = "*"
 _POD_NAME = re.compile(r"^(?P<run>.+)-a(?P<attempt>\d+)$")
@@ -105,6 +130,9 @@ class TrialFacts:
     leases_final: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     pods_final: list[dict[str, Any]] = field(default_factory=list)  # the pods that exist at the end
     judged_at: dt.datetime | None = None  # when the final objects were read
+    # With leader election: the leader Lease's name and the replicas' renew deadline (invariant 9).
+    leader_lease: str | None = None
+    renew_deadline: float = 0.0
 
 
 @dataclass
@@ -348,7 +376,8 @@ class _History:
 
 
 def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool = False) -> Verdict:
-    """Checks the seven invariants over `facts.namespace`; see the module docstring."""
+    """Checks the nine invariants over `facts.namespace`; see the module docstring."""
+    records = list(records)
     history = _History(records, facts.namespace)
     verdict = Verdict()
     final = {str(r["metadata"]["uid"]): r for r in facts.runs}
@@ -360,6 +389,9 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
     _nothing_stuck(facts, history, verdict)
     _unfaulted_lost(history, facts, verdict)
     _reviews(history, verdict)
+    _stalls(history, verdict)
+    if facts.leader_lease is not None:
+        _leadership(records, facts, verdict)
     verdict.stats["worker writes accepted"] += len(history.worker_writes)
     for what, n in history.refused_worker_writes.items():
         verdict.stats[f"worker writes refused ({what})"] += n
@@ -406,6 +438,93 @@ def _reviews(history: _History, verdict: Verdict) -> None:
                         verdict.violations.append(Violation(
                             7, subject, f"attempt {n}'s result rejected in {w.describe()} without a denial of it"))
             before = s
+
+
+def _stalls(history: _History, verdict: Verdict) -> None:
+    """Invariant 8."""
+    for uid, writes in history.run_writes.items():
+        before: dict[str, Any] = {}
+        for w in writes:
+            s = w.status
+            was = {int(x.get("attempt") or 0): x.get("outcome") for x in before.get("attempts") or []}
+            ends = (s.get("attempts") or []) if w.pod is None else []  # only the operator ends attempts
+            for x in ends:
+                n = int(x.get("attempt") or 0)
+                if x.get("outcome") != STALLED or was.get(n) == STALLED:
+                    continue
+                verdict.stats["attempts ended Stalled, judged against suspension and requests"] += 1
+                why = []
+                if w.spec.get("suspend"):
+                    why.append("the run it stored is suspended (spec.suspend)")
+                if pending := _requests(before, n, None):
+                    why.append(f"request {', '.join(pending)} of that attempt was pending before it")
+                if withdrawn := sorted(set(_requests(s, n, WITHDRAWN)) - set(_requests(before, n, WITHDRAWN))):
+                    why.append(f"it withdrew request {', '.join(withdrawn)}, still pending")
+                if why:
+                    verdict.violations.append(Violation(8, f"{history.name(uid)} attempt {n}",
+                                                        f"ended Stalled in {w.describe()}, but " + "; ".join(why)))
+            before = s
+
+
+def _requests(status: Mapping[str, Any], attempt: int, decision: str | None) -> list[str]:
+    """The workers' own requests (gates other than Start and Result) of `attempt` with that decision
+    (None: pending)."""
+    return sorted(str(r.get("gate")) for r in (status.get("review") or {}).get("requests") or []
+                  if r.get("gate") not in GATES_OF_THE_RUN and r.get("attempt") == attempt
+                  and r.get("decision") == decision)
+
+
+def _leaderships(records: list[AuditRecord], facts: TrialFacts) -> dict[str, list[tuple[dt.datetime, dt.datetime]]]:
+    """Per replica (its proxy stamp's client), when it led: from sending its accepted acquisition of the
+    leader Lease to sending its last accepted renewal plus the renew deadline, or to its release."""
+    writes = sorted(((rv, r) for r in records if r.accepted and r.stamp is not None and r.verb in ("create", "update")
+                     and r.about("leases", facts.namespace, facts.leader_lease)
+                     and (rv := _rv(r.response_object or {})) is not None), key=lambda x: x[0])
+    deadline = dt.timedelta(seconds=facts.renew_deadline)
+    spans: dict[str, list[list[dt.datetime]]] = defaultdict(list)
+    leading: str | None = None
+    for _, rec in writes:
+        assert rec.stamp is not None
+        client, sent = rec.stamp.client, rec.stamp.sent
+        if not ((rec.response_object or {}).get("spec") or {}).get("holderIdentity"):
+            if leading == client:  # released: it stopped acting before it gave the Lease up
+                spans[client][-1][1] = min(spans[client][-1][1], sent)
+            leading = None
+        elif leading != client:
+            spans[client].append([sent, sent + deadline])
+            leading = client
+        else:
+            spans[client][-1][1] = sent + deadline
+    return {client: [(a, b) for a, b in led] for client, led in spans.items()}
+
+
+def _leadership(records: list[AuditRecord], facts: TrialFacts, verdict: Verdict) -> None:
+    """Invariant 9."""
+    led = _leaderships(records, facts)
+    verdict.stats["operator leaderships"] += sum(len(spans) for spans in led.values())
+    outside: dict[str, list[AuditRecord]] = defaultdict(list)
+    for rec in records:
+        ref, stamp = rec.object_ref, rec.stamp
+        if stamp is None or ref is None or not rec.is_write or ref.namespace != facts.namespace \
+                or rec.about("leases", facts.namespace, facts.leader_lease):
+            continue
+        verdict.stats["operator writes judged against leadership"] += 1
+        spans = led.get(stamp.client, [])
+        if not any(start <= stamp.sent <= end + LEADERSHIP_SLACK for start, end in spans):
+            outside[stamp.client].append(rec)
+        elif not any(rec.received <= end + LEADERSHIP_SLACK for _, end in spans):
+            verdict.stats["operator writes sent while leading, landed after (held up on the way)"] += 1
+    for client, recs in sorted(outside.items()):
+        spans = ", ".join(f"{a.time().isoformat()}-{b.time().isoformat()}" for a, b in led.get(client, [])) or "never"
+        first = recs[0]
+        assert first.stamp is not None and first.object_ref is not None
+        what = f"{first.object_ref.resource}{'/' + first.object_ref.subresource if first.object_ref.subresource else ''}"
+        answer = "accepted" if first.accepted else f"refused {first.code}"
+        verdict.violations.append(Violation(
+            9, f"operator replica {client}",
+            f"{len(recs)} write(s) sent outside its leadership (led {spans}, renew deadline "
+            f"{facts.renew_deadline:g}s); the first: {first.verb} {what} {first.object_ref.name} sent at "
+            f"{first.stamp.sent.time().isoformat()}, {answer} (audit {first.audit_id[:8]})"))
 
 
 def _final_is_newest(history: _History, final: Mapping[str, dict[str, Any]], uid: str) -> bool:
