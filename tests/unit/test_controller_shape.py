@@ -3,6 +3,8 @@ queue's metrics on the injected clock, and what wakes the stray-pod queue."""
 
 from __future__ import annotations
 
+import types
+
 import asyncio
 from typing import Any
 
@@ -95,7 +97,7 @@ def _pod(owner: str) -> dict[str, Any]:
 
 def test_only_pods_of_deleted_runs_wake_the_stray_queue() -> None:
     async def go() -> tuple[int, int, int]:
-        ctl = RunController(None, clock=Clock())  # type: ignore[arg-type]  # no I/O here
+        ctl = RunController(types.SimpleNamespace(), clock=Clock())  # type: ignore[arg-type]  # no I/O here
         ctl.on_run("ADDED", {"metadata": {"name": "job", "namespace": "ns", "uid": "live", "resourceVersion": "1"},
                              "spec": {}, "status": {}})
         ctl.on_pod("ADDED", _pod("live"))

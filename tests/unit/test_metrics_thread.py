@@ -5,6 +5,8 @@ iteration" (a 500) at 5,000 runs. The reads must take their snapshot in one step
 
 from __future__ import annotations
 
+import types
+
 import gc
 from typing import Any
 
@@ -21,7 +23,7 @@ def _run(i: int) -> dict[str, Any]:
 @pytest.fixture
 def meddling_collector() -> Any:
     """Every collection adds a run: what the loop's thread may do while the scrape is inside one."""
-    ctl = RunController(None)  # type: ignore[arg-type]  # no I/O here
+    ctl = RunController(types.SimpleNamespace())  # type: ignore[arg-type]  # no I/O here
     ctl.cache.runs.update({("ns", f"r{i}"): _run(i) for i in range(200)})
     added = iter(range(200, 10**6))
 

@@ -4,6 +4,8 @@ controller asks before it writes, not the API server's behaviour (the e2e and ch
 
 from __future__ import annotations
 
+import types
+
 import asyncio
 import datetime as dt
 from typing import Any
@@ -69,13 +71,13 @@ class FakeKube:
         self.calls.append(f"get_pod {name}")
         return self.pods.get(name)
 
-    async def delete_pod(self, ns: str, name: str) -> dict[str, Any] | None:
+    async def delete_pod(self, ns: str, name: str, uid: str | None = None) -> dict[str, Any] | None:
         self.calls.append(f"delete_pod {name}")
         pod = self.pods[name]
         pod["metadata"]["deletionTimestamp"] = T0.strftime("%Y-%m-%dT%H:%M:%SZ")
         return pod
 
-    async def remove_finalizer(self, ns: str, name: str, finalizer: str) -> dict[str, Any] | None:
+    async def remove_finalizer(self, ns: str, name: str, finalizer: str, uid: str | None = None) -> dict[str, Any] | None:
         return self.pods.get(name)
 
     async def post_event(self, *a: Any) -> None:
@@ -186,7 +188,7 @@ def _lease(usage: str, rv: str) -> dict[str, Any]:
 
 def test_a_report_is_folded_within_a_fold_interval_but_never_cuts_an_error_backoff_short() -> None:
     async def go() -> tuple[float, float, float]:
-        ctl = RunController(None, clock=Clock(now=lambda: T0), fold_interval=10.0)  # type: ignore[arg-type]
+        ctl = RunController(types.SimpleNamespace(), clock=Clock(now=lambda: T0), fold_interval=10.0)  # type: ignore[arg-type]
         key = ("ns", "job")
         ctl.cache.runs[key] = _new_run()
         ctl.on_lease("MODIFIED", _lease('{"cents":1,"tokens":1}', "1"))
@@ -224,7 +226,7 @@ def test_a_charge_wakes_only_the_runs_waiting_for_admission_and_running_out_wake
                 "spec": {"budget": {"budgetRef": {"name": budget}}}, "status": {"holder": holder}}
 
     async def go() -> list[list[Any]]:
-        ctl = RunController(None, clock=Clock(now=lambda: T0))  # type: ignore[arg-type]
+        ctl = RunController(types.SimpleNamespace(), clock=Clock(now=lambda: T0))  # type: ignore[arg-type]
         ctl.budgets._refresh_soon = lambda key: None  # type: ignore[method-assign]  # no API here
         for body in (run("held", "team", "held-a1"), run("waiting", "team", None), run("other", "else", None)):
             ctl.on_run("ADDED", body)

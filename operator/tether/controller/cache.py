@@ -28,6 +28,18 @@ class RunStored:
 
     stored: bool  # the body was newer than the cached one
     new_spec: bool = False  # its generation moved (an error backoff of the old spec no longer applies)
+    # The UID of a run it replaced under the same key without a DELETED event (a relist after a
+    # watch gap): that run was deleted, and what is kept of it must go, its pods released.
+    replaced: str | None = None
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """A deleted pod, kept while its bound token may still be accepted."""
+
+    pod_uid: str
+    owner_uid: str | None  # its controlling run's UID
+    foreign: ForeignPod
 
 
 class RunCache:
@@ -36,9 +48,9 @@ class RunCache:
         self.runs: dict[RunKey, dict[str, Any]] = {}
         self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
         self.leases = LeaseTracker()  # keyed by the owning run's UID
-        # Pods that were deleted, by (run key, name): (their controller's UID, as ForeignPod). A
-        # namesake's pod can still act for a few seconds after it is gone (see foreign_pod).
-        self.tombstones: dict[tuple[RunKey, str], tuple[str | None, ForeignPod]] = {}
+        # Pods that were deleted, by (run key, name). A namesake's pod can still act for a few
+        # seconds after it is gone (see foreign_pod), and a late answer about it must not revive it.
+        self.tombstones: dict[tuple[RunKey, str], Tombstone] = {}
         self.budget_runs: dict[BudgetKey, set[RunKey]] = {}  # the runs that draw on each budget
         self.alarms: dict[RunKey, UsageAlarm] = {}  # usage at which a held run must be decided at once
         # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
@@ -56,29 +68,31 @@ class RunCache:
 
     def put_run(self, body: dict[str, Any]) -> RunStored:
         """A run as a watch event brought it: kept unless it is older than what is cached."""
+        return self._put_run(body, read=False)
+
+    def read_run(self, body: dict[str, Any]) -> RunStored:
+        """A GET's answer: the newest view, even if its fence looks lower than the cached one's."""
+        return self._put_run(body, read=True)
+
+    def _put_run(self, body: dict[str, Any], read: bool) -> RunStored:
         new = RunView(body)
         cached = self.run(new.key)
-        new_spec = False
+        new_spec, replaced = False, None
         if cached is not None:
             if new.resource_version == cached.resource_version:
                 return RunStored(False)
-            if new.uid == cached.uid and new.fence < cached.fence:
+            if new.uid == cached.uid and new.fence < cached.fence and not read:
                 return RunStored(False)  # older than what our own write returned (the fence never decreases)
             new_spec = new.generation != cached.generation
-            if new.uid == cached.uid and cached.suspended and not new.suspended:
+            if new.uid != cached.uid:
+                replaced = cached.uid
+                self.budget_runs.get(cached.budget, set()).discard(new.key)
+                self.alarms.pop(new.key, None)
+                self.forget(cached.uid)
+            elif cached.suspended and not new.suspended:
                 self.progress_held_at[new.uid] = self.mono()  # resumed: the progress clock starts now
         self._store(new.key, body)
-        return RunStored(True, new_spec)
-
-    def newest_run(self, key: RunKey, fresh: dict[str, Any] | None) -> None:
-        """A GET's answer: the newest view, even if its fence looks lower (None: the run is gone)."""
-        if fresh is None:
-            gone = self.runs.get(key)
-            if gone is not None:
-                self.drop_run(gone)
-            return
-        self.put_run(fresh)
-        self._store(key, fresh)
+        return RunStored(True, new_spec, replaced)
 
     def written_run(self, snap: Snapshot, written: dict[str, Any]) -> Snapshot:
         """Our write succeeded against the snapshot, so nothing came between the two: cache the
@@ -121,18 +135,31 @@ class RunCache:
         key = pod.run_key
         assert key is not None
         self._remove_pod(key, pod.name)
-        now = self.now()
-        for k in [k for k, (_, tomb) in self.tombstones.items() if (tomb.token_dead_at or now) <= now]:
+        self._bury(key, body)
+
+    def _bury(self, key: RunKey, body: dict[str, Any]) -> None:
+        pod, now = PodView(body), self.now()
+        for k in [k for k, tomb in self.tombstones.items() if (tomb.foreign.token_dead_at or now) <= now]:
             del self.tombstones[k]
-        self.tombstones[(key, pod.name)] = (pod.controller_uid, foreign_pod(body, now))
+        self.tombstones[(key, pod.name)] = Tombstone(pod.uid, pod.controller_uid, foreign_pod(body, now))
 
     def pod_written(self, key: RunKey, name: str, body: dict[str, Any] | None) -> None:
         """Our own write's answer updates the cache at once: the next pass must not act on the
-        pod as it was (and in a namespace being deleted, no watch event will follow)."""
+        pod as it was (and in a namespace being deleted, no watch event will follow). A late
+        answer about a pod the watch already saw deleted never revives it."""
+        tomb = self.tombstones.get((key, name))
         if body is not None:
-            self.put_pod(body)
-        else:
-            self._remove_pod(key, name)
+            if tomb is None or tomb.pod_uid != PodView(body).uid:
+                self.put_pod(body)
+            return
+        cached = self.pods.get(key, {}).get(name)
+        self._remove_pod(key, name)
+        if cached is not None and tomb is None:
+            self._bury(key, cached)  # gone: its name stays taken while its token may be accepted
+
+    def pod_uid(self, key: RunKey, name: str) -> str | None:
+        cached = self.pods.get(key, {}).get(name)
+        return PodView(cached).uid if cached is not None else None
 
     def _remove_pod(self, key: RunKey, name: str) -> None:
         pods = self.pods.get(key, {})
@@ -173,7 +200,7 @@ class RunCache:
         mine = {n: b for n, b in live.items() if protocol.controller_uid(b) == uid}
         pods = tuple(p for p in map(pod_observation, mine.values()) if p is not None)
         foreign = tuple(foreign_pod(b) for n, b in live.items() if n not in mine) + tuple(
-            tomb for (k, n), (owner, tomb) in self.tombstones.items() if k == key and n not in live and owner != uid)
+            tomb.foreign for (k, n), tomb in self.tombstones.items() if k == key and n not in live and tomb.owner_uid != uid)
         return Snapshot(key=key, body=body, run=run, lease=self.leases.get(uid), pods=pods, foreign_pods=foreign)
 
     def overdue(self, mono: float) -> tuple[int, int]:

@@ -10,13 +10,14 @@ from typing import Any, Awaitable, Callable
 
 from tether import protocol
 from tether.controller.cache import RunCache
-from tether.controller.errors import Again, Inconclusive
+from tether.controller.errors import Again, Inconclusive, SpecError
 from tether.controller.execute import Executor
 from tether.controller.snapshot import Snapshot
 from tether.controller.sweeper import Feed
+from tether.controller.views import PodView
 from tether.core.actions import Confirm, Decision, WriteStatus
 from tether.core.liveness import mass_lapse
-from tether.kube.client import Forbidden, KubeClient, Unavailable
+from tether.kube.client import Conflict, Forbidden, KubeClient, Unavailable
 from tether.kube.health import SLOW_SECONDS
 from tether.kube.paths import lease_path, namespace_path
 
@@ -113,11 +114,17 @@ class Confirmer:
         holder = _grant(this.decision).status.holder
         if not holder or holder in self.cache.pods.get(snap.key, {}):
             return snap
-        pod = await self.kube.get_pod(snap.run.metadata.namespace, holder)
-        if pod is not None and protocol.controller_uid(pod) != snap.uid:
-            self.feed("pod", "MODIFIED", pod)  # as the watch would have: the stray queue releases it
-            raise Again(f"pod {holder} of another run exists")
-        return snap
+        ns = snap.run.metadata.namespace
+        pod = await self.kube.get_pod(ns, holder)
+        if pod is None or protocol.controller_uid(pod) == snap.uid:
+            return snap
+        if PodView(pod).run_key != snap.key:
+            # Not a pod of any WorkerRun of this name: Tether will not touch it. Say so on the run.
+            raise SpecError("PodNameTaken", Conflict(
+                409, f"pod {ns}/{holder} exists and is not this run's; delete or rename it, or rename the run",
+                f"pod {ns}/{holder}"))
+        self.feed("pod", "MODIFIED", pod)  # as the watch would have: the stray queue releases it
+        raise Again(f"pod {holder} of another run exists")
 
     async def namespace_live(self, snap: Snapshot, this: Pass) -> Snapshot:
         """The namespace controller deletes pods first: a vanished pod there is no reason to retry."""

@@ -22,7 +22,7 @@ from tether.controller.rbac import WorkerRbac
 from tether.controller.runs import RunReconciler
 from tether.controller.strays import StrayReconciler
 from tether.controller.sweeper import NamespaceSweeper
-from tether.controller.views import RunKey, RunView
+from tether.controller.views import RunKey
 from tether.controller.wakes import Wake, Wakes
 from tether.controller.workqueue import ExponentialBackoff, WorkQueue
 from tether.kube.client import KubeClient
@@ -49,7 +49,8 @@ class RunController:
         self.leadership = Leadership(may_act)
         self.budgets = BudgetBook(kube, self.clock.now, self.leadership)
         self.rbac = WorkerRbac(kube, shared=namespace_identity)
-        self.wakes = Wakes(self.cache, self.budgets, fold_interval)
+        self.wakes = Wakes(self.cache, self.budgets, fold_interval, self.rbac.forget)
+        kube.write_gate = self.leadership.check  # every write, after its rate-limit wait too
         self.queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0), self.clock.mono, "workerrun")
         self.stray_queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0), self.clock.mono,
                                                         "workerrun_strays")
@@ -58,7 +59,7 @@ class RunController:
                                  self.feed)
         confirmer = Confirmer(kube, self.cache, self.executor, self._report, self.sweeper.mark, self.feed)
         self.reconciler = RunReconciler(kube, self.cache, self.budgets, self.executor, confirmer, self.sweeper,
-                                        self.leadership, fold_interval, self._report)
+                                        self.leadership, fold_interval, self._report, self.stray_queue.add)
         self.loop = ReconcileLoop("workerrun", self.reconciler, self.queue, workers)
         strays = StrayReconciler(kube, self.cache, self.leadership, lambda body: self.on_run("MODIFIED", body))
         self.stray_loop = ReconcileLoop("workerrun_strays", strays, self.stray_queue, STRAY_WORKERS)
@@ -90,8 +91,6 @@ class RunController:
     # --- watch events: cache and queue, nothing else -----------------------------------
 
     def on_run(self, event_type: str | None, body: dict[str, Any]) -> None:
-        if event_type == "DELETED":
-            self.rbac.forget(RunView(body).uid)
         self._wake(self.wakes.on_run(event_type, body))
 
     def on_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
@@ -107,7 +106,11 @@ class RunController:
         self._wake(self.wakes.on_approval(event_type, body))
 
     def feed(self, kind: str, event_type: str, body: dict[str, Any]) -> None:
-        """A relisted object, as a watch event of its kind (the namespace sweeper's)."""
+        """An object read by the operator itself, as a watch event of its kind: the namespace
+        sweeper's relists, and a run's fresh GET ("run-read": newer than anything cached)."""
+        if kind == "run-read":
+            self._wake(self.wakes.on_run(event_type, body, read=True))
+            return
         {"run": self.on_run, "lease": self.on_lease, "pod": self.on_pod, "budget": self.on_budget}[kind](event_type, body)
 
     def _wake(self, wakes: list[Wake]) -> None:

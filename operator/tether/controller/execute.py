@@ -112,12 +112,16 @@ class Executor:
     # --- the run ---------------------------------------------------------------
 
     async def refresh(self, key: RunKey) -> dict[str, Any] | None:
-        """The run read fresh into the cache (None: it is gone)."""
+        """The run read fresh (None: it is gone), fed to the controller like a watch event, so
+        what follows from it (a deletion's strays, a new spec's backoff reset) is woken as usual."""
         try:
             fresh: dict[str, Any] | None = await self.kube.get_run(*key)
         except NotFound:
             fresh = None
-        self.cache.newest_run(key, fresh)
+        if fresh is not None:
+            self.feed("run-read", "MODIFIED", fresh)
+        elif (gone := self.cache.runs.get(key)) is not None:
+            self.feed("run", "DELETED", gone)
         return fresh
 
     async def write_status(self, snap: Snapshot, action: WriteStatus) -> Snapshot:
@@ -179,8 +183,7 @@ class Executor:
         if snap.run.spec.executor == "External":
             await self.ensure_rbac(snap)  # the gateway's tool claims use the worker's account
         lost = await self.leases.write(snap, action.holder, action.fence, action.duration_seconds, action.signals)
-        if lost is not None:
-            await self.delete_tool_claims(snap, lost)
+        await self.delete_tool_claims(snap, lost)  # and every ended attempt's, as a clearing does
         return snap
 
     async def clear_lease(self, snap: Snapshot, action: ClearLease) -> Snapshot:
@@ -239,13 +242,16 @@ class Executor:
         return snap
 
     async def delete_pod(self, snap: Snapshot, action: DeletePod) -> Snapshot:
-        self.cache.pod_written(snap.key, action.name, await self.kube.delete_pod(snap.run.metadata.namespace, action.name))
+        uid = self.cache.pod_uid(snap.key, action.name)
+        self.cache.pod_written(snap.key, action.name,
+                               await self.kube.delete_pod(snap.run.metadata.namespace, action.name, uid=uid))
         log_run("pod deleted", snap.run, "pod_deleted", pod=action.name)
         return snap
 
     async def release_pod(self, snap: Snapshot, action: ReleasePod) -> Snapshot:
+        uid = self.cache.pod_uid(snap.key, action.name)
         self.cache.pod_written(snap.key, action.name, await self.kube.remove_finalizer(
-            snap.run.metadata.namespace, action.name, c.POD_FINALIZER))
+            snap.run.metadata.namespace, action.name, c.POD_FINALIZER, uid=uid))
         return snap
 
     async def ensure_rbac(self, snap: Snapshot) -> None:

@@ -46,10 +46,11 @@ Report = Callable[..., None]
 class RunReconciler:
     def __init__(self, kube: KubeClient, cache: RunCache, budgets: BudgetBook, executor: Executor,
                  confirmer: Confirmer, sweeper: NamespaceSweeper, leadership: Leadership, fold_interval: float,
-                 report: Report) -> None:
+                 report: Report, wake_strays: Callable[[RunKey], None]) -> None:
         self.kube, self.cache, self.budgets = kube, cache, budgets
         self.executor, self.confirmer, self.sweeper = executor, confirmer, sweeper
         self.leadership, self.fold_interval, self.report = leadership, fold_interval, report
+        self.wake_strays = wake_strays
 
     def exists(self, key: RunKey) -> bool:
         self.cache.forget_key(key)
@@ -61,6 +62,8 @@ class RunReconciler:
         except ValidationError as exc:
             self.report(key, "cannot read run; waiting for a change", "run_unreadable", str(exc), logging.ERROR)
             return Result()
+        if self.cache.strays(key):
+            self.wake_strays(key)  # however they came to be strays, they are released
         if snap is None:
             return Result()
         try:

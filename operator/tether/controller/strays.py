@@ -42,11 +42,12 @@ class StrayReconciler:
                 raise Again("the run exists after all")
         for pod in strays:
             self.leadership.check()
+            # By UID: the name is deterministic, and the namesake's own pod may carry it by now.
             if not pod.deleting:
-                await self.kube.delete_pod(pod.namespace, pod.name)
+                await self.kube.delete_pod(pod.namespace, pod.name, uid=pod.uid)
             self.leadership.check()
             self.cache.pod_written(key, pod.name, await self.kube.remove_finalizer(pod.namespace, pod.name,
-                                                                                   c.POD_FINALIZER))
+                                                                                   c.POD_FINALIZER, uid=pod.uid))
             log.info("released a pod of a deleted run", extra={"run": "/".join(key), "pod": pod.name,
                                                               "event": "stray_pod_released"})
         return Result(acted=True)

@@ -52,10 +52,25 @@ class NamespaceSweeper:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _sweep(self, ns: str) -> None:
+        try:
+            await self._sweep_until_gone(ns)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - said, not silent: the namespace's runs wait for the watch then
+            log.exception("namespace sweep failed", extra={"namespace": ns, "event": "sweep_failed"})
+            self.cache.terminating.pop(ns, None)
+
+    async def _sweep_until_gone(self, ns: str) -> None:
+        """Until the namespace that was being deleted is gone: not there, another namespace of the
+        same name (re-created between two sweeps), or not being deleted after all."""
+        uid: str | None = None
         while True:
             try:
-                if await self.kube.get_object(namespace_path(ns)) is None:
+                body = await self.kube.get_object(namespace_path(ns))
+                if body is None or not body["metadata"].get("deletionTimestamp") or \
+                        uid not in (None, body["metadata"].get("uid")):
                     break
+                uid = body["metadata"].get("uid")
                 runs = await self.kube.list_objects(run_path(ns))
                 pods = await self.kube.list_objects(pod_path(ns), c.LABEL_RUN)
                 leases = await self.kube.list_objects(lease_path(ns), c.LABEL_RUN)

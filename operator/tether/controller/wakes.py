@@ -10,7 +10,7 @@ admitted); an approval (the run it names); a stray pod (the stray queue).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from tether import metrics, protocol
 from tether.controller.budgets import BudgetBook
@@ -36,17 +36,28 @@ def _budget_gate(budget: dict[str, Any]) -> tuple[Any, ...]:
 
 
 class Wakes:
-    def __init__(self, cache: RunCache, budgets: BudgetBook, fold_interval: float) -> None:
+    def __init__(self, cache: RunCache, budgets: BudgetBook, fold_interval: float,
+                 forgotten: Callable[[str], None]) -> None:
         self.cache, self.budgets, self.fold_interval = cache, budgets, fold_interval
+        self.forgotten = forgotten  # a run's UID is gone: what others keep of it goes too (its RBAC)
 
-    def on_run(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+    def on_run(self, event_type: str | None, body: dict[str, Any], read: bool = False) -> list[Wake]:
+        """A run's event (`read`: our own GET's answer, the newest there is)."""
         run = RunView(body)
         if event_type == "DELETED":
             self.cache.drop_run(body)
+            self.forgotten(run.uid)
             # What is left of it (pods) is released by the stray queue; the run's own pass drops its state.
             return [Wake(run.key), Wake(run.key, strays=True)]
-        stored = self.cache.put_run(body)
-        return [Wake(run.key, new_spec=stored.new_spec)] if stored.stored else []
+        stored = self.cache.read_run(body) if read else self.cache.put_run(body)
+        if not stored.stored:
+            return []
+        wakes = [Wake(run.key, new_spec=stored.new_spec or stored.replaced is not None)]
+        if stored.replaced is not None:
+            # A namesake replaced it without a DELETED event (a relist): the old run's pods are strays.
+            self.forgotten(stored.replaced)
+            wakes.append(Wake(run.key, strays=True))
+        return wakes
 
     def on_lease(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
         lease = LeaseView(body)

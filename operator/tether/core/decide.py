@@ -292,7 +292,6 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
         b.events.append(Event("Normal", c.EV_LEASE_RENEWED, f"{s.holder} renewed its lease; running"))
         b.change = b.change or Change.RENEWED
     track_requests(o, b, d, lease)
-    charge = None
     if unfolded(o, total):
         wait = fold_wait(o)
         if wait <= 0:
@@ -301,7 +300,6 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
             if cursor and (s.checkpoint is None or s.checkpoint.cursor != cursor):
                 b.status.checkpoint = Checkpoint(cursor=cursor, time=o.now)
             b.status.folded_at = o.now
-            charge = charge_due(o, total)  # after the status write below, which pins the run
         else:
             d.wake(wait)
     if s.observed_generation != run.metadata.generation and not b.changed():
@@ -315,7 +313,9 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
             b.status.last_renew_time = seen
             b.status.lease_expires_at = seen + dt.timedelta(seconds=run.spec.lease.duration_seconds)
         d.actions.append(b.write())
-    d.add(charge)
+    # What the budget has not seen yet, derived from the status rather than from this fold: a
+    # charge that failed after its fold was written is owed again on the next pass.
+    d.add(charge_due(o, b.status.usage))
     # From the status being written: a decision recorded now reaches the worker with it.
     signals = signals_for(run.spec, b.status, stop.reason if stop is not None else None)
     if signals != lease.signals:

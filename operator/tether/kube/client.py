@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -85,6 +85,9 @@ class KubeClient:
         self.event_limiter = event_limiter
         self.health = health or ApiHealth()
         self.requests = 0
+        # Called before every write, after the rate limit's wait (the controller's leadership check):
+        # a replica deposed while it waited for a token writes nothing.
+        self.write_gate: Callable[[], None] | None = None
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -92,6 +95,8 @@ class KubeClient:
     async def _call(self, method: str, path: str, what: str, limited: bool = True, **kw: Any) -> dict[str, Any]:
         if limited and self.limiter is not None:
             await self.limiter.acquire()
+        if method != "GET" and self.write_gate is not None:
+            self.write_gate()
         self.requests += 1
         try:
             resp = await self.http.request(method, path, **kw)
@@ -209,26 +214,34 @@ class KubeClient:
         except NotFound:
             return None
 
-    async def delete_pod(self, ns: str, name: str) -> dict[str, Any] | None:
-        """Returns the pod as the deletion left it (None when it is gone)."""
+    async def delete_pod(self, ns: str, name: str, uid: str | None = None) -> dict[str, Any] | None:
+        """Returns the pod as the deletion left it (None when it is gone). With `uid`, only that pod:
+        names are deterministic, and another pod of the same name may have replaced it."""
+        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
         try:
-            body = await self._call("DELETE", pod_path(ns, name), f"delete pod {ns}/{name}",
-                                    json={"kind": "DeleteOptions", "apiVersion": "v1"})
+            body = await self._call("DELETE", pod_path(ns, name), f"delete pod {ns}/{name}", json=options)
         except NotFound:
             return None
+        except Conflict:
+            if uid is None:
+                raise
+            return None  # the precondition failed: the pod of that UID is gone
         return body if body.get("kind") == "Pod" else None
 
-    async def remove_finalizer(self, ns: str, name: str, finalizer: str) -> dict[str, Any] | None:
-        """JSON patch that tests the finalizer's position, so a concurrent change cannot be clobbered.
-        Returns the pod as it is now (None when it is gone)."""
+    async def remove_finalizer(self, ns: str, name: str, finalizer: str, uid: str | None = None) -> dict[str, Any] | None:
+        """JSON patch that tests the finalizer's position (and, with `uid`, the pod's UID), so a
+        concurrent change cannot be clobbered. Returns the pod as it is now (None when it is gone)."""
         pod = await self.get_pod(ns, name)
-        if pod is None:
+        if pod is None or (uid is not None and pod["metadata"].get("uid") != uid):
             return None
         finalizers = pod["metadata"].get("finalizers", [])
         if finalizer not in finalizers:
             return pod
         i = finalizers.index(finalizer)
-        patch = [{"op": "test", "path": f"/metadata/finalizers/{i}", "value": finalizer},
+        patch = [{"op": "test", "path": "/metadata/uid", "value": pod["metadata"]["uid"]},
+                 {"op": "test", "path": f"/metadata/finalizers/{i}", "value": finalizer},
                  {"op": "remove", "path": f"/metadata/finalizers/{i}"}]
         try:
             return await self._call("PATCH", pod_path(ns, name), f"release pod {ns}/{name}", json=patch,
