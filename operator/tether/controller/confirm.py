@@ -14,7 +14,7 @@ from tether.controller.errors import Again, Inconclusive, SpecError
 from tether.controller.execute import Executor
 from tether.controller.snapshot import Snapshot
 from tether.controller.sweeper import Feed
-from tether.controller.views import PodView
+from tether.controller.views import BudgetView, PodView
 from tether.core.actions import Confirm, Decision, WriteStatus
 from tether.core.liveness import mass_lapse
 from tether.kube.client import Conflict, Forbidden, KubeClient, Unavailable
@@ -154,7 +154,7 @@ class Confirmer:
         if ref is None:
             return snap
         budget = await self.kube.get_budget(snap.run.metadata.namespace, ref.name)
-        if budget is not None and snap.uid in ((budget.get("status") or {}).get("charges") or {}):
+        if budget is not None and BudgetView(budget).holds_mark_of(snap.uid):
             self.executor.budgets.on_event("MODIFIED", budget)
             raise Again("the run's mark is still in the budget's ledger")
         return snap

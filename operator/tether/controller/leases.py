@@ -15,6 +15,7 @@ from typing import Any
 from tether import metrics, protocol
 from tether.api import constants as c
 from tether.api.models import Usage
+from tether.controller.views import LeaseView
 from tether.core.decide import LeaseObservation
 
 log = logging.getLogger("tether.leases")
@@ -86,7 +87,7 @@ class LeaseTracker:
         to the run's decision (new holder or fence, or the first renewal)."""
         ann = protocol.annotations(lease)
         holder, fence = protocol.lease_holder(lease)
-        rv = (lease.get("metadata") or {}).get("resourceVersion", "")
+        rv = LeaseView(lease).resource_version
         prev = self._items.get(key)
         if prev is not None and fence is not None and prev.fence is not None and fence < prev.fence:
             return False  # an event older than what we already know

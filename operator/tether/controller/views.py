@@ -142,6 +142,26 @@ class PodView(ObjectView):
         return c.POD_FINALIZER in self.finalizers
 
 
+class BudgetView(ObjectView):
+    __slots__ = ()
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return _dict(self.body.get("status"))
+
+    def holds_mark_of(self, run_uid: str) -> bool:
+        """Its ledger still holds a mark of that run."""
+        return run_uid in _dict(self.status.get("charges"))
+
+    @property
+    def gate(self) -> tuple[Any, ...]:
+        """What of it decides whether runs may spend: its spec, period and exhaustion."""
+        conditions = self.status.get("conditions") or []
+        exhausted = next((x.get("status") for x in conditions if isinstance(x, dict) and x.get("type") == "Exhausted"),
+                         None)
+        return self.generation, self.status.get("periodStart"), exhausted
+
+
 class ApprovalView(ObjectView):
     __slots__ = ()
 

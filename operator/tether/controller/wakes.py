@@ -15,7 +15,7 @@ from typing import Any, Callable
 from tether import metrics, protocol
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
-from tether.controller.views import ApprovalView, LeaseView, PodView, RunKey, RunView
+from tether.controller.views import ApprovalView, BudgetView, LeaseView, PodView, RunKey, RunView
 
 
 @dataclass(frozen=True)
@@ -26,13 +26,6 @@ class Wake:
     # A fold timer: one per run however many heartbeats, and never cutting an error backoff short.
     fold: bool = False
     new_spec: bool = False  # the run's generation moved: its error backoff starts over
-
-
-def _budget_gate(budget: dict[str, Any]) -> tuple[Any, ...]:
-    """What of a WorkerBudget decides whether runs may spend: its spec, period and exhaustion."""
-    status = budget.get("status") or {}
-    exhausted = next((x.get("status") for x in status.get("conditions") or [] if x.get("type") == "Exhausted"), None)
-    return budget["metadata"].get("generation"), status.get("periodStart"), exhausted
 
 
 class Wakes:
@@ -115,7 +108,7 @@ class Wakes:
         # A charge (every fold of every run on it) concerns only runs waiting to be admitted; a
         # new limit or period, or the budget running out or coming back, concerns all its runs.
         # Held runs see the spending of others at their own next pass (at most a fold interval).
-        everyone = event_type == "DELETED" or before is None or _budget_gate(before) != _budget_gate(body)
+        everyone = event_type == "DELETED" or before is None or BudgetView(before).gate != BudgetView(body).gate
         return [Wake(key) for key in list(self.cache.budget_runs.get(budget, ()))
                 if (run := self.cache.run(key)) is not None and (everyone or run.holder is None)]
 
