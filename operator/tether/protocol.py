@@ -7,6 +7,8 @@ gateway that speaks it for external workers (gateway/), and the operator
 
 - whether an answer is a Lease at all (`parse_lease`), and whether it is held by a given holder
   and fence (`holds`);
+- whether a gateway's 200 is its reply to this attempt's renewal or claim (`gateway_reply`,
+  `claim_reply`);
 - the renewal a worker writes (`renewal`) and the fenced result patch (`fenced_patch`);
 - the usage annotation: its format, its parser and which reports are acceptable;
 - the control signals on the Lease and the cap arithmetic on them;
@@ -130,6 +132,74 @@ def holds(lease: Mapping[str, Any] | None, holder: str | None, fence: int | None
     starts again at holder `<name>-a1` and fence 1, and only the UID tells the two apart."""
     return (lease is not None and same_owner(*lease_holder(lease), holder, fence)
             and (run_uid is None or controller_uid(lease) == run_uid))
+
+
+# --- the gateway's replies --------------------------------------------------------
+
+
+def gateway_reply(body: str | bytes, holder: str, fence: int, run_uid: str | None) -> dict[str, Any] | None:
+    """An answer's body as the gateway's reply to a renewal (heartbeat, checkpoint, approval) of this
+    attempt, or None when it is not one: not a JSON object with the fields the gateway always sends,
+    with their types, naming this holder and fence (and this run, when the call named it). Such a 200
+    came from something in between (a proxy's `{}`) and confirms nothing (docs/protocol.md §6.4).
+    The TypeScript and Go SDKs draw the same line (sdk/vectors/gateway-replies.json)."""
+    doc = _json_object(body)
+    if doc is None or not _is_renewal_reply(doc) or (doc["holder"], doc["fence"]) != (holder, fence):
+        return None
+    return doc if run_uid is None or doc["runUid"] == run_uid else None
+
+
+def claim_reply(body: str | bytes) -> dict[str, Any] | None:
+    """An answer's body as the gateway's claim reply (a renewal reply of the attempt it hands out,
+    plus the attempt's contract), or None when it is not one (docs/protocol.md §6.4)."""
+    doc = _json_object(body)
+    if doc is None or not _is_renewal_reply(doc):
+        return None
+    contract = (doc["holder"] != "" and doc["fence"] >= 1 and doc["runUid"] != ""
+                and all(_is_int(doc.get(k)) and doc[k] >= 1
+                        for k in ("attempt", "leaseDurationSeconds", "renewIntervalSeconds"))
+                and isinstance(doc.get("idempotencyKey"), str)
+                and isinstance(_or_empty(doc.get("payload"), {}), dict)
+                and isinstance(doc.get("checkpoint"), _STR_OR_NULL)
+                and isinstance(doc.get("reviewFeedback"), _STR_OR_NULL))
+    return doc if contract else None
+
+
+def _json_object(body: str | bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _is_renewal_reply(doc: dict[str, Any]) -> bool:
+    # Absent and null are alike for the fields the gateway may leave empty, as Go's decoder has them.
+    return (isinstance(doc.get("holder"), str) and _is_int(doc.get("fence")) and isinstance(doc.get("runUid"), str)
+            and isinstance(doc.get("stop"), bool) and isinstance(doc.get("paused"), bool)
+            and isinstance(doc.get("leaseExpiresAt"), str) and isinstance(doc.get("status"), str)
+            and _is_time_or_null(doc.get("endsAt"))
+            and all(doc.get(k) is None or _is_int(doc[k]) for k in ("capRemainingCents", "capRemainingTokens"))
+            and isinstance(_or_empty(doc.get("decisions"), {}), dict)
+            and _is_tool_claim_or_null(doc.get("toolClaim")))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_time_or_null(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        return isinstance(value, str) and parse_time(value) is not None
+    except ValueError:
+        return False
+
+
+def _is_tool_claim_or_null(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and all(
+        isinstance(value.get(k), str) for k in ("token", "expiresAt", "serviceAccount")))
 
 
 # --- usage ------------------------------------------------------------------------

@@ -221,3 +221,69 @@ def test_a_repeated_complete_whose_first_answer_was_lost_is_answered_200_only_fo
               410, "StaleFence")
     _envelope(_call(app, "POST", f"{OP}/complete", json={**fenced, "runUid": "other", "result": {"ok": 1}},
                     headers=AUTH), 410, "StaleFence")
+
+
+class HeldKube(AuthOnlyKube):
+    """Attempt job-a1 (fence 1) of run run-1, claimed by the caller as worker w1: every renewal lands
+    (resourceVersion compare-and-swap) and mints a tool credential."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tether.gateway.app import Claimant
+        from tether.gateway.auth import Caller
+
+        claimant = Claimant.of(Caller("system:serviceaccount:ns:ext", "u1", (), {}), "w1").encode()
+        self.lease: dict[str, Any] = {
+            "metadata": {"name": "job", "namespace": "ns", "resourceVersion": "7",
+                         "annotations": {"tether.dev/claimed-by": claimant},
+                         "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1", "controller": True}]},
+            "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1, "leaseDurationSeconds": 20}}
+
+    async def get_run(self, ns: str, name: str) -> dict[str, Any]:
+        return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+                "metadata": {"name": "job", "namespace": "ns", "uid": "run-1", "resourceVersion": "8"},
+                "spec": {"executor": "External", "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5}},
+                "status": {"phase": "Running", "attempt": 1, "fence": 1, "holder": "job-a1"}}
+
+    async def get_lease(self, ns: str, name: str) -> dict[str, Any]:
+        return json.loads(json.dumps(self.lease))
+
+    async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
+        assert lease["metadata"]["resourceVersion"] == self.lease["metadata"]["resourceVersion"]
+        self.lease = {**lease, "metadata": {**lease["metadata"],
+                                            "resourceVersion": str(int(lease["metadata"]["resourceVersion"]) + 1)}}
+        return await self.get_lease("ns", "job")
+
+    async def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "metadata": {**body["metadata"], "uid": "secret-1"}}
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path.endswith("/token"):
+            return {"status": {"token": "tool-1", "expirationTimestamp": "2026-11-30T16:10:00Z"}}
+        return await super().create(path, body)
+
+
+@pytest.mark.parametrize("op, extra, schema", [
+    ("heartbeat", {}, "Signals"), ("checkpoint", {"cursor": "row-2"}, "Signals"),
+    ("approval", {"name": "refund", "details": "42 EUR"}, "ApprovalResponse"), ("claim", None, "ClaimResponse")])
+def test_every_renewal_reply_names_its_attempt_as_the_sdks_and_the_openapi_document_require(
+        op: str, extra: dict[str, Any] | None, schema: str) -> None:
+    """docs/protocol.md §6.4: a 200 is the gateway's reply only when it names the attempt it renewed
+    (holder, fence, runUid) and carries the signals with their types. The SDKs recognise replies by
+    that rule (a proxy's `{}` confirms nothing), so every reply must follow it, and the OpenAPI
+    document the gateway serves must say so."""
+    from tether import protocol
+    from tether.gateway.openapi import openapi_document
+
+    body = {"workerId": "w1"} if extra is None else {"holder": "job-a1", "fence": 1, "runUid": "run-1",
+                                                      "workerId": "w1", **extra}
+    resp = _call(build_app(HeldKube(), "tether-gateway"), "POST", f"{OP}/{op}", json=body,  # type: ignore[arg-type]
+                 headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    if op == "claim":
+        assert protocol.claim_reply(resp.content) is not None, resp.text
+    assert protocol.gateway_reply(resp.content, "job-a1", 1, "run-1") is not None, resp.text
+    assert protocol.gateway_reply(resp.content, "job-a1", 2, "run-1") is None  # another attempt's reply
+    required = set(openapi_document()["components"]["schemas"][schema]["required"])
+    assert {"holder", "fence", "runUid", "stop", "paused", "leaseExpiresAt", "status"} <= required
+    assert required <= set(resp.json()), required - set(resp.json())

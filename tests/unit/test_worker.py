@@ -104,8 +104,9 @@ def test_report_usage_refuses_what_the_operator_would_refuse() -> None:
     assert run.signals.cap_remaining_cents is None
 
 
-def _gateway(handler: Any, worker_id: str | None = "w1") -> GatewayTransport:
-    transport = GatewayTransport("http://gw", "ns", "job", "tok", "job-a1", 1, timeout=5, worker_id=worker_id)
+def _gateway(handler: Any, worker_id: str | None = "w1", run_uid: str | None = None) -> GatewayTransport:
+    transport = GatewayTransport("http://gw", "ns", "job", "tok", "job-a1", 1, timeout=5, worker_id=worker_id,
+                                 run_uid=run_uid)
     transport._http = httpx.Client(base_url="http://gw", transport=httpx.MockTransport(handler))  # noqa: SLF001
     return transport
 
@@ -134,8 +135,9 @@ def test_gateway_transport_sends_the_claimant_and_counts_caps_like_the_pod_path(
     def handler(request: httpx.Request) -> httpx.Response:
         import json
         seen.append(json.loads(request.content))
-        return httpx.Response(200, json={"stop": False, "paused": False, "capRemainingCents": 380,
-                                         "capRemainingTokens": None, "leaseExpiresAt": "x", "status": "Running"})
+        return httpx.Response(200, json={"holder": "job-a1", "fence": 1, "runUid": "uid-1", "stop": False,
+                                         "paused": False, "capRemainingCents": 380, "capRemainingTokens": None,
+                                         "leaseExpiresAt": "x", "status": "Running"})
 
     t = _gateway(handler)
     renewal = t.renew("row-7", Usage(cents=120, tokens=9))
@@ -622,3 +624,49 @@ def test_a_proxy_page_neither_breaks_start_nor_stops_the_publication(caplog: pyt
         assert [r for r in caplog.records if getattr(r, "event", None) == "heartbeat_error"] == []
     finally:
         run.stop()
+
+
+# --- what a gateway answer means (sdk/vectors/gateway-replies.json, shared with the TypeScript and Go SDKs) ---
+
+GATEWAY_VECTORS: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[2] / "sdk/vectors/gateway-replies.json").read_text())
+
+
+def _gateway_answer(v: dict[str, Any]) -> httpx.Response:
+    return httpx.Response(v.get("status", 200), content=_vector_body(v),
+                          headers={"Content-Type": v.get("contentType", "application/json")})
+
+
+@pytest.mark.parametrize("vector", GATEWAY_VECTORS["heartbeats"], ids=lambda v: v["name"])
+def test_a_heartbeat_answer_means_to_the_python_sdk_what_it_means_to_every_sdk(vector: dict[str, Any]) -> None:
+    """A proxy (or anything in between) answering 200 with `{}` or another JSON object confirmed
+    ownership: only the gateway's reply for this attempt does (docs/protocol.md §6.4); anything
+    else leaves the renewal unconfirmed, and hands out no tool credential."""
+    w = GATEWAY_VECTORS["worker"]
+    t = _gateway(lambda request: _gateway_answer(vector), worker_id=w["workerId"], run_uid=w["runUid"])
+    renewal = t.renew(None, None)
+    assert _outcome(renewal) == vector["outcome"]
+    assert (t.tool_claim is not None) is (renewal.ok and bool(json.loads(_vector_body(vector)).get("toolClaim")))
+
+
+@pytest.mark.parametrize("vector", GATEWAY_VECTORS["claims"], ids=lambda v: v["name"])
+def test_a_claim_answer_is_the_gateways_claim_reply_exactly_when_every_sdk_reads_it_as_one(
+        vector: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim answered 200 with something that is not the claim reply is a claim without an answer
+    (it may have landed; the same claimant claiming again is answered alike), never a run held with
+    whatever the body happened to hold."""
+    from tether.worker import ClaimRefused, TetherWorkerError
+
+    client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: client(
+        **kw, transport=httpx.MockTransport(lambda request: _gateway_answer(vector))))
+    if vector["claim"]:
+        run = WorkerRun.claim("http://gw", "ns", "job", "tok")
+        doc = vector["json"]
+        assert (run.holder, run.fence, run.attempt, run.idempotency_key) == (
+            doc["holder"], doc["fence"], doc["attempt"], doc["idempotencyKey"])
+        assert run.payload == (doc.get("payload") or {})
+        return
+    with pytest.raises(TetherWorkerError, match="not the gateway's claim reply") as raised:
+        WorkerRun.claim("http://gw", "ns", "job", "tok")
+    assert not isinstance(raised.value, ClaimRefused)

@@ -228,11 +228,15 @@ class Gateway:
         await self.auth.authorize(caller, ns, name)
         return caller
 
-    def _signals(self, run: WorkerRun, lease: dict[str, Any], usage: m.UsageReport | None) -> dict[str, Any]:
+    def _signals(self, renewed: Renewal, attempt: m.Fenced, usage: m.UsageReport | None) -> dict[str, Any]:
+        """The reply to a call that renewed `attempt`: it names the attempt, so that a worker can
+        tell it from any other 200 (docs/protocol.md §6.4), and carries the signals."""
+        run, lease = renewed.run, renewed.lease
         sig = protocol.lease_signals(lease) or Signals()
         own = Usage(cents=usage.cents, tokens=usage.tokens) if usage else protocol.lease_usage(lease)
         cents, tokens = protocol.remaining(sig, own)
         return {
+            "holder": attempt.holder, "fence": attempt.fence, "runUid": run.metadata.uid,
             "leaseExpiresAt": protocol.rfc3339(_now() + dt.timedelta(seconds=run.spec.lease.duration_seconds)),
             "stop": sig.stop, "paused": sig.paused,
             "endsAt": protocol.rfc3339(sig.ends_at) if sig.ends_at else None,
@@ -365,8 +369,7 @@ class Gateway:
         if c.ANN_CLAIMED_BY not in protocol.annotations(renewed.before):
             log.info("claimed", extra={"event": "job_claimed", "run": f"{ns}/{name}", "attempt": s.attempt,
                                        "fence": s.fence, "holder": s.holder, "worker": body.workerId})
-        return {**self._signals(run, renewed.lease, None), "holder": fenced.holder, "fence": fenced.fence,
-                "attempt": s.attempt, "runUid": run.metadata.uid,
+        return {**self._signals(renewed, fenced, None), "attempt": s.attempt,
                 "leaseDurationSeconds": run.spec.lease.duration_seconds,
                 "renewIntervalSeconds": run.spec.lease.renew_interval_seconds,
                 "payload": run.spec.payload or {}, "checkpoint": s.checkpoint.cursor if s.checkpoint else None,
@@ -379,7 +382,7 @@ class Gateway:
         body: m.HeartbeatRequest = await self._body(request, m.HeartbeatRequest)
         renewed = await self._renew(await self._run(ns, name), caller, body, body.usage, body.checkpoint,
                                     asks=body.requests)
-        return {**self._signals(renewed.run, renewed.lease, body.usage),
+        return {**self._signals(renewed, body, body.usage),
                 "toolClaim": await self._tool_claim(renewed.run, body.holder, body.fence)}
 
     async def approval(self, request: Request, ns: str, name: str) -> dict[str, Any]:
@@ -387,7 +390,7 @@ class Gateway:
         body: m.ApprovalRequest = await self._body(request, m.ApprovalRequest)
         ask = m.ApprovalAsk(name=body.name, details=body.details, timeoutSeconds=body.timeoutSeconds)
         renewed = await self._renew(await self._run(ns, name), caller, body, None, None, asks=[ask])
-        signals = self._signals(renewed.run, renewed.lease, None)
+        signals = self._signals(renewed, body, None)
         if ask.name not in protocol.annotations(renewed.before).get(c.ANN_REQUESTS, ""):
             log.info("approval requested", extra={"event": "approval_requested", "run": f"{ns}/{name}",
                                                   "holder": body.holder, "fence": body.fence, "request": ask.name})
@@ -397,7 +400,7 @@ class Gateway:
         caller = await self._caller(request, ns, name)
         body: m.CheckpointRequest = await self._body(request, m.CheckpointRequest)
         renewed = await self._renew(await self._run(ns, name), caller, body, body.usage, body.cursor)
-        return self._signals(renewed.run, renewed.lease, body.usage)
+        return self._signals(renewed, body, body.usage)
 
     async def _publish(self, request: Request, ns: str, name: str, model: type[m.Fenced], field: str) -> dict[str, Any]:
         caller = await self._caller(request, ns, name)

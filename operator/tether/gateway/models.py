@@ -91,6 +91,13 @@ class ToolClaim(BaseModel):
 
 
 class Signals(BaseModel):
+    """The reply to every call that renews (claim, heartbeat, checkpoint, approval). It names the
+    attempt it renewed, so a worker tells it from any other 200 (a proxy's `{}`): docs/protocol.md §6.4."""
+
+    holder: str = Field(description="The holder whose lease this call renewed.")
+    fence: int = Field(description="The fence of the attempt this call renewed.")
+    runUid: str = Field(description="The UID of the run renewed. Send it back with every call: the run may be "
+                                    "re-created under its name.")
     leaseExpiresAt: str
     stop: bool
     paused: bool
@@ -108,10 +115,7 @@ class ApprovalResponse(Signals):
 
 
 class ClaimResponse(Signals):
-    holder: str
-    fence: int
     attempt: int
-    runUid: str = Field(description="Send it back with every call: the run may be re-created under its name.")
     leaseDurationSeconds: int
     renewIntervalSeconds: int
     payload: dict[str, Any] = {}

@@ -25,7 +25,8 @@ from tether import protocol
 from tether.api import constants as c
 from tether.api.models import GROUP, PLURAL, VERSION, Signals, Usage
 from tether.kube import config as kubeconfig
-from tether.worker.errors import ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, ToolTimeout
+from tether.worker.errors import (ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested,
+                                  TetherWorkerError, ToolTimeout)
 from tether.worker.transport import GatewayTransport, KubeTransport, Transport, error_body
 
 log = logging.getLogger("tether.worker")
@@ -175,7 +176,8 @@ class WorkerRun:
               verify: Any = True, **kw: Any) -> "WorkerRun":
         """An external worker: claims the run's open attempt through the Tether gateway.
 
-        Raises ClaimRefused (with the HTTP status: 402 budget, 409 held or nothing open, ...).
+        Raises ClaimRefused (with the HTTP status: 402 budget, 409 held or nothing open, ...);
+        TetherWorkerError when a 200 is not the gateway's claim reply; httpx.HTTPError on no answer.
         """
         body = {"workerId": worker_id} if worker_id else {}
         with httpx.Client(base_url=gateway, verify=verify, timeout=30,
@@ -183,15 +185,20 @@ class WorkerRun:
             resp = http.post(f"/api/v1/namespaces/{namespace}/workerruns/{name}/claim", json=body)
         if resp.status_code != 200:
             raise ClaimRefused(resp.status_code, error_body(resp))
-        doc = resp.json()
+        doc = protocol.claim_reply(resp.content)
+        if doc is None:
+            # Something in between answered (a proxy's page or `{}`): not a refusal, and the claim
+            # may have landed, which the same claimant's next claim is answered alike for.
+            raise TetherWorkerError(f"the claim's 200 is not the gateway's claim reply (claiming again is safe): "
+                                    f"{resp.text[:200]}")
         transport = GatewayTransport(gateway, namespace, name, token, doc["holder"], doc["fence"],
                                      timeout=min(10.0, max(float(doc["renewIntervalSeconds"]), 1.0)), verify=verify,
-                                     worker_id=worker_id, run_uid=doc.get("runUid"))
+                                     worker_id=worker_id, run_uid=doc["runUid"])
         transport.tool_claim = doc.get("toolClaim")
         return cls(name=name, namespace=namespace, holder=doc["holder"], fence=doc["fence"], attempt=doc["attempt"],
                    lease_duration=doc["leaseDurationSeconds"], renew_interval=doc["renewIntervalSeconds"],
                    payload=doc.get("payload"), checkpoint=doc.get("checkpoint"),
-                   idempotency_key=doc.get("idempotencyKey", ""), transport=transport,
+                   idempotency_key=doc["idempotencyKey"], transport=transport,
                    review_feedback=doc.get("reviewFeedback"), **kw)
 
     @property

@@ -222,7 +222,7 @@ class GatewayTransport:
     def __init__(self, base_url: str, namespace: str, name: str, token: str, holder: str, fence: int,
                  timeout: float, verify: Any = True, worker_id: str | None = None,
                  run_uid: str | None = None) -> None:
-        self.holder, self.fence = holder, fence
+        self.holder, self.fence, self.run_uid = holder, fence, run_uid
         # Every call names the attempt and, when the claim named one, the worker: the gateway
         # accepts calls only from the identity (and worker) that claimed the attempt.
         self._fenced: dict[str, Any] = {"holder": holder, "fence": fence}
@@ -250,11 +250,12 @@ class GatewayTransport:
             body["usage"] = {"cents": usage.cents, "tokens": usage.tokens}
         resp = self._http.post(f"{self._prefix}/heartbeat", json=body)
         if resp.status_code == 200:
-            doc = _json(resp)
-            if not isinstance(doc, dict):
-                # Only the gateway's reply confirms: a 200 without a JSON object came from something
-                # else (a proxy's page), which says nothing about the lease.
-                return Renewal(ok=False, why=f"heartbeat answered 200 without the gateway's reply: {resp.text[:200]}")
+            doc = protocol.gateway_reply(resp.content, self.holder, self.fence, self.run_uid)
+            if doc is None:
+                # Only the gateway's reply for this attempt confirms: any other 200 (a proxy's page,
+                # its `{}`) came from something in between and says nothing about the lease.
+                return Renewal(ok=False, why="heartbeat answered 200 without the gateway's reply for this attempt: "
+                                             f"{resp.text[:200]}")
             self.tool_claim = doc.get("toolClaim") or self.tool_claim
             return Renewal(ok=True, signals=gateway_signals(doc, usage))
         if resp.status_code in (404, 410) or error_body(resp).get("code") in ("NotClaimant", "HeldByAnother"):
