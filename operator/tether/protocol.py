@@ -155,9 +155,11 @@ def claim_reply(body: str | bytes) -> dict[str, Any] | None:
     doc = _json_object(body)
     if doc is None or not _is_renewal_reply(doc):
         return None
+    # Seconds may have a fraction (the CRD's are whole; a test gateway's need not be).
     contract = (doc["holder"] != "" and doc["fence"] >= 1 and doc["runUid"] != ""
-                and all(_is_int(doc.get(k)) and doc[k] >= 1
-                        for k in ("attempt", "leaseDurationSeconds", "renewIntervalSeconds"))
+                and _is_int(doc.get("attempt")) and doc["attempt"] >= 1
+                and all(isinstance(doc.get(k), (int, float)) and not isinstance(doc[k], bool) and doc[k] > 0
+                        for k in ("leaseDurationSeconds", "renewIntervalSeconds"))
                 and isinstance(doc.get("idempotencyKey"), str)
                 and isinstance(_or_empty(doc.get("payload"), {}), dict)
                 and isinstance(doc.get("checkpoint"), _STR_OR_NULL)

@@ -3,7 +3,7 @@
  * built-in fetch. The gateway writes the same fenced Lease renewals and status patches for us.
  */
 
-import { ClaimRefused, ResultInvalid, type InvalidCause } from "./errors.js";
+import { ClaimRefused, ResultInvalid, TetherWorkerError, type InvalidCause } from "./errors.js";
 import {
   parseDecisions,
   retryAfterSeconds,
@@ -28,7 +28,7 @@ export interface ClaimReply {
   holder: string;
   fence: number;
   attempt: number;
-  runUid: string | null;
+  runUid: string;
   leaseDurationSeconds: number;
   renewIntervalSeconds: number;
   payload: JsonObject;
@@ -84,53 +84,93 @@ async function post(url: string, token: string, body: unknown, timeoutSeconds: n
   return { status: resp.status, doc, text, headers: resp.headers };
 }
 
-function toolClaimOf(doc: Record<string, unknown>): ToolClaim | null {
-  const t = doc.toolClaim;
-  return isObject(t) && typeof t.token === "string"
-    ? { token: t.token, expiresAt: String(t.expiresAt ?? ""), serviceAccount: String(t.serviceAccount ?? "") }
-    : null;
+// --- which 200 is the gateway's reply (docs/protocol.md §6.4) --------------------------------
+
+/** The reply to a call that renewed an attempt (claim, heartbeat, checkpoint, approval), its fields
+ * checked: the attempt it names and the signals. */
+export type GatewayReply = Record<string, unknown> & {
+  holder: string;
+  fence: number;
+  runUid: string;
+  stop: boolean;
+  paused: boolean;
+  endsAt?: string | null;
+  capRemainingCents?: number | null;
+  capRemainingTokens?: number | null;
+  toolClaim?: ToolClaim | null;
+};
+
+const isNull = (v: unknown): v is null | undefined => v === undefined || v === null;
+const isInt = (v: unknown): v is number => Number.isSafeInteger(v);
+
+// Absent and null are alike for the fields the gateway may leave empty, as Go's decoder has them.
+function isRenewalReply(doc: unknown): doc is GatewayReply {
+  return isObject(doc) && typeof doc.holder === "string" && isInt(doc.fence) && typeof doc.runUid === "string"
+    && typeof doc.stop === "boolean" && typeof doc.paused === "boolean"
+    && typeof doc.leaseExpiresAt === "string" && typeof doc.status === "string"
+    && (isNull(doc.endsAt) || (typeof doc.endsAt === "string" && !Number.isNaN(Date.parse(doc.endsAt))))
+    && (isNull(doc.capRemainingCents) || isInt(doc.capRemainingCents))
+    && (isNull(doc.capRemainingTokens) || isInt(doc.capRemainingTokens))
+    && (isNull(doc.decisions) || isObject(doc.decisions))
+    && (isNull(doc.toolClaim) || (isObject(doc.toolClaim)
+      && ["token", "expiresAt", "serviceAccount"].every((k) => typeof (doc.toolClaim as Record<string, unknown>)[k] === "string")));
 }
 
-/** Claims the run's open attempt. Throws ClaimRefused with the gateway's status and code. */
+/**
+ * An answer's JSON as the gateway's reply to a renewal of this attempt (holder, fence and, when the
+ * call named it, run), or null when it is not one. Such a 200 came from something in between (a
+ * proxy's `{}`) and confirms nothing. The Python and Go SDKs draw the same line
+ * (sdk/vectors/gateway-replies.json).
+ */
+export function gatewayReply(doc: unknown, holder: string, fence: number, runUid: string | null): GatewayReply | null {
+  if (!isRenewalReply(doc) || doc.holder !== holder || doc.fence !== fence) return null;
+  return runUid === null || doc.runUid === runUid ? doc : null;
+}
+
+/** An answer's JSON as the gateway's claim reply (a renewal reply of the attempt it hands out, plus
+ * the attempt's contract), or null when it is not one. */
+export function claimReply(doc: unknown): ClaimReply | null {
+  if (!isRenewalReply(doc)) return null;
+  const { attempt, leaseDurationSeconds, renewIntervalSeconds, idempotencyKey } = doc;
+  const payload = isNull(doc.payload) ? {} : doc.payload;
+  const checkpoint = doc.checkpoint ?? null;
+  const reviewFeedback = doc.reviewFeedback ?? null;
+  // Seconds may have a fraction (the CRD's are whole; a test gateway's need not be).
+  if (doc.holder === "" || doc.fence < 1 || doc.runUid === "" || !isInt(attempt) || attempt < 1
+    || typeof leaseDurationSeconds !== "number" || !(leaseDurationSeconds > 0)
+    || typeof renewIntervalSeconds !== "number" || !(renewIntervalSeconds > 0)
+    || typeof idempotencyKey !== "string" || !isObject(payload)
+    || !(checkpoint === null || typeof checkpoint === "string")
+    || !(reviewFeedback === null || typeof reviewFeedback === "string")) return null;
+  return {
+    holder: doc.holder, fence: doc.fence, attempt, runUid: doc.runUid, leaseDurationSeconds, renewIntervalSeconds,
+    payload: payload as JsonObject, checkpoint, idempotencyKey, toolClaim: doc.toolClaim ?? null, reviewFeedback,
+  };
+}
+
+/** Claims the run's open attempt. Throws ClaimRefused with the gateway's status and code, and a
+ * TetherWorkerError when a 200 is not the gateway's claim reply (the claim may have landed: the
+ * same claimant's next claim is answered alike, so claiming again is safe). */
 export async function claimRun(gatewayUrl: string, namespace: string, name: string, token: string,
   workerId: string | null, timeoutSeconds = 30): Promise<ClaimReply> {
   const answer = await post(runUrl(gatewayUrl, namespace, name, "claim"), token, workerId ? { workerId } : {},
     timeoutSeconds);
-  if (answer.status !== 200 || !isObject(answer.doc)) {
+  if (answer.status !== 200) {
     const error = errorBody(answer.doc);
     throw new ClaimRefused(answer.status, error.code ?? "", error.message ?? answer.text.slice(0, 200));
   }
-  const doc = answer.doc;
-  const num = (key: string): number => {
-    const v = doc[key];
-    if (typeof v !== "number") throw new Error(`the gateway's claim reply has no ${key}`);
-    return v;
-  };
-  if (typeof doc.holder !== "string") throw new Error("the gateway's claim reply has no holder");
-  return {
-    holder: doc.holder,
-    fence: num("fence"),
-    attempt: num("attempt"),
-    runUid: typeof doc.runUid === "string" ? doc.runUid : null,
-    leaseDurationSeconds: num("leaseDurationSeconds"),
-    renewIntervalSeconds: num("renewIntervalSeconds"),
-    payload: isObject(doc.payload) ? (doc.payload as JsonObject) : {},
-    checkpoint: typeof doc.checkpoint === "string" ? doc.checkpoint : null,
-    idempotencyKey: typeof doc.idempotencyKey === "string" ? doc.idempotencyKey : "",
-    toolClaim: toolClaimOf(doc),
-    reviewFeedback: typeof doc.reviewFeedback === "string" ? doc.reviewFeedback : null,
-  };
-}
-
-function intOrNull(v: unknown): number | null {
-  return typeof v === "number" && Number.isSafeInteger(v) ? v : null;
+  const reply = claimReply(answer.doc);
+  if (reply === null) {
+    throw new TetherWorkerError(`the claim's 200 is not the gateway's claim reply (claiming again is safe): `
+      + answer.text.slice(0, 200));
+  }
+  return reply;
 }
 
 /** The gateway's flat heartbeat reply as signals (caps counted against the usage it was sent). */
-export function gatewaySignals(doc: Record<string, unknown>, usage: Usage | null): Signals {
-  const signals = signalsFromRemaining(doc.stop === true, doc.paused === true,
-    typeof doc.endsAt === "string" ? doc.endsAt : null,
-    intOrNull(doc.capRemainingCents), intOrNull(doc.capRemainingTokens), usage);
+export function gatewaySignals(doc: GatewayReply, usage: Usage | null): Signals {
+  const signals = signalsFromRemaining(doc.stop, doc.paused, doc.endsAt ?? null,
+    doc.capRemainingCents ?? null, doc.capRemainingTokens ?? null, usage);
   // Malformed decisions decide nothing (the next heartbeat asks again); the other signals stand,
   // as the Python SDK reads the same reply.
   const decisions = doc.decisions === undefined ? null : parseDecisions(doc.decisions);
@@ -142,6 +182,9 @@ export class GatewayTransport implements Transport {
   /** Every call names the attempt, the run (never a namesake) and, when claimed with one, the worker:
    * the gateway accepts calls only from the claimant. */
   private readonly fenced: Record<string, string | number>;
+  private readonly holder: string;
+  private readonly fence: number;
+  private readonly runUid: string | null;
 
   constructor(
     private readonly gatewayUrl: string,
@@ -155,6 +198,9 @@ export class GatewayTransport implements Transport {
     runUid: string | null,
     toolClaim: ToolClaim | null = null,
   ) {
+    this.holder = holder;
+    this.fence = fence;
+    this.runUid = runUid;
     this.fenced = { holder, fence };
     if (workerId) this.fenced.workerId = workerId;
     if (runUid) this.fenced.runUid = runUid;
@@ -183,13 +229,14 @@ export class GatewayTransport implements Transport {
     if (usage !== null) body.usage = { cents: usage.cents, tokens: usage.tokens };
     const answer = await this.call("heartbeat", body);
     if (answer.status === 200) {
-      // Only the gateway's reply confirms: a 200 without a JSON object came from something else
-      // (a proxy's page, a cut body), which says nothing about the lease.
-      if (!isObject(answer.doc)) {
-        return unconfirmed(`heartbeat answered 200 without the gateway's reply: ${answer.text.slice(0, 200)}`);
+      // Only the gateway's reply for this attempt confirms: any other 200 (a proxy's page, its `{}`,
+      // a cut body) came from something in between and says nothing about the lease.
+      const reply = gatewayReply(answer.doc, this.holder, this.fence, this.runUid);
+      if (reply === null) {
+        return unconfirmed(`heartbeat answered 200 without the gateway's reply for this attempt: ${answer.text.slice(0, 200)}`);
       }
-      this.toolClaim = toolClaimOf(answer.doc) ?? this.toolClaim;
-      return confirmed(gatewaySignals(answer.doc, usage));
+      this.toolClaim = reply.toolClaim ?? this.toolClaim;
+      return confirmed(gatewaySignals(reply, usage));
     }
     const error = errorBody(answer.doc);
     // Gone, a moved fence, or another identity or worker claimed the attempt: all say it is not ours.

@@ -35,6 +35,10 @@ interface Lease {
   beatAt: number[];
 }
 
+/** The gateway's reply to a renewal of attempt 1 (docs/protocol.md §6.4). */
+const RENEWED = { holder: "job-a1", fence: 1, runUid: "uid-1", leaseExpiresAt: "2026-11-30T12:00:10Z", stop: false,
+  paused: false, status: "Running" };
+
 /** A gateway that hands out attempt 1 with `payload`; heartbeats answer `heartbeats` in order, then 200.
  * By default L = 10 s and R = 1 h: the heartbeat never renews on its own during a test. */
 async function gateway(payload: Record<string, unknown>, heartbeats: Reply[] = [],
@@ -42,13 +46,13 @@ async function gateway(payload: Record<string, unknown>, heartbeats: Reply[] = [
   return server((req) => {
     const op = req.url.slice(PREFIX.length);
     if (op === "claim") {
-      return { status: 200, body: { holder: "job-a1", fence: 1, attempt: 1, runUid: "uid-1",
+      return { status: 200, body: { ...RENEWED, attempt: 1,
         leaseDurationSeconds: lease.leaseDurationSeconds, renewIntervalSeconds: lease.renewIntervalSeconds, payload,
         checkpoint: null, idempotencyKey: "key" } };
     }
     if (op === "heartbeat") {
       lease.beatAt.push(performance.now());
-      return heartbeats.shift() ?? { status: 200, body: { stop: false, paused: false } };
+      return heartbeats.shift() ?? { status: 200, body: RENEWED };
     }
     return { status: 200, body: { status: "Succeeded", fence: 2 } };
   });
@@ -140,7 +144,7 @@ describe("conformance worker", () => {
   it("a crash renews until a renewal carrying the checkpoint is confirmed, then exits 3", async () => {
     const busy: Reply = { status: 503, body: { error: { code: "Busy", message: "" } } };
     const gw = await gateway({ steps: 3, stepSeconds: 0, crashAttempts: [1], crashAfterStep: 1 }, [
-      { status: 200, body: { stop: false, paused: false } }, busy, busy],
+      { status: 200, body: RENEWED }, busy, busy],
     { leaseDurationSeconds: 10, renewIntervalSeconds: 0.2, beatAt: [] });
     assert.equal(await runWorker(gw.url), 3);
     const beats = ops(gw, "heartbeat").map((r) => JSON.parse(r.body) as { checkpoint?: string });
@@ -155,7 +159,7 @@ describe("conformance worker", () => {
     const busy: Reply = { status: 503, body: { error: { code: "Busy", message: "" } } };
     const lease: Lease = { leaseDurationSeconds: 10, renewIntervalSeconds: 0.4, beatAt: [] };
     const gw = await gateway({ steps: 3, stepSeconds: 0, crashAttempts: [1], crashAfterStep: 1 },
-      [{ status: 200, body: { stop: false, paused: false } }, busy, busy, busy, busy], lease);
+      [{ status: 200, body: RENEWED }, busy, busy, busy, busy], lease);
     assert.equal(await runWorker(gw.url), 3);
     // Two sources renew, the heartbeat and the crash's flush, each at most once per R: of any three
     // renewals in a row, two come from one source, so they span at least R.
@@ -170,7 +174,7 @@ describe("conformance worker", () => {
 
   it("a crash stops renewing once the run is lost", async () => {
     const gw = await gateway({ steps: 3, stepSeconds: 0, crashAttempts: [1], crashAfterStep: 1 }, [
-      { status: 200, body: { stop: false, paused: false } }, { status: 410, body: { error: { code: "StaleFence", message: "" } } }]);
+      { status: 200, body: RENEWED }, { status: 410, body: { error: { code: "StaleFence", message: "" } } }]);
     assert.equal(await runWorker(gw.url), 3);
     assert.equal(ops(gw, "heartbeat").length, 2);
   });

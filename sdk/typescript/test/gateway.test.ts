@@ -1,8 +1,9 @@
 import assert from "node:assert/strict";
+import fs from "node:fs";
 import { afterEach, beforeEach, describe, it } from "node:test";
 
-import { ClaimRefused, LeaseLost, ResultInvalid } from "../src/errors.js";
-import { GatewayTransport } from "../src/gateway.js";
+import { ClaimRefused, LeaseLost, ResultInvalid, TetherWorkerError } from "../src/errors.js";
+import { GatewayTransport, claimRun } from "../src/gateway.js";
 import { WorkerRun } from "../src/run.js";
 import { Unanswered } from "../src/transport.js";
 import { serve, type FakeServer, type Reply, type Seen } from "./fakes.js";
@@ -17,7 +18,8 @@ const CLAIM = {
 };
 
 function heartbeatReply(extra: Record<string, unknown> = {}): Reply {
-  return { status: 200, body: { leaseExpiresAt: "2026-11-30T12:00:08Z", stop: false, paused: false, endsAt: null,
+  return { status: 200, body: { holder: "invoice-8f1b-a1", fence: 1, runUid: "uid-1",
+    leaseExpiresAt: "2026-11-30T12:00:08Z", stop: false, paused: false, endsAt: null,
     capRemainingCents: 380, capRemainingTokens: null, status: "Running", toolClaim: null, ...extra } };
 }
 
@@ -247,4 +249,62 @@ describe("publication", () => {
     assert.equal(calls("complete").length, 1);
     await run.close();
   });
+});
+
+/** sdk/vectors/gateway-replies.json: what a gateway answer means, alike in the three SDKs. */
+interface GatewayVector {
+  name: string;
+  status?: number;
+  contentType?: string;
+  text?: string;
+  json?: unknown;
+}
+
+const GATEWAY_VECTORS = JSON.parse(fs.readFileSync(new URL("../../../vectors/gateway-replies.json", import.meta.url), "utf8")) as {
+  worker: { namespace: string; name: string; holder: string; fence: number; runUid: string; workerId: string };
+  heartbeats: (GatewayVector & { outcome: string })[];
+  claims: (GatewayVector & { claim: boolean })[];
+};
+
+const vectorReply = (v: GatewayVector): Reply => ({ status: v.status ?? 200, body: v.text ?? JSON.stringify(v.json),
+  headers: { "Content-Type": v.contentType ?? "application/json" } });
+
+describe("a 200 confirms only with the gateway's reply for this attempt (docs/protocol.md §6.4)", () => {
+  const w = GATEWAY_VECTORS.worker;
+  for (const v of GATEWAY_VECTORS.heartbeats) {
+    it(`heartbeat: ${v.name}: ${v.outcome}`, async () => {
+      const gw = await serve(() => vectorReply(v));
+      try {
+        const t = new GatewayTransport(gw.url, w.namespace, w.name, "tok", w.holder, w.fence, 2, w.workerId, w.runUid);
+        const r = await t.renew(null, null);
+        assert.equal(r.ok ? "confirmed" : r.lost ? "lost" : "unconfirmed", v.outcome);
+        // An answer that is not the reply hands out no credential either.
+        const sent = r.ok ? JSON.parse(v.text ?? JSON.stringify(v.json)) as { toolClaim?: unknown } : {};
+        assert.equal(t.toolClaim !== null, Boolean(sent.toolClaim));
+      } finally {
+        await gw.close();
+      }
+    });
+  }
+
+  for (const v of GATEWAY_VECTORS.claims) {
+    it(`claim: ${v.name}: ${v.claim ? "the claim reply" : "not the claim reply (no answer, not refused)"}`, async () => {
+      const gw = await serve(() => vectorReply(v));
+      try {
+        const claimed = claimRun(gw.url, w.namespace, w.name, "tok", null);
+        if (v.claim) {
+          const doc = v.json as Record<string, unknown>;
+          const reply = await claimed;
+          assert.deepEqual([reply.holder, reply.fence, reply.attempt, reply.idempotencyKey],
+            [doc.holder, doc.fence, doc.attempt, doc.idempotencyKey]);
+          assert.deepEqual(reply.payload, doc.payload ?? {});
+        } else {
+          await assert.rejects(claimed, (err: Error) => err instanceof TetherWorkerError && !(err instanceof ClaimRefused)
+            && /not the gateway's claim reply/.test(err.message));
+        }
+      } finally {
+        await gw.close();
+      }
+    });
+  }
 });
