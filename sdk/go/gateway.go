@@ -26,31 +26,101 @@ type gatewayError struct {
 	Field   string `json:"field"`
 }
 
-// claimReply is the gateway's answer to a claim.
+// renewalReply is the gateway's reply to a call that renewed an attempt (claim, heartbeat,
+// checkpoint, approval): the attempt it names and the signals, flat. Pointers tell a field that was
+// given from one absent or null (docs/protocol.md §6.4).
+type renewalReply struct {
+	Holder             *string         `json:"holder"`
+	Fence              *int64          `json:"fence"`
+	RunUID             *string         `json:"runUid"`
+	LeaseExpiresAt     *string         `json:"leaseExpiresAt"`
+	Status             *string         `json:"status"`
+	Stop               *bool           `json:"stop"`
+	Paused             *bool           `json:"paused"`
+	EndsAt             *string         `json:"endsAt"`
+	CapRemainingCents  *int64          `json:"capRemainingCents"`
+	CapRemainingTokens *int64          `json:"capRemainingTokens"`
+	ToolClaim          *toolClaimReply `json:"toolClaim"`
+	// Raw, so that malformed decisions do not make the whole reply unreadable (see renew).
+	Decisions json.RawMessage `json:"decisions"`
+}
+
+type toolClaimReply struct {
+	Token          *string `json:"token"`
+	ExpiresAt      *string `json:"expiresAt"`
+	ServiceAccount *string `json:"serviceAccount"`
+}
+
+// claimReply is the gateway's answer to a claim: a renewal reply of the attempt it hands out, plus
+// the attempt's contract.
 type claimReply struct {
-	Holder               string          `json:"holder"`
-	Fence                int64           `json:"fence"`
-	Attempt              int             `json:"attempt"`
-	LeaseDurationSeconds float64         `json:"leaseDurationSeconds"`
-	RenewIntervalSeconds float64         `json:"renewIntervalSeconds"`
+	renewalReply
+	Attempt              *int64          `json:"attempt"`
+	LeaseDurationSeconds *float64        `json:"leaseDurationSeconds"`
+	RenewIntervalSeconds *float64        `json:"renewIntervalSeconds"`
 	Payload              json.RawMessage `json:"payload"`
 	Checkpoint           *string         `json:"checkpoint"`
-	IdempotencyKey       string          `json:"idempotencyKey"`
-	RunUID               string          `json:"runUid"`
-	ToolClaim            *ToolClaim      `json:"toolClaim"`
+	IdempotencyKey       *string         `json:"idempotencyKey"`
 	ReviewFeedback       *string         `json:"reviewFeedback"`
 }
 
-// heartbeatReply is the gateway's answer to a heartbeat: the signals, flat.
-type heartbeatReply struct {
-	Stop               bool       `json:"stop"`
-	Paused             bool       `json:"paused"`
-	EndsAt             *string    `json:"endsAt"`
-	CapRemainingCents  *int64     `json:"capRemainingCents"`
-	CapRemainingTokens *int64     `json:"capRemainingTokens"`
-	ToolClaim          *ToolClaim `json:"toolClaim"`
-	// Raw, so that malformed decisions do not make the whole reply unreadable (see renew).
-	Decisions json.RawMessage `json:"decisions"`
+// wellFormed: the fields the gateway always sends are there, and every field has its type (the
+// decoder has checked the types of those given; absent and null are alike).
+func (r *renewalReply) wellFormed() bool {
+	if r.Holder == nil || r.Fence == nil || r.RunUID == nil || r.LeaseExpiresAt == nil || r.Status == nil ||
+		r.Stop == nil || r.Paused == nil {
+		return false
+	}
+	if r.EndsAt != nil {
+		if _, err := parseTime(*r.EndsAt); err != nil {
+			return false
+		}
+	}
+	if t := r.ToolClaim; t != nil && (t.Token == nil || t.ExpiresAt == nil || t.ServiceAccount == nil) {
+		return false
+	}
+	return objectOrNull(r.Decisions)
+}
+
+func (r *renewalReply) toolClaim() *ToolClaim {
+	if r.ToolClaim == nil {
+		return nil
+	}
+	return &ToolClaim{Token: *r.ToolClaim.Token, ExpiresAt: *r.ToolClaim.ExpiresAt, ServiceAccount: *r.ToolClaim.ServiceAccount}
+}
+
+// objectOrNull: a raw JSON value that is absent, null or an object.
+func objectOrNull(raw json.RawMessage) bool {
+	v := bytes.TrimSpace(raw)
+	return len(v) == 0 || string(v) == "null" || v[0] == '{'
+}
+
+// parseGatewayReply reads an answer as the gateway's reply to a renewal of this attempt (holder,
+// fence and, when the call named it, run); an error when it is not one. Such a 200 came from
+// something in between (a proxy's `{}`) and confirms nothing. The Python and TypeScript SDKs draw
+// the same line (sdk/vectors/gateway-replies.json).
+func parseGatewayReply(body []byte, holder string, fence int64, runUID string) (*renewalReply, error) {
+	var reply renewalReply
+	if err := json.Unmarshal(body, &reply); err != nil || !reply.wellFormed() || *reply.Holder != holder ||
+		*reply.Fence != fence || (runUID != "" && *reply.RunUID != runUID) {
+		return nil, fmt.Errorf("the heartbeat's 200 is not the gateway's reply for this attempt: %q", clip(string(body)))
+	}
+	return &reply, nil
+}
+
+// parseClaimReply reads an answer as the gateway's claim reply; an error when it is not one.
+func parseClaimReply(body []byte) (*claimReply, error) {
+	var reply claimReply
+	// Seconds may have a fraction (the CRD's are whole; a test gateway's need not be).
+	if err := json.Unmarshal(body, &reply); err != nil || !reply.wellFormed() || *reply.Holder == "" ||
+		*reply.Fence < 1 || *reply.RunUID == "" || reply.Attempt == nil || *reply.Attempt < 1 ||
+		reply.LeaseDurationSeconds == nil || *reply.LeaseDurationSeconds <= 0 ||
+		reply.RenewIntervalSeconds == nil || *reply.RenewIntervalSeconds <= 0 ||
+		reply.IdempotencyKey == nil || !objectOrNull(reply.Payload) {
+		return nil, fmt.Errorf("tether: the claim's 200 is not the gateway's claim reply (claiming again is safe): %q",
+			clip(string(body)))
+	}
+	return &reply, nil
 }
 
 // Claim claims the open attempt of the run namespace/name through the Tether gateway at
@@ -82,25 +152,16 @@ func Claim(ctx context.Context, gatewayURL, namespace, name, token string, opts 
 		}
 		return nil, &ClaimRefusedError{Status: status, Code: e.Code, Message: e.Message}
 	}
-	var reply claimReply
-	if err := json.Unmarshal(body, &reply); err != nil {
-		return nil, fmt.Errorf("tether: the claim's answer is not the gateway's: %w", err)
+	reply, err := parseClaimReply(body)
+	if err != nil {
+		return nil, err
 	}
-	if reply.Holder == "" || reply.Fence < 1 || reply.LeaseDurationSeconds <= 0 || reply.RenewIntervalSeconds <= 0 {
-		return nil, fmt.Errorf("tether: the claim's answer lacks the attempt (holder, fence, lease)")
-	}
-	g.fenced = map[string]any{"holder": reply.Holder, "fence": reply.Fence}
-	if s.workerID != "" {
-		g.fenced["workerId"] = s.workerID
-	}
-	if reply.RunUID != "" {
-		g.fenced["runUid"] = reply.RunUID
-	}
-	g.claim = reply.ToolClaim
-	info := attemptInfo{name: name, namespace: namespace, holder: reply.Holder, fence: reply.Fence,
-		attempt: reply.Attempt, payload: reply.Payload, idempotencyKey: reply.IdempotencyKey,
-		leaseDuration: time.Duration(reply.LeaseDurationSeconds * float64(time.Second)),
-		renewInterval: time.Duration(reply.RenewIntervalSeconds * float64(time.Second))}
+	g.holder, g.fence, g.runUID, g.workerID = *reply.Holder, *reply.Fence, *reply.RunUID, s.workerID
+	g.claim = reply.toolClaim()
+	info := attemptInfo{name: name, namespace: namespace, holder: g.holder, fence: g.fence,
+		attempt: int(*reply.Attempt), payload: reply.Payload, idempotencyKey: *reply.IdempotencyKey,
+		leaseDuration: time.Duration(*reply.LeaseDurationSeconds * float64(time.Second)),
+		renewInterval: time.Duration(*reply.RenewIntervalSeconds * float64(time.Second))}
 	if reply.Checkpoint != nil {
 		info.checkpoint = *reply.Checkpoint
 	}
@@ -123,8 +184,9 @@ type gatewayTransport struct {
 	clock  func() time.Time // wall clock, for Retry-After dates
 	// Every call names the attempt and, when the claim named one, the worker and the run's UID:
 	// the gateway accepts calls only from the identity (and worker) that claimed the attempt, and
-	// acts only on that run, never on a namesake created since.
-	fenced map[string]any
+	// acts only on that run, never on a namesake created since. Its replies name them back.
+	holder, runUID, workerID string
+	fence                    int64
 
 	mu    sync.Mutex
 	claim *ToolClaim
@@ -164,9 +226,13 @@ func (g *gatewayTransport) post(ctx context.Context, op string, body map[string]
 
 // withFence is a call's body: the attempt's identification plus the call's own fields.
 func (g *gatewayTransport) withFence(extra map[string]any) map[string]any {
-	body := make(map[string]any, len(g.fenced)+len(extra))
-	for k, v := range g.fenced {
-		body[k] = v
+	body := make(map[string]any, 4+len(extra))
+	body["holder"], body["fence"] = g.holder, g.fence
+	if g.workerID != "" {
+		body["workerId"] = g.workerID
+	}
+	if g.runUID != "" {
+		body["runUid"] = g.runUID
 	}
 	for k, v := range extra {
 		body[k] = v
@@ -218,23 +284,22 @@ func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usa
 		return renewResult{}, err
 	}
 	if status == http.StatusOK {
-		// Only the gateway's reply, a JSON object, confirms; JSON null leaves reply nil.
-		var reply *heartbeatReply
-		if err := json.Unmarshal(body, &reply); err != nil || reply == nil {
-			return renewResult{}, fmt.Errorf("the heartbeat's answer is not the gateway's: %q", clip(string(body)))
+		// Only the gateway's reply for this attempt confirms: any other 200 (a proxy's page, its
+		// `{}`) came from something in between and says nothing about the lease, like no answer.
+		reply, err := parseGatewayReply(body, g.holder, g.fence, g.runUID)
+		if err != nil {
+			return renewResult{}, err
 		}
 		var endsAt *time.Time
 		if reply.EndsAt != nil {
-			if endsAt, err = parseTime(*reply.EndsAt); err != nil {
-				return renewResult{}, fmt.Errorf("the heartbeat's endsAt: %w", err)
-			}
+			endsAt, _ = parseTime(*reply.EndsAt) // checked by parseGatewayReply
 		}
-		if reply.ToolClaim != nil {
+		if claim := reply.toolClaim(); claim != nil {
 			g.mu.Lock()
-			g.claim = reply.ToolClaim
+			g.claim = claim
 			g.mu.Unlock()
 		}
-		sig := signalsFromRemaining(reply.Stop, reply.Paused, endsAt, reply.CapRemainingCents,
+		sig := signalsFromRemaining(*reply.Stop, *reply.Paused, endsAt, reply.CapRemainingCents,
 			reply.CapRemainingTokens, u)
 		// Malformed decisions decide nothing (the next heartbeat asks again); the other signals
 		// stand, as the Python SDK reads the same reply.

@@ -77,11 +77,22 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			`"runUid":"uid-1","leaseExpiresAt":"2026-11-30T16:00:10Z","stop":false,"paused":false,"status":"Starting",`+
 			`"toolClaim":{"token":"tool-1","expiresAt":"2026-11-30T16:10:00Z","serviceAccount":"invoice-8f1b-worker"}}`)(w)
 	case "heartbeat":
-		gatewayAnswer(200, `{"leaseExpiresAt":"2026-11-30T16:00:10Z","stop":false,"paused":false,"endsAt":null,`+
-			`"capRemainingCents":null,"capRemainingTokens":null,"status":"Running","toolClaim":null}`)(w)
+		renewed(`{"endsAt":null,"capRemainingCents":null,"capRemainingTokens":null,"toolClaim":null}`)(w)
 	default:
 		gatewayAnswer(200, `{"status":"Succeeded","fence":3}`)(w)
 	}
+}
+
+// renewed is the gateway's reply to a renewal of the fake's attempt (invoice-8f1b-a2, fence 3),
+// with `fields` (a JSON object) added or replacing its own.
+func renewed(fields string) func(http.ResponseWriter) {
+	reply := map[string]any{"holder": "invoice-8f1b-a2", "fence": 3, "runUid": "uid-1",
+		"leaseExpiresAt": "2026-11-30T16:00:10Z", "stop": false, "paused": false, "status": "Running"}
+	if err := json.Unmarshal([]byte(fields), &reply); err != nil {
+		panic(err)
+	}
+	raw, _ := json.Marshal(reply)
+	return gatewayAnswer(200, string(raw))
 }
 
 func gatewayAnswer(code int, body string) func(http.ResponseWriter) {
@@ -172,7 +183,7 @@ func TestClaimUnanswered(t *testing.T) {
 
 func TestGatewayHeartbeatSignals(t *testing.T) {
 	g, srv := newFakeGateway(t)
-	g.script("heartbeat", gatewayAnswer(200, `{"stop":false,"paused":true,"endsAt":"2026-12-01T00:00:00Z",`+
+	g.script("heartbeat", renewed(`{"stop":false,"paused":true,"endsAt":"2026-12-01T00:00:00Z",`+
 		`"capRemainingCents":380,"capRemainingTokens":null,"status":"Running"}`))
 	r := claimTest(t, srv)
 	s := r.Signals()
@@ -183,7 +194,7 @@ func TestGatewayHeartbeatSignals(t *testing.T) {
 	if got := deref(r.Signals().CapRemainingCents); got != int64(360) {
 		t.Fatalf("remaining %v", got)
 	}
-	g.script("heartbeat", gatewayAnswer(200, `{"stop":true,"paused":false,"capRemainingCents":360}`))
+	g.script("heartbeat", renewed(`{"stop":true,"paused":false,"capRemainingCents":360}`))
 	_ = r.Checkpoint("x", true)
 	if s := r.Signals(); !s.Stop || deref(s.CapRemainingCents) != int64(360) || !errors.Is(r.EnsureOwner(), ErrStopRequested) {
 		t.Fatalf("signals %+v", s)
@@ -302,16 +313,16 @@ func TestGatewayFailAndBadResult(t *testing.T) {
 
 func TestGatewayApprovals(t *testing.T) {
 	g, srv := newFakeGateway(t)
-	g.script("claim", gatewayAnswer(200, `{"holder":"invoice-8f1b-a2","fence":3,"attempt":2,"leaseDurationSeconds":10,`+
-		`"renewIntervalSeconds":3600,"runUid":"uid-1","reviewFeedback":"round the totals"}`))
+	g.script("claim", renewed(`{"attempt":2,"leaseDurationSeconds":10,"renewIntervalSeconds":3600,`+
+		`"idempotencyKey":"invoice:8f1b","reviewFeedback":"round the totals"}`))
 	r := claimTest(t, srv)
 	r.poll = time.Millisecond
 	if r.ReviewFeedback() != "round the totals" {
 		t.Fatalf("review feedback %q", r.ReviewFeedback())
 	}
 	pending := `{"stop":false,"paused":false,"status":"Running","decisions":{}}`
-	g.script("heartbeat", gatewayAnswer(200, pending), gatewayAnswer(200, pending), gatewayAnswer(200, pending),
-		gatewayAnswer(200, `{"stop":false,"paused":false,"status":"Running",`+
+	g.script("heartbeat", renewed(pending), renewed(pending), renewed(pending),
+		renewed(`{"stop":false,"paused":false,"status":"Running",`+
 			`"decisions":{"refund":{"decision":"Deny","reason":"too much","approver":"alice"}}}`))
 	d, err := r.RequestApproval(context.Background(), "refund", "42 EUR", ptr(600))
 	if err != nil || d != (ApprovalDecision{Decision: "Deny", Reason: "too much", Approver: "alice"}) || d.Approved() {
@@ -331,7 +342,7 @@ func TestGatewayApprovals(t *testing.T) {
 
 func TestGatewayRequestWithoutTimeout(t *testing.T) {
 	g, srv := newFakeGateway(t)
-	g.script("heartbeat", gatewayAnswer(200, `{}`), gatewayAnswer(200, `{"decisions":{"ship":{"decision":"TimedOut"}}}`))
+	g.script("heartbeat", renewed(`{}`), renewed(`{"decisions":{"ship":{"decision":"TimedOut"}}}`))
 	r := claimTest(t, srv)
 	if d, err := r.RequestApproval(context.Background(), "ship", "", nil); err != nil || d.Decision != "TimedOut" {
 		t.Fatalf("decision %+v, %v", d, err)
@@ -345,7 +356,7 @@ func TestGatewayRequestWithoutTimeout(t *testing.T) {
 func TestGatewayMalformedDecisionsDecideNothing(t *testing.T) {
 	g, srv := newFakeGateway(t)
 	r := claimTest(t, srv)
-	g.script("heartbeat", gatewayAnswer(200, `{"stop":true,"paused":true,"decisions":{"refund":{"decision":"Perhaps"}}}`))
+	g.script("heartbeat", renewed(`{"stop":true,"paused":true,"decisions":{"refund":{"decision":"Perhaps"}}}`))
 	res, err := r.tr.renew(context.Background(), nil, nil, nil)
 	if err != nil || !res.ok || res.signals == nil || !res.signals.Stop || !res.signals.Paused || res.signals.Decisions != nil {
 		t.Fatalf("renewal %+v, %v: the other signals must stand", res, err)

@@ -36,6 +36,10 @@ type fakeGateway struct {
 	retired    bool
 }
 
+// renewed is the gateway's reply to a renewal of attempt 1 (docs/protocol.md §6.4).
+const renewed = `"holder":"job-a1","fence":1,"runUid":"uid-1","leaseExpiresAt":"2026-11-30T12:00:10Z",` +
+	`"stop":false,"paused":false,"status":"Running"`
+
 func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	raw, _ := io.ReadAll(req.Body)
 	g.mu.Lock()
@@ -47,8 +51,8 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		if renew == 0 {
 			renew = 3600
 		}
-		_, _ = fmt.Fprintf(w, `{"holder":"job-a1","fence":1,"attempt":1,"runUid":"uid-1","leaseDurationSeconds":10,`+
-			`"renewIntervalSeconds":%g,"idempotencyKey":"key","payload":%s}`, renew, g.payload)
+		_, _ = fmt.Fprintf(w, `{%s,"attempt":1,"leaseDurationSeconds":10,`+
+			`"renewIntervalSeconds":%g,"idempotencyKey":"key","payload":%s}`, renewed, renew, g.payload)
 	case "heartbeat":
 		var body struct {
 			Checkpoint string `json:"checkpoint"`
@@ -66,7 +70,7 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(status)
 		switch status {
 		case http.StatusOK:
-			_, _ = io.WriteString(w, `{"stop":false,"paused":false}`)
+			_, _ = io.WriteString(w, "{"+renewed+"}")
 		case http.StatusGone:
 			_, _ = io.WriteString(w, `{"error":{"code":"StaleFence","message":"fence 1 is no longer current"}}`)
 		default:
