@@ -484,7 +484,7 @@ def backoff(case: Case) -> str:
 SIGN_IN_PAGE = "<!DOCTYPE html><html><body>Please sign in to continue.</body></html>"
 NOT_THE_ANSWER = {POD: json.dumps({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                    "code": 200}),
-                  GATEWAY: json.dumps([{"stop": False}])}
+                  GATEWAY: json.dumps({})}  # an object: what the gateway SDKs once took for the reply (§6.4)
 PAGE_SECONDS = 2.0
 
 

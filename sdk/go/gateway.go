@@ -127,7 +127,8 @@ func parseClaimReply(body []byte) (*claimReply, error) {
 // gatewayURL, with a Kubernetes bearer token (audience tether-gateway) allowed the verb "claim"
 // on the run; then it renews once and starts the heartbeat. A refusal is a *ClaimRefusedError
 // (errors.Is ErrClaimRefused) with the HTTP status: 402 budget exceeded, 409 held by another
-// worker or nothing open, ... Close the Run when done.
+// worker or nothing open, ...; a 200 that is not the gateway's claim reply is another error (the
+// claim may have landed: claiming again is safe). Close the Run when done.
 func Claim(ctx context.Context, gatewayURL, namespace, name, token string, opts ...Option) (*Run, error) {
 	s := newSettings(opts)
 	g := &gatewayTransport{
