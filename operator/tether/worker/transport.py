@@ -222,7 +222,7 @@ class GatewayTransport:
     def __init__(self, base_url: str, namespace: str, name: str, token: str, holder: str, fence: int,
                  timeout: float, verify: Any = True, worker_id: str | None = None,
                  run_uid: str | None = None) -> None:
-        self.holder, self.fence, self.run_uid = holder, fence, run_uid
+        self.holder, self.fence, self.run_uid = holder, fence, run_uid or None
         # Every call names the attempt and, when the claim named one, the worker: the gateway
         # accepts calls only from the identity (and worker) that claimed the attempt.
         self._fenced: dict[str, Any] = {"holder": holder, "fence": fence}

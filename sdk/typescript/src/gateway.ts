@@ -200,7 +200,7 @@ export class GatewayTransport implements Transport {
   ) {
     this.holder = holder;
     this.fence = fence;
-    this.runUid = runUid;
+    this.runUid = runUid || null;
     this.fenced = { holder, fence };
     if (workerId) this.fenced.workerId = workerId;
     if (runUid) this.fenced.runUid = runUid;
