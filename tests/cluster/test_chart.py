@@ -61,6 +61,29 @@ def test_template_renders_a_restricted_operator(tools_dir: Path) -> None:
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules)
 
 
+def test_probes_hold_liveness_through_a_slow_start_and_tolerate_a_stalled_loop(tools_dir: Path) -> None:
+    """The kubelet restarts the operator only for a loop that stays stopped: a start slowed by a
+    loaded node is the startup probe's (liveness waits for it), and one probe answered late (a
+    full garbage collection, a starved CPU) is not a failure."""
+    def probes(*sets: str) -> dict[str, dict]:
+        dep = next(d for d in render(tools_dir, *sets) if d["kind"] == "Deployment")
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        return {k: container.get(k) for k in ("startupProbe", "livenessProbe")}
+
+    default = probes()
+    startup, liveness = default["startupProbe"], default["livenessProbe"]
+    assert startup["httpGet"] == liveness["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 120  # the time a start may take
+    assert startup["timeoutSeconds"] >= 2
+    assert liveness["timeoutSeconds"] >= 5  # several GC pauses of a second or two
+    assert liveness["failureThreshold"] >= 3 and liveness["periodSeconds"] >= 10
+    tuned = probes("livenessProbe.timeoutSeconds=7", "livenessProbe.failureThreshold=4",
+                   "livenessProbe.startup.periodSeconds=3", "livenessProbe.startup.failureThreshold=50")
+    assert (tuned["livenessProbe"]["timeoutSeconds"], tuned["livenessProbe"]["failureThreshold"]) == (7, 4)
+    assert (tuned["startupProbe"]["periodSeconds"], tuned["startupProbe"]["failureThreshold"]) == (3, 50)
+    assert probes("livenessProbe.enabled=false") == {"startupProbe": None, "livenessProbe": None}
+
+
 def test_optional_objects(tools_dir: Path) -> None:
     kinds = [d["kind"] for d in render(tools_dir, "metrics.serviceMonitor.enabled=true", "podDisruptionBudget.enabled=true",
                                        "gateway.ingress.enabled=true", "gateway.tls.secretName=gw-tls")]
