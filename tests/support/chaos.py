@@ -4,11 +4,14 @@ One trial, in its own namespace:
 
 1. a plan is drawn from the trial's seed (`draw_plan`): 2-4 WorkerRuns of
    tests/support/worker_app.py with short leases (renew 1 s, duration 8 s), some charging a
-   WorkerBudget, some failing their first attempt or carrying a small cap, and 3-6 faults
-   at random times in an 18 s window (plus, where allowed, an API server pause);
+   WorkerBudget, some failing their first attempt or carrying a small cap, some with a short
+   deadlineSeconds or progressDeadlineSeconds (suspended, or asking a person, for longer), and
+   3-6 faults at random times in an 18 s window (plus, where allowed, an API server pause);
 2. the operator (one replica, or two with leader election) talks to the API server through
    one fault-injecting proxy (tests/support/apiproxy.py), every worker pod through another,
-   so faults can be aimed at the operator or at one worker (by the pod its token names);
+   so faults can be aimed at the operator or at one worker (by the pod its token names); each
+   operator process has a token of its own there, so its requests (and, through the User-Agent,
+   the audit log) name the process;
 3. the faults run, each on its own thread, then everything heals: proxies cleared, frozen
    workers continued, operators running, suspended runs resumed, every worker's gate open;
 4. the system gets a bounded time to settle (every run terminal and charged); runs that are
@@ -36,6 +39,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +47,7 @@ from typing import Any, Callable
 import httpx
 
 from tether.devcluster import pki
-from tests.support.apiproxy import ApiProxy
+from tests.support.apiproxy import ApiProxy, Gate
 from tests.support.audit import AuditRecord
 from tests.support.kube import Kube
 from tests.support.operator_process import OperatorProcess
@@ -69,12 +73,22 @@ FAULT_WEIGHTS: dict[str, int] = {
     "worker-kill": 2, "worker-complete-while-revoked": 4,
     "run-delete": 2, "run-stop": 2, "run-suspend": 2, "run-recreate": 2,
 }
+# Kinds drawn apart, each from a generator of its own so that the plans of seeds drawn before them
+# stay as they were: the chance a plan draws it, and whether only plans with HA operators do.
+APART: dict[str, tuple[float, bool]] = {"operator-kill-mid-grant-lease": (0.3, False),
+                                        "operator-leader-lost": (0.6, True)}
 API_PAUSE = "api-pause"
-FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, API_PAUSE)
-# What the harness's reviewer did to results under review (not faults: a person's decisions).
+FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE)
+# What the harness's reviewer did to results under review and to workers' requests (not faults: a
+# person's decisions).
 REVIEW_DECISIONS = ("review-approve", "review-deny")
+REQUEST_DECISIONS = ("request-approve", "request-deny")
 # Kinds that hit one run's current worker: it is found, and recorded as faulted, first.
-AIMED_AT_WORKER = frozenset(k for k in FAULT_KINDS if k.startswith("worker-")) | {"operator-kill-mid-revocation"}
+AIMED_AT_WORKER = frozenset(k for k in FAULT_KINDS if k.startswith("worker-")) | {
+    "operator-kill-mid-revocation", "operator-kill-mid-grant-lease"}
+LEADER_LEASE = "tether-operator-leader"
+RENEW_DEADLINE = LEADER_LEASE_SECONDS * 2 / 3  # what the operator derives from its lease (tether/cli.py)
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 # --- the plan ------------------------------------------------------------------------------
@@ -93,6 +107,14 @@ class RunPlan:
     review: bool = False
     # Per attempt under review: (seconds the reviewer waits, decision, bound to the attempt?).
     reviews: list[tuple[float, str, bool]] = field(default_factory=list)
+    deadline_seconds: int | None = None  # spec.deadlineSeconds
+    # spec.progressDeadlineSeconds; its workers checkpoint every second while they hold, unless paused.
+    progress_deadline_seconds: int | None = None
+    # A request its workers make after the hold (request_approval), and how long the harness's person
+    # takes to decide it (longer than the progress deadline), with what decision.
+    request: str | None = None
+    request_wait: float = 0.0
+    request_decision: str = "Approve"
 
 
 @dataclass
@@ -139,8 +161,37 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
     faults = [_draw_fault(rng, rng.choices(kinds, weights)[0], len(runs), window) for _ in range(rng.randint(3, 6))]
     if allow_api_pause and rng.random() < 0.15:
         faults.append(_draw_fault(rng, API_PAUSE, len(runs), window))
+    for i, rp in enumerate(runs):
+        faults += _draw_deadlines(random.Random(f"{seed}/deadlines/{i}"), rp, i, window)
+    for kind, (chance, ha_only) in APART.items():
+        apart = random.Random(f"{seed}/fault/{kind}")
+        if apart.random() < chance and (ha or not ha_only):
+            faults.append(_draw_fault(apart, kind, len(runs), window))
     faults.sort(key=lambda f: f.at)
     return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults)
+
+
+def _draw_deadlines(gen: random.Random, rp: RunPlan, index: int, window: float) -> list[FaultPlan]:
+    """One run's deadlines, from its own generator: a deadlineSeconds (counted from the first grant)
+    that passes during or soon after the faults; a progressDeadlineSeconds shorter than a suspension
+    of the run (drawn with it) or than the wait for a person's decision on a request of its
+    workers. Returns the suspension, if drawn."""
+    if gen.random() < 0.25:
+        rp.deadline_seconds = gen.randint(8, 30)
+    if gen.random() >= 0.3:
+        return []
+    pd = rp.progress_deadline_seconds = gen.randint(5, 8)
+    if gen.random() < 0.5:
+        rp.request = "deploy"
+        rp.request_wait = round(pd + gen.uniform(2, 5), 1)
+        rp.request_decision = "Deny" if gen.random() < 0.25 else "Approve"
+        if rp.gate_at is None:  # the request is made while the faults go on
+            rp.gate_at = round(gen.uniform(4, window), 1)
+    if gen.random() >= 0.6:
+        return []
+    # From 4 s on: the run's first worker holds by then, so it is paused, not kept from starting.
+    return [FaultPlan(kind="run-suspend", at=round(gen.uniform(4, window - 3), 1), run=index,
+                      seconds=round(pd + gen.uniform(2, 5), 1))]
 
 
 def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> FaultPlan:
@@ -172,6 +223,13 @@ def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> Fa
         params = {"down": some(0, 3), "late": some(0, 3)}
     elif kind == "operator-kill-mid-revocation":
         params = {"down": some(0, 3), "thaw": some(0, 4), "late": some(0, 3)}
+    elif kind == "operator-kill-mid-grant-lease":
+        # What happens before the successor repairs the grant; late None: the held write is dropped.
+        params = {"variant": rng.choice(["repair", "delete", "deadline"]), "down": some(0, 3),
+                  "late": None if rng.random() < 0.4 else some(0, 3)}
+    elif kind == "operator-leader-lost":
+        seconds = round(RENEW_DEADLINE + rng.uniform(1, 5), 1)
+        params = {"mode": rng.choice(["fail", "drop", "hold"]), "slow": some(0.3, 2.0)}
     elif kind in ("worker-freeze", "worker-partition"):
         seconds = past_lease()
     elif kind == "worker-complete-while-revoked":
@@ -316,24 +374,46 @@ def _signal(pid: int, sig: int) -> bool:
 
 
 class _Operators:
-    """The operator replicas, restarted like a Deployment would when one exits on its own."""
+    """The operator replicas, restarted like a Deployment would when one exits on its own. Each
+    process talks through the operator proxy with a token of its own, labelled
+    "replica-<index>.<start>": its requests, and the audit log, say which process sent them.
 
-    def __init__(self, namespace: str, kubeconfig: Path, workdir: Path, ha: bool) -> None:
+    Every process is started from one thread that lives as long as this object: a child gets
+    SIGKILL when the thread that spawned it ends (PR_SET_PDEATHSIG, tether/devcluster/processes.py),
+    so an operator restarted from a fault's thread would die with that thread."""
+
+    def __init__(self, namespace: str, proxy: ApiProxy, workdir: Path, ha: bool) -> None:
         args = ["--leader-elect", "--leader-election-namespace", namespace,
                 "--leader-lease-seconds", str(LEADER_LEASE_SECONDS)] if ha else []
         self.replicas = [
-            OperatorProcess(namespace, str(kubeconfig), workdir / f"operator-{i}.log",
+            OperatorProcess(namespace, "", workdir / f"operator-{i}.log",
                             extra_env={"TETHER_FOLD_INTERVAL_SECONDS": "1", "POD_NAME": f"replica-{i}"},
                             extra_args=args)
             for i in range(2 if ha else 1)]
+        self.proxy = proxy
+        self.labels = [""] * len(self.replicas)  # the running (or last) process of each replica
         self.ha = ha
         self.lock = threading.Lock()
         self.down: set[int] = set()  # killed on purpose, not yet restarted
         self.exits: list[str] = []
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="operator-spawner")
+
+    def _start(self, index: int) -> None:
+        op = self.replicas[index]
+        label = f"replica-{index}.{op.starts + 1}"
+        op.kubeconfig = str(self.proxy.write_kubeconfig(self.proxy.workdir / f"kubeconfig-{label}",
+                                                        token=self.proxy.client_token(label)))
+        self._spawner.submit(op.start).result()
+        self.labels[index] = label
+
+    def index_of(self, label: str) -> int | None:
+        """The replica whose process (now or before) sent requests as `label`."""
+        m = re.fullmatch(r"replica-(\d+)\.\d+", label)
+        return int(m.group(1)) if m else None
 
     def start(self) -> None:
-        for op in self.replicas:
-            op.start()
+        for i in range(len(self.replicas)):
+            self._start(i)
 
     def kill(self, index: int) -> None:
         with self.lock:
@@ -347,7 +427,7 @@ class _Operators:
             self.down.discard(index)
             op = self.replicas[index]
             if op.proc is None or op.proc.poll() is not None:
-                op.start()
+                self._start(index)
 
     def supervise(self) -> None:
         """Restarts replicas that exited by themselves (an HA leader that lost its lease exits on purpose)."""
@@ -356,8 +436,9 @@ class _Operators:
                 if i in self.down or op.proc is None or op.proc.poll() is None:
                     continue
                 last = [e.get("event") for e in op.logs()[-5:]]
-                self.exits.append(f"operator replica {i} exited with {op.proc.returncode} (last events {last})")
-                op.start()
+                self.exits.append(f"operator replica {i} ({self.labels[i]}) exited with {op.proc.returncode} "
+                                  f"(last events {last})")
+                self._start(i)
 
     def ensure_running(self) -> None:
         for i in sorted(self.down):
@@ -367,6 +448,7 @@ class _Operators:
     def stop(self) -> None:
         for op in self.replicas:
             op.stop()
+        self._spawner.shutdown()
 
     def leader(self, kube: Kube, namespace: str) -> int:
         """Which replica leads now (HA), by the leader Lease's holder; replica 0 without HA."""
@@ -419,6 +501,10 @@ class Trial:
             payload["usageCents"] = rp.usage_cents
         if rp.fail_first:
             payload["failAttempts"] = [1]
+        if rp.progress_deadline_seconds is not None:
+            payload["checkpointEverySeconds"] = 1
+        if rp.request is not None:
+            payload["approval"] = rp.request
         body = app_run(rp.name, payload, duration=LEASE_SECONDS, renew=RENEW_SECONDS,
                        annotations={API_SERVER_ANNOTATION: self.worker_proxy.url}, max_attempts=4)
         spec = body["spec"]
@@ -434,6 +520,10 @@ class Trial:
             spec["budget"] = budget
         if rp.review:
             spec["review"] = {"result": True}
+        if rp.deadline_seconds is not None:
+            spec["deadlineSeconds"] = rp.deadline_seconds
+        if rp.progress_deadline_seconds is not None:
+            spec["progressDeadlineSeconds"] = rp.progress_deadline_seconds
         return body
 
     def _setup(self) -> None:
@@ -450,7 +540,7 @@ class Trial:
                                  workdir=self.workdir / "operator-proxy")
         self.worker_proxy = ApiProxy(self.cluster.kubeconfig, seed=seed + 1, ca=self.cluster.ca,
                                      workdir=self.workdir / "worker-proxy")
-        self.operators = _Operators(ns, self.op_proxy.kubeconfig, self.workdir, self.plan.ha)
+        self.operators = _Operators(ns, self.op_proxy, self.workdir, self.plan.ha)
         self.operators.start()
         self.bodies = {rp.name: self._body(rp) for rp in self.plan.runs}
         for body in self.bodies.values():
@@ -632,6 +722,77 @@ class Trial:
         finally:
             gate.release()
             self._thaw(target.pid)
+        return True
+
+    def _f_operator_kill_mid_grant_lease(self, f: FaultPlan, name: str, target: Target) -> bool:
+        """The operator dies between a grant's two writes (issue 21, defect 1): the status is in (fence
+        bumped, the next holder named), the Lease write waits at the proxy. The run's worker is killed
+        first, so that a grant comes, of attempt 2 or later, whose cleared Lease still carries the
+        last attempt's usage. With the operator down the run is deleted, or its deadline made to
+        pass, or it is left to the successor's repair; the held write lands late, or never."""
+        lease = rf"/namespaces/{re.escape(self.ns)}/leases/{re.escape(name)}$"
+        gate = self.op_proxy.gate(method="PUT", path=lease)
+        drop = False
+        try:
+            if not _signal(target.pid, signal.SIGKILL):
+                return False
+            deadline = time.monotonic() + 2 * LEASE_SECONDS + STARTUP_GRACE_SECONDS
+            while True:
+                (held,) = gate.wait_arrived(timeout=max(0.1, deadline - time.monotonic()))
+                holder = ((self._run(name) or {}).get("status") or {}).get("holder")
+                if holder not in (None, target.pod):
+                    break  # the grant's Lease write: the status names the next holder
+                # Another Lease write (the revocation's clear): it goes on, the next one waits.
+                following, gate = gate, self.op_proxy.gate(method="PUT", path=lease)
+                following.release()
+            self._mark(target.uid, holder)
+            index = self.operators.index_of(held.client)
+            if index is None:
+                self.notes.append(f"{f.kind} on {name}: the held Lease write came from {held.client}")
+                return False
+            self.operators.kill(index)
+            drop = f.params["late"] is None
+            if f.params["variant"] == "delete":
+                self._f_run_delete(f, name)
+            elif f.params["variant"] == "deadline":
+                self._patch_spec(name, {"deadlineSeconds": 1})  # status.endsAt is in the past now
+            self._lasting(f.params["down"], lambda: self.operators.restart(index))
+            if not drop:
+                self._wait(f.params["late"])
+            return True
+        except TimeoutError as exc:
+            self.notes.append(f"{f.kind} on {name}: no grant after killing {target.pod}: {exc}")
+            return False
+        finally:
+            gate.drop() if drop else gate.release()
+
+    def _f_operator_leader_lost(self, f: FaultPlan, _: str) -> bool:
+        """HA: the leader loses its leadership in the middle of a pass (issue 21, defect 6). Once one
+        of its passes writes, its renewals of the leader Lease fail (503), vanish (dropped) or hang
+        (held until the fault ends), and each of its writes is answered `slow` seconds late, so that
+        the passes under way outlast its renew deadline. It must stop writing then (oracle invariant
+        9) and exit; the standby takes over."""
+        if not self.plan.ha:
+            return False
+        label = self.operators.labels[self.operators.leader(self.kube, self.ns)]
+        began = time.monotonic()
+        try:
+            self.op_proxy.wait_for_request(lambda r: r.client == label and r.method in WRITES and r.started >= began
+                                           and LEADER_LEASE not in r.path, timeout=10)
+        except TimeoutError:
+            self.notes.append(f"{f.kind}: the leader {label} wrote nothing within 10s; it loses its lease anyway")
+        client = rf"^{re.escape(label)}$"
+        renewals: dict[str, Any] = {"method": "PUT", "path": rf"/leases/{LEADER_LEASE}$", "client": client}
+        mode = f.params["mode"]
+        rule = self.op_proxy.status(503, **renewals) if mode == "fail" else \
+            self.op_proxy.drop(**renewals) if mode == "drop" else self.op_proxy.gate(times=None, **renewals)
+        slow = self.op_proxy.delay(f.params["slow"], phase="response", method="|".join(sorted(WRITES)),
+                                   path=rf"^(?!.*/leases/{LEADER_LEASE}$)", client=client)
+        try:
+            self._wait(f.seconds)
+        finally:
+            slow.remove()
+            rule.release() if isinstance(rule, Gate) else rule.remove()
         return True
 
     def _f_worker_delay(self, f: FaultPlan, name: str, target: Target) -> None:
@@ -821,7 +982,7 @@ class Trial:
             threads += [threading.Thread(target=self._guard, args=(self._open_gate, rp), daemon=True)
                         for rp in self.plan.runs if rp.gate_at is not None]
             reviewer = threading.Thread(target=self._guard, args=(self._review,), daemon=True, name="reviewer")
-            if any(rp.review for rp in self.plan.runs):
+            if any(rp.review or rp.request for rp in self.plan.runs):
                 reviewer.start()
             for t in threads:
                 t.start()
@@ -853,7 +1014,8 @@ class Trial:
             facts = TrialFacts(namespace=self.ns, faulted=set(self.faulted), runs=runs, budgets=budgets["items"],
                                leases_before=before, leases_after=after,
                                leases_final={x["metadata"]["name"]: x for x in leases},
-                               pods_final=pods, judged_at=judged_at)
+                               pods_final=pods, judged_at=judged_at,
+                               leader_lease=LEADER_LEASE if self.plan.ha else None, renew_deadline=RENEW_DEADLINE)
             verdict = judge(records, facts, strict_window=self.strict_window)
             self._misinformed(records, verdict)
         except Exception as exc:  # noqa: BLE001 - a broken trial is reported and counted, never passed
@@ -904,42 +1066,56 @@ class Trial:
                 self.notes.append(f"harness: {fn.__name__}{args!r} failed: {exc!r}")
 
     def _review(self) -> None:
-        """A person deciding results under review, as the plan says: each attempt's result once,
+        """A person deciding, as the plan says. Results under review: each attempt's result once,
         after a delay, Approve or Deny, naming the attempt; a plan's "unbound" decision first tries
-        without naming it, which the API server must refuse; after the faults, Approve only."""
+        without naming it, which the API server must refuse; after the faults, Approve only. A
+        worker's request: each attempt's once it shows pending, after the plan's wait (longer than
+        the run's progress deadline, also after the faults), with the plan's decision."""
         me = self.kube.ok(self.kube.post("/apis/authentication.k8s.io/v1/selfsubjectreviews", {
             "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))["status"]["userInfo"]["username"]
-        plans = {rp.name: rp for rp in self.plan.runs if rp.review}
-        due: dict[tuple[str, str, int], float] = {}  # (run, uid, attempt) -> when to decide
-        decided: set[tuple[str, str, int]] = set()
+        plans = {rp.name: rp for rp in self.plan.runs if rp.review or rp.request}
+        due: dict[tuple[str, str, str, int], float] = {}  # (run, uid, gate, attempt) -> when to decide
+        decided: set[tuple[str, str, str, int]] = set()
         while not self.reviewed.is_set():
             for name, rp in plans.items():
                 run = self._run(name)
                 s = (run or {}).get("status") or {}
-                if run is None or s.get("phase") != "AwaitingReview" or not s.get("attempts"):
+                if run is None or not s.get("attempts"):
                     continue
-                key = (name, run["metadata"]["uid"], int(s["attempts"][-1]["attempt"]))
-                wait, decision, bound = rp.reviews[min(key[2], len(rp.reviews)) - 1]
-                if self.healed.is_set():
-                    decision = "Approve"
-                due.setdefault(key, time.monotonic() + wait)
-                if key in decided or time.monotonic() < due[key]:
-                    continue
-                spec: dict[str, Any] = {"runRef": {"name": name, "uid": key[1]}, "gate": "Result",
-                                        "decision": decision, "reason": "chaos reviewer", "approver": me}
-                path = f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerrunapprovals"
-                body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
-                        "metadata": {"generateName": f"{name}-"}, "spec": spec}
-                if not bound and self.kube.post(path, body).status_code != 422:
-                    with self.lock:
-                        self.notes.append(f"harness: an approval of {name}'s result naming no attempt was not refused")
-                spec["attempt"] = key[2]
-                resp = self.kube.post(path, body)
-                if resp.status_code == 201:
-                    decided.add(key)
-                    with self.lock:
-                        self.faults[REVIEW_DECISIONS[decision == "Deny"]] += 1
+                uid, attempt = run["metadata"]["uid"], int(s["attempts"][-1]["attempt"])
+                gates: list[tuple[str, float, str, bool, str]] = []  # (gate, wait, decision, bound, counted as)
+                if rp.review and s.get("phase") == "AwaitingReview":
+                    wait, decision, bound = rp.reviews[min(attempt, len(rp.reviews)) - 1]
+                    decision = "Approve" if self.healed.is_set() else decision
+                    gates.append(("Result", wait, decision, bound, REVIEW_DECISIONS[decision == "Deny"]))
+                if rp.request and any(r.get("gate") == rp.request and r.get("attempt") == attempt
+                                      and r.get("decision") is None
+                                      for r in (s.get("review") or {}).get("requests") or []):
+                    gates.append((rp.request, rp.request_wait, rp.request_decision, True,
+                                  REQUEST_DECISIONS[rp.request_decision == "Deny"]))
+                for gate, wait, decision, bound, counted in gates:
+                    key = (name, uid, gate, attempt)
+                    due.setdefault(key, time.monotonic() + wait)
+                    if key not in decided and time.monotonic() >= due[key] and \
+                            self._decide(me, name, uid, gate, attempt, decision, bound):
+                        decided.add(key)
+                        with self.lock:
+                            self.faults[counted] += 1
             self.reviewed.wait(0.3)
+
+    def _decide(self, me: str, name: str, uid: str, gate: str, attempt: int, decision: str, bound: bool) -> bool:
+        """One WorkerRunApproval of `gate` of that attempt; `bound` False: first one naming no attempt
+        (the API server must refuse it). Whether the decision was recorded."""
+        spec: dict[str, Any] = {"runRef": {"name": name, "uid": uid}, "gate": gate,
+                                "decision": decision, "reason": "chaos reviewer", "approver": me}
+        path = f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerrunapprovals"
+        body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
+                "metadata": {"generateName": f"{name}-"}, "spec": spec}
+        if not bound and self.kube.post(path, body).status_code != 422:
+            with self.lock:
+                self.notes.append(f"harness: an approval of {name}'s {gate} naming no attempt was not refused")
+        spec["attempt"] = attempt
+        return self.kube.post(path, body).status_code == 201
 
     def _open_gate(self, rp: RunPlan) -> None:
         assert rp.gate_at is not None
@@ -1005,7 +1181,7 @@ class Tally:
                  f"({self.harness_errors} of them by a harness error)"]
         lines.append("faults injected, by kind (skipped: drawn but not injected: no live target, or the "
                      "harness failed; see the trial's notes):")
-        for kind in (*FAULT_KINDS, *REVIEW_DECISIONS):
+        for kind in (*FAULT_KINDS, *REVIEW_DECISIONS, *REQUEST_DECISIONS):
             if self.faults[kind] or self.skipped[kind]:
                 lines.append(f"  {kind:32} {self.faults[kind]:5}" +
                              (f"   (skipped {self.skipped[kind]})" if self.skipped[kind] else ""))

@@ -79,8 +79,8 @@ INVARIANTS: dict[int, str] = {
     5: "every run terminal or live with a renewing holder (nothing stuck)",
     6: "no unfaulted worker declared lost",
     7: "a result under review accepted or denied only as a person decided",
-    8: "no attempt ends Stalled while its run is suspended or a request of that attempt is pending",
-    9: "no operator replica writes outside its leadership (its renewals plus the renew deadline)",
+    8: "no attempt Stalled while its run is suspended or its request is pending",
+    9: "no replica writes past its leadership (last renewal + renew deadline)",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})

@@ -10,11 +10,13 @@ Payload:
   usagePerSecond cents reported per second while holding (cumulative, on the heartbeat)
   usageCents    a fixed usage (cents) reported once at start, flushed with a renewal
   checkpoint    a checkpoint written once at start (then no progress)
+  checkpointEverySeconds  while holding, a new checkpoint this often, except while paused (spec.suspend)
   holdSeconds   longest hold (default 120)
   holdWhileUnknown  keep holding while ownership is unknown (an outage); stop only when lost
   failAttempts  attempts that publish an error (code "Injected") instead of a result
   stopOnSignal  leave the hold when the control plane says stop, and exit without a result
   approval      after the hold, ask for this approval (request_approval) and record what came back
+                (told to stop meanwhile, with stopOnSignal: leave without a result, as in the hold)
 While holding, every change of the control signals is recorded with the wall time it was seen.
 Attempts not in holdAttempts work `workSeconds`, send the side effect, and complete.
 SIGTERM is recorded and otherwise ignored, so a worker cut off from the cluster stays alive.
@@ -32,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from tether import logs
-from tether.worker import LeaseLost, OwnershipUnknown, ToolTimeout, WorkerRun
+from tether.worker import LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout, WorkerRun
 
 
 def main() -> int:
@@ -59,6 +61,9 @@ def main() -> int:
     if run.attempt in p.get("holdAttempts", []):
         gate = Path(p["gateFile"]) if p.get("gateFile") else None
         began, seen = time.monotonic(), None
+        every = p.get("checkpointEverySeconds")
+        progress = int(run.checkpoint_cursor) if (run.checkpoint_cursor or "").isdigit() else 0  # resumed from
+        next_checkpoint = began
         # holdWhileUnknown: a healthy worker that waits out an outage (only a confirmed loss ends it).
         holding = (lambda: not run.lost) if p.get("holdWhileUnknown") else (lambda: run.owned)
         while not (gate is not None and gate.exists()) and holding() \
@@ -73,6 +78,10 @@ def main() -> int:
                 run.report_usage(cents=int(p.get("usageCents", 0)) +
                                  int((time.monotonic() - began) * p["usagePerSecond"]))
             sig = run.signals
+            if every and not sig.paused and time.monotonic() >= next_checkpoint:
+                progress += 1
+                run.checkpoint(str(progress))
+                next_checkpoint = time.monotonic() + float(every)
             if sig != seen:
                 record(event="signals", at=time.time(), stop=sig.stop, paused=sig.paused, reason=sig.reason,
                        endsAt=sig.ends_at.isoformat() if sig.ends_at else None,
@@ -88,6 +97,12 @@ def main() -> int:
             record(event="approval", decision=decided.decision, reason=decided.reason)
         except (LeaseLost, OwnershipUnknown) as exc:
             record(event="approval_refused", error=type(exc).__name__)
+        except StopRequested:
+            if not p.get("stopOnSignal"):
+                raise
+            record(event="stopped", reason=run.signals.reason)
+            run.stop()
+            return 0
     if p.get("effectUrl"):
         try:
             with run.http_client(timeout=180) as http:
