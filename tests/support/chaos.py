@@ -51,7 +51,7 @@ from tests.support.apiproxy import ApiProxy, Gate
 from tests.support.audit import AuditRecord
 from tests.support.kube import Kube
 from tests.support.operator_process import OperatorProcess
-from tests.support.oracle import TERMINAL, TrialFacts, Verdict, judge
+from tests.support.oracle import LEADERSHIP_SLACK, TERMINAL, TrialFacts, Verdict, judge
 from tests.support.scenario import app_run
 
 LEASE_SECONDS = 8  # the CRD wants durationSeconds > 2 * renewIntervalSeconds + 5
@@ -84,8 +84,9 @@ FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE)
 REVIEW_DECISIONS = ("review-approve", "review-deny")
 REQUEST_DECISIONS = ("request-approve", "request-deny")
 # Kinds that hit one run's current worker: it is found, and recorded as faulted, first.
-AIMED_AT_WORKER = frozenset(k for k in FAULT_KINDS if k.startswith("worker-")) | {
-    "operator-kill-mid-revocation", "operator-kill-mid-grant-lease"}
+AIMED_AT_WORKER = frozenset(k for k in FAULT_KINDS if k.startswith("worker-")) | {"operator-kill-mid-revocation"}
+# Kinds aimed at a run's worker that, if that run has none running, take the next run's that has one.
+AIMED_AT_ANY_WORKER = frozenset({"operator-kill-mid-grant-lease", "operator-leader-lost"})
 LEADER_LEASE = "tether-operator-leader"
 RENEW_DEADLINE = LEADER_LEASE_SECONDS * 2 / 3  # what the operator derives from its lease (tether/cli.py)
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -197,7 +198,8 @@ def _draw_deadlines(gen: random.Random, rp: RunPlan, index: int, window: float) 
 def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> FaultPlan:
     past_lease = lambda: round(LEASE_SECONDS + rng.uniform(1, 6), 1)  # noqa: E731
     some = lambda lo, hi: round(rng.uniform(lo, hi), 1)  # noqa: E731
-    target = rng.randrange(n_runs) if kind in AIMED_AT_WORKER or kind.startswith("run-") else None
+    aimed = kind in AIMED_AT_WORKER | AIMED_AT_ANY_WORKER or kind.startswith("run-")
+    target = rng.randrange(n_runs) if aimed else None
     seconds, params = 0.0, {}
     if kind in ("operator-delay", "worker-delay"):
         seconds = some(3, 10)
@@ -228,7 +230,7 @@ def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> Fa
         params = {"variant": rng.choice(["repair", "delete", "deadline"]), "down": some(0, 3),
                   "late": None if rng.random() < 0.4 else some(0, 3)}
     elif kind == "operator-leader-lost":
-        seconds = round(RENEW_DEADLINE + rng.uniform(1, 5), 1)
+        seconds = round(RENEW_DEADLINE + rng.uniform(3, 6), 1)  # outlasts the held pass (_f_operator_leader_lost)
         params = {"mode": rng.choice(["fail", "drop", "hold"]), "slow": some(0.3, 2.0)}
     elif kind in ("worker-freeze", "worker-partition"):
         seconds = past_lease()
@@ -585,6 +587,17 @@ class Trial:
         except TimeoutError:
             return None
 
+    def _any_worker(self, first: int | None) -> tuple[str, Target] | None:
+        """The worker of run `first`, or else of the next run (in the plan's order) that has one running;
+        recorded as faulted."""
+        assert first is not None
+        for i in range(len(self.plan.runs)):
+            name = self.plan.runs[(first + i) % len(self.plan.runs)].name
+            if (target := self._holder(name, timeout=1.5)) is not None:
+                self._mark(target.uid, target.pod)
+                return name, target
+        return None
+
     def _mark(self, uid: str, pod: str) -> None:
         with self.lock:
             self.faulted.add((uid, pod))
@@ -724,12 +737,16 @@ class Trial:
             self._thaw(target.pid)
         return True
 
-    def _f_operator_kill_mid_grant_lease(self, f: FaultPlan, name: str, target: Target) -> bool:
+    def _f_operator_kill_mid_grant_lease(self, f: FaultPlan, _: str) -> bool:
         """The operator dies between a grant's two writes (issue 21, defect 1): the status is in (fence
         bumped, the next holder named), the Lease write waits at the proxy. The run's worker is killed
         first, so that a grant comes, of attempt 2 or later, whose cleared Lease still carries the
         last attempt's usage. With the operator down the run is deleted, or its deadline made to
         pass, or it is left to the successor's repair; the held write lands late, or never."""
+        aimed = self._any_worker(f.run)
+        if aimed is None:
+            return False
+        name, target = aimed
         lease = rf"/namespaces/{re.escape(self.ns)}/leases/{re.escape(name)}$"
         gate = self.op_proxy.gate(method="PUT", path=lease)
         drop = False
@@ -767,30 +784,42 @@ class Trial:
             gate.drop() if drop else gate.release()
 
     def _f_operator_leader_lost(self, f: FaultPlan, _: str) -> bool:
-        """HA: the leader loses its leadership in the middle of a pass (issue 21, defect 6). Once one
-        of its passes writes, its renewals of the leader Lease fail (503), vanish (dropped) or hang
-        (held until the fault ends), and each of its writes is answered `slow` seconds late, so that
-        the passes under way outlast its renew deadline. It must stop writing then (oracle invariant
-        9) and exit; the standby takes over."""
+        """HA: the leader loses its leadership in the middle of a pass (issue 21, defect 6).
+
+        Its requests for the leader Lease fail (503), vanish (dropped) or hang (held until the fault
+        ends). The worker of the aimed-at run (or of the next run that has one) is killed, so a
+        revocation follows: status, Lease, pod. The answer to the leader's next status write is
+        held until its renew deadline and the oracle's slack have passed, so its pass can go on
+        only after its leadership ended; its other writes are answered `slow` seconds late. The
+        standby's bid for the Lease waits a moment longer, else it might finish the pass's work
+        first and leave the deposed leader nothing to write. The deposed leader must write nothing
+        more (oracle invariant 9) and exit; the standby takes over and finishes what was left."""
         if not self.plan.ha:
             return False
         label = self.operators.labels[self.operators.leader(self.kube, self.ns)]
-        began = time.monotonic()
-        try:
-            self.op_proxy.wait_for_request(lambda r: r.client == label and r.method in WRITES and r.started >= began
-                                           and LEADER_LEASE not in r.path, timeout=10)
-        except TimeoutError:
-            self.notes.append(f"{f.kind}: the leader {label} wrote nothing within 10s; it loses its lease anyway")
+        aimed = self._any_worker(f.run)
         client = rf"^{re.escape(label)}$"
-        renewals: dict[str, Any] = {"method": "PUT", "path": rf"/leases/{LEADER_LEASE}$", "client": client}
-        mode = f.params["mode"]
-        rule = self.op_proxy.status(503, **renewals) if mode == "fail" else \
-            self.op_proxy.drop(**renewals) if mode == "drop" else self.op_proxy.gate(times=None, **renewals)
+        elections: dict[str, Any] = {"method": "GET|PUT", "path": rf"/leases/{LEADER_LEASE}$", "client": client}
+        mode, t0 = f.params["mode"], time.monotonic()
+        # From now on no renewal succeeds: the leadership ends within the renew deadline.
+        rule = self.op_proxy.status(503, **elections) if mode == "fail" else \
+            self.op_proxy.drop(**elections) if mode == "drop" else self.op_proxy.gate(times=None, **elections)
+        pass_ = self.op_proxy.gate(phase="response", method="PUT", path=r"/workerruns/[^/]+/status$", client=client)
         slow = self.op_proxy.delay(f.params["slow"], phase="response", method="|".join(sorted(WRITES)),
                                    path=rf"^(?!.*/leases/{LEADER_LEASE}$)", client=client)
+        standby = self.op_proxy.gate(times=None, method="PUT|POST", path=rf"/leases(/{LEADER_LEASE})?$",
+                                     client=rf"^(?!{re.escape(label)}$)replica-")
         try:
-            self._wait(f.seconds)
+            if aimed is not None:
+                _signal(aimed[1].pid, signal.SIGKILL)
+            self._wait(RENEW_DEADLINE + LEADERSHIP_SLACK.total_seconds() + 0.5)
+            pass_.release()  # the held pass goes on, past the end of the leadership
+            self._wait(1.5)
+            standby.release()
+            self._wait(t0 + f.seconds - time.monotonic())
         finally:
+            for gate in (pass_, standby):
+                gate.release()
             slow.remove()
             rule.release() if isinstance(rule, Gate) else rule.remove()
         return True
