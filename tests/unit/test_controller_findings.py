@@ -134,11 +134,27 @@ def test_a_late_answer_to_the_operators_own_write_is_not_newer_than_the_watch(ca
     tracker.observe(UID, ours, 101.0)  # by watch
     tracker.observe(UID, theirs, 102.0)  # by watch: a renewal
     with caplog.at_level(logging.WARNING, logger="tether.leases"):
-        assert tracker.observe(UID, ours, 103.0) is False  # the late answer
+        assert tracker.observe(UID, ours, 103.0, written_over="10") is False  # the late answer
     seen = tracker.get(UID)
     assert seen is not None
     assert (seen.resource_version, seen.usage, seen.last_change) == ("12", Usage(cents=5), 102.0)
     assert not [r for r in caplog.records if getattr(r, "event", "") == "usage_rejected"]
+
+
+def test_a_lease_read_fresh_is_never_refused_as_old() -> None:
+    """Seed 81019 of the fault trials, against the first fix of defect 8 (which refused any
+    resourceVersion seen before): a held watch delivered renewal C after a GET had brought the
+    newer D; D's own event was then refused as already seen, every confirming read of D said "the
+    lease moved", and two runs churned with a dead holder, never revoked. Only the answers to our
+    own writes are doubted; what a watch or a read brings is taken."""
+    tracker = LeaseTracker()
+    tracker.observe(UID, lease_body("job-a1", 1, "10", usage=Usage(cents=1)), 100.0)
+    d = lease_body("job-a1", 1, "14", usage=Usage(cents=3))
+    tracker.observe(UID, d, 101.0)  # the confirming GET
+    tracker.observe(UID, lease_body("job-a1", 1, "12", usage=Usage(cents=2)), 102.0)  # the held watch, late
+    tracker.observe(UID, d, 103.0)  # then D's own event, or the next confirming GET
+    seen = tracker.get(UID)
+    assert seen is not None and seen.resource_version == "14"
 
 
 def test_a_grant_drops_an_old_attempts_checkpoint_from_the_lease() -> None:

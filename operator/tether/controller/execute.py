@@ -197,7 +197,8 @@ class Executor:
             written = await self.kube.patch_lease_signals(ns, name, action.fence, action.signals)
         except (Invalid, NotFound):
             raise Again("the lease moved on") from None  # the `test` failed: the lease moved on
-        self.cache.leases.observe(snap.uid, written, self.cache.mono())
+        based = snap.lease.resource_version if snap.lease is not None else None
+        self.cache.leases.observe(snap.uid, written, self.cache.mono(), written_over=based)
         return snap
 
     async def delete_tool_claims(self, snap: Snapshot, previous: str | None) -> None:

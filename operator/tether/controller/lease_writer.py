@@ -50,7 +50,7 @@ class LeaseWriter:
                     written = await self.refusable(self.kube.create_lease(lease), "LeaseRefused", ns)
                 except Conflict:
                     continue
-                self._observe(snap, written)
+                self._observe(snap, written, written_over=self._tracked(snap))
                 return None
             spec = current.get("spec") or {}
             have, previous = spec.get("leaseTransitions") or 0, spec.get("holderIdentity")
@@ -66,7 +66,7 @@ class LeaseWriter:
                 written = await self.refusable(self.kube.replace_lease(lease), "LeaseRefused", ns)
             except Conflict:
                 continue  # the old holder renewed in between; our write must still win
-            self._observe(snap, written)
+            self._observe(snap, written, written_over=current["metadata"]["resourceVersion"])
             return previous if previous != holder else None
         raise Again("the lease kept changing")
 
@@ -84,5 +84,9 @@ class LeaseWriter:
         await self.kube.delete_object(lease_path(ns, name), current["metadata"]["uid"])
         return None
 
-    def _observe(self, snap: Snapshot, lease: dict[str, Any]) -> None:
-        self.cache.leases.observe(snap.uid, lease, self.cache.mono())
+    def _observe(self, snap: Snapshot, lease: dict[str, Any], written_over: str | None = None) -> None:
+        self.cache.leases.observe(snap.uid, lease, self.cache.mono(), written_over)
+
+    def _tracked(self, snap: Snapshot) -> str | None:
+        seen = self.cache.leases.get(snap.uid)
+        return seen.resource_version if seen is not None else None

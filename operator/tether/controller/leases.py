@@ -8,7 +8,6 @@ observed is the operator's business, never the worker's timestamps.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -19,10 +18,6 @@ from tether.controller.views import LeaseView
 from tether.core.decide import LeaseObservation
 
 log = logging.getLogger("tether.leases")
-
-# How many of a Lease's past resourceVersions are remembered: more than the versions a watch can
-# deliver while one of the operator's writes is in flight (a renewal or two, a signal update).
-SEEN_VERSIONS = 16
 
 
 def parse_usage(raw: str | None, previous: Usage | None, key: str) -> Usage | None:
@@ -68,10 +63,6 @@ class LeaseTracker:
         # and logged) again on every heartbeat.
         self._raw_usage: dict[str, str | None] = {}
         self._raw_requests: dict[str, str | None] = {}
-        # The resourceVersions seen of each Lease, newest last. resourceVersions are opaque (compared
-        # only for equality), but each names one version: one seen before that is not the current
-        # one is older, e.g. the late answer to the operator's own write after the watch moved on.
-        self._seen: dict[str, deque[str]] = {}
 
     def get(self, key: str) -> LeaseObservation | None:
         return self._items.get(key)
@@ -80,22 +71,23 @@ class LeaseTracker:
         self._items.pop(key, None)
         self._raw_usage.pop(key, None)
         self._raw_requests.pop(key, None)
-        self._seen.pop(key, None)
 
-    def observe(self, key: str, lease: dict[str, Any], mono: float) -> bool:
+    def observe(self, key: str, lease: dict[str, Any], mono: float, written_over: str | None = None) -> bool:
         """Records a Lease seen by watch, GET or our own write. Returns True when it matters
-        to the run's decision (new holder or fence, or the first renewal)."""
+        to the run's decision (new holder or fence, or the first renewal).
+
+        `written_over`: this is the answer to our own write of the version with that
+        resourceVersion. resourceVersions are compared only for equality, so whether an answer is
+        newer than what the watch brought meanwhile cannot be told from it; it is taken only while
+        nothing else was observed since that version (else the watch brings our write anyway)."""
         ann = protocol.annotations(lease)
         holder, fence = protocol.lease_holder(lease)
         rv = LeaseView(lease).resource_version
         prev = self._items.get(key)
         if prev is not None and fence is not None and prev.fence is not None and fence < prev.fence:
             return False  # an event older than what we already know
-        seen = self._seen.setdefault(key, deque(maxlen=SEEN_VERSIONS))
-        if prev is not None and rv != prev.resource_version and rv in seen:
-            return False
-        if rv not in seen:
-            seen.append(rv)
+        if written_over is not None and prev is not None and prev.resource_version not in (written_over, rv):
+            return False  # a late answer: the watch (or a read) has moved on since the write was sent
         checkpoint, signals = ann.get(c.ANN_CHECKPOINT), ann.get(c.ANN_SIGNALS)
         raw_usage, raw_requests = ann.get(c.ANN_USAGE), ann.get(c.ANN_REQUESTS)
         if prev is None or (holder, fence) != (prev.holder, prev.fence):
