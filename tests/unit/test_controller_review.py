@@ -109,8 +109,10 @@ def test_the_sweep_ends_when_the_namespace_is_re_created(monkeypatch: pytest.Mon
 
     class NsKube:
         ns: dict[str, Any] = {"metadata": {"name": "ns", "uid": "old", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+        gets = 0
 
         async def get_object(self, path: str) -> dict[str, Any]:
+            self.gets += 1
             return self.ns
 
         async def list_objects(self, *a: Any, **k: Any) -> list[dict[str, Any]]:
@@ -122,7 +124,10 @@ def test_the_sweep_ends_when_the_namespace_is_re_created(monkeypatch: pytest.Mon
         sweep = sweeper.NamespaceSweeper(kube, cache, BudgetBook(kube, lambda: T0), lambda *a: None,  # type: ignore[arg-type]
                                          lambda ns: None)
         sweep.mark("ns")
-        await asyncio.sleep(0.05)
+        for _ in range(100):  # until the sweep has seen the namespace being deleted (its UID)
+            if kube.gets >= 2:
+                break
+            await asyncio.sleep(0.01)
         kube.ns = {"metadata": {"name": "ns", "uid": "new"}}  # deleted and created again between two sweeps
         for _ in range(100):
             if "ns" not in sweep._tasks:
