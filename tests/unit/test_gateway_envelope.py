@@ -223,6 +223,17 @@ def test_a_repeated_complete_whose_first_answer_was_lost_is_answered_200_only_fo
                     headers=AUTH), 410, "StaleFence")
 
 
+def test_a_repeated_complete_whose_first_answer_was_lost_says_the_runs_phase() -> None:
+    """docs/protocol.md §6.2: a publication's reply carries `status`, the run's phase as the gateway
+    last read or wrote it. A retry after a lost answer, once the operator has concluded the run,
+    used to answer `"status": ""`, which names no phase."""
+    app = build_app(ConcludedKube(), "tether-gateway")  # type: ignore[arg-type]
+    fenced = {"holder": "job-a1", "fence": 1, "runUid": "run-1"}
+    same = _call(app, "POST", f"{OP}/complete", json={**fenced, "result": {"ok": 1}}, headers=AUTH)
+    assert same.status_code == 200, same.text
+    assert same.json() == {"status": "Succeeded", "fence": 1}
+
+
 class HeldKube(AuthOnlyKube):
     """Attempt job-a1 (fence 1) of run run-1, claimed by the caller as worker w1: every renewal lands
     (resourceVersion compare-and-swap) and mints a tool credential."""

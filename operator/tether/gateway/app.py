@@ -170,6 +170,12 @@ def _names_attempt(run: WorkerRun, body: m.Fenced) -> bool:
         body.runUid in (None, run.metadata.uid)
 
 
+def _done(run: dict[str, Any], fence: int) -> dict[str, Any]:
+    """A publication's reply: the run's phase as just read or written (`Running` until the operator
+    concludes the attempt, then `Succeeded`/`Failed`/...), never empty (docs/protocol.md §6.2)."""
+    return {"status": (run.get("status") or {}).get("phase") or "Pending", "fence": fence}
+
+
 def _lost(body: m.Fenced, claim: bool) -> Failure:
     """The answer to a call whose attempt is no longer the run's: a claim may retry on the next one."""
     if claim:
@@ -411,8 +417,9 @@ class Gateway:
         fld = "result" if field == "result" else "error"
         lease = await self.kube.get_lease(ns, name)
         if lease is None or not protocol.holds(lease, body.holder, body.fence, body.runUid):
-            if await self._recorded(ns, name, body, fld, value):
-                return {"status": "", "fence": body.fence}  # a retry of an accepted call: its answer was lost
+            recorded = await self._recorded(ns, name, body, fld, value)
+            if recorded is not None:
+                return _done(recorded, body.fence)  # a retry of an accepted call: its answer was lost
             self._rejected(ns, name, body)
             raise stale
         # The claimant of a holder and fence never changes (see Claimant), so checking it here and
@@ -428,7 +435,7 @@ class Gateway:
                 raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
             status = run.get("status") or {}
             if self._holds_publication(run, body, fld, value):
-                return {"status": status.get("phase", ""), "fence": body.fence}  # a retry of an accepted call
+                return _done(run, body.fence)  # a retry of an accepted call
             if not _names_attempt(WorkerRun.model_validate(run), body):
                 # Revoked since the Lease read (the status moves first, the Lease clear follows).
                 self._rejected(ns, name, body)
@@ -449,17 +456,17 @@ class Gateway:
                 continue  # a `test` failed: the status moved (any write) or the attempt did; look again
             except NotFound as exc:
                 raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
-            return {"status": (written.get("status") or {}).get("phase", ""), "fence": body.fence}
+            return _done(written, body.fence)
         raise Failure(503, "Busy", "the run's status changed during each of three tries; retry",
                       headers={"Retry-After": "1"})
 
-    async def _recorded(self, ns: str, name: str, body: m.Fenced, field: str, value: Any) -> bool:
-        """Whether the run already holds exactly this attempt's publication (see protocol)."""
+    async def _recorded(self, ns: str, name: str, body: m.Fenced, field: str, value: Any) -> dict[str, Any] | None:
+        """The run, when it already holds exactly this attempt's publication (see protocol)."""
         try:
             run = await self.kube.get_run(ns, name)
         except NotFound:
-            return False
-        return self._holds_publication(run, body, field, value)
+            return None
+        return run if self._holds_publication(run, body, field, value) else None
 
     @staticmethod
     def _holds_publication(run: dict[str, Any], body: m.Fenced, field: str, value: Any) -> bool:

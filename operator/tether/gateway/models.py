@@ -125,7 +125,10 @@ class ClaimResponse(Signals):
 
 
 class Done(BaseModel):
-    status: str
+    status: str = Field(description="The run's phase as the gateway read or wrote it when answering: Running "
+                                    "until the operator concludes the attempt (moments later), then its outcome "
+                                    "(Succeeded, Failed, ...). Informational: the 200 itself says the "
+                                    "publication is accepted.")
     fence: int
 
 
