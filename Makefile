@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools node test layers unit sdk-test conformance chaos bench demo cluster e2e-kind clean
+.PHONY: help install control-plane tools node test layers unit sdk-test conformance chaos bench demo cluster e2e-kind docs clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -18,6 +18,7 @@ help:
 	@echo "make chaos          seeded fault trials judged from the audit log (TRIALS=300 SEED=1; not in make test)"
 	@echo "make bench          scale benchmarks on kwok nodes: JSON, figures, README table (not in make test)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
+	@echo "make docs           build the docs site (mkdocs --strict, outside the tree) and check every internal link"
 	@echo "make e2e-kind       (Docker + kind) build the image, helm install it, run the e2e suite there"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
 	@echo "make node           build/cache kubelet, containerd, the pause image and the Tether image (docker build)"
@@ -45,7 +46,7 @@ node:
 	bash hack/build-node.sh
 	bash hack/build-images.sh
 
-test: install control-plane tools node sdk-test layers
+test: install control-plane tools node sdk-test layers docs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
 
 # The layers are a checked contract (pyproject.toml [tool.importlinter]).
@@ -68,6 +69,12 @@ sdk-test: $(SDK_TS)/node_modules/.installed
 CONFORMANCE_ARGS ?=
 conformance: install control-plane $(SDK_TS)/node_modules/.installed
 	$(PY) -m conformance $(CONFORMANCE_ARGS)
+
+# The docs site (mkdocs.yml, docs/): built outside the tree; internal links and README's checked, external
+# ones listed (not fetched). tests/unit/test_docs.py runs the same check.
+DOCS_SITE ?= $(or $(TETHER_CACHE),/tmp)/tether-site
+docs: install
+	$(PY) hack/check_docs.py --site-dir $(DOCS_SITE)
 
 unit: install
 	$(PY) -m pytest -m unit -p no:cacheprovider -q tests/unit
