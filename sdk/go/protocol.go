@@ -326,6 +326,10 @@ func jsonInt(val json.RawMessage, isNull bool) (int64, error) {
 	if isNull {
 		return 0, fmt.Errorf("null where an integer is required")
 	}
+	// json.Number also takes a string holding a number ("50"): a string is malformed here.
+	if trimmed := bytes.TrimSpace(val); len(trimmed) == 0 || trimmed[0] == '"' {
+		return 0, fmt.Errorf("%s is not a JSON number", val)
+	}
 	var num json.Number
 	if err := json.Unmarshal(val, &num); err != nil {
 		return 0, err

@@ -458,3 +458,44 @@ func TestRenewalCarriesExtraAnnotations(t *testing.T) {
 		t.Fatalf("annotations %v, %v", got.Metadata.Annotations, err)
 	}
 }
+
+// TestSignalVectors runs sdk/vectors/signals.json, shared with the Python and TypeScript SDKs'
+// tests: which signals annotation values are malformed (null only where docs/protocol.md §7
+// allows it) and what the others say.
+func TestSignalVectors(t *testing.T) {
+	raw, err := os.ReadFile("../vectors/signals.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Cases []struct {
+			Name    string `json:"name"`
+			Raw     string `json:"raw"`
+			Signals *struct {
+				Stop      bool   `json:"stop"`
+				Paused    bool   `json:"paused"`
+				BaseCents int64  `json:"baseCents"`
+				CapCents  *int64 `json:"capCents"`
+			} `json:"signals"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("vectors: %v", err)
+	}
+	for _, v := range doc.Cases {
+		t.Run(v.Name, func(t *testing.T) {
+			got, ok := parseSignals(v.Raw)
+			if ok != (v.Signals != nil) {
+				t.Fatalf("parseSignals(%q) ok = %v, want %v", v.Raw, ok, v.Signals != nil)
+			}
+			if !ok {
+				return
+			}
+			w := v.Signals
+			if got.Stop != w.Stop || got.Paused != w.Paused || got.BaseCents != w.BaseCents ||
+				(got.CapCents == nil) != (w.CapCents == nil) || (got.CapCents != nil && *got.CapCents != *w.CapCents) {
+				t.Fatalf("parseSignals(%q) = %+v, want %+v", v.Raw, got, *w)
+			}
+		})
+	}
+}

@@ -304,8 +304,9 @@ export function parseSignals(raw: string | null | undefined): Signals | null {
   const { stop = false, paused = false, reason = null, endsAt = null } = doc;
   const capCents = optionalInt(doc.capCents);
   const capTokens = optionalInt(doc.capTokens);
-  const baseCents = optionalInt(doc.baseCents);
-  const baseTokens = optionalInt(doc.baseTokens);
+  // Absent: 0; null is malformed, as for every signal §7 does not allow null for.
+  const baseCents = doc.baseCents === null ? undefined : optionalInt(doc.baseCents);
+  const baseTokens = doc.baseTokens === null ? undefined : optionalInt(doc.baseTokens);
   if (typeof stop !== "boolean" || typeof paused !== "boolean") return null;
   if (reason !== null && typeof reason !== "string") return null;
   if (endsAt !== null && (typeof endsAt !== "string" || Number.isNaN(Date.parse(endsAt)))) return null;

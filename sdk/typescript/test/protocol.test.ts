@@ -354,3 +354,18 @@ describe("publication recorded", () => {
     it(`jsonEqual(${JSON.stringify(a)}, ${JSON.stringify(b)}) is ${expected}`, () => assert.equal(jsonEqual(a, b), expected));
   }
 });
+
+describe("what the control signals say", () => {
+  // Shared with the Python and Go SDKs' tests (sdk/vectors/signals.json).
+  type Expected = { stop: boolean; paused: boolean; baseCents: number; capCents: number | null } | null;
+  const vectors = JSON.parse(fs.readFileSync(new URL("../../../vectors/signals.json", import.meta.url), "utf8")) as {
+    cases: { name: string; raw: string; signals: Expected }[];
+  };
+  for (const v of vectors.cases) {
+    it(`${v.signals === null ? "malformed" : "read"}: ${v.name}`, () => {
+      const got = parseSignals(v.raw);
+      assert.deepEqual(got === null ? null : { stop: got.stop, paused: got.paused, baseCents: got.baseCents,
+                                               capCents: got.capCents }, v.signals);
+    });
+  }
+});
