@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TOP_LEVEL = (ROOT / "SECURITY.md", ROOT / "CHANGELOG.md")  # checked like README.md
 SKIPPED_SCHEMES = ("mailto:", "javascript:", "data:", "tel:")
 
 
@@ -139,25 +140,27 @@ def check_readme(readme: Path, site: Path, pages: dict[str, Page] | None = None)
         path, _, fragment = link.partition("#")
         if not path:
             if fragment not in own:
-                report.broken.append(f"README.md: {link} (no such heading)")
+                report.broken.append(f"{readme.name}: {link} (no such heading)")
             continue
         file = (readme.parent / urllib.parse.unquote(path)).resolve()
         if not file.exists():
-            report.broken.append(f"README.md: {link} (no such file)")
+            report.broken.append(f"{readme.name}: {link} (no such file)")
             continue
         if fragment and file.suffix == ".md" and file.parent == (readme.parent / "docs").resolve():
             rendered = "index.html" if file.stem == "index" else f"{file.stem}/index.html"
             if fragment not in pages.get(rendered, Page()).ids:
-                report.broken.append(f"README.md: {link} (no anchor #{fragment} on docs/{file.name})")
+                report.broken.append(f"{readme.name}: {link} (no anchor #{fragment} on docs/{file.name})")
     return report
 
 
 def check(site: Path, readme: Path = ROOT / "README.md", config: Path = ROOT / "mkdocs.yml") -> Report:
     build(site, config)
     report = check_site(site)
-    readme_report = check_readme(readme, site)
-    report.broken += readme_report.broken
-    report.external |= readme_report.external
+    pages = parse_site(site)
+    for markdown in (readme, *TOP_LEVEL):
+        found = check_readme(markdown, site, pages)
+        report.broken += found.broken
+        report.external |= found.external
     return report
 
 

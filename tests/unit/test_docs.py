@@ -43,8 +43,9 @@ def test_every_internal_link_of_the_site_resolves(site: Path) -> None:
     assert (site / "protocol" / "index.html").is_file() and (site / "console-runs.png").is_file()
 
 
-def test_every_link_of_the_readme_resolves(site: Path) -> None:
-    report = check_docs.check_readme(ROOT / "README.md", site)
+@pytest.mark.parametrize("markdown", ["README.md", "SECURITY.md", "CHANGELOG.md"])
+def test_every_link_of_the_top_level_markdown_resolves(site: Path, markdown: str) -> None:
+    report = check_docs.check_readme(ROOT / markdown, site)
     assert report.broken == []
 
 
