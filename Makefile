@@ -16,7 +16,7 @@ help:
 	@echo "make sdk-test       the TypeScript and Go SDKs' own unit tests (npm test, go vet + go test)"
 	@echo "make conformance    every conformance scenario against the Python, TypeScript and Go workers (a table)"
 	@echo "make chaos          seeded fault trials judged from the audit log (TRIALS=300 SEED=1; not in make test)"
-	@echo "make bench          scale benchmarks on kwok nodes: JSON, figures, README table (not in make test)"
+	@echo "make bench          scale benchmarks on kwok nodes: JSON, figures, table in docs/benchmarks.md (not in make test)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
 	@echo "make docs           build the docs site (mkdocs --strict, outside the tree) and check every internal link"
 	@echo "make e2e-kind       (Docker + kind) build the image, helm install it, run the e2e suite there"

@@ -1,9 +1,9 @@
-"""Turns a scale report (benchmarks/scale.py's JSON) into the README's benchmark table and one PNG
+"""Turns a scale report (benchmarks/scale.py's JSON) into the benchmark table of docs/benchmarks.md and one PNG
 figure per scenario.
 
     .venv/bin/python benchmarks/report.py benchmarks/results/scale-2026-11-30.json [--no-readme]
 
-The table replaces what stands between the README's `<!-- bench:begin -->` and
+The table replaces what stands between docs/benchmarks.md's `<!-- bench:begin -->` and
 `<!-- bench:end -->` markers; the figures go next to the JSON (`<json stem>-<scenario>.png`).
 """
 
@@ -92,7 +92,7 @@ def table(report: dict[str, Any], source: str) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def update_readme(text: str, readme: Path = ROOT / "README.md") -> None:
+def update_readme(text: str, readme: Path = ROOT / "docs" / "benchmarks.md") -> None:
     body = readme.read_text()
     if BEGIN not in body or END not in body:
         raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
@@ -190,7 +190,7 @@ def main() -> None:
             print(f"wrote {fig}")
     if not args.no_readme:
         update_readme(table(report, f"make bench → {path.relative_to(ROOT) if path.is_absolute() else path}"))
-        print("README benchmark table updated")
+        print("docs/benchmarks.md benchmark table updated")
 
 
 if __name__ == "__main__":
