@@ -8,6 +8,7 @@ The screenshots in docs/ (console-*.png, shown in the README) are taken here.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import os
 import re
 import signal
@@ -27,7 +28,7 @@ from tests.e2e.test_review import _gated
 from tests.e2e.test_review_gates import _asking, _reviewed
 from tests.support import runs
 from tests.support.kube import Kube, eventually
-from tests.support.scenario import app_run, wait_line
+from tests.support.scenario import app_run, lease, wait_line
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -65,7 +66,9 @@ def _user(kube: Kube, ns: str, tmp_path: Path, name: str = "alice") -> tuple[str
         "rules": [{"apiGroups": ["tether.dev"], "resources": ["workerruns"], "verbs": ["get", "list", "watch", "patch"]},
                   {"apiGroups": ["tether.dev"], "resources": ["workerbudgets"], "verbs": ["get", "list", "watch"]},
                   {"apiGroups": ["tether.dev"], "resources": ["workerrunapprovals"], "verbs": ["create", "get", "list"]},
-                  {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]}))
+                  {"apiGroups": [""], "resources": ["events", "pods"], "verbs": ["get", "list", "watch"]},
+                  {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+                  {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch"]}]}))
     username = f"system:serviceaccount:{ns}:{name}"
     kube.ok(kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
         "metadata": {"name": f"{name}-console"},
@@ -162,6 +165,31 @@ def test_runs_change_live_and_budgets_fill(kube: Kube, namespace: str, operator,
     expect(gauge).to_contain_text("16 of 40", timeout=30_000)  # 8 steps of 2 cents, charged once
     expect(page.locator(f'section[data-budget="{namespace}/research"] table')).to_contain_text("short-job")
     page.screenshot(path=str(DOCS / "console-budgets.png"), full_page=True)
+
+
+def _seconds_ago(ts: str) -> float:
+    return (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))).total_seconds()
+
+
+def test_the_lease_age_is_read_from_the_lease(kube: Kube, namespace: str, operator, console: str,  # type: ignore[no-untyped-def]
+                                             page: Page) -> None:
+    """A holding worker renews its Lease every second while its progress stands still, so the
+    operator folds status.lastRenewTime no more: the age shown must be the Lease's."""
+    runs.create(kube, namespace, app_run("holder", {"holdAttempts": [1], "holdSeconds": 120}, duration=10))
+    runs.wait_phase(kube, namespace, "holder", "Running", timeout=60)
+
+    def folded_long_ago() -> bool:
+        status = runs.get(kube, namespace, "holder").get("status") or {}
+        renewed = lease(kube, namespace, "holder")["spec"].get("renewTime")
+        return bool(renewed) and _seconds_ago(renewed) < 3 and (
+            not status.get("lastRenewTime") or _seconds_ago(status["lastRenewTime"]) > 20)
+
+    eventually(folded_long_ago, timeout=60, interval=0.5, what="a fresh Lease and an old status.lastRenewTime")
+    page.goto(console)
+    small = re.compile(r"^[0-9]s ago$")  # one digit: renewed within ten seconds
+    expect(page.locator(f'tr[data-key="{namespace}/holder"] td').nth(6)).to_have_text(small)
+    page.goto(page.url.rstrip("/") + f"/runs/{namespace}/holder")
+    expect(page.locator("#summary")).to_contain_text(re.compile(r"lease renewed [0-9]s ago"))
 
 
 def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operator, alice: tuple[str, str, Path],  # type: ignore[no-untyped-def]

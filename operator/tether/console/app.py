@@ -34,7 +34,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope as AsgiScope, Send
 
-from tether.console import security, views
+from tether.console import logs, security, views
 from tether.console.actions import CONTROLS, ActionError, Replaced, control, record_decision, whoami
 from tether.console.state import Listener, Scope, object_key
 from tether.gateway.app import BodyTooLarge, read_body
@@ -265,7 +265,7 @@ class GatewayBackend:
                     log.warning("console token review failed: %s", exc, extra={"event": "console_review_failed"})
 
     def _to_login(self, request: Request) -> Response:
-        if request.url.path.endswith("/events") or request.method != "GET":
+        if request.url.path.endswith(("/events", "/logs")) or request.method != "GET":
             return PlainResponse("sign in again", 401)
         return RedirectResponse(f"{_base(request)}/login", status_code=303)
 
@@ -350,7 +350,8 @@ class Pages:
         await _synced(session)
         budgets = sorted({views.budget_of(r) for r in _runs(session)} - {""}
                          | {b["metadata"]["name"] for b in session.scope.budgets.objects.values()})
-        body = views.runs_page(_base(request), _runs(session), f, session.scope.namespace, budgets)
+        body = views.runs_page(_base(request), _runs(session), f, session.scope.namespace, budgets,
+                               session.scope.lease_of)
         return self._shell(request, session, "Runs", "runs", "&".join(filter(None, ["page=runs", f.query()])), body)
 
     async def run(self, request: Request, session: Session) -> Response:
@@ -379,6 +380,22 @@ class Pages:
         return StreamingResponse(_stream(session, listener, render, COALESCE_SECONDS[page]),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def logs(self, request: Request, session: Session) -> Response:
+        """An attempt's worker logs as plain text (GET: reads only, with the session's credential)."""
+        ns, name = request.path_params["namespace"], request.path_params["name"]
+        run = session.scope.runs.objects.get(f"{ns}/{name}")
+        if run is None:
+            return PlainResponse(f"no run {ns}/{name} in this console's scope", 404)
+        try:
+            attempt = int(request.query_params.get("attempt") or (run.get("status") or {}).get("attempt") or 0)
+        except ValueError:
+            return PlainResponse("attempt is a number", 422)
+        where = logs.target(run, session.scope.pods_of(run), attempt)
+        answer = where if isinstance(where, logs.Answer) else await logs.read(
+            session.scope.http, ns, where, logs.tail_lines(request.query_params.get("tailLines")))
+        return Response(answer.text, status_code=answer.status, media_type="text/plain",
+                        headers={"Cache-Control": "no-store"})
 
     async def control(self, request: Request, session: Session) -> Response:
         ns, name, command = (request.path_params[k] for k in ("namespace", "name", "command"))
@@ -446,7 +463,8 @@ def _run_fragments(request: Request, session: Session, ns: str, name: str) -> di
     key = f"{ns}/{name}"
     run = session.scope.runs.objects.get(key)
     events = session.scope.run_events(run["metadata"]["uid"]) if run else []
-    return views.run_fragments(_base(request), run, session.scope.series.get(key, []), events, _now())
+    lease, pods = (session.scope.lease_of(run), session.scope.pods_of(run)) if run else (None, [])
+    return views.run_fragments(_base(request), run, session.scope.series.get(key, []), events, _now(), lease, pods)
 
 
 def _budgets_fragment(request: Request, session: Session) -> str:
@@ -474,14 +492,14 @@ def _renderer(request: Request, session: Session, page: str) -> Render:
 
         def runs(keys: set[str] | None) -> list[str]:
             if keys is None:
-                rows = [[object_key(r), views.run_row(base, r)] for r in views.sorted_runs(_runs(session))
+                rows = [[object_key(r), views.run_row(base, r, session.scope.lease_of(r))] for r in views.sorted_runs(_runs(session))
                         if f.matches(r)]
                 return with_errors(keys, [_sse("reset", rows)])
             upsert, remove = [], []
             for key in sorted(k[4:] for k in keys if k.startswith("run:") and k != "run:"):
                 run = session.scope.runs.objects.get(key)
                 if run is not None and f.matches(run):
-                    upsert.append([key, views.run_row(base, run)])
+                    upsert.append([key, views.run_row(base, run, session.scope.lease_of(run))])
                 else:
                     remove.append(key)
             return with_errors(keys, [_sse("rows", {"upsert": upsert, "remove": remove})] if upsert or remove else [])
@@ -530,6 +548,7 @@ def _routes(backend: Backend) -> list[Route | Mount]:
         Route("/budgets", _signed_in(backend, pages.budgets)),
         Route("/review", _signed_in(backend, pages.review)),
         Route("/events", _signed_in(backend, pages.events)),
+        Route("/api/runs/{namespace}/{name}/logs", _signed_in(backend, pages.logs)),
         Route("/api/runs/{namespace}/{name}/decide", _signed_in(backend, pages.decide), methods=["POST"]),
         Route("/api/runs/{namespace}/{name}/{command}", _signed_in(backend, pages.control), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC)),

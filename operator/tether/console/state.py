@@ -1,8 +1,9 @@
 """What the console knows, from list+watch with one credential in one namespace scope: runs,
-budgets and WorkerRun events, a usage series per run, and the browsers to tell about changes.
+budgets, WorkerRun events, the runs' Leases (liveness) and pods (exit codes, log targets), a usage
+series per run, and the browsers to tell about changes.
 
 One watch per resource and scope, however many browsers look (they get Server-Sent Events from
-here), so a room full of open consoles costs the API server three watches, not a poll each.
+here), so a room full of open consoles costs the API server five watches, not a poll each.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Any
 
 import httpx
 
+from tether import protocol
+from tether.api.constants import LABEL_RUN
+
 log = logging.getLogger("tether.console")
 
 GROUP = "/apis/tether.dev/v1alpha1"
@@ -25,6 +29,8 @@ WATCH_SECONDS = 290
 SERIES_POINTS = 720  # per run: a point per status change, so hours of a run's folds
 RETRY_MAX_SECONDS = 30.0
 REFUSALS = frozenset({401, 403, 404})  # answers a retry will not change soon (unlike 429 or 5xx)
+LEASES, CORE = "/apis/coordination.k8s.io/v1", "/api/v1"
+RUN_OBJECTS = {"labelSelector": LABEL_RUN}  # the Leases and pods the operator made for runs, nothing else
 
 Changed = Callable[[str, "dict[str, Any] | None"], None]
 
@@ -45,6 +51,14 @@ def _slim(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def _slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """Of a pod: which containers it has and how they ended; the rest (env, volumes) is never shown."""
+    status = pod.get("status") or {}
+    return {"metadata": _slim(pod)["metadata"],
+            "spec": {"containers": [{"name": c.get("name")} for c in (pod.get("spec") or {}).get("containers") or []]},
+            "status": {k: status[k] for k in ("phase", "containerStatuses") if k in status}}
+
+
 class Gone(Exception):
     """410: the resourceVersion is too old to resume from; list again."""
 
@@ -54,8 +68,9 @@ class Watch:
     every object that changed (obj None: deleted). `error` holds why the last try failed, if it did."""
 
     def __init__(self, http: httpx.AsyncClient, path: str, on_change: Changed,
-                 params: dict[str, str] | None = None) -> None:
-        self.http, self.path, self.on_change = http, path, on_change
+                 params: dict[str, str] | None = None,
+                 slim: Callable[[dict[str, Any]], dict[str, Any]] = _slim) -> None:
+        self.http, self.path, self.on_change, self.slim = http, path, on_change, slim
         self.params = params or {}
         self.objects: dict[str, dict[str, Any]] = {}
         self.error: str | None = None
@@ -101,7 +116,7 @@ class Watch:
         if resp.status_code >= 400:
             raise httpx.HTTPStatusError(_message(resp), request=resp.request, response=resp)
         body = resp.json()
-        fresh = {object_key(o): _slim(o) for o in body.get("items") or []}
+        fresh = {object_key(o): self.slim(o) for o in body.get("items") or []}
         for key in set(self.objects) - set(fresh):
             del self.objects[key]
             self.on_change(key, None)
@@ -144,8 +159,8 @@ class Watch:
                     self.objects.pop(key, None)
                     self.on_change(key, None)
                 else:
-                    self.objects[key] = _slim(obj)
-                    self.on_change(key, obj)
+                    self.objects[key] = self.slim(obj)
+                    self.on_change(key, self.objects[key])
         return version
 
 
@@ -209,11 +224,21 @@ class Scope:
         # Only WorkerRuns' events: the refusals, stale results and lapses a timeline marks.
         self.events = Watch(self.http, scoped_path(self.namespace, "events", group="/api/v1"), self._event_changed,
                             params={"fieldSelector": "involvedObject.kind=WorkerRun"})
+        # Liveness is the Lease's renewTime (status.lastRenewTime is folded only when progress moves).
+        self.leases = Watch(self.http, scoped_path(self.namespace, "leases", group=LEASES), self._owned_changed,
+                            params=RUN_OBJECTS)
+        self.pods = Watch(self.http, scoped_path(self.namespace, "pods", group=CORE), self._owned_changed,
+                          params=RUN_OBJECTS, slim=_slim_pod)
+        self._run_of: dict[str, str] = {}  # a Lease's or pod's key: its run's, kept to tell of its deletion
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _watches(self) -> tuple[tuple[str, Watch], ...]:
+        return (("runs", self.runs), ("budgets", self.budgets), ("events", self.events), ("leases", self.leases),
+                ("pods", self.pods))
 
     def start(self) -> None:
         if not self._tasks:
-            self._tasks = [asyncio.create_task(w.run()) for w in (self.runs, self.budgets, self.events)]
+            self._tasks = [asyncio.create_task(w.run()) for _, w in self._watches()]
 
     async def close(self) -> None:
         for listener in self.listeners:
@@ -234,11 +259,22 @@ class Scope:
         self.last_used = time.monotonic()
 
     def errors(self) -> list[str]:
-        return [f"{name}: {w.error}" for name, w in (("runs", self.runs), ("budgets", self.budgets),
-                                                     ("events", self.events)) if w.error]
+        return [f"{name}: {w.error}" for name, w in self._watches() if w.error]
 
     def run_events(self, uid: str) -> list[dict[str, Any]]:
         return [e for e in self.events.objects.values() if (e.get("involvedObject") or {}).get("uid") == uid]
+
+    def lease_of(self, run: dict[str, Any]) -> dict[str, Any] | None:
+        """The run's Lease (named as the run), not one a deleted namesake left behind."""
+        lease = self.leases.objects.get(object_key(run))
+        return lease if lease is not None and protocol.controller_uid(lease) in (None, run["metadata"]["uid"]) \
+            else None
+
+    def pods_of(self, run: dict[str, Any]) -> list[dict[str, Any]]:
+        meta = run["metadata"]
+        return [p for p in self.pods.objects.values() if p["metadata"].get("namespace") == meta["namespace"]
+                and (p["metadata"].get("labels") or {}).get(LABEL_RUN) == meta["name"]
+                and protocol.controller_uid(p) in (None, meta["uid"])]
 
     def _notify(self, key: str) -> None:
         for listener in self.listeners:
@@ -250,6 +286,15 @@ class Scope:
         else:
             record(self.series.setdefault(key, []), run, time.time())
         self._notify(f"run:{key}")
+
+    def _owned_changed(self, key: str, obj: dict[str, Any] | None) -> None:
+        """A Lease or pod changed: its run's pages render again."""
+        if obj is None:
+            self._notify(f"run:{self._run_of.pop(key)}" if key in self._run_of else "")
+            return
+        meta = obj["metadata"]
+        run = self._run_of[key] = f"{meta.get('namespace', '')}/{(meta.get('labels') or {}).get(LABEL_RUN, '')}"
+        self._notify(f"run:{run}")
 
     def _event_changed(self, _: str, event: dict[str, Any] | None) -> None:
         involved = (event or {}).get("involvedObject") or {}

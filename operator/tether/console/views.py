@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -12,12 +13,15 @@ from urllib.parse import quote, urlencode
 
 from tether.console import charts
 from tether.console.actions import pending_requests
+from tether.console.details import (TERMINAL, attempts_table, lease_age, lease_renewed, result_view, since,
+                                    stuck_badge, what_starts, yaml_block)
 from tether.console.state import Point
+
+LeaseOf = Callable[[dict[str, Any]], "dict[str, Any] | None"]  # a run's Lease, as the scope sees it
 
 PHASES = ("Pending", "AwaitingApproval", "AwaitingReview", "Starting", "Running", "Backoff", "Suspended",
           "Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")
 RESULT_CHARS = 2000  # of a result awaiting review, shown in its decision form
-TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
 
 
 @dataclass(frozen=True)
@@ -56,13 +60,11 @@ def run_href(base: str, run: dict[str, Any]) -> str:
     return f"{base}/runs/{quote(meta['namespace'])}/{quote(meta['name'])}"
 
 
-def _since(ts: str | None) -> str:
-    """A cell the browser's clock ticks (data-since): a lease's age changes every second without
-    the run changing."""
-    return f'<span data-since="{escape(ts)}">{escape(ts)}</span>' if ts else "-"
+def _no_lease(_: dict[str, Any]) -> dict[str, Any] | None:
+    return None
 
 
-def run_row(base: str, run: dict[str, Any]) -> str:
+def run_row(base: str, run: dict[str, Any], lease: dict[str, Any] | None = None) -> str:
     meta, status = run["metadata"], run.get("status") or {}
     usage = status.get("usage") or {}
     phase = phase_of(run)
@@ -72,10 +74,10 @@ def run_row(base: str, run: dict[str, Any]) -> str:
             f'<td>{escape(meta["namespace"])}</td>'
             f'<td><a href="{escape(run_href(base, run))}">{escape(meta["name"])}</a></td>'
             f'<td><span class="phase p-{escape(phase)}">{escape(phase)}</span>'
-            f'{f" <span class=badge>{pending} awaiting</span>" if pending else ""}</td>'
+            f'{f" <span class=badge>{pending} awaiting</span>" if pending else ""}{stuck_badge(run)}</td>'
             f'<td class="num">{int(status.get("attempt") or 0)}</td><td class="num">{int(status.get("fence") or 0)}</td>'
             f'<td>{escape(status.get("holder") or "-")}</td>'
-            f'<td>{_since(status.get("lastRenewTime")) if status.get("holder") else "-"}</td>'
+            f'<td class="lease">{lease_age(lease)}</td>'
             f'<td class="num">{int(usage.get("cents") or 0)}</td><td class="num">{int(usage.get("tokens") or 0)}</td>'
             f'<td>{escape(budget_of(run) or "-")}</td></tr>')
 
@@ -90,12 +92,12 @@ def _options(values: list[str], chosen: str, any_label: str) -> str:
 
 
 def runs_page(base: str, runs: list[dict[str, Any]], f: Filters, scope: str | None,
-              budgets: list[str]) -> str:
+              budgets: list[str], lease_of: LeaseOf = _no_lease) -> str:
     namespaces = sorted({r["metadata"]["namespace"] for r in runs} | ({f.namespace} if f.namespace else set()))
     # A namespaced console shows one namespace: its filter would choose among one.
     ns_filter = (f'<label>namespace <select name="namespace">{_options(namespaces, f.namespace, "all")}</select>'
                  f'</label>') if scope is None else ""
-    rows = "".join(run_row(base, r) for r in sorted_runs(runs) if f.matches(r))
+    rows = "".join(run_row(base, r, lease_of(r)) for r in sorted_runs(runs) if f.matches(r))
     return (f'<form id="filters" class="filters">{ns_filter}'
             f'<label>phase <select name="phase">{_options(list(PHASES), f.phase, "all")}</select></label>'
             f'<label>budget <select name="budget">{_options(sorted(set(budgets) | {f.budget} - {""}), f.budget, "all")}'
@@ -116,12 +118,14 @@ def decision_form(base: str, run: dict[str, Any], request: dict[str, Any]) -> st
     if gate == "Result" and result is not None:  # what the reviewer accepts or denies
         shown = json.dumps(result, indent=1, sort_keys=True)
         details += f'<pre class="details">{escape(shown[:RESULT_CHARS])}{" …" if len(shown) > RESULT_CHARS else ""}</pre>'
-    deadline = f' · deadline {_since(request.get("deadline"))}' if request.get("deadline") else ""
+    if gate == "Start":  # what the approver lets run
+        details += what_starts(run)
+    deadline = f' · deadline {since(request.get("deadline"))}' if request.get("deadline") else ""
     # The first submit button is what Enter in the reason "clicks": a disabled one makes Enter do
     # nothing, rather than Approve a run the reviewer was typing a denial for.
     return (f'<form class="decide" data-action="{escape(action)}" data-uid="{escape(meta["uid"])}" '
             f'data-gate="{escape(gate)}" data-attempt="{attempt}"><b>{escape(gate)}</b> · attempt {attempt} · '
-            f'requested {_since(request.get("requestedAt"))}{deadline}{details}'
+            f'requested {since(request.get("requestedAt"))}{deadline}{details}'
             '<button type="submit" disabled hidden aria-hidden="true" tabindex="-1"></button>'
             '<input name="reason" placeholder="reason" required maxlength="4096">'
             '<button name="decision" value="Approve" class="approve">Approve</button>'
@@ -134,18 +138,20 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], events: list[dict[str, Any]],
-                  now: dt.datetime) -> dict[str, str]:
-    """A run's page as fragments by element id, re-rendered whenever the run or its events change."""
+                  now: dt.datetime, lease: dict[str, Any] | None = None,
+                  pods: list[dict[str, Any]] | None = None) -> dict[str, str]:
+    """A run's page as fragments by element id, re-rendered whenever the run, its events, its
+    Lease or its pods change."""
     if run is None:
         return {"summary": '<p class="error">this run does not exist (any more)</p>', "charts": "", "review": "",
-                "conditions": "", "events": "", "controls": ""}
+                "conditions": "", "events": "", "controls": "", "attempts": "", "result": "", "spec": ""}
     meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
     usage = status.get("usage") or {}
     phase = phase_of(run)
     summary = (f'<span class="phase p-{escape(phase)}" id="phase">{escape(phase)}</span> attempt '
                f'{int(status.get("attempt") or 0)} · fence {int(status.get("fence") or 0)} · holder '
                f'{escape(status.get("holder") or "-")} · '
-               + (f'lease renewed {_since(status.get("lastRenewTime"))} · ' if status.get("holder") else "")
+               + (f'lease renewed {lease_age(lease)} · ' if lease_renewed(lease) else "")
                + f'{int(usage.get("cents") or 0)} cents, {int(usage.get("tokens") or 0)} tokens'
                + (f' · budget {escape(budget_of(run))}' if budget_of(run) else "")
                + (f' · checkpoint <code>{escape(str(status["checkpoint"].get("cursor")))}</code>'
@@ -183,16 +189,22 @@ def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], ev
         + (f'<button data-post="{escape(path)}/resume" {uid}>Resume</button>' if spec.get("suspend")
            else f'<button data-post="{escape(path)}/suspend" {uid}>Suspend</button>'))
     return {"summary": summary, "charts": chart, "review": review, "conditions": conditions, "events": event_rows,
-            "controls": controls}
+            "controls": controls, "attempts": attempts_table(base, run, pods or []), "result": result_view(run),
+            "spec": yaml_block(spec)}
 
 
 def run_page(base: str, ns: str, name: str, fragments: dict[str, str]) -> str:
     return (f'<h2>{escape(ns)}/<b>{escape(name)}</b></h2><p id="summary">{fragments["summary"]}</p>'
             f'<div id="controls" class="controls">{fragments["controls"]}</div>'
             f'<h3>attempts</h3><div id="charts">{fragments["charts"]}</div>'
+            f'<div id="attempts">{fragments["attempts"]}</div>'
+            '<h3>logs</h3><p id="log-title" class="muted">a log button above shows that attempt\'s worker logs</p>'
+            '<pre id="log-output" class="logs" hidden></pre>'
+            f'<h3>result</h3><div id="result">{fragments["result"]}</div>'
             f'<h3>awaiting a decision</h3><div id="review">{fragments["review"]}</div>'
             f'<h3>conditions</h3><div id="conditions">{fragments["conditions"]}</div>'
-            f'<h3>events</h3><div id="events">{fragments["events"]}</div>')
+            f'<h3>events</h3><div id="events">{fragments["events"]}</div>'
+            f'<h3>spec and payload</h3><div id="spec">{fragments["spec"]}</div>')
 
 
 def review_queue(runs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:

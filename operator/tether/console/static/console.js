@@ -111,7 +111,30 @@ document.addEventListener("submit", async (e) => {
                                    attempt: Number(form.dataset.attempt), decision: e.submitter.value, reason});
 });
 
+// An attempt's logs: plain text from the console's server, shown as text (never as markup).
+async function showLogs(button) {
+  const title = document.getElementById("log-title");
+  const out = document.getElementById("log-output");
+  const attempt = button.closest("tr")?.dataset.attempt;
+  title.textContent = `attempt ${attempt}: loading…`;
+  title.className = "muted";
+  let resp, text;
+  try {
+    resp = await fetch(button.dataset.logs, {credentials: "same-origin"});
+    text = await resp.text();
+  } catch (err) {
+    resp = {ok: false}; text = String(err);
+  }
+  title.textContent = resp.ok ? `attempt ${attempt}: the last lines of its worker's log` : `attempt ${attempt}: no logs`;
+  title.className = resp.ok ? "" : "error";
+  out.textContent = resp.ok && !text ? "(the container has written nothing)" : text;
+  out.classList.toggle("error", !resp.ok);
+  out.hidden = false;
+}
+
 document.addEventListener("click", async (e) => {
+  const logs = e.target.closest("button[data-logs]");
+  if (logs) { await showLogs(logs); return; }
   const button = e.target.closest("button[data-post]");
   if (!button) return;
   if (button.dataset.confirm && !window.confirm(button.dataset.confirm)) return;
