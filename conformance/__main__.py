@@ -20,7 +20,7 @@ from pathlib import Path
 
 from conformance.harness import Cluster
 from conformance.run import Cell, run_cell
-from conformance.scenarios import SCENARIOS
+from conformance.branches import ALL as SCENARIOS
 from conformance.sdks import BUILD, parse_worker
 
 

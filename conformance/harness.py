@@ -246,7 +246,10 @@ class Case:
 
     # --- runs -----------------------------------------------------------------------
 
-    def create_run(self, name: str, payload: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    def create_run(self, name: str, payload: dict[str, Any], wrap: list[str] | None = None,
+                   env: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+        """`wrap`: a command the pod runs the worker under (the worker's argv follows it); `env`: the
+        container's own environment (it overrides the kubelet's)."""
         body: dict[str, Any] = {
             "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": name},
             "spec": {"payload": {"effectUrl": self.receiver.url, **payload}, "lease": LEASE,
@@ -256,7 +259,9 @@ class Case:
             body["spec"]["template"] = {
                 "metadata": {"annotations": {API_SERVER_ANNOTATION: self.worker_proxy.url}},
                 "spec": {"terminationGracePeriodSeconds": 120,
-                         "containers": [{"name": "worker", "image": "tether-conformance", "command": self.worker}]}}
+                         "containers": [{"name": "worker", "image": "tether-conformance",
+                                         "command": [*(wrap or []), *self.worker],
+                                         "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}]}}
         else:
             body["spec"]["executor"] = "External"
         return self.kube.ok(self.kube.post(Kube.wr_path(self.ns), body))
@@ -364,6 +369,15 @@ class Case:
                     return (int(term["exitCode"]),)
             return None
         return self.wait(code, timeout, f"the worker of pod {pod} to exit")[0]
+
+    def pod_credentials(self, pod: str) -> Path:
+        """The pod's service-account directory as the process kubelet wrote it (token, ca.crt,
+        namespace): what a container sees at /var/run/secrets/kubernetes.io/serviceaccount."""
+        state = os.environ.get("TETHER_TEST_STATE_DIR")
+        found = sorted(Path(state).glob(f"pods/{self.ns}_{pod}_*/serviceaccount")) if state else []
+        if not found:
+            raise Fail(f"harness: no credentials of pod {pod} (TETHER_TEST_STATE_DIR={state!r})")
+        return found[-1]
 
     def effects(self, accepted_only: bool = True) -> list[Effect]:
         return [e for e in self.receiver.seen() if e.decision == "accepted" or not accepted_only]
