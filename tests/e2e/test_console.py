@@ -2,7 +2,8 @@
 control plane and operator: `kubectl tether ui` as a limited user, and /console behind the gateway
 with token sign-in. What the browser shows is checked in the page; what it did, in the API.
 
-The screenshots in docs/ (console-*.png, shown in the README) are taken here.
+The screenshots (console-*.png) are taken here: into docs/ only for `make screenshots`
+(TETHER_SCREENSHOTS=docs), otherwise outside the tree, so `make test` leaves it clean.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,21 @@ from tests.support.kube import Kube, eventually
 from tests.support.scenario import app_run, lease, wait_line
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ROOT / "docs"
+
+
+def screenshot_dir() -> Path:
+    """TETHER_SCREENSHOTS (relative to the repository) when set, else under $TETHER_CACHE or the
+    system's temporary directory."""
+    chosen = os.environ.get("TETHER_SCREENSHOTS")
+    if chosen:
+        return ROOT / chosen
+    return Path(os.environ.get("TETHER_CACHE") or tempfile.gettempdir()) / "tether-screenshots"
+
+
+def _screenshot(page: Page, name: str, full_page: bool = False) -> None:
+    target = screenshot_dir()
+    target.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(target / name), full_page=full_page)
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -149,7 +165,7 @@ def test_runs_change_live_and_budgets_fill(kube: Kube, namespace: str, operator,
     expect(_phase_cell(page, namespace, "quick-job")).to_have_text("Succeeded", timeout=60_000)
     expect(_phase_cell(page, namespace, "gated-job")).to_have_text("AwaitingApproval", timeout=60_000)
     expect(page.locator(f'tr[data-key="{namespace}/short-job"] td').nth(7)).not_to_have_text("0", timeout=30_000)
-    page.screenshot(path=str(DOCS / "console-runs.png"))
+    _screenshot(page, "console-runs.png")
 
     page.select_option("select[name=phase]", "AwaitingApproval")
     expect(page.locator("#rows tr")).to_have_count(1)
@@ -164,7 +180,7 @@ def test_runs_change_live_and_budgets_fill(kube: Kube, namespace: str, operator,
     gauge = page.locator(f'section[data-budget="{namespace}/research"] .gauge').first
     expect(gauge).to_contain_text("16 of 40", timeout=30_000)  # 8 steps of 2 cents, charged once
     expect(page.locator(f'section[data-budget="{namespace}/research"] table')).to_contain_text("short-job")
-    page.screenshot(path=str(DOCS / "console-budgets.png"), full_page=True)
+    _screenshot(page, "console-budgets.png", full_page=True)
 
 
 def _seconds_ago(ts: str) -> float:
@@ -206,7 +222,7 @@ def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operato
         expect(page.locator(f'#queue form.decide[data-gate="{gate}"]')).to_have_count(1, timeout=60_000)
     item = page.locator(f'form.decide[data-action$="/{namespace}/short-job/decide"][data-gate="Start"]')
     item.locator("input[name=reason]").fill("estimate checked")
-    page.screenshot(path=str(DOCS / "console-review.png"), full_page=True)
+    _screenshot(page, "console-review.png", full_page=True)
     item.locator("input[name=reason]").press("Enter")  # decides nothing: only Approve or Deny does
     item.locator("button.approve").click()
     expect(page.locator("#flash")).to_contain_text("Approve Start of short-job (attempt 0) recorded", timeout=15_000)
@@ -286,7 +302,7 @@ def test_the_timeline_of_a_frozen_and_lost_worker(kube: Kube, namespace: str, op
     expect(page.locator("svg.usage .checkpoint")).not_to_have_count(0)
     expect(page.locator("#events")).to_contain_text("LeaseLost")
     expect(page.locator("#conditions")).to_contain_text("Succeeded")
-    page.screenshot(path=str(DOCS / "console-run.png"), full_page=True)
+    _screenshot(page, "console-run.png", full_page=True)
 
 
 def _gateway(namespace: str, tmp_path: Path) -> Any:

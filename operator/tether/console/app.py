@@ -384,6 +384,7 @@ class Pages:
     async def logs(self, request: Request, session: Session) -> Response:
         """An attempt's worker logs as plain text (GET: reads only, with the session's credential)."""
         ns, name = request.path_params["namespace"], request.path_params["name"]
+        await _synced(session)
         run = session.scope.runs.objects.get(f"{ns}/{name}")
         if run is None:
             return PlainResponse(f"no run {ns}/{name} in this console's scope", 404)
