@@ -1,5 +1,8 @@
 """A subset of the conformance kit (conformance/, `make conformance` runs all of it) for each
-SDK's conformance worker: the happy path over both transports, and the two partition scenarios.
+SDK's conformance worker: the happy path over both transports, the two partition scenarios, and
+the branches of conformance/branches.py (short cells: the payload read from the run, in-cluster
+credentials, 401s and a rotated token, a refused claim, the receiver's InProgress and StaleFence,
+malformed signals).
 Each cell has its own namespace, operator, receiver and proxies on the shared cluster."""
 
 from __future__ import annotations
@@ -8,10 +11,11 @@ import pytest
 
 from conformance.harness import GATEWAY, POD, Cluster
 from conformance.run import Cell, run_cell
-from conformance.scenarios import SCENARIOS
+from conformance.branches import ALL as SCENARIOS, BRANCHES
 from conformance.sdks import WORKERS
 
-SUBSET = [("happy", POD), ("happy", GATEWAY), ("partition", POD), ("revoked-while-reconnecting", POD)]
+SUBSET = [("happy", POD), ("happy", GATEWAY), ("partition", POD), ("revoked-while-reconnecting", POD),
+          *((s.name, t) for s in BRANCHES for t in s.transports)]
 
 
 @pytest.mark.parametrize("sdk", sorted(WORKERS))
