@@ -23,6 +23,10 @@ from tether.kube import config as kubeconfig
 from tether.kube.paths import lease_path, run_path
 
 
+# What each control command reports once the API server accepted it.
+DONE = {"stop": "stopped", "suspend": "suspended", "resume": "resumed"}
+
+
 def _age(ts: str | None, now: dt.datetime) -> str:
     if not ts:
         return "-"
@@ -86,7 +90,7 @@ async def _control(cfg: kubeconfig.KubeConfig, ns: str, name: str, command: str)
         except ActionError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-    print(f"workerrun.tether.dev/{name} {command}{'ped' if command == 'stop' else 'ed'}")
+    print(f"workerrun.tether.dev/{name} {DONE[command]}")
     return 0
 
 

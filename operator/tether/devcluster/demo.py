@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -54,6 +54,23 @@ def timeline(client: httpx.Client, name: str) -> list[str]:
     if s.get("result") is not None:
         lines.append(f"  result: {s['result']}")
     return lines
+
+
+def ending(kubeconfig: Path, bin_dir: Path, keep: bool) -> list[str]:
+    """The demo's last words: how to explore its cluster, only when the cluster stays (a
+    non-interactive demo removes it, and its kubeconfig with it, as it returns)."""
+    if not keep:
+        return ["", "The cluster is stopped and its state removed. For one that stays, run `make demo` in a terminal,",
+                "or `make cluster` (docs/development.md)."]
+    return ["", "==> explore with kubectl:",
+            f"    export KUBECONFIG={kubeconfig}",
+            f"    export PATH={bin_dir}:$PATH",
+            f"    kubectl get workerruns -n {NS} -o wide",
+            f"    kubectl describe wr long-job -n {NS}",
+            f"    kubectl get leases,pods -n {NS}",
+            "    kubectl explain workerrun.spec.lease",
+            f"    kubectl apply -n {NS} -f examples/long-job.yaml   # (delete it first to run it again)",
+            "", "The cluster keeps running; Ctrl-C stops it and removes its state."]
 
 
 def run_demo(keep: bool) -> int:
@@ -110,17 +127,8 @@ def run_demo(keep: bool) -> int:
         _say("\n==> timelines")
         for name in ("short-job", "crashing-job", "long-job"):
             _say("\n".join(timeline(client, name)))
-        _say(f"""
-==> explore with kubectl:
-    export KUBECONFIG={cluster.kubeconfig}
-    export PATH={bin_dir}:$PATH
-    kubectl get workerruns -n {NS} -o wide
-    kubectl describe wr long-job -n {NS}
-    kubectl get leases,pods -n {NS}
-    kubectl explain workerrun.spec.lease
-    kubectl apply -n {NS} -f examples/long-job.yaml   # (delete it first to run it again)""")
+        _say("\n".join(ending(cluster.kubeconfig, bin_dir, keep)))
         if keep:
-            _say("\nThe cluster keeps running; Ctrl-C stops it and removes its state.")
             try:
                 signal.pause()
             except KeyboardInterrupt:
