@@ -207,6 +207,41 @@ def test_the_lease_age_is_read_from_the_lease(kube: Kube, namespace: str, operat
     page.goto(page.url.rstrip("/") + f"/runs/{namespace}/holder")
     expect(page.locator("#summary")).to_contain_text(re.compile(r"lease renewed [0-9]s ago"))
 
+    # Its worker's logs, through the API server's pod log endpoint: what the API server answers the
+    # admin for that pod is what the page shows (on the process kubelet, which serves no logs, its error).
+    (attempt,) = runs.get(kube, namespace, "holder")["status"]["attempts"]
+    asked = kube.get(f"/api/v1/namespaces/{namespace}/pods/{attempt['pod']}/log", params={"container": "worker"})
+    # (An error names the URL asked, whose query differs: its reason after the URL is compared.)
+    said = (asked.text.strip().splitlines() or ["nothing"])[-1] if asked.status_code == 200 else \
+        asked.json()["message"].split('": ')[-1]
+    page.click('#attempts tr[data-attempt="1"] button[data-logs]')
+    expect(page.locator("#log-title")).to_contain_text("attempt 1: " + ("the last lines" if asked.status_code == 200
+                                                                        else "no logs"))
+    expect(page.locator("#log-output")).to_contain_text(said)
+
+
+def test_the_run_page_shows_what_the_run_did(kube: Kube, namespace: str, operator, console: str,  # type: ignore[no-untyped-def]
+                                            page: Page) -> None:
+    """Its result, each attempt's exit code, its spec and payload; and on the runs page, a run
+    waiting on a budget that does not exist is flagged."""
+    runs.create(kube, namespace, runs.example("short-job.yaml", payload={"steps": 2, "stepSeconds": 0.1}))
+    unfunded = runs.example("short-job.yaml")
+    unfunded["spec"]["budget"] = {"budgetRef": {"name": "missing"}}
+    runs.create(kube, namespace, unfunded, name="unfunded")
+    page.goto(console)
+    badge = page.locator(f'tr[data-key="{namespace}/unfunded"] .badge.stuck')
+    expect(badge).to_have_text("no budget", timeout=60_000)
+    assert "WorkerBudget missing does not exist" in (badge.get_attribute("title") or "")
+    expect(page.locator(f'tr[data-key="{namespace}/short-job"] .badge.stuck')).to_have_count(0)
+
+    page.goto(page.url.rstrip("/") + f"/runs/{namespace}/short-job")
+    expect(page.locator("#phase")).to_have_text("Succeeded", timeout=60_000)
+    expect(page.locator("#result")).to_contain_text("steps: 2")
+    expect(page.locator("#spec")).to_contain_text("stepSeconds: 0.1")
+    expect(page.locator("#spec")).to_contain_text("image: ")
+    # Recorded by the operator from the pod's containerStatuses (or read from the pod while it exists).
+    expect(page.locator('#attempts tr[data-attempt="1"] .exit-code')).to_have_text("0", timeout=30_000)
+
 
 def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operator, alice: tuple[str, str, Path],  # type: ignore[no-untyped-def]
                                             console: str, page: Page) -> None:
@@ -221,6 +256,11 @@ def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operato
     for gate in ("send-report", "Result", "Start"):
         expect(page.locator(f'#queue form.decide[data-gate="{gate}"]')).to_have_count(1, timeout=60_000)
     item = page.locator(f'form.decide[data-action$="/{namespace}/short-job/decide"][data-gate="Start"]')
+    # What is being approved: the image, the payload and the limits.
+    image = created["spec"]["template"]["spec"]["containers"][0]["image"]
+    expect(item.locator(".starts .image")).to_have_text(image)
+    expect(item.locator(".starts pre.yaml")).to_contain_text("steps:")
+    expect(item.locator(".starts .limits")).to_contain_text("attempts")
     item.locator("input[name=reason]").fill("estimate checked")
     _screenshot(page, "console-review.png", full_page=True)
     item.locator("input[name=reason]").press("Enter")  # decides nothing: only Approve or Deny does
