@@ -7,6 +7,9 @@
   kubectl tether approve NAME --reason R [--gate G] [--attempt N]   record your decision on a
   kubectl tether deny NAME --reason R [--gate G] [--attempt N]      pending gate (a WorkerRunApproval)
   kubectl tether ui [-n NS | -A] [--port P] [--no-open]   the web console on 127.0.0.1, as you
+  kubectl tether release-finalizers [NAME] [-n NS | -A] [--operator-namespace NS] [--force]
+      after the operator was uninstalled before its runs: removes Tether's finalizers so that
+      the runs can be deleted (refused while an operator is alive, unless --force)
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ import json
 import sys
 from typing import Any
 
+from tether import orphans
 from tether.console.actions import CONTROLS, ActionError, control, record_decision
 from tether.kube import config as kubeconfig
+from tether.kube.client import ApiError, KubeClient
 from tether.kube.paths import lease_path, run_path
 
 
@@ -94,6 +99,28 @@ async def _control(cfg: kubeconfig.KubeConfig, ns: str, name: str, command: str)
     return 0
 
 
+async def _release(cfg: kubeconfig.KubeConfig, ns: str | None, name: str | None, operator_ns: str | None,
+                   force: bool) -> int:
+    kube = KubeClient(cfg)
+    try:
+        if not force:
+            try:
+                alive = await orphans.live_operators(kube, operator_ns, dt.datetime.now(dt.timezone.utc))
+            except ApiError as exc:
+                print(f"error: cannot tell whether an operator is alive ({exc}); --force skips the check",
+                      file=sys.stderr)
+                return 1
+            if alive:
+                print("error: an operator is alive, and it releases its runs itself:\n  " + "\n  ".join(alive) +
+                      "\n(delete the runs and wait, or stop it; --force releases them anyway)", file=sys.stderr)
+                return 1
+        done = await orphans.release_finalizers(kube, ns, name)
+    finally:
+        await kube.close()
+    print("\n".join(orphans.report(done)))
+    return 1 if done.failed else 0
+
+
 def _status(cfg: kubeconfig.KubeConfig, ns: str, name: str) -> int:
     with cfg.sync_client() as http:
         resp = http.get(run_path(ns, name))
@@ -110,10 +137,15 @@ def _status(cfg: kubeconfig.KubeConfig, ns: str, name: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubectl tether", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "ui"])
-    parser.add_argument("name", nargs="?", help="the WorkerRun (every command but ui)")
+    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "ui", "release-finalizers"])
+    parser.add_argument("name", nargs="?", help="the WorkerRun (every command but ui; release-finalizers: optional)")
     parser.add_argument("-n", "--namespace", default=None)
-    parser.add_argument("-A", "--all-namespaces", action="store_true", help="ui: every namespace you may list")
+    parser.add_argument("-A", "--all-namespaces", action="store_true",
+                        help="ui, release-finalizers: every namespace you may list")
+    parser.add_argument("--operator-namespace", default=None,
+                        help="release-finalizers: where the operator ran (default: look in every namespace)")
+    parser.add_argument("--force", action="store_true",
+                        help="release-finalizers: even though an operator looks alive")
     parser.add_argument("--kubeconfig", default=None)
     parser.add_argument("--gate", default="Start", help="approve/deny: Start, Result or a request's name")
     parser.add_argument("--reason", default="", help="approve/deny: why (a denied run's next attempt gets it)")
@@ -122,10 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="ui: the local port (default: any free one)")
     parser.add_argument("--no-open", action="store_true", help="ui: print the URL, do not open a browser")
     args = parser.parse_args(argv)
-    if (args.command == "ui") != (args.name is None):
-        parser.error("ui takes no NAME" if args.command == "ui" else f"{args.command} needs a NAME")
+    if args.command == "ui" and args.name is not None:
+        parser.error("ui takes no NAME")
+    if args.command not in ("ui", "release-finalizers") and args.name is None:
+        parser.error(f"{args.command} needs a NAME")
+    if args.all_namespaces and args.name is not None:
+        parser.error("-A takes no NAME")
     cfg = kubeconfig.load(args.kubeconfig)
     ns = args.namespace or cfg.namespace
+    if args.command == "release-finalizers":
+        return asyncio.run(_release(cfg, None if args.all_namespaces else ns, args.name, args.operator_namespace,
+                                    args.force))
     if args.command == "ui":
         from tether.console.local import serve  # starlette and uvicorn only for the console
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tether import plugin
+from tether import orphans, plugin
 from tether.devcluster import demo
 
 pytestmark = pytest.mark.unit
@@ -56,3 +57,16 @@ def test_demo_offers_kubectl_only_while_its_cluster_stays() -> None:
     gone = "\n".join(demo.ending(kubeconfig, bin_dir, keep=False))
     assert "KUBECONFIG" not in gone and str(kubeconfig.parent) not in gone
     assert "make demo" in gone  # how to get a cluster that stays
+
+
+def test_a_leader_lease_is_a_sign_of_life_only_while_held_and_fresh() -> None:
+    now = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+    def lease(holder: str, renewed_ago: float) -> dict[str, Any]:
+        stamp = (now - dt.timedelta(seconds=renewed_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return {"spec": {"holderIdentity": holder, "renewTime": stamp, "leaseDurationSeconds": 15}}
+
+    assert orphans.lease_alive(lease("op_1", 3), now)
+    assert orphans.lease_alive(lease("op_1", 18), now)  # within the skew allowance
+    assert not orphans.lease_alive(lease("op_1", 60), now)
+    assert not orphans.lease_alive(lease("", 1), now)  # released on a clean stop (ReleaseOnCancel)
