@@ -256,3 +256,29 @@ def test_the_execution_digest_never_changes_once_set(kube: Kube, namespace: str)
     _refused(kube.patch(path, {"status": {"executionDigest": "sha256:abc"}}), "status.executionDigest")
     assert kube.ok(kube.patch(path, {"status": {"executionDigest": first}}))["status"]["executionDigest"] == first
     _refused(kube.patch(path, {"status": {"executionDigest": other}}), "status.executionDigest never changes once set")
+
+
+_NO_WORKER = "spec.template is required for executor Pod"
+
+
+@pytest.mark.parametrize("spec", [
+    {"executor": "Pod"},
+    {},  # executor defaults to Pod
+    {"executor": "Pod", "template": {"metadata": {"labels": {"a": "b"}}}},
+    {"executor": "Pod", "template": {"spec": {}}},
+    {"executor": "Pod", "template": {"spec": None}},
+], ids=["no-template", "default-executor", "no-spec", "no-containers", "null-spec"])
+def test_a_pod_run_without_a_container_is_refused_at_apply(kube: Kube, namespace: str, spec: dict[str, Any]) -> None:
+    """Else it is accepted and sits in Starting forever, Stalled with the pod refused."""
+    run = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": "r"},
+           "spec": {"payload": {"n": 1}, **spec}}
+    resp = kube.post(Kube.wr_path(namespace), run)
+    assert resp.status_code == 422, resp.text
+    assert _NO_WORKER in resp.json()["message"] and "executor External" in resp.json()["message"], resp.text
+
+
+def test_a_pod_run_with_a_container_and_an_external_run_without_template_are_admitted(kube: Kube,
+                                                                                     namespace: str) -> None:
+    pod = {"containers": [{"name": "w", "image": "worker:1"}]}
+    kube.ok(kube.post(Kube.wr_path(namespace), _run("pod", executor="Pod", template={"spec": pod})))
+    kube.ok(kube.post(Kube.wr_path(namespace), _run("ext")))

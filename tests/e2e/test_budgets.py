@@ -7,6 +7,7 @@ import pytest
 import datetime as dt
 import json
 import random
+import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -224,7 +225,8 @@ def test_progress_deadline_stalls_and_next_attempt_gets_the_checkpoint(kube: Kub
 
 
 @pytest.mark.local_cluster
-def test_suspend_pauses_the_worker_and_resume_continues(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+def test_suspend_pauses_the_worker_and_resume_continues(kube: Kube, namespace: str, operator,  # type: ignore[no-untyped-def]
+                                                         bin_dir: Path) -> None:
     body = runs.example("long-job.yaml", payload={"steps": 30, "stepSeconds": 0.2},
                         lease={"durationSeconds": 8, "renewIntervalSeconds": 1})
     runs.create(kube, namespace, body)
@@ -239,6 +241,22 @@ def test_suspend_pauses_the_worker_and_resume_continues(kube: Kube, namespace: s
         samples.append(cursor())
         time.sleep(0.2)
     assert set(samples) == {paused_at}, samples  # no progress while suspended (2 s, 10 steps' worth)
+    # What the user sees: still Running (the worker keeps its lease), but paused, and said so.
+    table = _table(bin_dir, kube, namespace, "long-job")
+    assert (table["PHASE"], table["REASON"]) == ("Running", "WorkerPaused"), table
+    run = kube.ok(kube.get(Kube.wr_path(namespace, "long-job")))
+    suspended = runs.condition(run, "Suspended")
+    assert suspended is not None and (suspended["status"], suspended["reason"]) == ("True", "WorkerPaused"), suspended
+    eventually(lambda: "Suspended" in runs.events(kube, namespace, "long-job"), timeout=10, what="a Suspended Event")
     kube.ok(kube.patch(Kube.wr_path(namespace, "long-job"), {"spec": {"suspend": False}}))
     run = runs.wait_phase(kube, namespace, "long-job", "Succeeded", timeout=60)
     assert len(run["status"]["attempts"]) == 1 and run["status"]["result"]["steps"] == 30
+    assert "Resumed" in runs.events(kube, namespace, "long-job")
+    assert runs.condition(run, "Suspended")["status"] == "False"
+
+
+def _table(bin_dir: Path, kube: Kube, namespace: str, name: str) -> dict[str, str]:
+    """`kubectl get wr NAME` as the user reads it: column header -> value."""
+    out = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", kube.kubeconfig_path, "get", "wr", name, "-n",
+                          namespace], check=True, capture_output=True, text=True).stdout.splitlines()
+    return dict(zip(out[0].split(), out[1].split()))

@@ -64,3 +64,20 @@ def test_chart_crds_are_copies_of_the_top_level_crds() -> None:
     # cluster run); a bound added to one copy only would be a silent divergence.
     chart = Path(__file__).parents[2] / "charts" / "tether" / "crds"
     assert {p.name: p.read_bytes() for p in CRDS} == {p.name: p.read_bytes() for p in chart.glob("*.yaml")}
+
+
+def _shown(value: Any) -> str:
+    """A default as YAML writes it (`false`, `90`, `Pod`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@pytest.mark.parametrize("crd_file", CRDS, ids=[p.name for p in CRDS])
+def test_every_default_is_said_where_kubectl_explain_shows_it(crd_file: Path) -> None:
+    """`kubectl explain` prints descriptions, not the schema's `default`: a field's default must be
+    in its description, or the user never learns that the lease is 90/30/120 unless set."""
+    crd = yaml.safe_load(crd_file.read_text())
+    unsaid = [p for version in crd["spec"]["versions"]
+              for p, s in _walk(version["schema"]["openAPIV3Schema"], "")
+              if "default" in s and not isinstance(s["default"], dict)
+              and f"Defaults to {_shown(s['default'])}." not in " ".join(s.get("description", "").split())]
+    assert not unsaid, f"{crd_file.name}: defaults kubectl explain does not show: {unsaid}"

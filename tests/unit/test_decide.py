@@ -289,13 +289,51 @@ def test_stop_before_start_cancels_without_attempt() -> None:
     assert kinds(d.actions) == ["WriteStatus"]
 
 
+def _cond(status: Any, type_: str) -> tuple[str, str] | None:
+    cond = next((x for x in status.conditions if x.type == type_), None)
+    return None if cond is None else (cond.status, cond.reason)
+
+
 def test_suspend_blocks_new_attempts_only() -> None:
     d = decide(observe(run({"suspend": True})))
+    write = d.actions[0]
     assert status_of(d.actions).phase == Phase.SUSPENDED and kinds(d.actions) == ["WriteStatus"]
-    again = decide(observe(run({"suspend": True}, status={"phase": "Suspended"})))
+    assert _cond(write.status, "Suspended") == ("True", "Suspended") and [e.reason for e in write.events] == ["Suspended"]
+    again = decide(observe(run({"suspend": True}, status=write.status.dump())))
     assert again.actions == []
-    holding = decide(observe(run({"suspend": True}, status=held()), lease(), (pod(),)))
-    assert holding.actions == []
+
+
+def test_a_paused_worker_is_shown_paused_while_it_keeps_its_lease() -> None:
+    """kubectl get wr showed Running, REASON Running and no Event while the worker really paused."""
+    running = {"type": "Ready", "status": "False", "reason": "Running", "message": "job-a1 renewed its lease",
+               "lastTransitionTime": T0.isoformat()}
+    o = observe(run({"suspend": True}, status=held(conditions=[running])), lease(), (pod(),))
+    write = next(a for a in decide(o).actions if kinds([a]) == ["WriteStatus"])
+    assert write.status.phase == Phase.RUNNING and write.status.holder == "job-a1"  # it still holds the run
+    assert _cond(write.status, "Suspended") == ("True", "WorkerPaused")
+    assert _cond(write.status, "Ready") == ("False", "WorkerPaused")
+    assert [(e.type, e.reason) for e in write.events] == [("Normal", "Suspended")]
+    steady = decide(observe(run({"suspend": True}, status=write.status.dump()), lease(), (pod(),)))
+    assert not [a for a in steady.actions if kinds([a]) == ["WriteStatus"]]
+    resumed = decide(observe(run(status=write.status.dump()), lease(), (pod(),)))
+    back = next(a for a in resumed.actions if kinds([a]) == ["WriteStatus"])
+    assert _cond(back.status, "Suspended") == ("False", "Resumed") and _cond(back.status, "Ready") == ("False", "Running")
+    assert [e.reason for e in back.events] == ["Resumed"]
+
+
+def test_a_resumed_run_says_so_then_starts_its_attempt() -> None:
+    suspended = status_of(decide(observe(run({"suspend": True}))).actions)
+    d = decide(observe(run(status=suspended.dump())))
+    assert kinds(d.actions) == ["WriteStatus"] and d.again_now
+    assert _cond(d.actions[0].status, "Suspended") == ("False", "Resumed")
+    started = decide(observe(run(status=d.actions[0].status.dump())))
+    assert "EnsureLease" in kinds(started.actions)
+
+
+def test_a_run_that_ends_while_suspended_is_no_longer_suspended() -> None:
+    suspended = status_of(decide(observe(run({"suspend": True}))).actions)
+    cancelled = status_of(decide(observe(run({"suspend": True, "stop": True}, status=suspended.dump()))).actions)
+    assert cancelled.phase == Phase.CANCELLED and _cond(cancelled, "Suspended") == ("False", "Cancelled")
 
 
 def test_deadline_exceeded_ends_run() -> None:
@@ -603,8 +641,8 @@ def test_suspend_is_signalled_to_a_running_worker() -> None:
     o = observe(run({"suspend": True}, status=held()), lease(signals=desired_signals(observe(run(status=held())), None)),
                 (pod(),))
     paused = decide(o)
-    assert plain == [] and kinds(paused.actions) == ["EnsureSignals"]
-    assert json.loads(paused.actions[0].signals)["paused"] is True
+    assert plain == [] and kinds(paused.actions) == ["WriteStatus", "EnsureSignals"]
+    assert json.loads(paused.actions[1].signals)["paused"] is True
 
 
 def test_usage_reported_during_revocation_is_settled_before_the_next_grant() -> None:

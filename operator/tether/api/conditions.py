@@ -39,14 +39,15 @@ def get_condition(conditions: list[Condition], type_: str) -> Condition | None:
 
 
 def phase_conditions(conditions: list[Condition], phase: Phase, holder: str | None, message: str,
-                     generation: int, now: dt.datetime, lease_reason: str = "") -> list[Condition]:
-    """The standard conditions for a phase.
+                     generation: int, now: dt.datetime, lease_reason: str = "", reason: str = "") -> list[Condition]:
+    """The standard conditions for a phase; their reason is the phase unless a more telling one
+    is given (BudgetNotFound rather than Pending: it is what the REASON column shows).
 
     kstatus reads Reconciling/Stalled/Ready; Succeeded and Failed follow the Job
     controller (present once true); LeaseHeld tells whether anybody may execute.
     """
     conds = list(conditions)
-    p = phase.value
+    p = reason or phase.value
     if phase == Phase.SUCCEEDED:
         conds = set_condition(conds, c.COND_READY, "True", p, message, generation, now)
         conds = set_condition(conds, c.COND_RECONCILING, "False", p, message, generation, now)

@@ -55,6 +55,8 @@ COND_FAILED = "Failed"
 COND_ADMITTED = "Admitted"
 COND_LEASE_HELD = "LeaseHeld"
 COND_APPROVED = "Approved"
+# Like the Job controller's: True while spec.suspend is set, False (reason Resumed) once cleared.
+COND_SUSPENDED = "Suspended"
 
 # Event reasons (CamelCase, one per change).
 EV_ATTEMPT_STARTED = "AttemptStarted"
@@ -68,6 +70,7 @@ EV_CANCELLED = "Cancelled"
 EV_DEADLINE_EXCEEDED = "DeadlineExceeded"
 EV_BACKOFF = "BackoffStarted"
 EV_SUSPENDED = "Suspended"
+EV_RESUMED = "Resumed"
 EV_BUDGET_EXCEEDED = "BudgetExceeded"
 EV_STOP_REQUESTED = "StopRequested"
 EV_STOP_WITHDRAWN = "StopWithdrawn"
@@ -89,3 +92,5 @@ REASON_NAMESAKE_POD = "NamesakePodTerminating"
 REASON_LEASE_TAMPERED = "LeaseTampered"
 # Condition and Event reason when the execution fields differ from those approved or first run.
 REASON_SPEC_CHANGED = "SpecChanged"
+# Ready's reason (the REASON column) while a worker holds the run and is told to pause.
+REASON_WORKER_PAUSED = "WorkerPaused"

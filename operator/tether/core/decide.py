@@ -165,8 +165,14 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
     if run.spec.suspend:
         if s.phase != Phase.SUSPENDED:
             b.set_phase(Phase.SUSPENDED, "spec.suspend is set; no new attempt starts")
-            b.events.append(Event("Normal", c.EV_SUSPENDED, "run suspended"))
+        b.mark_suspension(held=False)
+        if b.changed():
             d.actions.append(b.write())
+        return
+    if b.mark_suspension(held=False):
+        # Resumed: said first; the next pass starts the attempt.
+        d.actions.append(b.write())
+        d.again()
         return
     if s.phase == Phase.BACKOFF and s.next_attempt_at is not None and o.now < s.next_attempt_at:
         d.wake((s.next_attempt_at - o.now).total_seconds())
@@ -305,6 +311,7 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
     if s.observed_generation != run.metadata.generation and not b.changed():
         b.set_phase(s.phase or Phase.STARTING, f"{s.holder} holds the lease",
                     lease_reason="LeaseRenewed" if s.phase == Phase.RUNNING else "AttemptStarted")
+    b.mark_suspension(held=True)
     if b.changed():
         if lease.renewed:
             # Refreshed on every status write (folds come at a bounded rate), never by their own

@@ -168,18 +168,50 @@ class StatusBuilder:
     def generation(self) -> int:
         return self.run.metadata.generation
 
-    def set_phase(self, phase: Phase, message: str, lease_reason: str = "") -> None:
+    def set_phase(self, phase: Phase, message: str, lease_reason: str = "", reason: str = "") -> None:
         s = self.status
         s.phase = phase
         s.observed_generation = self.generation
         s.conditions = phase_conditions(s.conditions, phase, s.holder, message, self.generation,
-                                        self.o.now, lease_reason)
+                                        self.o.now, lease_reason, reason)
         if phase.terminal and s.finished_at is None:
             s.finished_at = self.o.now
+        suspended = get_condition(s.conditions, c.COND_SUSPENDED)
+        if phase.terminal and suspended is not None and suspended.status == "True":
+            s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "False", phase.value,
+                                         f"the run ended {phase.value}", self.generation, self.o.now)
         if phase.terminal:
             for req in s.review.pending() if s.review is not None else []:
                 # A finished run has no open gate: a decision made now decides nothing.
                 req.decision, req.decided_at, req.reason = "Withdrawn", self.o.now, f"the run ended {phase.value}"
+
+    def mark_suspension(self, held: bool) -> bool:
+        """spec.suspend as users see it: a Suspended condition (True while set, False with reason
+        Resumed once cleared) and an Event each time it turns; while a worker holds the run paused,
+        Ready's reason is WorkerPaused (the REASON column), for its phase stays Running (the worker
+        keeps its lease). Returns whether anything changed."""
+        s, gen, now = self.status, self.generation, self.o.now
+        cond = get_condition(s.conditions, c.COND_SUSPENDED)
+        before = list(s.conditions)
+        if self.o.run.spec.suspend:
+            reason = c.REASON_WORKER_PAUSED if held else c.EV_SUSPENDED
+            message = (f"{s.holder} is told to pause (spec.suspend) and keeps its lease" if held
+                       else "spec.suspend is set; no new attempt starts")
+            if cond is None or (cond.status, cond.reason) != ("True", reason):
+                s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "True", reason, message, gen, now)
+                self.events.append(Event("Normal", c.EV_SUSPENDED, message))
+        elif cond is not None and cond.status == "True":
+            message = "spec.suspend was cleared" + (f"; {s.holder} is told to go on" if held else "")
+            s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "False", c.EV_RESUMED, message, gen, now)
+            self.events.append(Event("Normal", c.EV_RESUMED, message))
+        ready = get_condition(s.conditions, c.COND_READY)
+        paused = ready is not None and ready.reason == c.REASON_WORKER_PAUSED
+        if held and s.phase is not None and ready is not None and self.o.run.spec.suspend != paused:
+            want = c.REASON_WORKER_PAUSED if self.o.run.spec.suspend else s.phase.value
+            why = get_condition(s.conditions, c.COND_SUSPENDED)
+            s.conditions = set_condition(s.conditions, c.COND_READY, ready.status, want,
+                                         why.message if why is not None else ready.message, gen, now)
+        return s.conditions != before
 
     def write(self) -> WriteStatus:
         """The write of the status as built so far: a copy, so what is built after it (another
@@ -372,7 +404,7 @@ def admit(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     if current is None or current.status != "False" or current.reason != reason or s.phase is None:
         b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "False", reason, message,
                                             gen, o.now)
-        b.set_phase(Phase.PENDING, message)
+        b.set_phase(Phase.PENDING, message, reason=reason)
         b.events.append(Event("Warning", c.EV_BUDGET_EXCEEDED if reason == "BudgetExceeded" else reason, message))
         d.actions.append(b.write())
     if o.budget is not None and o.budget.next_reset_seconds is not None:
