@@ -423,7 +423,8 @@ class Population:
         return self.fleet.renewing()
 
     def _running(self) -> float:
-        return self.op.metrics(["tether_workerruns"]).get('tether_workerruns{phase="Running"}', 0.0)
+        counts = self.op.metrics(["tether_workerruns"])
+        return sum(v for k, v in counts.items() if k.startswith("tether_workerruns{") and 'phase="Running"' in k)
 
     def measure(self, window: float, lapses: int, seed: int, profile: Path | None = None) -> dict[str, Any]:
         """A steady window; `lapses` sampled workers freeze at random moments of it. With `profile`,

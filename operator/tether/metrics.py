@@ -8,9 +8,11 @@ between scrapes.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (GCCollector, CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
+                               ProcessCollector, start_http_server)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -18,6 +20,22 @@ if TYPE_CHECKING:
     from tether.controller.controller import RunController
 
 REGISTRY = CollectorRegistry()
+# What every Prometheus exporter has: process_* (RSS is the first limit the benchmarks reach),
+# python_info and python_gc_*.
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+
+def _version() -> str:
+    try:
+        return version("tether-operator")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+BUILD_INFO = Gauge("tether_build_info", "Always 1; the labels say which Tether this is.", ["version"], registry=REGISTRY)
+BUILD_INFO.labels(version=_version()).set(1)
 
 RECONCILE_TOTAL = Counter("controller_runtime_reconcile_total", "Reconciliations per controller and result.",
                           ["controller", "result"], registry=REGISTRY)
@@ -123,8 +141,8 @@ class _Computed(Collector):
 for _collector in (
     _Computed("tether_leader", "1 while this replica is the active leader.", [], lambda _: [],
               always=lambda: [([], 1.0 if STATE.is_leader else 0.0)]),
-    _Computed("tether_workerruns", "WorkerRuns by phase.", ["phase"],
-              lambda ctl: [([phase], float(n)) for phase, n in sorted(ctl.phase_counts().items())]),
+    _Computed("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"],
+              lambda ctl: [([ns, phase], float(n)) for (ns, phase), n in sorted(ctl.phase_counts().items())]),
     _Computed("tether_approvals_pending", "Gates waiting for a person's decision, by gate (Start, Result, Request: a worker's).", ["gate"],
               lambda ctl: [([gate], float(n)) for gate, n in sorted(ctl.pending_approvals().items())]),
     _Computed("tether_heartbeat_age_seconds", "Seconds since the operator last observed a renewal of the run's lease.",

@@ -127,7 +127,7 @@ class RunController:
 
     # --- views for metrics -----------------------------------------------------------
 
-    def phase_counts(self) -> dict[str, int]:
+    def phase_counts(self) -> dict[tuple[str, str], int]:
         return self.cache.phase_counts()
 
     def pending_approvals(self) -> dict[str, int]:
