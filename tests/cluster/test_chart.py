@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import pytest
 import yaml
+
+from tether.devcluster.controlplane import LocalCluster
+from tests.support import runs
+from tests.support.kube import Kube, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tether"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/tether-system/leases"
+# Where the process kubelet records the host port it gave each declared container port.
+HOST_PORTS_ANNOTATION = "dev.tether.dev/host-ports"
 
 
 def helm(tools_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -147,6 +159,48 @@ def test_values_schema_rejects_unknown_and_wrong_values(tools_dir: Path) -> None
     assert result.returncode != 0 and "replicaCount" in result.stderr
 
 
+def test_values_schema_refuses_what_kubernetes_would(tools_dir: Path) -> None:
+    """Refused at `helm template`/`helm install`, naming the value, not later by the API server."""
+    for value, path in (("resources.limits.memory=lots", "/resources/limits/memory"),
+                        ("resources.requests.cpu=-1", "/resources/requests/cpu"),
+                        ("tolerations[0].operator=Maybe", "/tolerations/0/operator"),
+                        ("affinity.nodeAfinity.x=y", "/affinity"),
+                        ("podSecurityContext.runAsUser=root", "/podSecurityContext/runAsUser"),
+                        ("securityContext.privilegd=true", "/securityContext"),
+                        ("topologySpreadConstraints[0].maxSkew=1", "/topologySpreadConstraints/0")):
+        result = helm(tools_dir, "template", "rel", str(CHART), "--kube-version", "1.36.3", "--set", value)
+        assert result.returncode != 0 and f"at '{path}'" in result.stderr, (value, result.stderr)
+    render(tools_dir, "resources.limits.memory=1Gi", "resources.requests.cpu=0.5", "resources.limits.hugepages-2Mi=2Mi")
+
+
+def test_operator_values_render_where_expected(tools_dir: Path) -> None:
+    def pod(*sets: str) -> dict:
+        return next(d for d in render(tools_dir, *sets) if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+    default = pod()
+    assert "priorityClassName" not in default and "topologySpreadConstraints" not in default
+    assert default["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                          "seccompProfile": {"type": "RuntimeDefault"}}
+    spread = "topologySpreadConstraints[0]."
+    tuned = pod("priorityClassName=system-cluster-critical", "extraArgs={--verbose,--x=a b}",
+                "extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=http://proxy:3128",
+                "podSecurityContext.fsGroup=2000", "podSecurityContext.runAsUser=1001",
+                "securityContext.readOnlyRootFilesystem=false",
+                f"{spread}maxSkew=1", f"{spread}topologyKey=topology.kubernetes.io/zone",
+                f"{spread}whenUnsatisfiable=ScheduleAnyway", f"{spread}labelSelector.matchLabels.app=tether")
+    container = tuned["containers"][0]
+    assert tuned["priorityClassName"] == "system-cluster-critical"
+    assert container["command"][-2:] == ["--verbose", "--x=a b"]
+    assert container["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
+    assert tuned["securityContext"]["fsGroup"] == 2000 and tuned["securityContext"]["runAsUser"] == 1001
+    assert tuned["securityContext"]["runAsNonRoot"] is True  # the rest of the default stays
+    assert container["securityContext"]["readOnlyRootFilesystem"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert tuned["topologySpreadConstraints"] == [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                                   "whenUnsatisfiable": "ScheduleAnyway",
+                                                   "labelSelector": {"matchLabels": {"app": "tether"}}}]
+
+
 def test_every_value_is_commented() -> None:
     lines = (CHART / "values.yaml").read_text().splitlines()
     for i, line in enumerate(lines):
@@ -155,3 +209,71 @@ def test_every_value_is_commented() -> None:
             continue  # comments and section headers
         above = lines[i - 1].strip()
         assert above.startswith("#"), f"values.yaml line {i + 1} has no comment: {line}"
+
+
+@pytest.fixture
+def dev_cluster(bin_dir: Path, tmp_path: Path) -> Iterator[tuple[LocalCluster, Kube]]:
+    """A fresh cluster set up as `tether dev cluster` (`make cluster`) sets it up: CRDs and policies
+    pre-installed. Not the shared one: installing and uninstalling release `tether` replaces and then
+    removes the `tether-*` policies every other test there relies on."""
+    from tether.devcluster.crds import install_crds, install_policies
+
+    with LocalCluster(bin_dir=bin_dir, state_dir=tmp_path / "cluster") as cluster:
+        with cluster.client() as client:
+            install_crds(client)
+            install_policies(client)
+        yield cluster, Kube(str(cluster.kubeconfig))
+
+
+def _log_tail(cluster: LocalCluster, ns: str, pod: str) -> str:
+    """The last lines a process-kubelet pod wrote (its kubelet serves no logs endpoint)."""
+    logs = sorted((cluster.state_dir / "pods").glob(f"{ns}_{pod}_*/container.log"))
+    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-5:]) if logs else ""
+
+
+def _host_ports(pod: dict) -> dict[int, int]:
+    ports = json.loads(pod["metadata"].get("annotations", {}).get(HOST_PORTS_ANNOTATION, "{}"))
+    return {int(k): v for k, v in ports.items()}
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_readme_install_with_defaults_on_the_dev_cluster(dev_cluster: tuple[LocalCluster, Kube], tools_dir: Path) -> None:
+    """The README's path: `make cluster`, then `helm install tether charts/tether` with defaults."""
+    (cluster, kube), ns = dev_cluster, "tether-system"
+    kubeconfig = ["--kubeconfig", kube.kubeconfig_path]
+    install = helm(tools_dir, "install", "tether", str(CHART), "--namespace", ns, "--create-namespace",
+                   "--wait", "--timeout", "180s", *kubeconfig)
+    assert install.returncode == 0, install.stderr
+    assert "runs pods as local processes" in install.stdout  # NOTES.txt found the process kubelet's node
+    # The pre-installed policies were adopted: the chart's versions, exempting its operator by name.
+    policy = kube.ok(kube.get(f"{ADMISSION}/validatingadmissionpolicies/tether-worker-status-fencing"))
+    assert policy["metadata"]["annotations"]["meta.helm.sh/release-name"] == "tether"
+    assert policy["spec"]["matchConditions"][0]["name"] == "not-the-operator"
+    # Both replicas run with the default ports: each process-kubelet pod got host ports of its own.
+    selector = {"labelSelector": "app.kubernetes.io/instance=tether"}
+    pods = kube.ok(kube.get(f"/api/v1/namespaces/{ns}/pods", params=selector))["items"]
+    assert len(pods) == 2
+    health = [_host_ports(p)[8081] for p in pods]
+    assert len(set(health)) == 2 and len({_host_ports(p)[8080] for p in pods}) == 2
+    eventually(lambda: all(_healthy(port) for port in health), timeout=90, what="both replicas' /healthz")
+    eventually(lambda: kube.get(f"{LEASES}/tether-operator-leader").status_code == 200, timeout=60, what="a leader")
+    pods = kube.ok(kube.get(f"/api/v1/namespaces/{ns}/pods", params=selector))["items"]
+    restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods}
+    assert set(restarts.values()) == {0}, (restarts, [_log_tail(cluster, ns, p) for p in restarts])
+    # The chart's operator runs a first run to the end under the adopted policies.
+    kube.ok(kube.post("/api/v1/namespaces", {"metadata": {"name": "first-run"}}))
+    eventually(lambda: kube.get("/api/v1/namespaces/first-run/serviceaccounts/default").status_code == 200,
+               timeout=60, what="the default service account")
+    runs.create(kube, "first-run", runs.example("short-job.yaml", payload={"steps": 2, "stepSeconds": 0.2}))
+    assert runs.wait_phase(kube, "first-run", "short-job", ("Succeeded", "Failed"), timeout=120)["status"]["phase"] == "Succeeded"
+    kube.ok(kube.delete(Kube.wr_path("first-run", "short-job")))
+    eventually(lambda: kube.get(Kube.wr_path("first-run", "short-job")).status_code == 404, timeout=60,
+               what="the run deleted (its finalizer released by the operator)")
+    uninstall = helm(tools_dir, "uninstall", "tether", "--namespace", ns, "--wait", "--timeout", "60s", *kubeconfig)
+    assert uninstall.returncode == 0, uninstall.stderr

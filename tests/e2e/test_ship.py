@@ -45,8 +45,6 @@ def test_helm_install_runs_under_its_rbac_and_fails_over(kube: Kube, namespace: 
     install = subprocess.run(
         [str(tools_dir / "helm"), "install", release, str(ROOT / "charts" / "tether"), "--namespace", namespace,
          "--kubeconfig", _kubeconfig(), "--set", f"watchNamespaces={{{namespace}}}",
-         # All process-kubelet pods share the host's ports: no fixed ports for two replicas.
-         "--set", "livenessProbe.enabled=false", "--set", "metrics.enabled=false", "--set", "gateway.enabled=false",
          "--set", f"leaderElection.leaseSeconds={lease_seconds}", "--set", "foldIntervalSeconds=1",
          "--wait", "--timeout", "180s"], capture_output=True, text=True)
     try:

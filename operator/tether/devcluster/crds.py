@@ -18,6 +18,14 @@ ADMISSION_COLLECTIONS = {
     "ValidatingAdmissionPolicy": f"{ADMISSION_PATH}/validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": f"{ADMISSION_PATH}/validatingadmissionpolicybindings",
 }
+# The release the README installs (`helm install tether charts/tether --namespace tether-system`): its
+# policies have the plain manifests' names (tether-*), and Helm adopts an existing object only when it
+# carries this label and these annotations (helm.sh/helm pkg/action/validate.go, checkOwnership).
+HELM_RELEASE, HELM_RELEASE_NAMESPACE = "tether", "tether-system"
+HELM_OWNERSHIP = {
+    "labels": {"app.kubernetes.io/managed-by": "Helm"},
+    "annotations": {"meta.helm.sh/release-name": HELM_RELEASE, "meta.helm.sh/release-namespace": HELM_RELEASE_NAMESPACE},
+}
 
 
 def _top_level_dir(name: str) -> Path:
@@ -76,6 +84,8 @@ def install_policies(client: httpx.Client, directory: Path | None = None,
                      timeout: float = 60) -> dict[str, list[str]]:
     """Creates or replaces every admission policy and binding in `directory`.
 
+    Each carries Helm's ownership metadata for release `tether` in `tether-system`, so that the chart
+    installed as the README installs it adopts (and replaces) them instead of refusing to install.
     Returns each policy's type-checking warnings once the API server has checked it
     (status.observedGeneration caught up): expressions that do not fit the matched
     resources' schemas show up there, not as errors.
@@ -88,7 +98,7 @@ def install_policies(client: httpx.Client, directory: Path | None = None,
             collection = ADMISSION_COLLECTIONS.get(obj.get("kind", ""))
             if collection is None:
                 raise RuntimeError(f"{path.name}: unexpected kind {obj.get('kind')!r}")
-            _create_or_replace(client, collection, obj)
+            _create_or_replace(client, collection, _adoptable(obj))
             if obj["kind"] == "ValidatingAdmissionPolicy":
                 policies.append(obj["metadata"]["name"])
     warnings: dict[str, list[str]] = {}
@@ -98,6 +108,13 @@ def install_policies(client: httpx.Client, directory: Path | None = None,
         checking = client.get(url).json().get("status", {}).get("typeChecking") or {}
         warnings[name] = [w["warning"] for w in checking.get("expressionWarnings") or []]
     return warnings
+
+
+def _adoptable(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = dict(obj["metadata"])
+    for key, extra in HELM_OWNERSHIP.items():
+        meta[key] = {**meta.get(key, {}), **extra}
+    return {**obj, "metadata": meta}
 
 
 def _type_checked(client: httpx.Client, url: str) -> bool:

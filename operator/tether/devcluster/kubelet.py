@@ -19,6 +19,15 @@ of the token's lifetime; clients re-read the file when it changes.
 Dev feature: the pod annotation `dev.tether.dev/api-server` points that
 kubeconfig at another address (tests put a TCP proxy there to cut a worker
 off from the API server).
+
+Every pod shares the host's network, so two replicas of one Deployment would
+fight over the same ports. As a container runtime publishes a container port
+on a host port, the process kubelet gives each TCP port the first container
+declares (`ports[].containerPort`) a free host port of its own: it rewrites
+that number wherever the command, args or env values pass it as a value (the
+whole value, or after `=` or `:`, as in `--metrics-port=8080` or
+`http://0.0.0.0:8081/healthz`), and records the mapping in the pod's
+annotation `dev.tether.dev/host-ports` (JSON, container port to host port).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass
@@ -41,12 +51,15 @@ from urllib.parse import urlparse
 import httpx
 import yaml
 
-from tether.devcluster.processes import _die_with_parent
+from tether.devcluster.processes import _die_with_parent, free_port
 from tether.kube import config as kubeconfig
 
 log = logging.getLogger("process-kubelet")
 
 API_SERVER_ANNOTATION = "dev.tether.dev/api-server"
+HOST_PORTS_ANNOTATION = "dev.tether.dev/host-ports"
+# On the node: the chart's NOTES look it up to say what differs on this node.
+PROCESS_KUBELET_LABEL = "dev.tether.dev/process-kubelet"
 NODE_HEARTBEAT_SECONDS = 10
 TOKEN_SECONDS = 3600
 # The real kubelet refreshes a projected token once 80% of its lifetime has passed.
@@ -109,7 +122,8 @@ class ProcessKubelet:
         body = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": self.node, "labels": {"kubernetes.io/hostname": self.node,
                                                            "kubernetes.io/os": "linux",
-                                                           "type": "process-kubelet"}}}
+                                                           "type": "process-kubelet",
+                                                           PROCESS_KUBELET_LABEL: "true"}}}
         resp = await self.client.post("/api/v1/nodes", json=body)
         if resp.status_code not in (201, 409):
             resp.raise_for_status()
@@ -319,13 +333,27 @@ class ProcessKubelet:
             kubecfg = await self._write_credentials(pod, pod_dir, entry)
             if kubecfg is not None:
                 env["KUBECONFIG"] = str(kubecfg)
-            env.update(await self._resolve_env(pod, container))
+            ports = _host_ports(container)
+            argv = [_publish(arg, ports) for arg in argv]
+            env.update({k: _publish(v, ports) for k, v in (await self._resolve_env(pod, container)).items()})
+            await self._record_host_ports(pod, ports)
         except httpx.HTTPError as exc:
             entry.stop_token_refresh()
             await self.set_status(pod, entry, phase="Failed", exit_code=128,
                                   message=f"could not prepare the pod: {exc}")
             return
         await self._run(pod, entry, argv, env, pod_dir)
+
+    async def _record_host_ports(self, pod: dict[str, Any], ports: dict[int, int]) -> None:
+        if not ports:
+            return
+        meta = pod["metadata"]
+        annotations = {HOST_PORTS_ANNOTATION: json.dumps({str(k): v for k, v in ports.items()})}
+        resp = await self.client.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                                       json={"metadata": {"annotations": annotations}},
+                                       headers={"Content-Type": "application/merge-patch+json"})
+        resp.raise_for_status()
+        log.info("%s/%s: container ports published on host ports %s", meta["namespace"], meta["name"], ports)
 
     async def _run(self, pod: dict[str, Any], entry: PodProcess, argv: list[str],
                    env: dict[str, str], pod_dir: Path) -> None:
@@ -421,6 +449,20 @@ def _field_ref(pod: dict[str, Any], path: str) -> str:
             key = path[len(prefix) + 1:-1].strip("'\"")
             return str(meta.get(source, {}).get(key, ""))
     return ""
+
+
+_PORT_VALUE = re.compile(r"(^|[=:])(\d+)(?!\d)")
+
+
+def _host_ports(container: dict[str, Any]) -> dict[int, int]:
+    """A free host port for each TCP port the container declares."""
+    declared = {int(p["containerPort"]) for p in container.get("ports") or [] if p.get("protocol", "TCP") == "TCP"}
+    return {port: free_port() for port in sorted(declared)}
+
+
+def _publish(text: str, ports: dict[int, int]) -> str:
+    """`text` with each declared port passed as a value (whole, or after `=` or `:`) replaced by its host port."""
+    return _PORT_VALUE.sub(lambda m: m[1] + str(ports.get(int(m[2]), m[2])), text)
 
 
 def _write_atomically(path: Path, text: str) -> None:
