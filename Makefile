@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools node test layers unit sdk-test conformance chaos bench demo cluster e2e-kind docs screenshots clean
+.PHONY: help install control-plane tools node test layers unit sdk-test conformance chaos bench demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -21,6 +21,9 @@ help:
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
 	@echo "make docs           build the docs site (mkdocs --strict, outside the tree) and check every internal link"
 	@echo "make e2e-kind       (Docker + kind) build the image, helm install it, run the e2e suite there"
+	@echo "make plugin         the kubectl-tether wheel and krew archive in dist/, with dist/tether.yaml (krew manifest)"
+	@echo "make install-plugin kubectl-tether in a virtualenv of its own, linked into PREFIX/bin (PREFIX=~/.local)"
+	@echo "make install-tools  link the cached helm and kubectl into PREFIX/bin"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
 	@echo "make node           build/cache kubelet, containerd, the pause image and the Tether image (docker build)"
 
@@ -106,6 +109,30 @@ cluster: install control-plane
 
 e2e-kind: install
 	bash hack/e2e-kind.sh
+
+# The kubectl plugin as users install it (packaging/kubectl-tether/build.py): a small wheel without
+# the operator's dependencies, and krew's archive. A release sets KREW_MANIFEST_OUT=krew/tether.yaml.
+PREFIX ?= $(HOME)/.local
+PLUGIN_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
+KREW_MANIFEST_OUT ?= dist/tether.yaml
+plugin: install
+	$(PY) packaging/kubectl-tether/build.py --out dist --manifest-out $(KREW_MANIFEST_OUT)
+
+# As pipx would: a virtualenv of its own under PREFIX/lib, its entry point linked into PREFIX/bin.
+install-plugin: plugin
+	rm -rf $(PREFIX)/lib/kubectl-tether
+	$(PYTHON) -m venv $(PREFIX)/lib/kubectl-tether
+	$(PREFIX)/lib/kubectl-tether/bin/python -m pip install --quiet dist/kubectl_tether-$(PLUGIN_VERSION)-py3-none-any.whl
+	mkdir -p $(PREFIX)/bin
+	ln -sf $(PREFIX)/lib/kubectl-tether/bin/kubectl-tether $(PREFIX)/bin/kubectl-tether
+	@echo "kubectl-tether is in $(PREFIX)/bin (on your PATH? then: kubectl tether --help)"
+
+# helm and kubectl as the project builds them (cached under the build cache), linked into PREFIX/bin.
+install-tools: control-plane
+	mkdir -p $(PREFIX)/bin
+	ln -sf "$$(bash hack/build-tools.sh)/helm" $(PREFIX)/bin/helm
+	ln -sf "$$(bash hack/build-control-plane.sh)/kubectl" $(PREFIX)/bin/kubectl
+	@echo "helm and kubectl are in $(PREFIX)/bin"
 
 clean:
 	rm -rf $(VENV) .tether
