@@ -248,11 +248,15 @@ class LocalCluster:
             "--v=1",
         ])
         if self.with_kubelet:
+            # Its containerLogs endpoint, for `kubectl logs`: the API server calls it with kubelet_client.
+            kubelet_serving = ca.issue("process-kubelet", f"system:node:{NODE_NAME}", server=True)
             self._spawn("process-kubelet", [
                 sys.executable, "-m", "tether.devcluster.kubelet",
                 f"--kubeconfig={self.kubeconfig}",
                 f"--node-name={NODE_NAME}",
                 f"--work-dir={self.state_dir / 'pods'}",
+                f"--serving-cert={kubelet_serving.cert}", f"--serving-key={kubelet_serving.key}",
+                f"--client-ca={self.ca.cert}",
             ])
         if self.kwok_nodes:
             self._start_kwok()

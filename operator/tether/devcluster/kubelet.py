@@ -28,6 +28,11 @@ that number wherever the command, args or env values pass it as a value (the
 whole value, or after `=` or `:`, as in `--metrics-port=8080` or
 `http://0.0.0.0:8081/healthz`), and records the mapping in the pod's
 annotation `dev.tether.dev/host-ports` (JSON, container port to host port).
+
+Given a serving certificate, it also serves the one kubelet API call a user
+needs, `containerLogs` (with `tailLines` and `follow`), on the port it reports
+in the node's status, so `kubectl logs` works through the API server. Only
+clients with a certificate of the cluster's CA (the API server's) are served.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import logging
 import os
 import re
 import signal
+import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +87,7 @@ class PodProcess:
     killing: bool = False
     restarts: int = 0
     started_at: str = ""
+    log_path: Path | None = None
     token_refresher: asyncio.Task[None] | None = None
 
     def stop_token_refresh(self) -> None:
@@ -99,6 +106,7 @@ class ProcessKubelet:
         self.ca_pem = ca_pem
         self.pods: dict[str, PodProcess] = {}
         self.client = cfg.async_client(timeout=30)
+        self.kubelet_port = 0
 
     # --- node ------------------------------------------------------------
 
@@ -110,6 +118,7 @@ class ProcessKubelet:
         capacity = {"cpu": "1000", "memory": "1Ti", "pods": "10000", "ephemeral-storage": "1Ti"}
         return {
             "capacity": capacity, "allocatable": capacity, "conditions": [ready],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.kubelet_port}},
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                           {"type": "Hostname", "address": self.node}],
             "nodeInfo": {"kubeletVersion": "v0.0.0-process-kubelet", "architecture": "amd64",
@@ -322,6 +331,7 @@ class ProcessKubelet:
             return
         pod_dir = self.work_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
+        entry.log_path = pod_dir / "container.log"
         try:
             env = {k: os.environ[k] for k in ("LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
             # The "image" is this machine: the kubelet's own Python (with tether installed) comes first.
@@ -428,6 +438,49 @@ class ProcessKubelet:
             log.warning("status update of %s/%s failed: %s %s", meta["namespace"], meta["name"],
                         resp.status_code, resp.text[:300])
 
+    async def serve_logs(self, cert: Path, key: Path, client_ca: Path) -> None:
+        """Serves containerLogs over TLS to clients with a certificate of `client_ca`."""
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._container_logs)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(client_ca))
+        context.load_cert_chain(str(cert), str(key))
+        context.verify_mode = ssl.CERT_REQUIRED
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port, ssl_context=context).start()
+        self.kubelet_port = port
+
+    async def _container_logs(self, request: Any) -> Any:
+        from aiohttp import web
+
+        ns, name = request.match_info["namespace"], request.match_info["pod"]
+        entry = next((e for e in self.pods.values() if e.namespace == ns and e.name == name), None)
+        if entry is None or entry.log_path is None or not entry.log_path.exists():
+            return web.Response(status=404, text=f"no logs of pod {ns}/{name} on this node\n")
+        data = entry.log_path.read_bytes()
+        if request.query.get("tailLines"):
+            lines = data.splitlines(keepends=True)
+            data = b"".join(lines[len(lines) - min(len(lines), int(request.query["tailLines"])):])
+        if request.query.get("follow") != "true":
+            return web.Response(body=data, content_type="text/plain")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        await response.write(data)
+        offset = entry.log_path.stat().st_size
+        # Until the process ends (or the client goes away), what it appends.
+        while entry.proc is None or entry.proc.returncode is None:
+            await asyncio.sleep(0.5)
+            with entry.log_path.open("rb") as f:
+                f.seek(offset)
+                more = f.read()
+            offset += len(more)
+            if more:
+                await response.write(more)
+        return response
+
     async def shutdown(self) -> None:
         for entry in self.pods.values():
             if entry.proc is not None and entry.proc.returncode is None:
@@ -484,6 +537,8 @@ async def _amain(args: argparse.Namespace) -> None:
     ca_pem = base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"])
     kubelet = ProcessKubelet(cfg, args.node_name, Path(args.work_dir), ca_pem, Path(args.root).resolve())
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    if args.serving_cert:
+        await kubelet.serve_logs(Path(args.serving_cert), Path(args.serving_key), Path(args.client_ca))
     await kubelet.register()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -502,6 +557,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node-name", required=True)
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--root", default=".", help="working directory of pods without workingDir")
+    parser.add_argument("--serving-cert", default="", help="certificate to serve containerLogs with (none: no logs)")
+    parser.add_argument("--serving-key", default="")
+    parser.add_argument("--client-ca", default="", help="CA of the clients served (the API server's client certificate)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
