@@ -471,7 +471,7 @@ class ProcessKubelet:
         await response.write(data)
         offset = entry.log_path.stat().st_size
         # Until the process ends (or the client goes away), what it appends.
-        while entry.proc is None or entry.proc.returncode is None:
+        while entry.proc is not None and entry.proc.returncode is None:
             await asyncio.sleep(0.5)
             with entry.log_path.open("rb") as f:
                 f.seek(offset)
