@@ -99,21 +99,27 @@ async def _control(cfg: kubeconfig.KubeConfig, ns: str, name: str, command: str)
     return 0
 
 
+async def _refusal(kube: KubeClient, operator_ns: str | None) -> str | None:
+    """Why release-finalizers must not act: an operator alive, or no way to tell."""
+    try:
+        alive = await orphans.live_operators(kube, operator_ns, dt.datetime.now(dt.timezone.utc))
+    except ApiError as exc:
+        return (f"cannot tell whether an operator is alive ({exc}); --operator-namespace NS looks only there, "
+                "--force skips the check")
+    if alive:
+        return ("an operator is alive, and it releases its runs itself:\n  " + "\n  ".join(alive) +
+                "\n(delete the runs and wait, or stop it; --force releases them anyway)")
+    return None
+
+
 async def _release(cfg: kubeconfig.KubeConfig, ns: str | None, name: str | None, operator_ns: str | None,
                    force: bool) -> int:
     kube = KubeClient(cfg)
     try:
-        if not force:
-            try:
-                alive = await orphans.live_operators(kube, operator_ns, dt.datetime.now(dt.timezone.utc))
-            except ApiError as exc:
-                print(f"error: cannot tell whether an operator is alive ({exc}); --force skips the check",
-                      file=sys.stderr)
-                return 1
-            if alive:
-                print("error: an operator is alive, and it releases its runs itself:\n  " + "\n  ".join(alive) +
-                      "\n(delete the runs and wait, or stop it; --force releases them anyway)", file=sys.stderr)
-                return 1
+        refusal = None if force else await _refusal(kube, operator_ns)
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+            return 1
         done = await orphans.release_finalizers(kube, ns, name)
     finally:
         await kube.close()
