@@ -1,7 +1,8 @@
 """Scenarios for the protocol's less travelled branches (issue 22): the payload read from the run,
 the in-cluster credentials layout, a 401 and a rotated token, a refused claim, the receiver's
-InProgress and StaleFence answers, malformed control signals. Judged, like the others, from the
-audit log, the final objects, the proxies and the receiver — never from the worker's account."""
+InProgress and StaleFence answers, a result too large (413), malformed control signals. Judged,
+like the others, from the audit log, the final objects, the proxies and the receiver — never from
+the worker's account."""
 
 from __future__ import annotations
 
@@ -182,6 +183,36 @@ def stale_fence(case: Case) -> str:
     return "StaleFence taken as lost: exit 1, nothing further sent"
 
 
+# Over what each hop accepts: the API server refuses a request body over 3 MiB with 413 (a smaller
+# one that outgrows etcd's 1.5 MiB is answered 500, which is not this case), the gateway any body
+# over 1 MiB.
+OVERSIZE = {POD: 3 * 1024 * 1024 + 512 * 1024, GATEWAY: 1024 * 1024 + 512 * 1024}
+
+
+def _publication_answers(case: Case, holder: str) -> list[int]:
+    return [r.status for r in case.worker_requests(holder) if _is_publication(r)]
+
+
+def oversize_result(case: Case) -> str:
+    """The worker first publishes a result larger than the API server (pods) or the gateway accepts:
+    answered 413, a bad result (§5.4, §6.3): not lost ownership, not to be retried. It must try it
+    once, go on owning the run, and publish the real result in the same attempt."""
+    case.create_run("job", {"steps": 2, "stepSeconds": 0.2, "oversizeResultFirst": OVERSIZE[case.transport]})
+    case.launch("job")
+    holder = _status(case.wait_holder("job", 1))["holder"]
+    try:
+        run = _succeeded(case, 2, attempt=1, timeout=60)
+    except Fail as exc:
+        raise Fail(f"{exc}; publication tries answered {_publication_answers(case, holder)}") from None
+    tries = _publication_answers(case, holder)
+    _expect(tries.count(413) == 1, f"publication tries answered {tries}: the oversize result tried "
+                                   f"{tries.count(413)} times, not once")
+    _expect("pad" not in _status(run)["result"], "the oversize result was accepted")
+    _exactly_once(case, 2)
+    case.judge_safety()
+    return f"413 taken as a bad result ({tries}), the real one published in attempt 1"
+
+
 def malformed_signals(case: Case) -> str:
     """The run is suspended (the worker pauses), then the signals annotation is overwritten with
     `{"stop": "yes", "paused": null}`: malformed (§7), so the worker keeps the signals it had —
@@ -224,6 +255,7 @@ BRANCHES = [
     Scenario("claim-refused", claim_refused, transports=(GATEWAY,), summary="a claim refused HeldByAnother: exit 4"),
     Scenario("in-progress", in_progress, summary="the receiver's InProgress: the same step again, same key"),
     Scenario("stale-fence", stale_fence, summary="the receiver's StaleFence: lost, nothing further"),
+    Scenario("oversize-result", oversize_result, summary="a result over the size limit: 413, a bad result"),
     Scenario("malformed-signals", malformed_signals, transports=(POD,), summary="malformed signals: keep the last good"),
 ]
 

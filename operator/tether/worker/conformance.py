@@ -130,6 +130,13 @@ def _main() -> int:
                     return 5
                 except ResultInvalid:
                     pass
+            if p.get("oversizeResultFirst"):
+                try:
+                    run.complete({"pad": "x" * int(p["oversizeResultFirst"])})
+                    print("the oversize result was accepted", file=sys.stderr)
+                    return 5
+                except ResultInvalid:
+                    pass  # too large: a bad result, and still ours (docs/protocol.md §5.4)
             try:
                 run.complete(result)
             except ResultInvalid as exc:

@@ -40,6 +40,7 @@ interface Script {
   crashAfterStep: number;
   failAttempts: number[];
   badResultFirst: boolean;
+  oversizeResultFirst: number;
   approval: { name: string; details: string; timeoutSeconds: number | null } | null;
 }
 
@@ -62,6 +63,7 @@ function readScript(payload: JsonObject): Script {
     crashAfterStep: num("crashAfterStep", 1),
     failAttempts: ints("failAttempts"),
     badResultFirst: payload.badResultFirst === true,
+    oversizeResultFirst: num("oversizeResultFirst", 0),
     approval: readApproval(payload.approval),
   };
 }
@@ -203,6 +205,17 @@ async function publish(run: WorkerRun, script: Script): Promise<number> {
         } catch (err) {
           if (!(err instanceof ResultInvalid)) throw err;
           say("the invalid result was refused as invalid", { causes: err.causes });
+        }
+      }
+      if (script.oversizeResultFirst > 0) {
+        try {
+          // Larger than the API server or the gateway accepts: a bad result, still ours.
+          await run.complete({ pad: "x".repeat(script.oversizeResultFirst) });
+          say("the oversize result was accepted");
+          return 5;
+        } catch (err) {
+          if (!(err instanceof ResultInvalid)) throw err;
+          say("the oversize result was refused as too large", { error: err.message });
         }
       }
       try {

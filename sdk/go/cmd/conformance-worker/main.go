@@ -51,7 +51,10 @@ type script struct {
 	CrashAfterStep int     `json:"crashAfterStep"`
 	FailAttempts   []int   `json:"failAttempts"`
 	BadResultFirst bool    `json:"badResultFirst"`
-	Approval       *struct {
+	// OversizeResultFirst: characters of padding in a result tried first, larger than the API
+	// server or the gateway accepts (0: none).
+	OversizeResultFirst int `json:"oversizeResultFirst"`
+	Approval            *struct {
 		Name           string `json:"name"`
 		Details        string `json:"details"`
 		TimeoutSeconds *int   `json:"timeoutSeconds"`
@@ -310,6 +313,17 @@ func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int
 			return outcome(log, err)
 		}
 		log.Info("the invalid result was refused as expected", "error", err)
+	}
+	if s.OversizeResultFirst > 0 {
+		err := r.Complete(ctx, map[string]any{"pad": strings.Repeat("x", s.OversizeResultFirst)})
+		switch {
+		case err == nil:
+			log.Error("the oversize result was accepted")
+			return exitInvalidTook
+		case !errors.Is(err, tether.ErrResultInvalid):
+			return outcome(log, err)
+		}
+		log.Info("the oversize result was refused as too large", "error", err)
 	}
 	err := r.Complete(ctx, result)
 	if errors.Is(err, tether.ErrResultInvalid) {
