@@ -303,27 +303,17 @@ func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int
 		}
 		result["approval"] = map[string]any{"decision": d.Decision, "reason": d.Reason, "approver": d.Approver}
 	}
+	var bad []any // results the SDK must refuse as bad ones, tried in this order
 	if s.BadResultFirst {
-		err := r.Complete(ctx, []int{1})
-		switch {
-		case err == nil:
-			log.Error("the invalid result was accepted")
-			return exitInvalidTook
-		case !errors.Is(err, tether.ErrResultInvalid):
-			return outcome(log, err)
-		}
-		log.Info("the invalid result was refused as expected", "error", err)
+		bad = append(bad, []int{1})
 	}
 	if s.OversizeResultFirst > 0 {
-		err := r.Complete(ctx, map[string]any{"pad": strings.Repeat("x", s.OversizeResultFirst)})
-		switch {
-		case err == nil:
-			log.Error("the oversize result was accepted")
-			return exitInvalidTook
-		case !errors.Is(err, tether.ErrResultInvalid):
-			return outcome(log, err)
+		bad = append(bad, map[string]any{"pad": strings.Repeat("x", s.OversizeResultFirst)})
+	}
+	for _, value := range bad {
+		if code, ok := refusedAsBad(ctx, log, r, value); !ok {
+			return code
 		}
-		log.Info("the oversize result was refused as too large", "error", err)
 	}
 	err := r.Complete(ctx, result)
 	if errors.Is(err, tether.ErrResultInvalid) {
@@ -332,6 +322,21 @@ func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int
 		err = r.Fail(ctx, "ConformanceBadResult", err.Error())
 	}
 	return outcome(log, err)
+}
+
+// refusedAsBad publishes a value the API server or the gateway refuses (one the CRD does not
+// admit, or too large): true when the SDK reported it as a bad result, else the exit code.
+func refusedAsBad(ctx context.Context, log *slog.Logger, r *tether.Run, value any) (int, bool) {
+	err := r.Complete(ctx, value)
+	switch {
+	case err == nil:
+		log.Error("a bad result was accepted")
+		return exitInvalidTook, false
+	case !errors.Is(err, tether.ErrResultInvalid):
+		return outcome(log, err), false
+	}
+	log.Info("the bad result was refused as expected", "error", err)
+	return 0, true
 }
 
 func outcome(log *slog.Logger, err error) int {
