@@ -1,7 +1,7 @@
 """The fault trials' oracle: Tether's safety promise judged from the API server's audit log and
 the final objects, never from Tether's logs or the status it claims.
 
-Nine invariants (`INVARIANTS`), checked by `judge()` over one namespace:
+Ten invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 
 1. No write by a worker is accepted after its fence was superseded. Who held which fence, and
    when that ended, is rebuilt from the accepted WorkerRun status writes (the operator's
@@ -45,6 +45,10 @@ Nine invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    accepted or refused, is a violation. Audited: run statuses and finalizers (the run's own
    patches), run Leases, pods created and deleted, budgets. Not audited by the local control
    plane's policy, so not judged: Secret deletes and pod patches (a pod finalizer's removal).
+10. What a run shows is what was asked of it, in the final objects: once the operator has caught
+   up with the run's spec (status.observedGeneration equals metadata.generation), its condition
+   Suspended is True exactly when spec.suspend is set, and never on a terminal run; a suspended run
+   that a worker still holds says WorkerPaused (its phase stays Running, so only this says it).
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -81,6 +85,7 @@ INVARIANTS: dict[int, str] = {
     7: "a result under review accepted or denied only as a person decided",
     8: "no attempt Stalled while its run is suspended or its request is pending",
     9: "no replica writes past its leadership (last renewal + renew deadline)",
+    10: "a run says it is suspended exactly when spec.suspend is set, and a finished one never",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
@@ -376,7 +381,7 @@ class _History:
 
 
 def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool = False) -> Verdict:
-    """Checks the nine invariants over `facts.namespace`; see the module docstring."""
+    """Checks the ten invariants over `facts.namespace`; see the module docstring."""
     records = list(records)
     history = _History(records, facts.namespace)
     verdict = Verdict()
@@ -390,6 +395,7 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
     _unfaulted_lost(history, facts, verdict)
     _reviews(history, verdict)
     _stalls(history, verdict)
+    _suspension_shown(facts, verdict)
     if facts.leader_lease is not None:
         _leadership(records, facts, verdict)
     verdict.stats["worker writes accepted"] += len(history.worker_writes)
@@ -837,6 +843,30 @@ def _nothing_stuck(facts: TrialFacts, history: _History, verdict: Verdict) -> No
         elif _rv(before or {}) == _rv(after or {}):
             verdict.violations.append(Violation(5, subject, f"phase {phase}, holder {holder}: its Lease was not "
                                                             f"renewed while watched ({_lease_brief(after)})"))
+
+
+def _suspension_shown(facts: TrialFacts, verdict: Verdict) -> None:
+    """Invariant 10."""
+    for run in facts.runs:
+        meta, status, spec = run["metadata"], run.get("status") or {}, run.get("spec") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        if meta.get("generation") is None or status.get("observedGeneration") != meta["generation"]:
+            verdict.stats["runs whose status had not caught up with their spec (invariant 10 not judged)"] += 1
+            continue
+        subject = f"{meta['name']} (uid {str(meta.get('uid'))[:8]})"
+        cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Suspended"), None)
+        shown = cond is not None and cond.get("status") == "True"
+        phase = status.get("phase")
+        if phase in TERMINAL:
+            if shown:
+                verdict.violations.append(Violation(10, subject, f"terminal ({phase}) but says Suspended ({cond})"))
+        elif bool(spec.get("suspend")) != shown:
+            verdict.violations.append(Violation(10, subject, f"spec.suspend {bool(spec.get('suspend'))}, phase {phase}, "
+                                                             f"but condition Suspended is {cond}"))
+        elif shown and status.get("holder") is not None and cond.get("reason") != "WorkerPaused":
+            verdict.violations.append(Violation(10, subject, f"held by {status['holder']} and paused, but Suspended "
+                                                             f"says {cond.get('reason')}"))
 
 
 # The longest a re-created run may wait for its namesake's pod: the pod's grace period (30 s by

@@ -638,3 +638,30 @@ def test_5_a_terminal_run_whose_lease_was_never_cleared_is_caught() -> None:
     assert any(v.invariant == 5 and "Lease still names" in v.evidence for v in verdict.violations)
     run.clear_lease()
     assert judge(log.records, facts(run, faulted={(run.uid, a1)}, leases_final={"r": run.lease})).ok
+
+
+def _shown(suspend: bool, phase: str, suspended: str | None, holder: str | None = None, reason: str = "Suspended",
+           observed: int = 2) -> dict[str, Any]:
+    conds = [] if suspended is None else [{"type": "Suspended", "status": suspended, "reason": reason}]
+    return {"metadata": {"name": "r", "namespace": NS, "uid": "u1", "generation": 2},
+            "spec": {"suspend": suspend}, "status": {"phase": phase, "holder": holder, "conditions": conds,
+                                                     "observedGeneration": observed}}
+
+
+@pytest.mark.parametrize(("final", "caught"), [
+    (_shown(True, "Suspended", "True"), False),
+    (_shown(True, "Running", "True", holder="r-a1", reason="WorkerPaused"), False),
+    (_shown(False, "Running", "False", holder="r-a1", reason="Resumed"), False),
+    (_shown(False, "Running", None, holder="r-a1"), False),
+    (_shown(True, "Running", None, holder="r-a1", observed=1), False),  # the operator has not seen it yet
+    (_shown(True, "Running", None, holder="r-a1"), True),  # paused, shown Running and nothing else
+    (_shown(True, "Suspended", "False", reason="Resumed"), True),
+    (_shown(False, "Pending", "True"), True),  # resumed, still says suspended
+    (_shown(True, "Running", "True", holder="r-a1", reason="Suspended"), True),
+    (_shown(True, "Cancelled", "True"), True),
+    (_shown(True, "Cancelled", "False", reason="Cancelled"), False),
+], ids=["suspended", "worker-paused", "resumed", "never", "not-caught-up", "paused-unsaid", "suspended-unsaid",
+        "resumed-unsaid", "held-without-worker-paused", "finished-suspended", "finished"])
+def test_10_what_a_run_says_of_its_suspension_is_judged_against_its_spec(final: dict[str, Any], caught: bool) -> None:
+    verdict = judge([], TrialFacts(namespace=NS, runs=[final]))
+    assert (10 in invariants(verdict)) == caught, verdict.violations

@@ -165,11 +165,11 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
     if run.spec.suspend:
         if s.phase != Phase.SUSPENDED:
             b.set_phase(Phase.SUSPENDED, "spec.suspend is set; no new attempt starts")
-        b.mark_suspension(held=False)
+        b.mark_suspension()
         if b.changed():
             d.actions.append(b.write())
         return
-    if b.mark_suspension(held=False):
+    if b.mark_suspension():
         # Resumed: said first; the next pass starts the attempt.
         d.actions.append(b.write())
         d.again()
@@ -311,7 +311,7 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
     if s.observed_generation != run.metadata.generation and not b.changed():
         b.set_phase(s.phase or Phase.STARTING, f"{s.holder} holds the lease",
                     lease_reason="LeaseRenewed" if s.phase == Phase.RUNNING else "AttemptStarted")
-    b.mark_suspension(held=True)
+    b.mark_suspension()
     if b.changed():
         if lease.renewed:
             # Refreshed on every status write (folds come at a bounded rate), never by their own

@@ -185,15 +185,18 @@ class StatusBuilder:
                 # A finished run has no open gate: a decision made now decides nothing.
                 req.decision, req.decided_at, req.reason = "Withdrawn", self.o.now, f"the run ended {phase.value}"
 
-    def mark_suspension(self, held: bool) -> bool:
+    def mark_suspension(self) -> bool:
         """spec.suspend as users see it: a Suspended condition (True while set, False with reason
         Resumed once cleared) and an Event each time it turns; while a worker holds the run paused,
         Ready's reason is WorkerPaused (the REASON column), for its phase stays Running (the worker
-        keeps its lease). Returns whether anything changed."""
+        keeps its lease). Every write applies it; returns whether anything changed."""
         s, gen, now = self.status, self.generation, self.o.now
+        if s.phase is None or s.phase.terminal:
+            return False  # set_phase(terminal) has said it
+        held, suspend = s.holder is not None, self.o.run.spec.suspend
         cond = get_condition(s.conditions, c.COND_SUSPENDED)
         before = list(s.conditions)
-        if self.o.run.spec.suspend:
+        if suspend:
             reason = c.REASON_WORKER_PAUSED if held else c.EV_SUSPENDED
             message = (f"{s.holder} is told to pause (spec.suspend) and keeps its lease" if held
                        else "spec.suspend is set; no new attempt starts")
@@ -205,17 +208,18 @@ class StatusBuilder:
             s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "False", c.EV_RESUMED, message, gen, now)
             self.events.append(Event("Normal", c.EV_RESUMED, message))
         ready = get_condition(s.conditions, c.COND_READY)
-        paused = ready is not None and ready.reason == c.REASON_WORKER_PAUSED
-        if held and s.phase is not None and ready is not None and self.o.run.spec.suspend != paused:
-            want = c.REASON_WORKER_PAUSED if self.o.run.spec.suspend else s.phase.value
+        if ready is not None and (ready.reason == c.REASON_WORKER_PAUSED) != (held and suspend):
             why = get_condition(s.conditions, c.COND_SUSPENDED)
-            s.conditions = set_condition(s.conditions, c.COND_READY, ready.status, want,
+            s.conditions = set_condition(s.conditions, c.COND_READY, ready.status,
+                                         c.REASON_WORKER_PAUSED if held and suspend else s.phase.value,
                                          why.message if why is not None else ready.message, gen, now)
         return s.conditions != before
 
     def write(self) -> WriteStatus:
         """The write of the status as built so far: a copy, so what is built after it (another
-        write of the same decision) never changes an action already handed out."""
+        write of the same decision) never changes an action already handed out. Whatever wrote it,
+        the status says whether the run is suspended."""
+        self.mark_suspension()
         return WriteStatus(status=self.status.model_copy(deep=True), events=tuple(self.events), change=self.change,
                            details=tuple(self.details.items()), ended=self.ended, lapse=self.lapse,
                            grants=self.grants)
