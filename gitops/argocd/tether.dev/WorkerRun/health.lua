@@ -37,6 +37,12 @@ if phase == "Suspended" then
   hs.message = "spec.suspend is set"
   return hs
 end
+-- A paused worker keeps its lease, so its phase stays Running: the Suspended condition says it.
+if conds["Suspended"] ~= nil and conds["Suspended"].status == "True" then
+  hs.status = "Suspended"
+  hs.message = "Paused: " .. (conds["Suspended"].message or "spec.suspend is set")
+  return hs
+end
 if conds["Admitted"] ~= nil and conds["Admitted"].status == "False" then
   hs.status = "Progressing"
   hs.message = "Waiting: " .. (conds["Admitted"].message or conds["Admitted"].reason)
