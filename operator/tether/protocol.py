@@ -362,6 +362,32 @@ def fenced_patch(holder: str, fence: int, field: str, value: Any, run_uid: str |
             {"op": "add", "path": f"/status/{field}", "value": value}]
 
 
+# etcd refuses a write that would make one object larger than it stores (1.5 MiB; its client's
+# 2 MiB past that): the API server passes it on as a 500 with only this message, no reason.
+TOO_LARGE_MESSAGES = ("etcdserver: request is too large", "trying to send message larger than max")
+
+
+def too_large(status: int, status_body: str | bytes | Mapping[str, Any] | None) -> bool:
+    """Whether the API server refused a write as too large: 413 (over its request limit) or a 500
+    Status with etcd's message. Either refuses the same value every time: a bad result, never an
+    outage to retry (sdk/vectors/publications.json, shared with the TypeScript and Go SDKs)."""
+    if status == 413:
+        return True
+    message = _status_doc(status_body).get("message") if status == 500 else None
+    return isinstance(message, str) and any(m in message for m in TOO_LARGE_MESSAGES)
+
+
+def _status_doc(status_body: str | bytes | Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The API server's Status object, or {} when the body is not one (a proxy's page)."""
+    doc: Any = status_body
+    if isinstance(doc, (str, bytes)):
+        try:
+            doc = json.loads(doc)
+        except (ValueError, RecursionError):
+            return {}
+    return doc if isinstance(doc, Mapping) else {}
+
+
 def invalid_causes(status_body: str | bytes | Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """The fields a 422 Status names (`details.causes`); empty when it names none.
 
@@ -370,13 +396,7 @@ def invalid_causes(status_body: str | bytes | Mapping[str, Any] | None) -> list[
     refuses (the Status names the kind and lists each refused field in `details.causes`). For a
     fenced publication every `test` is on a field only a change of ownership moves (uid, fence,
     holder), so "422 without causes" is lost ownership and "422 with causes" is a bad value."""
-    doc: Any = status_body
-    if isinstance(doc, (str, bytes)):
-        try:
-            doc = json.loads(doc)
-        except (ValueError, RecursionError):
-            return []
-    details = doc.get("details") if isinstance(doc, Mapping) else None
+    details = _status_doc(status_body).get("details")
     causes = details.get("causes") if isinstance(details, Mapping) else None
     return [dict(c) for c in causes if isinstance(c, Mapping)] if isinstance(causes, list) else []
 

@@ -337,7 +337,9 @@ func (g *gatewayTransport) publish(ctx context.Context, field string, value json
 		// never retried.
 		return publishResult{outcome: refused, status: status, why: why}, nil
 	case status == http.StatusRequestEntityTooLarge:
-		return publishResult{outcome: invalid, status: status, why: "too large for the gateway (1 MiB): " + why}, nil
+		// BodyTooLarge (over the gateway's 1 MiB) or ResultTooLarge (the run would outgrow what the
+		// Kubernetes API stores): the message says which.
+		return publishResult{outcome: invalid, status: status, why: "too large: " + why}, nil
 	case status == http.StatusUnprocessableEntity:
 		// The gateway refused the body, or the API server the value: a bad result, not lost.
 		var causes []InvalidCause

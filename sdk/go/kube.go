@@ -15,6 +15,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -346,6 +347,35 @@ func fencedByPolicy(status *apierrors.StatusError) bool {
 		strings.Contains(msg, "ValidatingAdmissionPolicy") && strings.Contains(msg, "tether-worker")
 }
 
+// tooLargeMessages: etcd refuses a write that would make one object larger than it stores (1.5 MiB;
+// its client's 2 MiB past that), and the API server passes it on as a 500 with only this message.
+var tooLargeMessages = []string{"etcdserver: request is too large", "trying to send message larger than max"}
+
+// tooLarge tells whether the API server refused a write as too large: 413 (over its request
+// limit) or a 500 Status with etcd's message. Either refuses the same value every time: a bad
+// result, never an outage to retry (sdk/vectors/publications.json, shared with the Python and
+// TypeScript SDKs). A 500 that was not a Status (client-go quotes the body in its message) is not.
+func tooLarge(status *apierrors.StatusError) bool {
+	switch status.ErrStatus.Code {
+	case http.StatusRequestEntityTooLarge:
+		return true
+	case http.StatusInternalServerError:
+		if d := status.ErrStatus.Details; d != nil {
+			for _, c := range d.Causes {
+				if c.Type == metav1.CauseTypeUnexpectedServerResponse {
+					return false
+				}
+			}
+		}
+		for _, m := range tooLargeMessages {
+			if strings.Contains(status.ErrStatus.Message, m) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // statusCauses are the fields a refusal names (details.causes); a body that was not a Status names
 // none (client-go's "unexpected server response" cause has no field).
 func statusCauses(status *apierrors.StatusError) []InvalidCause {
@@ -378,8 +408,8 @@ func (t *kubeTransport) publish(ctx context.Context, field string, value json.Ra
 	why := fmt.Sprintf("%d %s", code, clip(status.ErrStatus.Message))
 	causes := statusCauses(status)
 	switch {
-	case code == http.StatusRequestEntityTooLarge:
-		// The run would outgrow what the API server stores in one object: a bad result (too large).
+	case tooLarge(status):
+		// 413, or etcd's 500: the run would outgrow what the API server stores in one object.
 		return publishResult{outcome: invalid, status: code, why: "too large: " + why}, nil
 	case code == http.StatusUnprocessableEntity && refusesValue(causes, field):
 		// The CRD's schema refused the value (a cause names the field): a bad result.

@@ -132,7 +132,7 @@ class KubeSteps:
                           headers=protocol.JSON_PATCH)
         # 422 without causes: a `test` failed, the run's uid, fence or holder moved on; 403 from the
         # fencing policy: the same, said by the API server itself. 422 with causes: a bad value.
-        if resp.status_code == 413:  # the run would outgrow what the API server stores in one object
+        if protocol.too_large(resp.status_code, resp.content):  # 413, or etcd's 500: never stored
             raise ResultInvalid(f"the {field} is too large: {_status_message(resp)}")
         if resp.status_code == 422:
             causes = protocol.invalid_causes(resp.text)
@@ -266,7 +266,9 @@ class GatewayTransport:
         op, body = ("complete", {"result": value}) if field == "result" else ("fail", {"error": value})
         resp = self._http.post(f"{self._prefix}/{op}", json={**self._fenced, **body})
         if resp.status_code == 413:
-            raise ResultInvalid(f"the {field} is too large for the gateway (1 MiB): {_message(resp)}")
+            # BodyTooLarge (over the gateway's 1 MiB) or ResultTooLarge (the run would outgrow what
+            # the Kubernetes API stores): the message says which.
+            raise ResultInvalid(f"the {field} is too large: {_message(resp)}")
         if resp.status_code == 422:  # the gateway refused the body or the API server the value
             error = error_body(resp)
             field_name = error.get("field")

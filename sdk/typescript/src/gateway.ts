@@ -253,7 +253,9 @@ export class GatewayTransport implements Transport {
     if (answer.status === 200) return true;
     const error = errorBody(answer.doc);
     if (answer.status === 413) {
-      throw new ResultInvalid(`the ${field} is too large for the gateway (1 MiB): ${error.message ?? answer.text.slice(0, 200)}`);
+      // BodyTooLarge (over the gateway's 1 MiB) or ResultTooLarge (the run would outgrow what the
+      // Kubernetes API stores): the message says which.
+      throw new ResultInvalid(`the ${field} is too large: ${error.message ?? answer.text.slice(0, 200)}`);
     }
     if (answer.status === 422) {
       // The gateway refused the body, or the API server the value: a bad result, not lost ownership.

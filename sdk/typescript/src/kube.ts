@@ -47,6 +47,7 @@ import {
   renewal,
   requestsAnnotation,
   retryAfterSeconds,
+  tooLarge,
   type ApprovalRequest,
   type JsonObject,
   type LeaseObject,
@@ -312,7 +313,7 @@ export class KubeTransport implements Transport {
     const answer = await this.call("PATCH status", () => this.objects.patchNamespacedCustomObjectStatus(
       { ...this.runRequest(), body: patch }, this.options({ contentType: PatchStrategy.JsonPatch })));
     if (answer.ok) return true;
-    if (answer.status === 413) { // the run would outgrow what the API server stores in one object
+    if (tooLarge(answer.status, answer.text)) { // 413, or etcd's 500: never stored, however often sent
       throw new ResultInvalid(`the ${field} is too large: ${statusMessage(answer.text)}`);
     }
     if (answer.status === 422) {

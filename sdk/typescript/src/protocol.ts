@@ -505,21 +505,43 @@ export function requestsAnnotation(requests: readonly ApprovalRequest[]): string
 
 // --- reading the API server's answers -------------------------------------------------------------
 
+/** The API server's Status object, or null when the body is not one (a proxy's page). */
+function statusDoc(statusBody: string | unknown): Record<string, unknown> | null {
+  let doc: unknown = statusBody;
+  if (typeof doc === "string") {
+    try {
+      doc = JSON.parse(doc);
+    } catch {
+      return null;
+    }
+  }
+  return isObject(doc) ? doc : null;
+}
+
+/**
+ * etcd refuses a write that would make one object larger than it stores (1.5 MiB; its client's
+ * 2 MiB past that): the API server passes it on as a 500 with only this message, no reason.
+ */
+export const TOO_LARGE_MESSAGES = ["etcdserver: request is too large", "trying to send message larger than max"];
+
+/**
+ * Whether the API server refused a write as too large: 413 (over its request limit) or a 500 Status
+ * with etcd's message. Either refuses the same value every time: a bad result, never an outage to
+ * retry (sdk/vectors/publications.json, shared with the Python and Go SDKs).
+ */
+export function tooLarge(status: number, statusBody: string | unknown): boolean {
+  if (status === 413) return true;
+  const message = status === 500 ? statusDoc(statusBody)?.message : undefined;
+  return typeof message === "string" && TOO_LARGE_MESSAGES.some((m) => message.includes(m));
+}
+
 /**
  * The fields a 422 Status names (`details.causes`); empty when it names none. A 422 without causes
  * is a JSON-patch `test` that did not hold (the run's uid, fence or holder moved on: lost ownership);
  * with causes, the CRD's schema refused the value (a bad result, not lost ownership).
  */
 export function invalidCauses(statusBody: string | unknown): InvalidCause[] {
-  let doc: unknown = statusBody;
-  if (typeof doc === "string") {
-    try {
-      doc = JSON.parse(doc);
-    } catch {
-      return [];
-    }
-  }
-  const details = isObject(doc) ? doc.details : undefined;
+  const details = statusDoc(statusBody)?.details;
   const causes = isObject(details) ? details.causes : undefined;
   if (!Array.isArray(causes)) return [];
   return causes.filter(isObject).map((c) => {
