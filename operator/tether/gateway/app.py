@@ -6,7 +6,8 @@ POST /api/v1/namespaces/{ns}/workerruns/{name}/{claim|heartbeat|checkpoint|compl
 200 ok · 401/403 auth (403 NotClaimant: the attempt was claimed by another identity) ·
 402 budget exceeded (admission first) · 404 no such run · 409 held by another / nothing to claim ·
 409 AlreadyPublished: this attempt's result or error is in, a different one is refused ·
-410 stale fence · 413 body too large · 422 malformed body (names the field) ·
+410 stale fence · 413 body too large, or a result the run cannot hold (ResultTooLarge) ·
+422 malformed body (names the field) ·
 503 the Kubernetes API cannot be reached, or the run or Lease kept changing (Retry-After) · every answer, errors included, is JSON:
 `{"error": {"code", "message", "field"?}}`.
 
@@ -456,6 +457,14 @@ class Gateway:
                 continue  # a `test` failed: the status moved (any write) or the attempt did; look again
             except NotFound as exc:
                 raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
+            except ApiError as exc:
+                if protocol.too_large(exc.status, exc.body):
+                    # Under the body limit, yet the run would outgrow what etcd stores: the same
+                    # value is refused every time, so a bad result like BodyTooLarge, not a 503.
+                    raise Failure(413, "ResultTooLarge", f"the {fld} would make the WorkerRun larger than the "
+                                                         f"Kubernetes API stores: {exc.message}",
+                                  field=f"status.{fld}") from exc
+                raise
             return _done(written, body.fence)
         raise Failure(503, "Busy", "the run's status changed during each of three tries; retry",
                       headers={"Retry-After": "1"})

@@ -35,7 +35,8 @@ _ERRORS = {
     "409": "Held by another worker, or no attempt open to claim.",
     "402": "Budget exceeded: the run is not admitted.",
     "410": "The fence is stale: another attempt owns the run now.",
-    "413": "The body is larger than the gateway accepts (1 MiB by default).",
+    "413": "The body is larger than the gateway accepts (1 MiB by default), or (`ResultTooLarge`, on `complete` and "
+           "`fail`) the value would make the WorkerRun larger than the Kubernetes API stores: a bad result.",
     "422": "Malformed body (not JSON, nested too deep, or invalid); `error.field` names the field.",
     "500": "A bug in the gateway; it is logged.",
     "502": "The Kubernetes API refused the gateway's own request.",
