@@ -1,6 +1,6 @@
 """Scenarios for the protocol's less travelled branches (issue 22): the payload read from the run,
 the in-cluster credentials layout, a 401 and a rotated token, a refused claim, the receiver's
-InProgress and StaleFence answers, a result too large (413), malformed control signals. Judged,
+InProgress and StaleFence answers, a result too large (413, or etcd's 500), malformed control signals. Judged,
 like the others, from the audit log, the final objects, the proxies and the receiver — never from
 the worker's account."""
 
@@ -10,7 +10,8 @@ import base64
 import json
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from conformance.harness import GATEWAY, POD, Case, Fail
 from conformance.scenarios import (ENDED, SCENARIOS, MARGIN, SLACK, L, R, Scenario, _exactly_once, _exit_code, _expect,
@@ -183,34 +184,54 @@ def stale_fence(case: Case) -> str:
     return "StaleFence taken as lost: exit 1, nothing further sent"
 
 
-# Over what each hop accepts: the API server refuses a request body over 3 MiB with 413 (a smaller
-# one that outgrows etcd's 1.5 MiB is answered 500, which is not this case), the gateway any body
-# over 1 MiB.
-OVERSIZE = {POD: 3 * 1024 * 1024 + 512 * 1024, GATEWAY: 1024 * 1024 + 512 * 1024}
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Oversize:
+    """A result first published too large, per transport: its size, and the answer the worker must
+    take for a bad result."""
+    size: dict[str, int]
+    answer: dict[str, int]
+
+
+# Over the API server's 3 MiB request limit (413 RequestEntityTooLarge), over the gateway's 1 MiB
+# body limit (its 413 BodyTooLarge).
+OVER_REQUEST = Oversize({POD: 3 * MIB + MIB // 2, GATEWAY: MIB + MIB // 2}, {POD: 413, GATEWAY: 413})
+# Under those limits, over what etcd stores: past 2 MiB its client's 500 ResourceExhausted ("trying to send
+# message larger than max"). (Through the gateway, 0.9 MiB onto a run whose payload holds 0.9 MiB is etcd's
+# 500 answered 413 ResultTooLarge; not a cell yet: on the shared 2-core cluster that answer came after the
+# Python and TypeScript workers' request timeout, so they retried it as unanswered.)
+OVER_ETCD = Oversize({POD: 2 * MIB + MIB // 4}, {POD: 500})
+# Between etcd's 1.5 MiB and 2 MiB: its 500 "etcdserver: request is too large".
+OVER_ETCD_LIMIT = Oversize({POD: MIB + 6 * MIB // 10}, {POD: 500})
 
 
 def _publication_answers(case: Case, holder: str) -> list[int]:
     return [r.status for r in case.worker_requests(holder) if _is_publication(r)]
 
 
-def oversize_result(case: Case) -> str:
-    """The worker first publishes a result larger than the API server (pods) or the gateway accepts:
-    answered 413, a bad result (§5.4, §6.3): not lost ownership, not to be retried. It must try it
-    once, go on owning the run, and publish the real result in the same attempt."""
-    case.create_run("job", {"steps": 2, "stepSeconds": 0.2, "oversizeResultFirst": OVERSIZE[case.transport]})
-    case.launch("job")
-    holder = _status(case.wait_holder("job", 1))["holder"]
-    try:
-        run = _succeeded(case, 2, attempt=1, timeout=60)
-    except Fail as exc:
-        raise Fail(f"{exc}; publication tries answered {_publication_answers(case, holder)}") from None
-    tries = _publication_answers(case, holder)
-    _expect(tries.count(413) == 1, f"publication tries answered {tries}: the oversize result tried "
-                                   f"{tries.count(413)} times, not once")
-    _expect("pad" not in _status(run)["result"], "the oversize result was accepted")
-    _exactly_once(case, 2)
-    case.judge_safety()
-    return f"413 taken as a bad result ({tries}), the real one published in attempt 1"
+def _oversize_result(oversize: Oversize) -> Callable[[Case], str]:
+    def scenario(case: Case) -> str:
+        """The worker first publishes a result larger than the run can hold: answered 413 or etcd's 500,
+        a bad result (§5.4, §6.3): not lost ownership, not to be retried. It must try it once, go on
+        owning the run, and publish the real result in the same attempt."""
+        answer = oversize.answer[case.transport]
+        case.create_run("job", {"steps": 2, "stepSeconds": 0.2, "oversizeResultFirst": oversize.size[case.transport]})
+        case.launch("job")
+        holder = _status(case.wait_holder("job", 1))["holder"]
+        try:
+            run = _succeeded(case, 2, attempt=1, timeout=60)
+        except Fail as exc:
+            raise Fail(f"{exc}; publication tries answered {_publication_answers(case, holder)}") from None
+        tries = _publication_answers(case, holder)
+        _expect(tries.count(answer) == 1, f"publication tries answered {tries}: the oversize result tried "
+                                          f"{tries.count(answer)} times, not once")
+        _expect("pad" not in _status(run)["result"], "the oversize result was accepted")
+        _exactly_once(case, 2)
+        case.judge_safety()
+        return f"{answer} taken as a bad result ({tries}), the real one published in attempt 1"
+    return scenario
 
 
 def malformed_signals(case: Case) -> str:
@@ -255,7 +276,11 @@ BRANCHES = [
     Scenario("claim-refused", claim_refused, transports=(GATEWAY,), summary="a claim refused HeldByAnother: exit 4"),
     Scenario("in-progress", in_progress, summary="the receiver's InProgress: the same step again, same key"),
     Scenario("stale-fence", stale_fence, summary="the receiver's StaleFence: lost, nothing further"),
-    Scenario("oversize-result", oversize_result, summary="a result over the size limit: 413, a bad result"),
+    Scenario("oversize-result", _oversize_result(OVER_REQUEST), summary="a result over the size limit: 413, a bad result"),
+    Scenario("oversize-result-etcd", _oversize_result(OVER_ETCD), transports=(POD,),
+             summary="a result over etcd's client's 2 MiB: 500 ResourceExhausted, a bad result"),
+    Scenario("oversize-result-etcd-limit", _oversize_result(OVER_ETCD_LIMIT), transports=(POD,),
+             summary="a result over etcd's 1.5 MiB: 500 'request is too large', a bad result"),
     Scenario("malformed-signals", malformed_signals, transports=(POD,), summary="malformed signals: keep the last good"),
 ]
 
