@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from tether.devcluster.controlplane import LocalCluster, resolve_binaries  # noqa: E402
 from tether.devcluster.crds import install_crds, install_policies  # noqa: E402
+from tether.devcluster.kubelet import POD_PYTHONPATH  # noqa: E402
 from tests.support.chaos import ClusterHandle, Tally, Trial, draw_plan, timeline  # noqa: E402
 
 
@@ -100,10 +101,10 @@ def main() -> int:
     source = None
     if args.source:
         source, package = _snapshot(args.source)
-        # The operator (tests/support/operator_process.py) and, through the process kubelet's environment,
-        # every worker pod import tether from there.
+        # The operator (tests/support/operator_process.py) and every worker pod (the process kubelet puts it
+        # on their PYTHONPATH) import tether from there; the harness and the cluster it starts stay this tree's.
         os.environ["TETHER_TEST_OPERATOR_SRC"] = str(package)
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(package), os.environ.get("PYTHONPATH")]))
+        os.environ[POD_PYTHONPATH] = str(package)
         print(f"operator and worker SDK from {source} ({package})", flush=True)
 
     seeds = [args.replay] if args.replay is not None else [args.seed + i for i in range(args.trials)]

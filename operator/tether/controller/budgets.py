@@ -17,6 +17,7 @@ from tether.core import budget as budgets
 from tether.core.decide import BudgetObservation
 from tether.controller.errors import NotLeader
 from tether.controller.leader import Leadership
+from tether.controller.stamps import Stamps
 from tether.kube.client import Conflict, KubeClient, NotFound
 
 log = logging.getLogger("tether.budgets")
@@ -39,6 +40,7 @@ class BudgetBook:
         self.now = now
         self.leadership = leadership or Leadership()
         self.cache: dict[BudgetKey, dict[str, Any]] = {}
+        self.stamps = Stamps()  # when each cached budget was stored (the namespace sweeper's relists)
         # The validated model of each cached body, by resourceVersion: a budget shared by
         # thousands of runs is parsed once per change, not once per reconcile.
         self._models: dict[BudgetKey, tuple[str, WorkerBudget]] = {}
@@ -53,8 +55,10 @@ class BudgetBook:
         if event_type == "DELETED":
             self.cache.pop(key, None)
             self._models.pop(key, None)
+            self.stamps.drop(key)
         else:
             self.cache[key] = body
+            self.stamps.stamp(key)
             try:
                 due = budgets.needs_refresh(self._model(key, body), self.now())
             except ValidationError:
@@ -107,7 +111,8 @@ class BudgetBook:
             body = await self.kube.get_budget(*key)
             if body is None:
                 return BudgetObservation(name=ref.name, missing=True)
-            self.cache[key] = body
+            # What the watch brought while the GET was on its way is as new or newer: it stays.
+            body = self.cache.setdefault(key, body)
         budget = self._model(key, body)
         status = budgets.refresh(budget, now)
         if status.period_start != budget.status.period_start:

@@ -16,6 +16,7 @@ from tether import protocol
 from tether.api import constants as c
 from tether.api.models import Phase, WorkerRun
 from tether.controller.leases import LeaseTracker
+from tether.controller.stamps import Stamps
 from tether.controller.snapshot import Snapshot, foreign_pod, lean_pod, lean_run, pod_observation
 from tether.controller.views import BudgetKey, PodView, RunKey, RunView
 from tether.core.actions import UsageAlarm
@@ -47,6 +48,7 @@ class RunCache:
         self.now, self.mono = now, mono
         self.runs: dict[RunKey, dict[str, Any]] = {}
         self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
+        self.stamps = Stamps()  # runs by key, pods by (key, name): see cached_before
         self.leases = LeaseTracker()  # keyed by the owning run's UID
         # Pods that were deleted, by (run key, name). A namesake's pod can still act for a few
         # seconds after it is gone (see foreign_pod), and a late answer about it must not revive it.
@@ -109,12 +111,14 @@ class RunCache:
         cached = self.run(gone.key)
         if cached is not None and cached.uid == gone.uid:
             del self.runs[gone.key]
+            self.stamps.drop(gone.key)
             self.budget_runs.get(cached.budget, set()).discard(gone.key)
             self.alarms.pop(gone.key, None)
         self.forget(gone.uid)
 
     def _store(self, key: RunKey, body: dict[str, Any]) -> None:
         self.runs[key] = lean_run(body)
+        self.stamps.stamp(key)
         self.budget_runs.setdefault(RunView(body).budget, set()).add(key)
 
     # --- pods ------------------------------------------------------------------
@@ -127,6 +131,7 @@ class RunCache:
         pods = self.pods.setdefault(key, {})
         before = pods.get(pod.name)
         pods[pod.name] = lean_pod(body)
+        self.stamps.stamp((key, pod.name))
         return before is None or pod_observation(before) != pod_observation(body)
 
     def drop_pod(self, body: dict[str, Any]) -> None:
@@ -157,6 +162,14 @@ class RunCache:
         if cached is not None and tomb is None:
             self._bury(key, cached)  # gone: its name stays taken while its token may be accepted
 
+    def run_cached_before(self, key: RunKey, mark: int) -> dict[str, Any] | None:
+        """The cached run, if it was stored before `mark` (Stamps.mark) was taken."""
+        body = self.runs.get(key)
+        return body if body is not None and self.stamps.before(key, mark) else None
+
+    def pods_cached_before(self, key: RunKey, mark: int) -> list[dict[str, Any]]:
+        return [b for name, b in self.pods.get(key, {}).items() if self.stamps.before((key, name), mark)]
+
     def pod_uid(self, key: RunKey, name: str) -> str | None:
         cached = self.pods.get(key, {}).get(name)
         return PodView(cached).uid if cached is not None else None
@@ -164,6 +177,7 @@ class RunCache:
     def _remove_pod(self, key: RunKey, name: str) -> None:
         pods = self.pods.get(key, {})
         pods.pop(name, None)
+        self.stamps.drop((key, name))
         if not pods:
             self.pods.pop(key, None)
 

@@ -113,14 +113,17 @@ class Executor:
 
     async def refresh(self, key: RunKey) -> dict[str, Any] | None:
         """The run read fresh (None: it is gone), fed to the controller like a watch event, so
-        what follows from it (a deletion's strays, a new spec's backoff reset) is woken as usual."""
+        what follows from it (a deletion's strays, a new spec's backoff reset) is woken as usual.
+        A 404 drops only the run cached before the GET was sent (a namesake the watch brought
+        meanwhile is newer: stamps.py)."""
+        mark = self.cache.stamps.mark()
         try:
             fresh: dict[str, Any] | None = await self.kube.get_run(*key)
         except NotFound:
             fresh = None
         if fresh is not None:
             self.feed("run-read", "MODIFIED", fresh)
-        elif (gone := self.cache.runs.get(key)) is not None:
+        elif (gone := self.cache.run_cached_before(key, mark)) is not None:
             self.feed("run", "DELETED", gone)
         return fresh
 

@@ -65,41 +65,52 @@ class NamespaceSweeper:
         same name (re-created between two sweeps), or not being deleted after all."""
         uid: str | None = None
         while True:
+            marks = self._marks()
             try:
                 body = await self.kube.get_object(namespace_path(ns))
                 if body is None or not body["metadata"].get("deletionTimestamp") or \
                         uid not in (None, body["metadata"].get("uid")):
                     break
                 uid = body["metadata"].get("uid")
-                runs = await self.kube.list_objects(run_path(ns))
-                pods = await self.kube.list_objects(pod_path(ns), c.LABEL_RUN)
-                leases = await self.kube.list_objects(lease_path(ns), c.LABEL_RUN)
-                budgets = await self.kube.list_objects(budget_path(ns))
+                await self._relist_now(ns)
             except (Unavailable, Forbidden, NotFound) as exc:
                 log.warning("cannot list a namespace being deleted", extra={"namespace": ns, "error": str(exc)})
-            else:
-                self._relist(ns, runs, pods, leases, budgets)
             self.cache.terminating[ns] = self.cache.mono()
             await asyncio.sleep(SWEEP_SECONDS)
-        self._relist(ns, [], [], [], [])
+        self._relist(ns, marks, [], [], [], [])
         self.cache.terminating.pop(ns, None)  # a namespace of that name created later starts afresh
 
-    def _relist(self, ns: str, runs: list[dict[str, Any]], pods: list[dict[str, Any]],
+    def _marks(self) -> tuple[int, int]:
+        return self.cache.stamps.mark(), self.budgets.stamps.mark()
+
+    async def _relist_now(self, ns: str) -> None:
+        marks = self._marks()
+        runs = await self.kube.list_objects(run_path(ns))
+        pods = await self.kube.list_objects(pod_path(ns), c.LABEL_RUN)
+        leases = await self.kube.list_objects(lease_path(ns), c.LABEL_RUN)
+        budgets = await self.kube.list_objects(budget_path(ns))
+        self._relist(ns, marks, runs, pods, leases, budgets)
+
+    def _relist(self, ns: str, marks: tuple[int, int], runs: list[dict[str, Any]], pods: list[dict[str, Any]],
                 leases: list[dict[str, Any]], budgets: list[dict[str, Any]]) -> None:
-        """Like an informer's relist: what is listed is current, what is not listed is gone."""
+        """Like an informer's relist: what is listed is current, what is not listed is gone, unless
+        the watch brought it after the lists began (`marks`: stamps.py)."""
+        cached, budgeted = marks
         for body in runs:
             self.feed("run", "MODIFIED", body)
         listed = {RunView(r).name for r in runs}
-        for body in [b for (rns, name), b in self.cache.runs.items() if rns == ns and name not in listed]:
+        for body in [b for (rns, name) in list(self.cache.runs) if rns == ns and name not in listed
+                     if (b := self.cache.run_cached_before((rns, name), cached)) is not None]:
             self.feed("run", "DELETED", body)
         for body in leases:
             self.feed("lease", "MODIFIED", body)
         for body in pods:
             self.feed("pod", "MODIFIED", body)
         listed = {PodView(p).name for p in pods}
-        for body in [b for key, cached in self.cache.pods.items() if key[0] == ns
-                     for name, b in cached.items() if name not in listed]:
+        for body in [b for key in list(self.cache.pods) if key[0] == ns
+                     for b in self.cache.pods_cached_before(key, cached) if PodView(b).name not in listed]:
             self.feed("pod", "DELETED", body)
         listed = {b["metadata"]["name"] for b in budgets}
-        for body in [b for (bns, name), b in self.budgets.cache.copy().items() if bns == ns and name not in listed]:
+        for body in [b for (bns, name), b in self.budgets.cache.copy().items() if bns == ns and name not in listed
+                     and self.budgets.stamps.before((bns, name), budgeted)]:
             self.feed("budget", "DELETED", body)

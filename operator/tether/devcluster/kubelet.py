@@ -62,6 +62,9 @@ from tether.kube import config as kubeconfig
 
 log = logging.getLogger("process-kubelet")
 
+# Prepended to the PYTHONPATH of every pod's process (not the kubelet's own).
+POD_PYTHONPATH = "TETHER_POD_PYTHONPATH"
+
 API_SERVER_ANNOTATION = "dev.tether.dev/api-server"
 HOST_PORTS_ANNOTATION = "dev.tether.dev/host-ports"
 # On the node: the chart's NOTES look it up to say what differs on this node.
@@ -334,6 +337,9 @@ class ProcessKubelet:
         entry.log_path = pod_dir / "container.log"
         try:
             env = {k: os.environ[k] for k in ("LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV") if k in os.environ}
+            if os.environ.get(POD_PYTHONPATH):
+                # The pods' code from elsewhere (the fault trials' --source), the kubelet's own unchanged.
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ[POD_PYTHONPATH], env.get("PYTHONPATH")]))
             # The "image" is this machine: the kubelet's own Python (with tether installed) comes first.
             env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
             server = urlparse(self.cfg.server)
