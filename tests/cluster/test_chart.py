@@ -48,7 +48,9 @@ def render(tools_dir: Path, *sets: str) -> list[dict]:
 
 
 def test_template_renders_a_restricted_operator(tools_dir: Path) -> None:
-    docs = {d["kind"]: d for d in render(tools_dir, "watchNamespaces={team-a,team-b}")}
+    rendered = render(tools_dir, "watchNamespaces={team-a,team-b}")
+    docs = {d["kind"]: d for d in rendered if d["metadata"]["name"] in ("rel-tether", "rel-tether-gateway") or
+            d["kind"] not in ("ClusterRole", "Service")}
     assert set(docs) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
                          "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     services = sorted(d["metadata"]["name"] for d in render(tools_dir) if d["kind"] == "Service")
@@ -70,6 +72,24 @@ def test_template_renders_a_restricted_operator(tools_dir: Path) -> None:
         assert labels["app.kubernetes.io/instance"] == "rel" and "helm.sh/chart" in labels
     rules = docs["ClusterRole"]["rules"]
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules)
+
+
+def test_people_get_view_and_edit_through_kubernetes_aggregated_roles_and_approval_only_when_bound(
+        tools_dir: Path) -> None:
+    roles = {d["metadata"]["name"]: d for d in render(tools_dir) if d["kind"] == "ClusterRole"}
+    aggregated = lambda name: {k.rsplit("-", 1)[-1] for k, v in roles[name]["metadata"]["labels"].items()  # noqa: E731
+                               if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"}
+    assert aggregated("rel-tether-view") == {"view", "edit", "admin"}
+    assert aggregated("rel-tether-edit") == {"edit", "admin"}
+    assert aggregated("rel-tether-approver") == set()  # deciding a gate is granted one binding at a time
+    view = roles["rel-tether-view"]["rules"]
+    assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in view)
+    assert any("leases" in r["resources"] for r in view)  # the console's liveness reads the Lease
+    assert not any("workerrunapprovals" in r["resources"] and "create" in r["verbs"]
+                   for r in roles["rel-tether-edit"]["rules"])
+    assert any("workerrunapprovals" in r["resources"] and r["verbs"] == ["create"]
+               for r in roles["rel-tether-approver"]["rules"])
+    assert {d["metadata"]["name"] for d in render(tools_dir, "rbac.create=false") if d["kind"] == "ClusterRole"} == set()
 
 
 def test_probes_hold_liveness_through_a_slow_start_and_tolerate_a_stalled_loop(tools_dir: Path) -> None:
@@ -139,7 +159,7 @@ def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:
         assert conditions == plain[kind, name]["spec"]["matchConditions"]
         assert spec == {k: v for k, v in plain[kind, name]["spec"].items() if k != "matchConditions"}
     # The plain policies exempt the operator by the `fence` verb, which the chart's role grants.
-    role = next(d for d in render(tools_dir) if d["kind"] == "ClusterRole")
+    role = next(d for d in render(tools_dir) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rel-tether")
     assert any("workerruns" in r["resources"] and "fence" in r["verbs"] for r in role["rules"])
 
 
