@@ -47,7 +47,8 @@ Ten invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    plane's policy, so not judged: Secret deletes and pod patches (a pod finalizer's removal).
 10. What a run shows is what was asked of it, in the final objects: once the operator has caught
    up with the run's spec (status.observedGeneration equals metadata.generation), its condition
-   Suspended is True exactly when spec.suspend is set, and never on a terminal run; a suspended run
+   Suspended is True exactly when spec.suspend is set, and never on a terminal run; phase Suspended
+   only while spec.suspend is set; a suspended run
    that a worker still holds says WorkerPaused (its phase stays Running, so only this says it).
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
@@ -864,6 +865,8 @@ def _suspension_shown(facts: TrialFacts, verdict: Verdict) -> None:
         elif bool(spec.get("suspend")) != shown:
             verdict.violations.append(Violation(10, subject, f"spec.suspend {bool(spec.get('suspend'))}, phase {phase}, "
                                                              f"but condition Suspended is {cond}"))
+        elif phase == "Suspended" and not spec.get("suspend"):
+            verdict.violations.append(Violation(10, subject, f"resumed (spec.suspend unset), but phase {phase}"))
         elif shown and status.get("holder") is not None and cond.get("reason") != "WorkerPaused":
             verdict.violations.append(Violation(10, subject, f"held by {status['holder']} and paused, but Suspended "
                                                              f"says {cond.get('reason')}"))

@@ -330,6 +330,39 @@ def test_a_resumed_run_says_so_then_starts_its_attempt() -> None:
     assert "EnsureLease" in kinds(started.actions)
 
 
+def test_a_resume_into_a_refusal_that_already_stands_leaves_suspended() -> None:
+    """Found by review: waiting for a missing budget, suspended, resumed: the resume wrote Resumed but
+    kept phase Suspended, and admit() said nothing new (its condition had not changed), forever."""
+    missing = BudgetObservation(name="b", missing=True)
+    spec = {"budget": {"budgetRef": {"name": "b"}}}
+    pending = status_of(decide(observe(run(spec), budget=missing)).actions)
+    suspended = status_of(decide(observe(run({**spec, "suspend": True}, status=pending.dump(), generation=2),
+                                         budget=missing)).actions)
+    assert suspended.phase == Phase.SUSPENDED
+    resumed = status_of(decide(observe(run(spec, status=suspended.dump(), generation=3), budget=missing)).actions)
+    assert resumed.phase == Phase.PENDING and resumed.observed_generation == 3
+    after = decide(observe(run(spec, status=resumed.dump(), generation=3), budget=missing))
+    final = status_of(after.actions) if after.actions else resumed
+    assert final.phase == Phase.PENDING and _cond(final, "Ready")[1] == "BudgetNotFound"
+
+
+def test_a_spec_changed_while_suspended_is_observed() -> None:
+    suspended = status_of(decide(observe(run({"suspend": True}))).actions)
+    d = decide(observe(run({"suspend": True, "deadlineSeconds": 5000}, status=suspended.dump(), generation=2)))
+    assert status_of(d.actions).observed_generation == 2
+
+
+def test_a_paused_run_that_loses_its_holder_is_not_said_suspended_twice() -> None:
+    running = {"type": "Ready", "status": "False", "reason": "Running", "message": "m", "lastTransitionTime": T0.isoformat()}
+    o = observe(run({"suspend": True}, status=held(conditions=[running]), generation=1), lease(), (pod(),))
+    paused = next(a for a in decide(o).actions if kinds([a]) == ["WriteStatus"]).status
+    lapsed = decide(observe(run({"suspend": True}, status=paused.dump()), lease(last_change=0.0), (pod(),), mono=1000.0))
+    events = [e.reason for a in lapsed.actions for w in ([a] if kinds([a]) == ["WriteStatus"] else
+                                                          [a.status_write] if kinds([a]) == ["Revoke"] else [])
+              for e in w.events]
+    assert "LeaseLost" in events and "Suspended" not in events, events
+
+
 def test_a_run_that_ends_while_suspended_is_no_longer_suspended() -> None:
     suspended = status_of(decide(observe(run({"suspend": True}))).actions)
     cancelled = status_of(decide(observe(run({"suspend": True, "stop": True}, status=suspended.dump()))).actions)

@@ -660,8 +660,10 @@ def _shown(suspend: bool, phase: str, suspended: str | None, holder: str | None 
     (_shown(True, "Running", "True", holder="r-a1", reason="Suspended"), True),
     (_shown(True, "Cancelled", "True"), True),
     (_shown(True, "Cancelled", "False", reason="Cancelled"), False),
+    (_shown(False, "Suspended", "False", reason="Resumed"), True),  # resumed, still shows phase Suspended
 ], ids=["suspended", "worker-paused", "resumed", "never", "not-caught-up", "paused-unsaid", "suspended-unsaid",
-        "resumed-unsaid", "held-without-worker-paused", "finished-suspended", "finished"])
+        "resumed-unsaid", "held-without-worker-paused", "finished-suspended", "finished",
+        "resumed-phase-suspended"])
 def test_10_what_a_run_says_of_its_suspension_is_judged_against_its_spec(final: dict[str, Any], caught: bool) -> None:
     verdict = judge([], TrialFacts(namespace=NS, runs=[final]))
     assert (10 in invariants(verdict)) == caught, verdict.violations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
@@ -40,7 +41,7 @@ class BudgetBook:
         self.now = now
         self.leadership = leadership or Leadership()
         self.cache: dict[BudgetKey, dict[str, Any]] = {}
-        self.stamps = Stamps()  # when each cached budget was stored (the namespace sweeper's relists)
+        self.stamps = Stamps(time.monotonic)  # when each cached budget changed: stamps.py
         # The validated model of each cached body, by resourceVersion: a budget shared by
         # thousands of runs is parsed once per change, not once per reconcile.
         self._models: dict[BudgetKey, tuple[str, WorkerBudget]] = {}
@@ -53,9 +54,7 @@ class BudgetBook:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
-            self.cache.pop(key, None)
-            self._models.pop(key, None)
-            self.stamps.drop(key)
+            self._drop(key)
         else:
             self.cache[key] = body
             self.stamps.stamp(key)
@@ -66,6 +65,21 @@ class BudgetBook:
             if due:
                 self._refresh_soon(key)
         return key
+
+    def _drop(self, key: BudgetKey) -> None:
+        self.cache.pop(key, None)
+        self._models.pop(key, None)
+        self.stamps.drop(key)
+
+    def read(self, key: BudgetKey, body: dict[str, Any] | None, mark: int) -> dict[str, Any] | None:
+        """Our own GET's answer (`mark` taken before it was sent), kept unless the watch stored or
+        removed the budget since: then what the watch says stands. Returns what is cached now."""
+        if self.stamps.before(key, mark):
+            if body is None:
+                self._drop(key)
+            else:
+                self.on_event("MODIFIED", body)
+        return self.cache.get(key)
 
     def _refresh_soon(self, key: BudgetKey) -> None:
         if key in self._refreshing:
@@ -108,11 +122,10 @@ class BudgetBook:
         body = self.cache.get(key)
         if body is None:
             # Not seen by the watch (yet): ask, so a starting operator does not think it missing.
-            body = await self.kube.get_budget(*key)
+            mark = self.stamps.mark()
+            body = self.read(key, await self.kube.get_budget(*key), mark)
             if body is None:
                 return BudgetObservation(name=ref.name, missing=True)
-            # What the watch brought while the GET was on its way is as new or newer: it stays.
-            body = self.cache.setdefault(key, body)
         budget = self._model(key, body)
         status = budgets.refresh(budget, now)
         if status.period_start != budget.status.period_start:
@@ -216,7 +229,7 @@ class BudgetBook:
             if body is None:
                 body = await self.kube.get_budget(ns, name)
                 if body is None:
-                    self.cache.pop(key, None)  # gone: the next observation says so
+                    self._drop(key)  # gone: the next observation says so
                     return [None] * len(batch)
             over.add(body["metadata"].get("resourceVersion"))
             budget = self._model(key, body)
@@ -244,7 +257,7 @@ class BudgetBook:
                 body = None  # another writer (a refresh, another replica) came first: read again
                 continue
             except NotFound:
-                self.cache.pop(key, None)
+                self._drop(key)
                 return [None] * len(batch)
             self._store_written(key, over, written)
             results: list[Usage | Exception | None] = [None] * len(batch)

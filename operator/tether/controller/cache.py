@@ -48,7 +48,7 @@ class RunCache:
         self.now, self.mono = now, mono
         self.runs: dict[RunKey, dict[str, Any]] = {}
         self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
-        self.stamps = Stamps()  # runs by key, pods by (key, name): see cached_before
+        self.stamps = Stamps(mono)  # runs by key, pods by (key, name): stamps.py
         self.leases = LeaseTracker()  # keyed by the owning run's UID
         # Pods that were deleted, by (run key, name). A namesake's pod can still act for a few
         # seconds after it is gone (see foreign_pod), and a late answer about it must not revive it.
@@ -161,6 +161,16 @@ class RunCache:
         self._remove_pod(key, name)
         if cached is not None and tomb is None:
             self._bury(key, cached)  # gone: its name stays taken while its token may be accepted
+
+    def pod_read_current(self, body: dict[str, Any], mark: int) -> bool:
+        """Whether a pod our own read returned (`mark` taken before it was sent) is still news: the
+        watch has neither changed nor removed it since, and it is not a pod already buried."""
+        pod = PodView(body)
+        key = pod.run_key
+        if key is None:
+            return False
+        tomb = self.tombstones.get((key, pod.name))
+        return self.stamps.before((key, pod.name), mark) and (tomb is None or tomb.pod_uid != pod.uid)
 
     def run_cached_before(self, key: RunKey, mark: int) -> dict[str, Any] | None:
         """The cached run, if it was stored before `mark` (Stamps.mark) was taken."""

@@ -115,6 +115,7 @@ class Confirmer:
         if not holder or holder in self.cache.pods.get(snap.key, {}):
             return snap
         ns = snap.run.metadata.namespace
+        mark = self.cache.stamps.mark()
         pod = await self.kube.get_pod(ns, holder)
         if pod is None or protocol.controller_uid(pod) == snap.uid:
             return snap
@@ -123,7 +124,8 @@ class Confirmer:
             raise SpecError("PodNameTaken", Conflict(
                 409, f"pod {ns}/{holder} exists and is not this run's; delete or rename it, or rename the run",
                 f"pod {ns}/{holder}"))
-        self.feed("pod", "MODIFIED", pod)  # as the watch would have: the stray queue releases it
+        if self.cache.pod_read_current(pod, mark):
+            self.feed("pod", "MODIFIED", pod)  # as the watch would have: the stray queue releases it
         raise Again(f"pod {holder} of another run exists")
 
     async def namespace_live(self, snap: Snapshot, this: Pass) -> Snapshot:
@@ -153,9 +155,11 @@ class Confirmer:
         ref = snap.run.spec.budget.budget_ref if snap.run.spec.budget else None
         if ref is None:
             return snap
+        book = self.executor.budgets
+        mark = book.stamps.mark()
         budget = await self.kube.get_budget(snap.run.metadata.namespace, ref.name)
         if budget is not None and BudgetView(budget).holds_mark_of(snap.uid):
-            self.executor.budgets.on_event("MODIFIED", budget)
+            book.read((snap.run.metadata.namespace, ref.name), budget, mark)
             raise Again("the run's mark is still in the budget's ledger")
         return snap
 

@@ -114,15 +114,16 @@ class Executor:
     async def refresh(self, key: RunKey) -> dict[str, Any] | None:
         """The run read fresh (None: it is gone), fed to the controller like a watch event, so
         what follows from it (a deletion's strays, a new spec's backoff reset) is woken as usual.
-        A 404 drops only the run cached before the GET was sent (a namesake the watch brought
-        meanwhile is newer: stamps.py)."""
+        The answer counts only for what the watch did not change since the GET was sent: a 404
+        drops only the run cached before, and a body revives nothing (stamps.py)."""
         mark = self.cache.stamps.mark()
         try:
             fresh: dict[str, Any] | None = await self.kube.get_run(*key)
         except NotFound:
             fresh = None
         if fresh is not None:
-            self.feed("run-read", "MODIFIED", fresh)
+            if self.cache.stamps.before(key, mark):  # else the watch brought as new or newer, or the deletion
+                self.feed("run-read", "MODIFIED", fresh)
         elif (gone := self.cache.run_cached_before(key, mark)) is not None:
             self.feed("run", "DELETED", gone)
         return fresh
@@ -226,6 +227,7 @@ class Executor:
         pod = resources.build_pod(run, action.name, action.attempt, action.fence, action.holder,
                                   shared=self.rbac.shared)
         self.leadership.check()
+        mark = self.cache.stamps.mark()
         try:
             created = await self.refusable(self.kube.create_pod(pod), "PodRefused", ns)
             log_run("pod created", run, "pod_created", pod=action.name)
@@ -238,11 +240,13 @@ class Executor:
             if existing is None:
                 raise Again("the pod vanished") from None
             if protocol.controller_uid(existing) != snap.uid:
-                self.feed("pod", "MODIFIED", existing)  # a stray of a deleted namesake: the stray queue releases it
+                if self.cache.pod_read_current(existing, mark):
+                    self.feed("pod", "MODIFIED", existing)  # a stray of a deleted namesake: the stray queue releases it
                 raise Again("a namesake's pod is in the way") from None
             created = existing
             log_run("pod adopted", run, "pod_adopted", pod=action.name)
-        self.cache.put_pod(created)
+        if self.cache.pod_read_current(created, mark):  # else the watch already has it, or newer
+            self.cache.put_pod(created)
         return snap
 
     async def delete_pod(self, snap: Snapshot, action: DeletePod) -> Snapshot:

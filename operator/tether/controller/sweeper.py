@@ -68,8 +68,13 @@ class NamespaceSweeper:
             marks = self._marks()
             try:
                 body = await self.kube.get_object(namespace_path(ns))
-                if body is None or not body["metadata"].get("deletionTimestamp") or \
-                        uid not in (None, body["metadata"].get("uid")):
+                if body is None:
+                    self._relist(ns, marks, [], [], [], [])  # gone, and all that was in it
+                    break
+                if not body["metadata"].get("deletionTimestamp") or uid not in (None, body["metadata"].get("uid")):
+                    # Live (re-created, or never being deleted): say once what is really there; the
+                    # watch goes on from it.
+                    await self._relist_now(ns)
                     break
                 uid = body["metadata"].get("uid")
                 await self._relist_now(ns)
@@ -77,7 +82,6 @@ class NamespaceSweeper:
                 log.warning("cannot list a namespace being deleted", extra={"namespace": ns, "error": str(exc)})
             self.cache.terminating[ns] = self.cache.mono()
             await asyncio.sleep(SWEEP_SECONDS)
-        self._relist(ns, marks, [], [], [], [])
         self.cache.terminating.pop(ns, None)  # a namespace of that name created later starts afresh
 
     def _marks(self) -> tuple[int, int]:
@@ -97,7 +101,8 @@ class NamespaceSweeper:
         the watch brought it after the lists began (`marks`: stamps.py)."""
         cached, budgeted = marks
         for body in runs:
-            self.feed("run", "MODIFIED", body)
+            if self.cache.stamps.before(RunView(body).key, cached):  # else the watch has as new or newer
+                self.feed("run", "MODIFIED", body)
         listed = {RunView(r).name for r in runs}
         for body in [b for (rns, name) in list(self.cache.runs) if rns == ns and name not in listed
                      if (b := self.cache.run_cached_before((rns, name), cached)) is not None]:
@@ -105,7 +110,8 @@ class NamespaceSweeper:
         for body in leases:
             self.feed("lease", "MODIFIED", body)
         for body in pods:
-            self.feed("pod", "MODIFIED", body)
+            if self.cache.pod_read_current(body, cached):
+                self.feed("pod", "MODIFIED", body)
         listed = {PodView(p).name for p in pods}
         for body in [b for key in list(self.cache.pods) if key[0] == ns
                      for b in self.cache.pods_cached_before(key, cached) if PodView(b).name not in listed]:

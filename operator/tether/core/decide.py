@@ -163,14 +163,18 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
         decide_result_review(o, b, d)
         return
     if run.spec.suspend:
-        if s.phase != Phase.SUSPENDED:
+        if s.phase != Phase.SUSPENDED or s.observed_generation != run.metadata.generation:
+            # (A spec changed while suspended is observed too: kstatus waits on observedGeneration.)
             b.set_phase(Phase.SUSPENDED, "spec.suspend is set; no new attempt starts")
         b.mark_suspension()
         if b.changed():
             d.actions.append(b.write())
         return
-    if b.mark_suspension():
-        # Resumed: said first; the next pass starts the attempt.
+    if b.mark_suspension() or s.phase == Phase.SUSPENDED:
+        # Resumed: said first, and no longer Suspended (what held it back before says so again on
+        # the next pass, which starts the attempt if nothing does).
+        if s.phase == Phase.SUSPENDED:
+            b.set_phase(Phase.PENDING, "spec.suspend was cleared")
         d.actions.append(b.write())
         d.again()
         return

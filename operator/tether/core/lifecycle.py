@@ -201,8 +201,9 @@ class StatusBuilder:
             message = (f"{s.holder} is told to pause (spec.suspend) and keeps its lease" if held
                        else "spec.suspend is set; no new attempt starts")
             if cond is None or (cond.status, cond.reason) != ("True", reason):
+                if cond is None or cond.status != "True":  # an Event when it turns, not when its reason moves
+                    self.events.append(Event("Normal", c.EV_SUSPENDED, message))
                 s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "True", reason, message, gen, now)
-                self.events.append(Event("Normal", c.EV_SUSPENDED, message))
         elif cond is not None and cond.status == "True":
             message = "spec.suspend was cleared" + (f"; {s.holder} is told to go on" if held else "")
             s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "False", c.EV_RESUMED, message, gen, now)
@@ -404,8 +405,10 @@ def admit(o: Observed, b: StatusBuilder, d: Decision) -> bool:
                                             "run admitted", gen, o.now)
         return True
     reason, message = refusal
-    current = get_condition(s.conditions, c.COND_ADMITTED)
-    if current is None or current.status != "False" or current.reason != reason or s.phase is None:
+    current, ready = get_condition(s.conditions, c.COND_ADMITTED), get_condition(s.conditions, c.COND_READY)
+    # Said again when the run shows something else (e.g. it was suspended meanwhile and resumed).
+    if current is None or current.status != "False" or current.reason != reason or s.phase is None or \
+            ready is None or ready.reason != reason:
         b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "False", reason, message,
                                             gen, o.now)
         b.set_phase(Phase.PENDING, message, reason=reason)
