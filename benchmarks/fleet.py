@@ -250,6 +250,9 @@ class _Expired(Exception):
     """The watch's resourceVersion is too old: list again."""
 
 
+ANSWER_SECONDS = 120.0
+
+
 class FleetProcess:
     """The fleet in a process of its own: its own interpreter lock and core, so the measuring
     process (creating runs from 16 threads, reading metrics) cannot delay a worker's renewal."""
@@ -266,6 +269,12 @@ class FleetProcess:
     def _ask(self, *message: Any) -> Any:
         with self._lock:
             self._conn.send(message)
+            # A deadline rather than a bare recv(): a fleet process that stops answering (seen once
+            # in a smoke test on a loaded machine, both ends in recv) fails the measurement, saying
+            # what it asked, instead of hanging the suite past pytest's own timeout.
+            if not self._conn.poll(ANSWER_SECONDS):
+                raise TimeoutError(f"the fleet process ({self.proc.pid}, alive: {self.proc.is_alive()}) did not "
+                                   f"answer {message[0]!r} within {ANSWER_SECONDS:.0f}s")
             return self._conn.recv()
 
     def renewing(self) -> int:
