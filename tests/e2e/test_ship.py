@@ -165,8 +165,9 @@ def test_kubectl_wait_explain_columns_and_plugin(kube: Kube, namespace: str, ope
     assert waited.returncode == 0 and "condition met" in waited.stdout, waited.stderr
     table = kubectl(bin_dir, "get", "wr", "-n", namespace)
     header = table.stdout.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "ATTEMPT", "FENCE", "HOLDER", "AGE"]
-    assert table.stdout.splitlines()[1].split()[1:4] == ["Succeeded", "1", "2"]
+    assert header == ["NAME", "PHASE", "REASON", "ATTEMPT", "FENCE", "HOLDER", "AGE"]
+    # A finished run has no holder: kubectl prints <none> in that column.
+    assert table.stdout.splitlines()[1].split()[1:6] == ["Succeeded", "Succeeded", "1", "2", "<none>"]
     wide = kubectl(bin_dir, "get", "wr", "-n", namespace, "-o", "wide").stdout.splitlines()[0]
     assert "SPENT" in wide and "CHECKPOINT" in wide
     explained = kubectl(bin_dir, "explain", "workerrun.spec.lease")
