@@ -35,14 +35,15 @@ def _wants_cluster(config: pytest.Config) -> bool:
     return not args or any("unit" not in Path(a).parts for a in args)
 
 
-def _wants_real_node(config: pytest.Config) -> bool:
-    explicit = os.environ.get("TETHER_REAL_NODE")
+def _runs_tests_under(config: pytest.Config, folder: str, env: str) -> bool:
+    """Whether the whole suite (`tests`, or no argument), tests/<folder> or a file in it runs;
+    the environment variable `env` (1 or 0) decides instead when set."""
+    explicit = os.environ.get(env)
     if explicit is not None:
         return explicit == "1"
-    node_tests = ROOT / "tests" / "node"
+    under = ROOT / "tests" / folder
     paths = [Path(a.split("::")[0]).resolve() for a in config.args if not a.startswith("-")]
-    # The whole suite (`tests`, or no argument), tests/node, or a file in it.
-    return not paths or any(node_tests.is_relative_to(p) or p.is_relative_to(node_tests) for p in paths)
+    return not paths or any(under.is_relative_to(p) or p.is_relative_to(under) for p in paths)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,9 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     bin_dir = resolve_binaries()
     # The audit log is the fault trials' independent oracle; it costs one JSON line per write.
     # Two kwok nodes (tainted: only pods that ask land there) keep the scale harness from rotting.
-    # The real node (kubelet + containerd, tests/node) when the whole suite or tests/node runs.
+    # The real node (kubelet + containerd, tests/node) and Kueue (tests/kueue) when the whole suite or their tests run.
     _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")), audit=True,
-                            kwok_nodes=2, real_node=_wants_real_node(config))
+                            kwok_nodes=2, real_node=_runs_tests_under(config, "node", "TETHER_REAL_NODE"),
+                            with_kueue=_runs_tests_under(config, "kueue", "TETHER_KUEUE_TESTS"))
     _cluster.__enter__()
     with _cluster.client() as client:
         install_crds(client)
@@ -71,6 +73,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TETHER_TEST_STATE_DIR"] = str(_cluster.state_dir)
     if _cluster.node is not None:
         os.environ["TETHER_TEST_REAL_NODE"] = json.dumps(_cluster.node.describe())
+    if _cluster.kueue is not None:
+        os.environ["TETHER_TEST_KUEUE"] = json.dumps(_cluster.kueue.describe())
     config.stash[_startup_key] = _cluster.startup_seconds
 
 
@@ -130,6 +134,15 @@ def real_node() -> "RealNodeHandle":
     if not described:
         pytest.fail("no real node: run tests/node through `make test` (or with TETHER_REAL_NODE=1)")
     return RealNodeHandle.from_description(json.loads(described))
+
+
+@pytest.fixture(scope="session")
+def kueue() -> dict[str, str]:
+    """Kueue's manager on the test cluster (tether.devcluster.kueue): its log and pid."""
+    described = os.environ.get("TETHER_TEST_KUEUE")
+    if not described:
+        pytest.fail("no Kueue: run tests/kueue through `make test` (or with TETHER_KUEUE_TESTS=1)")
+    return dict(json.loads(described))
 
 
 @pytest.fixture

@@ -92,5 +92,8 @@ REASON_NAMESAKE_POD = "NamesakePodTerminating"
 REASON_LEASE_TAMPERED = "LeaseTampered"
 # Condition and Event reason when the execution fields differ from those approved or first run.
 REASON_SPEC_CHANGED = "SpecChanged"
+# Admitted's reasons for a run queued through Kueue (kueue.x-k8s.io/queue-name).
+REASON_QUEUED = "Queued"
+REASON_ADMITTED = "Admitted"
 # Ready's reason (the REASON column) while a worker holds the run and is told to pause.
 REASON_WORKER_PAUSED = "WorkerPaused"

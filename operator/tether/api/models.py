@@ -32,6 +32,8 @@ class _Model(BaseModel):
 
 class Phase(str, Enum):
     PENDING = "Pending"
+    # Waiting for Kueue to admit its Workload (kueue.x-k8s.io/queue-name).
+    QUEUED = "Queued"
     AWAITING_APPROVAL = "AwaitingApproval"
     AWAITING_REVIEW = "AwaitingReview"
     STARTING = "Starting"
@@ -150,6 +152,20 @@ class Checkpoint(_Model):
     time: dt.datetime | None = None
 
 
+class AttemptAdmission(_Model):
+    """The Kueue admission an attempt runs under, and what it put on the attempt's pod."""
+
+    cluster_queue: str
+    flavors: dict[str, str] = Field(default_factory=dict)
+    # The Workload's eviction count when the attempt was granted: an eviction after it is this
+    # attempt's (the count only grows, even once Kueue admits the Workload again).
+    evictions: int = 0
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
 class AttemptRecord(_Model):
     attempt: int
     fence: int
@@ -161,6 +177,7 @@ class AttemptRecord(_Model):
     exit_code: int | None = None
     message: str | None = None
     usage: Usage | None = None
+    admission: AttemptAdmission | None = None
 
 
 class ReviewRequest(_Model):
@@ -188,6 +205,14 @@ class ReviewStatus(_Model):
 
     def find(self, gate: str, attempt: int) -> ReviewRequest | None:
         return next((r for r in self.requests if r.gate == gate and r.attempt == attempt), None)
+
+
+class QueueStatus(_Model):
+    """Where a queued run waits: its LocalQueue, the ClusterQueue behind it, and its Workload."""
+
+    name: str
+    workload: str
+    cluster_queue: str | None = None
 
 
 class ErrorInfo(_Model):
@@ -229,6 +254,7 @@ class WorkerRunStatus(_Model):
     review: ReviewStatus | None = None
     # The digest of the execution fields as approved or first granted; every grant must match it.
     execution_digest: str | None = None
+    queue: QueueStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
     def current(self) -> AttemptRecord | None:

@@ -19,7 +19,7 @@ from tether.console.state import Point
 
 LeaseOf = Callable[[dict[str, Any]], "dict[str, Any] | None"]  # a run's Lease, as the scope sees it
 
-PHASES = ("Pending", "AwaitingApproval", "AwaitingReview", "Starting", "Running", "Backoff", "Suspended",
+PHASES = ("Pending", "Queued", "AwaitingApproval", "AwaitingReview", "Starting", "Running", "Backoff", "Suspended",
           "Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")
 RESULT_CHARS = 2000  # of a result awaiting review, shown in its decision form
 

@@ -44,7 +44,7 @@ class Confirmer:
             Confirm.LEASE_FINAL: self.lease_final, Confirm.LAPSE: self.lapse,
             Confirm.LEASE_FOR_GRANT: self.lease_for_grant, Confirm.HOLDER_NAME_FREE: self.holder_name_free,
             Confirm.NAMESPACE_LIVE: self.namespace_live, Confirm.BOOKS: self.books, Confirm.LEDGER: self.ledger,
-            Confirm.RUN_UNMOVED: self.run_unmoved,
+            Confirm.RUN_UNMOVED: self.run_unmoved, Confirm.ADMITTED: self.admitted,
         }
 
     async def confirm(self, snap: Snapshot, decision: Decision) -> Snapshot:
@@ -161,6 +161,15 @@ class Confirmer:
         if budget is not None and BudgetView(budget).holds_mark_of(snap.uid):
             book.read((snap.run.metadata.namespace, ref.name), budget, mark)
             raise Again("the run's mark is still in the budget's ledger")
+        return snap
+
+    async def admitted(self, snap: Snapshot, this: Pass) -> Snapshot:
+        """A queued run's grant: Kueue admits its Workload now, and has not evicted it since the
+        admission the attempt records (a cached admission may be one Kueue took back)."""
+        cur = _grant(this.decision).status.current()
+        assert cur is not None and cur.admission is not None  # Confirm.ADMITTED is asked for exactly then
+        if not await self.executor.queues.confirm_admitted(snap, cur.admission.evictions):
+            raise Again("the Workload is not admitted as the grant saw it")
         return snap
 
     async def run_unmoved(self, snap: Snapshot, this: Pass) -> Snapshot:

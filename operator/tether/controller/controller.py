@@ -18,6 +18,7 @@ from tether.controller.confirm import Confirmer
 from tether.controller.execute import Executor
 from tether.controller.leader import Leadership
 from tether.controller.loop import ReconcileLoop
+from tether.controller.queues import QueueBook
 from tether.controller.rbac import WorkerRbac
 from tether.controller.runs import RunReconciler
 from tether.controller.strays import StrayReconciler
@@ -49,14 +50,15 @@ class RunController:
         self.leadership = Leadership(may_act)
         self.budgets = BudgetBook(kube, self.clock.now, self.leadership)
         self.rbac = WorkerRbac(kube, shared=namespace_identity)
-        self.wakes = Wakes(self.cache, self.budgets, fold_interval, self.rbac.forget)
+        self.queues = QueueBook(kube, self.clock.now)
+        self.wakes = Wakes(self.cache, self.budgets, self.queues, fold_interval, self.rbac.forget)
         kube.write_gate = self.leadership.check  # every write, after its rate-limit wait too
         self.queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0), self.clock.mono, "workerrun")
         self.stray_queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0), self.clock.mono,
                                                         "workerrun_strays")
         self.sweeper = NamespaceSweeper(kube, self.cache, self.budgets, self.feed, self.rbac.forget_namespace)
         self.executor = Executor(kube, self.cache, self.budgets, self.rbac, self.leadership, self.sweeper.mark,
-                                 self.feed)
+                                 self.feed, self.queues)
         confirmer = Confirmer(kube, self.cache, self.executor, self._report, self.sweeper.mark, self.feed)
         self.reconciler = RunReconciler(kube, self.cache, self.budgets, self.executor, confirmer, self.sweeper,
                                         self.leadership, fold_interval, self._report, self.stray_queue.add)
@@ -104,6 +106,12 @@ class RunController:
 
     def on_approval(self, event_type: str | None, body: dict[str, Any]) -> None:
         self._wake(self.wakes.on_approval(event_type, body))
+
+    def on_workload(self, event_type: str | None, body: dict[str, Any]) -> None:
+        self._wake(self.wakes.on_workload(event_type, body))
+
+    def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> None:
+        self._wake(self.wakes.on_local_queue(event_type, body))
 
     def feed(self, kind: str, event_type: str, body: dict[str, Any]) -> None:
         """An object read by the operator itself, as a watch event of its kind: the namespace

@@ -16,6 +16,7 @@ from tether.controller.cache import RunCache
 from tether.controller.errors import Again, SpecError
 from tether.controller.leader import Leadership
 from tether.controller.lease_writer import LeaseWriter
+from tether.controller.queues import QueueBook
 from tether.controller.rbac import WorkerRbac
 from tether.controller.snapshot import Snapshot
 from tether.controller.sweeper import Feed
@@ -30,6 +31,9 @@ from tether.core.actions import (
     EnsureLease,
     EnsurePod,
     EnsureSignals,
+    EnsureWorkload,
+    FinishWorkload,
+    MarkPodsReady,
     ReleaseCharge,
     ReleasePod,
     RemoveFinalizer,
@@ -88,8 +92,9 @@ async def cas(write: Awaitable[T], refresh: Callable[[], Awaitable[object]], wha
 
 class Executor:
     def __init__(self, kube: KubeClient, cache: RunCache, budgets: BudgetBook, rbac: WorkerRbac,
-                 leadership: Leadership, mark_terminating: Callable[[str], None], feed: Feed) -> None:
-        self.kube, self.cache, self.budgets, self.rbac = kube, cache, budgets, rbac
+                 leadership: Leadership, mark_terminating: Callable[[str], None], feed: Feed,
+                 queues: QueueBook) -> None:
+        self.kube, self.cache, self.budgets, self.rbac, self.queues = kube, cache, budgets, rbac, queues
         self.leadership, self.mark_terminating, self.feed = leadership, mark_terminating, feed
         self.leases = LeaseWriter(kube, cache, leadership, self.refusable)
         self._background: set[asyncio.Task[Any]] = set()
@@ -98,6 +103,8 @@ class Executor:
             ClearLease: self.clear_lease, EnsurePod: self.ensure_pod, DeletePod: self.delete_pod,
             ReleasePod: self.release_pod, EnsureSignals: self.ensure_signals, ChargeBudget: self.charge,
             ReleaseCharge: self.release_charge, DeleteRun: self.delete_run, RemoveFinalizer: self.remove_finalizer,
+            EnsureWorkload: self.ensure_workload, MarkPodsReady: self.mark_pods_ready,
+            FinishWorkload: self.finish_workload,
         }
 
     async def run(self, snap: Snapshot, action: Action) -> Snapshot:
@@ -281,6 +288,25 @@ class Executor:
             if exc.namespace_terminating:
                 self.mark_terminating(ns)
             raise SpecError(reason, exc) from None
+
+    # --- Kueue ---------------------------------------------------------------------
+
+    async def ensure_workload(self, snap: Snapshot, action: EnsureWorkload) -> Snapshot:
+        """Refused (the Workload webhook, a missing WorkloadPriorityClass): said on the run."""
+        ns = snap.run.metadata.namespace
+        try:
+            await self.refusable(self.queues.ensure_workload(snap, action), "WorkloadRefused", ns)
+        except NotFound as exc:
+            raise SpecError("WorkloadPriorityClassNotFound", exc) from None
+        return snap
+
+    async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> Snapshot:
+        await self.queues.mark_pods_ready(snap, action)
+        return snap
+
+    async def finish_workload(self, snap: Snapshot, action: FinishWorkload) -> Snapshot:
+        await self.queues.finish_workload(snap, action)
+        return snap
 
     # --- budgets -------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import kopf
 
 from tether import metrics
 from tether.api import constants as c
+from tether.api.kueue import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
 from tether.api.models import BUDGET_PLURAL, GROUP, PLURAL, VERSION
 from tether.controller.controller import RunController
 from tether.kube import config as kubeconfig
@@ -107,6 +108,16 @@ async def approval_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> No
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_RUN: kopf.PRESENT})
 async def pod_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
     memo.controller.on_pod(event.get("type"), event["object"])
+
+
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL)
+async def workload_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.on_workload(event.get("type"), event["object"])
+
+
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "localqueues")
+async def local_queue_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.on_local_queue(event.get("type"), event["object"])
 
 
 @kopf.on.event(GROUP, VERSION, BUDGET_PLURAL)

@@ -4,7 +4,8 @@ The one place where it is written down which change concerns which run: a run's 
 Lease's new holder, first renewal or request (at once), new progress or spending (within one
 fold interval), a cap or the budget reached (at once, by the usage alarm); a pod's change; a
 budget's new limit, period or exhaustion (all its runs) or a charge (the runs waiting to be
-admitted); an approval (the run it names); a stray pod (the stray queue).
+admitted); an approval (the run it names); a stray pod (the stray queue); a Kueue Workload (the
+run that controls it), a LocalQueue (its queued runs not holding yet).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Callable
 from tether import metrics, protocol
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
+from tether.controller.queues import QueueBook
 from tether.controller.views import ApprovalView, BudgetView, LeaseView, PodView, RunKey, RunView
 
 
@@ -29,9 +31,9 @@ class Wake:
 
 
 class Wakes:
-    def __init__(self, cache: RunCache, budgets: BudgetBook, fold_interval: float,
+    def __init__(self, cache: RunCache, budgets: BudgetBook, queues: QueueBook, fold_interval: float,
                  forgotten: Callable[[str], None]) -> None:
-        self.cache, self.budgets, self.fold_interval = cache, budgets, fold_interval
+        self.cache, self.budgets, self.queues, self.fold_interval = cache, budgets, queues, fold_interval
         self.forgotten = forgotten  # a run's UID is gone: what others keep of it goes too (its RBAC)
 
     def on_run(self, event_type: str | None, body: dict[str, Any], read: bool = False) -> list[Wake]:
@@ -116,3 +118,15 @@ class Wakes:
         """An approval was made (or removed): decide again for the run it names."""
         key = ApprovalView(body).run_key
         return [Wake(key)] if key is not None else []
+
+    def on_workload(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+        """A run's Workload changed (admitted, evicted, finished): decide again for that run."""
+        key = self.queues.on_workload(event_type, body)
+        return [Wake(key)] if key is not None and key in self.cache.runs else []
+
+    def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+        """A LocalQueue's ClusterQueue is named in its runs' Queued message."""
+        self.queues.on_local_queue(event_type, body)
+        ns = (body.get("metadata") or {}).get("namespace")
+        return [Wake(key) for key in self.queues.workloads if key[0] == ns and (run := self.cache.run(key)) is not None
+                and run.holder is None]

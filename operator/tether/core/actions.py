@@ -54,6 +54,9 @@ class Confirm(enum.Enum):
     BOOKS = "books"
     # The run is let go: its mark has left the budget's ledger.
     LEDGER = "ledger"
+    # A queued run's grant: a fresh read of its Workload shows it admitted, under the admission
+    # (eviction count) the attempt records. A cached admission may be one Kueue took back.
+    ADMITTED = "admitted"
     # A repair that no status write precedes: the run is unchanged since the snapshot (a status
     # compare-and-swap earlier in the same decision proves that for the actions after it).
     RUN_UNMOVED = "run-unmoved"
@@ -89,7 +92,9 @@ class WriteStatus:
     def requires(self) -> tuple[Confirm, ...]:
         if self.grants:
             retry = (Confirm.NAMESPACE_LIVE,) if self.status.attempt > 1 else ()
-            return (Confirm.LEASE_FOR_GRANT, Confirm.HOLDER_NAME_FREE, *retry)
+            cur = self.status.current()
+            queued = (Confirm.ADMITTED,) if cur is not None and cur.admission is not None else ()
+            return (Confirm.LEASE_FOR_GRANT, Confirm.HOLDER_NAME_FREE, *retry, *queued)
         return (Confirm.BOOKS,) if self.change == Change.BUDGET_CHARGED else ()
 
 
@@ -221,8 +226,42 @@ class Revoke:
         return (Confirm.LEASE_FINAL, Confirm.LAPSE) if self.status_write.lapse else (Confirm.LEASE_FINAL,)
 
 
+@dataclass(frozen=True)
+class EnsureWorkload:
+    """Create the queued run's Kueue Workload (owned by the run; its pod set from the template)."""
+
+    name: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
+
+
+@dataclass(frozen=True)
+class MarkPodsReady:
+    """Tell Kueue the attempt's worker is up (Workload condition PodsReady): its first renewal."""
+
+    name: str
+    message: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
+
+
+@dataclass(frozen=True)
+class FinishWorkload:
+    """Tell Kueue the run ended (Workload condition Finished): its quota is released at once."""
+
+    name: str
+    succeeded: bool
+    message: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
+
+
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
-          | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer)
+          | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer | EnsureWorkload | MarkPodsReady
+          | FinishWorkload)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ from tether.core.lifecycle import (
     wait_for_namesake,
 )
 from tether.core.liveness import judge, never_leased_wait
+from tether.core.queueing import queue_allows, tell_kueue
 from tether.core.review import decide_result_review, start_allowed, track_requests
 from tether.core.observe import (
     BudgetObservation,
@@ -102,6 +103,7 @@ def decide(o: Observed) -> Decision:
             decide_finished(o, d)
         else:
             _decide_unfinished(o, d)
+        tell_kueue(o, d)
     return d
 
 
@@ -189,6 +191,8 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
     if not execution_allowed(o, b, d):
         return
     if not admit(o, b, d):
+        return
+    if not queue_allows(o, b, d):
         return
     blocker = next((p for p in o.foreign_pods if p.name == holder_name(run, s.attempt + 1)), None)
     if blocker is not None and (blocker.token_dead_at is None or o.now < blocker.token_dead_at):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tether.api import constants as c
 from tether.api.conditions import get_condition, phase_conditions, set_condition
 from tether.api.models import (
+    AttemptAdmission,
     AttemptRecord,
     Checkpoint,
     ErrorInfo,
@@ -163,6 +164,8 @@ class StatusBuilder:
         self.ended: Outcome | None = None
         self.lapse = False
         self.grants = False
+        # The Kueue admission the next grant runs under (queueing.queue_allows), if queued.
+        self.admission: AttemptAdmission | None = None
 
     @property
     def generation(self) -> int:
@@ -376,7 +379,7 @@ class StatusBuilder:
         s.execution_digest = s.execution_digest or execution_digest(run.spec)
         pod = holder if run.spec.executor == "Pod" else None
         s.attempts.append(AttemptRecord(attempt=attempt, fence=s.fence, holder=holder, pod=pod,
-                                        started_at=o.now))
+                                        started_at=o.now, admission=self.admission))
         # Keep the history bounded (the CRD allows 100 entries).
         s.attempts = s.attempts[-100:]
         self.set_phase(Phase.STARTING, f"attempt {attempt} granted to {holder} with fence {s.fence}")

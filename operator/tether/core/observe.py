@@ -11,7 +11,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+from typing import Mapping
+
 from tether import protocol
+from tether.api.kueue import Workload
 from tether.api.models import Usage, WorkerRun
 
 # Progress reported on heartbeats reaches the run's status at most this often.
@@ -89,6 +92,14 @@ class ForeignPod:
 
 
 @dataclass(frozen=True)
+class FlavorPlacement:
+    """What a Kueue ResourceFlavor asks of the pods admitted to it."""
+
+    node_labels: Mapping[str, str]
+    tolerations: tuple[Mapping[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
 class Observed:
     run: WorkerRun
     lease: LeaseObservation | None
@@ -114,6 +125,11 @@ class Observed:
     # Monotonic time this operator last saw the run's progress held (liveness.progress_held): the
     # progress deadline counts from then at the earliest. None: never seen held.
     progress_held_at: float | None = None
+    # A queued run's Kueue Workload as last seen (None: none seen), the ResourceFlavors known by
+    # name, and the ClusterQueue its LocalQueue points at (None: unknown).
+    workload: Workload | None = None
+    flavors: Mapping[str, FlavorPlacement] = field(default_factory=dict)
+    cluster_queue: str | None = None
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

@@ -29,6 +29,7 @@ import yaml
 from tether.devcluster import pki
 from tether.kube import config as kubeconfig
 from tether.devcluster.processes import free_port, spawn, terminate, wait_for
+from tether.devcluster.kueue import LocalKueue, resolve_kueue
 from tether.devcluster.realnode import (
     KUBERNETES_SERVICE_IP, REAL_NODE_NAME, SERVICE_CIDR, NodeNetwork, RealNode, resolve_images, resolve_node_binaries,
 )
@@ -126,6 +127,9 @@ class LocalCluster:
     # only when they ask (realnode.real_node_placement).
     real_node: bool = False
     node: RealNode | None = None
+    # Kueue's manager (kueue.py) with its CRDs and loopback webhooks, for queued runs.
+    with_kueue: bool = False
+    kueue: LocalKueue | None = None
     # Write the API server's audit log (see AUDIT_POLICY) to `audit_log`.
     audit: bool = False
     audit_log: Path | None = None
@@ -273,9 +277,17 @@ class LocalCluster:
                      timeout=120, what=f"real node {REAL_NODE_NAME} Ready")
         for name in (f"{KWOK_NODE_PREFIX}{i}" for i in range(self.kwok_nodes)):
             wait_for(lambda n=name: self._node_ready(n), timeout=60, what=f"kwok node {name} Ready")
+        if self.with_kueue:
+            self.kueue = LocalKueue(home=resolve_kueue(_build), state_dir=self.state_dir / "kueue", log_dir=self.log_dir,
+                                    kubeconfig=self.kubeconfig, ca=self.ca, client=self.client)
+            self.kueue.install()
+            self.kueue.start()
         self.startup_seconds = time.monotonic() - began
 
     def stop(self) -> None:
+        if self.kueue is not None:
+            self.kueue.stop()
+            self.kueue = None
         if self.node is not None:
             self.node.stop()
             self.node = None

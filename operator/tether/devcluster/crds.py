@@ -69,7 +69,7 @@ def _established(client: httpx.Client, name: str) -> bool:
     return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
 
-def _create_or_replace(client: httpx.Client, collection: str, obj: dict[str, Any]) -> None:
+def create_or_replace(client: httpx.Client, collection: str, obj: dict[str, Any]) -> None:
     name = obj["metadata"]["name"]
     resp = client.post(collection, json=obj)
     if resp.status_code == 409:
@@ -98,7 +98,7 @@ def install_policies(client: httpx.Client, directory: Path | None = None,
             collection = ADMISSION_COLLECTIONS.get(obj.get("kind", ""))
             if collection is None:
                 raise RuntimeError(f"{path.name}: unexpected kind {obj.get('kind')!r}")
-            _create_or_replace(client, collection, _adoptable(obj))
+            create_or_replace(client, collection, _adoptable(obj))
             if obj["kind"] == "ValidatingAdmissionPolicy":
                 policies.append(obj["metadata"]["name"])
     warnings: dict[str, list[str]] = {}

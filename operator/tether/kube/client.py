@@ -14,9 +14,10 @@ from typing import Any, Callable
 import httpx
 
 from tether import gcpause, metrics
+from tether.api.kueue import KUEUE_API_VERSION
 from tether.api.models import API_VERSION
 from tether.kube.config import KubeConfig
-from tether.kube.paths import budget_path, event_path, lease_path, pod_path, run_path, secret_path
+from tether.kube.paths import budget_path, event_path, lease_path, pod_path, run_path, secret_path, workload_path
 from tether.protocol import JSON_PATCH, rfc3339
 from tether.kube.health import ApiHealth
 from tether.kube.ratelimit import TokenBucket
@@ -256,6 +257,18 @@ class KubeClient:
         if field_selector:
             params["fieldSelector"] = field_selector
         return list((await self._call("GET", path, f"list {path}", params=params)).get("items") or [])
+
+    # --- Kueue Workloads -----------------------------------------------------
+
+    async def apply_workload_status(self, ns: str, name: str, status: dict[str, Any], resource_version: str,
+                                    manager: str) -> dict[str, Any]:
+        """Server-side apply of a Workload's status as field manager `manager` (forced, as Kueue's
+        job framework does), conditional on `resource_version`: a compare-and-swap."""
+        body = {"apiVersion": KUEUE_API_VERSION, "kind": "Workload",
+                "metadata": {"name": name, "namespace": ns, "resourceVersion": resource_version}, "status": status}
+        return await self._call("PATCH", f"{workload_path(ns, name)}/status", f"apply workload {ns}/{name} status",
+                                params={"fieldManager": manager, "force": "true"}, content=json.dumps(body),
+                                headers={"Content-Type": "application/apply-patch+yaml"})
 
     # --- RBAC and service accounts for workers -------------------------------
 

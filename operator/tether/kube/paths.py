@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tether.api.kueue import KUEUE_API_VERSION, WORKLOAD_PLURAL
 from tether.api.models import API_VERSION, BUDGET_PLURAL, PLURAL
 
 APPROVAL_PLURAL = "workerrunapprovals"
@@ -41,3 +42,7 @@ def event_path(ns: str) -> str:
 
 def namespace_path(ns: str) -> str:
     return f"/api/v1/namespaces/{ns}"
+
+
+def workload_path(ns: str, name: str = "") -> str:
+    return _named(f"/apis/{KUEUE_API_VERSION}/namespaces/{ns}/{WORKLOAD_PLURAL}", name)

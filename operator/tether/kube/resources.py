@@ -188,6 +188,17 @@ def build_pod(run: WorkerRun, name: str, attempt: int, fence: int, holder: str,
     template = copy.deepcopy(run.spec.template or {})
     meta = template.get("metadata", {}) or {}
     spec = template.get("spec", {}) or {}
+    record = next((a for a in run.status.attempts if a.attempt == attempt), None)
+    admission = record.admission if record is not None else None
+    if admission is not None:
+        # Where Kueue admitted the attempt: its flavor's node labels and tolerations, and what
+        # admission checks added (Tether's own labels and annotations stay Tether's).
+        if admission.node_selector:
+            spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **admission.node_selector}
+        if admission.tolerations:
+            spec["tolerations"] = [*(spec.get("tolerations") or []), *admission.tolerations]
+        meta = {"labels": {**(meta.get("labels") or {}), **admission.labels},
+                "annotations": {**(meta.get("annotations") or {}), **admission.annotations}}
     labels = {**(meta.get("labels") or {}), **run_labels(run), c.LABEL_ATTEMPT: str(attempt)}
     annotations = {**(meta.get("annotations") or {}), c.ANN_FENCE: str(fence)}
     # Retries are attempts with new fences, never container restarts under the same one.

@@ -43,6 +43,12 @@ if conds["Suspended"] ~= nil and conds["Suspended"].status == "True" then
   hs.message = "Paused: " .. (conds["Suspended"].message or "spec.suspend is set")
   return hs
 end
+-- Queued through Kueue: waiting for its Workload's admission is progress, as for a queued Job.
+if phase == "Queued" then
+  hs.status = "Progressing"
+  hs.message = "Queued: " .. ((conds["Admitted"] ~= nil and conds["Admitted"].message) or "waiting for Kueue")
+  return hs
+end
 if conds["Admitted"] ~= nil and conds["Admitted"].status == "False" then
   hs.status = "Progressing"
   hs.message = "Waiting: " .. (conds["Admitted"].message or conds["Admitted"].reason)

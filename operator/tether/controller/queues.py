@@ -1,0 +1,198 @@
+"""The operator's view of Kueue: the Workloads of queued runs (by the run that controls them), the
+ResourceFlavors their admissions name (read at each grant), and the LocalQueues' ClusterQueues; and the writes a job
+controller makes on its Workloads (create, PodsReady, Finished), each a compare-and-swap.
+
+Fed by watches (kopf handlers); a grant rests on a fresh read of the Workload (`confirm_admitted`),
+for a cached admission may be one Kueue has taken back since.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from tether.api import kueue as k
+from tether.api.kueue import ResourceFlavor, Workload
+from tether.api.models import WorkerRun
+from tether.controller.errors import Again
+from tether.controller.snapshot import Snapshot
+from tether.controller.views import RunKey
+from tether.core.actions import EnsureWorkload, FinishWorkload, MarkPodsReady
+from tether.core.observe import FlavorPlacement
+from tether.core.queueing import admitted, queue_name, workload_name
+from tether.kube import workloads
+from tether.kube.client import ApiError, Conflict, KubeClient, NotFound
+from tether.kube.paths import workload_path
+
+log = logging.getLogger("tether.queues")
+
+PRIORITY_CLASS_PATH = f"/apis/{k.KUEUE_API_VERSION}/workloadpriorityclasses"
+FLAVOR_PATH = f"/apis/{k.KUEUE_API_VERSION}/resourceflavors"
+
+
+class QueueBook:
+    def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime]) -> None:
+        self.kube, self.now = kube, now
+        self.workloads: dict[RunKey, dict[str, Any]] = {}  # by the run (namespace, name) that controls it
+        self.local_queues: dict[tuple[str, str], str] = {}  # (namespace, LocalQueue) -> ClusterQueue
+
+    # --- watch events ----------------------------------------------------------------
+
+    def on_workload(self, event_type: str | None, body: dict[str, Any]) -> RunKey | None:
+        """Caches a run's Workload; returns the run it concerns (None: not a run's)."""
+        meta = body.get("metadata") or {}
+        owner = next((r for r in meta.get("ownerReferences") or []
+                      if r.get("kind") == "WorkerRun" and r.get("controller")), None)
+        if owner is None:
+            return None
+        key = (meta["namespace"], owner["name"])
+        current = self.workloads.get(key)
+        if event_type == "DELETED":
+            if current is not None and current["metadata"].get("uid") == meta.get("uid"):
+                del self.workloads[key]
+        elif current is None or _newer(body, current):
+            self.workloads[key] = body
+        return key
+
+    def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.local_queues.pop(key, None)
+        elif spec.get("clusterQueue"):
+            self.local_queues[key] = str(spec["clusterQueue"])
+
+    # --- what a decision sees ------------------------------------------------------------
+
+    async def observe(self, run: WorkerRun) -> tuple[Workload | None, str | None, dict[str, FlavorPlacement]]:
+        """The run's own Workload (by UID: a namesake's is not its), its LocalQueue's ClusterQueue,
+        and, when it is admitted and nobody holds the run, the ResourceFlavors the admission names,
+        read fresh: they place the pod the grant makes (they are cluster-scoped and rarely read, so
+        they are not watched)."""
+        queue = queue_name(run)
+        if queue is None:
+            return None, None, {}
+        ns = run.metadata.namespace
+        body = self.workloads.get((ns, run.metadata.name))
+        wl = _parse(body) if body is not None else None
+        if wl is not None and not wl.owned_by(run.metadata.uid):
+            wl = None
+        if (ns, queue) not in self.local_queues:
+            lq = await self._read(f"/apis/{k.KUEUE_API_VERSION}/namespaces/{ns}/localqueues/{queue}")
+            if lq is not None:
+                self.on_local_queue("MODIFIED", lq)
+        flavors: dict[str, FlavorPlacement] = {}
+        if wl is not None and run.status.holder is None and admitted(wl) and wl.status.admission is not None:
+            for a in wl.status.admission.pod_set_assignments:
+                for name in set(a.flavors.values()):
+                    body = await self._read(f"{FLAVOR_PATH}/{name}")
+                    flavor = _flavor(body) if body is not None else None
+                    if flavor is not None:
+                        flavors[name] = flavor
+        return wl, self.local_queues.get((ns, queue)), flavors
+
+    async def _read(self, path: str) -> dict[str, Any] | None:
+        try:
+            return await self.kube.get_object(path)
+        except ApiError as exc:
+            log.warning("kueue object not read", extra={"event": "kueue_read_failed", "path": path,
+                                                        "status": exc.status})
+            return None
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def ensure_workload(self, snap: Snapshot, action: EnsureWorkload) -> dict[str, Any]:
+        run = snap.run
+        priority = await self._priority(run)
+        body = workloads.workload_body(run, action.name, priority)
+        try:
+            created = await self.kube.create(workload_path(run.metadata.namespace), body)
+        except Conflict:
+            created = await self.kube.get_object(workload_path(run.metadata.namespace, action.name)) or {}
+        if created:
+            self.on_workload("MODIFIED", created)
+            log.info("workload created", extra={"run": run.key, "event": "workload_created", "workload": action.name})
+        return created
+
+    async def _priority(self, run: WorkerRun) -> tuple[str, int] | None:
+        """The WorkloadPriorityClass the run names and its value, as the job framework sets both."""
+        name = run.metadata.labels.get(k.LABEL_PRIORITY_CLASS)
+        if not name:
+            return None
+        wpc = await self.kube.get_object(f"{PRIORITY_CLASS_PATH}/{name}")
+        if wpc is None:
+            raise NotFound(404, f"WorkloadPriorityClass {name} not found", "get workloadpriorityclass")
+        return name, int(wpc.get("value") or 0)
+
+    async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> None:
+        await self._apply(snap, action.name, f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
+                          lambda wl: workloads.pods_ready_status(wl, action.message, self.now()))
+
+    async def finish_workload(self, snap: Snapshot, action: FinishWorkload) -> None:
+        await self._apply(snap, action.name, k.ADMISSION_MANAGER,
+                          lambda wl: workloads.finished_status(wl, action.succeeded, action.message, self.now()))
+
+    async def _apply(self, snap: Snapshot, name: str, manager: str,
+                     status: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """A status apply conditional on the cached Workload; a conflict refreshes it (the
+        next pass decides from that)."""
+        ns = snap.run.metadata.namespace
+        current = self.workloads.get(snap.key)
+        if current is None or current["metadata"]["name"] != name:
+            return
+        try:
+            written = await self.kube.apply_workload_status(ns, name, status(current),
+                                                            current["metadata"]["resourceVersion"], manager)
+        except Conflict:
+            fresh = await self.kube.get_object(workload_path(ns, name))
+            if fresh is not None:
+                self.on_workload("MODIFIED", fresh)
+            raise Again(f"workload {ns}/{name} moved") from None
+        except NotFound:
+            return
+        self.on_workload("MODIFIED", written)
+
+    async def confirm_admitted(self, snap: Snapshot, evictions: int) -> bool:
+        """A fresh read: the run's Workload is admitted now, with no eviction since the one the
+        grant records (the count only grows)."""
+        name = workload_name(snap.run)
+        try:
+            fresh = await self.kube.get_object(workload_path(snap.run.metadata.namespace, name))
+        except ApiError:
+            return False
+        if fresh is None:
+            return False
+        self.on_workload("MODIFIED", fresh)
+        wl = _parse(fresh)
+        return wl is not None and wl.owned_by(snap.uid) and admitted(wl) and wl.evictions == evictions
+
+
+def _parse(body: dict[str, Any]) -> Workload | None:
+    try:
+        return Workload.model_validate(body)
+    except ValidationError:
+        log.warning("unreadable Workload ignored", extra={"event": "workload_unreadable",
+                                                          "workload": (body.get("metadata") or {}).get("name")})
+        return None
+
+
+def _flavor(body: dict[str, Any]) -> FlavorPlacement | None:
+    try:
+        flavor = ResourceFlavor.model_validate(body)
+    except ValidationError:
+        log.warning("unreadable ResourceFlavor ignored", extra={"event": "flavor_unreadable"})
+        return None
+    return FlavorPlacement(node_labels=dict(flavor.spec.node_labels), tolerations=tuple(flavor.spec.tolerations))
+
+
+def _newer(body: dict[str, Any], current: dict[str, Any]) -> bool:
+    """A different object (a new UID), or the same one at a later resourceVersion."""
+    if body["metadata"].get("uid") != current["metadata"].get("uid"):
+        return True
+    try:
+        return int(body["metadata"]["resourceVersion"]) >= int(current["metadata"]["resourceVersion"])
+    except (KeyError, ValueError):
+        return True

@@ -1,0 +1,139 @@
+"""Queueing through Kueue: a run labelled `kueue.x-k8s.io/queue-name` is a Kueue workload. It starts
+no attempt until Kueue admits its Workload, its pod carries what the admission assigned (the
+flavor's node labels and tolerations, admission checks' pod-set updates), Kueue hears when its
+worker is first alive (PodsReady) and when it ends (Finished, releasing the quota at once).
+
+The attempt records the admission it runs under, named by the Workload's eviction count when it
+was granted: the count only grows, so an attempt knows an eviction was its own even when Kueue
+has since admitted the Workload again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping
+
+from tether.api import constants as c
+from tether.api import kueue as k
+from tether.api.conditions import get_condition, set_condition
+from tether.api.kueue import Workload
+from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
+from tether.core.actions import Decision, EnsureWorkload, FinishWorkload, MarkPodsReady
+from tether.core.lifecycle import StatusBuilder
+from tether.core.observe import FlavorPlacement, Observed
+
+
+def queue_name(run: WorkerRun) -> str | None:
+    return run.metadata.labels.get(k.LABEL_QUEUE_NAME) or None
+
+
+def workload_name(run: WorkerRun) -> str:
+    """The run's Workload: named after the run and its UID, so a namesake run gets its own."""
+    digest = hashlib.sha256(f"{run.metadata.name}/{run.metadata.uid}".encode()).hexdigest()[:5]
+    return f"workerrun-{run.metadata.name}"[:240] + f"-{digest}"
+
+
+def admitted(wl: Workload) -> bool:
+    """Kueue admitted it (quota reserved, every admission check Ready) and has not taken that back."""
+    return (wl.is_true(k.WL_QUOTA_RESERVED) and wl.is_true(k.WL_ADMITTED) and wl.status.admission is not None
+            and not wl.is_true(k.WL_EVICTED) and not wl.is_true(k.WL_FINISHED))
+
+
+def admission_of(wl: Workload, flavors: Mapping[str, FlavorPlacement]) -> AttemptAdmission | None:
+    """The admission an attempt starts under: the pod set's flavors, their node labels and
+    tolerations, and the admission checks' updates. None while a flavor it names is not known
+    yet (its pod would land where Kueue did not account it)."""
+    admission = wl.status.admission
+    if admission is None:
+        return None
+    assignment = next((a for a in admission.pod_set_assignments if a.name == k.POD_SET), None)
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, object]] = []
+    names = sorted(set(assignment.flavors.values())) if assignment is not None else []
+    for name in names:
+        flavor = flavors.get(name)
+        if flavor is None:
+            return None
+        node_selector.update(flavor.node_labels)
+        tolerations.extend(dict(t) for t in flavor.tolerations)
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    for check in wl.status.admission_checks:
+        for update in check.pod_set_updates:
+            if update.name == k.POD_SET:
+                labels.update(update.labels)
+                annotations.update(update.annotations)
+                node_selector.update(update.node_selector)
+                tolerations.extend(update.tolerations)
+    return AttemptAdmission(cluster_queue=admission.cluster_queue,
+                            flavors=dict(assignment.flavors) if assignment is not None else {},
+                            evictions=wl.evictions, node_selector=node_selector, tolerations=tolerations,
+                            labels=labels, annotations=annotations)
+
+
+def _queued(o: Observed, b: StatusBuilder, d: Decision, message: str) -> None:
+    """Phase Queued, Admitted=False (reason Queued) saying where and why it waits."""
+    s, gen = b.status, b.generation
+    s.queue = QueueStatus(name=queue_name(o.run) or "", workload=workload_name(o.run), cluster_queue=o.cluster_queue)
+    cond = get_condition(s.conditions, c.COND_ADMITTED)
+    if s.phase != Phase.QUEUED or cond is None or (cond.status, cond.reason, cond.message) != \
+            ("False", c.REASON_QUEUED, message) or s.observed_generation != gen:
+        s.conditions = set_condition(s.conditions, c.COND_ADMITTED, "False", c.REASON_QUEUED, message, gen, o.now)
+        b.set_phase(Phase.QUEUED, message, reason=c.REASON_QUEUED)
+    if b.changed():
+        d.actions.append(b.write())
+
+
+def waiting_message(o: Observed, wl: Workload | None) -> str:
+    """Where the run waits (its LocalQueue and the ClusterQueue behind it) and, from Kueue, why."""
+    where = f"LocalQueue {queue_name(o.run)}" + (f" (ClusterQueue {o.cluster_queue})" if o.cluster_queue else "")
+    if wl is None:
+        return f"queued in {where}; its Workload is being created"
+    pending = [f"{a.name} is {a.state}" + (f" ({a.message})" if a.message else "")
+               for a in wl.status.admission_checks if a.state != "Ready"]
+    reserved = wl.condition(k.WL_QUOTA_RESERVED)
+    if wl.is_true(k.WL_QUOTA_RESERVED) and pending:
+        return f"queued in {where}: quota reserved, waiting for admission checks: {'; '.join(pending)}"
+    if reserved is not None and reserved.status == "False" and reserved.message:
+        return f"queued in {where}: {reserved.message}"
+    return f"queued in {where}"
+
+
+def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
+    """Before a grant: a queued run starts only once Kueue admitted its Workload (created here
+    first), and records the admission the attempt will run under."""
+    if queue_name(o.run) is None:
+        return True
+    wl = o.workload
+    if wl is None:
+        d.actions.append(EnsureWorkload(name=workload_name(o.run)))
+        _queued(o, b, d, waiting_message(o, None))
+        return False
+    admission = admission_of(wl, o.flavors) if admitted(wl) else None
+    if admission is None:
+        _queued(o, b, d, waiting_message(o, wl) if not admitted(wl) else
+                f"admitted by ClusterQueue {wl.status.admission.cluster_queue if wl.status.admission else ''}; "
+                "waiting to read its ResourceFlavors")
+        return False
+    b.admission = admission
+    b.status.queue = QueueStatus(name=queue_name(o.run) or "", workload=wl.metadata.name,
+                                 cluster_queue=admission.cluster_queue)
+    b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "True", c.REASON_ADMITTED,
+                                        f"admitted by ClusterQueue {admission.cluster_queue}", b.generation, o.now)
+    return True
+
+
+def tell_kueue(o: Observed, d: Decision) -> None:
+    """What Kueue hears of a queued run: its worker's first renewal (PodsReady) and its end
+    (Finished), each once, on the Workload the run's attempts ran under."""
+    wl, s = o.workload, o.run.status
+    if wl is None or wl.is_true(k.WL_FINISHED):
+        return
+    if s.phase is not None and s.phase.terminal:
+        d.actions.append(FinishWorkload(name=wl.metadata.name, succeeded=s.phase == Phase.SUCCEEDED,
+                                        message=f"the run ended {s.phase.value}"))
+        return
+    cur = s.current()
+    if s.holder is not None and cur is not None and cur.admission is not None and \
+            s.phase == Phase.RUNNING and not wl.is_true(k.WL_PODS_READY):
+        d.actions.append(MarkPodsReady(name=wl.metadata.name, message=f"{s.holder} renewed its lease"))

@@ -1,0 +1,129 @@
+"""Queueing through the real Kueue (built from Go modules, tether.devcluster.kueue): a run labelled
+`kueue.x-k8s.io/queue-name` waits Queued until Kueue admits its Workload, starts where the admission
+puts it, and releases its quota when it ends. Judged by the final objects (the runs' attempt records,
+the Workloads Kueue keeps) and the audit log, not by the operator's own view."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from tests.support import runs
+from tests.support.audit import AuditLog
+from tests.support.kube import Kube, eventually
+
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+
+
+def _create(kube: Kube, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    return kube.ok(kube.post(path, {"apiVersion": "kueue.x-k8s.io/v1beta2", **body}))
+
+
+def tenancy(kube: Kube, namespace: str, cpu: str, node_labels: dict[str, str] | None = None) -> tuple[str, str]:
+    """A ResourceFlavor, a ClusterQueue with `cpu` of it, and a LocalQueue `team` in `namespace`
+    (cluster-scoped names unique per test: the tests share one Kueue)."""
+    tag = uuid.uuid4().hex[:6]
+    flavor, cq = f"flavor-{tag}", f"cq-{tag}"
+    _create(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor},
+                                               "spec": {"nodeLabels": node_labels or {}}})
+    _create(kube, f"{KUEUE}/clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
+        "namespaceSelector": {},
+        "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": flavor, "resources": [{"name": "cpu", "nominalQuota": cpu}]}]}]}})
+    _create(kube, f"{KUEUE}/namespaces/{namespace}/localqueues",
+            {"kind": "LocalQueue", "metadata": {"name": "team"}, "spec": {"clusterQueue": cq}})
+    eventually(lambda: _active(kube, f"{KUEUE}/clusterqueues/{cq}"), timeout=60, what=f"ClusterQueue {cq} Active")
+    return flavor, cq
+
+
+def _active(kube: Kube, path: str) -> bool:
+    conds = (kube.ok(kube.get(path)).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+
+
+def queued_run(steps: int = 4, cpu: str = "500m", **labels: str) -> dict[str, Any]:
+    body = runs.example("short-job.yaml", payload={"steps": steps, "stepSeconds": 0.5})
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team", **labels}
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
+    return body
+
+
+def _time(value: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def workloads(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    return kube.ok(kube.get(f"{KUEUE}/namespaces/{namespace}/workloads"))["items"]
+
+
+def test_a_cluster_queue_quota_caps_running_runs_and_the_rest_wait_queued(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    _, cq = tenancy(kube, namespace, cpu="1")
+    names = [f"q{i}" for i in range(3)]
+    for name in names:
+        runs.create(kube, namespace, queued_run(), name=name)
+
+    # Two fit the quota (500m each); the third waits Queued, saying where and why.
+    def one_queued() -> dict[str, Any] | None:
+        bodies = [runs.get(kube, namespace, n) for n in names]
+        queued = [b for b in bodies if (b.get("status") or {}).get("phase") == "Queued"]
+        started = [b for b in bodies if (b.get("status") or {}).get("attempt", 0) >= 1]
+        return queued[0] if len(queued) == 1 and len(started) == 2 else None
+
+    waiting = eventually(one_queued, timeout=90, what="two runs started and one Queued")
+    admitted = runs.condition(waiting, "Admitted")
+    assert admitted is not None and (admitted["status"], admitted["reason"]) == ("False", "Queued")
+    assert f"LocalQueue team (ClusterQueue {cq})" in admitted["message"], admitted
+    assert waiting["status"]["queue"] == {"name": "team", "clusterQueue": cq,
+                                          "workload": waiting["status"]["queue"]["workload"]}
+
+    for name in names:
+        runs.wait_phase(kube, namespace, name, "Succeeded", timeout=120)
+
+    # The oracle: the attempts' own records. Never more than two held at once, and the third
+    # started only after one of the first two ended (its quota was released when it finished).
+    spans = []
+    for name in names:
+        (attempt,) = runs.get(kube, namespace, name)["status"]["attempts"]
+        assert attempt["admission"]["clusterQueue"] == cq
+        spans.append((_time(attempt["startedAt"]), _time(attempt["endedAt"])))
+    for start, _ in spans:
+        assert sum(1 for s, e in spans if s <= start < e) <= 2, spans
+    last_start = max(s for s, _ in spans)
+    assert any(e <= last_start for s, e in spans if s != last_start), spans
+
+    # Kueue's own record: each Workload finished, owned by its run.
+    def all_finished() -> list[dict[str, Any]] | None:
+        items = workloads(kube, namespace)
+        done = [w for w in items if any(c["type"] == "Finished" and c["status"] == "True"
+                                        for c in (w.get("status") or {}).get("conditions") or [])]
+        return items if len(items) == 3 and len(done) == 3 else None
+
+    for wl in eventually(all_finished, timeout=60, what="three Workloads Finished"):
+        (owner,) = wl["metadata"]["ownerReferences"]
+        assert owner["kind"] == "WorkerRun" and owner["controller"] is True
+        conds = {c["type"]: c for c in wl["status"]["conditions"]}
+        assert conds["PodsReady"]["status"] == "True"  # told at the worker's first renewal
+
+
+def test_the_pod_lands_where_the_flavor_says(kube: Kube, namespace: str, operator, kueue) -> None:  # type: ignore[no-untyped-def]
+    # The process kubelet's node carries kubernetes.io/os=linux: a flavor naming it admits there.
+    flavor, cq = tenancy(kube, namespace, cpu="1", node_labels={"kubernetes.io/os": "linux"})
+    runs.create(kube, namespace, queued_run(steps=2), name="placed")
+    done = runs.wait_phase(kube, namespace, "placed", "Succeeded", timeout=120)
+    (attempt,) = done["status"]["attempts"]
+    assert attempt["admission"]["flavors"] == {"cpu": flavor}
+    assert attempt["admission"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    # The pod as the API server stored it (the audit log), not as the operator remembers it.
+    pods = [r for r in AuditLog.from_env().read() if r.verb == "create" and r.accepted and r.about("pods", namespace)]
+    assert pods, "no pod creation in the audit log"
+    for r in pods:
+        assert r.response_object is not None
+        assert r.response_object["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+
+
+def test_a_run_without_the_label_is_not_queued(kube: Kube, namespace: str, operator, kueue) -> None:  # type: ignore[no-untyped-def]
+    runs.create(kube, namespace, runs.example("short-job.yaml", payload={"steps": 1, "stepSeconds": 0.1}), name="free")
+    done = runs.wait_phase(kube, namespace, "free", "Succeeded", timeout=90)
+    assert "queue" not in done["status"] and workloads(kube, namespace) == []

@@ -1,0 +1,195 @@
+"""Table tests of queueing through Kueue (core.queueing): a queued run waits for its Workload's
+admission, starts under it with the flavor's placement, and tells Kueue PodsReady and Finished."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tether.api.kueue import Workload
+from tether.api.models import Phase
+from tether.core.actions import Confirm, EnsureWorkload, FinishWorkload, MarkPodsReady, WriteStatus
+from tether.core.decide import decide
+from tether.core.observe import FlavorPlacement
+from tether.core.queueing import admission_of, waiting_message, workload_name
+from tether.kube.resources import build_pod
+from tests.unit.test_decide import T0, held, kinds, lease, observe, pod, run
+
+QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
+OWNER = [{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "name": "job", "uid": "u-1", "controller": True}]
+
+
+def cond(type_: str, status: str, reason: str = "R", message: str = "") -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": T0.isoformat()}
+
+
+def workload(*conds: dict[str, Any], admission: dict[str, Any] | None = None, evictions: int = 0,
+             checks: list[dict[str, Any]] | None = None, owner: list[dict[str, Any]] | None = None) -> Workload:
+    status: dict[str, Any] = {"conditions": list(conds)}
+    if admission is not None:
+        status["admission"] = admission
+    if evictions:
+        status["schedulingStats"] = {"evictions": [{"reason": "Preempted", "underlyingCause": "", "count": evictions}]}
+    if checks is not None:
+        status["admissionChecks"] = checks
+    return Workload.model_validate({"metadata": {"name": "workerrun-job-x", "namespace": "ns", "uid": "w-1",
+                                                 "resourceVersion": "5", "ownerReferences": owner or OWNER},
+                                    "spec": {"queueName": "team-a"}, "status": status})
+
+
+ADMISSION = {"clusterQueue": "shared", "podSetAssignments": [{"name": "main", "flavors": {"cpu": "spot"}, "count": 1}]}
+ADMITTED = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION, evictions=2)
+SPOT = {"spot": FlavorPlacement(node_labels={"pool": "spot"}, tolerations=({"key": "spot", "operator": "Exists"},))}
+
+
+def queued_observe(wl: Workload | None, flavors: dict[str, FlavorPlacement] | None = None, status: Any = None,
+                   **kw: Any):  # type: ignore[no-untyped-def]
+    o = observe(run(status=status, labels=QUEUE), **kw)
+    return replace(o, workload=wl, flavors=flavors if flavors is not None else SPOT, cluster_queue="shared")
+
+
+def _status(d: Any):  # type: ignore[no-untyped-def]
+    return next(a.status for a in d.actions if isinstance(a, WriteStatus))
+
+
+def _cond(status: Any, type_: str) -> tuple[str, str, str]:
+    c = next(x for x in status.conditions if x.type == type_)
+    return c.status, c.reason, c.message or ""
+
+
+def test_a_run_without_the_queue_label_is_not_queued() -> None:
+    d = decide(observe(run()))
+    assert kinds(d.actions) == ["WriteStatus", "EnsureLease", "EnsurePod"]
+
+
+def test_a_queued_run_creates_its_workload_and_waits_queued() -> None:
+    d = decide(queued_observe(None))
+    assert kinds(d.actions) == ["EnsureWorkload", "WriteStatus"]
+    assert d.actions[0] == EnsureWorkload(name=workload_name(run(labels=QUEUE)))
+    s = _status(d)
+    assert s.phase == Phase.QUEUED and s.holder is None and s.fence == 0
+    assert _cond(s, "Admitted") == ("False", "Queued", "queued in LocalQueue team-a (ClusterQueue shared); "
+                                                       "its Workload is being created")
+    assert _cond(s, "Ready")[1] == "Queued" and _cond(s, "Reconciling")[0] == "True"  # kstatus: InProgress
+    assert s.queue is not None and (s.queue.name, s.queue.cluster_queue) == ("team-a", "shared")
+
+
+@pytest.mark.parametrize("wl, why", [
+    (workload(cond("QuotaReserved", "False", "Pending", "insufficient unused quota for cpu in flavor default")),
+     "queued in LocalQueue team-a (ClusterQueue shared): insufficient unused quota for cpu in flavor default"),
+    (workload(cond("QuotaReserved", "True"), cond("Admitted", "False"), admission=ADMISSION,
+              checks=[{"name": "budget", "state": "Retry", "message": "no money"}]),
+     "queued in LocalQueue team-a (ClusterQueue shared): quota reserved, waiting for admission checks: "
+     "budget is Retry (no money)"),
+    # Admitted, then evicted: not admitted until Kueue says so again.
+    (workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("Evicted", "True"), admission=ADMISSION),
+     "queued in LocalQueue team-a (ClusterQueue shared)"),
+    (workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("Finished", "True"), admission=ADMISSION),
+     "queued in LocalQueue team-a (ClusterQueue shared)"),
+])
+def test_no_attempt_starts_until_kueue_admits(wl: Workload, why: str) -> None:
+    d = decide(queued_observe(wl))
+    assert kinds(d.actions) == ["WriteStatus"]
+    s = _status(d)
+    assert s.phase == Phase.QUEUED and s.holder is None
+    assert _cond(s, "Admitted") == ("False", "Queued", why)
+
+
+def test_a_queued_run_unchanged_writes_nothing_again() -> None:
+    o = queued_observe(workload(cond("QuotaReserved", "False", "Pending", "no quota")))
+    written = _status(decide(o))
+    again = decide(replace(o, run=o.run.model_copy(update={"status": written})))
+    assert again.actions == []
+
+
+def test_an_admitted_run_is_granted_under_its_admission_with_the_flavors_placement() -> None:
+    d = decide(queued_observe(ADMITTED))
+    assert kinds(d.actions) == ["WriteStatus", "EnsureLease", "EnsurePod"]
+    write = d.actions[0]
+    assert isinstance(write, WriteStatus) and write.grants and Confirm.ADMITTED in write.requires
+    s = write.status
+    assert s.phase == Phase.STARTING and s.holder == "job-a1"
+    adm = s.current().admission  # type: ignore[union-attr]
+    assert adm is not None and (adm.cluster_queue, adm.flavors, adm.evictions) == ("shared", {"cpu": "spot"}, 2)
+    assert _cond(s, "Admitted") == ("True", "Admitted", "admitted by ClusterQueue shared")
+    granted = run(status=s.dump(), labels=QUEUE)
+    p = build_pod(granted, "job-a1", 1, s.fence, "job-a1")
+    assert p["spec"]["nodeSelector"] == {"pool": "spot"}
+    assert {"key": "spot", "operator": "Exists"} in p["spec"]["tolerations"]
+
+
+def test_an_unqueued_grant_asks_no_admission_read() -> None:
+    write = decide(observe(run())).actions[0]
+    assert isinstance(write, WriteStatus) and Confirm.ADMITTED not in write.requires
+
+
+def test_an_admission_whose_flavor_is_unknown_waits() -> None:
+    d = decide(queued_observe(ADMITTED, flavors={}))
+    s = _status(d)
+    assert s.phase == Phase.QUEUED and s.holder is None
+    assert "waiting to read its ResourceFlavors" in _cond(s, "Admitted")[2]
+
+
+def test_admission_checks_pod_set_updates_reach_the_pod() -> None:
+    wl = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION,
+                  checks=[{"name": "prov", "state": "Ready", "message": "",
+                           "podSetUpdates": [{"name": "main", "labels": {"a": "1"}, "annotations": {"b": "2"},
+                                              "nodeSelector": {"zone": "z1"},
+                                              "tolerations": [{"key": "z", "operator": "Exists"}]},
+                                             {"name": "other", "labels": {"no": "no"}}]}])
+    adm = admission_of(wl, SPOT)
+    assert adm is not None
+    assert adm.node_selector == {"pool": "spot", "zone": "z1"} and adm.labels == {"a": "1"}
+    assert adm.annotations == {"b": "2"} and len(adm.tolerations) == 2
+
+
+def test_a_namesakes_workload_is_not_this_runs() -> None:
+    wl = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION,
+                  owner=[{**OWNER[0], "uid": "someone-else"}])
+    assert not wl.owned_by("u-1") and ADMITTED.owned_by("u-1")
+
+
+def _held_queued(phase: str = "Running") -> dict[str, Any]:
+    s = held(phase=phase)
+    s["attempts"][-1]["admission"] = {"clusterQueue": "shared", "evictions": 2}
+    return s
+
+
+def test_the_first_renewal_tells_kueue_pods_ready_once() -> None:
+    o = queued_observe(ADMITTED, status=_held_queued("Running"), lease_obs=lease(), pods=(pod(),))
+    d = decide(o)
+    assert [a for a in d.actions if isinstance(a, MarkPodsReady)] == [
+        MarkPodsReady(name="workerrun-job-x", message="job-a1 renewed its lease")]
+    ready = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("PodsReady", "True"),
+                     admission=ADMISSION, evictions=2)
+    assert not [a for a in decide(replace(o, workload=ready)).actions if isinstance(a, MarkPodsReady)]
+
+
+def test_pods_ready_waits_for_the_worker_not_the_container() -> None:
+    o = queued_observe(ADMITTED, status=_held_queued("Starting"), lease_obs=lease(renewed=False), pods=(pod(),))
+    assert not [a for a in decide(o).actions if isinstance(a, MarkPodsReady)]
+
+
+@pytest.mark.parametrize("phase, succeeded", [("Succeeded", True), ("Failed", False), ("Cancelled", False)])
+def test_a_finished_run_finishes_its_workload(phase: str, succeeded: bool) -> None:
+    s = {**_held_queued(), "phase": phase, "holder": None, "fence": 2, "finishedAt": T0.isoformat()}
+    d = decide(queued_observe(ADMITTED, status=s))
+    assert FinishWorkload(name="workerrun-job-x", succeeded=succeeded, message=f"the run ended {phase}") in d.actions
+    done = workload(cond("QuotaReserved", "True"), cond("Finished", "True"), admission=ADMISSION)
+    assert not [a for a in decide(queued_observe(done, status=s)).actions if isinstance(a, FinishWorkload)]
+
+
+def test_waiting_message_names_the_local_queue_without_a_known_cluster_queue() -> None:
+    o = replace(queued_observe(None), cluster_queue=None)
+    assert waiting_message(o, None) == "queued in LocalQueue team-a; its Workload is being created"
+
+
+def test_workload_names_differ_for_namesakes_and_fit_the_api() -> None:
+    a = run(labels=QUEUE)
+    b = a.model_copy(update={"metadata": a.metadata.model_copy(update={"uid": "u-2"})})
+    assert workload_name(a) != workload_name(b)
+    long = a.model_copy(update={"metadata": a.metadata.model_copy(update={"name": "x" * 253})})
+    assert len(workload_name(long)) <= 253
