@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools node test layers unit sdk-test conformance chaos bench demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
+.PHONY: help install control-plane tools node kueue test layers unit sdk-test conformance chaos bench demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -25,6 +25,7 @@ help:
 	@echo "make install-plugin kubectl-tether in a virtualenv of its own, linked into PREFIX/bin (PREFIX=~/.local)"
 	@echo "make install-tools  link the cached helm and kubectl into PREFIX/bin"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
+	@echo "make kueue          build/cache Kueue's manager (sigs.k8s.io/kueue) with its CRDs and webhooks"
 	@echo "make node           build/cache kubelet, containerd, the pause image and the Tether image (docker build)"
 
 $(VENV)/.installed: pyproject.toml
@@ -50,7 +51,11 @@ node:
 	bash hack/build-node.sh
 	bash hack/build-images.sh
 
-test: install control-plane tools node sdk-test layers docs
+# Kueue's manager, for tests/kueue (queueing through Kueue): built from Go modules, cached.
+kueue:
+	bash hack/build-kueue.sh
+
+test: install control-plane tools node kueue sdk-test layers docs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
 
 # The layers are a checked contract (pyproject.toml [tool.importlinter]).

@@ -4,13 +4,16 @@ admission, starts under it with the flavor's placement, and tells Kueue PodsRead
 from __future__ import annotations
 
 from dataclasses import replace
+import datetime as dt
 from typing import Any
 
 import pytest
 
 from tether.api.kueue import Workload
 from tether.api.models import Phase
-from tether.core.actions import Confirm, EnsureWorkload, FinishWorkload, MarkPodsReady, WriteStatus
+from tether.api.models import Outcome
+from tether.core.actions import (Confirm, EnsureSignals, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota,
+                                  Revoke, WriteStatus)
 from tether.core.decide import decide
 from tether.core.observe import FlavorPlacement
 from tether.core.queueing import admission_of, waiting_message, workload_name
@@ -84,9 +87,6 @@ def test_a_queued_run_creates_its_workload_and_waits_queued() -> None:
               checks=[{"name": "budget", "state": "Retry", "message": "no money"}]),
      "queued in LocalQueue team-a (ClusterQueue shared): quota reserved, waiting for admission checks: "
      "budget is Retry (no money)"),
-    # Admitted, then evicted: not admitted until Kueue says so again.
-    (workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("Evicted", "True"), admission=ADMISSION),
-     "queued in LocalQueue team-a (ClusterQueue shared)"),
     (workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("Finished", "True"), admission=ADMISSION),
      "queued in LocalQueue team-a (ClusterQueue shared)"),
 ])
@@ -193,3 +193,95 @@ def test_workload_names_differ_for_namesakes_and_fit_the_api() -> None:
     assert workload_name(a) != workload_name(b)
     long = a.model_copy(update={"metadata": a.metadata.model_copy(update={"name": "x" * 253})})
     assert len(workload_name(long)) <= 253
+
+
+# --- eviction: told to yield, fenced, queued again, no retry used --------------------------------
+
+EVICTED = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"),
+                   cond("Evicted", "True", "Preempted", "Preempted to accommodate a higher priority Workload"),
+                   admission=ADMISSION, evictions=3)
+
+
+def test_an_eviction_tells_the_worker_to_yield_first() -> None:
+    o = queued_observe(EVICTED, status=_held_queued(), lease_obs=lease(), pods=(pod(),))
+    d = decide(o)
+    s = _status(d)
+    assert s.holder == "job-a1" and s.stop_requested_at == T0  # still held: told, not yet revoked
+    (signals,) = [a for a in d.actions if isinstance(a, EnsureSignals)]
+    assert '"stop":true' in signals.signals.replace(" ", "") and "evicted by Kueue (Preempted)" in signals.signals
+    (told,) = [e for w in d.actions if isinstance(w, WriteStatus) for e in w.events]
+    assert (told.type, told.reason) == ("Warning", "Preempted") and "told to yield" in told.message
+
+
+@pytest.mark.parametrize("pods, now", [
+    ((pod(phase="Succeeded", exit_code=0),), T0),  # it checkpointed and exited
+    ((pod(),), T0 + dt.timedelta(seconds=31)),     # it ignored the yield: stopGraceSeconds (30) passed
+])
+def test_a_yielded_or_overdue_attempt_ends_preempted_and_the_run_is_queued_again(pods: Any, now: dt.datetime) -> None:
+    status = {**_held_queued(), "stopRequestedAt": T0.isoformat(), "checkpoint": {"cursor": "step-3"}}
+    r = run(spec={"retry": {"maxAttempts": 1}}, status=status, labels=QUEUE)
+    o = replace(observe(r, lease(), pods=pods, now=now), workload=EVICTED, flavors=SPOT, cluster_queue="shared")
+    d = decide(o)
+    (revoke,) = [a for a in d.actions if isinstance(a, Revoke)]
+    s = revoke.status_write.status
+    assert s.holder is None and s.fence == 2  # fenced: nothing the evicted worker sends counts
+    assert s.current().outcome == Outcome.PREEMPTED  # type: ignore[union-attr]
+    assert s.phase == Phase.QUEUED and s.next_attempt_at is None  # maxAttempts 1, and not used up
+    assert _cond(s, "Admitted")[:2] == ("False", "Preempted") and _cond(s, "Ready")[1] == "Preempted"
+    assert revoke.pods_to_delete == (() if pods[0].terminated else ("job-a1",))
+
+
+def test_a_retry_rule_can_fail_the_run_on_preemption() -> None:
+    status = {**_held_queued(), "stopRequestedAt": T0.isoformat()}
+    r = run(spec={"retry": {"maxAttempts": 3, "rules": [{"action": "FailRun", "onReasons": ["Preempted"]}]}},
+            status=status, labels=QUEUE)
+    o = replace(observe(r, lease(), pods=(pod(phase="Failed", exit_code=143),)), workload=EVICTED, flavors=SPOT)
+    (revoke,) = [a for a in decide(o).actions if isinstance(a, Revoke)]
+    assert revoke.status_write.status.phase == Phase.FAILED
+
+
+def _after_preemption() -> dict[str, Any]:
+    s = _held_queued()
+    s["attempts"][-1].update(outcome="Preempted", endedAt=T0.isoformat())
+    return {**s, "holder": None, "fence": 2, "phase": "Queued", "checkpoint": {"cursor": "step-3"}}
+
+
+def test_the_quota_is_released_once_the_evicted_pod_is_gone() -> None:
+    gone = decide(queued_observe(EVICTED, status=_after_preemption()))
+    assert ReleaseQuota(name="workerrun-job-x") in gone.actions
+    assert not any(isinstance(a, WriteStatus) and a.grants for a in gone.actions)
+    busy = decide(queued_observe(EVICTED, status=_after_preemption(), pods=(pod(),)))
+    assert not [a for a in busy.actions if isinstance(a, ReleaseQuota)]
+
+
+def test_readmitted_it_resumes_from_its_checkpoint_under_the_new_admission() -> None:
+    again = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("Evicted", "False"),
+                     admission=ADMISSION, evictions=3)
+    d = decide(queued_observe(again, status=_after_preemption()))
+    write = d.actions[0]
+    assert isinstance(write, WriteStatus) and write.grants
+    s = write.status
+    assert (s.attempt, s.fence, s.holder) == (2, 3, "job-a2")
+    assert s.current().admission.evictions == 3  # type: ignore[union-attr]
+    env = {e["name"]: e["value"] for e in build_pod(run(status=s.dump(), labels=QUEUE), "job-a2", 2, 3, "job-a2")
+           ["spec"]["containers"][0]["env"]}
+    assert env["TETHER_CHECKPOINT"] == "step-3"
+
+
+def test_an_eviction_since_the_grant_counts_even_if_kueue_admitted_it_again() -> None:
+    readmitted = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("Evicted", "False"),
+                          admission=ADMISSION, evictions=3)  # the attempt started at 2
+    d = decide(queued_observe(readmitted, status=_held_queued(), lease_obs=lease(), pods=(pod(),)))
+    assert _status(d).stop_requested_at == T0
+
+
+def test_a_workload_not_seen_stops_nothing() -> None:
+    d = decide(queued_observe(None, status=_held_queued(), lease_obs=lease(), pods=(pod(),)))
+    assert not any(isinstance(a, (Revoke, EnsureSignals)) for a in d.actions)
+    assert all(a.status.stop_requested_at is None for a in d.actions if isinstance(a, WriteStatus))
+
+
+def test_preempted_attempts_use_up_no_retry() -> None:
+    from tether.core.lifecycle import attempts_used
+    s = run(status=_after_preemption()).status
+    assert (s.attempt, attempts_used(s)) == (1, 0)

@@ -71,6 +71,9 @@ class Outcome(str, Enum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     # A person denied the result the attempt published (spec.review.result).
     RESULT_REJECTED = "ResultRejected"
+    # Kueue evicted the run's Workload (preemption, PodsReady timeout, a stopped queue): the worker
+    # was told to yield and fenced; the run is queued again and this attempt uses up no retry.
+    PREEMPTED = "Preempted"
 
 
 # --- spec -------------------------------------------------------------------

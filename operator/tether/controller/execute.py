@@ -35,6 +35,7 @@ from tether.core.actions import (
     FinishWorkload,
     MarkPodsReady,
     ReleaseCharge,
+    ReleaseQuota,
     ReleasePod,
     RemoveFinalizer,
     Revoke,
@@ -104,7 +105,7 @@ class Executor:
             ReleasePod: self.release_pod, EnsureSignals: self.ensure_signals, ChargeBudget: self.charge,
             ReleaseCharge: self.release_charge, DeleteRun: self.delete_run, RemoveFinalizer: self.remove_finalizer,
             EnsureWorkload: self.ensure_workload, MarkPodsReady: self.mark_pods_ready,
-            FinishWorkload: self.finish_workload,
+            ReleaseQuota: self.release_quota, FinishWorkload: self.finish_workload,
         }
 
     async def run(self, snap: Snapshot, action: Action) -> Snapshot:
@@ -302,6 +303,10 @@ class Executor:
 
     async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> Snapshot:
         await self.queues.mark_pods_ready(snap, action)
+        return snap
+
+    async def release_quota(self, snap: Snapshot, action: ReleaseQuota) -> Snapshot:
+        await self.queues.release_quota(snap, action)
         return snap
 
     async def finish_workload(self, snap: Snapshot, action: FinishWorkload) -> Snapshot:

@@ -20,7 +20,7 @@ from tether.api.models import WorkerRun
 from tether.controller.errors import Again
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
-from tether.core.actions import EnsureWorkload, FinishWorkload, MarkPodsReady
+from tether.core.actions import EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota
 from tether.core.observe import FlavorPlacement
 from tether.core.queueing import admitted, queue_name, workload_name
 from tether.kube import workloads
@@ -130,6 +130,12 @@ class QueueBook:
     async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> None:
         await self._apply(snap, action.name, f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
                           lambda wl: workloads.pods_ready_status(wl, action.message, self.now()))
+
+    async def release_quota(self, snap: Snapshot, action: ReleaseQuota) -> None:
+        await self._apply(snap, action.name, k.ADMISSION_MANAGER,
+                          lambda wl: workloads.released_status(wl, self.now()))
+        log.info("workload quota released", extra={"run": snap.run.key, "event": "workload_released",
+                                                   "workload": action.name})
 
     async def finish_workload(self, snap: Snapshot, action: FinishWorkload) -> None:
         await self._apply(snap, action.name, k.ADMISSION_MANAGER,

@@ -248,6 +248,17 @@ class MarkPodsReady:
 
 
 @dataclass(frozen=True)
+class ReleaseQuota:
+    """An evicted run has stopped (fenced, its pod gone): clear its Workload's quota reservation,
+    as Kueue's job framework does, so Kueue queues it again."""
+
+    name: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
+
+
+@dataclass(frozen=True)
 class FinishWorkload:
     """Tell Kueue the run ended (Workload condition Finished): its quota is released at once."""
 
@@ -261,7 +272,7 @@ class FinishWorkload:
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
           | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer | EnsureWorkload | MarkPodsReady
-          | FinishWorkload)
+          | ReleaseQuota | FinishWorkload)
 
 
 @dataclass(frozen=True)

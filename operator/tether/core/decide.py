@@ -289,8 +289,10 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
     run, s = o.run, o.run.status
     if stop is not None and s.stop_requested_at is None:
         b.status.stop_requested_at = o.now
-        b.events.append(Event("Warning", c.EV_BUDGET_EXCEEDED if stop.outcome == Outcome.BUDGET_EXCEEDED
-                              else c.EV_STOP_REQUESTED, f"{s.holder} told to stop: {stop.reason}"))
+        told = {Outcome.BUDGET_EXCEEDED: c.EV_BUDGET_EXCEEDED, Outcome.PREEMPTED: c.EV_PREEMPTED}
+        b.events.append(Event("Warning", told.get(stop.outcome, c.EV_STOP_REQUESTED),
+                              f"{s.holder} told to {'yield' if stop.outcome == Outcome.PREEMPTED else 'stop'}: "
+                              f"{stop.reason}"))
         b.change, b.details["reason"] = Change.STOP_REQUESTED, stop.reason
     if stop is not None:
         d.wake((stop_due(o) - o.now).total_seconds())

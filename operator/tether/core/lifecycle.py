@@ -50,6 +50,7 @@ _OUTCOME_EVENT = {
     Outcome.SUCCEEDED: c.EV_SUCCEEDED,
     Outcome.CANCELLED: c.EV_CANCELLED,
     Outcome.DEADLINE_EXCEEDED: c.EV_DEADLINE_EXCEEDED,
+    Outcome.PREEMPTED: c.EV_PREEMPTED,
 }
 
 
@@ -82,6 +83,12 @@ def retry_allowed(run: WorkerRun, outcome: Outcome, exit_code: int | None) -> bo
         if matched:
             return rule.action == "Retry"
     return True
+
+
+def attempts_used(status: WorkerRunStatus) -> int:
+    """The attempts that count against spec.retry.maxAttempts: all but those Kueue preempted."""
+    preempted = sum(1 for a in status.attempts if a.outcome == Outcome.PREEMPTED)
+    return status.attempt - preempted
 
 
 def room_for_attempt(fence: int) -> bool:
@@ -299,12 +306,20 @@ class StatusBuilder:
         if not retry_allowed(run, outcome, exit_code):
             self.fail(Phase.FAILED, f"retry rules end the run after {outcome.value}: {message}", outcome.value)
             return
-        if s.attempt >= run.spec.retry.max_attempts:
+        if outcome == Outcome.PREEMPTED:
+            # Not a failure: back in the queue at once (Kueue's own requeue backoff applies).
+            why = f"attempt {s.attempt} preempted: {message}; queued again"
+            s.conditions = set_condition(s.conditions, c.COND_ADMITTED, "False", Outcome.PREEMPTED.value, why,
+                                         self.generation, self.o.now)
+            self.set_phase(Phase.QUEUED, why, lease_reason=outcome.value, reason=Outcome.PREEMPTED.value)
+            return
+        used = attempts_used(s)
+        if used >= run.spec.retry.max_attempts:
             phase = Phase.LOST if outcome == Outcome.LEASE_LOST else Phase.FAILED
-            self.fail(phase, f"{s.attempt} of {run.spec.retry.max_attempts} attempts used; last: "
+            self.fail(phase, f"{used} of {run.spec.retry.max_attempts} attempts used; last: "
                              f"{outcome.value}: {message}", outcome.value)
             return
-        delay = backoff_seconds(run, s.attempt)
+        delay = backoff_seconds(run, used)
         s.next_attempt_at = after(self.o.now, delay)
         self.set_phase(Phase.BACKOFF, f"attempt {s.attempt + 1} in {delay:g}s after {outcome.value}",
                        lease_reason=outcome.value)

@@ -18,7 +18,7 @@ from tether.api import kueue as k
 from tether.api.conditions import get_condition, set_condition
 from tether.api.kueue import Workload
 from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
-from tether.core.actions import Decision, EnsureWorkload, FinishWorkload, MarkPodsReady
+from tether.core.actions import Decision, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota
 from tether.core.lifecycle import StatusBuilder
 from tether.core.observe import FlavorPlacement, Observed
 
@@ -108,6 +108,16 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     if wl is None:
         d.actions.append(EnsureWorkload(name=workload_name(o.run)))
         _queued(o, b, d, waiting_message(o, None))
+        return False
+    if wl.is_true(k.WL_EVICTED) and wl.is_true(k.WL_QUOTA_RESERVED):
+        # Evicted, and the attempt it evicted is over: the fence has moved. Once its pod is gone
+        # too (Kueue frees the quota of a job with nothing active), the reservation is released.
+        busy = [p.name for p in o.pods if not p.terminated]
+        if not busy:
+            d.actions.append(ReleaseQuota(name=wl.metadata.name))
+        evicted = wl.condition(k.WL_EVICTED)
+        _queued(o, b, d, f"evicted by Kueue ({evicted.reason if evicted else 'Evicted'}); "
+                         + (f"waiting for pod {', '.join(busy)} to go" if busy else "releasing its quota"))
         return False
     admission = admission_of(wl, o.flavors) if admitted(wl) else None
     if admission is None:

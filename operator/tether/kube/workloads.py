@@ -92,6 +92,26 @@ def finished_status(workload: dict[str, Any], succeeded: bool, message: str, now
     return _admission_status({**status, "conditions": conditions})
 
 
+def released_status(workload: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
+    """What `kueue-admission` applies once an evicted job has stopped (the framework's eviction
+    path): the quota reservation and admission cleared, Admitted synced, and Requeued set (True
+    after a preemption or node failure), so Kueue queues the Workload again."""
+    gen = int(workload["metadata"].get("generation") or 1)
+    status = dict(workload.get("status") or {})
+    conditions = list(status.get("conditions") or [])
+    evicted = next((c for c in conditions if c.get("type") == k.WL_EVICTED), None) or {}
+    reason, message = str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or "")
+    requeued = "True" if reason in ("Preempted", "NodeFailures") else "False"
+    conditions = _set(conditions, _condition(k.WL_REQUEUED, requeued, reason, message, gen, now))
+    conditions = _set(conditions, _condition(k.WL_QUOTA_RESERVED, "False", "Pending", message, gen, now))
+    checks_ready = all(a.get("state") == "Ready" for a in status.get("admissionChecks") or [])
+    conditions = _set(conditions, _condition(
+        k.WL_ADMITTED, "False", "NoReservation" if checks_ready else "NoReservationUnsatisfiedChecks",
+        "The workload has no reservation" + ("" if checks_ready else " and not all checks ready"), gen, now))
+    status.pop("admission", None)
+    return _admission_status({**status, "conditions": conditions})
+
+
 def _admission_status(status: dict[str, Any]) -> dict[str, Any]:
     """The fields the admission manager owns (the framework's admissionStatusPatch)."""
     out: dict[str, Any] = {}
