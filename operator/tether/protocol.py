@@ -258,11 +258,13 @@ def lease_usage(lease: Mapping[str, Any] | None) -> Usage | None:
 
 def signals_annotation(signals: Signals) -> str:
     """The `tether.dev/signals` value the operator writes: canonical JSON, so equal signals give
-    equal strings and an unchanged signal costs no write. No decisions, no key: a run without
-    requests carries the same signals as before there were any."""
+    equal strings and an unchanged signal costs no write. No decisions (no yield), no key: a run
+    without requests (never evicted) carries the same signals as before there were any."""
     doc = signals.dump()
     if not doc.get("decisions"):
         doc.pop("decisions", None)
+    if not doc.get("yield"):
+        doc.pop("yield", None)  # only an eviction says it: every other Lease keeps its signals as they were
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 

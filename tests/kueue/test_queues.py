@@ -12,6 +12,7 @@ from typing import Any
 from tests.support import runs
 from tests.support.audit import AuditLog
 from tests.support.kube import Kube, eventually
+from tests.support.oracle import TrialFacts, judge
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 
@@ -127,3 +128,48 @@ def test_a_run_without_the_label_is_not_queued(kube: Kube, namespace: str, opera
     runs.create(kube, namespace, runs.example("short-job.yaml", payload={"steps": 1, "stepSeconds": 0.1}), name="free")
     done = runs.wait_phase(kube, namespace, "free", "Succeeded", timeout=90)
     assert "queue" not in done["status"] and workloads(kube, namespace) == []
+
+
+def priority_class(kube: Kube, value: int) -> str:
+    name = f"prio-{value}-{uuid.uuid4().hex[:6]}"
+    _create(kube, f"{KUEUE}/workloadpriorityclasses", {"kind": "WorkloadPriorityClass", "metadata": {"name": name},
+                                                       "value": value})
+    return name
+
+
+def test_a_higher_priority_run_preempts_a_running_one_that_yields_and_resumes(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    _, cq = tenancy(kube, namespace, cpu="1")
+    kube.ok(kube.patch(f"{KUEUE}/clusterqueues/{cq}", {"spec": {"preemption": {"withinClusterQueue": "LowerPriority"}}}))
+    low, high = priority_class(kube, 10), priority_class(kube, 1000)
+    steps = 30
+    runs.create(kube, namespace, queued_run(steps=steps, cpu="1", **{"kueue.x-k8s.io/priority-class": low}), name="low")
+
+    def checkpointed() -> dict[str, Any] | None:
+        body = runs.get(kube, namespace, "low")
+        cursor = ((body.get("status") or {}).get("checkpoint") or {}).get("cursor")
+        return body if cursor and int(cursor) >= 3 else None
+
+    eventually(checkpointed, timeout=90, what="the low-priority run mid-way, checkpointed")
+    runs.create(kube, namespace, queued_run(steps=2, cpu="1", **{"kueue.x-k8s.io/priority-class": high}), name="high")
+
+    done_high = runs.wait_phase(kube, namespace, "high", "Succeeded", timeout=120)
+    done_low = runs.wait_phase(kube, namespace, "low", "Succeeded", timeout=180)
+
+    first, second = done_low["status"]["attempts"]
+    assert first["outcome"] == "Preempted", first
+    assert "evicted by Kueue" in first["message"], first
+    # It resumed: the second attempt started from the first's last checkpoint, and the usage of
+    # both together is the job's, charged once (one cent per step).
+    assert done_low["status"]["usage"]["cents"] == steps, done_low["status"]["usage"]
+    assert second["usage"]["cents"] < steps
+    # The quota held: the high run ran between the two attempts of the low one.
+    (h,) = done_high["status"]["attempts"]
+    assert _time(first["endedAt"]) <= _time(h["startedAt"]) and _time(h["endedAt"]) <= _time(second["startedAt"])
+    assert second["admission"]["evictions"] > first["admission"]["evictions"]
+
+    # Judged from the audit log: no write of the evicted attempt accepted after its fence moved,
+    # one pod per attempt, nothing stuck.
+    final = [runs.get(kube, namespace, n) for n in ("low", "high")]
+    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=final))
+    assert verdict.ok, verdict.violations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
@@ -101,8 +102,9 @@ def test_no_attempt_starts_until_kueue_admits(wl: Workload, why: str) -> None:
 def test_a_queued_run_unchanged_writes_nothing_again() -> None:
     o = queued_observe(workload(cond("QuotaReserved", "False", "Pending", "no quota")))
     written = _status(decide(o))
-    again = decide(replace(o, run=o.run.model_copy(update={"status": written})))
-    assert again.actions == []
+    # A later pass (the clock moved) with nothing new writes nothing: no write loop.
+    later = replace(o, run=o.run.model_copy(update={"status": written}), now=T0 + dt.timedelta(seconds=7))
+    assert decide(later).actions == []
 
 
 def test_an_admitted_run_is_granted_under_its_admission_with_the_flavors_placement() -> None:
@@ -208,7 +210,10 @@ def test_an_eviction_tells_the_worker_to_yield_first() -> None:
     s = _status(d)
     assert s.holder == "job-a1" and s.stop_requested_at == T0  # still held: told, not yet revoked
     (signals,) = [a for a in d.actions if isinstance(a, EnsureSignals)]
-    assert '"stop":true' in signals.signals.replace(" ", "") and "evicted by Kueue (Preempted)" in signals.signals
+    told_signals = json.loads(signals.signals)
+    assert told_signals["stop"] is True and told_signals["yield"] is True
+    assert told_signals["reason"].startswith("evicted by Kueue (Preempted)")
+    assert told_signals["stopBy"] == "2026-11-29T12:00:30Z"  # stopGraceSeconds (30) after it was told
     (told,) = [e for w in d.actions if isinstance(w, WriteStatus) for e in w.events]
     assert (told.type, told.reason) == ("Warning", "Preempted") and "told to yield" in told.message
 

@@ -305,6 +305,10 @@ class Signals(_Model):
     """What the control plane tells the worker, carried on the Lease it renews."""
 
     stop: bool = False
+    # With stop: the stop is a yield (Kueue evicted the run; it is queued again and resumes from
+    # its last checkpoint), and `stop_by` is when the operator revokes the attempt whatever it does.
+    yield_: bool = Field(default=False, alias="yield")
+    stop_by: dt.datetime | None = None
     paused: bool = False
     reason: str | None = None
     ends_at: dt.datetime | None = None

@@ -55,6 +55,7 @@ from tether.core.enforcement import (
     stop_due,
     stop_for,
     usage_alarm,
+    yield_by,
 )
 from tether.core.execution import execution_allowed
 from tether.core.lifecycle import (
@@ -334,6 +335,7 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
     # charge that failed after its fold was written is owed again on the next pass.
     d.add(charge_due(o, b.status.usage))
     # From the status being written: a decision recorded now reaches the worker with it.
-    signals = signals_for(run.spec, b.status, stop.reason if stop is not None else None)
+    signals = signals_for(run.spec, b.status, stop.reason if stop is not None else None,
+                          yield_by(o, stop, b.status.stop_requested_at))
     if signals != lease.signals:
         d.actions.append(EnsureSignals(fence=s.fence, signals=signals))

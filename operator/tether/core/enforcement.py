@@ -111,7 +111,8 @@ def usage_alarm(o: Observed) -> UsageAlarm | None:
     return UsageAlarm(cents=cents, tokens=tokens)
 
 
-def signals_for(spec: WorkerRunSpec, status: WorkerRunStatus, stop_reason: str | None) -> str:
+def signals_for(spec: WorkerRunSpec, status: WorkerRunStatus, stop_reason: str | None,
+                yield_by: dt.datetime | None = None) -> str:
     """The signals annotation for the holder of `status`: computed from the status being
     written, so a grant's Lease carries the signals of the attempt it starts."""
     budget = spec.budget
@@ -122,13 +123,21 @@ def signals_for(spec: WorkerRunSpec, status: WorkerRunStatus, stop_reason: str |
                  if r.attempt == status.attempt and r.decision in ("Approve", "Deny", "TimedOut")
                  and r.gate not in (c.GATE_START, c.GATE_RESULT)}
     return protocol.signals_annotation(Signals(
-        stop=stop_reason is not None, reason=stop_reason, paused=spec.suspend, ends_at=status.ends_at,
+        stop=stop_reason is not None, reason=stop_reason, yield_=yield_by is not None, stop_by=yield_by,
+        paused=spec.suspend, ends_at=status.ends_at,
         cap_cents=budget.cap_cents if budget else None, cap_tokens=budget.max_tokens if budget else None,
         base_cents=earlier.cents, base_tokens=earlier.tokens, decisions=decisions))
 
 
 def desired_signals(o: Observed, stop_reason: str | None) -> str:
     return signals_for(o.run.spec, o.run.status, stop_reason)
+
+
+def yield_by(o: Observed, stop: Stop | None, stop_requested_at: dt.datetime | None) -> dt.datetime | None:
+    """When a yield (a Kueue eviction) told at `stop_requested_at` ends the attempt regardless."""
+    if stop is None or stop.outcome != Outcome.PREEMPTED:
+        return None
+    return after(stop_requested_at or o.now, o.run.spec.stop_grace_seconds)
 
 
 def admission_refusal(o: Observed) -> tuple[str, str] | None:

@@ -72,12 +72,15 @@ def admission_of(wl: Workload, flavors: Mapping[str, FlavorPlacement]) -> Attemp
 
 
 def _queued(o: Observed, b: StatusBuilder, d: Decision, message: str) -> None:
-    """Phase Queued, Admitted=False (reason Queued) saying where and why it waits."""
+    """Phase Queued, Admitted=False (reason Queued) saying where and why it waits; written only
+    when that is news (admission, decided before this, may have set Admitted=True meanwhile)."""
     s, gen = b.status, b.generation
     s.queue = QueueStatus(name=queue_name(o.run) or "", workload=workload_name(o.run), cluster_queue=o.cluster_queue)
-    cond = get_condition(s.conditions, c.COND_ADMITTED)
-    if s.phase != Phase.QUEUED or cond is None or (cond.status, cond.reason, cond.message) != \
-            ("False", c.REASON_QUEUED, message) or s.observed_generation != gen:
+    seen = get_condition(o.run.status.conditions, c.COND_ADMITTED)
+    if s.phase == Phase.QUEUED and seen is not None and (seen.status, seen.reason, seen.message) == \
+            ("False", c.REASON_QUEUED, message) and s.observed_generation == gen:
+        s.conditions = [seen if x.type == c.COND_ADMITTED else x for x in s.conditions]
+    else:
         s.conditions = set_condition(s.conditions, c.COND_ADMITTED, "False", c.REASON_QUEUED, message, gen, o.now)
         b.set_phase(Phase.QUEUED, message, reason=c.REASON_QUEUED)
     if b.changed():
