@@ -60,7 +60,18 @@ def call(url: str, ns: str, name: str, op: str, token: str | None, body: dict[st
 
 
 def open_attempt(kube: Kube, ns: str, name: str) -> dict[str, Any]:
-    return runs.wait_phase(kube, ns, name, "Starting", timeout=30)
+    """An attempt a claim can take: granted in the status *and* on the Lease (the grant writes the
+    status first; a claim between the two is answered NotClaimable, "retry shortly")."""
+    run = runs.wait_phase(kube, ns, name, "Starting", timeout=30)
+    holder, fence = run["status"]["holder"], run["status"]["fence"]
+
+    def lease_granted() -> bool:
+        resp = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}")
+        spec = resp.json().get("spec") or {} if resp.status_code == 200 else {}
+        return spec.get("holderIdentity") == holder and spec.get("leaseTransitions") == fence
+
+    eventually(lease_granted, timeout=30, what=f"{ns}/{name}'s Lease granted to {holder}")
+    return run
 
 
 @pytest.mark.local_cluster
