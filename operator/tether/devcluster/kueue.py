@@ -24,6 +24,9 @@ from tether.devcluster.crds import create_or_replace, install_crds
 from tether.devcluster.processes import free_port, spawn, terminate, wait_for
 
 NAMESPACE = "kueue-system"
+# Without its internal certificate management, Kueue's manager loads a metrics certificate from this
+# fixed path (cmd/kueue/main.go) even with its metrics server off, and exits if there is none.
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 EXTERNAL_FRAMEWORK = "WorkerRun.v1alpha1.tether.dev"
 # The webhooks of the parts this configuration enables (others would answer 404: refused writes).
 _SERVED_GROUPS = {"kueue.x-k8s.io", "batch"}
@@ -100,6 +103,14 @@ class LocalKueue:
         certs.mkdir(exist_ok=True)
         # Named tls.crt / tls.key: what controller-runtime's webhook server reads from certDir.
         pki.CertificateAuthority.load(self.ca, certs).issue("tls", "kueue-webhook", server=True)
+        if not (METRICS_CERT_DIR / "tls.crt").exists():
+            # Any certificate will do: the metrics server is off (bindAddress "0").
+            try:
+                METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+                pki.CertificateAuthority.load(self.ca, METRICS_CERT_DIR).issue("tls", "kueue-metrics", server=True)
+            except PermissionError as exc:
+                raise RuntimeError(f"Kueue's manager needs a certificate at {METRICS_CERT_DIR} (run as root, "
+                                   "or create it)") from exc
         self.config = self.state_dir / "config.yaml"
         self.config.write_text(yaml.safe_dump(configuration(self.webhook_port, certs, self.health_port)))
         with self.client() as c:
