@@ -165,10 +165,10 @@ def test_kubectl_wait_explain_columns_and_plugin(kube: Kube, namespace: str, ope
     assert waited.returncode == 0 and "condition met" in waited.stdout, waited.stderr
     table = kubectl(bin_dir, "get", "wr", "-n", namespace)
     header = table.stdout.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "REASON", "ATTEMPT", "FENCE", "HOLDER", "AGE"]
-    # A finished run has no holder: that column is blank, so the row has one word less than the header.
+    assert header == ["NAME", "PHASE", "REASON", "ATTEMPT", "FENCE", "HOLDER", "QUEUE", "AGE"]
+    # A finished run has no holder, and this one no queue: those columns are blank.
     row = table.stdout.splitlines()[1].split()
-    assert row[1:5] == ["Succeeded", "Succeeded", "1", "2"] and len(row) == len(header) - 1, row
+    assert row[1:5] == ["Succeeded", "Succeeded", "1", "2"] and len(row) == len(header) - 2, row
     wide = kubectl(bin_dir, "get", "wr", "-n", namespace, "-o", "wide").stdout.splitlines()[0]
     assert "SPENT" in wide and "CHECKPOINT" in wide
     explained = kubectl(bin_dir, "explain", "workerrun.spec.lease")

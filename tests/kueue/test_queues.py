@@ -6,7 +6,10 @@ the Workloads Kueue keeps) and the audit log, not by the operator's own view."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 from tests.support import runs
@@ -59,7 +62,7 @@ def workloads(kube: Kube, namespace: str) -> list[dict[str, Any]]:
 
 
 def test_a_cluster_queue_quota_caps_running_runs_and_the_rest_wait_queued(  # type: ignore[no-untyped-def]
-        kube: Kube, namespace: str, operator, kueue) -> None:
+        kube: Kube, namespace: str, operator, kueue, bin_dir: Path) -> None:
     _, cq = tenancy(kube, namespace, cpu="1")
     names = [f"q{i}" for i in range(3)]
     for name in names:
@@ -73,6 +76,11 @@ def test_a_cluster_queue_quota_caps_running_runs_and_the_rest_wait_queued(  # ty
         return queued[0] if len(queued) == 1 and len(started) == 2 else None
 
     waiting = eventually(one_queued, timeout=90, what="two runs started and one Queued")
+    table = subprocess.run([str(bin_dir / "kubectl"), "get", "wr", waiting["metadata"]["name"], "-n", namespace],
+                           capture_output=True, text=True, env={**os.environ, "KUBECONFIG": os.environ["TETHER_TEST_KUBECONFIG"]},
+                           timeout=60).stdout.splitlines()
+    shown = dict(zip(table[0].split(), table[1].split()))
+    assert (shown["PHASE"], shown["REASON"], shown["QUEUE"]) == ("Queued", "Queued", "team"), table
     admitted = runs.condition(waiting, "Admitted")
     assert admitted is not None and (admitted["status"], admitted["reason"]) == ("False", "Queued")
     assert f"LocalQueue team (ClusterQueue {cq})" in admitted["message"], admitted

@@ -362,6 +362,11 @@ def _count(action: WriteStatus, written: WorkerRun) -> None:
             metrics.ATTEMPTS_ENDED.labels(ended[-1].outcome.value).inc()  # type: ignore[union-attr]
     for gate, decision, seconds in dict(action.details).get("approvals") or ():  # type: ignore[attr-defined]
         metrics.APPROVAL_DECISION.labels(gate, decision).observe(seconds)
+    details = dict(action.details)
+    if isinstance(details.get("evictionReason"), str):
+        metrics.KUEUE_EVICTIONS.labels(details["evictionReason"]).inc()
+    if isinstance(details.get("queuedSeconds"), (int, float)):
+        metrics.KUEUE_QUEUED.observe(float(details["queuedSeconds"]))  # type: ignore[arg-type]
     if action.lapse:
         metrics.LEASE_LAPSES.inc()
         silence = dict(action.details).get("silenceSeconds")

@@ -260,6 +260,8 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord)
             b.status.overspend = stop.overspend
             ending = Ending(ending.outcome, f"{ending.message}; overspend {stop.overspend.cents} cents, "
                                             f"{stop.overspend.tokens} tokens", ending.exit_code)
+        if ending.outcome == Outcome.PREEMPTED and stop is not None and stop.eviction is not None:
+            b.details["evictionReason"] = stop.eviction
         b.conclude(ending)
         d.actions.append(revoke(o, b, cur, keep_pod=ending.outcome == Outcome.SUCCEEDED))
         d.add(charge_due(o, b.status.usage))

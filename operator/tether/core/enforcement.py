@@ -56,6 +56,7 @@ class Stop:
     outcome: Outcome  # Cancelled (spec.stop), BudgetExceeded, or Preempted (Kueue evicted the run)
     reason: str
     overspend: Usage | None = None  # beyond the cap or budget, for BudgetExceeded
+    eviction: str | None = None  # Kueue's reason, for Preempted
 
 
 def stop_for(o: Observed, total: Usage) -> Stop | None:
@@ -78,9 +79,10 @@ def eviction(o: Observed) -> Stop | None:
         return None
     evicted = wl.condition(k.WL_EVICTED)
     if evicted is not None and evicted.status == "True":
-        return Stop(Outcome.PREEMPTED, f"evicted by Kueue ({evicted.reason}): {evicted.message or ''}".rstrip(": "))
+        return Stop(Outcome.PREEMPTED, f"evicted by Kueue ({evicted.reason}): {evicted.message or ''}".rstrip(": "),
+                    eviction=evicted.reason)
     if wl.evictions > cur.admission.evictions or not wl.is_true(k.WL_QUOTA_RESERVED):
-        return Stop(Outcome.PREEMPTED, "evicted by Kueue: the admission it started under ended")
+        return Stop(Outcome.PREEMPTED, "evicted by Kueue: the admission it started under ended", eviction="Evicted")
     return None
 
 

@@ -129,6 +129,10 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
                 "waiting to read its ResourceFlavors")
         return False
     b.admission = admission
+    last = o.run.status.current()
+    since = last.ended_at if last is not None else o.run.metadata.creation_timestamp
+    if since is not None:
+        b.details["queuedSeconds"] = round(max(0.0, (o.now - since).total_seconds()), 3)
     b.status.queue = QueueStatus(name=queue_name(o.run) or "", workload=wl.metadata.name,
                                  cluster_queue=admission.cluster_queue)
     b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "True", c.REASON_ADMITTED,
