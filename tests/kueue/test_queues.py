@@ -24,17 +24,19 @@ def _create(kube: Kube, path: str, body: dict[str, Any]) -> dict[str, Any]:
     return kube.ok(kube.post(path, {"apiVersion": "kueue.x-k8s.io/v1beta2", **body}))
 
 
-def tenancy(kube: Kube, namespace: str, cpu: str, node_labels: dict[str, str] | None = None) -> tuple[str, str]:
+def tenancy(kube: Kube, namespace: str, cpu: str, node_labels: dict[str, str] | None = None,
+            runs_quota: int | None = None) -> tuple[str, str]:
     """A ResourceFlavor, a ClusterQueue with `cpu` of it, and a LocalQueue `team` in `namespace`
     (cluster-scoped names unique per test: the tests share one Kueue)."""
     tag = uuid.uuid4().hex[:6]
     flavor, cq = f"flavor-{tag}", f"cq-{tag}"
     _create(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor},
                                                "spec": {"nodeLabels": node_labels or {}}})
+    covered = [("cpu", cpu)] + ([("tether.dev/runs", str(runs_quota))] if runs_quota is not None else [])
     _create(kube, f"{KUEUE}/clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
         "namespaceSelector": {},
-        "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
-            {"name": flavor, "resources": [{"name": "cpu", "nominalQuota": cpu}]}]}]}})
+        "resourceGroups": [{"coveredResources": [r for r, _ in covered], "flavors": [
+            {"name": flavor, "resources": [{"name": r, "nominalQuota": q} for r, q in covered]}]}]}})
     _create(kube, f"{KUEUE}/namespaces/{namespace}/localqueues",
             {"kind": "LocalQueue", "metadata": {"name": "team"}, "spec": {"clusterQueue": cq}})
     eventually(lambda: _active(kube, f"{KUEUE}/clusterqueues/{cq}"), timeout=60, what=f"ClusterQueue {cq} Active")
@@ -181,3 +183,27 @@ def test_a_higher_priority_run_preempts_a_running_one_that_yields_and_resumes(  
     final = [runs.get(kube, namespace, n) for n in ("low", "high")]
     verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=final))
     assert verdict.ok, verdict.violations
+
+
+def test_external_runs_are_capped_by_the_cluster_queue_too(kube: Kube, namespace: str, operator, kueue) -> None:  # type: ignore[no-untyped-def]
+    """An External run's pod set asks for one tether.dev/runs: a quota of 1 lets one hold a lease."""
+    _, cq = tenancy(kube, namespace, cpu="1", runs_quota=1)
+    for name in ("ext-1", "ext-2"):
+        runs.create(kube, namespace, {
+            "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+            "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "team"}},
+            "spec": {"executor": "External", "payload": {}, "lease": {"durationSeconds": 30, "renewIntervalSeconds": 5,
+                                                                      "startupGraceSeconds": 600}}})
+
+    def one_granted() -> tuple[str, str] | None:
+        phases = {n: (runs.get(kube, namespace, n).get("status") or {}).get("phase") for n in ("ext-1", "ext-2")}
+        granted = [n for n, p in phases.items() if p == "Starting"]
+        queued = [n for n, p in phases.items() if p == "Queued"]
+        return (granted[0], queued[0]) if len(granted) == 1 and len(queued) == 1 else None
+
+    granted, queued = eventually(one_granted, timeout=60, what="one External run granted, one Queued")
+    # Nobody claims it; stopping it ends it, its Workload finishes, and the other gets the slot.
+    kube.ok(kube.patch(Kube.wr_path(namespace, granted), {"spec": {"stop": True}}))
+    runs.wait_phase(kube, namespace, granted, "Cancelled", timeout=60)
+    started = runs.wait_phase(kube, namespace, queued, "Starting", timeout=60)
+    assert started["status"]["attempts"][0]["admission"]["clusterQueue"] == cq

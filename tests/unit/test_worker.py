@@ -670,3 +670,29 @@ def test_a_claim_answer_is_the_gateways_claim_reply_exactly_when_every_sdk_reads
     with pytest.raises(TetherWorkerError, match="not the gateway's claim reply") as raised:
         WorkerRun.claim("http://gw", "ns", "job", "tok")
     assert not isinstance(raised.value, ClaimRefused)
+
+
+def test_an_eviction_reaches_the_worker_as_a_yield() -> None:
+    """Kueue evicted the run: the signals say stop and yield; the SDK tells its code it is a yield
+    (checkpoint, then exit: the run resumes from there), with the time the attempt is revoked."""
+    import datetime as dt
+
+    from tether import protocol
+    from tether.worker import StopRequested
+
+    raw = protocol.signals_annotation(Signals(stop=True, yield_=True, reason="evicted by Kueue (Preempted)",
+                                              stop_by=dt.datetime(2026, 12, 3, 12, 0, 30, tzinfo=dt.timezone.utc)))
+    parsed = protocol.lease_signals({"metadata": {"annotations": {"tether.dev/signals": raw}}})
+    assert parsed is not None
+    run = _run(FlakyTransport({}), [0.0])
+    run._take_signals(parsed)  # noqa: SLF001
+    assert run.signals.stop and run.signals.yielding
+    assert run.signals.stop_by == dt.datetime(2026, 12, 3, 12, 0, 30, tzinfo=dt.timezone.utc)
+    with pytest.raises(StopRequested) as told:
+        run.ensure_owner()
+    assert told.value.yielding and "Preempted" in str(told.value)
+    plain = protocol.lease_signals({"metadata": {"annotations": {"tether.dev/signals": protocol.signals_annotation(
+        Signals(stop=True, reason="spec.stop is set"))}}})
+    assert plain is not None and "yield" not in protocol.signals_annotation(plain)
+    run._take_signals(plain)  # noqa: SLF001
+    assert run.signals.stop and not run.signals.yielding

@@ -31,8 +31,13 @@ class ToolTimeout(TetherWorkerError):
 class StopRequested(TetherWorkerError):
     """The control plane told this worker to stop (spec.stop, or a cap or budget crossed).
 
-    Finish or abandon the current step and exit; start no new side effect.
+    Finish or abandon the current step and exit; start no new side effect. `yielding`: Kueue
+    evicted the run, which resumes later from the last checkpoint: checkpoint first, then exit.
     """
+
+    def __init__(self, message: str, yielding: bool = False) -> None:
+        super().__init__(message)
+        self.yielding = yielding
 
 
 class ResultInvalid(TetherWorkerError, ValueError):

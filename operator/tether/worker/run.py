@@ -88,6 +88,10 @@ class ControlSignals:
     ends_at: dt.datetime | None = None
     cap_remaining_cents: int | None = None
     cap_remaining_tokens: int | None = None
+    # With stop: Kueue evicted the run. Checkpoint and exit: the run is queued again and its next
+    # attempt resumes from the checkpoint; at stop_by the attempt is revoked whatever happens.
+    yielding: bool = False
+    stop_by: dt.datetime | None = None
 
 
 class WorkerRun:
@@ -229,12 +233,14 @@ class WorkerRun:
             sig, usage = self._signals, self._usage
         cents, tokens = protocol.remaining(sig, usage)
         return ControlSignals(stop=sig.stop, paused=sig.paused, reason=sig.reason, ends_at=sig.ends_at,
-                              cap_remaining_cents=cents, cap_remaining_tokens=tokens)
+                              cap_remaining_cents=cents, cap_remaining_tokens=tokens,
+                              yielding=sig.stop and sig.yield_, stop_by=sig.stop_by)
 
     def ensure_owner(self) -> None:
         """Call before every side effect: raises LeaseLost, OwnershipUnknown or StopRequested."""
         if self._signals.stop:
-            raise StopRequested(self._signals.reason or "the control plane asked this worker to stop")
+            raise StopRequested(self._signals.reason or "the control plane asked this worker to stop",
+                                yielding=self._signals.yield_)
         if self.lost:
             raise LeaseLost(f"{self.holder} lost run {self.namespace}/{self.name} (fence {self.fence})")
         if self.ownership_unknown:
