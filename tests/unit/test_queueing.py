@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from tether.api.kueue import Workload
+from tether.api.kueue import ANN_EXECUTION_DIGEST, Workload
+from tether.core.execution import execution_digest
 from tether.api.models import Phase
 from tether.api.models import Outcome
-from tether.core.actions import (Confirm, EnsureSignals, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota,
-                                  Revoke, WriteStatus)
+from tether.core.actions import (Confirm, DeleteWorkload, EnsureSignals, EnsureWorkload, FinishWorkload, MarkPodsReady,
+                                  ReleaseQuota, Revoke, WriteStatus)
 from tether.core.decide import decide
 from tether.core.observe import FlavorPlacement
 from tether.core.queueing import admission_of, waiting_message, workload_name
@@ -22,6 +23,7 @@ from tether.kube.resources import build_pod
 from tests.unit.test_decide import T0, held, kinds, lease, observe, pod, run
 
 QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
+DIGEST = execution_digest(run().spec)
 OWNER = [{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "name": "job", "uid": "u-1", "controller": True}]
 
 
@@ -31,7 +33,8 @@ def cond(type_: str, status: str, reason: str = "R", message: str = "") -> dict[
 
 
 def workload(*conds: dict[str, Any], admission: dict[str, Any] | None = None, evictions: int = 0,
-             checks: list[dict[str, Any]] | None = None, owner: list[dict[str, Any]] | None = None) -> Workload:
+             checks: list[dict[str, Any]] | None = None, owner: list[dict[str, Any]] | None = None,
+             digest: str | None = None) -> Workload:
     status: dict[str, Any] = {"conditions": list(conds)}
     if admission is not None:
         status["admission"] = admission
@@ -40,7 +43,8 @@ def workload(*conds: dict[str, Any], admission: dict[str, Any] | None = None, ev
     if checks is not None:
         status["admissionChecks"] = checks
     return Workload.model_validate({"metadata": {"name": "workerrun-job-x", "namespace": "ns", "uid": "w-1",
-                                                 "resourceVersion": "5", "ownerReferences": owner or OWNER},
+                                                 "resourceVersion": "5", "ownerReferences": owner or OWNER,
+                                                 "annotations": {ANN_EXECUTION_DIGEST: digest or DIGEST}},
                                     "spec": {"queueName": "team-a"}, "status": status})
 
 
@@ -164,7 +168,7 @@ def test_the_first_renewal_tells_kueue_pods_ready_once() -> None:
     o = queued_observe(ADMITTED, status=_held_queued("Running"), lease_obs=lease(), pods=(pod(),))
     d = decide(o)
     assert [a for a in d.actions if isinstance(a, MarkPodsReady)] == [
-        MarkPodsReady(name="workerrun-job-x", message="job-a1 renewed its lease")]
+        MarkPodsReady(name="workerrun-job-x", message="job-a1 renewed its lease", resource_version="5")]
     ready = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("PodsReady", "True"),
                      admission=ADMISSION, evictions=2)
     assert not [a for a in decide(replace(o, workload=ready)).actions if isinstance(a, MarkPodsReady)]
@@ -179,7 +183,8 @@ def test_pods_ready_waits_for_the_worker_not_the_container() -> None:
 def test_a_finished_run_finishes_its_workload(phase: str, succeeded: bool) -> None:
     s = {**_held_queued(), "phase": phase, "holder": None, "fence": 2, "finishedAt": T0.isoformat()}
     d = decide(queued_observe(ADMITTED, status=s))
-    assert FinishWorkload(name="workerrun-job-x", succeeded=succeeded, message=f"the run ended {phase}") in d.actions
+    assert FinishWorkload(name="workerrun-job-x", succeeded=succeeded, message=f"the run ended {phase}",
+                          resource_version="5") in d.actions
     done = workload(cond("QuotaReserved", "True"), cond("Finished", "True"), admission=ADMISSION)
     assert not [a for a in decide(queued_observe(done, status=s)).actions if isinstance(a, FinishWorkload)]
 
@@ -254,7 +259,7 @@ def _after_preemption() -> dict[str, Any]:
 
 def test_the_quota_is_released_once_the_evicted_pod_is_gone() -> None:
     gone = decide(queued_observe(EVICTED, status=_after_preemption()))
-    assert ReleaseQuota(name="workerrun-job-x") in gone.actions
+    assert ReleaseQuota(name="workerrun-job-x", resource_version="5") in gone.actions
     assert not any(isinstance(a, WriteStatus) and a.grants for a in gone.actions)
     busy = decide(queued_observe(EVICTED, status=_after_preemption(), pods=(pod(),)))
     assert not [a for a in busy.actions if isinstance(a, ReleaseQuota)]
@@ -288,7 +293,66 @@ def test_a_workload_not_seen_stops_nothing() -> None:
     assert all(a.status.stop_requested_at is None for a in d.actions if isinstance(a, WriteStatus))
 
 
-def test_preempted_attempts_use_up_no_retry() -> None:
+def test_preempted_attempts_use_up_no_retry_even_beyond_the_kept_history() -> None:
     from tether.core.lifecycle import attempts_used
-    s = run(status=_after_preemption()).status
+    s = run(status={**_after_preemption(), "preemptions": 1}).status
     assert (s.attempt, attempts_used(s)) == (1, 0)
+    # 150 preemptions, then a failure: one attempt used, though the history keeps only 100.
+    many = run(status={**held(attempt=151), "preemptions": 150}).status
+    assert attempts_used(many) == 1
+
+
+def test_the_preemption_counter_grows_with_each_preemption() -> None:
+    status = {**_held_queued(), "stopRequestedAt": T0.isoformat(), "preemptions": 4}
+    o = replace(observe(run(status=status, labels=QUEUE), lease(), pods=(pod(phase="Succeeded", exit_code=0),)),
+                workload=EVICTED, flavors=SPOT)
+    (revoke,) = [a for a in decide(o).actions if isinstance(a, Revoke)]
+    assert revoke.status_write.status.preemptions == 5
+
+
+def test_an_exit_code_rule_does_not_fail_a_preempted_attempt() -> None:
+    """A yielding worker may exit non-zero (an uncaught StopRequested): only onReasons rules match."""
+    status = {**_held_queued(), "stopRequestedAt": T0.isoformat()}
+    r = run(spec={"retry": {"maxAttempts": 3, "rules": [
+        {"action": "FailRun", "onExitCodes": {"operator": "NotIn", "values": [0]}}]}}, status=status, labels=QUEUE)
+    o = replace(observe(r, lease(), pods=(pod(phase="Failed", exit_code=1),)), workload=EVICTED, flavors=SPOT)
+    (revoke,) = [a for a in decide(o).actions if isinstance(a, Revoke)]
+    assert revoke.status_write.status.phase == Phase.QUEUED
+
+
+@pytest.mark.parametrize("status", [
+    {"phase": "Backoff", "attempt": 1, "fence": 2, "nextAttemptAt": "2026-11-30T12:00:00+00:00"},
+    {"phase": "Suspended", "attempt": 1, "fence": 2},
+])
+def test_an_evicted_workloads_quota_is_released_whatever_holds_the_run_back(status: dict[str, Any]) -> None:
+    """The preemptor waits for this release: a backoff (up to a week) or a suspension must not hold it."""
+    spec = {"suspend": True} if status["phase"] == "Suspended" else None
+    o = replace(observe(run(spec=spec, status={**status, "queue": {"name": "team-a", "workload": "workerrun-job-x"}},
+                            labels=QUEUE)), workload=EVICTED, flavors=SPOT)
+    assert ReleaseQuota(name="workerrun-job-x", resource_version="5") in decide(o).actions
+
+
+def test_a_spec_edited_while_queued_remakes_the_workload_before_any_grant() -> None:
+    """Kueue admitted the pod set the Workload was made from; a grant must not run another."""
+    stale = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION, digest="sha256:old")
+    d = decide(queued_observe(stale))
+    assert DeleteWorkload(name="workerrun-job-x", uid="w-1") in d.actions
+    assert not any(isinstance(a, WriteStatus) and a.grants for a in d.actions)
+
+
+def test_the_queue_is_the_recorded_one_once_the_workload_exists() -> None:
+    """A label removed (or changed) mid-run moves nothing: evictions still reach the attempt."""
+    status = {**_held_queued(), "queue": {"name": "team-a", "workload": "workerrun-job-x"}}
+    o = replace(observe(run(status=status), lease(), pods=(pod(),)), workload=EVICTED, flavors=SPOT)  # no label
+    assert _status(decide(o)).stop_requested_at == T0
+
+
+def test_a_workload_seen_deleted_ends_the_admission_of_the_held_attempt() -> None:
+    o = replace(queued_observe(None, status=_held_queued(), lease_obs=lease(), pods=(pod(),)), workload_gone=True)
+    s = _status(decide(o))
+    assert s.stop_requested_at == T0 and s.holder == "job-a1"
+
+
+def test_an_admitted_run_waiting_for_a_flavor_looks_again() -> None:
+    d = decide(queued_observe(ADMITTED, flavors={}))
+    assert d.requeue_after == 5.0

@@ -35,7 +35,9 @@ ADMISSION_MANAGER = "kueue-admission"
 JOB_CONTROLLER_MANAGER = "kueue-job-controller"
 # The conditions the admission manager owns (Kueue's pkg/workload/patching admissionManagedConditions).
 ADMISSION_CONDITIONS = (WL_QUOTA_RESERVED, "BlockedOnPreemptionGates", WL_EVICTED, WL_ADMITTED, WL_PREEMPTED,
-                        WL_REQUEUED, "DeactivationTarget", WL_FINISHED)
+                        WL_REQUEUED, "DeactivationTarget", WL_FINISHED, WL_PODS_READY)
+# On a run's Workload: the digest of the run's execution fields it was made from (its pod set).
+ANN_EXECUTION_DIGEST = "tether.dev/execution-digest"
 # The only pod set of a run's Workload: one worker per attempt.
 POD_SET = "main"
 
@@ -54,6 +56,7 @@ class WorkloadMeta(_Model):
     uid: str = ""
     resource_version: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
     owner_references: list[OwnerReference] = Field(default_factory=list)
     deletion_timestamp: str | None = None
 

@@ -258,6 +258,9 @@ class WorkerRunStatus(_Model):
     # The digest of the execution fields as approved or first granted; every grant must match it.
     execution_digest: str | None = None
     queue: QueueStatus | None = None
+    # Attempts Kueue preempted: they use up none of spec.retry.maxAttempts (a counter, because the
+    # attempt history keeps only the last 100).
+    preemptions: int = 0
     conditions: list[Condition] = Field(default_factory=list)
 
     def current(self) -> AttemptRecord | None:

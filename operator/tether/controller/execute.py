@@ -25,6 +25,7 @@ from tether.core.actions import (
     Action,
     Change,
     ChargeBudget,
+    DeleteWorkload,
     ClearLease,
     DeletePod,
     DeleteRun,
@@ -105,7 +106,8 @@ class Executor:
             ReleasePod: self.release_pod, EnsureSignals: self.ensure_signals, ChargeBudget: self.charge,
             ReleaseCharge: self.release_charge, DeleteRun: self.delete_run, RemoveFinalizer: self.remove_finalizer,
             EnsureWorkload: self.ensure_workload, MarkPodsReady: self.mark_pods_ready,
-            ReleaseQuota: self.release_quota, FinishWorkload: self.finish_workload,
+            ReleaseQuota: self.release_quota, DeleteWorkload: self.delete_workload,
+            FinishWorkload: self.finish_workload,
         }
 
     async def run(self, snap: Snapshot, action: Action) -> Snapshot:
@@ -307,6 +309,10 @@ class Executor:
 
     async def release_quota(self, snap: Snapshot, action: ReleaseQuota) -> Snapshot:
         await self.queues.release_quota(snap, action)
+        return snap
+
+    async def delete_workload(self, snap: Snapshot, action: DeleteWorkload) -> Snapshot:
+        await self.queues.delete_workload(snap, action)
         return snap
 
     async def finish_workload(self, snap: Snapshot, action: FinishWorkload) -> Snapshot:

@@ -20,7 +20,8 @@ from tether.api.models import WorkerRun
 from tether.controller.errors import Again
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
-from tether.core.actions import EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota
+from tether.core.actions import DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota
+from tether.core.execution import execution_digest
 from tether.core.observe import FlavorPlacement
 from tether.core.queueing import admitted, queue_name, workload_name
 from tether.kube import workloads
@@ -36,26 +37,30 @@ FLAVOR_PATH = f"/apis/{k.KUEUE_API_VERSION}/resourceflavors"
 class QueueBook:
     def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime]) -> None:
         self.kube, self.now = kube, now
-        self.workloads: dict[RunKey, dict[str, Any]] = {}  # by the run (namespace, name) that controls it
+        self.workloads: dict[tuple[str, str], dict[str, Any]] = {}  # by (namespace, Workload name)
+        self.deleted: set[tuple[str, str]] = set()  # Workloads seen deleted (and not made again since)
         self.local_queues: dict[tuple[str, str], str] = {}  # (namespace, LocalQueue) -> ClusterQueue
 
     # --- watch events ----------------------------------------------------------------
 
     def on_workload(self, event_type: str | None, body: dict[str, Any]) -> RunKey | None:
-        """Caches a run's Workload; returns the run it concerns (None: not a run's)."""
+        """Caches a run's Workload by its name (which names the run's UID: a namesake's never takes
+        its place); returns the run it concerns (None: not a run's)."""
         meta = body.get("metadata") or {}
         owner = next((r for r in meta.get("ownerReferences") or []
                       if r.get("kind") == "WorkerRun" and r.get("controller")), None)
         if owner is None:
             return None
-        key = (meta["namespace"], owner["name"])
+        key = (meta["namespace"], meta["name"])
         current = self.workloads.get(key)
         if event_type == "DELETED":
-            if current is not None and current["metadata"].get("uid") == meta.get("uid"):
-                del self.workloads[key]
+            if current is None or current["metadata"].get("uid") == meta.get("uid"):
+                self.workloads.pop(key, None)
+                self.deleted.add(key)
         elif current is None or _newer(body, current):
             self.workloads[key] = body
-        return key
+            self.deleted.discard(key)
+        return (meta["namespace"], owner["name"])
 
     def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> None:
         meta, spec = body.get("metadata") or {}, body.get("spec") or {}
@@ -67,16 +72,17 @@ class QueueBook:
 
     # --- what a decision sees ------------------------------------------------------------
 
-    async def observe(self, run: WorkerRun) -> tuple[Workload | None, str | None, dict[str, FlavorPlacement]]:
+    async def observe(self, run: WorkerRun) -> tuple[Workload | None, bool, str | None, dict[str, FlavorPlacement]]:
         """The run's own Workload (by UID: a namesake's is not its), its LocalQueue's ClusterQueue,
         and, when it is admitted and nobody holds the run, the ResourceFlavors the admission names,
         read fresh: they place the pod the grant makes (they are cluster-scoped and rarely read, so
         they are not watched)."""
         queue = queue_name(run)
         if queue is None:
-            return None, None, {}
+            return None, False, None, {}
         ns = run.metadata.namespace
-        body = self.workloads.get((ns, run.metadata.name))
+        key = (ns, workload_name(run))
+        body = self.workloads.get(key)
         wl = _parse(body) if body is not None else None
         if wl is not None and not wl.owned_by(run.metadata.uid):
             wl = None
@@ -92,7 +98,7 @@ class QueueBook:
                     flavor = _flavor(body) if body is not None else None
                     if flavor is not None:
                         flavors[name] = flavor
-        return wl, self.local_queues.get((ns, queue)), flavors
+        return wl, body is None and key in self.deleted, self.local_queues.get((ns, queue)), flavors
 
     async def _read(self, path: str) -> dict[str, Any] | None:
         try:
@@ -107,7 +113,7 @@ class QueueBook:
     async def ensure_workload(self, snap: Snapshot, action: EnsureWorkload) -> dict[str, Any]:
         run = snap.run
         priority = await self._priority(run)
-        body = workloads.workload_body(run, action.name, priority)
+        body = workloads.workload_body(run, action.name, priority, execution_digest(run.spec))
         try:
             created = await self.kube.create(workload_path(run.metadata.namespace), body)
         except Conflict:
@@ -128,38 +134,53 @@ class QueueBook:
         return name, int(wpc.get("value") or 0)
 
     async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> None:
-        await self._apply(snap, action.name, f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
-                          lambda wl: workloads.pods_ready_status(wl, action.message, self.now()))
+        await self._apply(snap, action.name, action.resource_version, f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
+                          lambda wl: workloads.pods_ready_status(wl, True, action.message, self.now()))
 
     async def release_quota(self, snap: Snapshot, action: ReleaseQuota) -> None:
-        await self._apply(snap, action.name, k.ADMISSION_MANAGER,
-                          lambda wl: workloads.released_status(wl, self.now()))
+        written = await self._apply(snap, action.name, action.resource_version, k.ADMISSION_MANAGER,
+                                    lambda wl: workloads.released_status(wl, self.now()))
+        if written is not None:
+            # As the job framework says while a Workload is not admitted: the next attempt's
+            # worker is awaited afresh (waitForPodsReady applies to it too).
+            await self._apply(snap, action.name, written["metadata"]["resourceVersion"],
+                              f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
+                              lambda wl: workloads.pods_ready_status(wl, False, "waiting for the next attempt's worker",
+                                                                     self.now()))
         log.info("workload quota released", extra={"run": snap.run.key, "event": "workload_released",
                                                    "workload": action.name})
 
     async def finish_workload(self, snap: Snapshot, action: FinishWorkload) -> None:
-        await self._apply(snap, action.name, k.ADMISSION_MANAGER,
+        await self._apply(snap, action.name, action.resource_version, k.ADMISSION_MANAGER,
                           lambda wl: workloads.finished_status(wl, action.succeeded, action.message, self.now()))
 
-    async def _apply(self, snap: Snapshot, name: str, manager: str,
-                     status: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        """A status apply conditional on the cached Workload; a conflict refreshes it (the
-        next pass decides from that)."""
+    async def delete_workload(self, snap: Snapshot, action: DeleteWorkload) -> None:
+        await self.kube.delete_object(workload_path(snap.run.metadata.namespace, action.name), action.uid)
+        log.info("workload deleted to be made again", extra={"run": snap.run.key, "event": "workload_remade",
+                                                             "workload": action.name})
+
+    async def _apply(self, snap: Snapshot, name: str, resource_version: str, manager: str,
+                     status: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
+        """A status apply built from the Workload as decided on and conditional on it (its
+        resourceVersion): one the cache has moved past since is decided again, never applied to
+        what Kueue wrote meanwhile (a new admission)."""
         ns = snap.run.metadata.namespace
-        current = self.workloads.get(snap.key)
-        if current is None or current["metadata"]["name"] != name:
-            return
+        current = self.workloads.get((ns, name))
+        if current is None:
+            return None
+        if current["metadata"]["resourceVersion"] != resource_version:
+            raise Again(f"workload {ns}/{name} moved since the decision")
         try:
-            written = await self.kube.apply_workload_status(ns, name, status(current),
-                                                            current["metadata"]["resourceVersion"], manager)
+            written = await self.kube.apply_workload_status(ns, name, status(current), resource_version, manager)
         except Conflict:
             fresh = await self.kube.get_object(workload_path(ns, name))
             if fresh is not None:
                 self.on_workload("MODIFIED", fresh)
             raise Again(f"workload {ns}/{name} moved") from None
         except NotFound:
-            return
+            return None
         self.on_workload("MODIFIED", written)
+        return written
 
     async def confirm_admitted(self, snap: Snapshot, evictions: int) -> bool:
         """A fresh read: the run's Workload is admitted now, with no eviction since the one the

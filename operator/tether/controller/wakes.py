@@ -128,5 +128,5 @@ class Wakes:
         """A LocalQueue's ClusterQueue is named in its runs' Queued message."""
         self.queues.on_local_queue(event_type, body)
         ns = (body.get("metadata") or {}).get("namespace")
-        return [Wake(key) for key in self.queues.workloads if key[0] == ns and (run := self.cache.run(key)) is not None
-                and run.holder is None]
+        return [Wake(key) for key in list(self.cache.runs) if key[0] == ns and (run := self.cache.run(key)) is not None
+                and run.holder is None and run.phase == "Queued"]

@@ -238,10 +238,12 @@ class EnsureWorkload:
 
 @dataclass(frozen=True)
 class MarkPodsReady:
-    """Tell Kueue the attempt's worker is up (Workload condition PodsReady): its first renewal."""
+    """Tell Kueue the attempt's worker is up (Workload condition PodsReady): its first renewal.
+    Each Workload write is conditional on the resourceVersion the decision saw."""
 
     name: str
     message: str
+    resource_version: str
 
     pins_run: ClassVar[bool] = False
     requires: ClassVar[tuple[Confirm, ...]] = ()
@@ -253,6 +255,19 @@ class ReleaseQuota:
     as Kueue's job framework does, so Kueue queues it again."""
 
     name: str
+    resource_version: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
+
+
+@dataclass(frozen=True)
+class DeleteWorkload:
+    """The run's spec no longer matches its unadmitted Workload's pod set: delete it (UID
+    precondition); the next pass makes it again from the spec."""
+
+    name: str
+    uid: str
 
     pins_run: ClassVar[bool] = False
     requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
@@ -265,6 +280,7 @@ class FinishWorkload:
     name: str
     succeeded: bool
     message: str
+    resource_version: str
 
     pins_run: ClassVar[bool] = False
     requires: ClassVar[tuple[Confirm, ...]] = ()
@@ -272,7 +288,7 @@ class FinishWorkload:
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
           | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer | EnsureWorkload | MarkPodsReady
-          | ReleaseQuota | FinishWorkload)
+          | ReleaseQuota | DeleteWorkload | FinishWorkload)
 
 
 @dataclass(frozen=True)

@@ -201,8 +201,8 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
         # accepts, would take the new holder for its own. Bounded: grace period plus a minute.
         wait_for_namesake(o, b, d, blocker)
         return
-    if not room_for_attempt(s.fence):
-        b.exhaust_fences(f"fence {s.fence} leaves no room for another attempt's grant and revocation")
+    if not room_for_attempt(s.fence, s.attempt):
+        b.exhaust_fences(f"fence {s.fence}, attempt {s.attempt}: no room for another attempt's grant and revocation")
         d.actions.append(b.write())
         return
     holder, attempt, fence = b.grant()

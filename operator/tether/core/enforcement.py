@@ -72,11 +72,15 @@ def eviction(o: Observed) -> Stop | None:
     """Kueue took back the admission the held attempt runs under: evicted now, or evicted since
     the grant (the Workload's eviction count moved past the one the attempt records), or no
     quota reserved any more. A Workload not seen at all says nothing (a cache that has not
-    listed it yet, after a restart): the attempt goes on."""
+    listed it yet, after a restart): the attempt goes on; one seen deleted ends its admission."""
     s, wl = o.run.status, o.workload
     cur = s.current()
-    if s.holder is None or cur is None or cur.admission is None or wl is None:
+    if s.holder is None or cur is None or cur.admission is None:
         return None
+    if wl is None:
+        # Seen deleted (a person, or a namespace's cleanup): its quota is free, so nothing may run.
+        return Stop(Outcome.PREEMPTED, "its Kueue Workload was deleted", eviction="WorkloadDeleted") \
+            if o.workload_gone else None
     evicted = wl.condition(k.WL_EVICTED)
     if evicted is not None and evicted.status == "True":
         return Stop(Outcome.PREEMPTED, f"evicted by Kueue ({evicted.reason}): {evicted.message or ''}".rstrip(": "),

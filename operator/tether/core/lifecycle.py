@@ -77,6 +77,8 @@ def retry_allowed(run: WorkerRun, outcome: Outcome, exit_code: int | None) -> bo
         matched = False
         if rule.on_reasons is not None:
             matched = outcome in rule.on_reasons
+        elif outcome == Outcome.PREEMPTED:
+            continue  # a yielding worker's exit code says nothing of the work: only onReasons match it
         elif rule.on_exit_codes is not None and exit_code is not None:
             inside = exit_code in rule.on_exit_codes.values
             matched = inside if rule.on_exit_codes.operator == "In" else not inside
@@ -87,13 +89,17 @@ def retry_allowed(run: WorkerRun, outcome: Outcome, exit_code: int | None) -> bo
 
 def attempts_used(status: WorkerRunStatus) -> int:
     """The attempts that count against spec.retry.maxAttempts: all but those Kueue preempted."""
-    preempted = sum(1 for a in status.attempts if a.outcome == Outcome.PREEMPTED)
-    return status.attempt - preempted
+    return status.attempt - status.preemptions
 
 
-def room_for_attempt(fence: int) -> bool:
-    """Whether another attempt's fences (its grant and its revocation) still fit after `fence`."""
-    return fence <= MAX_FENCE - FENCES_PER_ATTEMPT
+# The CRD's bound on status.attempt: maxAttempts (at most 100) plus attempts Kueue preempted.
+MAX_ATTEMPT = 10000
+
+
+def room_for_attempt(fence: int, attempt: int = 0) -> bool:
+    """Whether another attempt's fences (its grant and its revocation) still fit after `fence`, and
+    its number within the CRD's bound."""
+    return fence <= MAX_FENCE - FENCES_PER_ATTEMPT and attempt < MAX_ATTEMPT
 
 
 def review_of(status: WorkerRunStatus) -> ReviewStatus:
@@ -308,6 +314,7 @@ class StatusBuilder:
             return
         if outcome == Outcome.PREEMPTED:
             # Not a failure: back in the queue at once (Kueue's own requeue backoff applies).
+            s.preemptions = min(s.preemptions + 1, MAX_ATTEMPT)
             why = f"attempt {s.attempt} preempted: {message}; queued again"
             s.conditions = set_condition(s.conditions, c.COND_ADMITTED, "False", Outcome.PREEMPTED.value, why,
                                          self.generation, self.o.now)

@@ -128,6 +128,8 @@ class Observed:
     # A queued run's Kueue Workload as last seen (None: none seen), the ResourceFlavors known by
     # name, and the ClusterQueue its LocalQueue points at (None: unknown).
     workload: Workload | None = None
+    # This operator saw the run's Workload deleted (not merely not listed yet).
+    workload_gone: bool = False
     flavors: Mapping[str, FlavorPlacement] = field(default_factory=dict)
     cluster_queue: str | None = None
 

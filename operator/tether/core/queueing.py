@@ -18,12 +18,18 @@ from tether.api import kueue as k
 from tether.api.conditions import get_condition, set_condition
 from tether.api.kueue import Workload
 from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
-from tether.core.actions import Decision, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota
+from tether.core.actions import (Decision, DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady,
+                                 ReleaseQuota)
+from tether.core.execution import execution_digest
 from tether.core.lifecycle import StatusBuilder
 from tether.core.observe import FlavorPlacement, Observed
 
 
 def queue_name(run: WorkerRun) -> str | None:
+    """The run's LocalQueue: the label, until its Workload exists; from then on the one recorded
+    (a label edited or removed later moves nothing: the Workload and its quota stay Kueue's)."""
+    if run.status.queue is not None:
+        return run.status.queue.name
     return run.metadata.labels.get(k.LABEL_QUEUE_NAME) or None
 
 
@@ -112,18 +118,22 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
         d.actions.append(EnsureWorkload(name=workload_name(o.run)))
         _queued(o, b, d, waiting_message(o, None))
         return False
-    if wl.is_true(k.WL_EVICTED) and wl.is_true(k.WL_QUOTA_RESERVED):
-        # Evicted, and the attempt it evicted is over: the fence has moved. Once its pod is gone
-        # too (Kueue frees the quota of a job with nothing active), the reservation is released.
+    if evicted_and_reserved(wl):
         busy = [p.name for p in o.pods if not p.terminated]
-        if not busy:
-            d.actions.append(ReleaseQuota(name=wl.metadata.name))
         evicted = wl.condition(k.WL_EVICTED)
         _queued(o, b, d, f"evicted by Kueue ({evicted.reason if evicted else 'Evicted'}); "
                          + (f"waiting for pod {', '.join(busy)} to go" if busy else "releasing its quota"))
+        return False  # tell_kueue releases it
+    if wl.metadata.annotations.get(k.ANN_EXECUTION_DIGEST) != execution_digest(o.run.spec):
+        # Edited while queued: Kueue's admission (and quota) would be for another pod than the
+        # one the grant makes. Made again from the spec (Kueue's job framework does the same).
+        d.actions.append(DeleteWorkload(name=wl.metadata.name, uid=wl.metadata.uid))
+        _queued(o, b, d, f"queued in LocalQueue {queue_name(o.run)}: the spec changed; its Workload is made again")
         return False
     admission = admission_of(wl, o.flavors) if admitted(wl) else None
     if admission is None:
+        if admitted(wl):
+            d.wake(5.0)  # a flavor read failed or is not made yet: look again
         _queued(o, b, d, waiting_message(o, wl) if not admitted(wl) else
                 f"admitted by ClusterQueue {wl.status.admission.cluster_queue if wl.status.admission else ''}; "
                 "waiting to read its ResourceFlavors")
@@ -140,17 +150,29 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     return True
 
 
+def evicted_and_reserved(wl: Workload) -> bool:
+    return wl.is_true(k.WL_EVICTED) and wl.is_true(k.WL_QUOTA_RESERVED)
+
+
 def tell_kueue(o: Observed, d: Decision) -> None:
-    """What Kueue hears of a queued run: its worker's first renewal (PodsReady) and its end
-    (Finished), each once, on the Workload the run's attempts ran under."""
+    """What Kueue hears of a queued run, on every pass whatever its phase (backoff, suspended,
+    waiting for a person): its worker's first renewal (PodsReady), that an evicted attempt is over
+    (the quota released: the preemptor waits for it), and its end (Finished)."""
     wl, s = o.workload, o.run.status
     if wl is None or wl.is_true(k.WL_FINISHED):
         return
+    rv = wl.metadata.resource_version
     if s.phase is not None and s.phase.terminal:
         d.actions.append(FinishWorkload(name=wl.metadata.name, succeeded=s.phase == Phase.SUCCEEDED,
-                                        message=f"the run ended {s.phase.value}"))
+                                        message=f"the run ended {s.phase.value}", resource_version=rv))
+        return
+    if evicted_and_reserved(wl) and s.holder is None and all(p.terminated for p in o.pods):
+        # The evicted attempt is over: the fence has moved and (as Kueue frees the quota of a job
+        # with nothing active) its pod is gone.
+        d.actions.append(ReleaseQuota(name=wl.metadata.name, resource_version=rv))
         return
     cur = s.current()
     if s.holder is not None and cur is not None and cur.admission is not None and \
             s.phase == Phase.RUNNING and not wl.is_true(k.WL_PODS_READY):
-        d.actions.append(MarkPodsReady(name=wl.metadata.name, message=f"{s.holder} renewed its lease"))
+        d.actions.append(MarkPodsReady(name=wl.metadata.name, message=f"{s.holder} renewed its lease",
+                                       resource_version=rv))

@@ -38,7 +38,7 @@ def pod_set_template(run: WorkerRun) -> dict[str, Any]:
         "resources": {"requests": {EXTERNAL_RUN_RESOURCE: "1"}, "limits": {EXTERNAL_RUN_RESOURCE: "1"}}}]}}
 
 
-def workload_body(run: WorkerRun, name: str, priority: tuple[str, int] | None) -> dict[str, Any]:
+def workload_body(run: WorkerRun, name: str, priority: tuple[str, int] | None, digest: str) -> dict[str, Any]:
     """The Workload Kueue queues the run by: owned by it (a controller reference, so Kueue and the
     garbage collector see whose it is), one pod set of one pod, the run's queue and priority."""
     spec: dict[str, Any] = {
@@ -52,7 +52,9 @@ def workload_body(run: WorkerRun, name: str, priority: tuple[str, int] | None) -
         "apiVersion": k.KUEUE_API_VERSION, "kind": "Workload",
         "metadata": {"name": name, "namespace": run.metadata.namespace,
                      "labels": {k.LABEL_JOB_UID: run.metadata.uid},
-                     "ownerReferences": [{**owner_ref(run), "controller": True, "blockOwnerDeletion": True}]},
+                     # What its pod set was made from: a spec edited while queued makes it again.
+                     "annotations": {k.ANN_EXECUTION_DIGEST: digest},
+                     "ownerReferences": [{**owner_ref(run), "controller": True}]},
         "spec": spec,
     }
 
@@ -76,10 +78,12 @@ def _set(conditions: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str
     return out if found else out + [new]
 
 
-def pods_ready_status(workload: dict[str, Any], message: str, now: dt.datetime) -> dict[str, Any]:
-    """What `kueue-job-controller-PodsReady` applies: the one condition it owns."""
+def pods_ready_status(workload: dict[str, Any], ready: bool, message: str, now: dt.datetime) -> dict[str, Any]:
+    """What `kueue-job-controller-PodsReady` applies: the one condition it owns (True, Started;
+    False, WaitForStart while no attempt's worker is up)."""
     gen = int(workload["metadata"].get("generation") or 1)
-    return {"conditions": [_condition(k.WL_PODS_READY, "True", "Started", message, gen, now)]}
+    return {"conditions": [_condition(k.WL_PODS_READY, "True" if ready else "False",
+                                      "Started" if ready else "WaitForStart", message, gen, now)]}
 
 
 def finished_status(workload: dict[str, Any], succeeded: bool, message: str, now: dt.datetime) -> dict[str, Any]:
