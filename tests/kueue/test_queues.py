@@ -55,6 +55,13 @@ def queued_run(steps: int = 4, cpu: str = "500m", **labels: str) -> dict[str, An
     return body
 
 
+def _columns(table: list[str]) -> dict[str, str]:
+    """A kubectl table's first row by column (a blank cell, like HOLDER here, shifts a split())."""
+    header, row = table[0], table[1]
+    starts = [header.index(name) for name in header.split()]
+    return {header.split()[i]: row[a:b].strip() for i, (a, b) in enumerate(zip(starts, [*starts[1:], None]))}
+
+
 def _time(value: str) -> dt.datetime:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
@@ -81,7 +88,7 @@ def test_a_cluster_queue_quota_caps_running_runs_and_the_rest_wait_queued(  # ty
     table = subprocess.run([str(bin_dir / "kubectl"), "get", "wr", waiting["metadata"]["name"], "-n", namespace],
                            capture_output=True, text=True, env={**os.environ, "KUBECONFIG": os.environ["TETHER_TEST_KUBECONFIG"]},
                            timeout=60).stdout.splitlines()
-    shown = dict(zip(table[0].split(), table[1].split()))
+    shown = _columns(table)
     assert (shown["PHASE"], shown["REASON"], shown["QUEUE"]) == ("Queued", "Queued", "team"), table
     admitted = runs.condition(waiting, "Admitted")
     assert admitted is not None and (admitted["status"], admitted["reason"]) == ("False", "Queued")
