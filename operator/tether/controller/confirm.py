@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from tether import protocol
+from tether.api import constants as c
 from tether.controller.cache import RunCache
 from tether.controller.errors import Again, Inconclusive, SpecError
 from tether.controller.execute import Executor
@@ -19,7 +20,7 @@ from tether.core.actions import Confirm, Decision, WriteStatus
 from tether.core.liveness import mass_lapse
 from tether.kube.client import Conflict, Forbidden, KubeClient, Unavailable
 from tether.kube.health import SLOW_SECONDS
-from tether.kube.paths import lease_path, namespace_path
+from tether.kube.paths import lease_path, namespace_path, pod_path
 
 log = logging.getLogger("tether.controller")
 
@@ -44,7 +45,7 @@ class Confirmer:
             Confirm.LEASE_FINAL: self.lease_final, Confirm.LAPSE: self.lapse,
             Confirm.LEASE_FOR_GRANT: self.lease_for_grant, Confirm.HOLDER_NAME_FREE: self.holder_name_free,
             Confirm.NAMESPACE_LIVE: self.namespace_live, Confirm.BOOKS: self.books, Confirm.LEDGER: self.ledger,
-            Confirm.RUN_UNMOVED: self.run_unmoved, Confirm.ADMITTED: self.admitted,
+            Confirm.RUN_UNMOVED: self.run_unmoved, Confirm.ADMITTED: self.admitted, Confirm.PODS_GONE: self.pods_gone,
         }
 
     async def confirm(self, snap: Snapshot, decision: Decision) -> Snapshot:
@@ -170,6 +171,20 @@ class Confirmer:
         assert cur is not None and cur.admission is not None  # Confirm.ADMITTED is asked for exactly then
         if not await self.executor.queues.confirm_admitted(snap, cur.admission.evictions):
             raise Again("the Workload is not admitted as the grant saw it")
+        return snap
+
+    async def pods_gone(self, snap: Snapshot, this: Pass) -> Snapshot:
+        """Before an evicted run's quota is released: none of its pods still runs, read fresh."""
+        ns, name = snap.run.metadata.namespace, snap.run.metadata.name
+        mark = self.cache.stamps.mark()
+        pods = await self.kube.list_objects(pod_path(ns), label_selector=f"{c.LABEL_RUN}={name}")
+        live = [p for p in pods if protocol.controller_uid(p) == snap.uid
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        for pod in live:
+            if self.cache.pod_read_current(pod, mark):
+                self.feed("pod", "MODIFIED", pod)
+        if live:
+            raise Again(f"pod {live[0]['metadata']['name']} of the evicted attempt still runs")
         return snap
 
     async def run_unmoved(self, snap: Snapshot, this: Pass) -> Snapshot:

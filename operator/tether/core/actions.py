@@ -57,6 +57,9 @@ class Confirm(enum.Enum):
     # A queued run's grant: a fresh read of its Workload shows it admitted, under the admission
     # (eviction count) the attempt records. A cached admission may be one Kueue took back.
     ADMITTED = "admitted"
+    # An evicted run's quota is released: a fresh list shows none of its pods still running (the
+    # pod cache may not have listed them yet after a restart).
+    PODS_GONE = "pods-gone"
     # A repair that no status write precedes: the run is unchanged since the snapshot (a status
     # compare-and-swap earlier in the same decision proves that for the actions after it).
     RUN_UNMOVED = "run-unmoved"
@@ -258,7 +261,7 @@ class ReleaseQuota:
     resource_version: str
 
     pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED, Confirm.PODS_GONE)
 
 
 @dataclass(frozen=True)
