@@ -696,3 +696,14 @@ def test_an_eviction_reaches_the_worker_as_a_yield() -> None:
     assert plain is not None and "yield" not in protocol.signals_annotation(plain)
     run._take_signals(plain)  # noqa: SLF001
     assert run.signals.stop and not run.signals.yielding
+
+
+def test_an_external_worker_hears_the_yield_from_the_gateway() -> None:
+    t = _gateway(lambda request: httpx.Response(200, json={
+        "holder": "job-a1", "fence": 1, "runUid": "uid-1", "stop": True, "yield": True,
+        "stopBy": "2026-12-03T12:00:30Z", "paused": False, "leaseExpiresAt": "x", "status": "Running"}))
+    renewal = t.renew(None, None)
+    assert renewal.ok and renewal.signals is not None
+    run = _run(FlakyTransport({}), [0.0])
+    run._take_signals(renewal.signals)  # noqa: SLF001
+    assert run.signals.yielding and run.signals.stop_by is not None and run.signals.stop_by.second == 30

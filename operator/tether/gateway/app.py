@@ -246,6 +246,8 @@ class Gateway:
             "holder": attempt.holder, "fence": attempt.fence, "runUid": run.metadata.uid,
             "leaseExpiresAt": protocol.rfc3339(_now() + dt.timedelta(seconds=run.spec.lease.duration_seconds)),
             "stop": sig.stop, "paused": sig.paused,
+            # A Kueue eviction: checkpoint and exit; the attempt is revoked at stopBy regardless.
+            "yield": sig.stop and sig.yield_, "stopBy": protocol.rfc3339(sig.stop_by) if sig.stop_by else None,
             "endsAt": protocol.rfc3339(sig.ends_at) if sig.ends_at else None,
             "capRemainingCents": cents, "capRemainingTokens": tokens,
             "status": run.status.phase.value if run.status.phase else "Pending",

@@ -101,6 +101,9 @@ class Signals(BaseModel):
     leaseExpiresAt: str
     stop: bool
     paused: bool
+    yield_: bool = Field(default=False, alias="yield",
+                         description="With stop: Kueue evicted the run; checkpoint and exit (it resumes from there).")
+    stopBy: str | None = Field(default=None, description="With yield: when the attempt is revoked regardless.")
     endsAt: str | None = None
     capRemainingCents: int | None = None
     capRemainingTokens: int | None = None

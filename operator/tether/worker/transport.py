@@ -334,6 +334,9 @@ def gateway_signals(doc: dict[str, Any], usage: Usage | None) -> Signals:
     """The gateway's flat reply as the SDK's signals (caps counted against the reported usage)."""
     signals = protocol.signals_from_remaining(bool(doc.get("stop")), bool(doc.get("paused")), doc.get("endsAt"),
                                               doc.get("capRemainingCents"), doc.get("capRemainingTokens"), usage)
+    if doc.get("yield") is True and signals.stop:
+        signals.yield_ = True
+        signals.stop_by = protocol.parse_time(doc["stopBy"]) if isinstance(doc.get("stopBy"), str) else None
     decisions = doc.get("decisions")
     if isinstance(decisions, dict) and decisions:
         try:
