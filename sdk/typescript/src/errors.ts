@@ -30,6 +30,13 @@ export class OwnershipUnknown extends TetherWorkerError {
  */
 export class StopRequested extends TetherWorkerError {
   override name = "StopRequested";
+  /** Kueue evicted the run: checkpoint first, then exit (the run resumes from the checkpoint). */
+  readonly yielding: boolean;
+
+  constructor(message: string, yielding = false) {
+    super(message);
+    this.yielding = yielding;
+  }
 }
 
 /**

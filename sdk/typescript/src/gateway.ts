@@ -94,6 +94,8 @@ export type GatewayReply = Record<string, unknown> & {
   runUid: string;
   stop: boolean;
   paused: boolean;
+  yield?: boolean;
+  stopBy?: string | null;
   endsAt?: string | null;
   capRemainingCents?: number | null;
   capRemainingTokens?: number | null;
@@ -169,8 +171,10 @@ export async function claimRun(gatewayUrl: string, namespace: string, name: stri
 
 /** The gateway's flat heartbeat reply as signals (caps counted against the usage it was sent). */
 export function gatewaySignals(doc: GatewayReply, usage: Usage | null): Signals {
-  const signals = signalsFromRemaining(doc.stop, doc.paused, doc.endsAt ?? null,
+  const base = signalsFromRemaining(doc.stop, doc.paused, doc.endsAt ?? null,
     doc.capRemainingCents ?? null, doc.capRemainingTokens ?? null, usage);
+  const signals = doc.stop && doc.yield === true
+    ? { ...base, yield: true, stopBy: typeof doc.stopBy === "string" ? doc.stopBy : null } : base;
   // Malformed decisions decide nothing (the next heartbeat asks again); the other signals stand,
   // as the Python SDK reads the same reply.
   const decisions = doc.decisions === undefined ? null : parseDecisions(doc.decisions);

@@ -108,6 +108,10 @@ export interface GateDecision {
 /** The control signals as the operator writes them on the Lease (`tether.dev/signals`). */
 export interface Signals {
   stop: boolean;
+  /** With stop: Kueue evicted the run. Checkpoint and exit: it resumes from that checkpoint. */
+  yield: boolean;
+  /** With yield: when the attempt is revoked whatever the worker does (RFC 3339). */
+  stopBy: string | null;
   paused: boolean;
   reason: string | null;
   endsAt: string | null;
@@ -122,13 +126,16 @@ export interface Signals {
 }
 
 export const NO_SIGNALS: Readonly<Signals> = Object.freeze({
-  stop: false, paused: false, reason: null, endsAt: null,
+  stop: false, yield: false, stopBy: null, paused: false, reason: null, endsAt: null,
   capCents: null, capTokens: null, baseCents: 0, baseTokens: 0, decisions: Object.freeze({}),
 });
 
 /** What the control plane says, as the worker sees it: caps counted against its own usage. */
 export interface ControlSignals {
   readonly stop: boolean;
+  /** stop is a yield (a Kueue eviction): checkpoint, then exit; the run resumes from there. */
+  readonly yielding: boolean;
+  readonly stopBy: Date | null;
   readonly paused: boolean;
   readonly reason: string | null;
   readonly endsAt: Date | null;
@@ -301,13 +308,15 @@ export function parseSignals(raw: string | null | undefined): Signals | null {
     return null;
   }
   if (!isObject(doc)) return null;
-  const { stop = false, paused = false, reason = null, endsAt = null } = doc;
+  const { stop = false, paused = false, reason = null, endsAt = null, stopBy = null } = doc;
+  const yieldSignal = doc.yield ?? false;
   const capCents = optionalInt(doc.capCents);
   const capTokens = optionalInt(doc.capTokens);
   // Absent: 0; null is malformed, as for every signal §7 does not allow null for.
   const baseCents = doc.baseCents === null ? undefined : optionalInt(doc.baseCents);
   const baseTokens = doc.baseTokens === null ? undefined : optionalInt(doc.baseTokens);
-  if (typeof stop !== "boolean" || typeof paused !== "boolean") return null;
+  if (typeof stop !== "boolean" || typeof paused !== "boolean" || typeof yieldSignal !== "boolean") return null;
+  if (stopBy !== null && (typeof stopBy !== "string" || Number.isNaN(Date.parse(stopBy)))) return null;
   if (reason !== null && typeof reason !== "string") return null;
   if (endsAt !== null && (typeof endsAt !== "string" || Number.isNaN(Date.parse(endsAt)))) return null;
   if (capCents === undefined || capTokens === undefined || baseCents === undefined || baseTokens === undefined) {
@@ -318,8 +327,8 @@ export function parseSignals(raw: string | null | undefined): Signals | null {
   const decisions = doc.decisions === undefined ? {} : parseDecisions(doc.decisions);
   if (decisions === null) return null;
   return {
-    stop, paused, reason, endsAt, capCents, capTokens, baseCents: baseCents ?? 0, baseTokens: baseTokens ?? 0,
-    decisions,
+    stop, yield: yieldSignal, stopBy, paused, reason, endsAt, capCents, capTokens,
+    baseCents: baseCents ?? 0, baseTokens: baseTokens ?? 0, decisions,
   };
 }
 
@@ -363,6 +372,8 @@ export function controlSignals(signals: Signals, own: Usage | null): ControlSign
   const usage = own ?? { cents: 0, tokens: 0 };
   return {
     stop: signals.stop,
+    yielding: signals.stop && signals.yield,
+    stopBy: signals.stopBy === null ? null : new Date(signals.stopBy),
     paused: signals.paused,
     reason: signals.reason,
     endsAt: signals.endsAt === null ? null : new Date(signals.endsAt),
@@ -379,7 +390,7 @@ export function signalsFromRemaining(stop: boolean, paused: boolean, endsAt: str
   centsLeft: number | null, tokensLeft: number | null, own: Usage | null): Signals {
   const usage = own ?? { cents: 0, tokens: 0 };
   return {
-    stop, paused, reason: null, endsAt,
+    stop, yield: false, stopBy: null, paused, reason: null, endsAt,
     capCents: centsLeft === null ? null : centsLeft + usage.cents,
     capTokens: tokensLeft === null ? null : tokensLeft + usage.tokens,
     baseCents: 0, baseTokens: 0, decisions: {},

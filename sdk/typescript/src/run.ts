@@ -320,7 +320,8 @@ export class WorkerRun {
   /** Call before every side effect: throws StopRequested, LeaseLost or OwnershipUnknown. */
   ensureOwner(): void {
     if (this.rawSignals.stop) {
-      throw new StopRequested(this.rawSignals.reason ?? "the control plane asked this worker to stop");
+      throw new StopRequested(this.rawSignals.reason ?? "the control plane asked this worker to stop",
+        this.rawSignals.yield);
     }
     if (this.isLost) throw new LeaseLost(`${this.holder} lost run ${this.namespace}/${this.name} (fence ${this.fence})`);
     if (this.ownership === "unknown") {

@@ -99,8 +99,15 @@ describe("heartbeat", () => {
   it("turns the flat reply into signals counted against later usage", async () => {
     force("heartbeat", heartbeatReply({ stop: true, paused: true, endsAt: "2026-12-01T00:00:00Z", capRemainingTokens: 50 }));
     const r = await transport().renew(null, { cents: 120, tokens: 9 });
-    assert.deepEqual({ ...r.signals }, { stop: true, paused: true, reason: null, endsAt: "2026-12-01T00:00:00Z",
-      capCents: 500, capTokens: 59, baseCents: 0, baseTokens: 0, decisions: {} });
+    assert.deepEqual({ ...r.signals }, { stop: true, yield: false, stopBy: null, paused: true, reason: null,
+      endsAt: "2026-12-01T00:00:00Z", capCents: 500, capTokens: 59, baseCents: 0, baseTokens: 0, decisions: {} });
+  });
+
+  it("hears a Kueue eviction as a yield", async () => {
+    force("heartbeat", heartbeatReply({ stop: true, yield: true, stopBy: "2026-12-03T12:00:30Z" }));
+    const r = await transport().renew(null, null);
+    assert.equal(r.signals?.yield, true);
+    assert.equal(r.signals?.stopBy, "2026-12-03T12:00:30Z");
   });
 
   it("carries every approval request, timeoutSeconds only when set", async () => {

@@ -189,6 +189,10 @@ describe("signals", () => {
     ["stop not a boolean", '{"stop":"yes"}', null],
     ["cap not an integer", '{"capCents":1.5}', null],
     ["endsAt not a time", '{"endsAt":"soon"}', null],
+    ["a Kueue eviction: yield with stopBy", '{"stop":true,"yield":true,"stopBy":"2026-12-03T12:00:30Z","reason":"evicted"}',
+      { ...NO_SIGNALS, stop: true, yield: true, stopBy: "2026-12-03T12:00:30Z", reason: "evicted" }],
+    ["yield not a boolean", '{"stop":true,"yield":"yes"}', null],
+    ["stopBy not a time", '{"stop":true,"yield":true,"stopBy":"soon"}', null],
     ["decisions", '{"decisions":{"refund":{"decision":"Approve","approver":"alice"},"ship":{"decision":"TimedOut","reason":null}}}',
       { ...NO_SIGNALS, decisions: { refund: { decision: "Approve", reason: null, approver: "alice" },
         ship: { decision: "TimedOut", reason: null, approver: null } } }],
@@ -218,8 +222,8 @@ describe("signals", () => {
   it("counts the attempt's own usage against the caps", () => {
     const s = controlSignals({ ...NO_SIGNALS, capCents: 500, baseCents: 100, capTokens: 50, endsAt: "2026-12-01T00:00:00Z" },
       { cents: 40, tokens: 20 });
-    assert.deepEqual(s, { stop: false, paused: false, reason: null, endsAt: new Date("2026-12-01T00:00:00Z"),
-      capRemainingCents: 360, capRemainingTokens: 30 });
+    assert.deepEqual(s, { stop: false, yielding: false, stopBy: null, paused: false, reason: null,
+      endsAt: new Date("2026-12-01T00:00:00Z"), capRemainingCents: 360, capRemainingTokens: 30 });
   });
   it("the gateway's remaining amounts keep counting later usage", () => {
     const s = signalsFromRemaining(false, true, null, 380, null, { cents: 120, tokens: 9 });
