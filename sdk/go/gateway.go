@@ -37,6 +37,8 @@ type renewalReply struct {
 	Status             *string         `json:"status"`
 	Stop               *bool           `json:"stop"`
 	Paused             *bool           `json:"paused"`
+	Yield              *bool           `json:"yield"`
+	StopBy             *string         `json:"stopBy"`
 	EndsAt             *string         `json:"endsAt"`
 	CapRemainingCents  *int64          `json:"capRemainingCents"`
 	CapRemainingTokens *int64          `json:"capRemainingTokens"`
@@ -302,6 +304,13 @@ func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usa
 		}
 		sig := signalsFromRemaining(*reply.Stop, *reply.Paused, endsAt, reply.CapRemainingCents,
 			reply.CapRemainingTokens, u)
+		if sig.Stop && reply.Yield != nil && *reply.Yield {
+			// A Kueue eviction (docs/protocol.md §7): an unreadable stopBy leaves only the time out.
+			sig.Yield = true
+			if reply.StopBy != nil {
+				sig.StopBy, _ = parseTime(*reply.StopBy)
+			}
+		}
 		// Malformed decisions decide nothing (the next heartbeat asks again); the other signals
 		// stand, as the Python SDK reads the same reply.
 		if len(reply.Decisions) > 0 {

@@ -362,3 +362,14 @@ func TestGatewayMalformedDecisionsDecideNothing(t *testing.T) {
 		t.Fatalf("renewal %+v, %v: the other signals must stand", res, err)
 	}
 }
+
+func TestGatewayHeartbeatYield(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	g.script("heartbeat", renewed(`{"stop":true,"yield":true,"stopBy":"2026-12-03T12:00:30Z","paused":false,`+
+		`"reason":null,"status":"Running"}`))
+	r := claimTest(t, srv)
+	s := r.Signals()
+	if !s.Stop || !s.Yielding || s.StopBy == nil || s.StopBy.Second() != 30 {
+		t.Fatalf("a Kueue eviction should reach the worker as a yield: %+v", s)
+	}
+}

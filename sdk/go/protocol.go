@@ -251,7 +251,11 @@ func jsonObject(raw json.RawMessage) (map[string]json.RawMessage, error) {
 
 // signalState is what the control plane says, as carried on the Lease (tether.dev/signals).
 type signalState struct {
-	Stop       bool
+	Stop bool
+	// With Stop: Kueue evicted the run (checkpoint and exit; it resumes from there), and StopBy is
+	// when the attempt is revoked whatever the worker does.
+	Yield      bool
+	StopBy     *time.Time
 	Paused     bool
 	Reason     string
 	EndsAt     *time.Time
@@ -282,6 +286,15 @@ func parseSignals(raw string) (s signalState, ok bool) {
 			err = decodeStrict(val, isNull, &s.Stop)
 		case "paused":
 			err = decodeStrict(val, isNull, &s.Paused)
+		case "yield":
+			err = decodeStrict(val, isNull, &s.Yield)
+		case "stopBy":
+			if !isNull {
+				var text string
+				if err = json.Unmarshal(val, &text); err == nil {
+					s.StopBy, err = parseTime(text)
+				}
+			}
 		case "baseCents":
 			s.BaseCents, err = jsonInt(val, isNull)
 		case "baseTokens":

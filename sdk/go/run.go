@@ -36,6 +36,10 @@ type Signals struct {
 	// What is left of the run's caps, counting the usage this attempt reported; nil: no cap.
 	CapRemainingCents  *int64
 	CapRemainingTokens *int64
+	// Yielding: the stop is a Kueue eviction. Checkpoint, then exit: the run is queued again and
+	// its next attempt resumes from that checkpoint; at StopBy the attempt is revoked regardless.
+	Yielding bool
+	StopBy   *time.Time
 }
 
 // ApprovalDecision is a person's decision on a RequestApproval: Decision is Approve, Deny or
@@ -285,7 +289,7 @@ func (r *Run) Signals() Signals {
 	r.mu.Unlock()
 	cents, tokens := sig.remaining(own)
 	return Signals{Stop: sig.Stop, Paused: sig.Paused, Reason: sig.Reason, EndsAt: sig.EndsAt,
-		CapRemainingCents: cents, CapRemainingTokens: tokens}
+		CapRemainingCents: cents, CapRemainingTokens: tokens, Yielding: sig.Stop && sig.Yield, StopBy: sig.StopBy}
 }
 
 // EnsureOwner is the check before every side effect: ErrStopRequested, ErrLeaseLost or
@@ -426,7 +430,8 @@ func sameSignals(a, b signalState) bool {
 	eqTime := func(x, y *time.Time) bool { return (x == nil) == (y == nil) && (x == nil || x.Equal(*y)) }
 	return a.Stop == b.Stop && a.Paused == b.Paused && a.Reason == b.Reason && a.BaseCents == b.BaseCents &&
 		a.BaseTokens == b.BaseTokens && eqInt(a.CapCents, b.CapCents) && eqInt(a.CapTokens, b.CapTokens) &&
-		eqTime(a.EndsAt, b.EndsAt) && maps.Equal(a.Decisions, b.Decisions)
+		eqTime(a.EndsAt, b.EndsAt) && maps.Equal(a.Decisions, b.Decisions) && a.Yield == b.Yield &&
+		eqTime(a.StopBy, b.StopBy)
 }
 
 // --- approvals -------------------------------------------------------------------
