@@ -266,6 +266,10 @@ def create_paced(env: Env, path: str, bodies: list[dict[str, Any]], rate: float 
     return sent
 
 
+# How long the pod watcher's read may block before it looks at its stop flag.
+STOP_POLL_SECONDS = 1.0
+
+
 class PodTimes:
     """Watches a namespace's pods; records when each owner's first pod was first seen, and when
     it was first seen Running (wall clock, this process)."""
@@ -275,8 +279,12 @@ class PodTimes:
         self.running: dict[str, float] = {}
         self.restarts: list[str] = []
         self._stop = threading.Event()
+        # A short read timeout, so the watcher sees stop() itself: closing the client under a
+        # blocked read (as this once did) freed the socket's fd while the thread still read it, and
+        # the next socket given that number (the fleet's pipe) had its bytes stolen: the fleet's
+        # answers then arrived misaligned and the smoke test hung.
         self._http = httpx.Client(base_url=env.cfg.server, verify=env.cfg.ssl_context, auth=env.cfg.auth(),
-                                  timeout=httpx.Timeout(10, read=None))
+                                  timeout=httpx.Timeout(10, read=STOP_POLL_SECONDS))
         self._thread = threading.Thread(target=self._watch, args=(PODS.format(ns=ns), owner_label), daemon=True)
         self._thread.start()
 
@@ -291,7 +299,7 @@ class PodTimes:
                 time.sleep(0.5)  # a pause before the next list, not a condition
 
     def _follow(self, path: str, label: str) -> None:
-        listed = self._http.get(path).raise_for_status().json()
+        listed = self._http.get(path, timeout=30).raise_for_status().json()
         rv, now = listed["metadata"]["resourceVersion"], time.time()
         for pod in listed["items"]:  # after a broken stream: what happened meanwhile, seen now
             owner = (pod["metadata"].get("labels") or {}).get(label)
@@ -300,26 +308,30 @@ class PodTimes:
                 if (pod.get("status") or {}).get("phase") in RAN:
                     self.running.setdefault(owner, now)
         while not self._stop.is_set():
-            with self._http.stream("GET", path, params={"watch": "1", "resourceVersion": rv,
-                                                        "timeoutSeconds": "60"}) as resp:
-                for line in resp.iter_lines():
-                    if self._stop.is_set():
-                        return
-                    if not line:
-                        continue
-                    event = json.loads(line)
-                    pod, now = event["object"], time.time()
-                    rv = pod["metadata"].get("resourceVersion", rv)
-                    owner = (pod["metadata"].get("labels") or {}).get(label)
-                    if owner is None or event["type"] == "DELETED":
-                        continue
-                    self.created.setdefault(owner, now)
-                    if (pod.get("status") or {}).get("phase") in RAN:
-                        self.running.setdefault(owner, now)
+            try:
+                with self._http.stream("GET", path, params={"watch": "1", "resourceVersion": rv,
+                                                            "timeoutSeconds": "60"}) as resp:
+                    for line in resp.iter_lines():
+                        if self._stop.is_set():
+                            return
+                        if not line:
+                            continue
+                        event = json.loads(line)
+                        pod, now = event["object"], time.time()
+                        rv = pod["metadata"].get("resourceVersion", rv)
+                        owner = (pod["metadata"].get("labels") or {}).get(label)
+                        if owner is None or event["type"] == "DELETED":
+                            continue
+                        self.created.setdefault(owner, now)
+                        if (pod.get("status") or {}).get("phase") in RAN:
+                            self.running.setdefault(owner, now)
+            except httpx.ReadTimeout:
+                continue  # quiet for a second: look at the stop flag, then watch on from rv
 
     def stop(self) -> None:
         self._stop.set()
-        self._http.close()  # ends the watch stream it may be blocked in
+        self._thread.join(timeout=3 * STOP_POLL_SECONDS + 10)  # it sees the flag within a read timeout
+        self._http.close()  # only once nothing reads from it
 
 
 def summary(values: list[float]) -> dict[str, float | int]:

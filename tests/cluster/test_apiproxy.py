@@ -72,18 +72,22 @@ class Call:
 
 
 class WatchReader:
-    """Reads a watch stream through the proxy on a thread; each line lands in `lines`."""
+    """Reads a watch stream on a thread, over a client of its own (from `kubeconfig_path`) that only
+    this thread closes, once the stream has ended: a client closed by another thread under a
+    blocked read frees the socket's descriptor while the read goes on, and whatever socket gets that
+    number next (in one test worker: a later test's pipe to its fleet process) has its bytes stolen."""
 
-    def __init__(self, client: httpx.Client, path: str) -> None:
+    def __init__(self, kubeconfig_path: "str | os.PathLike[str]", path: str) -> None:
         self.lines: queue.Queue[str] = queue.Queue()
         self.ended: BaseException | str | None = None
         self.status: int | None = None
-        self._thread = threading.Thread(target=self._run, args=(client, path), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(kubeconfig_path, path), daemon=True)
         self._thread.start()
 
-    def _run(self, client: httpx.Client, path: str) -> None:
+    def _run(self, kubeconfig_path: "str | os.PathLike[str]", path: str) -> None:
         try:
-            with client.stream("GET", path, timeout=httpx.Timeout(30, read=None)) as resp:
+            with kubeconfig.load(kubeconfig_path).sync_client(timeout=60) as client, \
+                    client.stream("GET", path, timeout=httpx.Timeout(30, read=None)) as resp:
                 self.status = resp.status_code
                 for line in resp.iter_lines():
                     if line.strip():
@@ -229,13 +233,14 @@ def test_an_expired_watch_looks_like_the_api_servers_own(proxy: ApiProxy, client
     and the object with a real Status error."""
     path = CMS.format(ns=namespace)
     rv = kube.ok(kube.get(path))["metadata"]["resourceVersion"]
-    real = WatchReader(kube.http, f"{path}?watch=true&resourceVersion={rv}")
+    # Straight to the API server; it ends the watch by itself (timeoutSeconds).
+    real = WatchReader(os.environ["TETHER_TEST_KUBECONFIG"], f"{path}?watch=true&resourceVersion={rv}&timeoutSeconds=30")
     kube.ok(kube.post(path, _cm("real")))
     real_event = real.next_event()
     real_status = kube.get(f"{path}/no-such-map").json()
 
     proxy.status(410, watch=True, times=1)
-    watch = WatchReader(client, f"{path}?watch=true&resourceVersion=7")
+    watch = WatchReader(proxy.kubeconfig, f"{path}?watch=true&resourceVersion=7")
     event = watch.next_event()
     watch.join()
     assert watch.status == 200 and watch.ended == "eof" and watch.lines.empty()
@@ -269,7 +274,7 @@ def test_drop_before_and_after_forwarding(proxy: ApiProxy, client: httpx.Client,
 def test_a_watch_stalls_and_resumes(proxy: ApiProxy, client: httpx.Client, kube: Kube, namespace: str) -> None:
     path = CMS.format(ns=namespace)
     rv = kube.ok(kube.get(path))["metadata"]["resourceVersion"]
-    watch = WatchReader(client, f"{path}?watch=true&resourceVersion={rv}")
+    watch = WatchReader(proxy.kubeconfig, f"{path}?watch=true&resourceVersion={rv}")
     kube.ok(kube.post(path, _cm("first")))
     assert watch.next_event()["object"]["metadata"]["name"] == "first"
 
@@ -384,7 +389,7 @@ def test_gate_on_the_response_hands_back_what_was_read_before(proxy: ApiProxy, c
 def test_cut_holds_everything_until_healed(proxy: ApiProxy, client: httpx.Client, kube: Kube, namespace: str) -> None:
     path = CMS.format(ns=namespace)
     rv = kube.ok(kube.get(path))["metadata"]["resourceVersion"]
-    watch = WatchReader(client, f"{path}?watch=true&resourceVersion={rv}")
+    watch = WatchReader(proxy.kubeconfig, f"{path}?watch=true&resourceVersion={rv}")
     eventually(lambda: proxy.open_watches == 1, timeout=10, interval=0.02, what="the watch open")
     proxy.cut()
     call = Call(lambda: client.post(path, json=_cm("in-flight")))
@@ -416,7 +421,7 @@ def test_close_ends_streams_and_held_requests_and_leaves_no_thread(kube: Kube, n
     p = ApiProxy(os.environ["TETHER_TEST_KUBECONFIG"])
     path = CMS.format(ns=namespace)
     with kubeconfig.load(p.kubeconfig).sync_client(timeout=60) as c:
-        watch = WatchReader(c, f"{path}?watch=true")
+        watch = WatchReader(p.kubeconfig, f"{path}?watch=true")
         eventually(lambda: p.open_watches == 1, timeout=10, interval=0.02, what="the watch open")
         gate = p.gate(method="POST")
         call = Call(lambda: c.post(path, json=_cm("held-at-close")))
