@@ -91,6 +91,11 @@ def test_the_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
         "test -z \"$(kubectl get workerruns --all-namespaces -o name)\"",
         "if helm status tether --namespace tether-system >/dev/null 2>&1; then exit 1; fi  # uninstalled",
     ]))
+    # A previous run's leftovers (a second run in the same checkout): its cluster is gone. The quick
+    # start once read them before its new cluster had written anything, and helm found no cluster.
+    (ROOT / ".tether").mkdir(exist_ok=True)
+    (ROOT / ".tether" / "cluster.env").write_text(f"export KUBECONFIG={tmp_path / 'gone' / 'kubeconfig'}\n"
+                                                   f"export PATH={tmp_path / 'gone'}:$PATH\n")
     log = tmp_path / "quickstart.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(["bash", "-euo", "pipefail", str(script)], cwd=ROOT, env=_user_env(home),
