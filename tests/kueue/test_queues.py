@@ -214,3 +214,30 @@ def test_external_runs_are_capped_by_the_cluster_queue_too(kube: Kube, namespace
     runs.wait_phase(kube, namespace, granted, "Cancelled", timeout=60)
     started = runs.wait_phase(kube, namespace, queued, "Starting", timeout=60)
     assert started["status"]["attempts"][0]["admission"]["clusterQueue"] == cq
+
+
+def test_a_run_edited_while_queued_gets_a_workload_for_what_it_will_run(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """Kueue's admission is for the Workload's pod set: a template edited while queued must not run
+    a pod Kueue never accounted for. The Workload is made again from the edited spec."""
+    tenancy(kube, namespace, cpu="1")
+    runs.create(kube, namespace, queued_run(steps=200, cpu="1"), name="hog")
+    runs.wait_phase(kube, namespace, "hog", ("Starting", "Running"), timeout=90)
+    runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="edited")
+    runs.wait_phase(kube, namespace, "edited", "Queued", timeout=60)
+    before = eventually(lambda: next((w for w in workloads(kube, namespace)
+                                      if w["metadata"]["ownerReferences"][0]["name"] == "edited"), None),
+                        timeout=30, what="the queued run's Workload")
+    kube.ok(kube.patch(Kube.wr_path(namespace, "edited"), {"spec": {"template": {"spec": {"containers": [
+        {**queued_run()["spec"]["template"]["spec"]["containers"][0], "resources": {"requests": {"cpu": "300m"}}}]}}}}))
+
+    def remade() -> dict[str, Any] | None:
+        w = next((w for w in workloads(kube, namespace) if w["metadata"]["ownerReferences"][0]["name"] == "edited"), None)
+        return w if w is not None and w["metadata"]["uid"] != before["metadata"]["uid"] else None
+
+    after = eventually(remade, timeout=60, what="the edited run's Workload made again")
+    requests = after["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests == {"cpu": "300m"}
+    kube.ok(kube.patch(Kube.wr_path(namespace, "hog"), {"spec": {"stop": True}}))
+    done = runs.wait_phase(kube, namespace, "edited", "Succeeded", timeout=120)
+    assert done["status"]["attempts"][0]["admission"] is not None
