@@ -105,9 +105,9 @@ class Executor:
             ClearLease: self.clear_lease, EnsurePod: self.ensure_pod, DeletePod: self.delete_pod,
             ReleasePod: self.release_pod, EnsureSignals: self.ensure_signals, ChargeBudget: self.charge,
             ReleaseCharge: self.release_charge, DeleteRun: self.delete_run, RemoveFinalizer: self.remove_finalizer,
-            EnsureWorkload: self.ensure_workload, MarkPodsReady: self.mark_pods_ready,
-            ReleaseQuota: self.release_quota, DeleteWorkload: self.delete_workload,
-            FinishWorkload: self.finish_workload,
+            EnsureWorkload: self.ensure_workload, MarkPodsReady: _then(queues.mark_pods_ready),
+            ReleaseQuota: _then(queues.release_quota), DeleteWorkload: _then(queues.delete_workload),
+            FinishWorkload: _then(queues.finish_workload),
         }
 
     async def run(self, snap: Snapshot, action: Action) -> Snapshot:
@@ -295,28 +295,13 @@ class Executor:
     # --- Kueue ---------------------------------------------------------------------
 
     async def ensure_workload(self, snap: Snapshot, action: EnsureWorkload) -> Snapshot:
-        """Refused (the Workload webhook, a missing WorkloadPriorityClass): said on the run."""
+        """Refused (the Workload webhook, a missing WorkloadPriorityClass, Kueue not installed):
+        said on the run."""
         ns = snap.run.metadata.namespace
         try:
             await self.refusable(self.queues.ensure_workload(snap, action), "WorkloadRefused", ns)
         except NotFound as exc:
-            raise SpecError("WorkloadPriorityClassNotFound", exc) from None
-        return snap
-
-    async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> Snapshot:
-        await self.queues.mark_pods_ready(snap, action)
-        return snap
-
-    async def release_quota(self, snap: Snapshot, action: ReleaseQuota) -> Snapshot:
-        await self.queues.release_quota(snap, action)
-        return snap
-
-    async def delete_workload(self, snap: Snapshot, action: DeleteWorkload) -> Snapshot:
-        await self.queues.delete_workload(snap, action)
-        return snap
-
-    async def finish_workload(self, snap: Snapshot, action: FinishWorkload) -> Snapshot:
-        await self.queues.finish_workload(snap, action)
+            raise SpecError("KueueNotFound", exc) from None
         return snap
 
     # --- budgets -------------------------------------------------------------------
@@ -355,6 +340,14 @@ class Executor:
         task = asyncio.create_task(post())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _then(step: Callable[[Snapshot, Any], Awaitable[None]]) -> Callable[[Snapshot, Any], Awaitable[Snapshot]]:
+    """A step that leaves the run's snapshot as it was (the Workload writes)."""
+    async def run(snap: Snapshot, action: Any) -> Snapshot:
+        await step(snap, action)
+        return snap
+    return run
 
 
 def _count(action: WriteStatus, written: WorkerRun) -> None:

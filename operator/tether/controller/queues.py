@@ -1,6 +1,6 @@
 """The operator's view of Kueue: the Workloads of queued runs (by the run that controls them), the
 ResourceFlavors their admissions name (read at each grant), and the LocalQueues' ClusterQueues; and the writes a job
-controller makes on its Workloads (create, PodsReady, Finished), each a compare-and-swap.
+controller makes on its Workloads (create, PodsReady, quota release, Finished; delete to remake), each conditional.
 
 Fed by watches (kopf handlers); a grant rests on a fresh read of the Workload (`confirm_admitted`),
 for a cached admission may be one Kueue has taken back since.
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from tether.api import kueue as k
 from tether.api.kueue import ResourceFlavor, Workload
 from tether.api.models import WorkerRun
-from tether.controller.errors import Again
+from tether.controller.errors import Again, SpecError
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
 from tether.core.actions import DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota
@@ -94,8 +94,8 @@ class QueueBook:
         if wl is not None and run.status.holder is None and admitted(wl) and wl.status.admission is not None:
             for a in wl.status.admission.pod_set_assignments:
                 for name in set(a.flavors.values()):
-                    body = await self._read(f"{FLAVOR_PATH}/{name}")
-                    flavor = _flavor(body) if body is not None else None
+                    read = await self._read(f"{FLAVOR_PATH}/{name}")
+                    flavor = _flavor(read) if read is not None else None
                     if flavor is not None:
                         flavors[name] = flavor
         return wl, body is None and key in self.deleted, self.local_queues.get((ns, queue)), flavors
@@ -130,7 +130,8 @@ class QueueBook:
             return None
         wpc = await self.kube.get_object(f"{PRIORITY_CLASS_PATH}/{name}")
         if wpc is None:
-            raise NotFound(404, f"WorkloadPriorityClass {name} not found", "get workloadpriorityclass")
+            raise SpecError("WorkloadPriorityClassNotFound",
+                            NotFound(404, f"WorkloadPriorityClass {name} not found", "get workloadpriorityclass"))
         return name, int(wpc.get("value") or 0)
 
     async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> None:
