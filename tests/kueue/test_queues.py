@@ -241,3 +241,56 @@ def test_a_run_edited_while_queued_gets_a_workload_for_what_it_will_run(  # type
     kube.ok(kube.patch(Kube.wr_path(namespace, "hog"), {"spec": {"stop": True}}))
     done = runs.wait_phase(kube, namespace, "edited", "Succeeded", timeout=120)
     assert done["status"]["attempts"][0]["admission"] is not None
+
+
+def _boost(kube: Kube, namespace: str, run_name: str) -> int:
+    w = next(w for w in workloads(kube, namespace) if w["metadata"]["ownerReferences"][0]["name"] == run_name)
+    return int((w["metadata"].get("annotations") or {}).get("kueue.x-k8s.io/priority-boost", "0"))
+
+
+def _reserved_at(kube: Kube, namespace: str, run_name: str) -> dt.datetime:
+    w = next(w for w in workloads(kube, namespace) if w["metadata"]["ownerReferences"][0]["name"] == run_name)
+    return _time(next(c["lastTransitionTime"] for c in w["status"]["conditions"] if c["type"] == "QuotaReserved"))
+
+
+def _evictions(wl: dict[str, Any]) -> int:
+    return sum(e.get("count", 0) for e in ((wl.get("status") or {}).get("schedulingStats") or {}).get("evictions") or [])
+
+
+def test_among_equal_priorities_kueue_evicts_the_run_that_checkpointed_last(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """Kueue alone evicts the most recently admitted of equal-priority victims. `recent` is admitted
+    first and checkpoints every half second; `stale` is admitted after it and has not checkpointed
+    since it started: Tether's priority boost (one step per doubling of the unsaved work, from 1 s
+    in the tests) makes Kueue evict `recent`, which loses half a second, not `stale`."""
+    _, cq = tenancy(kube, namespace, cpu="2")
+    kube.ok(kube.patch(f"{KUEUE}/clusterqueues/{cq}", {"spec": {"preemption": {"withinClusterQueue": "LowerPriority"}}}))
+    low, high = priority_class(kube, 100), priority_class(kube, 1000)
+    runs.create(kube, namespace, queued_run(steps=400, cpu="1", **{"kueue.x-k8s.io/priority-class": low}), name="recent")
+    runs.wait_phase(kube, namespace, "recent", "Running", timeout=90)
+    # Kueue's times have whole seconds: stale is reserved in a later one (else the UIDs decide).
+    recent_reserved = _reserved_at(kube, namespace, "recent")
+    eventually(lambda: dt.datetime.now(dt.timezone.utc) >= recent_reserved + dt.timedelta(seconds=1.2) or None,
+               timeout=5, what="a second after recent's reservation")
+    stale = queued_run(steps=2, cpu="1", **{"kueue.x-k8s.io/priority-class": low})
+    stale["spec"]["payload"]["stepSeconds"] = 120
+    runs.create(kube, namespace, stale, name="stale")
+    runs.wait_phase(kube, namespace, "stale", "Running", timeout=90)
+    # Without the boost, Kueue would evict stale: the most recently reserved of equal priorities.
+    assert _reserved_at(kube, namespace, "stale") > recent_reserved
+    eventually(lambda: _boost(kube, namespace, "stale") >= 2 and _boost(kube, namespace, "recent") == 0 or None,
+               timeout=60, what="stale boosted above recent")
+
+    runs.create(kube, namespace, queued_run(steps=2, cpu="1", **{"kueue.x-k8s.io/priority-class": high}), name="high")
+    runs.wait_phase(kube, namespace, "high", "Succeeded", timeout=120)
+    kube.ok(kube.patch(Kube.wr_path(namespace, "stale"), {"spec": {"stop": True}}))
+    kube.ok(kube.patch(Kube.wr_path(namespace, "recent"), {"spec": {"stop": True}}))
+    done = {n: runs.wait_phase(kube, namespace, n, "Cancelled", timeout=90) for n in ("recent", "stale")}
+
+    # Kueue's own record: recent's Workload was evicted, stale's never.
+    by_run = {w["metadata"]["ownerReferences"][0]["name"]: w for w in workloads(kube, namespace)}
+    assert _evictions(by_run["recent"]) >= 1 and _evictions(by_run["stale"]) == 0, by_run
+    assert done["recent"]["status"]["attempts"][0]["outcome"] == "Preempted"
+    assert [a.get("outcome") for a in done["stale"]["status"]["attempts"]] == ["Cancelled"]
+    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=list(done.values())))
+    assert verdict.ok, verdict.violations

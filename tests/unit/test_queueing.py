@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from tether.api.kueue import ANN_EXECUTION_DIGEST, Workload
+from tether.api.kueue import ANN_EXECUTION_DIGEST, ANN_PRIORITY_BOOST, Workload
 from tether.core.execution import execution_digest
 from tether.api.models import Phase
 from tether.api.models import Outcome
 from tether.core.actions import (Confirm, DeleteWorkload, EnsureSignals, EnsureWorkload, FinishWorkload, MarkPodsReady,
-                                  ReleaseQuota, Revoke, WriteStatus)
+                                  ReleaseQuota, Revoke, SetPriorityBoost, WriteStatus)
 from tether.core.decide import decide
 from tether.core.observe import FlavorPlacement
-from tether.core.queueing import admission_of, waiting_message, workload_name
+from tether.core.queueing import MAX_BOOST, admission_of, priority_boost, waiting_message, workload_name
 from tether.kube.resources import build_pod
 from tests.unit.test_decide import T0, held, kinds, lease, observe, pod, run
 
@@ -356,3 +356,58 @@ def test_a_workload_seen_deleted_ends_the_admission_of_the_held_attempt() -> Non
 def test_an_admitted_run_waiting_for_a_flavor_looks_again() -> None:
     d = decide(queued_observe(ADMITTED, flavors={}))
     assert d.requeue_after == 5.0
+
+
+@pytest.mark.parametrize("at_risk, unit, boost", [(0, 60, 0), (59.9, 60, 0), (60, 60, 1), (179, 60, 1), (180, 60, 2),
+                                                  (420, 60, 3), (10 ** 9, 60, MAX_BOOST), (5, 0, 0)])
+def test_the_boost_rises_by_one_each_time_the_work_at_risk_doubles(at_risk: float, unit: float, boost: int) -> None:
+    assert priority_boost(at_risk, unit) == boost
+
+
+READY = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("PodsReady", "True"),
+                 admission=ADMISSION, evictions=2)
+
+
+def _running(wl: Workload, checkpoint_age: float, started_ago: float = 3600.0) -> Any:
+    """A running queued attempt, `checkpoint_age` seconds after its last checkpoint was seen."""
+    status = _held_queued("Running")
+    status["attempts"][-1]["startedAt"] = (T0 - dt.timedelta(seconds=started_ago)).isoformat()
+    return queued_observe(wl, status=status, now=T0, mono=1000.0, pods=(pod(),),
+                          lease_obs=lease(checkpoint="c1", checkpoint_changed=1000.0 - checkpoint_age))
+
+
+def _boosts(d: Any) -> list[SetPriorityBoost]:
+    return [a for a in d.actions if isinstance(a, SetPriorityBoost)]
+
+
+def _annotated(wl: Workload, boost: str) -> Workload:
+    return wl.model_copy(update={"metadata": wl.metadata.model_copy(
+        update={"annotations": {**wl.metadata.annotations, ANN_PRIORITY_BOOST: boost}})})
+
+
+def test_a_running_run_is_boosted_by_the_work_since_its_checkpoint_and_woken_at_the_next_step() -> None:
+    d = decide(_running(READY, checkpoint_age=200.0))
+    assert _boosts(d) == [SetPriorityBoost(name="workerrun-job-x", boost=2, resource_version="5")]
+    assert d.requeue_after is not None and d.requeue_after <= 220.01 + 1e-6
+    assert not _boosts(decide(_running(_annotated(READY, "2"), checkpoint_age=200.0)))
+
+
+def test_a_checkpoint_takes_the_boost_away() -> None:
+    assert _boosts(decide(_running(_annotated(READY, "3"), checkpoint_age=0.5))) == [
+        SetPriorityBoost(name="workerrun-job-x", boost=None, resource_version="5")]
+
+
+def test_an_attempt_resuming_from_an_old_checkpoint_counts_from_its_start() -> None:
+    assert not _boosts(decide(_running(READY, checkpoint_age=5000.0, started_ago=30.0)))
+
+
+def test_the_boost_waits_for_pods_ready_whose_write_is_conditional_on_the_same_version() -> None:
+    d = decide(_running(ADMITTED, checkpoint_age=500.0))
+    assert [type(a) for a in d.actions if isinstance(a, (MarkPodsReady, SetPriorityBoost))] == [MarkPodsReady]
+
+
+def test_a_run_no_longer_running_under_its_admission_loses_its_boost() -> None:
+    evicted = workload(cond("QuotaReserved", "True"), cond("Admitted", "False"), cond("Evicted", "True", "Preempted"),
+                       cond("PodsReady", "True"), admission=ADMISSION, evictions=3)
+    d = decide(_running(_annotated(evicted, "4"), checkpoint_age=500.0))
+    assert _boosts(d) == [SetPriorityBoost(name="workerrun-job-x", boost=None, resource_version="5")]

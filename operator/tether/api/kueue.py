@@ -38,6 +38,9 @@ ADMISSION_CONDITIONS = (WL_QUOTA_RESERVED, "BlockedOnPreemptionGates", WL_EVICTE
                         WL_REQUEUED, "DeactivationTarget", WL_FINISHED, WL_PODS_READY)
 # On a run's Workload: the digest of the run's execution fields it was made from (its pod set).
 ANN_EXECUTION_DIGEST = "tether.dev/execution-digest"
+# Kueue adds this to a Workload's priority (feature gate PriorityBoost): Tether keeps a running
+# run's at how much work its preemption would lose.
+ANN_PRIORITY_BOOST = "kueue.x-k8s.io/priority-boost"
 # The only pod set of a run's Workload: one worker per attempt.
 POD_SET = "main"
 

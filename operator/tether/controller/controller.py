@@ -26,6 +26,7 @@ from tether.controller.sweeper import NamespaceSweeper
 from tether.controller.views import RunKey
 from tether.controller.wakes import Wake, Wakes
 from tether.controller.workqueue import ExponentialBackoff, WorkQueue
+from tether.core.observe import BOOST_SECONDS
 from tether.kube.client import KubeClient
 
 # Workers releasing stray pods: rare, and each release is two writes.
@@ -43,14 +44,14 @@ class Clock:
 class RunController:
     def __init__(self, kube: KubeClient, clock: Clock | None = None, fold_interval: float = 10.0,
                  may_act: Callable[[], bool] = lambda: True, workers: int = 16,
-                 namespace_identity: bool = True) -> None:
+                 namespace_identity: bool = True, boost_seconds: float = BOOST_SECONDS) -> None:
         self.kube = kube
         self.clock = clock or Clock()
         self.cache = RunCache(self.clock.now, self.clock.mono)
         self.leadership = Leadership(may_act)
         self.budgets = BudgetBook(kube, self.clock.now, self.leadership)
         self.rbac = WorkerRbac(kube, shared=namespace_identity)
-        self.queues = QueueBook(kube, self.clock.now)
+        self.queues = QueueBook(kube, self.clock.now, boost_seconds)
         self.wakes = Wakes(self.cache, self.budgets, self.queues, fold_interval, self.rbac.forget)
         kube.write_gate = self.leadership.check  # every write, after its rate-limit wait too
         self.queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0), self.clock.mono, "workerrun")

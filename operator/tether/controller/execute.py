@@ -37,6 +37,7 @@ from tether.core.actions import (
     MarkPodsReady,
     ReleaseCharge,
     ReleaseQuota,
+    SetPriorityBoost,
     ReleasePod,
     RemoveFinalizer,
     Revoke,
@@ -107,7 +108,7 @@ class Executor:
             ReleaseCharge: self.release_charge, DeleteRun: self.delete_run, RemoveFinalizer: self.remove_finalizer,
             EnsureWorkload: self.ensure_workload, MarkPodsReady: _then(queues.mark_pods_ready),
             ReleaseQuota: _then(queues.release_quota), DeleteWorkload: _then(queues.delete_workload),
-            FinishWorkload: _then(queues.finish_workload),
+            FinishWorkload: _then(queues.finish_workload), SetPriorityBoost: _then(queues.set_priority_boost),
         }
 
     async def run(self, snap: Snapshot, action: Action) -> Snapshot:

@@ -19,6 +19,7 @@ from tether.api import constants as c
 from tether.api.kueue import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
 from tether.api.models import BUDGET_PLURAL, GROUP, PLURAL, VERSION
 from tether.controller.controller import RunController
+from tether.core.observe import BOOST_SECONDS
 from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
 from tether.kube.ratelimit import TokenBucket
@@ -71,10 +72,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 60
     ours: Settings = memo.get("settings") or Settings()
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
+    boost = float(os.environ.get("TETHER_KUEUE_BOOST_SECONDS", str(BOOST_SECONDS)))
     kube = KubeClient(kubeconfig.load(), limiter=TokenBucket(ours.qps, ours.burst),
                       event_limiter=TokenBucket(ours.event_qps, ours.event_burst))
     ctl = RunController(kube, fold_interval=fold, may_act=ours.may_act, workers=ours.workers,
-                        namespace_identity=ours.worker_identity == "namespace")
+                        namespace_identity=ours.worker_identity == "namespace", boost_seconds=boost)
     ctl.start()
     memo.controller = ctl
     metrics.STATE.controller = ctl

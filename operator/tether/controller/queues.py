@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
 
@@ -20,7 +20,8 @@ from tether.api.models import WorkerRun
 from tether.controller.errors import Again, SpecError
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
-from tether.core.actions import DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota
+from tether.core.actions import (DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota,
+                                 SetPriorityBoost)
 from tether.core.execution import execution_digest
 from tether.core.observe import FlavorPlacement
 from tether.core.queueing import admitted, queue_name, workload_name
@@ -35,8 +36,8 @@ FLAVOR_PATH = f"/apis/{k.KUEUE_API_VERSION}/resourceflavors"
 
 
 class QueueBook:
-    def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime]) -> None:
-        self.kube, self.now = kube, now
+    def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime], boost_seconds: float) -> None:
+        self.kube, self.now, self.boost_seconds = kube, now, boost_seconds
         self.workloads: dict[tuple[str, str], dict[str, Any]] = {}  # by (namespace, Workload name)
         self.deleted: set[tuple[str, str]] = set()  # Workloads seen deleted (and not made again since)
         self.local_queues: dict[tuple[str, str], str] = {}  # (namespace, LocalQueue) -> ClusterQueue
@@ -135,36 +136,49 @@ class QueueBook:
         return name, int(wpc.get("value") or 0)
 
     async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> None:
-        await self._apply(snap, action.name, action.resource_version, f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
-                          lambda wl: workloads.pods_ready_status(wl, True, action.message, self.now()))
+        await self._status(snap, action.name, action.resource_version, f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
+                           lambda wl: workloads.pods_ready_status(wl, True, action.message, self.now()))
 
     async def release_quota(self, snap: Snapshot, action: ReleaseQuota) -> None:
-        written = await self._apply(snap, action.name, action.resource_version, k.ADMISSION_MANAGER,
-                                    lambda wl: workloads.released_status(wl, self.now()))
+        written = await self._status(snap, action.name, action.resource_version, k.ADMISSION_MANAGER,
+                                     lambda wl: workloads.released_status(wl, self.now()))
         if written is not None:
             # As the job framework says while a Workload is not admitted: the next attempt's
             # worker is awaited afresh (waitForPodsReady applies to it too).
-            await self._apply(snap, action.name, written["metadata"]["resourceVersion"],
-                              f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
-                              lambda wl: workloads.pods_ready_status(wl, False, "waiting for the next attempt's worker",
-                                                                     self.now()))
+            await self._status(snap, action.name, written["metadata"]["resourceVersion"],
+                               f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
+                               lambda wl: workloads.pods_ready_status(wl, False, "waiting for the next attempt's worker",
+                                                                      self.now()))
         log.info("workload quota released", extra={"run": snap.run.key, "event": "workload_released",
                                                    "workload": action.name})
 
     async def finish_workload(self, snap: Snapshot, action: FinishWorkload) -> None:
-        await self._apply(snap, action.name, action.resource_version, k.ADMISSION_MANAGER,
-                          lambda wl: workloads.finished_status(wl, action.succeeded, action.message, self.now()))
+        await self._status(snap, action.name, action.resource_version, k.ADMISSION_MANAGER,
+                           lambda wl: workloads.finished_status(wl, action.succeeded, action.message, self.now()))
+
+    async def set_priority_boost(self, snap: Snapshot, action: SetPriorityBoost) -> None:
+        ns = snap.run.metadata.namespace
+        value = str(action.boost) if action.boost is not None else None
+        await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.annotate_workload(
+            ns, action.name, k.ANN_PRIORITY_BOOST, value, action.resource_version))
 
     async def delete_workload(self, snap: Snapshot, action: DeleteWorkload) -> None:
         await self.kube.delete_object(workload_path(snap.run.metadata.namespace, action.name), action.uid)
         log.info("workload deleted to be made again", extra={"run": snap.run.key, "event": "workload_remade",
                                                              "workload": action.name})
 
-    async def _apply(self, snap: Snapshot, name: str, resource_version: str, manager: str,
-                     status: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
-        """A status apply built from the Workload as decided on and conditional on it (its
-        resourceVersion): one the cache has moved past since is decided again, never applied to
-        what Kueue wrote meanwhile (a new admission)."""
+    async def _status(self, snap: Snapshot, name: str, resource_version: str, manager: str,
+                      status: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
+        """A status apply built from the Workload as decided on."""
+        ns = snap.run.metadata.namespace
+        return await self._conditional(snap, name, resource_version, lambda current: self.kube.apply_workload_status(
+            ns, name, status(current), resource_version, manager))
+
+    async def _conditional(self, snap: Snapshot, name: str, resource_version: str,
+                           write: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> dict[str, Any] | None:
+        """A write to the Workload as decided on, conditional on it (its resourceVersion): one the
+        cache has moved past since is decided again, never applied to what Kueue wrote meanwhile
+        (a new admission)."""
         ns = snap.run.metadata.namespace
         current = self.workloads.get((ns, name))
         if current is None:
@@ -172,7 +186,7 @@ class QueueBook:
         if current["metadata"]["resourceVersion"] != resource_version:
             raise Again(f"workload {ns}/{name} moved since the decision")
         try:
-            written = await self.kube.apply_workload_status(ns, name, status(current), resource_version, manager)
+            written = await write(current)
         except Conflict:
             fresh = await self.kube.get_object(workload_path(ns, name))
             if fresh is not None:

@@ -277,6 +277,19 @@ class DeleteWorkload:
 
 
 @dataclass(frozen=True)
+class SetPriorityBoost:
+    """Keep the running run's Workload annotated with how much work its preemption would lose
+    (`kueue.x-k8s.io/priority-boost`; None removes it), so Kueue evicts the one that loses least."""
+
+    name: str
+    boost: int | None
+    resource_version: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
+
+
+@dataclass(frozen=True)
 class FinishWorkload:
     """Tell Kueue the run ended (Workload condition Finished): its quota is released at once."""
 
@@ -291,7 +304,7 @@ class FinishWorkload:
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
           | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer | EnsureWorkload | MarkPodsReady
-          | ReleaseQuota | DeleteWorkload | FinishWorkload)
+          | ReleaseQuota | DeleteWorkload | FinishWorkload | SetPriorityBoost)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from tether.api.models import Usage, WorkerRun
 
 # Progress reported on heartbeats reaches the run's status at most this often.
 FOLD_INTERVAL_SECONDS = 10.0
+BOOST_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,9 @@ class Observed:
     workload_gone: bool = False
     flavors: Mapping[str, FlavorPlacement] = field(default_factory=dict)
     cluster_queue: str | None = None
+    # A running queued run's priority boost rises by one each time the work since its last
+    # checkpoint doubles, starting at this many seconds (queueing.priority_boost).
+    boost_seconds: float = BOOST_SECONDS
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

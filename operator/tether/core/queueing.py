@@ -11,6 +11,7 @@ has since admitted the Workload again.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Mapping
 
 from tether.api import constants as c
@@ -19,10 +20,14 @@ from tether.api.conditions import get_condition, set_condition
 from tether.api.kueue import Workload
 from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
 from tether.core.actions import (Decision, DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady,
-                                 ReleaseQuota)
+                                 ReleaseQuota, SetPriorityBoost)
 from tether.core.execution import execution_digest
 from tether.core.lifecycle import StatusBuilder
-from tether.core.observe import FlavorPlacement, Observed
+from tether.core.observe import FlavorPlacement, Observed, current_lease
+
+# The most Tether adds to a Workload's priority: it reorders runs of one priority, never runs whose
+# WorkloadPriorityClasses are further apart than this.
+MAX_BOOST = 10
 
 
 def queue_name(run: WorkerRun) -> str | None:
@@ -176,3 +181,38 @@ def tell_kueue(o: Observed, d: Decision) -> None:
             s.phase == Phase.RUNNING and not wl.is_true(k.WL_PODS_READY):
         d.actions.append(MarkPodsReady(name=wl.metadata.name, message=f"{s.holder} renewed its lease",
                                        resource_version=rv))
+        return  # the boost waits a pass: both writes are conditional on this resourceVersion
+    _keep_boost(o, wl, d)
+
+
+def priority_boost(at_risk: float, unit: float) -> int:
+    """One more each time the work at risk doubles, from `unit` seconds on (0 below it), at most
+    MAX_BOOST: ordered by the work a preemption would lose, in few writes, and bounded."""
+    if at_risk < unit or unit <= 0:
+        return 0
+    return min(MAX_BOOST, int(math.log2(1 + at_risk / unit)))
+
+
+def work_at_risk(o: Observed, wl: Workload) -> float | None:
+    """Seconds of work the running attempt would lose if evicted now: since its last checkpoint
+    (as this operator saw it change) or its start, whichever is later. None when it is not running
+    under an admission (no boost then)."""
+    s, lease = o.run.status, current_lease(o)
+    cur = s.current()
+    if lease is None or cur is None or cur.admission is None or s.phase != Phase.RUNNING or not admitted(wl):
+        return None
+    at_risk = o.mono - lease.checkpoint_changed
+    if cur.started_at is not None:
+        at_risk = min(at_risk, (o.now - cur.started_at).total_seconds())
+    return max(0.0, at_risk)
+
+
+def _keep_boost(o: Observed, wl: Workload, d: Decision) -> None:
+    at_risk = work_at_risk(o, wl)
+    boost = priority_boost(at_risk, o.boost_seconds) if at_risk is not None else 0
+    if at_risk is not None and boost < MAX_BOOST and o.boost_seconds > 0:
+        d.wake(max(0.05, o.boost_seconds * (2 ** (boost + 1) - 1) - at_risk + 0.01))
+    want = str(boost) if boost else None
+    if wl.metadata.annotations.get(k.ANN_PRIORITY_BOOST) != want:
+        d.actions.append(SetPriorityBoost(name=wl.metadata.name, boost=boost or None,
+                                          resource_version=wl.metadata.resource_version))

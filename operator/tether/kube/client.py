@@ -270,6 +270,13 @@ class KubeClient:
                                 params={"fieldManager": manager, "force": "true"}, content=json.dumps(body),
                                 headers={"Content-Type": "application/apply-patch+yaml"})
 
+    async def annotate_workload(self, ns: str, name: str, key: str, value: str | None,
+                                resource_version: str) -> dict[str, Any]:
+        """Sets (None: removes) one annotation of a Workload, conditional on `resource_version`."""
+        patch = {"metadata": {"resourceVersion": resource_version, "annotations": {key: value}}}
+        return await self._call("PATCH", workload_path(ns, name), f"annotate workload {ns}/{name}", json=patch,
+                                headers=MERGE_PATCH)
+
     # --- RBAC and service accounts for workers -------------------------------
 
     async def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
