@@ -12,6 +12,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
+from tests.e2e.test_budgets import budget
+from tests.e2e.test_review import after_creation_second
 from tests.support import runs
 from tests.support.audit import AuditLog
 from tests.support.kube import Kube, eventually
@@ -294,3 +297,89 @@ def test_among_equal_priorities_kueue_evicts_the_run_that_checkpointed_last(  # 
     assert [a.get("outcome") for a in done["stale"]["status"]["attempts"]] == ["Cancelled"]
     verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=list(done.values())))
     assert verdict.ok, verdict.violations
+
+
+def _workload_of(kube: Kube, namespace: str, run_name: str) -> dict[str, Any] | None:
+    return next((w for w in workloads(kube, namespace) if w["metadata"]["ownerReferences"][0]["name"] == run_name),
+                None)
+
+
+def _reserved(wl: dict[str, Any]) -> bool:
+    return any(c["type"] == "QuotaReserved" and c["status"] == "True" for c in (wl.get("status") or {}).get(
+        "conditions") or [])
+
+
+def test_a_run_waiting_for_its_start_review_holds_no_quota(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """A start-gated run is in the queue (its Workload exists) but gated
+    (kueue.x-k8s.io/admission-gated-by): a run needing the whole quota runs meanwhile."""
+    _grant_approver(kube, namespace, "alice")
+    tenancy(kube, namespace, cpu="1")
+    gated = queued_run(steps=1, cpu="1")
+    gated["spec"]["review"] = {"start": True}
+    runs.create(kube, namespace, gated, name="gated")
+    runs.wait_phase(kube, namespace, "gated", "AwaitingApproval", timeout=60)
+    wl = eventually(lambda: _workload_of(kube, namespace, "gated"), timeout=30, what="the gated run's Workload")
+    assert wl["metadata"]["annotations"]["kueue.x-k8s.io/admission-gated-by"] == "tether.dev/start-review"
+
+    runs.create(kube, namespace, queued_run(steps=2, cpu="1"), name="other")
+    runs.wait_phase(kube, namespace, "other", "Succeeded", timeout=120)
+    wl = _workload_of(kube, namespace, "gated")
+    assert wl is not None and not _reserved(wl), wl.get("status")
+
+    after_creation_second(kube, namespace, "gated")
+    approval = _approval("alice", decision="Approve")
+    approval["spec"]["runRef"] = {"name": "gated"}
+    kube.ok(kube.post(APPROVALS.format(ns=namespace), approval, headers=_as("alice")))
+    done = runs.wait_phase(kube, namespace, "gated", "Succeeded", timeout=120)
+    assert done["status"]["attempts"][0]["admission"] is not None
+    wl = _workload_of(kube, namespace, "gated")
+    assert wl is not None and "kueue.x-k8s.io/admission-gated-by" not in wl["metadata"].get("annotations", {})
+
+
+def test_tethers_budget_check_frees_the_quota_of_a_run_its_budget_cannot_pay(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """A ClusterQueue listing an AdmissionCheck of controller tether.dev/budget: when a queued run
+    reaches the quota while its WorkerBudget is exhausted, the check says Retry, Kueue takes the
+    quota back (another run uses it), and once the limit is raised the run is admitted and runs."""
+    check = f"tether-budget-{uuid.uuid4().hex[:6]}"
+    _create(kube, f"{KUEUE}/admissionchecks", {"kind": "AdmissionCheck", "metadata": {"name": check},
+                                               "spec": {"controllerName": "tether.dev/budget"}})
+    eventually(lambda: _active(kube, f"{KUEUE}/admissionchecks/{check}"), timeout=30,
+               what="Tether marks its AdmissionCheck Active")
+    _, cq = tenancy(kube, namespace, cpu="1")
+    kube.ok(kube.patch(f"{KUEUE}/clusterqueues/{cq}", {"spec": {"admissionChecksStrategy": {
+        "admissionChecks": [{"name": check}]}}}))
+    eventually(lambda: _active(kube, f"{KUEUE}/clusterqueues/{cq}"), timeout=30, what="ClusterQueue Active again")
+    budget(kube, namespace, "team", limitCents=10_000)
+
+    runs.create(kube, namespace, queued_run(steps=400, cpu="1"), name="hog")
+    runs.wait_phase(kube, namespace, "hog", "Running", timeout=90)  # the check answered Ready
+    poor = queued_run(steps=1, cpu="1")
+    poor["spec"]["budget"] = {"budgetRef": {"name": "team"}}
+    runs.create(kube, namespace, poor, name="poor")
+    runs.wait_phase(kube, namespace, "poor", "Queued", timeout=60)
+    kube.ok(kube.patch(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets/team",
+                       {"spec": {"limitCents": 0}}))
+    kube.ok(kube.patch(Kube.wr_path(namespace, "hog"), {"spec": {"stop": True}}))
+    runs.wait_phase(kube, namespace, "hog", "Cancelled", timeout=60)
+
+    # Kueue reserved the quota for poor, Tether's check said Retry (saying why), Kueue evicted it.
+    def retried() -> dict[str, Any] | None:
+        status = (_workload_of(kube, namespace, "poor") or {}).get("status") or {}
+        evictions = (status.get("schedulingStats") or {}).get("evictions") or []
+        said = [c for c in status.get("conditions") or [] if c["type"] in ("Evicted", "Requeued", "QuotaReserved")
+                and f'"{check}" (not launched: WorkerBudget team is exhausted' in c.get("message", "")]
+        return status if said and any(e["reason"] == "AdmissionCheck" for e in evictions) else None
+
+    eventually(retried, timeout=60, what="poor's Workload evicted by the budget check, saying why")
+    # The quota is free meanwhile: a run needing all of it runs while poor waits for money.
+    runs.create(kube, namespace, queued_run(steps=2, cpu="1"), name="free")
+    runs.wait_phase(kube, namespace, "free", "Succeeded", timeout=120)
+    waiting = runs.get(kube, namespace, "poor")
+    assert waiting["status"]["phase"] in ("Pending", "Queued") and waiting["status"].get("attempt", 0) == 0
+
+    kube.ok(kube.patch(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets/team",
+                       {"spec": {"limitCents": 10_000}}))
+    done = runs.wait_phase(kube, namespace, "poor", "Succeeded", timeout=120)
+    assert done["status"]["attempts"][0]["admission"]["clusterQueue"] == cq

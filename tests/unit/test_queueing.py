@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from tether.api.kueue import ANN_EXECUTION_DIGEST, ANN_PRIORITY_BOOST, Workload
+from tether.api.kueue import ANN_ADMISSION_GATED_BY, ANN_EXECUTION_DIGEST, ANN_PRIORITY_BOOST, Workload
 from tether.core.execution import execution_digest
 from tether.api.models import Phase
 from tether.api.models import Outcome
-from tether.core.actions import (Confirm, DeleteWorkload, EnsureSignals, EnsureWorkload, FinishWorkload, MarkPodsReady,
+from tether.core.actions import (AnswerBudgetCheck, Confirm, DeleteWorkload, UngateWorkload, EnsureSignals, EnsureWorkload, FinishWorkload, MarkPodsReady,
                                   ReleaseQuota, Revoke, SetPriorityBoost, WriteStatus)
 from tether.core.decide import decide
-from tether.core.observe import FlavorPlacement
+from tether.core.observe import ApprovalObservation, BudgetObservation, FlavorPlacement
 from tether.core.queueing import MAX_BOOST, admission_of, priority_boost, waiting_message, workload_name
 from tether.kube.resources import build_pod
 from tests.unit.test_decide import T0, held, kinds, lease, observe, pod, run
@@ -411,3 +411,85 @@ def test_a_run_no_longer_running_under_its_admission_loses_its_boost() -> None:
                        cond("PodsReady", "True"), admission=ADMISSION, evictions=3)
     d = decide(_running(_annotated(evicted, "4"), checkpoint_age=500.0))
     assert _boosts(d) == [SetPriorityBoost(name="workerrun-job-x", boost=None, resource_version="5")]
+
+
+# --- No quota held while a person or money holds the run back ----------------------------------
+
+CREATED = T0 - dt.timedelta(minutes=5)
+START_GATED = {"review": {"start": True}}
+
+
+def _gated_observe(wl: Workload | None, spec: dict[str, Any] | None = None, **kw: Any) -> Any:
+    o = observe(run(spec=spec, labels=QUEUE, creationTimestamp=CREATED.isoformat()), **kw)
+    return replace(o, workload=wl, flavors=SPOT, cluster_queue="shared", budget_checks=frozenset({"tether-budget"}))
+
+
+def _with(wl: Workload, **annotations: str) -> Workload:
+    return wl.model_copy(update={"metadata": wl.metadata.model_copy(
+        update={"annotations": {**wl.metadata.annotations, **annotations}})})
+
+
+def _start_approval() -> ApprovalObservation:
+    return ApprovalObservation(name="ok", gate="Start", decision="Approve", approver="alice", reason="fine",
+                               created=T0 - dt.timedelta(minutes=1), run_uid="u-1")
+
+
+EXHAUSTED = BudgetObservation(name="team", exhausted=True, next_reset_seconds=3.2)
+
+
+@pytest.mark.parametrize("spec, budget, gates", [
+    (START_GATED, None, ("tether.dev/start-review",)),
+    (None, EXHAUSTED, ("tether.dev/budget",)),
+    (START_GATED, EXHAUSTED, ("tether.dev/start-review", "tether.dev/budget")),
+    (None, None, ()),
+])
+def test_the_workload_is_made_first_gated_by_what_holds_the_run_back(spec: Any, budget: Any, gates: Any) -> None:
+    d = decide(_gated_observe(None, spec=spec, budget=budget))
+    assert [a for a in d.actions if isinstance(a, EnsureWorkload)] == [
+        EnsureWorkload(name=workload_name(run(labels=QUEUE)), gates=gates)]
+
+
+PENDING_WL = workload(cond("QuotaReserved", "False", "Pending"))
+
+
+def test_an_approved_start_removes_tethers_gate_and_keeps_others() -> None:
+    gated = _with(PENDING_WL, **{ANN_ADMISSION_GATED_BY: "example.com/other,tether.dev/start-review"})
+    o = replace(_gated_observe(gated, spec=START_GATED), approvals=(_start_approval(),))
+    assert [a for a in decide(o).actions if isinstance(a, UngateWorkload)] == [
+        UngateWorkload(name="workerrun-job-x", keep=("example.com/other",), resource_version="5")]
+    # Not approved yet: the gate stays, and the run waits for its person.
+    waiting = decide(_gated_observe(gated, spec=START_GATED))
+    assert not [a for a in waiting.actions if isinstance(a, UngateWorkload)]
+    assert _status(waiting).phase == Phase.AWAITING_APPROVAL
+
+
+def test_the_budget_gate_goes_once_the_budget_can_pay() -> None:
+    gated = _with(PENDING_WL, **{ANN_ADMISSION_GATED_BY: "tether.dev/budget"})
+    assert not [a for a in decide(_gated_observe(gated, budget=EXHAUSTED)).actions if isinstance(a, UngateWorkload)]
+    assert [a for a in decide(_gated_observe(gated)).actions if isinstance(a, UngateWorkload)] == [
+        UngateWorkload(name="workerrun-job-x", keep=(), resource_version="5")]
+
+
+RESERVED_CHECKED = workload(cond("QuotaReserved", "True"), cond("Admitted", "False"), admission=ADMISSION,
+                            checks=[{"name": "tether-budget", "state": "Pending", "message": "",
+                                     "lastTransitionTime": T0.isoformat()},
+                                    {"name": "someone-elses", "state": "Pending", "message": "",
+                                     "lastTransitionTime": T0.isoformat()}])
+
+
+def test_the_budget_check_says_retry_while_the_budget_cannot_pay_and_ready_once_it_can() -> None:
+    (retry,) = [a for a in decide(_gated_observe(RESERVED_CHECKED, budget=EXHAUSTED)).actions
+                if isinstance(a, AnswerBudgetCheck)]
+    assert (retry.check, retry.state, retry.requeue_after_seconds) == ("tether-budget", "Retry", 4)
+    assert "WorkerBudget team is exhausted" in retry.message
+    (ready,) = [a for a in decide(_gated_observe(RESERVED_CHECKED)).actions if isinstance(a, AnswerBudgetCheck)]
+    assert (ready.check, ready.state, ready.requeue_after_seconds) == ("tether-budget", "Ready", None)
+
+
+def test_a_budget_check_already_answered_or_not_tethers_is_left_alone() -> None:
+    answered = workload(cond("QuotaReserved", "True"), admission=ADMISSION,
+                        checks=[{"name": "tether-budget", "state": "Ready", "message": "",
+                                 "lastTransitionTime": T0.isoformat()}])
+    assert not [a for a in decide(_gated_observe(answered)).actions if isinstance(a, AnswerBudgetCheck)]
+    theirs = replace(_gated_observe(RESERVED_CHECKED, budget=EXHAUSTED), budget_checks=frozenset())
+    assert not [a for a in decide(theirs).actions if isinstance(a, AnswerBudgetCheck)]

@@ -41,6 +41,15 @@ ANN_EXECUTION_DIGEST = "tether.dev/execution-digest"
 # Kueue adds this to a Workload's priority (feature gate PriorityBoost): Tether keeps a running
 # run's at how much work its preemption would lose.
 ANN_PRIORITY_BOOST = "kueue.x-k8s.io/priority-boost"
+# Kueue admits no Workload while this names a gate (comma-separated; set at creation, only removed
+# later). Tether's: a start review not approved yet, a budget that cannot pay when it was made.
+ANN_ADMISSION_GATED_BY = "kueue.x-k8s.io/admission-gated-by"
+GATE_START_REVIEW = "tether.dev/start-review"
+GATE_BUDGET = "tether.dev/budget"
+# The controllerName of Tether's AdmissionCheck: a ClusterQueue listing one reserves no quota for a
+# run whose budget or cap cannot pay (the check says Retry, Kueue frees the quota and requeues).
+BUDGET_CHECK_CONTROLLER = "tether.dev/budget"
+AC_ACTIVE = "Active"
 # The only pod set of a run's Workload: one worker per attempt.
 POD_SET = "main"
 
@@ -92,6 +101,7 @@ class AdmissionCheckState(_Model):
     name: str
     state: str = "Pending"
     message: str = ""
+    requeue_after_seconds: int | None = None
     pod_set_updates: list[PodSetUpdate] = Field(default_factory=list)
 
 
@@ -129,6 +139,12 @@ class Workload(_Model):
         """How often Kueue evicted it, all reasons together (a counter that only grows)."""
         stats = self.status.scheduling_stats
         return sum(e.count for e in stats.evictions) if stats is not None else 0
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        """The admission gates it waits on (kueue.x-k8s.io/admission-gated-by)."""
+        value = self.metadata.annotations.get(ANN_ADMISSION_GATED_BY, "")
+        return tuple(g.strip() for g in value.split(",") if g.strip())
 
     def owned_by(self, uid: str) -> bool:
         return any(r.uid == uid and r.controller for r in self.metadata.owner_references)

@@ -114,6 +114,10 @@ class RunController:
     def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> None:
         self._wake(self.wakes.on_local_queue(event_type, body))
 
+    async def on_admission_check(self, event_type: str | None, body: dict[str, Any]) -> None:
+        if await self.queues.on_admission_check(event_type, body, self.leadership.may_act()):
+            self._wake(self.wakes.queued())
+
     def feed(self, kind: str, event_type: str, body: dict[str, Any]) -> None:
         """An object read by the operator itself, as a watch event of its kind: the namespace
         sweeper's relists, and a run's fresh GET ("run-read": newer than anything cached)."""

@@ -23,6 +23,7 @@ from tether.controller.sweeper import Feed
 from tether.controller.views import RunKey
 from tether.core.actions import (
     Action,
+    AnswerBudgetCheck,
     Change,
     ChargeBudget,
     DeleteWorkload,
@@ -38,6 +39,7 @@ from tether.core.actions import (
     ReleaseCharge,
     ReleaseQuota,
     SetPriorityBoost,
+    UngateWorkload,
     ReleasePod,
     RemoveFinalizer,
     Revoke,
@@ -109,6 +111,7 @@ class Executor:
             EnsureWorkload: self.ensure_workload, MarkPodsReady: _then(queues.mark_pods_ready),
             ReleaseQuota: _then(queues.release_quota), DeleteWorkload: _then(queues.delete_workload),
             FinishWorkload: _then(queues.finish_workload), SetPriorityBoost: _then(queues.set_priority_boost),
+            UngateWorkload: _then(queues.ungate), AnswerBudgetCheck: _then(queues.answer_budget_check),
         }
 
     async def run(self, snap: Snapshot, action: Action) -> Snapshot:

@@ -117,6 +117,11 @@ async def workload_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> No
     memo.controller.on_workload(event.get("type"), event["object"])
 
 
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks")
+async def admission_check_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    await memo.controller.on_admission_check(event.get("type"), event["object"])
+
+
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "localqueues")
 async def local_queue_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
     memo.controller.on_local_queue(event.get("type"), event["object"])

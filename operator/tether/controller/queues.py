@@ -20,8 +20,8 @@ from tether.api.models import WorkerRun
 from tether.controller.errors import Again, SpecError
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
-from tether.core.actions import (DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady, ReleaseQuota,
-                                 SetPriorityBoost)
+from tether.core.actions import (AnswerBudgetCheck, DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady,
+                                 ReleaseQuota, SetPriorityBoost, UngateWorkload)
 from tether.core.execution import execution_digest
 from tether.core.observe import FlavorPlacement
 from tether.core.queueing import admitted, queue_name, workload_name
@@ -41,6 +41,7 @@ class QueueBook:
         self.workloads: dict[tuple[str, str], dict[str, Any]] = {}  # by (namespace, Workload name)
         self.deleted: set[tuple[str, str]] = set()  # Workloads seen deleted (and not made again since)
         self.local_queues: dict[tuple[str, str], str] = {}  # (namespace, LocalQueue) -> ClusterQueue
+        self.budget_checks: frozenset[str] = frozenset()  # AdmissionChecks of Tether's budget controller
 
     # --- watch events ----------------------------------------------------------------
 
@@ -70,6 +71,26 @@ class QueueBook:
             self.local_queues.pop(key, None)
         elif spec.get("clusterQueue"):
             self.local_queues[key] = str(spec["clusterQueue"])
+
+    async def on_admission_check(self, event_type: str | None, body: dict[str, Any], may_act: bool) -> bool:
+        """Tracks the AdmissionChecks Tether answers (controllerName tether.dev/budget) and, when
+        this replica may act, marks each Active (a ClusterQueue listing an inactive check admits
+        nothing). True when the set changed (queued runs may have a check to answer)."""
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        name = str(meta.get("name", ""))
+        ours = event_type != "DELETED" and spec.get("controllerName") == k.BUDGET_CHECK_CONTROLLER
+        before = self.budget_checks
+        self.budget_checks = before | {name} if ours else before - {name}
+        conditions = (body.get("status") or {}).get("conditions") or []
+        if ours and may_act and not any(c.get("type") == k.AC_ACTIVE and c.get("status") == "True" for c in conditions):
+            try:
+                await self.kube.apply_admission_check_status(
+                    name, workloads.check_active_status(int(meta.get("generation") or 1), self.now()),
+                    k.BUDGET_CHECK_CONTROLLER)
+            except ApiError as exc:  # the next event (or a restart's list) tries again
+                log.warning("admission check not marked active", extra={"event": "admission_check_unmarked",
+                                                                        "check": name, "status": exc.status})
+        return self.budget_checks != before
 
     # --- what a decision sees ------------------------------------------------------------
 
@@ -114,7 +135,7 @@ class QueueBook:
     async def ensure_workload(self, snap: Snapshot, action: EnsureWorkload) -> dict[str, Any]:
         run = snap.run
         priority = await self._priority(run)
-        body = workloads.workload_body(run, action.name, priority, execution_digest(run.spec))
+        body = workloads.workload_body(run, action.name, priority, execution_digest(run.spec), action.gates)
         try:
             created = await self.kube.create(workload_path(run.metadata.namespace), body)
         except Conflict:
@@ -161,6 +182,20 @@ class QueueBook:
         value = str(action.boost) if action.boost is not None else None
         await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.annotate_workload(
             ns, action.name, k.ANN_PRIORITY_BOOST, value, action.resource_version))
+
+    async def ungate(self, snap: Snapshot, action: UngateWorkload) -> None:
+        ns = snap.run.metadata.namespace
+        value = ",".join(action.keep) or None
+        await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.annotate_workload(
+            ns, action.name, k.ANN_ADMISSION_GATED_BY, value, action.resource_version))
+        log.info("workload ungated", extra={"run": snap.run.key, "event": "workload_ungated", "workload": action.name})
+
+    async def answer_budget_check(self, snap: Snapshot, action: AnswerBudgetCheck) -> None:
+        await self._status(snap, action.name, action.resource_version, k.BUDGET_CHECK_CONTROLLER,
+                           lambda _: workloads.budget_check_status(action.check, action.state, action.message,
+                                                                   action.requeue_after_seconds, self.now()))
+        log.info("budget check answered", extra={"run": snap.run.key, "event": "budget_check", "state": action.state,
+                                                 "workload": action.name, "check": action.check})
 
     async def delete_workload(self, snap: Snapshot, action: DeleteWorkload) -> None:
         await self.kube.delete_object(workload_path(snap.run.metadata.namespace, action.name), action.uid)

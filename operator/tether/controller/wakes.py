@@ -127,6 +127,11 @@ class Wakes:
     def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
         """A LocalQueue's ClusterQueue is named in its runs' Queued message."""
         self.queues.on_local_queue(event_type, body)
-        ns = (body.get("metadata") or {}).get("namespace")
-        return [Wake(key) for key in list(self.cache.runs) if key[0] == ns and (run := self.cache.run(key)) is not None
-                and run.holder is None and run.phase == "Queued"]
+        return self.queued((body.get("metadata") or {}).get("namespace"))
+
+    def queued(self, namespace: str | None = None) -> list[Wake]:
+        """The runs waiting for Kueue (in `namespace`, or everywhere): a check they may wait on
+        changed, or where they wait."""
+        return [Wake(key) for key in list(self.cache.runs) if namespace in (None, key[0])
+                and (run := self.cache.run(key)) is not None and run.holder is None
+                and run.phase in ("Queued", "Pending")]

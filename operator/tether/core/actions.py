@@ -231,9 +231,11 @@ class Revoke:
 
 @dataclass(frozen=True)
 class EnsureWorkload:
-    """Create the queued run's Kueue Workload (owned by the run; its pod set from the template)."""
+    """Create the queued run's Kueue Workload (owned by the run; its pod set from the template),
+    gated by what holds the run back now (a start review, a budget): it reserves no quota then."""
 
     name: str
+    gates: tuple[str, ...] = ()
 
     pins_run: ClassVar[bool] = False
     requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
@@ -290,6 +292,35 @@ class SetPriorityBoost:
 
 
 @dataclass(frozen=True)
+class UngateWorkload:
+    """What gated the Workload no longer holds the run back: remove Tether's gates (`keep` are the
+    gates that stay, others' or Tether's still closed)."""
+
+    name: str
+    keep: tuple[str, ...]
+    resource_version: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
+
+
+@dataclass(frozen=True)
+class AnswerBudgetCheck:
+    """Tether's budget AdmissionCheck on a Workload holding quota: Ready when the run's budget and
+    caps can pay, else Retry (Kueue frees the quota and requeues it after `requeue_after_seconds`)."""
+
+    name: str
+    check: str
+    state: str
+    message: str
+    requeue_after_seconds: int | None
+    resource_version: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
+
+
+@dataclass(frozen=True)
 class FinishWorkload:
     """Tell Kueue the run ended (Workload condition Finished): its quota is released at once."""
 
@@ -304,7 +335,7 @@ class FinishWorkload:
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
           | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer | EnsureWorkload | MarkPodsReady
-          | ReleaseQuota | DeleteWorkload | FinishWorkload | SetPriorityBoost)
+          | ReleaseQuota | DeleteWorkload | FinishWorkload | SetPriorityBoost | UngateWorkload | AnswerBudgetCheck)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ from tether.core.lifecycle import (
     wait_for_namesake,
 )
 from tether.core.liveness import judge, never_leased_wait
-from tether.core.queueing import queue_allows, tell_kueue
+from tether.core.queueing import enter_queue, queue_allows, tell_kueue
 from tether.core.review import decide_result_review, start_allowed, track_requests
 from tether.core.observe import (
     BudgetObservation,
@@ -186,6 +186,8 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
         return
     if o.namespace_terminating:
         d.wake(30.0)  # its runs are about to be deleted: starting attempts there only fails
+        return
+    if not enter_queue(o, b, d):
         return
     if not start_allowed(o, b, d):
         return

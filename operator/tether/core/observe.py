@@ -136,6 +136,8 @@ class Observed:
     # A running queued run's priority boost rises by one each time the work since its last
     # checkpoint doubles, starting at this many seconds (queueing.priority_boost).
     boost_seconds: float = BOOST_SECONDS
+    # The AdmissionChecks (by name) whose controller is Tether's budget check.
+    budget_checks: frozenset[str] = frozenset()
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

@@ -19,15 +19,20 @@ from tether.api import kueue as k
 from tether.api.conditions import get_condition, set_condition
 from tether.api.kueue import Workload
 from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
-from tether.core.actions import (Decision, DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady,
-                                 ReleaseQuota, SetPriorityBoost)
+from tether.core.actions import (Action, AnswerBudgetCheck, Decision, DeleteWorkload, EnsureWorkload,
+                                 FinishWorkload, MarkPodsReady, ReleaseQuota, SetPriorityBoost, UngateWorkload)
+from tether.core.enforcement import admission_refusal
 from tether.core.execution import execution_digest
 from tether.core.lifecycle import StatusBuilder
 from tether.core.observe import FlavorPlacement, Observed, current_lease
+from tether.core.review import start_approved
 
 # The most Tether adds to a Workload's priority: it reorders runs of one priority, never runs whose
 # WorkloadPriorityClasses are further apart than this.
 MAX_BOOST = 10
+# A budget check answered Retry asks Kueue to try again after this long at most (sooner when the
+# budget's period rolls over): a raised limit is noticed within it.
+BUDGET_RETRY_SECONDS = 15
 
 
 def queue_name(run: WorkerRun) -> str | None:
@@ -113,15 +118,30 @@ def waiting_message(o: Observed, wl: Workload | None) -> str:
     return f"queued in {where}"
 
 
+def holding_gates(o: Observed) -> tuple[str, ...]:
+    """Tether's admission gates that hold the run back now: a start review not approved, a budget
+    or cap that cannot pay. A Workload made with them reserves no quota until they are removed."""
+    return tuple(gate for gate, holds in ((k.GATE_START_REVIEW, not start_approved(o)),
+                                          (k.GATE_BUDGET, admission_refusal(o) is not None)) if holds)
+
+
+def enter_queue(o: Observed, b: StatusBuilder, d: Decision) -> bool:
+    """A queued run takes its place in the queue before anything else may hold it back: its
+    Workload is made first, gated by whatever holds the run now (a person, money)."""
+    if queue_name(o.run) is None or o.workload is not None:
+        return True
+    d.actions.append(EnsureWorkload(name=workload_name(o.run), gates=holding_gates(o)))
+    _queued(o, b, d, waiting_message(o, None))
+    return False
+
+
 def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
-    """Before a grant: a queued run starts only once Kueue admitted its Workload (created here
-    first), and records the admission the attempt will run under."""
+    """Before a grant: a queued run starts only once Kueue admitted its Workload (enter_queue made
+    it), and records the admission the attempt will run under."""
     if queue_name(o.run) is None:
         return True
     wl = o.workload
     if wl is None:
-        d.actions.append(EnsureWorkload(name=workload_name(o.run)))
-        _queued(o, b, d, waiting_message(o, None))
         return False
     if evicted_and_reserved(wl):
         busy = [p.name for p in o.pods if not p.terminated]
@@ -161,28 +181,60 @@ def evicted_and_reserved(wl: Workload) -> bool:
 
 def tell_kueue(o: Observed, d: Decision) -> None:
     """What Kueue hears of a queued run, on every pass whatever its phase (backoff, suspended,
-    waiting for a person): its worker's first renewal (PodsReady), that an evicted attempt is over
-    (the quota released: the preemptor waits for it), and its end (Finished)."""
-    wl, s = o.workload, o.run.status
+    waiting for a person): one write per pass, each conditional on the Workload as seen."""
+    wl = o.workload
     if wl is None or wl.is_true(k.WL_FINISHED):
         return
-    rv = wl.metadata.resource_version
+    write = _workload_write(o, wl)
+    if write is not None:
+        d.actions.append(write)
+    if not isinstance(write, (FinishWorkload, ReleaseQuota)):
+        _keep_boost(o, wl, d, write is None)
+
+
+def _workload_write(o: Observed, wl: Workload) -> Action | None:
+    """The run's end (Finished); that an evicted attempt is over (the quota released: the
+    preemptor waits for it); its worker's first renewal (PodsReady); gates that no longer hold;
+    Tether's budget check answered."""
+    s, rv = o.run.status, wl.metadata.resource_version
     if s.phase is not None and s.phase.terminal:
-        d.actions.append(FinishWorkload(name=wl.metadata.name, succeeded=s.phase == Phase.SUCCEEDED,
-                                        message=f"the run ended {s.phase.value}", resource_version=rv))
-        return
+        return FinishWorkload(name=wl.metadata.name, succeeded=s.phase == Phase.SUCCEEDED,
+                              message=f"the run ended {s.phase.value}", resource_version=rv)
     if evicted_and_reserved(wl) and s.holder is None and all(p.terminated for p in o.pods):
         # The evicted attempt is over: the fence has moved and (as Kueue frees the quota of a job
         # with nothing active) its pod is gone.
-        d.actions.append(ReleaseQuota(name=wl.metadata.name, resource_version=rv))
-        return
+        return ReleaseQuota(name=wl.metadata.name, resource_version=rv)
     cur = s.current()
     if s.holder is not None and cur is not None and cur.admission is not None and \
             s.phase == Phase.RUNNING and not wl.is_true(k.WL_PODS_READY):
-        d.actions.append(MarkPodsReady(name=wl.metadata.name, message=f"{s.holder} renewed its lease",
-                                       resource_version=rv))
-        return  # the boost waits a pass: both writes are conditional on this resourceVersion
-    _keep_boost(o, wl, d)
+        return MarkPodsReady(name=wl.metadata.name, message=f"{s.holder} renewed its lease", resource_version=rv)
+    ours = (k.GATE_START_REVIEW, k.GATE_BUDGET)
+    holding = holding_gates(o)
+    if any(g in ours and g not in holding for g in wl.gates):
+        return UngateWorkload(name=wl.metadata.name, keep=tuple(g for g in wl.gates if g not in ours or g in holding),
+                              resource_version=rv)
+    return _budget_answer(o, wl)
+
+
+def _budget_answer(o: Observed, wl: Workload) -> AnswerBudgetCheck | None:
+    """Tether's budget check on a Workload holding quota for a run nobody holds yet: Ready if the
+    run's budget and caps can pay, else Retry (Kueue frees the quota and tries again later)."""
+    if o.run.status.holder is not None or not wl.is_true(k.WL_QUOTA_RESERVED) or wl.is_true(k.WL_EVICTED):
+        return None
+    for check in wl.status.admission_checks:
+        if check.name not in o.budget_checks:
+            continue
+        refusal = admission_refusal(o)
+        if refusal is None:
+            state, message, after = "Ready", "the run's budget and caps can pay for it", None
+        else:
+            reset = o.budget.next_reset_seconds if o.budget is not None else None
+            after = max(1, math.ceil(min(BUDGET_RETRY_SECONDS, reset if reset is not None else math.inf)))
+            state, message = "Retry", refusal[1]
+        if check.state != state:
+            return AnswerBudgetCheck(name=wl.metadata.name, check=check.name, state=state, message=message,
+                                     requeue_after_seconds=after, resource_version=wl.metadata.resource_version)
+    return None
 
 
 def priority_boost(at_risk: float, unit: float) -> int:
@@ -207,12 +259,14 @@ def work_at_risk(o: Observed, wl: Workload) -> float | None:
     return max(0.0, at_risk)
 
 
-def _keep_boost(o: Observed, wl: Workload, d: Decision) -> None:
+def _keep_boost(o: Observed, wl: Workload, d: Decision, may_write: bool) -> None:
+    """The boost, and a wake when it next steps up; written only when no other write is due this
+    pass (they are all conditional on the same resourceVersion)."""
     at_risk = work_at_risk(o, wl)
     boost = priority_boost(at_risk, o.boost_seconds) if at_risk is not None else 0
     if at_risk is not None and boost < MAX_BOOST and o.boost_seconds > 0:
         d.wake(max(0.05, o.boost_seconds * (2 ** (boost + 1) - 1) - at_risk + 0.01))
     want = str(boost) if boost else None
-    if wl.metadata.annotations.get(k.ANN_PRIORITY_BOOST) != want:
+    if may_write and wl.metadata.annotations.get(k.ANN_PRIORITY_BOOST) != want:
         d.actions.append(SetPriorityBoost(name=wl.metadata.name, boost=boost or None,
                                           resource_version=wl.metadata.resource_version))

@@ -107,6 +107,27 @@ def _metric(b: StatusBuilder, gate: str, decision: str, seconds: float) -> None:
 # --- Start ------------------------------------------------------------------------
 
 
+def _start_request(o: Observed) -> ReviewRequest:
+    """The start gate's request. It opened when the run was created (the API server's time): its
+    deadline and the approvals that count are measured from there."""
+    run = o.run
+    created = run.metadata.creation_timestamp or o.now
+    timeout = run.spec.review.start_timeout_seconds
+    return ReviewRequest(gate=GATE_START, attempt=0, requested_at=created,
+                         deadline=after(created, timeout) if timeout is not None else None,
+                         execution_digest=execution_digest(run.spec))  # what an approval approves
+
+
+def start_approved(o: Observed) -> bool:
+    """Whether the start gate holds no attempt back now: none, an attempt started, or an approval
+    decides it Approve (what start_allowed will find)."""
+    run, s = o.run, o.run.status
+    if not run.spec.review.start or s.attempt > 0:
+        return True
+    decided = decision_on(o, review_of(s).find(GATE_START, 0) or _start_request(o))
+    return decided is not None and decided.decision == "Approve"
+
+
 def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     """True when an attempt may start as far as review goes: no start gate, approved before (an
     attempt exists), or approved now (Approved=True joins the grant's status write). Otherwise
@@ -116,14 +137,8 @@ def start_allowed(o: Observed, b: StatusBuilder, d: Decision) -> bool:
         return True
     gen = run.metadata.generation
     review = review_of(b.status)
-    # The gate opened when the run was created (the API server's time): its deadline and the
-    # approvals that count are measured from there.
-    created = run.metadata.creation_timestamp or o.now
-    timeout = run.spec.review.start_timeout_seconds
-    req = review.find(GATE_START, 0) or open_request(review, ReviewRequest(
-        gate=GATE_START, attempt=0, requested_at=created,
-        deadline=after(created, timeout) if timeout is not None else None,
-        execution_digest=execution_digest(run.spec)))  # what an approval approves: no grant runs other fields
+    created, timeout = run.metadata.creation_timestamp or o.now, run.spec.review.start_timeout_seconds
+    req = review.find(GATE_START, 0) or open_request(review, _start_request(o))
     if req is None or o.approvals is None:
         d.wake(APPROVALS_UNKNOWN_RETRY)  # approvals unknown (the list failed): decide nothing yet
         return False

@@ -264,9 +264,18 @@ class KubeClient:
                                     manager: str) -> dict[str, Any]:
         """Server-side apply of a Workload's status as field manager `manager` (forced, as Kueue's
         job framework does), conditional on `resource_version`: a compare-and-swap."""
-        body = {"apiVersion": KUEUE_API_VERSION, "kind": "Workload",
-                "metadata": {"name": name, "namespace": ns, "resourceVersion": resource_version}, "status": status}
-        return await self._call("PATCH", f"{workload_path(ns, name)}/status", f"apply workload {ns}/{name} status",
+        return await self._apply_status(workload_path(ns, name), "Workload",
+                                        {"name": name, "namespace": ns, "resourceVersion": resource_version},
+                                        status, manager)
+
+    async def apply_admission_check_status(self, name: str, status: dict[str, Any], manager: str) -> dict[str, Any]:
+        return await self._apply_status(f"/apis/{KUEUE_API_VERSION}/admissionchecks/{name}", "AdmissionCheck",
+                                        {"name": name}, status, manager)
+
+    async def _apply_status(self, path: str, kind: str, meta: dict[str, str], status: dict[str, Any],
+                            manager: str) -> dict[str, Any]:
+        body = {"apiVersion": KUEUE_API_VERSION, "kind": kind, "metadata": meta, "status": status}
+        return await self._call("PATCH", f"{path}/status", f"apply {kind} {meta['name']} status",
                                 params={"fieldManager": manager, "force": "true"}, content=json.dumps(body),
                                 headers={"Content-Type": "application/apply-patch+yaml"})
 

@@ -38,9 +38,11 @@ def pod_set_template(run: WorkerRun) -> dict[str, Any]:
         "resources": {"requests": {EXTERNAL_RUN_RESOURCE: "1"}, "limits": {EXTERNAL_RUN_RESOURCE: "1"}}}]}}
 
 
-def workload_body(run: WorkerRun, name: str, priority: tuple[str, int] | None, digest: str) -> dict[str, Any]:
+def workload_body(run: WorkerRun, name: str, priority: tuple[str, int] | None, digest: str,
+                  gates: tuple[str, ...] = ()) -> dict[str, Any]:
     """The Workload Kueue queues the run by: owned by it (a controller reference, so Kueue and the
-    garbage collector see whose it is), one pod set of one pod, the run's queue and priority."""
+    garbage collector see whose it is), one pod set of one pod, the run's queue and priority, and
+    the admission gates that hold it back when it is made."""
     spec: dict[str, Any] = {
         "queueName": run.metadata.labels[k.LABEL_QUEUE_NAME],
         "podSets": [{"name": k.POD_SET, "count": 1, "template": pod_set_template(run)}],
@@ -53,7 +55,8 @@ def workload_body(run: WorkerRun, name: str, priority: tuple[str, int] | None, d
         "metadata": {"name": name, "namespace": run.metadata.namespace,
                      "labels": {k.LABEL_JOB_UID: run.metadata.uid},
                      # What its pod set was made from: a spec edited while queued makes it again.
-                     "annotations": {k.ANN_EXECUTION_DIGEST: digest},
+                     "annotations": {k.ANN_EXECUTION_DIGEST: digest,
+                                     **({k.ANN_ADMISSION_GATED_BY: ",".join(gates)} if gates else {})},
                      "ownerReferences": [{**owner_ref(run), "controller": True}]},
         "spec": spec,
     }
@@ -114,6 +117,24 @@ def released_status(workload: dict[str, Any], now: dt.datetime) -> dict[str, Any
         "The workload has no reservation" + ("" if checks_ready else " and not all checks ready"), gen, now))
     status.pop("admission", None)
     return _admission_status({**status, "conditions": conditions})
+
+
+def budget_check_status(check: str, state: str, message: str, requeue_after_seconds: int | None,
+                        now: dt.datetime) -> dict[str, Any]:
+    """What Tether's budget check applies (as its controller, `tether.dev/budget`): its own entry of
+    the admission checks (a list keyed by name)."""
+    entry: dict[str, Any] = {"name": check, "state": state, "message": message[:32768],
+                             "lastTransitionTime": rfc3339(now)}
+    if requeue_after_seconds is not None:
+        entry["requeueAfterSeconds"] = requeue_after_seconds
+    return {"admissionChecks": [entry]}
+
+
+def check_active_status(generation: int, now: dt.datetime) -> dict[str, Any]:
+    """An AdmissionCheck of Tether's controller is served: Active=True (a ClusterQueue listing an
+    inactive check admits nothing)."""
+    return {"conditions": [_condition(k.AC_ACTIVE, "True", "Active", "Tether answers this check from WorkerBudgets",
+                                      generation, now)]}
 
 
 def _admission_status(status: dict[str, Any]) -> dict[str, Any]:
