@@ -56,7 +56,7 @@ kueue:
 	bash hack/build-kueue.sh
 
 test: install control-plane tools node kueue sdk-test layers docs
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -p no:cacheprovider -ra
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra
 
 # The layers are a checked contract (pyproject.toml [tool.importlinter]).
 layers: install

@@ -6,21 +6,32 @@ the Workloads Kueue keeps) and the audit log, not by the operator's own view."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
+import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+
 from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
 from tests.e2e.test_budgets import budget
 from tests.e2e.test_review import after_creation_second
+from tether.devcluster.processes import spawn
 from tests.support import runs
+from tests.support.receiver import Receiver
+from tests.support.scenario import app_run, lines, wait_line
 from tests.support.audit import AuditLog
 from tests.support.kube import Kube, eventually
 from tests.support.oracle import TrialFacts, judge
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+# One worker runs them all, one after the other: they share one Kueue, which one of them stops.
+pytestmark = pytest.mark.xdist_group("kueue")
 
 
 def _create(kube: Kube, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -28,20 +39,24 @@ def _create(kube: Kube, path: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def tenancy(kube: Kube, namespace: str, cpu: str, node_labels: dict[str, str] | None = None,
-            runs_quota: int | None = None) -> tuple[str, str]:
-    """A ResourceFlavor, a ClusterQueue with `cpu` of it, and a LocalQueue `team` in `namespace`
-    (cluster-scoped names unique per test: the tests share one Kueue)."""
+            runs_quota: int | None = None, queue: str = "team", flavor: str | None = None,
+            **cq_spec: Any) -> tuple[str, str]:
+    """A ResourceFlavor (or `flavor`, made before), a ClusterQueue with `cpu` of it (and `cq_spec`:
+    a cohort, preemption), and a LocalQueue `queue` in `namespace` (cluster-scoped names unique per
+    test: the tests share one Kueue)."""
     tag = uuid.uuid4().hex[:6]
-    flavor, cq = f"flavor-{tag}", f"cq-{tag}"
-    _create(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor},
-                                               "spec": {"nodeLabels": node_labels or {}}})
+    cq = f"cq-{tag}"
+    if flavor is None:
+        flavor = f"flavor-{tag}"
+        _create(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor},
+                                                   "spec": {"nodeLabels": node_labels or {}}})
     covered = [("cpu", cpu)] + ([("tether.dev/runs", str(runs_quota))] if runs_quota is not None else [])
     _create(kube, f"{KUEUE}/clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
-        "namespaceSelector": {},
+        "namespaceSelector": {}, **cq_spec,
         "resourceGroups": [{"coveredResources": [r for r, _ in covered], "flavors": [
             {"name": flavor, "resources": [{"name": r, "nominalQuota": q} for r, q in covered]}]}]}})
     _create(kube, f"{KUEUE}/namespaces/{namespace}/localqueues",
-            {"kind": "LocalQueue", "metadata": {"name": "team"}, "spec": {"clusterQueue": cq}})
+            {"kind": "LocalQueue", "metadata": {"name": queue}, "spec": {"clusterQueue": cq}})
     eventually(lambda: _active(kube, f"{KUEUE}/clusterqueues/{cq}"), timeout=60, what=f"ClusterQueue {cq} Active")
     return flavor, cq
 
@@ -51,9 +66,9 @@ def _active(kube: Kube, path: str) -> bool:
     return any(c["type"] == "Active" and c["status"] == "True" for c in conds)
 
 
-def queued_run(steps: int = 4, cpu: str = "500m", **labels: str) -> dict[str, Any]:
+def queued_run(steps: int = 4, cpu: str = "500m", queue: str = "team", **labels: str) -> dict[str, Any]:
     body = runs.example("short-job.yaml", payload={"steps": steps, "stepSeconds": 0.5})
-    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team", **labels}
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue, **labels}
     body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu}}
     return body
 
@@ -383,3 +398,148 @@ def test_tethers_budget_check_frees_the_quota_of_a_run_its_budget_cannot_pay(  #
                        {"spec": {"limitCents": 10_000}}))
     done = runs.wait_phase(kube, namespace, "poor", "Succeeded", timeout=120)
     assert done["status"]["attempts"][0]["admission"]["clusterQueue"] == cq
+
+
+def _started(run: dict[str, Any], attempt: int = 0) -> dt.datetime:
+    return _time(run["status"]["attempts"][attempt]["startedAt"])
+
+
+def test_kueue_admits_the_higher_priority_of_two_queued_runs_first(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """Created after the low one, the high one starts first once the quota frees."""
+    tenancy(kube, namespace, cpu="1")
+    low, high = priority_class(kube, 10), priority_class(kube, 1000)
+    runs.create(kube, namespace, queued_run(steps=400, cpu="1"), name="hog")
+    runs.wait_phase(kube, namespace, "hog", "Running", timeout=90)
+    runs.create(kube, namespace, queued_run(steps=1, cpu="1", **{"kueue.x-k8s.io/priority-class": low}), name="low")
+    runs.wait_phase(kube, namespace, "low", "Queued", timeout=60)
+    runs.create(kube, namespace, queued_run(steps=1, cpu="1", **{"kueue.x-k8s.io/priority-class": high}), name="high")
+    runs.wait_phase(kube, namespace, "high", "Queued", timeout=60)
+    kube.ok(kube.patch(Kube.wr_path(namespace, "hog"), {"spec": {"stop": True}}))
+    done = {n: runs.wait_phase(kube, namespace, n, "Succeeded", timeout=120) for n in ("high", "low")}
+    # One at a time (the quota is one run): high ran to its end before low began.
+    assert _time(done["high"]["status"]["attempts"][0]["endedAt"]) <= _started(done["low"])
+    assert [a["outcome"] for a in done["low"]["status"]["attempts"]] == ["Succeeded"]
+
+
+def test_a_tenant_borrows_idle_quota_from_its_cohort_and_gives_it_back_by_yielding(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """Two ClusterQueues of one cohort, one run's quota each. Tenant a runs two (one on b's idle
+    quota); when b needs its own, Kueue reclaims it: a's borrowing run yields (Preempted, no retry
+    used), b's runs, and a's resumes when the quota is free again."""
+    cohort = f"cohort-{uuid.uuid4().hex[:6]}"
+    flavor, cq_a = tenancy(kube, namespace, cpu="1", queue="a", cohortName=cohort)
+    _, cq_b = tenancy(kube, namespace, cpu="1", queue="b", flavor=flavor, cohortName=cohort,
+                      preemption={"reclaimWithinCohort": "Any"})
+    for name in ("a1", "a2"):
+        runs.create(kube, namespace, queued_run(steps=40, cpu="1", queue="a"), name=name)
+    eventually(lambda: all((runs.get(kube, namespace, n).get("status") or {}).get("phase") == "Running"
+                           for n in ("a1", "a2")) or None, timeout=90, what="a1 and a2 running at once (one borrows)")
+    runs.create(kube, namespace, queued_run(steps=2, cpu="1", queue="b"), name="b1")
+    done_b = runs.wait_phase(kube, namespace, "b1", "Succeeded", timeout=120)
+    done_a = {n: runs.wait_phase(kube, namespace, n, "Succeeded", timeout=180) for n in ("a1", "a2")}
+
+    preempted = [n for n, r in done_a.items() if r["status"]["attempts"][0]["outcome"] == "Preempted"]
+    assert len(preempted) == 1, {n: r["status"]["attempts"] for n, r in done_a.items()}
+    victim = done_a[preempted[0]]["status"]
+    first, second = victim["attempts"]
+    assert victim["preemptions"] == 1 and "evicted by Kueue" in first["message"]
+    (b,) = done_b["status"]["attempts"]
+    assert b["admission"]["clusterQueue"] == cq_b
+    assert _time(first["endedAt"]) <= _time(b["startedAt"])  # b ran on its own quota, given back
+    assert {done_a[n]["status"]["attempts"][-1]["admission"]["clusterQueue"] for n in done_a} == {cq_a}
+    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=[
+        *done_a.values(), done_b]))
+    assert verdict.ok, verdict.violations
+
+
+@pytest.mark.local_cluster
+def test_a_worker_that_ignores_the_yield_is_fenced_and_killed_after_its_grace(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue, tmp_path: Path) -> None:
+    """Preempted, a worker that goes on regardless is told to yield, revoked when stopGraceSeconds
+    have passed (the fence moves), its pod deleted; its side effect is refused by the fenced
+    receiver, and the run's next attempt sends it once."""
+    tenancy(kube, namespace, cpu="1", preemption={"withinClusterQueue": "LowerPriority"})
+    low, high = priority_class(kube, 10), priority_class(kube, 1000)
+    receiver = Receiver()
+    out = tmp_path / "deaf.jsonl"
+    try:
+        deaf = app_run("deaf", {"holdAttempts": [1], "outFile": str(out), "checkpoint": "c1",
+                                "effectUrl": f"http://127.0.0.1:{receiver.port}/effects"}, duration=8, renew=1)
+        deaf["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/priority-class": low}
+        deaf["spec"]["stopGraceSeconds"] = 3
+        pod_spec = deaf["spec"]["template"]["spec"]
+        pod_spec["terminationGracePeriodSeconds"] = 1
+        pod_spec["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+        runs.create(kube, namespace, deaf)
+        wait_line(out, event="started", attempt=1)
+        runs.wait_phase(kube, namespace, "deaf", "Running", timeout=60)
+        runs.create(kube, namespace, queued_run(steps=1, cpu="1", **{"kueue.x-k8s.io/priority-class": high}),
+                    name="high")
+        runs.wait_phase(kube, namespace, "high", "Succeeded", timeout=120)
+        done = runs.wait_phase(kube, namespace, "deaf", "Succeeded", timeout=120)
+
+        first, second = done["status"]["attempts"]
+        assert first["outcome"] == "Preempted" and second["outcome"] == "Succeeded", done["status"]["attempts"]
+        told = [e for e in lines(out) if e["event"] == "signals" and e["attempt"] == 1 and e.get("yielding")]
+        assert told and told[0]["stop"] and told[0]["stopBy"], lines(out)
+        # It did not yield: the attempt ended once the grace it was given ran out (stopBy), not
+        # before (the attempt's end and stopBy are both the operator's clock).
+        assert _time(first["endedAt"]) >= _time(told[0]["stopBy"]), (first, told[0])
+        # Second attempt resumed from the first's checkpoint; one side effect, the second's.
+        assert second["fence"] > first["fence"]
+        assert [(e.attempt, e.fence) for e in receiver.accepted()] == [(2, second["fence"])]
+        assert all(e.fence == first["fence"] for e in receiver.refused())
+        verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=[
+            done, runs.get(kube, namespace, "high")]))
+        assert verdict.ok, verdict.violations
+    finally:
+        receiver.close()
+
+
+def _kueue_ready(kube: Kube, health: str) -> bool:
+    try:
+        if httpx.get(health, timeout=2).status_code != 200:
+            return False
+    except httpx.HTTPError:
+        return False
+    probe = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "probe"}}
+    return kube.post(f"{KUEUE}/resourceflavors?dryRun=All", probe).status_code == 201  # its webhooks answer
+
+
+@pytest.mark.local_cluster
+def test_with_kueue_down_and_restarted_running_runs_go_on_and_queued_ones_wait(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """Kueue's manager stopped (no reconcile, no webhook answers), then killed and started again:
+    the admitted run keeps its lease and attempt throughout, the queued run does not start, a run
+    created meanwhile waits for its Workload; after the restart all finish, one at a time."""
+    tenancy(kube, namespace, cpu="1")
+    runs.create(kube, namespace, queued_run(steps=40, cpu="1"), name="running")
+    runs.wait_phase(kube, namespace, "running", "Running", timeout=90)
+    runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="waiting")
+    runs.wait_phase(kube, namespace, "waiting", "Queued", timeout=60)
+    pid = int(kueue["pid"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="during")
+        # The outage lasts 12 s; throughout, nothing Kueue cannot say changes.
+        window = time.monotonic() + 12
+        while time.monotonic() < window:
+            held = runs.get(kube, namespace, "running")["status"]
+            assert (held["phase"], held["attempt"]) == ("Running", 1), held
+            for name in ("waiting", "during"):
+                assert (runs.get(kube, namespace, name).get("status") or {}).get("attempt", 0) == 0
+            time.sleep(0.5)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    restarted = spawn(json.loads(kueue["argv"]), log_path=Path(kueue["log"]),
+                      env={**os.environ, "KUBECONFIG": kueue["kubeconfig"]})
+    os.environ["TETHER_TEST_KUEUE"] = json.dumps({**kueue, "pid": str(restarted.pid)})
+    eventually(lambda: _kueue_ready(kube, kueue["health"]) or None, timeout=120, what="Kueue ready again")
+
+    done = {n: runs.wait_phase(kube, namespace, n, "Succeeded", timeout=120) for n in ("running", "waiting", "during")}
+    assert [a["outcome"] for a in done["running"]["status"]["attempts"]] == ["Succeeded"]
+    spans = sorted((_started(r), _time(r["status"]["attempts"][0]["endedAt"])) for r in done.values())
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans  # one at a time
+    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=list(done.values())))
+    assert verdict.ok, verdict.violations

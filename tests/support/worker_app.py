@@ -84,6 +84,7 @@ def main() -> int:
                 next_checkpoint = time.monotonic() + float(every)
             if sig != seen:
                 record(event="signals", at=time.time(), stop=sig.stop, paused=sig.paused, reason=sig.reason,
+                       yielding=sig.yielding, stopBy=sig.stop_by.isoformat() if sig.stop_by else None,
                        endsAt=sig.ends_at.isoformat() if sig.ends_at else None,
                        capRemainingCents=sig.cap_remaining_cents)
                 seen = sig

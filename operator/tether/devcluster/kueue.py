@@ -10,6 +10,7 @@ are the ones the enabled parts serve, each pointing at the manager's loopback ad
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -57,7 +58,9 @@ def configuration(webhook_port: int, cert_dir: Path, health_port: int) -> dict[s
 
 
 def webhook_configurations(manifests: str, url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
-    """Kueue's webhook configurations, kept to the served groups and pointed at `url` (loopback)."""
+    """Kueue's webhook configurations, kept to the served groups and pointed at `url` (loopback).
+    Jobs reach Kueue's webhooks only when labelled for a queue: a Job of another test (or of the
+    benchmark's unqueued half) is never refused because Kueue is down or restarting."""
     out = []
     for doc in yaml.safe_load_all(manifests):
         if not doc:
@@ -68,8 +71,11 @@ def webhook_configurations(manifests: str, url: str, ca_bundle: bytes) -> list[d
             if not groups or not groups <= _SERVED_GROUPS:
                 continue
             path = hook["clientConfig"]["service"]["path"]
-            hooks.append({**hook, "clientConfig": {"url": f"{url}{path}",
-                                                   "caBundle": base64.b64encode(ca_bundle).decode()}})
+            hook = {**hook, "clientConfig": {"url": f"{url}{path}", "caBundle": base64.b64encode(ca_bundle).decode()}}
+            if groups == {"batch"}:
+                hook["objectSelector"] = {"matchExpressions": [{"key": "kueue.x-k8s.io/queue-name",
+                                                                "operator": "Exists"}]}
+            hooks.append(hook)
         name = f"kueue-{doc['metadata']['name']}"
         out.append({"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": name},
                     "webhooks": hooks})
@@ -122,10 +128,12 @@ class LocalKueue:
                                               f"https://127.0.0.1:{self.webhook_port}", self.ca.cert_pem()):
                 create_or_replace(c, _WEBHOOK_COLLECTIONS[obj["kind"]], obj)
 
+    def argv(self) -> list[str]:
+        return [str(self.home / "kueue"), f"--config={self.config}", "--zap-log-level=info"]
+
     def start(self, timeout: float = 120) -> None:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
-        self._proc = spawn([str(self.home / "kueue"), f"--config={self.config}", "--zap-log-level=info"],
-                           log_path=self.log_dir / "kueue.log", env=env)
+        self._proc = spawn(self.argv(), log_path=self.log_dir / "kueue.log", env=env)
         wait_for(self.ready, timeout=timeout, what=f"kueue ready (see {self.log_dir / 'kueue.log'})")
 
     def stop(self) -> None:
@@ -150,4 +158,7 @@ class LocalKueue:
             return resp.status_code == 201
 
     def describe(self) -> dict[str, str]:
-        return {"home": str(self.home), "log": str(self.log_dir / "kueue.log"), "pid": str(self._proc.pid if self._proc else "")}
+        """What a test needs to stop the manager and start it again (tests/kueue)."""
+        return {"home": str(self.home), "log": str(self.log_dir / "kueue.log"),
+                "pid": str(self._proc.pid if self._proc else ""), "argv": json.dumps(self.argv()),
+                "kubeconfig": str(self.kubeconfig), "health": f"http://127.0.0.1:{self.health_port}/readyz"}
