@@ -543,3 +543,40 @@ def test_with_kueue_down_and_restarted_running_runs_go_on_and_queued_ones_wait( 
     assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans  # one at a time
     verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=list(done.values())))
     assert verdict.ok, verdict.violations
+
+
+def test_fair_sharing_gives_a_tenant_its_share_of_a_pool_another_filled(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """A Cohort owns the pool (two runs' cpu); the tenants' ClusterQueues own nothing. Tenant a
+    fills the pool; when b asks, fair sharing (not reclaim: b has no quota of its own) evicts one
+    of a's runs, which yields and resumes once the pool is free."""
+    tag = uuid.uuid4().hex[:6]
+    flavor, cohort = f"flavor-{tag}", f"pool-{tag}"
+    _create(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor}, "spec": {}})
+    _create(kube, f"{KUEUE}/cohorts", {"kind": "Cohort", "metadata": {"name": cohort}, "spec": {"resourceGroups": [
+        {"coveredResources": ["cpu"], "flavors": [{"name": flavor, "resources": [{"name": "cpu", "nominalQuota": "2"}]}]}]}})
+    for queue in ("a", "b"):
+        tenancy(kube, namespace, cpu="0", queue=queue, flavor=flavor, cohortName=cohort,
+                preemption={"reclaimWithinCohort": "Any"})
+    for name in ("a1", "a2"):
+        runs.create(kube, namespace, queued_run(steps=40, cpu="1", queue="a"), name=name)
+    eventually(lambda: all((runs.get(kube, namespace, n).get("status") or {}).get("phase") == "Running"
+                           for n in ("a1", "a2")) or None, timeout=90, what="tenant a using the whole pool")
+    runs.create(kube, namespace, queued_run(steps=2, cpu="1", queue="b"), name="b1")
+    done_b = runs.wait_phase(kube, namespace, "b1", "Succeeded", timeout=120)
+    done_a = {n: runs.wait_phase(kube, namespace, n, "Succeeded", timeout=180) for n in ("a1", "a2")}
+
+    preempted = [n for n, r in done_a.items() if r["status"]["attempts"][0]["outcome"] == "Preempted"]
+    assert len(preempted) == 1, {n: r["status"]["attempts"] for n, r in done_a.items()}
+    victim = _workload_of(kube, namespace, preempted[0])
+    assert victim is not None
+    # Kueue's own record of why (its Event on the Workload): preempted by fair sharing.
+    events = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/events?fieldSelector=involvedObject.name="
+                              f"{victim['metadata']['name']}"))["items"]
+    said = [e.get("note") or e.get("message") or "" for e in events if e.get("reason") == "Preempted"]
+    assert any("Fair Sharing within the cohort" in m for m in said), events
+    assert "Fair Sharing within the cohort" in done_a[preempted[0]]["status"]["attempts"][0]["message"]
+    first = done_a[preempted[0]]["status"]["attempts"][0]
+    assert _time(first["endedAt"]) <= _started(done_b)
+    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=[*done_a.values(), done_b]))
+    assert verdict.ok, verdict.violations

@@ -213,3 +213,24 @@ def test_budget_gauges_show_spent_against_each_limit() -> None:
     html = views.budgets_fragment("", [budget], [charging, _run("b")])
     assert 'data-share="0.850"' in html and "fill high" in html and "170 of 200" in html
     assert "tokens: 5 spent, no limit" in html and ">a</a>" in html and ">b</a>" not in html
+
+
+# --- queues -------------------------------------------------------------------------------------
+
+
+def test_a_queued_run_shows_where_it_waits_and_its_evictions_on_the_timeline() -> None:
+    run = _run(phase="Running", preemptions=1, queue={"name": "agents", "clusterQueue": "team-a", "workload": "w"},
+               attempts=[{"attempt": 1, "fence": 1, "startedAt": _ts(0), "endedAt": _ts(30), "outcome": "Preempted",
+                          "message": "evicted by Kueue (Preempted); yielded", "admission": {"clusterQueue": "team-a"}},
+                         {"attempt": 2, "fence": 3, "startedAt": _ts(50)}])
+    row = views.run_row("", run)
+    assert "<th>" not in row and "<td>agents → team-a</td>" in row
+    assert views.run_row("", _run(phase="Running")).endswith("<td>-</td></tr>")  # not queued
+    now = T0 + dt.timedelta(seconds=60)
+    t = charts.timeline(run, [], charts.scale_for(run, [], now), now)
+    (evicted,) = [m for m in t.marks if m.kind == "evicted"]
+    assert "attempt 1 evicted by Kueue from ClusterQueue team-a" in evicted.title
+    assert evicted.x == pytest.approx(t.bars[0].x + t.bars[0].width)
+    assert 'data-outcome="Preempted"' in charts.timeline_svg(t) and "Preempted" in charts.legend()
+    summary = views.run_fragments("", run, [], [], now)["summary"]
+    assert "queue agents → team-a" in summary and "1 evicted by Kueue" in summary

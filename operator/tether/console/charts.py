@@ -20,7 +20,7 @@ from tether.console.state import Point
 OUTCOME_COLOURS = {
     "Succeeded": "#2e7d32", "WorkerFailed": "#c62828", "PodFailed": "#ad1457", "PodVanished": "#6a1b9a",
     "LeaseLost": "#ef6c00", "Stalled": "#8d6e63", "Cancelled": "#757575", "BudgetExceeded": "#f9a825",
-    "DeadlineExceeded": "#4e342e", "ResultRejected": "#d81b60",
+    "DeadlineExceeded": "#4e342e", "ResultRejected": "#d81b60", "Preempted": "#00838f",
 }
 RUNNING_COLOUR = "#1565c0"
 # Event reasons marked on the timeline: a write refused as stale, a refusal by the API server, a Lease
@@ -110,6 +110,11 @@ def timeline(run: dict[str, Any], events: list[dict[str, Any]], scale: Scale, no
             if a.get("outcome") == "LeaseLost":
                 marks.append(Mark("lapse", x1, y, f"attempt {a['attempt']}: the lease lapsed"
                                                   + (f" ({a['message']})" if a.get("message") else "")))
+            elif a.get("outcome") == "Preempted":
+                queue = (a.get("admission") or {}).get("clusterQueue")
+                marks.append(Mark("evicted", x1, y, f"attempt {a['attempt']} evicted by Kueue"
+                                                    + (f" from ClusterQueue {queue}" if queue else "")
+                                                    + (f": {a['message']}" if a.get("message") else "")))
     events_row = TOP + max(len(attempts), 1) * ROW
     for event in events:
         kind, at = EVENT_MARKS.get(event.get("reason", "")), event_time(event)
@@ -136,6 +141,7 @@ def _ticks(scale: Scale, y: float) -> str:
 MARK_SHAPES = {
     "revoked": lambda x, y: f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y - 2:.1f}" y2="{y + ROW - 2:.1f}"/>',
     "lapse": lambda x, y: f'<path d="M{x:.1f} {y - 3:.1f} l6 8 l-6 8 l-6 -8 z"/>',  # a diamond on the bar's end
+    "evicted": lambda x, y: f'<path d="M{x - 6:.1f} {y - 2:.1f} l12 0 l-6 10 z"/>',  # a triangle pointing down
 }
 
 
@@ -166,7 +172,7 @@ def legend() -> str:
     # A swatch is drawn, not styled: the pages allow no inline style (Content-Security-Policy).
     return "".join(f'<span class="key"><svg class="swatch" viewBox="0 0 10 10"><rect width="10" height="10" rx="2" '
                    f'fill="{colour}"/></svg>{name}</span>' for name, colour in items) + (
-        '<span class="key">&#9474; revoked (fence bump) &#9670; lapse &#9679; event</span>')
+        '<span class="key">&#9474; revoked (fence bump) &#9670; lapse &#9660; evicted by Kueue &#9679; event</span>')
 
 
 def usage_points(run: dict[str, Any], series: list[Point]) -> list[Point]:

@@ -60,6 +60,14 @@ def run_href(base: str, run: dict[str, Any]) -> str:
     return f"{base}/runs/{quote(meta['namespace'])}/{quote(meta['name'])}"
 
 
+def queue_of(run: dict[str, Any]) -> str:
+    """Where a queued run waits or ran: its LocalQueue and the ClusterQueue behind it."""
+    queue = (run.get("status") or {}).get("queue") or {}
+    if not queue.get("name"):
+        return ""
+    return queue["name"] + (f" → {queue['clusterQueue']}" if queue.get("clusterQueue") else "")
+
+
 def _no_lease(_: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
@@ -79,7 +87,7 @@ def run_row(base: str, run: dict[str, Any], lease: dict[str, Any] | None = None)
             f'<td>{escape(status.get("holder") or "-")}</td>'
             f'<td class="lease">{lease_age(lease)}</td>'
             f'<td class="num">{int(usage.get("cents") or 0)}</td><td class="num">{int(usage.get("tokens") or 0)}</td>'
-            f'<td>{escape(budget_of(run) or "-")}</td></tr>')
+            f'<td>{escape(budget_of(run) or "-")}</td><td>{escape(queue_of(run) or "-")}</td></tr>')
 
 
 def sorted_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -103,7 +111,8 @@ def runs_page(base: str, runs: list[dict[str, Any]], f: Filters, scope: str | No
             f'<label>budget <select name="budget">{_options(sorted(set(budgets) | {f.budget} - {""}), f.budget, "all")}'
             f'</select></label></form>'
             '<table class="runs"><thead><tr><th>namespace</th><th>name</th><th>phase</th><th>attempt</th>'
-            '<th>fence</th><th>holder</th><th>lease age</th><th>cents</th><th>tokens</th><th>budget</th></tr>'
+            '<th>fence</th><th>holder</th><th>lease age</th><th>cents</th><th>tokens</th><th>budget</th>'
+            '<th>queue</th></tr>'
             f'</thead><tbody id="rows">{rows}</tbody></table>'
             '<p id="empty" class="muted">no runs match</p>')
 
@@ -154,6 +163,8 @@ def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], ev
                + (f'lease renewed {lease_age(lease)} · ' if lease_renewed(lease) else "")
                + f'{int(usage.get("cents") or 0)} cents, {int(usage.get("tokens") or 0)} tokens'
                + (f' · budget {escape(budget_of(run))}' if budget_of(run) else "")
+               + (f' · queue {escape(queue_of(run))}' if queue_of(run) else "")
+               + (f' · {int(status["preemptions"])} evicted by Kueue' if status.get("preemptions") else "")
                + (f' · checkpoint <code>{escape(str(status["checkpoint"].get("cursor")))}</code>'
                   if status.get("checkpoint") else "")
                + (' · <b>stop requested</b>' if spec.get("stop") else "")

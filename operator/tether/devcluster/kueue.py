@@ -54,6 +54,8 @@ def configuration(webhook_port: int, cert_dir: Path, health_port: int) -> dict[s
         # The visibility API server wants a fixed port and an APIService; PriorityBoost is how Tether
         # ranks victims by unsaved work.
         "featureGates": {"VisibilityOnDemand": False, "PriorityBoost": True},
+        # Fair sharing between the ClusterQueues of a cohort (tests/kueue shares a pool by it).
+        "fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]},
     }
 
 
