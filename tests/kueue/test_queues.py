@@ -422,6 +422,21 @@ def test_kueue_admits_the_higher_priority_of_two_queued_runs_first(  # type: ign
     assert [a["outcome"] for a in done["low"]["status"]["attempts"]] == ["Succeeded"]
 
 
+def _a_fills_then_b_asks(kube: Kube, namespace: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any], list[str]]:
+    """Tenant a (LocalQueue a) runs two runs of one cpu at once; then tenant b (LocalQueue b) asks
+    for one. All finish; returns a's runs, b's, and which of a's were preempted (exactly one)."""
+    for name in ("a1", "a2"):
+        runs.create(kube, namespace, queued_run(steps=40, cpu="1", queue="a"), name=name)
+    eventually(lambda: all((runs.get(kube, namespace, n).get("status") or {}).get("phase") == "Running"
+                           for n in ("a1", "a2")) or None, timeout=90, what="a1 and a2 running at once")
+    runs.create(kube, namespace, queued_run(steps=2, cpu="1", queue="b"), name="b1")
+    done_b = runs.wait_phase(kube, namespace, "b1", "Succeeded", timeout=120)
+    done_a = {n: runs.wait_phase(kube, namespace, n, "Succeeded", timeout=180) for n in ("a1", "a2")}
+    preempted = [n for n, r in done_a.items() if r["status"]["attempts"][0]["outcome"] == "Preempted"]
+    assert len(preempted) == 1, {n: r["status"]["attempts"] for n, r in done_a.items()}
+    return done_a, done_b, preempted
+
+
 def test_a_tenant_borrows_idle_quota_from_its_cohort_and_gives_it_back_by_yielding(  # type: ignore[no-untyped-def]
         kube: Kube, namespace: str, operator, kueue) -> None:
     """Two ClusterQueues of one cohort, one run's quota each. Tenant a runs two (one on b's idle
@@ -431,16 +446,7 @@ def test_a_tenant_borrows_idle_quota_from_its_cohort_and_gives_it_back_by_yieldi
     flavor, cq_a = tenancy(kube, namespace, cpu="1", queue="a", cohortName=cohort)
     _, cq_b = tenancy(kube, namespace, cpu="1", queue="b", flavor=flavor, cohortName=cohort,
                       preemption={"reclaimWithinCohort": "Any"})
-    for name in ("a1", "a2"):
-        runs.create(kube, namespace, queued_run(steps=40, cpu="1", queue="a"), name=name)
-    eventually(lambda: all((runs.get(kube, namespace, n).get("status") or {}).get("phase") == "Running"
-                           for n in ("a1", "a2")) or None, timeout=90, what="a1 and a2 running at once (one borrows)")
-    runs.create(kube, namespace, queued_run(steps=2, cpu="1", queue="b"), name="b1")
-    done_b = runs.wait_phase(kube, namespace, "b1", "Succeeded", timeout=120)
-    done_a = {n: runs.wait_phase(kube, namespace, n, "Succeeded", timeout=180) for n in ("a1", "a2")}
-
-    preempted = [n for n, r in done_a.items() if r["status"]["attempts"][0]["outcome"] == "Preempted"]
-    assert len(preempted) == 1, {n: r["status"]["attempts"] for n, r in done_a.items()}
+    done_a, done_b, preempted = _a_fills_then_b_asks(kube, namespace)
     victim = done_a[preempted[0]]["status"]
     first, second = victim["attempts"]
     assert victim["preemptions"] == 1 and "evicted by Kueue" in first["message"]
@@ -558,16 +564,7 @@ def test_fair_sharing_gives_a_tenant_its_share_of_a_pool_another_filled(  # type
     for queue in ("a", "b"):
         tenancy(kube, namespace, cpu="0", queue=queue, flavor=flavor, cohortName=cohort,
                 preemption={"reclaimWithinCohort": "Any"})
-    for name in ("a1", "a2"):
-        runs.create(kube, namespace, queued_run(steps=40, cpu="1", queue="a"), name=name)
-    eventually(lambda: all((runs.get(kube, namespace, n).get("status") or {}).get("phase") == "Running"
-                           for n in ("a1", "a2")) or None, timeout=90, what="tenant a using the whole pool")
-    runs.create(kube, namespace, queued_run(steps=2, cpu="1", queue="b"), name="b1")
-    done_b = runs.wait_phase(kube, namespace, "b1", "Succeeded", timeout=120)
-    done_a = {n: runs.wait_phase(kube, namespace, n, "Succeeded", timeout=180) for n in ("a1", "a2")}
-
-    preempted = [n for n, r in done_a.items() if r["status"]["attempts"][0]["outcome"] == "Preempted"]
-    assert len(preempted) == 1, {n: r["status"]["attempts"] for n, r in done_a.items()}
+    done_a, done_b, preempted = _a_fills_then_b_asks(kube, namespace)
     victim = _workload_of(kube, namespace, preempted[0])
     assert victim is not None
     # Kueue's own record of why (its Event on the Workload): preempted by fair sharing.
