@@ -352,11 +352,12 @@ def test_a_run_waiting_for_its_start_review_holds_no_quota(  # type: ignore[no-u
     assert wl is not None and "kueue.x-k8s.io/admission-gated-by" not in wl["metadata"].get("annotations", {})
 
 
-def test_tethers_budget_check_frees_the_quota_of_a_run_its_budget_cannot_pay(  # type: ignore[no-untyped-def]
+def test_a_run_whose_budget_runs_out_while_queued_holds_no_quota(  # type: ignore[no-untyped-def]
         kube: Kube, namespace: str, operator, kueue) -> None:
-    """A ClusterQueue listing an AdmissionCheck of controller tether.dev/budget: when a queued run
-    reaches the quota while its WorkerBudget is exhausted, the check says Retry, Kueue takes the
-    quota back (another run uses it), and once the limit is raised the run is admitted and runs."""
+    """A ClusterQueue listing an AdmissionCheck of controller tether.dev/budget (Tether marks it
+    Active and answers Ready for a run that can pay). A queued run whose WorkerBudget runs out
+    while it waits is deactivated (Kueue reserves nothing for it, and preempts nobody for it):
+    another run uses the quota; once the limit is raised it is activated, admitted and runs."""
     check = f"tether-budget-{uuid.uuid4().hex[:6]}"
     _create(kube, f"{KUEUE}/admissionchecks", {"kind": "AdmissionCheck", "metadata": {"name": check},
                                                "spec": {"controllerName": "tether.dev/budget"}})
@@ -369,35 +370,58 @@ def test_tethers_budget_check_frees_the_quota_of_a_run_its_budget_cannot_pay(  #
     budget(kube, namespace, "team", limitCents=10_000)
 
     runs.create(kube, namespace, queued_run(steps=400, cpu="1"), name="hog")
-    runs.wait_phase(kube, namespace, "hog", "Running", timeout=90)  # the check answered Ready
+    runs.wait_phase(kube, namespace, "hog", "Running", timeout=90)
+    hog_wl = _workload_of(kube, namespace, "hog")
+    assert hog_wl is not None and [(a["name"], a["state"]) for a in hog_wl["status"]["admissionChecks"]] == [
+        (check, "Ready")]  # Tether's answer; Kueue admitted on it
     poor = queued_run(steps=1, cpu="1")
     poor["spec"]["budget"] = {"budgetRef": {"name": "team"}}
     runs.create(kube, namespace, poor, name="poor")
     runs.wait_phase(kube, namespace, "poor", "Queued", timeout=60)
     kube.ok(kube.patch(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets/team",
                        {"spec": {"limitCents": 0}}))
+
+    def deactivated() -> dict[str, Any] | None:
+        wl = _workload_of(kube, namespace, "poor") or {}
+        return wl if (wl.get("spec") or {}).get("active") is False else None
+
+    wl = eventually(deactivated, timeout=30, what="poor's Workload deactivated")
+    assert "WorkerBudget team is exhausted" in wl["metadata"]["annotations"]["tether.dev/deactivated"]
     kube.ok(kube.patch(Kube.wr_path(namespace, "hog"), {"spec": {"stop": True}}))
     runs.wait_phase(kube, namespace, "hog", "Cancelled", timeout=60)
-
-    # Kueue reserved the quota for poor, Tether's check said Retry (saying why), Kueue evicted it.
-    def retried() -> dict[str, Any] | None:
-        status = (_workload_of(kube, namespace, "poor") or {}).get("status") or {}
-        evictions = (status.get("schedulingStats") or {}).get("evictions") or []
-        said = [c for c in status.get("conditions") or [] if c["type"] in ("Evicted", "Requeued", "QuotaReserved")
-                and f'"{check}" (not launched: WorkerBudget team is exhausted' in c.get("message", "")]
-        return status if said and any(e["reason"] == "AdmissionCheck" for e in evictions) else None
-
-    eventually(retried, timeout=60, what="poor's Workload evicted by the budget check, saying why")
     # The quota is free meanwhile: a run needing all of it runs while poor waits for money.
     runs.create(kube, namespace, queued_run(steps=2, cpu="1"), name="free")
     runs.wait_phase(kube, namespace, "free", "Succeeded", timeout=120)
     waiting = runs.get(kube, namespace, "poor")
-    assert waiting["status"]["phase"] in ("Pending", "Queued") and waiting["status"].get("attempt", 0) == 0
+    assert waiting["status"].get("attempt", 0) == 0 and not _reserved(_workload_of(kube, namespace, "poor") or {})
 
     kube.ok(kube.patch(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets/team",
                        {"spec": {"limitCents": 10_000}}))
     done = runs.wait_phase(kube, namespace, "poor", "Succeeded", timeout=120)
     assert done["status"]["attempts"][0]["admission"]["clusterQueue"] == cq
+    wl = _workload_of(kube, namespace, "poor") or {}
+    assert wl["spec"]["active"] is True and "tether.dev/deactivated" not in wl["metadata"].get("annotations", {})
+    assert any(a["name"] == check and a["state"] == "Ready" for a in wl["status"]["admissionChecks"])
+
+
+def test_a_suspended_queued_run_gives_its_quota_back(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """Suspended while queued: its Workload is deactivated (Kueue reserves nothing for it), another
+    run uses the quota; resumed, it is activated and runs."""
+    tenancy(kube, namespace, cpu="1")
+    runs.create(kube, namespace, queued_run(steps=400, cpu="1"), name="hog")
+    runs.wait_phase(kube, namespace, "hog", "Running", timeout=90)
+    runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="later")
+    runs.wait_phase(kube, namespace, "later", "Queued", timeout=60)
+    kube.ok(kube.patch(Kube.wr_path(namespace, "later"), {"spec": {"suspend": True}}))
+    eventually(lambda: ((_workload_of(kube, namespace, "later") or {}).get("spec") or {}).get("active") is False
+               or None, timeout=30, what="the suspended run's Workload deactivated")
+    kube.ok(kube.patch(Kube.wr_path(namespace, "hog"), {"spec": {"stop": True}}))
+    runs.create(kube, namespace, queued_run(steps=2, cpu="1"), name="free")
+    runs.wait_phase(kube, namespace, "free", "Succeeded", timeout=120)
+    assert runs.get(kube, namespace, "later")["status"].get("attempt", 0) == 0
+    kube.ok(kube.patch(Kube.wr_path(namespace, "later"), {"spec": {"suspend": False}}))
+    runs.wait_phase(kube, namespace, "later", "Succeeded", timeout=120)
 
 
 def _started(run: dict[str, Any], attempt: int = 0) -> dt.datetime:

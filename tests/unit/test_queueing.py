@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from tether.api.kueue import ANN_ADMISSION_GATED_BY, ANN_EXECUTION_DIGEST, ANN_PRIORITY_BOOST, Workload
+from tether.api.kueue import ANN_ADMISSION_GATED_BY, ANN_DEACTIVATED, ANN_EXECUTION_DIGEST, ANN_PRIORITY_BOOST, Workload
 from tether.core.execution import execution_digest
-from tether.api.models import Phase
+from tether.api.models import Checkpoint, Phase
 from tether.api.models import Outcome
 from tether.core.actions import (AnswerBudgetCheck, Confirm, DeleteWorkload, UngateWorkload, EnsureSignals, EnsureWorkload, FinishWorkload, MarkPodsReady,
-                                  ReleaseQuota, Revoke, SetPriorityBoost, WriteStatus)
+                                  ReleaseQuota, Revoke, SetPriorityBoost, SetWorkloadActive, WriteStatus)
 from tether.core.decide import decide
 from tether.core.observe import ApprovalObservation, BudgetObservation, FlavorPlacement
 from tether.core.queueing import MAX_BOOST, admission_of, priority_boost, waiting_message, workload_name
@@ -493,3 +493,54 @@ def test_a_budget_check_already_answered_or_not_tethers_is_left_alone() -> None:
     assert not [a for a in decide(_gated_observe(answered)).actions if isinstance(a, AnswerBudgetCheck)]
     theirs = replace(_gated_observe(RESERVED_CHECKED, budget=EXHAUSTED), budget_checks=frozenset())
     assert not [a for a in decide(theirs).actions if isinstance(a, AnswerBudgetCheck)]
+
+
+def _active(d: Any) -> list[SetWorkloadActive]:
+    return [a for a in d.actions if isinstance(a, SetWorkloadActive)]
+
+
+def test_a_workload_whose_run_would_not_start_is_deactivated_and_activated_again_once_it_would() -> None:
+    # Its budget ran out while it was queued (no gate: gates are set only at creation).
+    (off,) = _active(decide(_gated_observe(PENDING_WL, budget=EXHAUSTED)))
+    assert (off.active, off.resource_version) == (False, "5") and "WorkerBudget team is exhausted" in (off.reason or "")
+    inactive = PENDING_WL.model_copy(update={"spec": PENDING_WL.spec.model_copy(update={"active": False})})
+    assert not _active(decide(_gated_observe(inactive, budget=EXHAUSTED)))  # already so
+    ours = _with(inactive, **{ANN_DEACTIVATED: "not launched"})
+    (on,) = _active(decide(_gated_observe(ours)))
+    assert (on.active, on.reason) == (True, None)
+    # One a person deactivated stays so.
+    assert not _active(decide(_gated_observe(inactive)))
+
+
+def test_a_suspended_queued_run_holds_no_quota() -> None:
+    o = _gated_observe(ADMITTED, spec={"suspend": True})
+    (off,) = _active(decide(o))
+    assert off.active is False and off.reason == "the run is suspended"
+
+
+def test_a_gated_workload_or_unknown_approvals_change_no_activation() -> None:
+    gated = _with(PENDING_WL, **{ANN_ADMISSION_GATED_BY: "tether.dev/start-review"})
+    assert not _active(decide(_gated_observe(gated, spec=START_GATED)))
+    approved_before = _with(PENDING_WL, **{ANN_DEACTIVATED: "x"})
+    unknown = replace(_gated_observe(approved_before, spec=START_GATED), approvals=None)
+    assert not _active(decide(unknown))
+
+
+def test_a_held_run_is_told_ready_by_a_check_added_while_it_runs() -> None:
+    held_checked = workload(cond("QuotaReserved", "True"), cond("Admitted", "False"), cond("PodsReady", "True"),
+                            admission=ADMISSION, evictions=2,
+                            checks=[{"name": "tether-budget", "state": "Pending", "message": "",
+                                     "lastTransitionTime": T0.isoformat()}])
+    o = replace(queued_observe(held_checked, status=_held_queued("Running"), lease_obs=lease(), pods=(pod(),),
+                               budget=EXHAUSTED), budget_checks=frozenset({"tether-budget"}))
+    assert [a.state for a in decide(o).actions if isinstance(a, AnswerBudgetCheck)] == ["Ready"]
+
+
+def test_after_an_operator_restart_the_boost_counts_from_the_checkpoint_the_status_recorded() -> None:
+    o = _running(_annotated(READY, "3"), checkpoint_age=0.0)  # first sight: the monotonic clock says "just now"
+    status = o.run.status.model_copy(update={"checkpoint": Checkpoint(cursor="c1", time=T0 - dt.timedelta(seconds=500))})
+    restarted = replace(o, run=o.run.model_copy(update={"status": status}))
+    assert not _boosts(decide(restarted))  # 500 s at risk: boost 3, as annotated
+    stale = Checkpoint(cursor="c0", time=T0 - dt.timedelta(seconds=500))  # another checkpoint since: not a bound
+    moved = replace(o, run=o.run.model_copy(update={"status": status.model_copy(update={"checkpoint": stale})}))
+    assert [b.boost for b in _boosts(decide(moved))] == [None]

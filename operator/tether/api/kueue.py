@@ -49,6 +49,10 @@ GATE_BUDGET = "tether.dev/budget"
 # The controllerName of Tether's AdmissionCheck: a ClusterQueue listing one reserves no quota for a
 # run whose budget or cap cannot pay (the check says Retry, Kueue frees the quota and requeues).
 BUDGET_CHECK_CONTROLLER = "tether.dev/budget"
+# On a Workload Tether deactivated (spec.active false) because its run would not start if admitted
+# (suspended, waiting for a person or money, spec changed): why. Only such a Workload is
+# activated again by Tether; one a person deactivated stays so.
+ANN_DEACTIVATED = "tether.dev/deactivated"
 AC_ACTIVE = "Active"
 # The only pod set of a run's Workload: one worker per attempt.
 POD_SET = "main"

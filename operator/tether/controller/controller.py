@@ -15,6 +15,7 @@ from typing import Any, Callable
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.confirm import Confirmer
+from tether.controller.errors import NotLeader
 from tether.controller.execute import Executor
 from tether.controller.leader import Leadership
 from tether.controller.loop import ReconcileLoop
@@ -80,6 +81,18 @@ class RunController:
         self.loop.start()
         self.stray_loop.start()
         self._tasks.append(asyncio.create_task(self.kube.health.probe_forever(self.kube.ready), name="api probe"))
+        self._tasks.append(asyncio.create_task(self._mark_checks_forever(), name="admission checks"))
+
+    async def _mark_checks_forever(self, every: float = 5.0) -> None:
+        """Tether's AdmissionChecks not yet Active are marked by whichever replica leads, also one
+        that came to lead after their last event (or whose first try failed)."""
+        while True:
+            await asyncio.sleep(every)
+            if self.queues.unmarked and self.leadership.may_act():
+                try:
+                    await self.queues.mark_active()
+                except NotLeader:
+                    pass
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -39,6 +39,7 @@ from tether.core.actions import (
     ReleaseCharge,
     ReleaseQuota,
     SetPriorityBoost,
+    SetWorkloadActive,
     UngateWorkload,
     ReleasePod,
     RemoveFinalizer,
@@ -112,6 +113,7 @@ class Executor:
             ReleaseQuota: _then(queues.release_quota), DeleteWorkload: _then(queues.delete_workload),
             FinishWorkload: _then(queues.finish_workload), SetPriorityBoost: _then(queues.set_priority_boost),
             UngateWorkload: _then(queues.ungate), AnswerBudgetCheck: _then(queues.answer_budget_check),
+            SetWorkloadActive: _then(queues.set_active),
         }
 
     async def run(self, snap: Snapshot, action: Action) -> Snapshot:

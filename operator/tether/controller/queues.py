@@ -21,7 +21,7 @@ from tether.controller.errors import Again, SpecError
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
 from tether.core.actions import (AnswerBudgetCheck, DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady,
-                                 ReleaseQuota, SetPriorityBoost, UngateWorkload)
+                                 ReleaseQuota, SetPriorityBoost, SetWorkloadActive, UngateWorkload)
 from tether.core.execution import execution_digest
 from tether.core.observe import FlavorPlacement
 from tether.core.queueing import admitted, queue_name, workload_name
@@ -42,6 +42,7 @@ class QueueBook:
         self.deleted: set[tuple[str, str]] = set()  # Workloads seen deleted (and not made again since)
         self.local_queues: dict[tuple[str, str], str] = {}  # (namespace, LocalQueue) -> ClusterQueue
         self.budget_checks: frozenset[str] = frozenset()  # AdmissionChecks of Tether's budget controller
+        self.unmarked: dict[str, int] = {}  # those not seen Active yet, by name -> generation
 
     # --- watch events ----------------------------------------------------------------
 
@@ -73,24 +74,37 @@ class QueueBook:
             self.local_queues[key] = str(spec["clusterQueue"])
 
     async def on_admission_check(self, event_type: str | None, body: dict[str, Any], may_act: bool) -> bool:
-        """Tracks the AdmissionChecks Tether answers (controllerName tether.dev/budget) and, when
-        this replica may act, marks each Active (a ClusterQueue listing an inactive check admits
-        nothing). True when the set changed (queued runs may have a check to answer)."""
+        """Tracks the AdmissionChecks Tether answers (controllerName tether.dev/budget) and those
+        not Active yet (a ClusterQueue listing an inactive check admits nothing), marked at once
+        when this replica may act, else by `mark_active` later. True when the set of checks
+        changed (queued runs may have a check to answer)."""
         meta, spec = body.get("metadata") or {}, body.get("spec") or {}
         name = str(meta.get("name", ""))
         ours = event_type != "DELETED" and spec.get("controllerName") == k.BUDGET_CHECK_CONTROLLER
         before = self.budget_checks
         self.budget_checks = before | {name} if ours else before - {name}
         conditions = (body.get("status") or {}).get("conditions") or []
-        if ours and may_act and not any(c.get("type") == k.AC_ACTIVE and c.get("status") == "True" for c in conditions):
+        if ours and not any(c.get("type") == k.AC_ACTIVE and c.get("status") == "True" for c in conditions):
+            self.unmarked[name] = int(meta.get("generation") or 1)
+        else:
+            self.unmarked.pop(name, None)
+        if may_act:
+            await self.mark_active()
+        return self.budget_checks != before
+
+    async def mark_active(self) -> None:
+        """Marks Tether's checks Active; what fails stays for the next call (the controller calls
+        this every few seconds while it leads)."""
+        for name, generation in list(self.unmarked.items()):
             try:
                 await self.kube.apply_admission_check_status(
-                    name, workloads.check_active_status(int(meta.get("generation") or 1), self.now()),
-                    k.BUDGET_CHECK_CONTROLLER)
-            except ApiError as exc:  # the next event (or a restart's list) tries again
+                    name, workloads.check_active_status(generation, self.now()), k.BUDGET_CHECK_CONTROLLER)
+            except ApiError as exc:
                 log.warning("admission check not marked active", extra={"event": "admission_check_unmarked",
                                                                         "check": name, "status": exc.status})
-        return self.budget_checks != before
+                continue
+            if self.unmarked.get(name) == generation:
+                self.unmarked.pop(name, None)
 
     # --- what a decision sees ------------------------------------------------------------
 
@@ -135,7 +149,8 @@ class QueueBook:
     async def ensure_workload(self, snap: Snapshot, action: EnsureWorkload) -> dict[str, Any]:
         run = snap.run
         priority = await self._priority(run)
-        body = workloads.workload_body(run, action.name, priority, execution_digest(run.spec), action.gates)
+        body = workloads.workload_body(run, action.name, queue_name(run) or "", priority, execution_digest(run.spec),
+                                       action.gates)
         try:
             created = await self.kube.create(workload_path(run.metadata.namespace), body)
         except Conflict:
@@ -189,6 +204,14 @@ class QueueBook:
         await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.annotate_workload(
             ns, action.name, k.ANN_ADMISSION_GATED_BY, value, action.resource_version))
         log.info("workload ungated", extra={"run": snap.run.key, "event": "workload_ungated", "workload": action.name})
+
+    async def set_active(self, snap: Snapshot, action: SetWorkloadActive) -> None:
+        ns = snap.run.metadata.namespace
+        await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.patch_workload(
+            ns, action.name, workloads.activation_patch(action.active, action.reason, action.resource_version)))
+        log.info("workload activated" if action.active else "workload deactivated",
+                 extra={"run": snap.run.key, "event": "workload_active" if action.active else "workload_inactive",
+                        "workload": action.name, "reason": action.reason})
 
     async def answer_budget_check(self, snap: Snapshot, action: AnswerBudgetCheck) -> None:
         await self._status(snap, action.name, action.resource_version, k.BUDGET_CHECK_CONTROLLER,

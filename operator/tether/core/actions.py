@@ -305,6 +305,20 @@ class UngateWorkload:
 
 
 @dataclass(frozen=True)
+class SetWorkloadActive:
+    """Deactivate the Workload of a run that would not start if admitted (`reason`: why; Kueue frees
+    its quota and does not queue it), or activate again one Tether deactivated (reason None)."""
+
+    name: str
+    active: bool
+    reason: str | None
+    resource_version: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()
+
+
+@dataclass(frozen=True)
 class AnswerBudgetCheck:
     """Tether's budget AdmissionCheck on a Workload holding quota: Ready when the run's budget and
     caps can pay, else Retry (Kueue frees the quota and requeues it after `requeue_after_seconds`)."""
@@ -335,7 +349,8 @@ class FinishWorkload:
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
           | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer | EnsureWorkload | MarkPodsReady
-          | ReleaseQuota | DeleteWorkload | FinishWorkload | SetPriorityBoost | UngateWorkload | AnswerBudgetCheck)
+          | ReleaseQuota | DeleteWorkload | FinishWorkload | SetPriorityBoost | UngateWorkload | AnswerBudgetCheck
+          | SetWorkloadActive)
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ from tether.api.conditions import get_condition, set_condition
 from tether.api.kueue import Workload
 from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
 from tether.core.actions import (Action, AnswerBudgetCheck, Decision, DeleteWorkload, EnsureWorkload,
-                                 FinishWorkload, MarkPodsReady, ReleaseQuota, SetPriorityBoost, UngateWorkload)
+                                 FinishWorkload, MarkPodsReady, ReleaseQuota, SetPriorityBoost, SetWorkloadActive,
+                                 UngateWorkload)
 from tether.core.enforcement import admission_refusal
-from tether.core.execution import execution_digest
+from tether.core.execution import execution_digest, pinned_digest
 from tether.core.lifecycle import StatusBuilder
 from tether.core.observe import FlavorPlacement, Observed, current_lease
 from tether.core.review import start_approved
@@ -125,6 +126,21 @@ def holding_gates(o: Observed) -> tuple[str, ...]:
                                           (k.GATE_BUDGET, admission_refusal(o) is not None)) if holds)
 
 
+def held_back(o: Observed) -> str | None:
+    """Why the run, held by nobody, would not start even if Kueue admitted it now (None: it would):
+    its Workload must hold no quota meanwhile."""
+    run = o.run
+    if run.spec.suspend:
+        return "the run is suspended"
+    if not start_approved(o):
+        return "its start review is not approved"
+    pinned = pinned_digest(run.status)
+    if pinned is not None and pinned != execution_digest(run.spec):
+        return "its execution fields changed since they were approved or ran"
+    refusal = admission_refusal(o)
+    return refusal[1] if refusal is not None else None
+
+
 def enter_queue(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     """A queued run takes its place in the queue before anything else may hold it back: its
     Workload is made first, gated by whatever holds the run now (a person, money)."""
@@ -183,7 +199,7 @@ def tell_kueue(o: Observed, d: Decision) -> None:
     """What Kueue hears of a queued run, on every pass whatever its phase (backoff, suspended,
     waiting for a person): one write per pass, each conditional on the Workload as seen."""
     wl = o.workload
-    if wl is None or wl.is_true(k.WL_FINISHED):
+    if wl is None or wl.is_true(k.WL_FINISHED) or any(isinstance(a, DeleteWorkload) for a in d.actions):
         return
     write = _workload_write(o, wl)
     if write is not None:
@@ -213,18 +229,38 @@ def _workload_write(o: Observed, wl: Workload) -> Action | None:
     if any(g in ours and g not in holding for g in wl.gates):
         return UngateWorkload(name=wl.metadata.name, keep=tuple(g for g in wl.gates if g not in ours or g in holding),
                               resource_version=rv)
-    return _budget_answer(o, wl)
+    return _budget_answer(o, wl) or _activation(o, wl)
+
+
+def _activation(o: Observed, wl: Workload) -> SetWorkloadActive | None:
+    """A Workload whose run nobody holds and that would not start if admitted is deactivated, so it
+    neither holds quota nor makes Kueue preempt for it (a gate, set only at creation, holds it
+    otherwise); activated again once nothing holds the run back, if Tether deactivated it."""
+    if o.run.status.holder is not None or o.approvals is None:
+        return None  # (approvals not listed: whether a person approved is unknown this pass)
+    why = held_back(o)
+    ours = wl.metadata.annotations.get(k.ANN_DEACTIVATED) is not None
+    if why is not None and not wl.gates and wl.spec.active is not False:
+        # A budget check not yet told Retry is told first (it says why, on Kueue's side).
+        return SetWorkloadActive(name=wl.metadata.name, active=False, reason=why,
+                                 resource_version=wl.metadata.resource_version)
+    if why is None and wl.spec.active is False and ours:
+        return SetWorkloadActive(name=wl.metadata.name, active=True, reason=None,
+                                 resource_version=wl.metadata.resource_version)
+    return None
 
 
 def _budget_answer(o: Observed, wl: Workload) -> AnswerBudgetCheck | None:
-    """Tether's budget check on a Workload holding quota for a run nobody holds yet: Ready if the
-    run's budget and caps can pay, else Retry (Kueue frees the quota and tries again later)."""
-    if o.run.status.holder is not None or not wl.is_true(k.WL_QUOTA_RESERVED) or wl.is_true(k.WL_EVICTED):
+    """Tether's budget check on a Workload holding quota: Ready if the run's budget and caps can
+    pay, else Retry (Kueue frees the quota; the next pass deactivates the Workload until they can).
+    A run already held (a check added to its ClusterQueue while it runs) is told Ready: its
+    money was judged at its grant."""
+    if not wl.is_true(k.WL_QUOTA_RESERVED) or wl.is_true(k.WL_EVICTED):
         return None
     for check in wl.status.admission_checks:
         if check.name not in o.budget_checks:
             continue
-        refusal = admission_refusal(o)
+        refusal = admission_refusal(o) if o.run.status.holder is None else None
         if refusal is None:
             state, message, after = "Ready", "the run's budget and caps can pay for it", None
         else:
@@ -247,13 +283,18 @@ def priority_boost(at_risk: float, unit: float) -> int:
 
 def work_at_risk(o: Observed, wl: Workload) -> float | None:
     """Seconds of work the running attempt would lose if evicted now: since its last checkpoint
-    (as this operator saw it change) or its start, whichever is later. None when it is not running
-    under an admission (no boost then)."""
+    (as this operator saw it change, or as the status recorded it), or since its start if later.
+    None when it is not running under an admission (no boost then)."""
     s, lease = o.run.status, current_lease(o)
     cur = s.current()
     if lease is None or cur is None or cur.admission is None or s.phase != Phase.RUNNING or not admitted(wl):
         return None
     at_risk = o.mono - lease.checkpoint_changed
+    folded = s.checkpoint
+    if folded is not None and folded.time is not None and folded.cursor == lease.checkpoint:
+        # Folded into the status after it was made: a bound that outlives an operator restart
+        # (whose monotonic clock first saw the checkpoint just now).
+        at_risk = max(at_risk, (o.now - folded.time).total_seconds())
     if cur.started_at is not None:
         at_risk = min(at_risk, (o.now - cur.started_at).total_seconds())
     return max(0.0, at_risk)

@@ -282,8 +282,12 @@ class KubeClient:
     async def annotate_workload(self, ns: str, name: str, key: str, value: str | None,
                                 resource_version: str) -> dict[str, Any]:
         """Sets (None: removes) one annotation of a Workload, conditional on `resource_version`."""
-        patch = {"metadata": {"resourceVersion": resource_version, "annotations": {key: value}}}
-        return await self._call("PATCH", workload_path(ns, name), f"annotate workload {ns}/{name}", json=patch,
+        return await self.patch_workload(ns, name, {"metadata": {"resourceVersion": resource_version,
+                                                                 "annotations": {key: value}}})
+
+    async def patch_workload(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of a Workload; its metadata.resourceVersion makes it conditional."""
+        return await self._call("PATCH", workload_path(ns, name), f"patch workload {ns}/{name}", json=patch,
                                 headers=MERGE_PATCH)
 
     # --- RBAC and service accounts for workers -------------------------------

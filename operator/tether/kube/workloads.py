@@ -38,13 +38,13 @@ def pod_set_template(run: WorkerRun) -> dict[str, Any]:
         "resources": {"requests": {EXTERNAL_RUN_RESOURCE: "1"}, "limits": {EXTERNAL_RUN_RESOURCE: "1"}}}]}}
 
 
-def workload_body(run: WorkerRun, name: str, priority: tuple[str, int] | None, digest: str,
+def workload_body(run: WorkerRun, name: str, queue: str, priority: tuple[str, int] | None, digest: str,
                   gates: tuple[str, ...] = ()) -> dict[str, Any]:
     """The Workload Kueue queues the run by: owned by it (a controller reference, so Kueue and the
-    garbage collector see whose it is), one pod set of one pod, the run's queue and priority, and
+    garbage collector see whose it is), one pod set of one pod, the run's LocalQueue and priority, and
     the admission gates that hold it back when it is made."""
     spec: dict[str, Any] = {
-        "queueName": run.metadata.labels[k.LABEL_QUEUE_NAME],
+        "queueName": queue,
         "podSets": [{"name": k.POD_SET, "count": 1, "template": pod_set_template(run)}],
     }
     if priority is not None:
@@ -128,6 +128,13 @@ def budget_check_status(check: str, state: str, message: str, requeue_after_seco
     if requeue_after_seconds is not None:
         entry["requeueAfterSeconds"] = requeue_after_seconds
     return {"admissionChecks": [entry]}
+
+
+def activation_patch(active: bool, reason: str | None, resource_version: str) -> dict[str, Any]:
+    """spec.active, with why Tether deactivated it (removed when it activates it again), conditional
+    on `resource_version` (a merge patch)."""
+    return {"metadata": {"resourceVersion": resource_version, "annotations": {k.ANN_DEACTIVATED: reason}},
+            "spec": {"active": active}}
 
 
 def check_active_status(generation: int, now: dt.datetime) -> dict[str, Any]:
