@@ -38,7 +38,8 @@ from tests.support.chaos import ClusterHandle, Tally, Trial, draw_plan, timeline
 
 def _start(stack: contextlib.ExitStack, label: str, pausable: bool) -> ClusterHandle:
     began = time.monotonic()
-    cluster = stack.enter_context(LocalCluster(bin_dir=resolve_binaries(), audit=True,
+    # With Kueue: plans that queue runs queue them, and preempt them (tests/support/chaos_queues.py).
+    cluster = stack.enter_context(LocalCluster(bin_dir=resolve_binaries(), audit=True, with_kueue=True,
                                                state_dir=Path(tempfile.mkdtemp(prefix=f"tether-chaos-{label}-"))))
     with cluster.client() as client:
         install_crds(client)

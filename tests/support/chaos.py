@@ -47,6 +47,7 @@ from typing import Any, Callable
 import httpx
 
 from tether.devcluster import pki
+from tests.support import chaos_queues
 from tests.support.apiproxy import ApiProxy, Gate
 from tests.support.audit import AuditRecord
 from tests.support.kube import Kube
@@ -78,7 +79,10 @@ FAULT_WEIGHTS: dict[str, int] = {
 APART: dict[str, tuple[float, bool]] = {"operator-kill-mid-grant-lease": (0.3, False),
                                         "operator-leader-lost": (0.6, True)}
 API_PAUSE = "api-pause"
-FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE)
+# A higher-priority run asking for the whole quota of a trial's ClusterQueue: Kueue evicts every
+# admitted queued run (drawn only for plans with queued runs, from a generator of its own).
+RUN_PREEMPT = "run-preempt"
+FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE, RUN_PREEMPT)
 # What the harness's reviewer did to results under review and to workers' requests (not faults: a
 # person's decisions).
 REVIEW_DECISIONS = ("review-approve", "review-deny")
@@ -116,6 +120,7 @@ class RunPlan:
     request: str | None = None
     request_wait: float = 0.0
     request_decision: str = "Approve"
+    queued: bool = False  # queued through the trial's Kueue ClusterQueue (when the cluster has Kueue)
 
 
 @dataclass
@@ -168,8 +173,22 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
         apart = random.Random(f"{seed}/fault/{kind}")
         if apart.random() < chance and (ha or not ha_only):
             faults.append(_draw_fault(apart, kind, len(runs), window))
+    faults += _draw_queues(random.Random(f"{seed}/queue"), runs, window)
     faults.sort(key=lambda f: f.at)
     return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults)
+
+
+def _draw_queues(gen: random.Random, runs: list[RunPlan], window: float) -> list[FaultPlan]:
+    """Whether the plan queues runs through Kueue, which, and the preemptions it draws (0 to 2)."""
+    if gen.random() >= 0.35:
+        return []
+    for rp in runs:
+        rp.queued = gen.random() < 0.7
+    if not any(rp.queued for rp in runs):
+        runs[0].queued = True
+    queued = [i for i, rp in enumerate(runs) if rp.queued]
+    return [FaultPlan(kind=RUN_PREEMPT, at=round(gen.uniform(3, window - 3), 1), run=gen.choice(queued))
+            for _ in range(gen.choice([0, 1, 1, 2]))]
 
 
 def _draw_deadlines(gen: random.Random, rp: RunPlan, index: int, window: float) -> list[FaultPlan]:
@@ -263,20 +282,23 @@ class ClusterHandle:
     ca: pki.CertPair | None = None  # signs the proxies' certificates; worker pods trust only this CA
     pause_pids: dict[str, int] = field(default_factory=dict)
     label: str = "shared"
+    kueue: bool = False  # Kueue's manager runs on it: queued runs are queued
 
     @classmethod
     def from_env(cls) -> "ClusterHandle":
         """The test session's shared control plane (tests/conftest.py); it must not be paused."""
         state = Path(os.environ["TETHER_TEST_STATE_DIR"])
         return cls(Path(os.environ["TETHER_TEST_KUBECONFIG"]), Path(os.environ["TETHER_TEST_AUDIT_LOG"]),
-                   pki.CertPair(state / "pki" / "ca.crt", state / "pki" / "ca.key"))
+                   pki.CertPair(state / "pki" / "ca.crt", state / "pki" / "ca.key"),
+                   kueue=bool(os.environ.get("TETHER_TEST_KUEUE")))
 
     @classmethod
     def from_local(cls, cluster: Any, label: str, pausable: bool = False) -> "ClusterHandle":
         """From a started tether.devcluster.controlplane.LocalCluster(audit=True)."""
         ca = pki.CertPair(cluster.state_dir / "pki" / "ca.crt", cluster.state_dir / "pki" / "ca.key")
         pids = {name: proc.pid for name, proc in cluster._procs} if pausable else {}
-        return cls(Path(cluster.kubeconfig), Path(cluster.audit_log), ca, pids, label)
+        return cls(Path(cluster.kubeconfig), Path(cluster.audit_log), ca, pids, label,
+                   kueue=getattr(cluster, "kueue", None) is not None)
 
 
 def read_audit(path: Path, offset: int, namespace: str) -> tuple[list[AuditRecord], list[str]]:
@@ -480,6 +502,8 @@ class Trial:
         self.notes: list[str] = []
         self.faulted: set[tuple[str, str]] = set()
         self.deleted: set[str] = set()  # run names deleted for good
+        self.queue: chaos_queues.TrialQueue | None = None
+        self.preemptors: list[str] = []  # runs the preemption faults made
         self.suspended: set[str] = set()
         self.frozen: dict[int, str] = {}  # pid -> pod, continued when the faults end
         self.lock = threading.Lock()
@@ -526,6 +550,8 @@ class Trial:
             spec["deadlineSeconds"] = rp.deadline_seconds
         if rp.progress_deadline_seconds is not None:
             spec["progressDeadlineSeconds"] = rp.progress_deadline_seconds
+        if rp.queued and self.queue is not None:
+            chaos_queues.queue(body, "tether-chaos-low", chaos_queues.CPU_PER_RUN_MILLI)
         return body
 
     def _setup(self) -> None:
@@ -544,6 +570,11 @@ class Trial:
                                      workdir=self.workdir / "worker-proxy")
         self.operators = _Operators(ns, self.op_proxy, self.workdir, self.plan.ha)
         self.operators.start()
+        queued = sum(rp.queued for rp in self.plan.runs)
+        if queued and self.cluster.kueue:
+            self.queue = chaos_queues.set_up(kube, ns, queued, self._poll)
+        elif queued:
+            self.notes.append(f"no Kueue on this cluster: {queued} queued run(s) run unqueued, no preemption")
         self.bodies = {rp.name: self._body(rp) for rp in self.plan.runs}
         for body in self.bodies.values():
             kube.ok(kube.post(Kube.wr_path(ns), body))
@@ -895,6 +926,22 @@ class Trial:
         self._lasting(f.seconds, lambda: os.kill(pid, signal.SIGCONT))
         return True
 
+    def _f_run_preempt(self, f: FaultPlan, _: str) -> bool:
+        """A run of the highest priority asking for the whole quota: Kueue evicts every admitted
+        queued run, each is told to yield (or revoked at its grace) and resumes after it."""
+        if self.queue is None:
+            return False
+        name = f"preemptor{len(self.preemptors)}"
+        rp = RunPlan(name=name, budget=False, usage_per_second=0, usage_cents=0, fail_first=False, cap_cents=None,
+                     gate_at=None)
+        (self.workdir / f"{name}.gate").touch()  # it finishes as soon as it starts
+        body = chaos_queues.queue(self._body(rp), "tether-chaos-high", self.queue.quota_milli)
+        if self.kube.post(Kube.wr_path(self.ns), body).status_code != 201:
+            return False
+        with self.lock:
+            self.preemptors.append(name)
+        return True
+
     def _f_run_delete(self, f: FaultPlan, name: str) -> bool:
         if self.kube.delete(Kube.wr_path(self.ns, name)).status_code != 200:
             return False
@@ -950,9 +997,9 @@ class Trial:
         budget charged, and nothing moved since the previous poll: the books are closed."""
         self.operators.supervise()
         view: list[str] = []
-        for rp in self.plan.runs:
-            resp = self.kube.get(Kube.wr_path(self.ns, rp.name))
-            if rp.name in self.deleted:
+        for name in [rp.name for rp in self.plan.runs] + list(self.preemptors):
+            resp = self.kube.get(Kube.wr_path(self.ns, name))
+            if name in self.deleted:
                 if resp.status_code != 404:
                     return False
                 continue
@@ -964,7 +1011,7 @@ class Trial:
                 return False
             if (run["spec"].get("budget") or {}).get("budgetRef") and not s.get("budgetCharged"):
                 return False
-            lease = self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases/{rp.name}")
+            lease = self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases/{name}")
             if lease.status_code == 200 and (lease.json().get("spec") or {}).get("holderIdentity") is not None:
                 return False
             view += [run["metadata"]["resourceVersion"],
@@ -1040,8 +1087,10 @@ class Trial:
             pods = self.kube.ok(self.kube.get(f"/api/v1/namespaces/{self.ns}/pods"))["items"]
             judged_at = dt.datetime.now(dt.timezone.utc)
             records, raw = read_audit(self.cluster.audit_log, offset, self.ns)
+            workloads = self.kube.ok(self.kube.get(f"{chaos_queues.KUEUE}/namespaces/{self.ns}/workloads"))["items"] \
+                if self.queue is not None else []
             facts = TrialFacts(namespace=self.ns, faulted=set(self.faulted), runs=runs, budgets=budgets["items"],
-                               leases_before=before, leases_after=after,
+                               leases_before=before, leases_after=after, workloads_final=workloads,
                                leases_final={x["metadata"]["name"]: x for x in leases},
                                pods_final=pods, judged_at=judged_at,
                                leader_lease=LEADER_LEASE if self.plan.ha else None, renew_deadline=RENEW_DEADLINE)
@@ -1173,6 +1222,8 @@ class Trial:
                 if proxy is not None:
                     proxy.close()
             self.kube.delete(f"/api/v1/namespaces/{self.ns}")
+            if self.queue is not None:
+                chaos_queues.tear_down(self.kube, self.queue)
 
 
 # --- many trials ---------------------------------------------------------------------------

@@ -70,7 +70,3 @@ def tear_down(kube: Kube, queue: TrialQueue) -> None:
     kube.delete(f"{KUEUE}/clusterqueues/{queue.cluster_queue}")
     kube.delete(f"{KUEUE}/resourceflavors/{queue.flavor}")
 
-
-def admitted(workload: dict[str, Any]) -> bool:
-    conds = {c.get("type"): c.get("status") for c in (workload.get("status") or {}).get("conditions") or []}
-    return conds.get("Admitted") == "True" and conds.get("Evicted") != "True" and conds.get("Finished") != "True"

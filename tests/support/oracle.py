@@ -19,8 +19,10 @@ Ten invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    no run charged twice: the budget's marks never shrink, its `spent` moves by exactly the
    marks' growth, a finished run's mark equals its recorded usage, and each attempt's
    recorded usage equals the last usage its worker reported in an accepted renewal.
-5. Nothing is stuck: every run that still exists is terminal, suspended on request, or held
-   by a holder whose Lease was renewed while the harness watched; no deleted run lingers.
+5. Nothing is stuck: every run that still exists is terminal, suspended on request, waiting
+   `Queued` for a Kueue Workload that is not admitted, or held by a holder whose Lease was
+   renewed while the harness watched; no deleted run lingers. (An attempt Kueue evicted ends
+   `Preempted`; invariant 6 counts it as no loss: only `LeaseLost` is one.)
 6. No worker the harness never faulted is declared lost (an attempt ending `LeaseLost`).
 7. A result under review (spec.review.result) is accepted or denied only as a person decided:
    every operator write that ends such a run Succeeded follows (in commit order) an accepted
@@ -135,6 +137,7 @@ class TrialFacts:
     # Every run's Lease at the end, by run name (None: no Lease).
     leases_final: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     pods_final: list[dict[str, Any]] = field(default_factory=list)  # the pods that exist at the end
+    workloads_final: list[dict[str, Any]] = field(default_factory=list)  # the Kueue Workloads at the end
     judged_at: dt.datetime | None = None  # when the final objects were read
     # With leader election: the leader Lease's name and the replicas' renew deadline (invariant 9).
     leader_lease: str | None = None
@@ -826,6 +829,9 @@ def _nothing_stuck(facts: TrialFacts, history: _History, verdict: Verdict) -> No
             continue
         if holder is None and phase == "Pending" and _cap_used_up(spec, status):
             continue  # held back by admission until a person raises the cap (README, Budgets)
+        if holder is None and phase == "Queued" and not _admitted_workload(facts, str(meta.get("uid"))):
+            verdict.stats["runs still waiting for Kueue"] += 1
+            continue  # Kueue has not admitted it (yet): nothing may run it
         if holder is None and phase == "Pending" and _namesake_in_the_way(run, facts, history):
             verdict.stats["runs still waiting for a deleted namesake's pod"] += 1
             continue  # the documented wait (README, "A re-created run")
@@ -844,6 +850,15 @@ def _nothing_stuck(facts: TrialFacts, history: _History, verdict: Verdict) -> No
         elif _rv(before or {}) == _rv(after or {}):
             verdict.violations.append(Violation(5, subject, f"phase {phase}, holder {holder}: its Lease was not "
                                                             f"renewed while watched ({_lease_brief(after)})"))
+
+
+def _admitted_workload(facts: TrialFacts, uid: str) -> bool:
+    """The run's Workload (the one it controls), as Kueue left it, is admitted and not evicted."""
+    for wl in facts.workloads_final:
+        if any(r.get("uid") == uid and r.get("controller") for r in wl["metadata"].get("ownerReferences") or []):
+            conds = {c.get("type"): c.get("status") for c in (wl.get("status") or {}).get("conditions") or []}
+            return conds.get("Admitted") == "True" and conds.get("Evicted") != "True"
+    return False
 
 
 def _suspension_shown(facts: TrialFacts, verdict: Verdict) -> None:
