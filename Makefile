@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools node kueue test layers unit sdk-test conformance chaos bench demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
+.PHONY: help install control-plane tools node kueue test layers unit sdk-test conformance chaos bench bench-queues demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -17,6 +17,7 @@ help:
 	@echo "make conformance    every conformance scenario against the Python, TypeScript and Go workers (a table)"
 	@echo "make chaos          seeded fault trials judged from the audit log (TRIALS=300 SEED=1; not in make test)"
 	@echo "make bench          scale benchmarks on kwok nodes: JSON, figures, table in docs/benchmarks.md (not in make test)"
+	@echo "make bench-queues   runs and Kueue Jobs through one ClusterQueue; preemption latency (not in make test)"
 	@echo "make screenshots    the console's browser tests, saving docs/console-*.png (make test saves them outside the tree)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
 	@echo "make docs           build the docs site (mkdocs --strict, outside the tree) and check every internal link"
@@ -101,6 +102,13 @@ bench: install control-plane tools
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) benchmarks/scale.py --out $(BENCH_OUT) $(BENCH_ARGS)
 	$(PY) benchmarks/report.py $(BENCH_OUT)
+
+# Queueing through Kueue at scale (benchmarks/queues.py): 1,000 runs and 1,000 Kueue Jobs through one
+# ClusterQueue, and preemption -> yield -> requeue -> resume; the numbers go into docs/benchmarks.md by hand.
+QUEUES_OUT ?= benchmarks/results/queues-$(shell date +%F).json
+bench-queues: install control-plane tools kueue
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) benchmarks/queues.py --out $(QUEUES_OUT) $(BENCH_ARGS)
 
 # The console's screenshots in docs/ come from its browser tests, only when asked for here.
 screenshots: install control-plane

@@ -57,7 +57,7 @@ class Played:
     renewals: int = 0
     # When each accepted renewal's answer came: the write landed on the API server before that.
     answered: list[float] = field(default_factory=list)
-    ended: str = ""  # frozen, crashed, completed, lost, or "" while it still renews
+    ended: str = ""  # frozen, crashed, completed, lost, stopped, or "" while it still renews
     ended_at: float | None = None
 
 
@@ -171,6 +171,9 @@ class Fleet:
                         renewal = None
                     self.stats.renew_seconds.append(time.monotonic() - began)
                     self.stats.slot_wait_seconds.append(began - queued)
+                if renewal is not None and renewal.ok and renewal.signals is not None and renewal.signals.stop:
+                    self._end(played, "stopped")  # told to stop (a yield too): it exits, as a worker would
+                    return
                 if renewal is not None and renewal.ok:
                     now = time.time()
                     if played.last_renewal is not None and now - played.last_renewal > self.stats.widest_gap[0]:

@@ -40,7 +40,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import psutil
@@ -96,8 +96,9 @@ class Env:
 
 
 @contextlib.contextmanager
-def environment(kwok_nodes: int, qps: float, burst: int) -> Iterator[Env]:
-    with LocalCluster(bin_dir=resolve_binaries(), with_kubelet=False, kwok_nodes=kwok_nodes) as cluster:
+def environment(kwok_nodes: int, qps: float, burst: int, kueue: bool = False) -> Iterator[Env]:
+    with LocalCluster(bin_dir=resolve_binaries(), with_kubelet=False, kwok_nodes=kwok_nodes,
+                      with_kueue=kueue) as cluster:
         api = cluster.client(timeout=60)
         install_crds(api)
         install_policies(api)
@@ -270,14 +271,14 @@ def create_paced(env: Env, path: str, bodies: list[dict[str, Any]], rate: float 
 STOP_POLL_SECONDS = 1.0
 
 
-class PodTimes:
-    """Watches a namespace's pods; records when each owner's first pod was first seen, and when
-    it was first seen Running (wall clock, this process)."""
+class Times:
+    """Watches a collection; records when each object first showed each mark `marks(obj)` names,
+    by key (wall clock, this process). Lists again after a broken stream."""
 
-    def __init__(self, env: Env, ns: str, owner_label: str) -> None:
-        self.created: dict[str, float] = {}
-        self.running: dict[str, float] = {}
+    def __init__(self, env: Env, path: str, marks: Callable[[dict[str, Any]], list[tuple[str, str]]]) -> None:
+        self.first: dict[str, dict[str, float]] = {}  # mark -> key -> time
         self.restarts: list[str] = []
+        self._marks = marks
         self._stop = threading.Event()
         # A short read timeout, so the watcher sees stop() itself: closing the client under a
         # blocked read (as this once did) freed the socket's fd while the thread still read it, and
@@ -285,28 +286,31 @@ class PodTimes:
         # answers then arrived misaligned and the smoke test hung.
         self._http = httpx.Client(base_url=env.cfg.server, verify=env.cfg.ssl_context, auth=env.cfg.auth(),
                                   timeout=httpx.Timeout(10, read=STOP_POLL_SECONDS))
-        self._thread = threading.Thread(target=self._watch, args=(PODS.format(ns=ns), owner_label), daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(path,), daemon=True)
         self._thread.start()
 
-    def _watch(self, path: str, label: str) -> None:
+    def of(self, mark: str) -> dict[str, float]:
+        return self.first.setdefault(mark, {})
+
+    def _see(self, obj: dict[str, Any], now: float) -> None:
+        for mark, key in self._marks(obj):
+            self.of(mark).setdefault(key, now)
+
+    def _watch(self, path: str) -> None:
         while not self._stop.is_set():
             try:
-                self._follow(path, label)
+                self._follow(path)
             except Exception as exc:  # noqa: BLE001 - closing the client under a read raises anything
                 if self._stop.is_set():
                     return
                 self.restarts.append(repr(exc))  # a broken stream: list and watch again
                 time.sleep(0.5)  # a pause before the next list, not a condition
 
-    def _follow(self, path: str, label: str) -> None:
+    def _follow(self, path: str) -> None:
         listed = self._http.get(path, timeout=30).raise_for_status().json()
         rv, now = listed["metadata"]["resourceVersion"], time.time()
-        for pod in listed["items"]:  # after a broken stream: what happened meanwhile, seen now
-            owner = (pod["metadata"].get("labels") or {}).get(label)
-            if owner is not None:
-                self.created.setdefault(owner, now)
-                if (pod.get("status") or {}).get("phase") in RAN:
-                    self.running.setdefault(owner, now)
+        for obj in listed["items"]:  # after a broken stream: what happened meanwhile, seen now
+            self._see(obj, now)
         while not self._stop.is_set():
             try:
                 with self._http.stream("GET", path, params={"watch": "1", "resourceVersion": rv,
@@ -317,14 +321,10 @@ class PodTimes:
                         if not line:
                             continue
                         event = json.loads(line)
-                        pod, now = event["object"], time.time()
-                        rv = pod["metadata"].get("resourceVersion", rv)
-                        owner = (pod["metadata"].get("labels") or {}).get(label)
-                        if owner is None or event["type"] == "DELETED":
-                            continue
-                        self.created.setdefault(owner, now)
-                        if (pod.get("status") or {}).get("phase") in RAN:
-                            self.running.setdefault(owner, now)
+                        obj = event["object"]
+                        rv = obj["metadata"].get("resourceVersion", rv)
+                        if event["type"] != "DELETED":
+                            self._see(obj, time.time())
             except httpx.ReadTimeout:
                 continue  # quiet for a second: look at the stop flag, then watch on from rv
 
@@ -332,6 +332,21 @@ class PodTimes:
         self._stop.set()
         self._thread.join(timeout=3 * STOP_POLL_SECONDS + 10)  # it sees the flag within a read timeout
         self._http.close()  # only once nothing reads from it
+
+
+class PodTimes(Times):
+    """A namespace's pods: when each owner's first pod was first seen, and first seen Running."""
+
+    def __init__(self, env: Env, ns: str, owner_label: str) -> None:
+        def marks(pod: dict[str, Any]) -> list[tuple[str, str]]:
+            owner = (pod["metadata"].get("labels") or {}).get(owner_label)
+            if owner is None:
+                return []
+            return [("created", owner)] + ([("running", owner)] if (pod.get("status") or {}).get("phase") in RAN
+                                           else [])
+
+        super().__init__(env, PODS.format(ns=ns), marks)
+        self.created, self.running = self.of("created"), self.of("running")
 
 
 def summary(values: list[float]) -> dict[str, float | int]:
