@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from tether.devcluster.controlplane import LocalCluster, resolve_binaries
     from tether.devcluster.crds import install_crds, install_policies
 
-    with LocalCluster(bin_dir=resolve_binaries(), audit=True) as cluster:
+    # With Kueue: the yield scenario queues its run and evicts it.
+    with LocalCluster(bin_dir=resolve_binaries(), audit=True, with_kueue=True) as cluster:
         with cluster.client() as client:
             install_crds(client)
             install_policies(client)

@@ -247,11 +247,12 @@ class Case:
     # --- runs -----------------------------------------------------------------------
 
     def create_run(self, name: str, payload: dict[str, Any], wrap: list[str] | None = None,
-                   env: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+                   env: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+                   **spec: Any) -> dict[str, Any]:
         """`wrap`: a command the pod runs the worker under (the worker's argv follows it); `env`: the
         container's own environment (it overrides the kubelet's)."""
         body: dict[str, Any] = {
-            "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": name},
+            "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": name, "labels": labels or {}},
             "spec": {"payload": {"effectUrl": self.receiver.url, **payload}, "lease": LEASE,
                      "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 0}}, **spec}}
         if self.transport == POD:

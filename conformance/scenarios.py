@@ -704,6 +704,82 @@ def approval(case: Case) -> str:
     return f"request recorded, approved by {me}, decision in the result {time.time() - decided:.1f}s later"
 
 
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+
+
+def _queue(case: Case) -> str:
+    """A ClusterQueue of the case's own (room for one run of either kind) and its LocalQueue."""
+    cq = f"conformance-{case.ns}"[:63]
+    for path, body in ((f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": cq}, "spec": {}}),
+                       (f"{KUEUE}/clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
+                           "namespaceSelector": {}, "resourceGroups": [{
+                               "coveredResources": ["cpu", "tether.dev/runs"], "flavors": [{"name": cq, "resources": [
+                                   {"name": "cpu", "nominalQuota": "4"}, {"name": "tether.dev/runs", "nominalQuota": "1"}]}]}]}}),
+                       (f"{KUEUE}/namespaces/{case.ns}/localqueues",
+                        {"kind": "LocalQueue", "metadata": {"name": "conformance"}, "spec": {"clusterQueue": cq}})):
+        resp = case.kube.post(path, {"apiVersion": "kueue.x-k8s.io/v1beta2", **body})
+        _expect(resp.status_code in (201, 409), f"Kueue refused {body['kind']}: {resp.status_code} {resp.text[:200]} "
+                                                "(the yield scenario needs Kueue on the cluster)")
+    return "conformance"
+
+
+def _workload(case: Case, run: str) -> dict[str, Any]:
+    items = case.kube.ok(case.kube.get(f"{KUEUE}/namespaces/{case.ns}/workloads"))["items"]
+    mine = [w for w in items if any(r.get("name") == run for r in w["metadata"].get("ownerReferences") or [])]
+    _expect(len(mine) == 1, f"{len(mine)} Workloads of {run}")
+    return mine[0]
+
+
+def _set_active(case: Case, run: str, active: bool) -> None:
+    case.kube.ok(case.kube.patch(f"{KUEUE}/namespaces/{case.ns}/workloads/{_workload(case, run)['metadata']['name']}",
+                                 {"spec": {"active": active}}))
+
+
+def yield_(case: Case) -> str:
+    """Queued through Kueue, evicted mid-run (its Workload deactivated): the worker, told stop and
+    yield with a stopBy, starts no side effect after one renew interval and exits on its own,
+    its last renewal reporting the usage and checkpoint of its steps; the attempt ends Preempted
+    (no retry used); admitted again, the next attempt resumes at the checkpoint: every step's
+    effect once, charged once."""
+    steps = 30
+    queue = _queue(case)
+    case.create_run("job", {"steps": steps, "stepSeconds": 0.2, "centsPerStep": 1}, stopGraceSeconds=60,
+                    labels={"kueue.x-k8s.io/queue-name": queue})
+    w1 = _start(case)
+    run = case.wait_holder("job", 1, timeout=90)
+    fence, holder = _status(run)["fence"], _status(run)["holder"]
+    _wait_effects(case, 2)
+    _set_active(case, "job", False)
+    told = case.signal_time("job", lambda s: bool(s.get("stop")) and bool(s.get("yield")) and bool(s.get("stopBy")))
+    bound = R + 0.2 + 1.0 + SLACK
+    if w1 is not None:
+        took = _exited(case, w1, told, bound, "the yield signal")
+        _expect(w1.returncode == 0, f"exit code {w1.returncode} after the yield signal (0 expected)")
+    # Its end is the operator's: when the pod exits, or the External worker's closing renewal.
+    case.wait(lambda: (_status(case.run("job")).get("attempts") or [{}])[0].get("outcome"), bound + 15,
+              "attempt 1 to end")
+    if w1 is None:
+        took = max((r.at for r in case.worker_requests(holder)), default=told) - told
+    _expect(took <= bound + 1.0, f"the worker went on {took:.1f}s after the yield signal (at most {bound:.1f}s)")
+    _no_effects_after(case, fence, told + bound, "the yield signal (one renew interval)")
+    first = (_status(case.run("job")).get("attempts") or [{}])[0]
+    _expect(first.get("outcome") == "Preempted", f"attempt 1 ended {first.get('outcome')}, not Preempted")
+    done_before = sum(1 for e in case.effects() if e.fence == fence)
+    _set_active(case, "job", True)
+    case.launch("job")
+    run = _succeeded(case, steps, attempt=2, timeout=150)
+    _exactly_once(case, steps)
+    st = _status(run)
+    _expect(st.get("preemptions") == 1 and len(st["attempts"]) == 2, f"attempts {st['attempts']}")
+    f2 = _fence_of(run, 2)
+    redone = [e for e in case.effects(accepted_only=False) if e.fence == f2 and e.step is not None
+              and e.step < done_before]
+    _expect(not redone, f"attempt 2 redid steps {[e.step for e in redone]} before its checkpoint")
+    _expect((st.get("usage") or {}).get("cents") == steps, f"charged {st.get('usage')} for {steps} steps of 1¢")
+    case.judge_safety()
+    return f"stopped {took:.1f}s after the yield; {done_before} steps kept; resumed at {done_before}; {steps}¢ charged once"
+
+
 SCENARIOS = [
     Scenario("happy", happy, summary="result, effects once, usage charged exactly, bad result ≠ lost"),
     Scenario("crash-resume", crash_resume, summary="crash, then resume from the checkpoint"),
@@ -721,4 +797,5 @@ SCENARIOS = [
     Scenario("backoff", backoff, summary="429/503 with Retry-After: one renewal per interval, waits as asked"),
     Scenario("proxy-page", proxy_page, summary="renewals answered 200 with a sign-in page or a Status: unconfirmed"),
     Scenario("approval", approval, summary="a mid-run approval request: recorded, decided, the decision in the result"),
+    Scenario("yield", yield_, summary="evicted by Kueue: yield within one renew interval, resume at the checkpoint"),
 ]

@@ -15,11 +15,14 @@ from conformance.branches import ALL as SCENARIOS, BRANCHES
 from conformance.sdks import WORKERS
 
 SUBSET = [("happy", POD), ("happy", GATEWAY), ("partition", POD), ("revoked-while-reconnecting", POD),
-          *((s.name, t) for s in BRANCHES for t in s.transports)]
+          ("yield", POD), ("yield", GATEWAY), *((s.name, t) for s in BRANCHES for t in s.transports)]
+# The yield queues through the session's Kueue: on the Kueue tests' worker (one of them stops it).
+CELLS = [pytest.param(s, t, id=f"{s}-{t}", marks=[pytest.mark.xdist_group("kueue")] if s == "yield" else [])
+         for s, t in SUBSET]
 
 
 @pytest.mark.parametrize("sdk", sorted(WORKERS))
-@pytest.mark.parametrize(("scenario", "transport"), SUBSET, ids=[f"{s}-{t}" for s, t in SUBSET])
+@pytest.mark.parametrize(("scenario", "transport"), CELLS)
 def test_conformance(sdk: str, scenario: str, transport: str) -> None:
     worker = WORKERS[sdk]
     worker.build()
