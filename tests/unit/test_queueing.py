@@ -544,3 +544,57 @@ def test_after_an_operator_restart_the_boost_counts_from_the_checkpoint_the_stat
     stale = Checkpoint(cursor="c0", time=T0 - dt.timedelta(seconds=500))  # another checkpoint since: not a bound
     moved = replace(o, run=o.run.model_copy(update={"status": status.model_copy(update={"checkpoint": stale})}))
     assert [b.boost for b in _boosts(decide(moved))] == [None]
+
+
+def _inactive(wl: Workload, **annotations: str) -> Workload:
+    wl = _with(wl, **annotations) if annotations else wl
+    return wl.model_copy(update={"spec": wl.spec.model_copy(update={"active": False})})
+
+
+def test_a_workload_kueue_deactivated_is_not_tethers_to_activate_and_the_run_says_so() -> None:
+    by_kueue = _inactive(workload(cond("QuotaReserved", "False", "Pending"),
+                                  cond("Evicted", "False", "DeactivatedDueToRequeuingLimitExceeded",
+                                       "exceeded the maximum number of re-queuing retries")),
+                         **{ANN_DEACTIVATED: "the run is suspended"})  # an old note of Tether's
+    d = decide(_gated_observe(by_kueue))
+    assert not _active(d)
+    status, reason, message = _cond(_status(d), "Admitted")
+    assert (status, reason) == ("False", "Queued") and "deactivated by Kueue (DeactivatedDueToRequeuingLimitExceeded" \
+        in message and "spec.active is true" in message
+    by_person = decide(_gated_observe(_inactive(PENDING_WL)))
+    assert "(spec.active is false)" in _cond(_status(by_person), "Admitted")[2]
+
+
+def test_an_annotation_left_on_an_active_workload_is_removed() -> None:
+    (fix,) = _active(decide(_gated_observe(_with(PENDING_WL, **{ANN_DEACTIVATED: "x"}))))
+    assert (fix.active, fix.reason) == (True, None)
+
+
+def test_an_inactive_admitted_workload_grants_nothing() -> None:
+    d = decide(_gated_observe(_inactive(ADMITTED)))
+    assert "EnsureLease" not in kinds(d.actions)
+
+
+def test_a_result_under_review_holds_no_quota() -> None:
+    status = {"phase": "AwaitingReview", "attempt": 1, "fence": 2, "observedGeneration": 1,
+              "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "startedAt": T0.isoformat(),
+                            "endedAt": T0.isoformat(), "outcome": "Succeeded"}]}
+    o = replace(queued_observe(ADMITTED, status=status), budget_checks=frozenset())
+    (off,) = _active(decide(o))
+    assert off.active is False and "review" in (off.reason or "")
+
+
+def test_the_budget_check_says_retry_for_whatever_holds_the_run_back() -> None:
+    o = _gated_observe(RESERVED_CHECKED, spec={"suspend": True})
+    (answer,) = [a for a in decide(o).actions if isinstance(a, AnswerBudgetCheck)]
+    assert (answer.state, answer.message) == ("Retry", "the run is suspended")
+
+
+def test_a_workload_made_for_a_run_held_back_otherwise_is_made_inactive() -> None:
+    status = {"phase": "Pending", "attempt": 0, "fence": 0, "observedGeneration": 1,
+              "review": {"requests": [{"gate": "Start", "attempt": 0, "requestedAt": CREATED.isoformat(),
+                                       "executionDigest": "sha256:other", "decision": "Approve",
+                                       "decidedAt": T0.isoformat()}]}}
+    o = replace(queued_observe(None, status=status), approvals=())
+    (made,) = [a for a in decide(o).actions if isinstance(a, EnsureWorkload)]
+    assert made.gates == () and made.inactive_reason is not None and "execution fields" in made.inactive_reason

@@ -15,7 +15,6 @@ from typing import Any, Callable
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.confirm import Confirmer
-from tether.controller.errors import NotLeader
 from tether.controller.execute import Executor
 from tether.controller.leader import Leadership
 from tether.controller.loop import ReconcileLoop
@@ -89,10 +88,7 @@ class RunController:
         while True:
             await asyncio.sleep(every)
             if self.queues.unmarked and self.leadership.may_act():
-                try:
-                    await self.queues.mark_active()
-                except NotLeader:
-                    pass
+                await self.queues.mark_active()
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from tether.api import kueue as k
 from tether.api.kueue import ResourceFlavor, Workload
 from tether.api.models import WorkerRun
-from tether.controller.errors import Again, SpecError
+from tether.controller.errors import Again, NotLeader, SpecError
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
 from tether.core.actions import (AnswerBudgetCheck, DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady,
@@ -99,9 +99,9 @@ class QueueBook:
             try:
                 await self.kube.apply_admission_check_status(
                     name, workloads.check_active_status(generation, self.now()), k.BUDGET_CHECK_CONTROLLER)
-            except ApiError as exc:
+            except (ApiError, NotLeader) as exc:  # tried again later (by whichever replica leads)
                 log.warning("admission check not marked active", extra={"event": "admission_check_unmarked",
-                                                                        "check": name, "status": exc.status})
+                                                                        "check": name, "error": repr(exc)})
                 continue
             if self.unmarked.get(name) == generation:
                 self.unmarked.pop(name, None)
@@ -150,7 +150,7 @@ class QueueBook:
         run = snap.run
         priority = await self._priority(run)
         body = workloads.workload_body(run, action.name, queue_name(run) or "", priority, execution_digest(run.spec),
-                                       action.gates)
+                                       action.gates, action.inactive_reason)
         try:
             created = await self.kube.create(workload_path(run.metadata.namespace), body)
         except Conflict:

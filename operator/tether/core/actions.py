@@ -236,6 +236,7 @@ class EnsureWorkload:
 
     name: str
     gates: tuple[str, ...] = ()
+    inactive_reason: str | None = None  # made deactivated (spec.active false), saying why
 
     pins_run: ClassVar[bool] = False
     requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)

@@ -53,7 +53,23 @@ def workload_name(run: WorkerRun) -> str:
 def admitted(wl: Workload) -> bool:
     """Kueue admitted it (quota reserved, every admission check Ready) and has not taken that back."""
     return (wl.is_true(k.WL_QUOTA_RESERVED) and wl.is_true(k.WL_ADMITTED) and wl.status.admission is not None
-            and not wl.is_true(k.WL_EVICTED) and not wl.is_true(k.WL_FINISHED))
+            and not wl.is_true(k.WL_EVICTED) and not wl.is_true(k.WL_FINISHED) and wl.spec.active is not False)
+
+
+def kueue_deactivated(wl: Workload) -> str | None:
+    """Kueue's own reason when Kueue deactivated the Workload (its requeuing limit, its maximum
+    execution time, a rejected admission check: reasons `DeactivatedDueTo...`), else None."""
+    for type_ in (k.WL_EVICTED, k.WL_REQUEUED, "DeactivationTarget"):
+        cond = wl.condition(type_)
+        if cond is not None and (cond.reason.startswith("DeactivatedDueTo") or type_ == "DeactivationTarget"
+                                 and cond.status == "True"):
+            return f"{cond.reason}: {cond.message or ''}".rstrip(": ")
+    return None
+
+
+def deactivated_by_tether(wl: Workload) -> bool:
+    """Inactive because Tether made it so (its annotation), not Kueue nor a person."""
+    return wl.spec.active is False and k.ANN_DEACTIVATED in wl.metadata.annotations and kueue_deactivated(wl) is None
 
 
 def admission_of(wl: Workload, flavors: Mapping[str, FlavorPlacement]) -> AttemptAdmission | None:
@@ -132,6 +148,8 @@ def held_back(o: Observed) -> str | None:
     run = o.run
     if run.spec.suspend:
         return "the run is suspended"
+    if run.status.phase == Phase.AWAITING_REVIEW:
+        return "its result waits for a person's review"
     if not start_approved(o):
         return "its start review is not approved"
     pinned = pinned_digest(run.status)
@@ -146,7 +164,9 @@ def enter_queue(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     Workload is made first, gated by whatever holds the run now (a person, money)."""
     if queue_name(o.run) is None or o.workload is not None:
         return True
-    d.actions.append(EnsureWorkload(name=workload_name(o.run), gates=holding_gates(o)))
+    gates = holding_gates(o)
+    why = held_back(o) if not gates and o.approvals is not None else None
+    d.actions.append(EnsureWorkload(name=workload_name(o.run), gates=gates, inactive_reason=why))
     _queued(o, b, d, waiting_message(o, None))
     return False
 
@@ -170,6 +190,12 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
         # one the grant makes. Made again from the spec (Kueue's job framework does the same).
         d.actions.append(DeleteWorkload(name=wl.metadata.name, uid=wl.metadata.uid))
         _queued(o, b, d, f"queued in LocalQueue {queue_name(o.run)}: the spec changed; its Workload is made again")
+        return False
+    if wl.spec.active is False and not deactivated_by_tether(wl):
+        why = kueue_deactivated(wl)
+        _queued(o, b, d, f"queued in LocalQueue {queue_name(o.run)}: its Workload {wl.metadata.name} is deactivated "
+                         + (f"by Kueue ({why})" if why else "(spec.active is false)")
+                         + "; Kueue admits it again only once spec.active is true")
         return False
     admission = admission_of(wl, o.flavors) if admitted(wl) else None
     if admission is None:
@@ -238,15 +264,15 @@ def _activation(o: Observed, wl: Workload) -> SetWorkloadActive | None:
     otherwise); activated again once nothing holds the run back, if Tether deactivated it."""
     if o.run.status.holder is not None or o.approvals is None:
         return None  # (approvals not listed: whether a person approved is unknown this pass)
-    why = held_back(o)
-    ours = wl.metadata.annotations.get(k.ANN_DEACTIVATED) is not None
+    why, rv = held_back(o), wl.metadata.resource_version
     if why is not None and not wl.gates and wl.spec.active is not False:
         # A budget check not yet told Retry is told first (it says why, on Kueue's side).
-        return SetWorkloadActive(name=wl.metadata.name, active=False, reason=why,
-                                 resource_version=wl.metadata.resource_version)
-    if why is None and wl.spec.active is False and ours:
-        return SetWorkloadActive(name=wl.metadata.name, active=True, reason=None,
-                                 resource_version=wl.metadata.resource_version)
+        return SetWorkloadActive(name=wl.metadata.name, active=False, reason=why, resource_version=rv)
+    if why is None and deactivated_by_tether(wl):
+        return SetWorkloadActive(name=wl.metadata.name, active=True, reason=None, resource_version=rv)
+    if wl.spec.active is not False and k.ANN_DEACTIVATED in wl.metadata.annotations:
+        # Someone activated it meanwhile: the annotation no longer says it is Tether's to activate.
+        return SetWorkloadActive(name=wl.metadata.name, active=True, reason=None, resource_version=rv)
     return None
 
 
@@ -260,13 +286,14 @@ def _budget_answer(o: Observed, wl: Workload) -> AnswerBudgetCheck | None:
     for check in wl.status.admission_checks:
         if check.name not in o.budget_checks:
             continue
-        refusal = admission_refusal(o) if o.run.status.holder is None else None
-        if refusal is None:
+        # Whatever holds the run back (money, a person, a suspension) would waste what Kueue reserved.
+        why = held_back(o) if o.run.status.holder is None and o.approvals is not None else None
+        if why is None:
             state, message, after = "Ready", "the run's budget and caps can pay for it", None
         else:
             reset = o.budget.next_reset_seconds if o.budget is not None else None
             after = max(1, math.ceil(min(BUDGET_RETRY_SECONDS, reset if reset is not None else math.inf)))
-            state, message = "Retry", refusal[1]
+            state, message = "Retry", why
         if check.state != state:
             return AnswerBudgetCheck(name=wl.metadata.name, check=check.name, state=state, message=message,
                                      requeue_after_seconds=after, resource_version=wl.metadata.resource_version)

@@ -39,7 +39,7 @@ def pod_set_template(run: WorkerRun) -> dict[str, Any]:
 
 
 def workload_body(run: WorkerRun, name: str, queue: str, priority: tuple[str, int] | None, digest: str,
-                  gates: tuple[str, ...] = ()) -> dict[str, Any]:
+                  gates: tuple[str, ...] = (), inactive_reason: str | None = None) -> dict[str, Any]:
     """The Workload Kueue queues the run by: owned by it (a controller reference, so Kueue and the
     garbage collector see whose it is), one pod set of one pod, the run's LocalQueue and priority, and
     the admission gates that hold it back when it is made."""
@@ -47,6 +47,8 @@ def workload_body(run: WorkerRun, name: str, queue: str, priority: tuple[str, in
         "queueName": queue,
         "podSets": [{"name": k.POD_SET, "count": 1, "template": pod_set_template(run)}],
     }
+    if inactive_reason is not None:
+        spec["active"] = False
     if priority is not None:
         spec["priorityClassRef"] = {"group": k.KUEUE_GROUP, "kind": "WorkloadPriorityClass", "name": priority[0]}
         spec["priority"] = priority[1]
@@ -56,7 +58,8 @@ def workload_body(run: WorkerRun, name: str, queue: str, priority: tuple[str, in
                      "labels": {k.LABEL_JOB_UID: run.metadata.uid},
                      # What its pod set was made from: a spec edited while queued makes it again.
                      "annotations": {k.ANN_EXECUTION_DIGEST: digest,
-                                     **({k.ANN_ADMISSION_GATED_BY: ",".join(gates)} if gates else {})},
+                                     **({k.ANN_ADMISSION_GATED_BY: ",".join(gates)} if gates else {}),
+                                     **({k.ANN_DEACTIVATED: inactive_reason} if inactive_reason else {})},
                      "ownerReferences": [{**owner_ref(run), "controller": True}]},
         "spec": spec,
     }
