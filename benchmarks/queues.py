@@ -26,6 +26,7 @@ import datetime as dt
 import json
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,13 @@ def _attempt_times(env: Env, ns: str, name: str) -> tuple[float | None, float | 
     return ended, started
 
 
+def _where(env: Env, ns: str) -> str:
+    """Each run's phase and status message, counted: what a timed-out wait reports."""
+    seen = Counter(f"{(r.get('status') or {}).get('phase')}: {(r.get('status') or {}).get('message', '')[:120]}"
+                   for r in env.api.get(WR.format(ns=ns)).json()["items"])
+    return "; ".join(f"{n} x {what}" for what, n in seen.most_common())
+
+
 def preempt(env: Env, k: int) -> dict[str, Any]:
     """K pod runs and K External runs evicted by one higher-priority run of each kind."""
     for name, value in (("bench-low", 10), ("bench-high", 1000)):
@@ -197,7 +205,10 @@ def preempt(env: Env, k: int) -> dict[str, Any]:
         for name in victims["external"]:
             env.api.post(WR.format(ns=ns), json=queued(external(name), "bench-low")).raise_for_status()
         everyone = victims["pod"] + victims["external"]
-        wait_for(lambda: fleet.renewing() >= 2 * k, timeout=300, interval=0.5, what=f"{2 * k} victims renewing")
+        try:
+            wait_for(lambda: fleet.renewing() >= 2 * k, timeout=300, interval=0.5, what=f"{2 * k} victims renewing")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} (renewing: {fleet.renewing()}; runs: {_where(env, ns)})") from None
         for body in (queued(pod_run("high-pod"), "bench-high", k * CPU_MILLI), queued(external("high-ext"), "bench-high")):
             env.api.post(WR.format(ns=ns), json=body).raise_for_status()
         wait_for(lambda: len(workloads.of("evicted")) >= k + 1, timeout=120, interval=0.5,
