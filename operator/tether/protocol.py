@@ -418,6 +418,11 @@ RESERVED_REQUEST_NAMES = frozenset({"start", "result"})
 MAX_REQUESTS_PER_ATTEMPT = 20
 MAX_REQUEST_DETAILS = 4096
 MAX_REQUEST_TIMEOUT = 31_536_000
+# A publication (and the read that checks whether a lost one landed) waits this long for its answer,
+# not T (docs/protocol.md §3): its body may be megabytes that the API server decodes and validates
+# before answering, and the heartbeat goes on meanwhile, so a long wait costs no liveness, while T
+# would count a slow answer as none and send the same megabytes again and again.
+PUBLICATION_TIMEOUT = 30.0
 # The annotation as a whole (the Lease's annotations share 256 KiB with the operator's signals,
 # which must always fit); the admission policy refuses a worker's larger one.
 MAX_REQUESTS_BYTES = 65_536

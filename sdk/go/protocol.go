@@ -52,6 +52,12 @@ func requestTimeout(renewInterval time.Duration) time.Duration {
 	return min(10*time.Second, max(renewInterval, time.Second))
 }
 
+// publicationTimeout bounds a publication (and the read that checks whether a lost one landed)
+// instead of the request timeout (docs/protocol.md §3): its body may be megabytes that the API
+// server decodes and validates before answering, and the heartbeat goes on meanwhile, while the
+// request timeout would count a slow answer as none and send the same megabytes again and again.
+const publicationTimeout = 30 * time.Second
+
 // usage is an attempt's cumulative spending, as reported on the Lease.
 type usage struct {
 	Cents  int64 `json:"cents"`

@@ -611,16 +611,16 @@ func (r *Run) publish(ctx context.Context, field string, value any) error {
 	}
 }
 
-// tryPublish is one try of a publication, within the request timeout.
+// tryPublish is one try of a publication, within the publication timeout.
 func (r *Run) tryPublish(ctx context.Context, field string, raw json.RawMessage) (publishResult, error) {
-	pctx, cancel := context.WithTimeout(ctx, r.timeout)
+	pctx, cancel := context.WithTimeout(ctx, publicationTimeout)
 	defer cancel()
 	return r.tr.publish(pctx, field, raw)
 }
 
-// lookUp asks whether an earlier try whose answer was lost landed, within the request timeout.
+// lookUp asks whether an earlier try whose answer was lost landed, within the publication timeout.
 func (r *Run) lookUp(ctx context.Context, field string, raw json.RawMessage) (bool, error) {
-	lctx, cancel := context.WithTimeout(ctx, r.timeout)
+	lctx, cancel := context.WithTimeout(ctx, publicationTimeout)
 	defer cancel()
 	return r.tr.recorded(lctx, field, raw)
 }

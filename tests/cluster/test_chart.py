@@ -132,7 +132,7 @@ def _plain_policies() -> dict[tuple[str, str], dict]:
     return {(d["kind"], d["metadata"]["name"].removeprefix("tether-")): d for d in docs}
 
 
-# Policies for workers, from which the operator is exempt; the approval policy exempts nobody.
+# Policies for workers, from which the operator is exempt; the approval and label policies exempt nobody.
 WORKER_POLICIES = {"worker-status-fencing", "worker-lease-fencing", "namespace-worker-scope"}
 
 
@@ -140,7 +140,7 @@ def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:
     plain = _plain_policies()
     chart = {(d["kind"], d["metadata"]["name"].removeprefix("rel-tether-")): d for d in render(tools_dir)
              if d["kind"].startswith("ValidatingAdmissionPolicy")}
-    names = WORKER_POLICIES | {"approval-approver"}
+    names = WORKER_POLICIES | {"approval-approver", "workerrun-kueue-labels"}
     assert set(chart) == set(plain) == {(kind, n) for n in names for kind in
                                         ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}
     for (kind, name), doc in chart.items():

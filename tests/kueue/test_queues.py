@@ -424,6 +424,44 @@ def test_a_suspended_queued_run_gives_its_quota_back(  # type: ignore[no-untyped
     runs.wait_phase(kube, namespace, "later", "Succeeded", timeout=120)
 
 
+def test_a_run_past_its_maximum_execution_time_yields_and_stays_queued_deactivated(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue) -> None:
+    """kueue.x-k8s.io/max-exec-time-seconds, as on a Job: Kueue deactivates the Workload once the
+    run has been admitted that long; the worker is told to yield, the attempt ends Preempted, and
+    the run waits Queued (as Kueue leaves such a Job suspended), its quota given back."""
+    label = "kueue.x-k8s.io/max-exec-time-seconds"
+    refused = kube.post(Kube.wr_path(namespace), {**queued_run(**{label: "ten"}), "metadata": {
+        "name": "bad", "labels": {"kueue.x-k8s.io/queue-name": "team", label: "ten"}}})
+    assert refused.status_code == 422, refused.text
+    assert f"metadata.labels[{label}] must be a positive whole number of seconds" in refused.text, refused.text
+
+    tenancy(kube, namespace, cpu="1")
+    runs.create(kube, namespace, queued_run(steps=400, cpu="1", **{label: "6"}), name="capped")
+    wl = eventually(lambda: _workload_of(kube, namespace, "capped"), timeout=30, what="capped's Workload")
+    assert wl["spec"]["maximumExecutionTimeSeconds"] == 6
+
+    def deactivated_and_queued() -> dict[str, Any] | None:
+        body = runs.get(kube, namespace, "capped")
+        s = body.get("status") or {}
+        ended = [a for a in s.get("attempts") or [] if a.get("outcome")]
+        return body if s.get("phase") == "Queued" and ended and s.get("holder") is None else None
+
+    capped = eventually(deactivated_and_queued, timeout=90, what="capped past its time, yielded and Queued")
+    (first,) = capped["status"]["attempts"]
+    assert first["outcome"] == "Preempted" and "evicted by Kueue" in first["message"], first
+    admitted = runs.condition(capped, "Admitted")
+    assert admitted is not None and "deactivated by Kueue" in admitted["message"], admitted
+    wl = _workload_of(kube, namespace, "capped") or {}
+    assert wl["spec"]["active"] is False
+    # Its quota is free: a run asking for all of it is admitted and runs.
+    runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="next")
+    runs.wait_phase(kube, namespace, "next", "Succeeded", timeout=120)
+    assert runs.get(kube, namespace, "capped")["status"]["attempt"] == 1  # and it did not start again
+    final = [runs.get(kube, namespace, n) for n in ("capped", "next")]
+    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=final))
+    assert verdict.ok, verdict.violations
+
+
 def _started(run: dict[str, Any], attempt: int = 0) -> dt.datetime:
     return _time(run["status"]["attempts"][attempt]["startedAt"])
 

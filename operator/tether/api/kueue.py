@@ -7,6 +7,7 @@ The labels a user puts on a WorkerRun are Kueue's own (`kueue.x-k8s.io/queue-nam
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import Field
@@ -20,6 +21,9 @@ WORKLOAD_PLURAL = "workloads"
 LABEL_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
 LABEL_JOB_UID = "kueue.x-k8s.io/job-uid"
+# Copied onto the Workload as spec.maximumExecutionTimeSeconds (policies/workerrun-kueue-labels.yaml
+# checks it): past it, Kueue deactivates the Workload, and the run yields and waits, as a Job stays suspended.
+LABEL_MAX_EXEC_TIME = "kueue.x-k8s.io/max-exec-time-seconds"
 # The condition types and reasons of Kueue's Workload API that Tether reads or writes.
 WL_QUOTA_RESERVED = "QuotaReserved"
 WL_ADMITTED = "Admitted"
@@ -56,6 +60,13 @@ ANN_DEACTIVATED = "tether.dev/deactivated"
 AC_ACTIVE = "Active"
 # The only pod set of a run's Workload: one worker per attempt.
 POD_SET = "main"
+
+
+def max_exec_seconds(labels: dict[str, str]) -> int | None:
+    """The run's maximum execution time under Kueue, from its label; None when unset or not a value
+    the admission policy admits (a run made before the policy was installed)."""
+    value = labels.get(LABEL_MAX_EXEC_TIME, "")
+    return int(value) if re.fullmatch(r"[1-9][0-9]{0,9}", value) and int(value) <= 2**31 - 1 else None
 
 
 class OwnerReference(_Model):

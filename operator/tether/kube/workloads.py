@@ -42,11 +42,15 @@ def workload_body(run: WorkerRun, name: str, queue: str, priority: tuple[str, in
                   gates: tuple[str, ...] = (), inactive_reason: str | None = None) -> dict[str, Any]:
     """The Workload Kueue queues the run by: owned by it (a controller reference, so Kueue and the
     garbage collector see whose it is), one pod set of one pod, the run's LocalQueue and priority, and
-    the admission gates that hold it back when it is made."""
+    the admission gates that hold it back when it is made, and its maximum execution time (the label,
+    as Kueue's job framework copies it from a Job's)."""
     spec: dict[str, Any] = {
         "queueName": queue,
         "podSets": [{"name": k.POD_SET, "count": 1, "template": pod_set_template(run)}],
     }
+    max_exec = k.max_exec_seconds(run.metadata.labels)
+    if max_exec is not None:
+        spec["maximumExecutionTimeSeconds"] = max_exec
     if inactive_reason is not None:
         spec["active"] = False
     if priority is not None:

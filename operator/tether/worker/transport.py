@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Generator, Mapping, Protocol, TypeVar
 
 import httpx
+from httpx import USE_CLIENT_DEFAULT
 
 from tether import protocol
 from tether.api import constants as c
@@ -56,6 +57,7 @@ class Call:
     path: str
     json: Any = None
     headers: dict[str, str] | None = None
+    timeout: float | None = None  # None: the client's (T)
 
 
 # An operation without I/O: it yields the requests it needs, is sent each answer, returns its outcome.
@@ -129,7 +131,7 @@ class KubeSteps:
     def publish_steps(self, field: str, value: dict[str, Any]) -> Steps[bool]:
         patch = protocol.fenced_patch(self.holder, self.fence, field, value, self.run_uid)
         resp = yield Call("PATCH", run_path(self.namespace, self.name) + "/status", json=patch,
-                          headers=protocol.JSON_PATCH)
+                          headers=protocol.JSON_PATCH, timeout=protocol.PUBLICATION_TIMEOUT)
         # 422 without causes: a `test` failed, the run's uid, fence or holder moved on; 403 from the
         # fencing policy: the same, said by the API server itself. 422 with causes: a bad value.
         if protocol.too_large(resp.status_code, resp.content):  # 413, or etcd's 500: never stored
@@ -141,7 +143,7 @@ class KubeSteps:
         return _published(resp, refused=resp.status_code in (404, 409, 422) or fenced_by_policy(resp))
 
     def recorded_steps(self, field: str, value: dict[str, Any]) -> Steps[bool]:
-        resp = yield Call("GET", run_path(self.namespace, self.name))
+        resp = yield Call("GET", run_path(self.namespace, self.name), timeout=protocol.PUBLICATION_TIMEOUT)
         if resp.status_code == 404:
             return False
         resp.raise_for_status()
@@ -183,7 +185,8 @@ class KubeTransport(KubeSteps):
         self._http.close()
 
     def _send(self, call: Call) -> httpx.Response:
-        return self._http.request(call.method, call.path, json=call.json, headers=call.headers)
+        return self._http.request(call.method, call.path, json=call.json, headers=call.headers,
+                                  timeout=call.timeout if call.timeout is not None else USE_CLIENT_DEFAULT)
 
     def renew(self, checkpoint: str | None, usage: Usage | None, requests: Requests | None = None) -> Renewal:
         return drive(self.renew_steps(checkpoint, usage, requests), self._send)
@@ -204,7 +207,8 @@ class AsyncKubeTransport(KubeSteps):
         self._http = http
 
     async def _send(self, call: Call) -> httpx.Response:
-        return await self._http.request(call.method, call.path, json=call.json, headers=call.headers)
+        return await self._http.request(call.method, call.path, json=call.json, headers=call.headers,
+                                        timeout=call.timeout if call.timeout is not None else USE_CLIENT_DEFAULT)
 
     async def renew(self, checkpoint: str | None, usage: Usage | None, requests: Requests | None = None) -> Renewal:
         return await drive_async(self.renew_steps(checkpoint, usage, requests), self._send)
@@ -264,7 +268,7 @@ class GatewayTransport:
 
     def publish(self, field: str, value: dict[str, Any]) -> bool:
         op, body = ("complete", {"result": value}) if field == "result" else ("fail", {"error": value})
-        resp = self._http.post(f"{self._prefix}/{op}", json={**self._fenced, **body})
+        resp = self._http.post(f"{self._prefix}/{op}", json={**self._fenced, **body}, timeout=protocol.PUBLICATION_TIMEOUT)
         if resp.status_code == 413:
             # BodyTooLarge (over the gateway's 1 MiB) or ResultTooLarge (the run would outgrow what
             # the Kubernetes API stores): the message says which.

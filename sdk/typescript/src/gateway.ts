@@ -5,6 +5,7 @@
 
 import { ClaimRefused, ResultInvalid, TetherWorkerError, type InvalidCause } from "./errors.js";
 import {
+  PUBLICATION_TIMEOUT_SECONDS,
   parseDecisions,
   retryAfterSeconds,
   signalsFromRemaining,
@@ -211,10 +212,10 @@ export class GatewayTransport implements Transport {
     this.toolClaim = toolClaim;
   }
 
-  private async call(op: string, body: Record<string, unknown>): Promise<GatewayAnswer> {
+  private async call(op: string, body: Record<string, unknown>, timeoutSeconds = this.timeoutSeconds): Promise<GatewayAnswer> {
     try {
       return await post(runUrl(this.gatewayUrl, this.namespace, this.name, op), this.token, { ...this.fenced, ...body },
-        this.timeoutSeconds);
+        timeoutSeconds);
     } catch (err) {
       // fetch rejects only when there is no (complete) answer: network error, timeout, cut body.
       throw new Unanswered(`${op}: no answer: ${(err as Error).message}`, null, 0, { cause: err });
@@ -252,8 +253,8 @@ export class GatewayTransport implements Transport {
 
   async publish(field: PublishField, value: unknown): Promise<boolean> {
     const answer = field === "result"
-      ? await this.call("complete", { result: value })
-      : await this.call("fail", { error: value });
+      ? await this.call("complete", { result: value }, PUBLICATION_TIMEOUT_SECONDS)
+      : await this.call("fail", { error: value }, PUBLICATION_TIMEOUT_SECONDS);
     if (answer.status === 200) return true;
     const error = errorBody(answer.doc);
     if (answer.status === 413) {

@@ -42,6 +42,7 @@ import {
   invalidCauses,
   leaseSignals,
   parseLease,
+  PUBLICATION_TIMEOUT_SECONDS,
   publicationRecorded,
   refusesValue,
   renewal,
@@ -311,7 +312,8 @@ export class KubeTransport implements Transport {
   async publish(field: PublishField, value: unknown): Promise<boolean> {
     const patch = fencedPatch(this.holder, this.fence, field, value, this.runUid);
     const answer = await this.call("PATCH status", () => this.objects.patchNamespacedCustomObjectStatus(
-      { ...this.runRequest(), body: patch }, this.options({ contentType: PatchStrategy.JsonPatch })));
+      { ...this.runRequest(), body: patch },
+      this.options({ contentType: PatchStrategy.JsonPatch, timeoutSeconds: PUBLICATION_TIMEOUT_SECONDS })));
     if (answer.ok) return true;
     if (tooLarge(answer.status, answer.text)) { // 413, or etcd's 500: never stored, however often sent
       throw new ResultInvalid(`the ${field} is too large: ${statusMessage(answer.text)}`);
@@ -329,7 +331,8 @@ export class KubeTransport implements Transport {
   }
 
   async recorded(field: PublishField, value: unknown): Promise<boolean> {
-    const answer = await this.call("GET run", () => this.objects.getNamespacedCustomObject(this.runRequest(), this.options()));
+    const answer = await this.call("GET run", () => this.objects.getNamespacedCustomObject(this.runRequest(),
+      this.options({ timeoutSeconds: PUBLICATION_TIMEOUT_SECONDS })));
     if (!answer.ok) {
       if (answer.status === 404) return false;
       throw new Unanswered(`GET run answered ${answer.status}`, answer.status, retryAfterSeconds(answer.headers["retry-after"]));

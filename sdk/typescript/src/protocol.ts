@@ -157,6 +157,14 @@ export function requestTimeout(renewIntervalSeconds: number): number {
   return Math.min(10, Math.max(renewIntervalSeconds, 1));
 }
 
+/**
+ * A publication (and the read that checks whether a lost one landed) waits this long for its answer,
+ * not T (docs/protocol.md §3): its body may be megabytes the API server decodes and validates before
+ * answering, and the heartbeat goes on meanwhile, while T would count a slow answer as none and send
+ * the same megabytes again and again.
+ */
+export const PUBLICATION_TIMEOUT_SECONDS = 30;
+
 export type Ownership = "owned" | "unknown" | "lost";
 
 /**
