@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
 from tests.e2e.test_budgets import budget
@@ -441,16 +442,16 @@ def test_a_run_past_its_maximum_execution_time_yields_and_stays_queued_deactivat
     assert wl["spec"]["maximumExecutionTimeSeconds"] == 6
 
     def deactivated_and_queued() -> dict[str, Any] | None:
+        # Settled: the attempt over, the quota released, and the run saying why it waits.
         body = runs.get(kube, namespace, "capped")
-        s = body.get("status") or {}
-        ended = [a for a in s.get("attempts") or [] if a.get("outcome")]
-        return body if s.get("phase") == "Queued" and ended and s.get("holder") is None else None
+        admitted = runs.condition(body, "Admitted") or {}
+        return body if (body.get("status") or {}).get("phase") == "Queued" and \
+            "deactivated by Kueue" in admitted.get("message", "") else None
 
     capped = eventually(deactivated_and_queued, timeout=90, what="capped past its time, yielded and Queued")
+    assert capped["status"].get("holder") is None
     (first,) = capped["status"]["attempts"]
-    assert first["outcome"] == "Preempted" and "evicted by Kueue" in first["message"], first
-    admitted = runs.condition(capped, "Admitted")
-    assert admitted is not None and "deactivated by Kueue" in admitted["message"], admitted
+    assert first["outcome"] == "Preempted" and "MaximumExecutionTimeExceeded" in first["message"], first
     wl = _workload_of(kube, namespace, "capped") or {}
     assert wl["spec"]["active"] is False
     # Its quota is free: a run asking for all of it is admitted and runs.
@@ -586,7 +587,7 @@ def test_with_kueue_down_and_restarted_running_runs_go_on_and_queued_ones_wait( 
     runs.wait_phase(kube, namespace, "running", "Running", timeout=90)
     runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="waiting")
     runs.wait_phase(kube, namespace, "waiting", "Queued", timeout=60)
-    pid = int(kueue["pid"])
+    pid = int(json.loads(os.environ["TETHER_TEST_KUEUE"])["pid"])  # (another test may have restarted it)
     os.kill(pid, signal.SIGSTOP)
     try:
         runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="during")
@@ -611,6 +612,70 @@ def test_with_kueue_down_and_restarted_running_runs_go_on_and_queued_ones_wait( 
     assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans  # one at a time
     verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=list(done.values())))
     assert verdict.ok, verdict.violations
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie (a child of a process that has not reaped it yet): its ports are free."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _start_kueue(kube: Kube, kueue: dict[str, str], argv: list[str]) -> None:
+    """Kueue's manager, stopped and started again with `argv`; the group's fixture is told its pid."""
+    pid = int(json.loads(os.environ["TETHER_TEST_KUEUE"])["pid"])
+    os.kill(pid, signal.SIGTERM)
+    eventually(lambda: _exited(pid) or None, timeout=60, what="Kueue stopped (its ports free)")
+    started = spawn(argv, log_path=Path(kueue["log"]), env={**os.environ, "KUBECONFIG": kueue["kubeconfig"]})
+    os.environ["TETHER_TEST_KUEUE"] = json.dumps({**kueue, "pid": str(started.pid)})
+    eventually(lambda: _kueue_ready(kube, kueue["health"]) or None, timeout=120, what="Kueue ready")
+
+
+def test_kueue_evicts_a_run_whose_worker_never_renews_and_never_one_whose_worker_does(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, kueue, tmp_path: Path) -> None:
+    """PodsReady comes from the worker's first renewal, not from the container: with Kueue's
+    waitForPodsReady at 15 s, a run whose process runs but never renews is evicted
+    (PodsReadyTimeout; its attempt ends Preempted and it waits Queued again), while a run whose
+    worker renews goes on past the 15 s in its first attempt."""
+    argv = json.loads(kueue["argv"])
+    config_arg = next(a for a in argv if a.startswith("--config="))
+    config = yaml.safe_load(Path(config_arg.split("=", 1)[1]).read_text())
+    config["waitForPodsReady"] = {"timeout": "15s"}
+    short = tmp_path / "kueue-pods-ready.yaml"
+    short.write_text(yaml.safe_dump(config))
+    _start_kueue(kube, kueue, [f"--config={short}" if a == config_arg else a for a in argv])
+    try:
+        tenancy(kube, namespace, cpu="2")
+        silent = queued_run(cpu="1")
+        silent["spec"]["template"]["spec"]["containers"][0]["command"] = ["sleep", "300"]
+        silent["spec"]["lease"] = {"durationSeconds": 60, "renewIntervalSeconds": 5, "startupGraceSeconds": 600}
+        silent["spec"]["stopGraceSeconds"] = 2
+        runs.create(kube, namespace, silent, name="silent")
+        runs.create(kube, namespace, queued_run(steps=50, cpu="1"), name="alive")
+
+        def evicted() -> dict[str, Any] | None:
+            body = runs.get(kube, namespace, "silent")
+            ended = [a for a in (body.get("status") or {}).get("attempts") or [] if a.get("outcome")]
+            return body if ended else None
+
+        first = eventually(evicted, timeout=120, what="the silent run's attempt ended")["status"]["attempts"][0]
+        assert first["outcome"] == "Preempted" and "PodsReadyTimeout" in first["message"], first
+        wl = _workload_of(kube, namespace, "silent") or {}
+        reasons = [e["reason"] for e in (wl.get("status") or {}).get("schedulingStats", {}).get("evictions", [])]
+        assert "PodsReadyTimeout" in reasons, wl.get("status")
+        assert "PodsReady" not in {c["type"] for c in (wl.get("status") or {}).get("conditions") or []
+                                   if c["status"] == "True"}
+        done = runs.wait_phase(kube, namespace, "alive", "Succeeded", timeout=120)
+        (attempt,) = done["status"]["attempts"]
+        assert (_time(attempt["endedAt"]) - _time(attempt["startedAt"])).total_seconds() > 15, attempt
+        runs.wait_phase(kube, namespace, "silent", "Queued", timeout=60)
+        kube.ok(kube.patch(Kube.wr_path(namespace, "silent"), {"spec": {"stop": True}}))
+        final = [runs.wait_phase(kube, namespace, "silent", "Cancelled", timeout=60), done]
+        verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=final))
+        assert verdict.ok, verdict.violations
+    finally:
+        _start_kueue(kube, kueue, argv)
 
 
 def test_fair_sharing_gives_a_tenant_its_share_of_a_pool_another_filled(  # type: ignore[no-untyped-def]
