@@ -76,6 +76,7 @@ class GatewayProxy:
         self._answer: tuple[re.Pattern[str], int, str, str] | None = None  # (path, status, body, content type)
         self._hold: tuple[re.Pattern[str], threading.Event] | None = None  # requests matching wait
         self._drop_response: re.Pattern[str] | None = None  # the next match is served, its answer lost
+        self._delay_response: tuple[re.Pattern[str], float] | None = None  # the next match is answered late
         self.held = 0  # requests that have waited on hold()
         self.requests: list[list[Any]] = []  # [wall time it arrived, path, status the worker got (0: none yet)]
         self._lock = threading.Lock()
@@ -111,11 +112,14 @@ class GatewayProxy:
                         self.close_connection = True
                         return
                     status, content, headers = resp.status_code, resp.text, {}
-                    drop = outer._drop_response
+                    drop, late = outer._drop_response, outer._delay_response
                     if drop is not None and drop.search(self.path):
                         outer._drop_response = None
                         self.close_connection = True  # served upstream; the worker never hears back
                         return
+                    if late is not None and late[0].search(self.path):
+                        outer._delay_response = None
+                        time.sleep(late[1])  # served upstream; the worker hears back late
                 record[2] = status
                 data = content.encode()
                 try:
@@ -149,6 +153,10 @@ class GatewayProxy:
     def drop_response(self, path: str) -> None:
         """The next request whose path matches reaches the gateway; its answer is never sent."""
         self._drop_response = re.compile(path)
+
+    def delay_response(self, path: str, seconds: float) -> None:
+        """The next request whose path matches reaches the gateway; its answer comes `seconds` late."""
+        self._delay_response = (re.compile(path), seconds)
 
     def fail_with(self, status: int, retry_after: int = 1) -> None:
         self._fault = (status, retry_after)

@@ -623,6 +623,28 @@ def lost_answer(case: Case) -> str:
     return f"{len(tries)} tries; the accepted result was recognised"
 
 
+def slow_publication(case: Case) -> str:
+    """The publication's answer comes 3 s late, more than the request timeout T (1 s here) and
+    less than the publication timeout TP (§3): the worker waits for it instead of sending the same
+    result again, and exits 0 with its result accepted, in one try."""
+    case.create_run("job", {"steps": 2, "stepSeconds": 0.2})
+    w1 = _start(case)
+    holder = _status(case.wait_holder("job", 1))["holder"]
+    if case.transport == POD:
+        case.worker_proxy.delay(3.0, phase="response", method="PATCH", path=r"/workerruns/job/status$",
+                                client=rf"{case.ns}/{holder}$", times=1)
+    else:
+        case.gateway_proxy.delay_response(r"/complete$", 3.0)
+    _succeeded(case, 2, attempt=1)
+    code = _exit_code(case, w1, holder, L + 15)
+    _expect(code == 0, f"the worker exited {code} although its result was accepted (its answer only came late)")
+    tries = [r for r in case.worker_requests(holder) if _is_publication(r)]
+    _expect(len(tries) == 1, f"{len(tries)} publication tries: the worker sent its result again before the "
+                             "answer to the first came (held to T, not TP)")
+    case.judge_safety()
+    return "one try, answered 3 s late, accepted"
+
+
 BLIP_LEASE = {"durationSeconds": 20, "renewIntervalSeconds": 2, "startupGraceSeconds": 30}
 
 
@@ -789,6 +811,7 @@ SCENARIOS = [
     Scenario("stale-publish", stale_publish, operator_behind_proxy=True,
              summary="a publication refused inside the revocation window: taken as lost"),
     Scenario("lost-answer", lost_answer, summary="a publication whose answer is lost: recognised as accepted"),
+    Scenario("slow-publication", slow_publication, summary="a publication answered after T: waited for (TP), not resent"),
     Scenario("blip", blip, summary="cut past L − M, healed before the lapse: withhold, keep renewing, carry on"),
     Scenario("long-step", long_step, summary="a step longer than the lease: the heartbeat goes on"),
     Scenario("stop", stop, summary="spec.stop honoured within one renew interval, last usage reported"),

@@ -1,5 +1,6 @@
 """A subset of the conformance kit (conformance/, `make conformance` runs all of it) for each
-SDK's conformance worker: the happy path over both transports, the two partition scenarios, and
+SDK's conformance worker: the happy path over both transports, the two partition scenarios, a
+publication answered after T (waited for, not resent), and
 the branches of conformance/branches.py (short cells: the payload read from the run, in-cluster
 credentials, 401s and a rotated token, a refused claim, the receiver's InProgress and StaleFence,
 a result too large (413, and etcd's 500 at 1.6 and 2.25 MiB), malformed signals).
@@ -15,7 +16,7 @@ from conformance.branches import ALL as SCENARIOS, BRANCHES
 from conformance.sdks import WORKERS
 
 SUBSET = [("happy", POD), ("happy", GATEWAY), ("partition", POD), ("revoked-while-reconnecting", POD),
-          ("yield", POD), ("yield", GATEWAY), *((s.name, t) for s in BRANCHES for t in s.transports)]
+          ("yield", POD), ("yield", GATEWAY), ("slow-publication", POD), *((s.name, t) for s in BRANCHES for t in s.transports)]
 # The yield queues through the session's Kueue: on the Kueue tests' worker (one of them stops it).
 CELLS = [pytest.param(s, t, id=f"{s}-{t}", marks=[pytest.mark.xdist_group("kueue")] if s == "yield" else [])
          for s, t in SUBSET]
