@@ -26,7 +26,6 @@ import datetime as dt
 import json
 import sys
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -169,10 +168,17 @@ def _attempt_times(env: Env, ns: str, name: str) -> tuple[float | None, float | 
 
 
 def _where(env: Env, ns: str) -> str:
-    """Each run's phase and status message, counted: what a timed-out wait reports."""
-    seen = Counter(f"{(r.get('status') or {}).get('phase')}: {(r.get('status') or {}).get('message', '')[:120]}"
-                   for r in env.api.get(WR.format(ns=ns)).json()["items"])
-    return "; ".join(f"{n} x {what}" for what, n in seen.most_common())
+    """Each run's phase, status message and last attempt's outcome, counted, with the runs' names:
+    what a timed-out wait reports."""
+    seen: dict[str, list[str]] = {}
+    for r in env.api.get(WR.format(ns=ns)).json()["items"]:
+        s = r.get("status") or {}
+        last = (s.get("attempts") or [{}])[-1]
+        what = (f"{s.get('phase')}: {s.get('message', '')[:120]} (attempt {s.get('attempt')}: "
+                f"{last.get('outcome')}: {last.get('message', '')[:160]})")
+        seen.setdefault(what, []).append(r["metadata"]["name"])
+    return "; ".join(f"{len(names)} x {what} [{', '.join(sorted(names))}]"
+                     for what, names in sorted(seen.items(), key=lambda kv: -len(kv[1])))
 
 
 def preempt(env: Env, k: int) -> dict[str, Any]:

@@ -78,6 +78,7 @@ class GatewayProxy:
         self._drop_response: re.Pattern[str] | None = None  # the next match is served, its answer lost
         self._delay_response: tuple[re.Pattern[str], float] | None = None  # the next match is answered late
         self.held = 0  # requests that have waited on hold()
+        self.delayed = 0  # answers delay_response() delayed
         self.requests: list[list[Any]] = []  # [wall time it arrived, path, status the worker got (0: none yet)]
         self._lock = threading.Lock()
         outer = self
@@ -119,6 +120,7 @@ class GatewayProxy:
                         return
                     if late is not None and late[0].search(self.path):
                         outer._delay_response = None
+                        outer.delayed += 1
                         time.sleep(late[1])  # served upstream; the worker hears back late
                 record[2] = status
                 data = content.encode()

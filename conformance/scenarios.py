@@ -627,15 +627,15 @@ def slow_publication(case: Case) -> str:
     """The publication's answer comes 3 s late, more than the request timeout T (1 s here) and
     less than the publication timeout TP (§3): the worker waits for it instead of sending the same
     result again, and exits 0 with its result accepted, in one try."""
+    holder = "job-a1"  # (`<run>-a<attempt>`): the delay is in place before the worker starts
+    late = case.worker_proxy.delay(3.0, phase="response", method="PATCH", path=r"/workerruns/job/status$",
+                                   client=rf"{case.ns}/{holder}$", times=1) if case.transport == POD else None
+    if late is None:
+        case.gateway_proxy.delay_response(r"/complete$", 3.0)
     case.create_run("job", {"steps": 2, "stepSeconds": 0.2})
     w1 = _start(case)
-    holder = _status(case.wait_holder("job", 1))["holder"]
-    if case.transport == POD:
-        case.worker_proxy.delay(3.0, phase="response", method="PATCH", path=r"/workerruns/job/status$",
-                                client=rf"{case.ns}/{holder}$", times=1)
-    else:
-        case.gateway_proxy.delay_response(r"/complete$", 3.0)
     _succeeded(case, 2, attempt=1)
+    _expect((late.hits if late is not None else case.gateway_proxy.delayed) == 1, "the delay did not happen")
     code = _exit_code(case, w1, holder, L + 15)
     _expect(code == 0, f"the worker exited {code} although its result was accepted (its answer only came late)")
     tries = [r for r in case.worker_requests(holder) if _is_publication(r)]

@@ -566,10 +566,6 @@ func (r *Run) publish(ctx context.Context, field string, value any) error {
 	// landed; a 4xx was refused before any write.
 	unanswered := false
 	for {
-		// The heartbeat goes on confirming while the publication is retried: the deadline follows it.
-		r.mu.Lock()
-		deadline, confirmed := r.confirmedAt+r.info.leaseDuration, r.confirmed
-		r.mu.Unlock()
 		// Lost (the final renewal, or the heartbeat meanwhile): publish nothing more, unless an
 		// earlier try may have landed; then the retry and the look-up below tell.
 		if !unanswered && r.Lost() {
@@ -597,6 +593,11 @@ func (r *Run) publish(ctx context.Context, field string, value any) error {
 			why = err.Error()
 		}
 		wait := max(delay, res.retryAfter)
+		// Read after the try, which may have taken the publication timeout: the heartbeat went on
+		// confirming meanwhile, and the deadline follows it.
+		r.mu.Lock()
+		deadline, confirmed := r.confirmedAt+r.info.leaseDuration, r.confirmed
+		r.mu.Unlock()
 		if !confirmed || r.clock()+wait > deadline {
 			r.log.Error("publication unanswered until the lease deadline",
 				r.logAttrs("result_unknown", "field", field, "error", why)...)

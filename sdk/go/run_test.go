@@ -383,6 +383,32 @@ func TestPublishUnansweredUntilTheDeadlineIsUnknown(t *testing.T) {
 	}
 }
 
+func TestPublishDeadlineIsReadAfterATryThatWaitedLong(t *testing.T) {
+	clock := &fakeClock{}
+	var r *Run
+	tr := &fakeTransport{publishFn: func(n int) (publishResult, error) {
+		if n > 1 {
+			return publishResult{outcome: published}, nil
+		}
+		// The publication timeout without an answer, while the heartbeat confirmed every second
+		// (its confirmation recorded as the heartbeat records it; the transport's lock is held here).
+		for range 30 {
+			clock.advance(time.Second)
+			r.mu.Lock()
+			r.confirmed, r.confirmedAt = true, clock.now()
+			r.mu.Unlock()
+		}
+		return publishResult{}, errors.New("no answer within the publication timeout")
+	}}
+	r, waits := testRun(t, tr, clock)
+	if err := r.Complete(context.Background(), map[string]int{}); err != nil {
+		t.Fatalf("gave up although the heartbeat confirmed ownership throughout: %v", err)
+	}
+	if len(tr.publishes) != 2 || len(*waits) != 1 {
+		t.Fatalf("publishes %v, waits %v", tr.publishes, *waits)
+	}
+}
+
 func TestPublishedAfterALostAnswer(t *testing.T) {
 	for _, tc := range []struct {
 		name     string

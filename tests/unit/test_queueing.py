@@ -340,6 +340,23 @@ def test_a_spec_edited_while_queued_remakes_the_workload_before_any_grant() -> N
     assert not any(isinstance(a, WriteStatus) and a.grants for a in d.actions)
 
 
+@pytest.mark.parametrize(("on_workload", "label"), [(None, "60"), (60, None), (60, "120")])
+def test_a_maximum_execution_time_changed_while_queued_remakes_the_workload(on_workload: int | None,
+                                                                             label: str | None) -> None:
+    """As Kueue's job framework remakes a Job's Workload whose time limit no longer matches: the new
+    limit counts afresh (also the way out of a Workload Kueue deactivated for its time)."""
+    wl = workload(cond("QuotaReserved", "False"))
+    wl = wl.model_copy(update={"spec": wl.spec.model_copy(update={"maximum_execution_time_seconds": on_workload})})
+    labels = {**QUEUE, **({"kueue.x-k8s.io/max-exec-time-seconds": label} if label else {})}
+    o = replace(observe(run(labels=labels)), workload=wl, flavors=SPOT, cluster_queue="shared")
+    d = decide(o)
+    assert DeleteWorkload(name="workerrun-job-x", uid="w-1") in d.actions
+    assert "label kueue.x-k8s.io/max-exec-time-seconds changed" in _cond(_status(d), "Admitted")[2]
+    same = replace(o, run=run(labels={**QUEUE, **({"kueue.x-k8s.io/max-exec-time-seconds": str(on_workload)}
+                                                  if on_workload else {})}))
+    assert not any(isinstance(a, DeleteWorkload) for a in decide(same).actions)
+
+
 def test_the_queue_is_the_recorded_one_once_the_workload_exists() -> None:
     """A label removed (or changed) mid-run moves nothing: evictions still reach the attempt."""
     status = {**_held_queued(), "queue": {"name": "team-a", "workload": "workerrun-job-x"}}

@@ -91,6 +91,32 @@ def test_a_renewal_that_fails_before_publishing_does_not_stop_the_publication(
     assert [getattr(r, "event", None) for r in caplog.records].count("heartbeat_error") == 1
 
 
+def test_a_publication_try_that_waited_tp_while_the_heartbeat_confirmed_is_tried_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A try may wait TP (30 s, protocol §3) while the heartbeat confirms ownership: the deadline
+    it is judged against is read after the try, not before it (which gave up at once, owning)."""
+    clock = [100.0]
+
+    class SlowFirstTry(FlakyTransport):
+        tries = 0
+
+        def publish(self, field: str, value: dict[str, Any]) -> bool:
+            self.tries += 1
+            if self.tries == 1:
+                for _ in range(30):  # TP without an answer; the heartbeat confirmed every second
+                    clock[0] += 1.0
+                    assert run.renew()
+                raise httpx.ReadTimeout("no answer within TP")
+            return True
+
+    transport = SlowFirstTry({})
+    run = _run(transport, clock)
+    assert run.renew()
+    monkeypatch.setattr("tether.worker.run.time.sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    run.complete({"ok": True})
+    assert transport.tries == 2 and not run.lost
+
+
 def test_report_usage_refuses_what_the_operator_would_refuse() -> None:
     run = _run(FlakyTransport({}), [0.0])
     run.report_usage(cents=10, tokens=5)

@@ -91,6 +91,7 @@ class WorkloadMeta(_Model):
 class WorkloadSpec(_Model):
     queue_name: str | None = None
     active: bool | None = None
+    maximum_execution_time_seconds: int | None = None
 
 
 class PodSetAssignment(_Model):

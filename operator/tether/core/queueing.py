@@ -185,11 +185,15 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
         _queued(o, b, d, f"evicted by Kueue ({evicted.reason if evicted else 'Evicted'}); "
                          + (f"waiting for pod {', '.join(busy)} to go" if busy else "releasing its quota"))
         return False  # tell_kueue releases it
-    if wl.metadata.annotations.get(k.ANN_EXECUTION_DIGEST) != execution_digest(o.run.spec):
-        # Edited while queued: Kueue's admission (and quota) would be for another pod than the
-        # one the grant makes. Made again from the spec (Kueue's job framework does the same).
+    changed = ("the spec" if wl.metadata.annotations.get(k.ANN_EXECUTION_DIGEST) != execution_digest(o.run.spec)
+               else f"label {k.LABEL_MAX_EXEC_TIME}"
+               if wl.spec.maximum_execution_time_seconds != k.max_exec_seconds(o.run.metadata.labels) else None)
+    if changed is not None:
+        # Edited while queued: Kueue's admission (and quota) would be for another pod than the one
+        # the grant makes, or under another time limit (a new one starts counting afresh, as for a
+        # Job). Made again from the run (Kueue's job framework does the same).
         d.actions.append(DeleteWorkload(name=wl.metadata.name, uid=wl.metadata.uid))
-        _queued(o, b, d, f"queued in LocalQueue {queue_name(o.run)}: the spec changed; its Workload is made again")
+        _queued(o, b, d, f"queued in LocalQueue {queue_name(o.run)}: {changed} changed; its Workload is made again")
         return False
     if wl.spec.active is False and not deactivated_by_tether(wl):
         why = kueue_deactivated(wl)

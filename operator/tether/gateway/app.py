@@ -51,6 +51,10 @@ MAX_BODY_BYTES = 1024 * 1024
 # Real results are shallow; deep nesting only exhausts recursion (json, pydantic, the API server).
 MAX_DEPTH = 32
 RETRY_AFTER_SECONDS = 5
+# The status patch of a publication waits this long (its other requests the client's 5 s): a result
+# of up to 1 MiB takes the API server a while on a loaded control plane, and a 503 for it would have
+# the worker send the same megabyte again. Its reads and this stay within the worker's TP (30 s).
+PUBLICATION_WRITE_SECONDS = 15.0
 # Tool-claim Secret uids remembered per attempt; forgetting one costs one extra GET.
 SECRET_CACHE = 4096
 
@@ -449,7 +453,7 @@ class Gateway:
             patch = protocol.fenced_patch(body.holder, body.fence, fld, value, body.runUid,
                                           resource_version=run["metadata"]["resourceVersion"])
             try:
-                written = await self.kube.patch_run_status(ns, name, patch)
+                written = await self.kube.patch_run_status(ns, name, patch, timeout=PUBLICATION_WRITE_SECONDS)
             except Invalid as exc:
                 causes = protocol.invalid_causes(exc.body)
                 if protocol.refuses_value(causes, fld):

@@ -142,10 +142,13 @@ class KubeClient:
         return await self._call("PUT", run_path(meta["namespace"], meta["name"]) + "/status",
                                 f"replace status of {meta['namespace']}/{meta['name']}", json=run)
 
-    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
-        """A JSON patch on the status subresource; its `test` operations make it conditional."""
+    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]],
+                               timeout: float | None = None) -> dict[str, Any]:
+        """A JSON patch on the status subresource; its `test` operations make it conditional.
+        `timeout`: this request's, instead of the client's (a large result takes longer)."""
         return await self._call("PATCH", run_path(ns, name) + "/status", f"patch status of {ns}/{name}",
-                                json=patch, headers=JSON_PATCH)
+                                json=patch, headers=JSON_PATCH,
+                                **({"timeout": timeout} if timeout is not None else {}))
 
     async def set_run_finalizers(self, ns: str, name: str, resource_version: str, finalizers: list[str]) -> dict[str, Any]:
         """Replaces the finalizer list, conditional on the resourceVersion the change was decided on."""

@@ -119,6 +119,13 @@ def released_status(workload: dict[str, Any], now: dt.datetime) -> dict[str, Any
     conditions = _set(conditions, _condition(k.WL_REQUEUED, requeued, reason, message, gen, now))
     conditions = _set(conditions, _condition(k.WL_QUOTA_RESERVED, "False", "Pending", message, gen, now))
     checks_ready = all(a.get("state") == "Ready" for a in status.get("admissionChecks") or [])
+    admitted = next((c for c in conditions if c.get("type") == k.WL_ADMITTED), None) or {}
+    if admitted.get("status") == "True" and admitted.get("lastTransitionTime"):
+        # Admitted turns False here, not in Kueue: the time it was admitted is added up here too (as
+        # Kueue's SyncAdmittedCondition does), or maximumExecutionTimeSeconds would restart at each readmission.
+        since = dt.datetime.fromisoformat(str(admitted["lastTransitionTime"]).replace("Z", "+00:00"))
+        status["accumulatedPastExecutionTimeSeconds"] = int(status.get("accumulatedPastExecutionTimeSeconds") or 0) \
+            + max(0, int((now - since).total_seconds()))
     conditions = _set(conditions, _condition(
         k.WL_ADMITTED, "False", "NoReservation" if checks_ready else "NoReservationUnsatisfiedChecks",
         "The workload has no reservation" + ("" if checks_ready else " and not all checks ready"), gen, now))

@@ -443,7 +443,6 @@ class WorkerRun:
         delay = 0.5
         unanswered = False  # a request whose answer was lost may have landed
         while True:
-            deadline = self._confirmed_at + self.lease_duration  # the heartbeat may confirm meanwhile
             if self.lost and not unanswered:  # the heartbeat heard it meanwhile: publish nothing more
                 log.error("result rejected: lease lost", extra=self._fields("result_rejected", field=field))
                 raise LeaseLost(f"the {field} was not published: the lease is lost")
@@ -462,6 +461,8 @@ class WorkerRun:
                 if not isinstance(exc, httpx.HTTPStatusError) or exc.response.status_code >= 500:
                     unanswered = True
                 wait = max(delay, retry_after(exc))  # a server that says when to come back is believed
+                # Read after the try, which may have taken TP: the heartbeat went on confirming meanwhile.
+                deadline = self._confirmed_at + self.lease_duration
                 if self._mono() + wait > deadline:
                     raise OwnershipUnknown(f"could not publish the {field}: {exc}") from exc
                 time.sleep(wait)

@@ -527,8 +527,6 @@ export class WorkerRun {
     // landed; a 4xx was refused before any write.
     let unanswered = false;
     for (;;) {
-      // The heartbeat goes on confirming while the publication is retried: the deadline follows it.
-      const deadline = this.confirmedAt + this.leaseDurationSeconds;
       // Lost (the final renewal, or the heartbeat meanwhile): publish nothing more, unless an
       // earlier try may have landed; then the retry and the look-up below tell.
       if (this.isLost && !unanswered) throw rejected();
@@ -544,6 +542,8 @@ export class WorkerRun {
         if (!(err instanceof Unanswered)) throw err;
         if (err.status === null || err.status >= 500) unanswered = true;
         const wait = Math.max(delay, err.retryAfterSeconds); // a server that says when to come back is believed
+        // Read after the try, which may have taken TP: the heartbeat went on confirming meanwhile.
+        const deadline = this.confirmedAt + this.leaseDurationSeconds;
         if (this.clock.now() + wait > deadline) {
           throw new OwnershipUnknown(`could not publish the ${field} before the lease deadline: ${err.message}`);
         }

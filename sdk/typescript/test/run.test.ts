@@ -430,6 +430,21 @@ describe("publishing", () => {
     assert.deepEqual(clock.sleeps, [0.5, 1, 2, 4]);
   });
 
+  it("a try that waited TP while the heartbeat confirmed is retried: the deadline is read after it", async () => {
+    const made = await started();
+    const slowNoAnswer = async (): Promise<boolean> => {
+      for (let i = 0; i < 30; i++) { // TP without an answer; the heartbeat confirmed every second
+        await made.clock.advance(1);
+        assert.equal(await made.run.renew(), true);
+      }
+      throw noAnswer();
+    };
+    made.transport.publishScript.push(slowNoAnswer, true);
+    await made.run.complete({ x: 1 });
+    assert.equal(made.transport.publications.length, 2);
+    assert.deepEqual(made.clock.sleeps, [0.5]);
+  });
+
   it("the deadline follows the heartbeat: retries go on while it confirms ownership", async () => {
     const made = await started();
     // The heartbeat renews (confirmed) while each try goes unanswered.
