@@ -12,7 +12,9 @@ Scenarios:
            created -> finished (the run Succeeded, the Job Complete), for each kind side by side.
   preempt  K low-priority pod runs fill a ClusterQueue's cpu and K low-priority External runs its
            tether.dev/runs; one high-priority run of each kind arrives. Per evicted run: eviction ->
-           its attempt revoked (the fleet's worker stops when told: yield), the preemptor's end ->
+           its attempt revoked (the fleet's worker stops when told: yield), eviction -> its quota
+           released (once its pod has ended: a kwok pod never reports an exit, so Tether waits
+           its 60 s for one past the deletion; a kubelet reports it when the worker exits), the preemptor's end ->
            the victim admitted again, admitted -> its next attempt granted, eviction -> resumed
            (the next attempt's first renewal).
 
@@ -81,7 +83,8 @@ def _conds(obj: dict[str, Any]) -> dict[str, str]:
 
 
 def workload_marks(wl: dict[str, Any]) -> list[tuple[str, str]]:
-    """admitted (first), evicted, and readmitted (admitted again after an eviction), by owner."""
+    """admitted (first), evicted, released (evicted, its quota no longer reserved) and readmitted
+    (admitted again after an eviction), by owner."""
     owner, conds = _owner(wl), _conds(wl)
     if owner is None:
         return []
@@ -94,6 +97,8 @@ def workload_marks(wl: dict[str, Any]) -> list[tuple[str, str]]:
             out.append(("readmitted", owner))
     if conds.get("Evicted") == "True":
         out.append(("evicted", owner))
+        if conds.get("QuotaReserved") == "False":
+            out.append(("released", owner))  # the evicted attempt over: its quota free for the preemptor
     return out
 
 
@@ -247,6 +252,8 @@ def preempt(env: Env, k: int) -> dict[str, Any]:
         out[kind] = {
             "evicted": len(hit),
             "evictedToRevoked": summary([times[n][0] - workloads.of("evicted")[n] for n in hit if times[n][0]]),
+            "evictedToReleased": summary([workloads.of("released")[n] - workloads.of("evicted")[n] for n in hit
+                                          if n in workloads.of("released")]),
             "preemptorEndToReadmitted": summary([workloads.of("readmitted")[n] - stopped for n in hit
                                                  if n in workloads.of("readmitted") and stopped]),
             "readmittedToGranted": summary([times[n][1] - workloads.of("readmitted")[n] for n in hit

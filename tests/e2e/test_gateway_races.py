@@ -52,10 +52,11 @@ class HookedKube(KubeClient):
             await self.before_apply(path)
         return await super().apply(path, body)
 
-    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]],
+                               timeout: float | None = None) -> dict[str, Any]:
         if self.before_patch_run_status is not None:
             await self.before_patch_run_status()
-        return await super().patch_run_status(ns, name, patch)
+        return await super().patch_run_status(ns, name, patch, timeout)
 
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if path.endswith("/token"):
@@ -261,13 +262,13 @@ def test_two_concurrent_publications_cannot_both_land(kube: Kube, namespace: str
     def both_read_first(client: HookedKube) -> None:
         original = client.patch_run_status
 
-        async def patch(ns: str, name: str, body: list[dict[str, Any]]) -> dict[str, Any]:
+        async def patch(ns: str, name: str, body: list[dict[str, Any]], timeout: float | None = None) -> dict[str, Any]:
             if barrier.n_waiting < 2 and not barrier.broken:
                 try:
                     await asyncio.wait_for(barrier.wait(), timeout=20)
                 except asyncio.BrokenBarrierError:
                     pass
-            return await original(ns, name, body)
+            return await original(ns, name, body, timeout)
 
         client.patch_run_status = patch  # type: ignore[method-assign]
 

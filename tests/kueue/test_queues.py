@@ -587,7 +587,7 @@ def test_with_kueue_down_and_restarted_running_runs_go_on_and_queued_ones_wait( 
     runs.wait_phase(kube, namespace, "running", "Running", timeout=90)
     runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="waiting")
     runs.wait_phase(kube, namespace, "waiting", "Queued", timeout=60)
-    pid = int(json.loads(os.environ["TETHER_TEST_KUEUE"])["pid"])  # (another test may have restarted it)
+    (pid,) = _kueue_pids(kueue)  # (another test may have restarted it)
     os.kill(pid, signal.SIGSTOP)
     try:
         runs.create(kube, namespace, queued_run(steps=1, cpu="1"), name="during")
@@ -601,11 +601,7 @@ def test_with_kueue_down_and_restarted_running_runs_go_on_and_queued_ones_wait( 
             time.sleep(0.5)
     finally:
         os.kill(pid, signal.SIGKILL)
-    eventually(lambda: _exited(pid) or None, timeout=60, what="the killed Kueue gone (its ports free)")
-    restarted = spawn(json.loads(kueue["argv"]), log_path=Path(kueue["log"]),
-                      env={**os.environ, "KUBECONFIG": kueue["kubeconfig"]})
-    os.environ["TETHER_TEST_KUEUE"] = json.dumps({**kueue, "pid": str(restarted.pid)})
-    eventually(lambda: _kueue_ready(kube, kueue["health"]) or None, timeout=120, what="Kueue ready again")
+    _start_kueue(kube, kueue, json.loads(kueue["argv"]))
 
     done = {n: runs.wait_phase(kube, namespace, n, "Succeeded", timeout=120) for n in ("running", "waiting", "during")}
     assert [a["outcome"] for a in done["running"]["status"]["attempts"]] == ["Succeeded"]
@@ -615,22 +611,37 @@ def test_with_kueue_down_and_restarted_running_runs_go_on_and_queued_ones_wait( 
     assert verdict.ok, verdict.violations
 
 
-def _exited(pid: int) -> bool:
-    """Gone, or a zombie (a child of a process that has not reaped it yet): its ports are free."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+def _kueue_pids(kueue: dict[str, str]) -> list[int]:
+    """Every live Kueue manager of this test cluster (its binary, this cluster's KUBECONFIG), by
+    what runs rather than a recorded pid: a pid handed between tests can be stale, and a manager
+    left running holds the ports the next one needs. Zombies (ended, not yet reaped) hold nothing."""
+    binary, marker = json.loads(kueue["argv"])[0], f"KUBECONFIG={kueue['kubeconfig']}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or (proc / "cmdline").read_bytes().split(b"\0")[0].decode() != binary:
+                continue
+            # Alive while any of its threads is: a leader thread that ended shows Z while the rest run.
+            if marker in (proc / "environ").read_bytes().split(b"\0") and any(
+                    (task / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z" for task in (proc / "task").iterdir()):
+                pids.append(int(proc.name))
+        except OSError:
+            continue  # ended meanwhile
+    return pids
+
+
+def _stop_kueue(kueue: dict[str, str], sig: int = signal.SIGTERM) -> None:
+    for pid in _kueue_pids(kueue):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    eventually(lambda: not _kueue_pids(kueue) or None, timeout=60, what="Kueue stopped (its ports free)")
 
 
 def _start_kueue(kube: Kube, kueue: dict[str, str], argv: list[str]) -> None:
     """Kueue's manager, stopped and started again with `argv`; the group's fixture is told its pid."""
-    pid = int(json.loads(os.environ["TETHER_TEST_KUEUE"])["pid"])
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass  # (a start that failed)
-    eventually(lambda: _exited(pid) or None, timeout=60, what="Kueue stopped (its ports free)")
+    _stop_kueue(kueue)
     started = spawn(argv, log_path=Path(kueue["log"]), env={**os.environ, "KUBECONFIG": kueue["kubeconfig"]})
     os.environ["TETHER_TEST_KUEUE"] = json.dumps({**kueue, "pid": str(started.pid)})
     eventually(lambda: _kueue_ready(kube, kueue["health"]) or None, timeout=120, what="Kueue ready")

@@ -27,7 +27,8 @@ class RefusingKube(HeldKube):
         super().__init__()
         self.body, self.patches = body, 0
 
-    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any]:
+    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]],
+                               timeout: float | None = None) -> dict[str, Any]:
         self.patches += 1
         raise Unavailable(500, self.body, f"patch status of {ns}/{name}")
 
