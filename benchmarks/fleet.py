@@ -130,14 +130,16 @@ class Fleet:
         played = Played(run=meta["name"], holder=holder, fence=int(fence))
         self.stats.played[key] = played
         shard = self._shards[hash(meta["name"]) % len(self._shards)]
-        transport = AsyncKubeTransport(self.namespace, meta["name"], holder, int(fence), shard.http,
-                                       run_uid=meta["uid"])
+        def transport() -> AsyncKubeTransport:
+            return AsyncKubeTransport(self.namespace, meta["name"], holder, int(fence), shard.http, run_uid=meta["uid"])
+
         interval = float(((run.get("spec") or {}).get("lease") or {}).get("renewIntervalSeconds") or 10)
         self._tasks[key] = asyncio.create_task(self._play(played, plan, transport, shard.slots, interval,
                                                           pod_backed))
 
-    async def _play(self, played: Played, plan: Plan, transport: AsyncKubeTransport, slots: asyncio.Semaphore,
-                    interval: float, pod_backed: bool) -> None:
+    async def _play(self, played: Played, plan: Plan, new_transport: Callable[[], AsyncKubeTransport],
+                    slots: asyncio.Semaphore, interval: float, pod_backed: bool) -> None:
+        transport = new_transport()
         if pod_backed:
             await self._pods.setdefault(played.holder, asyncio.Event()).wait()  # it starts in its pod
         played.started = time.time()
@@ -191,6 +193,7 @@ class Fleet:
                     # both; an External worker claims through the gateway, which answers after both:
                     # this worker, started by the status alone, is early, not lost.
                     self.stats.counts["renewals before the lease"] += 1
+                    transport = new_transport()  # (a transport keeps the Lease it read: read it again)
                     await asyncio.sleep(0.2)
                     continue
                 elif renewal is not None and renewal.lost:

@@ -53,7 +53,9 @@ MAX_DEPTH = 32
 RETRY_AFTER_SECONDS = 5
 # The status patch of a publication waits this long (its other requests the client's 5 s): a result
 # of up to 1 MiB takes the API server a while on a loaded control plane, and a 503 for it would have
-# the worker send the same megabyte again. Its reads and this stay within the worker's TP (30 s).
+# the worker send the same megabyte again. With one read each before it, the call fits the worker's
+# TP (30 s); conflicts that make it read again can outlast TP, and the worker's retry is then
+# recognised as the same publication.
 PUBLICATION_WRITE_SECONDS = 15.0
 # Tool-claim Secret uids remembered per attempt; forgetting one costs one extra GET.
 SECRET_CACHE = 4096
