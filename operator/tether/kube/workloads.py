@@ -18,7 +18,7 @@ from typing import Any
 from tether.api import kueue as k
 from tether.api.models import WorkerRun
 from tether.kube.resources import owner_ref
-from tether.protocol import rfc3339
+from tether.protocol import parse_time, rfc3339
 
 # An External run's pod set asks for one of these instead of a pod's resources, so a ClusterQueue
 # can cap how many External runs hold leases at once (coveredResources: ["tether.dev/runs"]).
@@ -120,10 +120,10 @@ def released_status(workload: dict[str, Any], now: dt.datetime) -> dict[str, Any
     conditions = _set(conditions, _condition(k.WL_QUOTA_RESERVED, "False", "Pending", message, gen, now))
     checks_ready = all(a.get("state") == "Ready" for a in status.get("admissionChecks") or [])
     admitted = next((c for c in conditions if c.get("type") == k.WL_ADMITTED), None) or {}
-    if admitted.get("status") == "True" and admitted.get("lastTransitionTime"):
+    since = parse_time(admitted.get("lastTransitionTime"))
+    if admitted.get("status") == "True" and since is not None:
         # Admitted turns False here, not in Kueue: the time it was admitted is added up here too (as
         # Kueue's SyncAdmittedCondition does), or maximumExecutionTimeSeconds would restart at each readmission.
-        since = dt.datetime.fromisoformat(str(admitted["lastTransitionTime"]).replace("Z", "+00:00"))
         status["accumulatedPastExecutionTimeSeconds"] = int(status.get("accumulatedPastExecutionTimeSeconds") or 0) \
             + max(0, int((now - since).total_seconds()))
     conditions = _set(conditions, _condition(
