@@ -27,16 +27,12 @@ from tests.support import runs
 from tests.support.receiver import Receiver
 from tests.support.scenario import app_run, lines, wait_line
 from tests.support.audit import AuditLog
+from tests.support.chaos_queues import KUEUE, create_object
 from tests.support.kube import Kube, eventually
 from tests.support.oracle import TrialFacts, judge
 
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 # One worker runs them all, one after the other: they share one Kueue, which one of them stops.
 pytestmark = pytest.mark.xdist_group("kueue")
-
-
-def _create(kube: Kube, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    return kube.ok(kube.post(path, {"apiVersion": "kueue.x-k8s.io/v1beta2", **body}))
 
 
 def tenancy(kube: Kube, namespace: str, cpu: str, node_labels: dict[str, str] | None = None,
@@ -49,14 +45,14 @@ def tenancy(kube: Kube, namespace: str, cpu: str, node_labels: dict[str, str] | 
     cq = f"cq-{tag}"
     if flavor is None:
         flavor = f"flavor-{tag}"
-        _create(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor},
+        create_object(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor},
                                                    "spec": {"nodeLabels": node_labels or {}}})
     covered = [("cpu", cpu)] + ([("tether.dev/runs", str(runs_quota))] if runs_quota is not None else [])
-    _create(kube, f"{KUEUE}/clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
+    create_object(kube, f"{KUEUE}/clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
         "namespaceSelector": {}, **cq_spec,
         "resourceGroups": [{"coveredResources": [r for r, _ in covered], "flavors": [
             {"name": flavor, "resources": [{"name": r, "nominalQuota": q} for r, q in covered]}]}]}})
-    _create(kube, f"{KUEUE}/namespaces/{namespace}/localqueues",
+    create_object(kube, f"{KUEUE}/namespaces/{namespace}/localqueues",
             {"kind": "LocalQueue", "metadata": {"name": queue}, "spec": {"clusterQueue": cq}})
     eventually(lambda: _active(kube, f"{KUEUE}/clusterqueues/{cq}"), timeout=60, what=f"ClusterQueue {cq} Active")
     return flavor, cq
@@ -168,7 +164,7 @@ def test_a_run_without_the_label_is_not_queued(kube: Kube, namespace: str, opera
 
 def priority_class(kube: Kube, value: int) -> str:
     name = f"prio-{value}-{uuid.uuid4().hex[:6]}"
-    _create(kube, f"{KUEUE}/workloadpriorityclasses", {"kind": "WorkloadPriorityClass", "metadata": {"name": name},
+    create_object(kube, f"{KUEUE}/workloadpriorityclasses", {"kind": "WorkloadPriorityClass", "metadata": {"name": name},
                                                        "value": value})
     return name
 
@@ -360,7 +356,7 @@ def test_a_run_whose_budget_runs_out_while_queued_holds_no_quota(  # type: ignor
     while it waits is deactivated (Kueue reserves nothing for it, and preempts nobody for it):
     another run uses the quota; once the limit is raised it is activated, admitted and runs."""
     check = f"tether-budget-{uuid.uuid4().hex[:6]}"
-    _create(kube, f"{KUEUE}/admissionchecks", {"kind": "AdmissionCheck", "metadata": {"name": check},
+    create_object(kube, f"{KUEUE}/admissionchecks", {"kind": "AdmissionCheck", "metadata": {"name": check},
                                                "spec": {"controllerName": "tether.dev/budget"}})
     eventually(lambda: _active(kube, f"{KUEUE}/admissionchecks/{check}"), timeout=30,
                what="Tether marks its AdmissionCheck Active")
@@ -713,8 +709,8 @@ def test_fair_sharing_gives_a_tenant_its_share_of_a_pool_another_filled(  # type
     of a's runs, which yields and resumes once the pool is free."""
     tag = uuid.uuid4().hex[:6]
     flavor, cohort = f"flavor-{tag}", f"pool-{tag}"
-    _create(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor}, "spec": {}})
-    _create(kube, f"{KUEUE}/cohorts", {"kind": "Cohort", "metadata": {"name": cohort}, "spec": {"resourceGroups": [
+    create_object(kube, f"{KUEUE}/resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor}, "spec": {}})
+    create_object(kube, f"{KUEUE}/cohorts", {"kind": "Cohort", "metadata": {"name": cohort}, "spec": {"resourceGroups": [
         {"coveredResources": ["cpu"], "flavors": [{"name": flavor, "resources": [{"name": "cpu", "nominalQuota": "2"}]}]}]}})
     for queue in ("a", "b"):
         tenancy(kube, namespace, cpu="0", queue=queue, flavor=flavor, cohortName=cohort,
