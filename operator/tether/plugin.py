@@ -10,6 +10,10 @@
   kubectl tether release-finalizers [NAME] [-n NS | -A] [--operator-namespace NS] [--force]
       after the operator was uninstalled before its runs: removes Tether's finalizers so that
       the runs can be deleted (refused while an operator is alive, unless --force)
+
+kubectl's connection flags work as they do for kubectl, before or after the command:
+  --kubeconfig, --context, --cluster, --user, -n/--namespace, --as, --as-group, --as-uid,
+  --request-timeout (the kubeconfig may use exec credential plugins, several KUBECONFIG files...)
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import json
 import sys
 from typing import Any
 
+import httpx
+
 from tether import orphans
 from tether.console.actions import CONTROLS, ActionError, control, record_decision
 from tether.kube import config as kubeconfig
-from tether.kube.client import ApiError, KubeClient
+from tether.kube.client import ApiError, KubeClient, server_says
 from tether.kube.paths import lease_path, run_path
 
 
@@ -69,11 +75,7 @@ async def _decide(cfg: kubeconfig.KubeConfig, ns: str, name: str, gate: str, dec
                   attempt: int | None) -> int:
     """Records the decision as the current user (tether.console.actions, shared with the console)."""
     async with cfg.async_client() as http:
-        try:
-            done = await record_decision(http, ns, name, gate, decision, reason, attempt)
-        except ActionError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+        done = await record_decision(http, ns, name, gate, decision, reason, attempt)
     # What was decided on: the run's UID (recorded) and what it will run (immutable while it waits).
     run = done.run
     images = ", ".join(c.get("image", "?") for c in ((run["spec"].get("template") or {}).get("spec") or {})
@@ -90,11 +92,7 @@ async def _decide(cfg: kubeconfig.KubeConfig, ns: str, name: str, gate: str, dec
 
 async def _control(cfg: kubeconfig.KubeConfig, ns: str, name: str, command: str) -> int:
     async with cfg.async_client() as http:
-        try:
-            await control(http, ns, name, command)
-        except ActionError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
+        await control(http, ns, name, command)
     print(f"workerrun.tether.dev/{name} {DONE[command]}")
     return 0
 
@@ -130,43 +128,39 @@ async def _release(cfg: kubeconfig.KubeConfig, ns: str | None, name: str | None,
 def _status(cfg: kubeconfig.KubeConfig, ns: str, name: str) -> int:
     with cfg.sync_client() as http:
         resp = http.get(run_path(ns, name))
-        if resp.status_code == 404:
-            print(f"workerrun {ns}/{name} not found", file=sys.stderr)
-            return 1
-        resp.raise_for_status()
+        if resp.status_code >= 400:
+            raise ApiError(resp.status_code, resp.text, f"get workerrun {ns}/{name}")
         lease_resp = http.get(lease_path(ns, name))
         lease = lease_resp.json() if lease_resp.status_code == 200 else None
     print("\n".join(status_lines(resp.json(), lease, dt.datetime.now(dt.timezone.utc))))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kubectl tether", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "ui", "release-finalizers"])
-    parser.add_argument("name", nargs="?", help="the WorkerRun (every command but ui; release-finalizers: optional)")
+def _connection_flags(parser: argparse.ArgumentParser) -> None:
+    """kubectl's flags, with kubectl's meaning (tether.kube.config.Flags)."""
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file(s) (default: $KUBECONFIG, ~/.kube/config)")
+    parser.add_argument("--context", default=None, help="the kubeconfig context to use")
+    parser.add_argument("--cluster", default=None, help="the kubeconfig cluster to use")
+    parser.add_argument("--user", default=None, help="the kubeconfig user to use")
     parser.add_argument("-n", "--namespace", default=None)
-    parser.add_argument("-A", "--all-namespaces", action="store_true",
-                        help="ui, release-finalizers: every namespace you may list")
-    parser.add_argument("--operator-namespace", default=None,
-                        help="release-finalizers: where the operator ran (default: look in every namespace)")
-    parser.add_argument("--force", action="store_true",
-                        help="release-finalizers: even though an operator looks alive")
-    parser.add_argument("--kubeconfig", default=None)
-    parser.add_argument("--gate", default="Start", help="approve/deny: Start, Result or a request's name")
-    parser.add_argument("--reason", default="", help="approve/deny: why (a denied run's next attempt gets it)")
-    parser.add_argument("--attempt", type=int, default=None,
-                        help="approve/deny: the attempt whose gate you decide (default: the newest pending one)")
-    parser.add_argument("--port", type=int, default=0, help="ui: the local port (default: any free one)")
-    parser.add_argument("--no-open", action="store_true", help="ui: print the URL, do not open a browser")
-    args = parser.parse_args(argv)
-    if args.command == "ui" and args.name is not None:
-        parser.error("ui takes no NAME")
-    if args.command not in ("ui", "release-finalizers") and args.name is None:
-        parser.error(f"{args.command} needs a NAME")
-    if args.all_namespaces and args.name is not None:
-        parser.error("-A takes no NAME")
-    cfg = kubeconfig.load(args.kubeconfig)
+    parser.add_argument("--as", dest="impersonate", default=None, help="user to impersonate")
+    parser.add_argument("--as-group", dest="impersonate_groups", action="append", default=[],
+                        help="group to impersonate (repeatable)")
+    parser.add_argument("--as-uid", dest="impersonate_uid", default=None, help="UID to impersonate")
+    parser.add_argument("--request-timeout", default=None,
+                        help="how long to wait for one request (30, 30s, 1m; 0: as long as it takes)")
+
+
+def flags_of(args: argparse.Namespace) -> kubeconfig.Flags:
+    return kubeconfig.Flags(
+        kubeconfig=args.kubeconfig, context=args.context, cluster=args.cluster, user=args.user,
+        namespace=args.namespace, impersonate=args.impersonate, impersonate_groups=tuple(args.impersonate_groups),
+        impersonate_uid=args.impersonate_uid,
+        request_timeout=kubeconfig.parse_timeout(args.request_timeout) if args.request_timeout else None)
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = kubeconfig.load(flags=flags_of(args))
     ns = args.namespace or cfg.namespace
     if args.command == "release-finalizers":
         return asyncio.run(_release(cfg, None if args.all_namespaces else ns, args.name, args.operator_namespace,
@@ -181,6 +175,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         return _status(cfg, ns, args.name)
     return asyncio.run(_control(cfg, ns, args.name, args.command))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kubectl tether", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "ui", "release-finalizers"])
+    parser.add_argument("name", nargs="?", help="the WorkerRun (every command but ui; release-finalizers: optional)")
+    _connection_flags(parser)
+    parser.add_argument("-A", "--all-namespaces", action="store_true",
+                        help="ui, release-finalizers: every namespace you may list")
+    parser.add_argument("--operator-namespace", default=None,
+                        help="release-finalizers: where the operator ran (default: look in every namespace)")
+    parser.add_argument("--force", action="store_true",
+                        help="release-finalizers: even though an operator looks alive")
+    parser.add_argument("--gate", default="Start", help="approve/deny: Start, Result or a request's name")
+    parser.add_argument("--reason", default="", help="approve/deny: why (a denied run's next attempt gets it)")
+    parser.add_argument("--attempt", type=int, default=None,
+                        help="approve/deny: the attempt whose gate you decide (default: the newest pending one)")
+    parser.add_argument("--port", type=int, default=0, help="ui: the local port (default: any free one)")
+    parser.add_argument("--no-open", action="store_true", help="ui: print the URL, do not open a browser")
+    args = parser.parse_args(argv)
+    if args.command == "ui" and args.name is not None:
+        parser.error("ui takes no NAME")
+    if args.command not in ("ui", "release-finalizers") and args.name is None:
+        parser.error(f"{args.command} needs a NAME")
+    if args.all_namespaces and args.name is not None:
+        parser.error("-A takes no NAME")
+    # What goes wrong reads as kubectl's would, on stderr with exit 1; never a traceback.
+    try:
+        return _run(args)
+    except kubeconfig.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except ActionError as exc:
+        print(exc.server or f"error: {exc}", file=sys.stderr)
+    except ApiError as exc:
+        print(server_says(exc.status, exc.body) if exc.status else f"Unable to connect to the server: {exc.message}",
+              file=sys.stderr)
+    except httpx.TransportError as exc:
+        print(f"Unable to connect to the server: {exc or type(exc).__name__}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    return 1
 
 
 if __name__ == "__main__":

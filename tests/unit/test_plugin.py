@@ -44,10 +44,50 @@ def test_control_commands_say_what_they_did(command: str, said: str, spec: dict[
         patches.append(json.loads(request.content))
         return httpx.Response(200, json={})
 
-    monkeypatch.setattr(plugin.kubeconfig, "load", lambda _path: _FakeConfig(handler))
+    monkeypatch.setattr(plugin.kubeconfig, "load", lambda flags: _FakeConfig(handler))
     assert plugin.main([command, "job", "-n", "ns"]) == 0
     assert capsys.readouterr().out == f"workerrun.tether.dev/job {said}\n"
     assert patches == [{"spec": spec}]
+
+
+FORBIDDEN = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+             "message": 'workerruns.tether.dev "job" is forbidden: User "system:anonymous" cannot get resource'}
+
+
+@pytest.mark.parametrize("argv", [["status", "job"], ["stop", "job"], ["approve", "job", "--reason", "ok"],
+                                  ["deny", "job", "--reason", "no"]])
+def test_a_refusal_reads_like_kubectls_never_a_traceback(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(plugin.kubeconfig, "load", lambda flags: _FakeConfig(lambda r: httpx.Response(403, json=FORBIDDEN)))
+    assert plugin.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err == f"Error from server (Forbidden): {FORBIDDEN['message']}\n", err
+
+
+def test_an_unreachable_server_and_a_bad_kubeconfig_read_like_kubectls(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def unreachable(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    monkeypatch.setattr(plugin.kubeconfig, "load", lambda flags: _FakeConfig(unreachable))
+    assert plugin.main(["status", "job"]) == 1
+    assert capsys.readouterr().err == "Unable to connect to the server: connection refused\n"
+    monkeypatch.undo()
+    (tmp_path / "kubeconfig").write_text("clusters: []\ncontexts: []\nusers: []\ncurrent-context: gone\n")
+    assert plugin.main(["--kubeconfig", str(tmp_path / "kubeconfig"), "status", "job"]) == 1
+    assert capsys.readouterr().err == 'error: context "gone" does not exist\n'
+    assert plugin.main(["status", "job", "--request-timeout", "soon"]) == 1
+    assert "invalid request timeout 'soon'" in capsys.readouterr().err
+
+
+def test_kubectls_flags_go_before_or_after_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    given: list[Any] = []
+    monkeypatch.setattr(plugin.kubeconfig, "load", lambda flags: given.append(flags) or _FakeConfig(
+        lambda r: httpx.Response(200, json={})))
+    plugin.main(["--context", "other", "--as", "carol", "--as-group", "a", "--as-group", "b", "stop", "job",
+                 "--cluster", "c", "--user", "u", "-n", "ns", "--request-timeout", "1m", "--kubeconfig", "/k"])
+    assert given == [plugin.kubeconfig.Flags(kubeconfig="/k", context="other", cluster="c", user="u", namespace="ns",
+                                             impersonate="carol", impersonate_groups=("a", "b"), request_timeout=60.0)]
 
 
 def test_demo_offers_kubectl_only_while_its_cluster_stays() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tether.kube.client import MERGE_PATCH
+from tether.kube.client import MERGE_PATCH, server_says
 from tether.kube.paths import run_path
 
 CONTROLS: dict[str, dict[str, bool]] = {"stop": {"stop": True}, "suspend": {"suspend": True},
@@ -23,7 +23,16 @@ APPROVALS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunapprovals"
 
 
 class ActionError(Exception):
-    """Nothing was changed or recorded; the message says why (the API server's words where it refused)."""
+    """Nothing was changed or recorded; the message says why (the API server's words where it refused).
+    `server` is the API server's refusal as kubectl words it, when it was one (the plugin prints that)."""
+
+    def __init__(self, message: str, server: str | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+
+    @classmethod
+    def refused(cls, resp: httpx.Response, prefix: str = "") -> "ActionError":
+        return cls(prefix + _message(resp), server=server_says(resp.status_code, resp.text))
 
 
 class Replaced(ActionError):
@@ -78,14 +87,14 @@ async def control(http: httpx.AsyncClient, ns: str, name: str, command: str, uid
     if resp.status_code == 409 and uid is not None:
         raise Replaced(f"workerrun {ns}/{name} was deleted and re-created since: {_message(resp)}")
     if resp.status_code >= 400:
-        raise ActionError(_message(resp))
+        raise ActionError.refused(resp)
 
 
 async def whoami(http: httpx.AsyncClient) -> str:
     me = await http.post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
                          json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
     if me.status_code >= 400:
-        raise ActionError(f"who am I: {_message(me)}")
+        raise ActionError.refused(me, "who am I: ")
     return str(me.json()["status"]["userInfo"]["username"])
 
 
@@ -100,7 +109,7 @@ async def record_decision(http: httpx.AsyncClient, ns: str, name: str, gate: str
     gate = normalize_gate(gate)
     resp = await http.get(run_path(ns, name))
     if resp.status_code >= 400:
-        raise ActionError(f"workerrun {ns}/{name}: {_message(resp)}")
+        raise ActionError.refused(resp, f"workerrun {ns}/{name}: ")
     run = resp.json()
     if uid is not None and run["metadata"]["uid"] != uid:
         raise Replaced(f"workerrun {ns}/{name} was deleted and re-created since (uid {run['metadata']['uid']}, "
@@ -126,6 +135,6 @@ async def record_decision(http: httpx.AsyncClient, ns: str, name: str, gate: str
             "spec": spec}
     created = await http.post(APPROVALS.format(ns=ns), json=body)
     if created.status_code >= 400:
-        raise ActionError(_message(created))
+        raise ActionError.refused(created)
     return Recorded(name=created.json()["metadata"]["name"], run=run, gate=gate, decision=decision,
                     attempt=attempt, approver=user, request=pending[-1])

@@ -26,6 +26,18 @@ SLOW_PROBE_TIMEOUT = 4.0
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 
 
+def server_says(status: int, body: str) -> str:
+    """A refusal as kubectl words it: `Error from server (Forbidden): ...`."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and doc.get("kind") == "Status" and doc.get("message"):
+        reason = f" ({doc['reason']})" if doc.get("reason") else ""
+        return f"Error from server{reason}: {doc['message']}"
+    return f"error: the server responded with the status code {status} but did not return more information"
+
+
 class ApiError(Exception):
     def __init__(self, status: int, body: str, what: str) -> None:
         self.status = status
