@@ -1,0 +1,211 @@
+"""A local model API for tests: OpenAI-compatible chat completions and responses, and Anthropic
+messages, streamed (SSE) or not, each answer with a `usage` block as the real APIs send it.
+
+    fake = FakeModel()                      # listens on 127.0.0.1, a free port
+    OpenAI(base_url=fake.url + "/v1", api_key="x")
+    fake.next(status=500, usage={...})      # the next answer only: an error, a hostile usage block
+    fake.requests                           # every request: path and JSON body
+
+Knobs (constructor defaults, or `next()` for one answer): `input_tokens` (default: the request's
+JSON length // 4), `output_tokens` (5), `cached_tokens` (0), `cache_write_tokens` (Anthropic only,
+0), `model` (the answer's model; default the request's), `usage` (a raw usage block sent as is,
+and in a stream on the usage event), `status` (an error answer, JSON), `gzip` (the answer
+gzip-encoded), `cut_after` (a stream closed after this many events, the next one half sent),
+`gate` (a threading.Event the stream waits on after its first event), `body` (raw bytes answered
+instead, with `content_type`).
+
+A streamed chat completion sends its usage chunk only with stream_options.include_usage, as
+OpenAI does. Listens with HTTP/1.0 semantics: a stream ends when the connection closes.
+"""
+
+from __future__ import annotations
+
+import gzip as gzipmod
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+WORDS = ["Hello", " from", " the", " fake", " model", "."]
+
+
+class FakeModel:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **defaults: Any) -> None:
+        self.defaults: dict[str, Any] = {"output_tokens": 5, "cached_tokens": 0, "cache_write_tokens": 0,
+                                         **defaults}
+        self.requests: list[dict[str, Any]] = []
+        self._next: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                outer._answer_json(self, 200, {"object": "list", "data": [{"id": "fake", "object": "model"}]}, {})
+
+            def do_POST(self) -> None:  # noqa: N802
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    body = {}
+                with outer._lock:
+                    outer.requests.append({"path": self.path, "body": body,
+                                           "acceptEncoding": self.headers.get("Accept-Encoding")})
+                    knobs = {**outer.defaults, **(outer._next.pop(0) if outer._next else {})}
+                outer._serve(self, self.path.split("?")[0], body if isinstance(body, dict) else {}, len(raw), knobs)
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://{host}:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def next(self, **knobs: Any) -> None:
+        """Overrides for the next answer only (queued: one call per answer)."""
+        with self._lock:
+            self._next.append(knobs)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> "FakeModel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- answers ------------------------------------------------------------------------------
+
+    def _serve(self, h: BaseHTTPRequestHandler, path: str, body: dict[str, Any], size: int, k: dict[str, Any]) -> None:
+        model = k.get("model") or body.get("model") or "fake"
+        inp = k["input_tokens"] if k.get("input_tokens") is not None else max(1, size // 4)
+        out, cached, written = k["output_tokens"], k["cached_tokens"], k["cache_write_tokens"]
+        if k.get("body") is not None:
+            return self._send(h, k.get("status", 200), k["body"], k.get("content_type", "text/html"), k)
+        anthropic = path.endswith("/messages")
+        responses = path.endswith("/responses")
+        if anthropic:
+            usage = {"input_tokens": inp, "output_tokens": out, "cache_read_input_tokens": cached,
+                     "cache_creation_input_tokens": written, "service_tier": "standard"}
+        elif responses:
+            usage = {"input_tokens": inp, "input_tokens_details": {"cached_tokens": cached},
+                     "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": inp + out}
+        else:
+            usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out,
+                     "prompt_tokens_details": {"cached_tokens": cached}}
+        if "usage" in k:
+            usage = k["usage"]
+        status = k.get("status", 200)
+        if status >= 400:
+            err: dict[str, Any] = {"error": {"type": "server_error", "message": "injected"}}
+            if "usage" in k:
+                err["usage"] = usage
+            return self._answer_json(h, status, err, k)
+        text = "".join(WORDS)
+        if not body.get("stream"):
+            if anthropic:
+                doc: dict[str, Any] = {"id": "msg_1", "type": "message", "role": "assistant", "model": model,
+                                       "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                                       "usage": usage}
+            elif responses:
+                doc = {"id": "resp_1", "object": "response", "status": "completed", "model": model,
+                       "output": [{"type": "message", "role": "assistant",
+                                   "content": [{"type": "output_text", "text": text}]}], "usage": usage}
+            else:
+                doc = {"id": "chatcmpl-1", "object": "chat.completion", "model": model,
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                    "finish_reason": "stop"}], "usage": usage}
+            return self._answer_json(h, 200, doc, k)
+        events: list[tuple[str | None, Any]] = []
+        if anthropic:
+            start_usage = usage if "usage" in k else {**usage, "output_tokens": 1}
+            events.append(("message_start", {"type": "message_start", "message": {
+                "id": "msg_1", "type": "message", "role": "assistant", "model": model, "content": [],
+                "usage": start_usage}}))
+            events.append(("content_block_start", {"type": "content_block_start", "index": 0,
+                                                   "content_block": {"type": "text", "text": ""}}))
+            events += [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                "delta": {"type": "text_delta", "text": w}}) for w in WORDS]
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+            events.append(("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                                             "usage": {"output_tokens": out} if "usage" not in k else usage}))
+            events.append(("message_stop", {"type": "message_stop"}))
+        elif responses:
+            events.append(("response.created", {"type": "response.created", "response": {
+                "id": "resp_1", "status": "in_progress", "model": model, "usage": None}}))
+            events += [("response.output_text.delta", {"type": "response.output_text.delta", "delta": w})
+                       for w in WORDS]
+            events.append(("response.completed", {"type": "response.completed", "response": {
+                "id": "resp_1", "status": "completed", "model": model, "usage": usage}}))
+        else:
+            with_usage = (body.get("stream_options") or {}).get("include_usage") is True
+            base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": model}
+            for i, w in enumerate(WORDS):
+                chunk: dict[str, Any] = {**base, "choices": [{"index": 0, "delta": {"content": w},
+                                                              "finish_reason": None}]}
+                if with_usage:
+                    chunk["usage"] = None
+                events.append((None, chunk))
+            if with_usage:
+                events.append((None, {**base, "choices": [], "usage": usage}))
+            events.append((None, "[DONE]"))
+        self._stream(h, events, k)
+
+    def _answer_json(self, h: BaseHTTPRequestHandler, status: int, doc: Any, k: dict[str, Any]) -> None:
+        self._send(h, status, json.dumps(doc).encode(), "application/json", k)
+
+    def _send(self, h: BaseHTTPRequestHandler, status: int, data: bytes, ctype: str, k: dict[str, Any]) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        if k.get("gzip"):
+            data = gzipmod.compress(data)
+            h.send_header("Content-Encoding", "gzip")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _stream(self, h: BaseHTTPRequestHandler, events: list[tuple[str | None, Any]], k: dict[str, Any]) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Connection", "close")
+        comp = None
+        if k.get("gzip"):
+            h.send_header("Content-Encoding", "gzip")
+            import zlib
+            comp = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+        h.end_headers()
+        h.close_connection = True
+
+        def write(data: bytes) -> None:
+            if comp is not None:
+                data = comp.compress(data) + comp.flush(2)  # Z_SYNC_FLUSH: each event readable at once
+            h.wfile.write(data)
+            h.wfile.flush()
+
+        try:
+            for i, (name, data) in enumerate(events):
+                payload = data if isinstance(data, str) else json.dumps(data)
+                event = (f"event: {name}\n" if name else "") + f"data: {payload}\n\n"
+                if k.get("cut_after") is not None and i == k["cut_after"]:
+                    write(event.encode()[: len(event) // 2])  # half an event, then the connection drops
+                    return
+                write(event.encode())
+                if i == 0 and k.get("gate") is not None:
+                    k["gate"].wait(30)
+            if comp is not None:
+                h.wfile.write(comp.flush())
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client went away: an abandoned stream
+
+
+if __name__ == "__main__":  # a fake for trying things by hand: python tests/support/fake_model.py
+    import sys
+    fake = FakeModel(port=int(sys.argv[1]) if len(sys.argv) > 1 else 8089)
+    print(fake.url, flush=True)
+    threading.Event().wait()
