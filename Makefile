@@ -45,6 +45,7 @@ control-plane:
 tools:
 	bash hack/build-tools.sh
 	bash hack/build-kwok.sh
+	bash hack/build-promtool.sh
 
 # The real node (tests/node): kubelet and containerd from Go modules, runc and CNI from Debian, the
 # image from this checkout's Dockerfile on a debootstrapped base (Docker is installed and started).

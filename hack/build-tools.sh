@@ -10,17 +10,9 @@ use_cached_output "$cache/tools/helm-${HELM_VERSION}_cli-utils-${CLI_UTILS_VERSI
 log() { echo "[build-tools] $*" >&2; }
 
 if [[ ! -x "$out/helm" ]]; then
-  work="$cache/src/helm-${HELM_VERSION}"
-  mkdir -p "$work"
-  (
-    cd "$work"
-    [[ -f go.mod ]] || go mod init tether.dev/build/helm >/dev/null 2>&1
-    go get "helm.sh/helm/v3@${HELM_VERSION}" >&2
-    log "building helm ${HELM_VERSION}"
-    go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" \
-      -o "$out/helm.tmp" helm.sh/helm/v3/cmd/helm >&2
-    mv "$out/helm.tmp" "$out/helm"
-  )
+  log "building helm ${HELM_VERSION}"
+  build_go_binary "$cache/src/helm-${HELM_VERSION}" "helm.sh/helm/v3@${HELM_VERSION}" "$out/helm" \
+    helm.sh/helm/v3/cmd/helm "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
 fi
 
 if [[ ! -x "$out/kstatus-check" ]]; then

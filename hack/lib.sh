@@ -54,3 +54,17 @@ apt_install() {
   echo "[apt] installing $*" >&2
   apt-get install -y -q "$@" >&2 || { apt-get update -q >&2 && apt-get install -y -q "$@" >&2; }
 }
+
+# build_go_binary WORK REQUIRE DEST PKG [LDFLAGS]: builds package PKG to DEST in a consumer module in
+# WORK (made on first use) that requires REQUIRE (module@version); DEST appears only once complete.
+build_go_binary() {
+  local work="$1" require="$2" dest="$3" pkg="$4" ldflags="${5:--s -w}"
+  mkdir -p "$work"
+  (
+    cd "$work"
+    [[ -f go.mod ]] || go mod init "tether.dev/build/$(basename "$work")" >/dev/null 2>&1
+    go get "$require" >&2
+    go build -trimpath -ldflags "$ldflags" -o "$dest.tmp" "$pkg" >&2
+    mv "$dest.tmp" "$dest"
+  )
+}

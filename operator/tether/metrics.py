@@ -44,21 +44,24 @@ RECONCILE_ERRORS = Counter("controller_runtime_reconcile_errors_total", "Reconci
 RECONCILE_TIME = Histogram("controller_runtime_reconcile_time_seconds", "Time per reconciliation.",
                            ["controller"], registry=REGISTRY,
                            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-ATTEMPTS_STARTED = Counter("tether_attempts_started_total", "Attempts granted.", registry=REGISTRY)
-ATTEMPTS_ENDED = Counter("tether_attempts_ended_total", "Attempts ended, by outcome.", ["outcome"],
-                         registry=REGISTRY)
+ATTEMPTS_STARTED = Counter("tether_attempts_started_total", "Attempts granted, by the run's namespace.", ["namespace"],
+                           registry=REGISTRY)
+ATTEMPTS_ENDED = Counter("tether_attempts_ended_total", "Attempts ended, by the run's namespace and outcome.",
+                         ["namespace", "outcome"], registry=REGISTRY)
 KUEUE_EVICTIONS = Counter("tether_kueue_evictions_total", "Attempts Kueue evicted (told to yield, then fenced), "
                           "by Kueue's reason (Preempted, PodsReadyTimeout, ClusterQueueStopped, ...).", ["reason"],
                           registry=REGISTRY)
 KUEUE_QUEUED = Histogram("tether_kueue_queued_to_admitted_seconds", "From a queued run's creation (or its last "
                          "eviction) to the grant Kueue's admission allowed.",
                          buckets=(0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400), registry=REGISTRY)
-LEASE_LAPSES = Counter("tether_lease_lapses_total", "Leases declared lapsed (attempts lost).", registry=REGISTRY)
-REGRANTS = Counter("tether_lease_regrants_total", "Grants that follow an ended attempt of the same run.",
-                   registry=REGISTRY)
+LEASE_LAPSES = Counter("tether_lease_lapses_total", "Leases declared lapsed (attempts lost), by the run's namespace.",
+                       ["namespace"], registry=REGISTRY)
+REGRANTS = Counter("tether_lease_regrants_total", "Grants that follow an ended attempt of the same run, by the run's "
+                   "namespace.", ["namespace"], registry=REGISTRY)
 LAPSE_DETECTION = Histogram("tether_lease_lapse_detection_seconds",
-                            "Time from the last observed renewal to the attempt being marked lost.",
-                            registry=REGISTRY, buckets=(5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600))
+                            "Time from the last observed renewal to the attempt being marked lost, by the run's namespace.",
+                            ["namespace"], registry=REGISTRY,
+                            buckets=(5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600))
 GC_PAUSE = Histogram("tether_gc_full_collection_seconds", "Pauses of the operator's full (generation 2) "
                      "garbage collections: the event loop stands still meanwhile.", registry=REGISTRY,
                      buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5))
@@ -75,7 +78,8 @@ WATCH_LAG = Histogram("tether_lease_watch_lag_seconds",
                       registry=REGISTRY, buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
 APPROVAL_DECISION = Histogram("tether_approval_decision_seconds",
                               "Time from a gate starting to wait (the run's creation, for Start) to its decision, "
-                              "by gate (Start, Result, Request) and decision (Approve, Deny, TimedOut).", ["gate", "decision"],
+                              "by the run's namespace, gate (Start, Result, Request) and decision (Approve, Deny, "
+                              "TimedOut).", ["namespace", "gate", "decision"],
                               registry=REGISTRY, buckets=(10, 30, 60, 300, 900, 1800, 3600, 14400, 86400))
 REQUESTS_REJECTED = Counter("tether_approval_requests_rejected_total",
                             "Malformed approval requests (tether.dev/requests on a run's Lease) refused.",
@@ -144,18 +148,43 @@ class _Computed(Collector):
         yield family
 
 
+def _budget_limits(ctl: RunController, field: str) -> Samples:
+    out = []
+    for (ns, name), body in ctl.budgets.cache.copy().items():
+        limit = (body.get("spec") or {}).get(field)
+        if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+            out.append(([ns, name], float(limit)))
+    return out
+
+
 for _collector in (
     _Computed("tether_leader", "1 while this replica is the active leader.", [], lambda _: [],
               always=lambda: [([], 1.0 if STATE.is_leader else 0.0)]),
     _Computed("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"],
               lambda ctl: [([ns, phase], float(n)) for (ns, phase), n in sorted(ctl.phase_counts().items())]),
-    _Computed("tether_approvals_pending", "Gates waiting for a person's decision, by gate (Start, Result, Request: a worker's).", ["gate"],
-              lambda ctl: [([gate], float(n)) for gate, n in sorted(ctl.pending_approvals().items())]),
+    _Computed("tether_approvals_pending", "Gates waiting for a person's decision, by the run's namespace and gate "
+              "(Start, Result, Request: a worker's).", ["namespace", "gate"],
+              lambda ctl: [([ns, gate], float(n)) for (ns, gate), (n, _) in sorted(ctl.pending_approvals().items())]),
+    _Computed("tether_approval_oldest_pending_timestamp_seconds", "When the longest-waiting gate of the namespace "
+              "started waiting (its request's requestedAt, Unix seconds); only for gates with one waiting.",
+              ["namespace", "gate"],
+              lambda ctl: [([ns, gate], oldest) for (ns, gate), (n, oldest) in sorted(ctl.pending_approvals().items())
+                           if n and oldest is not None]),
     _Computed("tether_heartbeat_age_seconds", "Seconds since the operator last observed a renewal of the run's lease.",
               ["namespace", "workerrun"], lambda ctl: [([ns, name], age) for ns, name, age in ctl.heartbeat_ages()]),
     _Computed("tether_budget_spent_cents", "Cents spent in the budget's current period.", ["namespace", "budget"],
               lambda ctl: [([ns, name], float(((body.get("status") or {}).get("spent") or {}).get("cents", 0)))
                            for (ns, name), body in ctl.budgets.cache.copy().items()]),  # a snapshot in one step
+    _Computed("tether_budget_spent_tokens", "Tokens spent in the budget's current period.", ["namespace", "budget"],
+              lambda ctl: [([ns, name], float(((body.get("status") or {}).get("spent") or {}).get("tokens", 0)))
+                           for (ns, name), body in ctl.budgets.cache.copy().items()]),
+    _Computed("tether_budget_limit_cents", "The budget's limitCents; only for budgets that set one.",
+              ["namespace", "budget"], lambda ctl: _budget_limits(ctl, "limitCents")),
+    _Computed("tether_budget_limit_tokens", "The budget's limitTokens; only for budgets that set one.",
+              ["namespace", "budget"], lambda ctl: _budget_limits(ctl, "limitTokens")),
+    _Computed("tether_apiserver_available", "1 while the API server answers the active replica's readiness probe "
+              "in time (every second), 0 from the first failed or slow answer until it answers again.", [],
+              lambda ctl: [([], 1.0 if ctl.api_available() else 0.0)]),
     _Computed("workqueue_depth", "Keys waiting in the work queue.", ["name"], lambda _: [],
               always=lambda: [([n], float(len(q))) for n, q in STATE.queues.copy().items()]),
     _Computed("workqueue_unfinished_work_seconds", "Seconds of work in progress not yet done, summed over "

@@ -3,13 +3,16 @@ collectors, a build_info) and runs counted per namespace."""
 
 from __future__ import annotations
 
+import datetime as dt
 import types
 from importlib.metadata import version
 
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tether import metrics
 from tether.controller.controller import RunController
+from tether.kube.health import ApiHealth
 
 
 def _scrape() -> str:
@@ -28,7 +31,7 @@ def test_build_info_says_which_tether_runs() -> None:
 
 
 def test_runs_are_counted_by_namespace_and_phase() -> None:
-    ctl = RunController(types.SimpleNamespace())  # type: ignore[arg-type]  # no I/O here
+    ctl = RunController(types.SimpleNamespace(health=ApiHealth()))  # type: ignore[arg-type]  # no I/O here
     ctl.cache.runs.update({
         ("a", "r1"): {"metadata": {"name": "r1", "namespace": "a", "uid": "1"}, "status": {"phase": "Running"}},
         ("a", "r2"): {"metadata": {"name": "r2", "namespace": "a", "uid": "2"}, "status": {"phase": "Running"}},
@@ -42,3 +45,62 @@ def test_runs_are_counted_by_namespace_and_phase() -> None:
         metrics.STATE.controller = before
     assert 'tether_workerruns{namespace="a",phase="Running"} 2.0' in text
     assert 'tether_workerruns{namespace="b",phase="Pending"} 1.0' in text
+
+
+def _scrape_with(ctl: RunController) -> str:
+    before = metrics.STATE.controller
+    metrics.STATE.controller = ctl
+    try:
+        return _scrape()
+    finally:
+        metrics.STATE.controller = before
+
+
+def test_budgets_export_spent_and_limit_of_what_they_limit() -> None:
+    ctl = RunController(types.SimpleNamespace(health=ApiHealth()))  # type: ignore[arg-type]
+    ctl.budgets.cache.update({
+        ("a", "capped"): {"spec": {"limitCents": 500, "limitTokens": 10000},
+                          "status": {"spent": {"cents": 450, "tokens": 20}}},
+        ("b", "tokens-only"): {"spec": {"limitTokens": 7}, "status": {}},
+    })
+    text = _scrape_with(ctl)
+    assert 'tether_budget_spent_cents{budget="capped",namespace="a"} 450.0' in text
+    assert 'tether_budget_limit_cents{budget="capped",namespace="a"} 500.0' in text
+    assert 'tether_budget_spent_tokens{budget="capped",namespace="a"} 20.0' in text
+    assert 'tether_budget_limit_tokens{budget="tokens-only",namespace="b"} 7.0' in text
+    assert 'tether_budget_spent_tokens{budget="tokens-only",namespace="b"} 0.0' in text
+    assert 'tether_budget_limit_cents{budget="tokens-only"' not in text  # no cents limit: no series
+
+
+def test_pending_approvals_by_namespace_and_gate_with_the_oldest_wait() -> None:
+    def run(ns: str, name: str, *requests: dict) -> dict:
+        return {"metadata": {"name": name, "namespace": ns, "uid": name},
+                "status": {"review": {"requests": list(requests)}}}
+    ctl = RunController(types.SimpleNamespace(health=ApiHealth()))  # type: ignore[arg-type]
+    ctl.cache.runs.update({
+        ("a", "r1"): run("a", "r1", {"gate": "Start", "requestedAt": "2030-01-01T00:00:10Z"}),
+        ("a", "r2"): run("a", "r2", {"gate": "Start", "requestedAt": "2030-01-01T00:00:00Z"},
+                         {"gate": "deploy", "attempt": 1, "requestedAt": "2030-01-01T00:01:00Z"}),
+        ("b", "r3"): run("b", "r3", {"gate": "Result", "attempt": 1, "requestedAt": "2030-01-01T00:00:00Z",
+                                     "decision": "Approve"}),
+    })
+    text = _scrape_with(ctl)
+    assert 'tether_approvals_pending{gate="Start",namespace="a"} 2.0' in text
+    assert 'tether_approvals_pending{gate="Request",namespace="a"} 1.0' in text
+    assert not [line for line in text.splitlines() if line.startswith("tether_approval") and 'namespace="b"' in line]
+    oldest = {s.labels["gate"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "tether_approval_oldest_pending_timestamp_seconds"}
+    start = dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc).timestamp()
+    assert oldest == {"Start": start, "Request": start + 60}
+
+
+def test_api_server_availability_follows_the_probe() -> None:
+    health = ApiHealth()
+    ctl = RunController(types.SimpleNamespace(health=health))  # type: ignore[arg-type]
+    assert "tether_apiserver_available 1.0" in _scrape_with(ctl)
+    health.failure("probe: ConnectError")
+    assert "tether_apiserver_available 0.0" in _scrape_with(ctl)
+    health.answered(0.01)
+    assert "tether_apiserver_available 1.0" in _scrape_with(ctl)
+    # A standby (no controller yet) exports no sample: only the active replica probes.
+    assert not [line for line in _scrape().splitlines() if line.startswith("tether_apiserver_available")]

@@ -256,13 +256,17 @@ class RunCache:
             counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def pending_approvals(self) -> dict[str, int]:
-        """Gates waiting for a person, by kind: Start, Result, or Request (a worker's)."""
-        counts = {c.GATE_START: 0, c.GATE_RESULT: 0, "Request": 0}
+    def pending_approvals(self) -> dict[tuple[str, str], tuple[int, float | None]]:
+        """Gates waiting for a person, by namespace and kind (Start, Result, or Request: a worker's): how many,
+        and the earliest requestedAt among them (Unix seconds; None if none parses)."""
+        out: dict[tuple[str, str], tuple[int, float | None]] = {}
         for run in map(RunView, self.runs.copy().values()):
-            for gate in run.pending_gates:
-                counts[gate if gate in (c.GATE_START, c.GATE_RESULT) else "Request"] += 1
-        return counts
+            for gate, requested_at in run.pending_gates_since:
+                key = (run.namespace, gate if gate in (c.GATE_START, c.GATE_RESULT) else "Request")
+                n, oldest = out.get(key, (0, None))
+                since = _epoch(requested_at)
+                out[key] = (n + 1, since if oldest is None or (since is not None and since < oldest) else oldest)
+        return out
 
     def heartbeat_ages(self) -> list[tuple[str, str, float]]:
         now = self.mono()
@@ -273,3 +277,12 @@ class RunCache:
             if holder and lease is not None and lease.holder == holder:
                 out.append((run.namespace, run.name, max(0.0, now - lease.last_change)))
         return out
+
+
+def _epoch(text: str | None) -> float | None:
+    """An API timestamp as Unix seconds; None for none or one that does not parse."""
+    try:
+        when = protocol.parse_time(text)
+    except ValueError:
+        return None
+    return when.timestamp() if when is not None else None

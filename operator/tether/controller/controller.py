@@ -152,8 +152,11 @@ class RunController:
     def phase_counts(self) -> dict[tuple[str, str], int]:
         return self.cache.phase_counts()
 
-    def pending_approvals(self) -> dict[str, int]:
+    def pending_approvals(self) -> dict[tuple[str, str], tuple[int, float | None]]:
         return self.cache.pending_approvals()
+
+    def api_available(self) -> bool:
+        return self.kube.health.available_since is not None
 
     def heartbeat_ages(self) -> list[tuple[str, str, float]]:
         return self.cache.heartbeat_ages()

@@ -357,23 +357,24 @@ def _then(step: Callable[[Snapshot, Any], Awaitable[None]]) -> Callable[[Snapsho
 
 
 def _count(action: WriteStatus, written: WorkerRun) -> None:
+    ns = written.metadata.namespace or ""
     if action.grants:
-        metrics.ATTEMPTS_STARTED.inc()
+        metrics.ATTEMPTS_STARTED.labels(ns).inc()
         if written.status.attempt > 1:
-            metrics.REGRANTS.inc()
+            metrics.REGRANTS.labels(ns).inc()
     if action.ends_attempt:
         ended = [a for a in written.status.attempts if a.outcome is not None]
         if ended:
-            metrics.ATTEMPTS_ENDED.labels(ended[-1].outcome.value).inc()  # type: ignore[union-attr]
+            metrics.ATTEMPTS_ENDED.labels(ns, ended[-1].outcome.value).inc()  # type: ignore[union-attr]
     for gate, decision, seconds in dict(action.details).get("approvals") or ():  # type: ignore[attr-defined]
-        metrics.APPROVAL_DECISION.labels(gate, decision).observe(seconds)
+        metrics.APPROVAL_DECISION.labels(ns, gate, decision).observe(seconds)
     details = dict(action.details)
     if isinstance(details.get("evictionReason"), str):
         metrics.KUEUE_EVICTIONS.labels(details["evictionReason"]).inc()
     if isinstance(details.get("queuedSeconds"), (int, float)):
         metrics.KUEUE_QUEUED.observe(float(details["queuedSeconds"]))  # type: ignore[arg-type]
     if action.lapse:
-        metrics.LEASE_LAPSES.inc()
+        metrics.LEASE_LAPSES.labels(ns).inc()
         silence = dict(action.details).get("silenceSeconds")
         if isinstance(silence, (int, float)):
-            metrics.LAPSE_DETECTION.observe(float(silence))
+            metrics.LAPSE_DETECTION.labels(ns).observe(float(silence))

@@ -53,6 +53,10 @@ class ReconcileLoop(Generic[K]):
         self._streak: dict[K, int] = {}
         self._problem: dict[K, str] = {}  # the last problem logged per key: each is logged once
         self._tasks: list[asyncio.Task[None]] = []
+        # Exported at 0 from the start: rate() and increase() see the first error (a series that
+        # appears at 1 has no earlier sample to rise from).
+        metrics.RECONCILE_ERRORS.labels(name)
+        metrics.RECONCILE_TOTAL.labels(name, "error")
 
     def start(self) -> None:
         if not self._tasks:

@@ -113,6 +113,13 @@ class RunView(ObjectView):
         requests = _dict(self.status.get("review")).get("requests") or []
         return [str(r.get("gate")) for r in requests if isinstance(r, dict) and "decision" not in r]
 
+    @property
+    def pending_gates_since(self) -> list[tuple[str, str | None]]:
+        """The gates still waiting, each with its request's requestedAt (as written)."""
+        requests = _dict(self.status.get("review")).get("requests") or []
+        return [(str(r.get("gate")), r.get("requestedAt") if isinstance(r.get("requestedAt"), str) else None)
+                for r in requests if isinstance(r, dict) and "decision" not in r]
+
 
 class LeaseView(ObjectView):
     __slots__ = ()
