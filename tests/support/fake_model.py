@@ -57,11 +57,14 @@ class FakeModel:
                     knobs = {**outer.defaults, **(outer._next.pop(0) if outer._next else {})}
                 outer._serve(self, self.path.split("?")[0], body if isinstance(body, dict) else {}, len(raw), knobs)
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # many clients at once (the default backlog of 5 resets them)
+
+        self.server = Server((host, port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.url = f"http://{host}:{self.port}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
 
     def next(self, **knobs: Any) -> None:
