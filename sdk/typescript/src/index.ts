@@ -37,3 +37,5 @@ export { GatewayTransport } from "./gateway.js";
 export type { ClaimReply, ToolClaim } from "./gateway.js";
 export * as protocol from "./protocol.js";
 export type { ApprovalRequest, ControlSignals, GateDecision, Json, JsonObject, Ownership, Usage } from "./protocol.js";
+export { MalformedUsage, Meter, MeteringError, PriceTable, UnpricedModel, meteredFetch } from "./metering.js";
+export type { MeterOptions, ModelPrice, UsageReporter } from "./metering.js";

@@ -1,0 +1,531 @@
+package tether
+
+// The metering RoundTripper against a fake model API (httptest): sdk/vectors/metering.json, whole
+// and streamed answers, gzip, cut and abandoned streams, hostile usage, error answers, concurrency.
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+var testPrices = map[string]ModelPrice{
+	"gpt-x":    {Input: 2.5, Output: 10, CachedInput: 1.25},
+	"claude-x": {Input: 3, Output: 15, CachedInput: 0.3, CacheWrite: 3.75},
+}
+
+// reporter takes reports as Run does: a decrease is refused.
+type reporter struct {
+	mu      sync.Mutex
+	reports [][2]int64
+}
+
+func (r *reporter) ReportUsage(cents, tokens int64) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var last *usage
+	if n := len(r.reports); n > 0 {
+		last = &usage{Cents: r.reports[n-1][0], Tokens: r.reports[n-1][1]}
+	}
+	if why := validReport(usage{Cents: cents, Tokens: tokens}, last); why != "" {
+		return fmt.Errorf("%w: %s", ErrUsageRefused, why)
+	}
+	r.reports = append(r.reports, [2]int64{cents, tokens})
+	return nil
+}
+
+func (r *reporter) last() [2]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.reports) == 0 {
+		return [2]int64{}
+	}
+	return r.reports[len(r.reports)-1]
+}
+
+type knobs struct {
+	usage    any
+	hasUsage bool
+	status   int
+	gzip     bool
+	cutAfter int // 0: no cut; n: cut inside event n-1
+	model    string
+	body     string
+	hold     chan struct{}
+}
+
+type fakeModel struct {
+	*httptest.Server
+	mu       sync.Mutex
+	queue    []knobs
+	requests []map[string]any
+}
+
+func (f *fakeModel) next(k knobs) { f.mu.Lock(); f.queue = append(f.queue, k); f.mu.Unlock() }
+func (f *fakeModel) count() int   { f.mu.Lock(); defer f.mu.Unlock(); return len(f.requests) }
+
+func newFakeModel(t *testing.T) *fakeModel {
+	f := &fakeModel{}
+	f.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		f.mu.Lock()
+		f.requests = append(f.requests, body)
+		k := knobs{}
+		if len(f.queue) > 0 {
+			k, f.queue = f.queue[0], f.queue[1:]
+		}
+		f.mu.Unlock()
+		serve(w, r.URL.Path, body, k)
+	}))
+	t.Cleanup(f.Close)
+	return f
+}
+
+func serve(w http.ResponseWriter, path string, body map[string]any, k knobs) {
+	model, _ := body["model"].(string)
+	if k.model != "" {
+		model = k.model
+	}
+	anthropic, responses := strings.HasSuffix(path, "/messages"), strings.HasSuffix(path, "/responses")
+	var u any = map[string]any{"prompt_tokens": 1000, "completion_tokens": 500, "total_tokens": 1500}
+	if anthropic {
+		u = map[string]any{"input_tokens": 1000, "output_tokens": 500, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+	} else if responses {
+		u = map[string]any{"input_tokens": 1000, "input_tokens_details": map[string]any{"cached_tokens": 0}, "output_tokens": 500, "total_tokens": 1500}
+	}
+	if k.hasUsage {
+		u = k.usage
+	}
+	send := func(status int, data []byte, ctype string) {
+		w.Header().Set("Content-Type", ctype)
+		if k.gzip {
+			var b bytes.Buffer
+			z := gzip.NewWriter(&b)
+			z.Write(data)
+			z.Close()
+			data = b.Bytes()
+			w.Header().Set("Content-Encoding", "gzip")
+		}
+		w.WriteHeader(status)
+		w.Write(data)
+	}
+	if k.body != "" {
+		send(max(k.status, 200), []byte(k.body), "text/html")
+		return
+	}
+	if k.status >= 400 {
+		doc := map[string]any{"error": map[string]any{"message": "injected"}}
+		if k.hasUsage {
+			doc["usage"] = u
+		}
+		b, _ := json.Marshal(doc)
+		send(k.status, b, "application/json")
+		return
+	}
+	if body["stream"] != true {
+		b, _ := json.Marshal(map[string]any{"id": "x", "model": model, "usage": u})
+		send(200, b, "application/json")
+		return
+	}
+	type ev struct {
+		name string
+		data any
+	}
+	var evs []ev
+	switch {
+	case anthropic:
+		start := u
+		if m, ok := u.(map[string]any); ok && !k.hasUsage {
+			s := map[string]any{}
+			for kk, v := range m {
+				s[kk] = v
+			}
+			s["output_tokens"] = 1
+			start = s
+		}
+		delta := any(map[string]any{"output_tokens": 500})
+		if k.hasUsage {
+			delta = u
+		}
+		evs = []ev{{"message_start", map[string]any{"type": "message_start", "message": map[string]any{"model": model, "usage": start}}},
+			{"content_block_delta", map[string]any{"delta": map[string]any{"text": "Hel"}}},
+			{"content_block_delta", map[string]any{"delta": map[string]any{"text": "lo"}}},
+			{"message_delta", map[string]any{"type": "message_delta", "usage": delta}},
+			{"message_stop", map[string]any{"type": "message_stop"}}}
+	case responses:
+		evs = []ev{{"response.created", map[string]any{"response": map[string]any{"model": model, "usage": nil}}},
+			{"response.output_text.delta", map[string]any{"delta": "Hi"}},
+			{"response.completed", map[string]any{"response": map[string]any{"model": model, "usage": u}}}}
+	default:
+		opts, _ := body["stream_options"].(map[string]any)
+		with := opts != nil && opts["include_usage"] == true
+		for _, word := range []string{"Hel", "lo"} {
+			c := map[string]any{"model": model, "choices": []any{map[string]any{"delta": map[string]any{"content": word}}}}
+			if with {
+				c["usage"] = nil
+			}
+			evs = append(evs, ev{"", c})
+		}
+		if with {
+			evs = append(evs, ev{"", map[string]any{"model": model, "choices": []any{}, "usage": u}})
+		}
+		evs = append(evs, ev{"", "[DONE]"})
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	var out io.Writer = w
+	var z *gzip.Writer
+	if k.gzip {
+		w.Header().Set("Content-Encoding", "gzip")
+		z = gzip.NewWriter(w)
+		out = z
+	}
+	w.WriteHeader(200)
+	flush := func() {
+		if z != nil {
+			z.Flush()
+		}
+		w.(http.Flusher).Flush()
+	}
+	for i, e := range evs {
+		data, _ := json.Marshal(e.data)
+		if s, ok := e.data.(string); ok {
+			data = []byte(s)
+		}
+		event := fmt.Sprintf("data: %s\n\n", data)
+		if e.name != "" {
+			event = "event: " + e.name + "\n" + event
+		}
+		if k.cutAfter == i+1 {
+			io.WriteString(out, event[:len(event)/2])
+			flush()
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.Close()
+			return
+		}
+		io.WriteString(out, event)
+		flush()
+		if i == 0 && k.hold != nil {
+			<-k.hold
+		}
+	}
+	if z != nil {
+		z.Close()
+	}
+}
+
+func post(t *testing.T, c *http.Client, url string, body map[string]any) (*http.Response, error) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	return c.Post(url, "application/json", bytes.NewReader(b))
+}
+
+func postText(t *testing.T, c *http.Client, url string, body map[string]any) string {
+	t.Helper()
+	resp, err := post(t, c, url, body)
+	return readAll(t, resp, err)
+}
+
+func meterFor(t *testing.T) (*Meter, *reporter, *http.Client) {
+	r := &reporter{}
+	m, err := NewMeter(r, testPrices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return m, r, &http.Client{Transport: m.Transport(nil)}
+}
+
+func readAll(t *testing.T, resp *http.Response, err error) string {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+type vectors struct {
+	Prices  map[string]map[string]any `json:"prices"`
+	Lookups []struct {
+		Model string  `json:"model"`
+		Key   *string `json:"key"`
+	} `json:"lookups"`
+	Usages []struct {
+		Name      string `json:"name"`
+		Model     string `json:"model"`
+		Usage     any    `json:"usage"`
+		Units     int64  `json:"units"`
+		Tokens    int64  `json:"tokens"`
+		Malformed bool   `json:"malformed"`
+	} `json:"usages"`
+}
+
+func TestMeteringVectors(t *testing.T) {
+	raw, err := os.ReadFile("../vectors/metering.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v vectors
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	prices := map[string]ModelPrice{}
+	num := func(x any) float64 {
+		s := fmt.Sprint(x)
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			t.Fatalf("price %q", s)
+		}
+		return f
+	}
+	for k, p := range v.Prices {
+		mp := ModelPrice{Input: num(p["input"]), Output: num(p["output"])}
+		if p["cachedInput"] != nil {
+			mp.CachedInput = num(p["cachedInput"])
+		}
+		if p["cacheWrite"] != nil {
+			mp.CacheWrite = num(p["cacheWrite"])
+		}
+		prices[k] = mp
+	}
+	table, err := NewPriceTable(prices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range v.Lookups {
+		want := ""
+		if c.Key != nil {
+			want = *c.Key
+		}
+		if got := table.Key(c.Model); got != want {
+			t.Errorf("%q priced by %q, want %q", c.Model, got, want)
+		}
+	}
+	for _, c := range v.Usages {
+		counts, err := ReadUsage(c.Usage)
+		var units *big.Int
+		var tokens int64
+		if err == nil {
+			units, tokens, err = Cost(counts, table, c.Model)
+		}
+		if c.Malformed {
+			if !errors.Is(err, errMalformedUsage) {
+				t.Errorf("%s: want malformed, got %v", c.Name, err)
+			}
+			continue
+		}
+		if err != nil || units.Int64() != c.Units || tokens != c.Tokens {
+			t.Errorf("%s: got %v %d %v, want %d %d", c.Name, units, tokens, err, c.Units, c.Tokens)
+		}
+	}
+	for _, bad := range []ModelPrice{{Input: -1}, {Input: 2e6}, {Output: -0.5}} {
+		if _, err := NewPriceTable(map[string]ModelPrice{"m": bad}); err == nil {
+			t.Errorf("price %+v accepted", bad)
+		}
+	}
+}
+
+func TestMeteredAnswers(t *testing.T) {
+	f := newFakeModel(t)
+	for _, c := range []struct {
+		path, model string
+		cents       int64
+	}{{"/v1/chat/completions", "gpt-x", 1}, {"/v1/responses", "gpt-x", 1}, {"/v1/messages", "claude-x", 2}} {
+		m, r, client := meterFor(t)
+		if body := postText(t, client, f.URL+c.path, map[string]any{"model": c.model}); !strings.Contains(body, "usage") {
+			t.Fatalf("%s: %s", c.path, body)
+		}
+		if r.last() != [2]int64{c.cents, 1500} {
+			t.Errorf("%s whole: %v", c.path, r.reports)
+		}
+		body := postText(t, client, f.URL+c.path, map[string]any{"model": c.model, "stream": true})
+		if !strings.Contains(body, "DONE") && !strings.Contains(body, "message_stop") && !strings.Contains(body, "response.completed") {
+			t.Errorf("%s stream: %s", c.path, body)
+		}
+		if r.last()[1] != 3000 || m.Fault() != "" {
+			t.Errorf("%s stream: %v %q", c.path, r.reports, m.Fault())
+		}
+	}
+}
+
+func TestStreamedChatIsAskedForUsageAndPassesThroughUnchanged(t *testing.T) {
+	f := newFakeModel(t)
+	_, r, client := meterFor(t)
+	body := map[string]any{"model": "gpt-x", "stream": true, "stream_options": map[string]any{"include_usage": false, "other": 1}}
+	metered := postText(t, client, f.URL+"/v1/chat/completions", body)
+	f.mu.Lock()
+	sent := f.requests[len(f.requests)-1]
+	f.mu.Unlock()
+	if opts := sent["stream_options"].(map[string]any); opts["include_usage"] != true || opts["other"] != float64(1) {
+		t.Fatalf("sent %v", sent)
+	}
+	if plain := postText(t, http.DefaultClient, f.URL+"/v1/chat/completions", sent); plain != metered {
+		t.Errorf("bytes differ:\n%s\n%s", plain, metered)
+	}
+	if r.last() != [2]int64{1, 1500} {
+		t.Errorf("%v", r.reports)
+	}
+}
+
+func TestAbandonedStreamChargesWhatItSawAndIsUnbuffered(t *testing.T) {
+	f := newFakeModel(t)
+	hold := make(chan struct{})
+	defer close(hold)
+	f.next(knobs{hold: hold})
+	_, r, client := meterFor(t)
+	resp, err := post(t, client, f.URL+"/v1/messages", map[string]any{"model": "claude-x", "stream": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	n, _ := resp.Body.Read(buf) // arrives while the server holds the rest
+	if !strings.Contains(string(buf[:n]), "message_start") {
+		t.Fatalf("first read: %q", buf[:n])
+	}
+	resp.Body.Close()
+	if r.last() != [2]int64{1, 1001} {
+		t.Errorf("%v", r.reports)
+	}
+}
+
+func TestGzipAnswers(t *testing.T) {
+	f := newFakeModel(t)
+	m, r, client := meterFor(t)
+	f.next(knobs{gzip: true})
+	req, _ := http.NewRequest("POST", f.URL+"/v1/messages", strings.NewReader(`{"model":"claude-x"}`))
+	req.Header.Set("Accept-Encoding", "gzip") // set by the caller: the body stays gzip for it
+	resp, err := client.Do(req)
+	raw := readAll(t, resp, err)
+	zr, err := gzip.NewReader(strings.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := io.ReadAll(zr)
+	if !strings.Contains(string(plain), "claude-x") || r.last() != [2]int64{2, 1500} {
+		t.Errorf("%s %v", plain, r.reports)
+	}
+	f.next(knobs{gzip: true}) // the default transport asks for gzip and undoes it itself
+	postText(t, client, f.URL+"/v1/messages", map[string]any{"model": "claude-x", "stream": true})
+	if r.last() != [2]int64{3, 3000} || m.Fault() != "" {
+		t.Errorf("%v %q", r.reports, m.Fault())
+	}
+}
+
+func TestCutStreamsChargeWhatTheySaw(t *testing.T) {
+	f := newFakeModel(t)
+	for _, c := range []struct {
+		path, model string
+		cut         int
+		want        [2]int64
+	}{{"/v1/messages", "claude-x", 5, [2]int64{2, 1500}}, {"/v1/messages", "claude-x", 4, [2]int64{1, 1001}},
+		{"/v1/chat/completions", "gpt-x", 3, [2]int64{}}, {"/v1/responses", "gpt-x", 3, [2]int64{}}} {
+		m, r, client := meterFor(t)
+		f.next(knobs{cutAfter: c.cut})
+		resp, err := post(t, client, f.URL+c.path, map[string]any{"model": c.model, "stream": true})
+		if err == nil {
+			io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		if r.last() != c.want || m.Fault() != "" {
+			t.Errorf("%s cut %d: %v %q", c.path, c.cut, r.reports, m.Fault())
+		}
+	}
+}
+
+func TestErrorAnswers(t *testing.T) {
+	f := newFakeModel(t)
+	m, r, client := meterFor(t)
+	f.next(knobs{status: 429, usage: map[string]any{"prompt_tokens": 4000, "completion_tokens": 0}, hasUsage: true})
+	postText(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"})
+	f.next(knobs{status: 502, body: "<html>bad gateway</html>"})
+	if page := postText(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"}); page != "<html>bad gateway</html>" {
+		t.Errorf("page %q", page)
+	}
+	if len(r.reports) != 1 || r.last() != [2]int64{1, 4000} || m.Fault() != "" {
+		t.Errorf("%v %q", r.reports, m.Fault())
+	}
+}
+
+func TestMalformedUsageFaultsAndRefusesLaterRequests(t *testing.T) {
+	f := newFakeModel(t)
+	for _, u := range []any{map[string]any{"prompt_tokens": -1}, map[string]any{"prompt_tokens": 1e12},
+		map[string]any{"prompt_tokens": "9"}, "junk", map[string]any{"prompt_tokens": 1.5},
+		map[string]any{"prompt_tokens": 1, "prompt_tokens_details": map[string]any{"cached_tokens": 2}}} {
+		m, r, client := meterFor(t)
+		f.next(knobs{usage: u, hasUsage: true})
+		postText(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"})
+		if len(r.reports) != 0 || m.Fault() == "" {
+			t.Errorf("%v: %v %q", u, r.reports, m.Fault())
+		}
+		sent := f.count()
+		if _, err := post(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"}); !errors.Is(err, ErrMetering) {
+			t.Errorf("%v: later request: %v", u, err)
+		}
+		if f.count() != sent {
+			t.Errorf("%v: a refused request was sent", u)
+		}
+	}
+}
+
+func TestUnpricedModels(t *testing.T) {
+	f := newFakeModel(t)
+	m, _, client := meterFor(t)
+	if _, err := post(t, client, f.URL+"/v1/messages", map[string]any{"model": "nope"}); !errors.Is(err, ErrUnpricedModel) || f.count() != 0 {
+		t.Errorf("%v, %d sent", err, f.count())
+	}
+	if m.Fault() != "" {
+		t.Error(m.Fault())
+	}
+	f.next(knobs{model: "mystery"})
+	postText(t, client, f.URL+"/v1/chat/completions", map[string]any{"messages": []any{}})
+	if !strings.Contains(m.Fault(), "mystery") {
+		t.Errorf("fault %q", m.Fault())
+	}
+}
+
+func TestConcurrentRequestsLoseNothing(t *testing.T) {
+	f := newFakeModel(t)
+	m, r, client := meterFor(t)
+	if err := m.Add(7, 0); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			path, model := "/v1/chat/completions", "gpt-x"
+			if i%2 == 1 {
+				path, model = "/v1/messages", "claude-x"
+			}
+			resp, err := post(t, client, f.URL+path, map[string]any{"model": model, "stream": i%4 < 2})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	wg.Wait()
+	// 20 at 0.75 cent, 20 at 1.05 cents, on top of 7: 43 cents
+	if r.last() != [2]int64{7 + 36, 40 * 1500} || m.Fault() != "" {
+		t.Errorf("%v %q", r.last(), m.Fault())
+	}
+}

@@ -1,0 +1,276 @@
+/** meteredFetch against a fake model API (node:http): sdk/vectors/metering.json, whole and streamed
+ * answers, gzip, cut and abandoned streams, hostile usage, error answers, concurrency. */
+
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import { after, before, describe, it } from "node:test";
+import zlib from "node:zlib";
+
+import {
+  MalformedUsage, Meter, MeteringError, PriceTable, UnpricedModel, cost, meteredFetch, readUsage, type ModelPrice,
+} from "../src/metering.js";
+import { validReport } from "../src/protocol.js";
+
+const VECTORS = JSON.parse(fs.readFileSync(new URL("../../../vectors/metering.json", import.meta.url), "utf8")) as {
+  prices: Record<string, ModelPrice>;
+  lookups: { model: string; key: string | null }[];
+  usages: { name: string; model: string; usage: unknown; units?: number; tokens?: number; cents?: number; malformed?: boolean }[];
+};
+const PRICES: Record<string, ModelPrice> = {
+  "gpt-x": { input: 2.5, output: 10, cachedInput: 1.25 },
+  "claude-x": { input: 3, output: 15, cachedInput: 0.3, cacheWrite: 3.75 },
+};
+
+/** Takes reports as WorkerRun does: a decrease is refused (RangeError). */
+class Reporter {
+  reports: [number, number][] = [];
+  reportUsage(u: { cents: number; tokens?: number }): void {
+    const last = this.reports.at(-1);
+    const why = validReport({ cents: u.cents, tokens: u.tokens ?? 0 }, last ? { cents: last[0], tokens: last[1] } : null);
+    if (why !== null) throw new RangeError(why);
+    this.reports.push([u.cents, u.tokens ?? 0]);
+  }
+  get last(): [number, number] { return this.reports.at(-1) ?? [0, 0]; }
+}
+
+interface Knobs { usage?: unknown; status?: number; gzip?: boolean; cutAfter?: number; model?: string; body?: string; contentType?: string; hold?: Promise<void> }
+
+/** A model API: chat completions, responses and Anthropic messages, 1000 input and 500 output tokens. */
+class FakeModel {
+  requests: { path: string; body: Record<string, unknown> }[] = [];
+  private queue: Knobs[] = [];
+  private server = http.createServer((req, res) => {
+    let raw = "";
+    req.on("data", (c: Buffer) => { raw += c.toString(); });
+    req.on("end", () => {
+      const body = raw ? (JSON.parse(raw) as Record<string, unknown>) : {};
+      this.requests.push({ path: req.url ?? "", body });
+      void this.serve(req.url ?? "", body, this.queue.shift() ?? {}, res);
+    });
+  });
+  url = "";
+
+  async start(): Promise<void> {
+    await new Promise<void>((resolve) => this.server.listen(0, "127.0.0.1", resolve));
+    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+  next(k: Knobs): void { this.queue.push(k); }
+  close(): void { this.server.closeAllConnections(); this.server.close(); }
+
+  private async serve(path: string, body: Record<string, unknown>, k: Knobs, res: http.ServerResponse): Promise<void> {
+    const model = k.model ?? (body.model as string);
+    const anthropic = path.endsWith("/messages"), responses = path.endsWith("/responses");
+    let usage: unknown = anthropic
+      ? { input_tokens: 1000, output_tokens: 500, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 }
+      : responses ? { input_tokens: 1000, input_tokens_details: { cached_tokens: 0 }, output_tokens: 500, total_tokens: 1500 }
+        : { prompt_tokens: 1000, completion_tokens: 500, total_tokens: 1500 };
+    if ("usage" in k) usage = k.usage;
+    const send = (status: number, data: string, ctype: string): void => {
+      let out: Buffer = Buffer.from(data);
+      const headers: Record<string, string> = { "content-type": ctype };
+      if (k.gzip) { out = zlib.gzipSync(out); headers["content-encoding"] = "gzip"; }
+      res.writeHead(status, headers).end(out);
+    };
+    if (k.body !== undefined) return send(k.status ?? 200, k.body, k.contentType ?? "text/html");
+    if ((k.status ?? 200) >= 400) {
+      return send(k.status ?? 500, JSON.stringify({ error: { message: "injected" }, ...("usage" in k ? { usage } : {}) }), "application/json");
+    }
+    if (body.stream !== true) return send(200, JSON.stringify({ id: "x", model, usage }), "application/json");
+    const events: [string | null, unknown][] = [];
+    if (anthropic) {
+      events.push(["message_start", { type: "message_start", message: { model, usage: "usage" in k ? usage : { ...(usage as object), output_tokens: 1 } } }]);
+      for (const w of ["Hel", "lo"]) events.push(["content_block_delta", { type: "content_block_delta", delta: { text: w } }]);
+      events.push(["message_delta", { type: "message_delta", usage: "usage" in k ? usage : { output_tokens: 500 } }]);
+      events.push(["message_stop", { type: "message_stop" }]);
+    } else if (responses) {
+      events.push(["response.created", { type: "response.created", response: { model, usage: null } }]);
+      events.push(["response.output_text.delta", { type: "response.output_text.delta", delta: "Hi" }]);
+      events.push(["response.completed", { type: "response.completed", response: { model, usage } }]);
+    } else {
+      const withUsage = (body.stream_options as { include_usage?: boolean } | undefined)?.include_usage === true;
+      for (const w of ["Hel", "lo"]) events.push([null, { model, choices: [{ delta: { content: w } }], ...(withUsage ? { usage: null } : {}) }]);
+      if (withUsage) events.push([null, { model, choices: [], usage }]);
+      events.push([null, "[DONE]"]);
+    }
+    const headers: Record<string, string> = { "content-type": "text/event-stream" };
+    const gz = k.gzip ? zlib.createGzip() : null;
+    if (gz) headers["content-encoding"] = "gzip";
+    res.writeHead(200, headers);
+    if (gz) gz.pipe(res);
+    const write = (s: string): void => {
+      if (gz) { gz.write(s); gz.flush(zlib.constants.Z_SYNC_FLUSH); } else res.write(s);
+    };
+    for (const [i, [name, data]] of events.entries()) {
+      const event = `${name ? `event: ${name}\n` : ""}data: ${typeof data === "string" ? data : JSON.stringify(data)}\n\n`;
+      if (k.cutAfter === i) {
+        write(event.slice(0, event.length >> 1));
+        await new Promise((r) => setTimeout(r, 20)); // let the half event reach the client
+        res.socket?.destroy();
+        return;
+      }
+      write(event);
+      if (i === 0 && k.hold) await k.hold;
+    }
+    if (gz) gz.end(); else res.end();
+  }
+}
+
+let fake: FakeModel;
+before(async () => { fake = new FakeModel(); await fake.start(); });
+after(() => fake.close());
+
+const post = (f: typeof fetch, path: string, body: unknown): Promise<Response> =>
+  f(fake.url + path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+
+describe("pricing and parsing (sdk/vectors/metering.json)", () => {
+  const table = new PriceTable(VECTORS.prices);
+  for (const c of VECTORS.lookups) {
+    it(`prices ${JSON.stringify(c.model)} by ${c.key}`, () => assert.equal(table.key(c.model), c.key));
+  }
+  for (const c of VECTORS.usages) {
+    it(c.name, () => {
+      const price = table.lookup(c.model);
+      assert.ok(price);
+      if (c.malformed) {
+        assert.throws(() => cost(readUsage(c.usage), price), MalformedUsage);
+        return;
+      }
+      const got = cost(readUsage(c.usage), price);
+      assert.deepEqual([got.units, got.tokens], [BigInt(c.units ?? 0), BigInt(c.tokens ?? 0)]);
+    });
+  }
+  it("refuses bad price tables", () => {
+    for (const bad of [{}, { m: { input: 1 } }, { m: { input: -1, output: 1 } }, { m: { input: "x", output: 1 } },
+      { m: { input: NaN, output: 1 } }, { m: { input: 1, output: 1, typo: 2 } }, { m: { input: 2e6, output: 1 } }]) {
+      assert.throws(() => new Meter(new Reporter(), bad as Record<string, ModelPrice>), RangeError, JSON.stringify(bad));
+    }
+  });
+  it("rounds up the total, not each answer; add() and a base count too", async () => {
+    const r = new Reporter();
+    r.reportUsage({ cents: 7, tokens: 0 });
+    const meter = new Meter(r, { "gpt-x": { input: 1, output: 1 } }, { baseCents: 7 });
+    for (let i = 0; i < 3; i++) fake.next({ usage: { prompt_tokens: 4000, completion_tokens: 0 } });
+    for (let i = 0; i < 3; i++) await (await post(meter.fetch(), "/v1/chat/completions", { model: "gpt-x" })).json();
+    assert.deepEqual(r.reports, [[7, 0], [8, 4000], [8, 8000], [9, 12000]]);
+    meter.add({ cents: 2, tokens: 1 });
+    assert.deepEqual(r.last, [11, 12001]);
+  });
+});
+
+describe("meteredFetch", () => {
+  for (const [path, model, cents] of [["/v1/chat/completions", "gpt-x", 1], ["/v1/responses", "gpt-x", 1], ["/v1/messages", "claude-x", 2]] as const) {
+    it(`meters whole and streamed ${path}`, async () => {
+      const r = new Reporter();
+      const f = meteredFetch(r, PRICES);
+      const whole = await post(f, path, { model });
+      assert.equal(((await whole.json()) as { usage: unknown }).usage !== undefined, true);
+      assert.deepEqual(r.last, [cents, 1500]);
+      const text = await (await post(f, path, { model, stream: true })).text();
+      assert.match(text, /DONE|message_stop|response\.completed/);
+      assert.equal(r.last[1], 3000);
+      assert.equal(f.meter.fault, null);
+    });
+  }
+
+  it("asks a streamed chat completion for its usage and passes the bytes on unchanged", async () => {
+    const r = new Reporter();
+    const body = { model: "gpt-x", stream: true, stream_options: { include_usage: false, other: 1 } };
+    const metered = await (await post(meteredFetch(r, PRICES), "/v1/chat/completions", body)).text();
+    const sent = fake.requests.at(-1)!.body;
+    assert.deepEqual(sent.stream_options, { include_usage: true, other: 1 });
+    assert.equal(await (await post(fetch, "/v1/chat/completions", sent)).text(), metered);
+    assert.deepEqual(r.last, [1, 1500]);
+  });
+
+  it("passes a stream through unbuffered, and an abandoned one charges what message_start said", async () => {
+    let release!: () => void;
+    fake.next({ hold: new Promise<void>((resolve) => { release = resolve; }) });
+    const r = new Reporter();
+    const answer = await post(meteredFetch(r, PRICES), "/v1/messages", { model: "claude-x", stream: true });
+    const reader = answer.body!.getReader();
+    const first = new TextDecoder().decode((await reader.read()).value);
+    assert.match(first, /message_start/); // arrived while the server holds the rest
+    await reader.cancel();
+    release();
+    assert.deepEqual(r.reports, [[1, 1001]]);
+  });
+
+  it("meters gzip answers, whole and streamed", async () => {
+    const r = new Reporter();
+    const f = meteredFetch(r, PRICES);
+    fake.next({ gzip: true });
+    assert.equal(((await (await post(f, "/v1/messages", { model: "claude-x" })).json()) as { model: string }).model, "claude-x");
+    fake.next({ gzip: true });
+    assert.match(await (await post(f, "/v1/messages", { model: "claude-x", stream: true })).text(), /message_stop/);
+    assert.deepEqual(r.last, [3, 3000]);
+  });
+
+  for (const [path, model, cut, expect] of [["/v1/messages", "claude-x", 4, [2, 1500]], ["/v1/messages", "claude-x", 3, [1, 1001]],
+    ["/v1/chat/completions", "gpt-x", 2, [0, 0]], ["/v1/responses", "gpt-x", 2, [0, 0]]] as const) {
+    it(`a ${path} stream cut inside event ${cut} charges what it saw`, async () => {
+      const r = new Reporter();
+      const f = meteredFetch(r, PRICES);
+      fake.next({ cutAfter: cut });
+      const answer = await post(f, path, { model, stream: true });
+      await answer.text().catch(() => undefined);
+      assert.deepEqual(r.last, expect);
+      assert.equal(f.meter.fault, null);
+    });
+  }
+
+  it("charges usage in an error answer; nothing for one without", async () => {
+    const r = new Reporter();
+    const f = meteredFetch(r, PRICES);
+    fake.next({ status: 429, usage: { prompt_tokens: 4000, completion_tokens: 0 } });
+    assert.equal((await post(f, "/v1/chat/completions", { model: "gpt-x" })).status, 429);
+    fake.next({ status: 502, body: "<html>bad gateway</html>" });
+    const page = await post(f, "/v1/chat/completions", { model: "gpt-x" });
+    assert.equal(await page.text(), "<html>bad gateway</html>");
+    assert.deepEqual(r.reports, [[1, 4000]]);
+    assert.equal(f.meter.fault, null);
+  });
+
+  for (const usage of [{ prompt_tokens: -1 }, { prompt_tokens: 1e12 }, { prompt_tokens: "9" }, "junk",
+    { prompt_tokens: 1, prompt_tokens_details: { cached_tokens: 2 } }]) {
+    it(`a malformed usage ${JSON.stringify(usage)} is not charged and stops later requests`, async () => {
+      const r = new Reporter();
+      const f = meteredFetch(r, PRICES, fetch);
+      fake.next({ usage });
+      assert.equal((await post(f, "/v1/chat/completions", { model: "gpt-x" })).status, 200);
+      assert.deepEqual(r.reports, []);
+      assert.ok(f.meter.fault);
+      const sent = fake.requests.length;
+      await assert.rejects(post(f, "/v1/chat/completions", { model: "gpt-x" }), MeteringError);
+      assert.equal(fake.requests.length, sent);
+    });
+  }
+
+  it("faults on a JSON answer that is not JSON, and on an answer priced by neither model", async () => {
+    const f = meteredFetch(new Reporter(), PRICES);
+    fake.next({ body: '{"usage": {"prompt_tokens": 3', contentType: "application/json" });
+    await post(f, "/v1/chat/completions", { model: "gpt-x" });
+    assert.match(f.meter.fault ?? "", /not JSON/);
+    const g = meteredFetch(new Reporter(), PRICES);
+    fake.next({ model: "mystery" });
+    await post(g, "/v1/chat/completions", { messages: [] });
+    assert.match(g.meter.fault ?? "", /mystery/);
+  });
+
+  it("refuses an unpriced model before sending it", async () => {
+    const sent = fake.requests.length;
+    await assert.rejects(post(meteredFetch(new Reporter(), PRICES), "/v1/messages", { model: "nope" }), UnpricedModel);
+    assert.equal(fake.requests.length, sent);
+  });
+
+  it("loses nothing with many requests at once", async () => {
+    const r = new Reporter();
+    const f = meteredFetch(r, PRICES);
+    await Promise.all(Array.from({ length: 40 }, async (_, i) => {
+      const answer = await post(f, i % 2 ? "/v1/messages" : "/v1/chat/completions", { model: i % 2 ? "claude-x" : "gpt-x", stream: i % 4 < 2 });
+      await answer.arrayBuffer();
+    }));
+    assert.deepEqual(r.last, [Math.ceil((20 * 75 + 20 * 105) / 100), 40 * 1500]);
+  });
+});
