@@ -98,6 +98,7 @@ class AuditRecord:
     completed: dt.datetime
     annotations: dict[str, str]
     user_agent: str = ""
+    impersonated: User | None = None  # whom the user acted as (Impersonate-User), if anyone
 
     @property
     def stamp(self) -> ProxyStamp | None:
@@ -141,6 +142,7 @@ class AuditRecord:
             request_object=doc.get("requestObject"), response_object=doc.get("responseObject"),
             received=_time(doc["requestReceivedTimestamp"]), completed=_time(doc["stageTimestamp"]),
             annotations=doc.get("annotations") or {}, user_agent=doc.get("userAgent", ""),
+            impersonated=User.parse(doc["impersonatedUser"]) if doc.get("impersonatedUser") else None,
         )
 
 

@@ -32,6 +32,8 @@ def server_says(status: int, body: str) -> str:
         doc = json.loads(body)
     except ValueError:
         doc = None
+    if status == 401:
+        return "error: You must be logged in to the server (Unauthorized)"
     if isinstance(doc, dict) and doc.get("kind") == "Status" and doc.get("message"):
         reason = f" ({doc['reason']})" if doc.get("reason") else ""
         return f"Error from server{reason}: {doc['message']}"
