@@ -1,6 +1,6 @@
 """`python -m conformance`: runs the scenarios against each worker and prints scenario × worker.
 
-    python -m conformance                       # the Python, TypeScript and Go SDKs
+    python -m conformance                       # the Python (blocking and asyncio), TypeScript and Go SDKs
     python -m conformance --worker go --scenario partition
     python -m conformance --worker 'mine=/usr/local/bin/my-worker --flag'
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=3, help="cells run at once (each has its own namespace)")
     p.add_argument("--out", type=Path, default=BUILD / "results.json")
     args = p.parse_args(argv)
-    workers = [parse_worker(w) for w in (args.worker or ["python", "typescript", "go"])]
+    workers = [parse_worker(w) for w in (args.worker or ["python", "python-async", "typescript", "go"])]
     for w in workers:
         print(f"# building the {w.name} worker", flush=True)
         w.build()

@@ -20,7 +20,7 @@ from tests.support.kube import Kube
 L, R = float(LEASE["durationSeconds"]), float(LEASE["renewIntervalSeconds"])
 MARGIN = max(1.0, L / 10)
 SLACK = 0.5  # scheduling and loopback latency on a loaded 2-core machine
-KNOWN_SDKS = ("python", "typescript", "go")
+KNOWN_SDKS = ("python", "python-async", "typescript", "go")
 ENDED = ("Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")
 LOST_ANSWERS = (403, 404, 409, 410, 422)  # what tells a worker it no longer owns the run
 

@@ -43,6 +43,8 @@ GO = ROOT / "sdk" / "go"
 
 WORKERS: dict[str, Worker] = {
     "python": Worker("python", [sys.executable, "-m", "tether.worker.conformance"]),
+    # The same SDK's asyncio flavour (tether.worker.aio): its own worker, judged on its own.
+    "python-async": Worker("python-async", [sys.executable, "-m", "tether.worker.aio_conformance"]),
     # The same install stamp as the Makefile's: npm ci only when the lock file changed.
     "typescript": Worker("typescript", ["node", str(TS / "dist" / "conformance-worker.js")],
                          [(["sh", "-c", "test node_modules/.installed -nt package-lock.json || "

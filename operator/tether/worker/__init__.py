@@ -8,12 +8,16 @@
             do_step(step)
             run.checkpoint(str(step + 1))
         run.complete({"steps": 10})
+
+asyncio programs: `async with AsyncWorkerRun.from_env() as run:` (tether.worker.aio), the same
+protocol with awaits.
 """
 
 from tether.worker.errors import (ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested,
                                   TetherWorkerError, ToolTimeout)
 from tether.worker.run import ApprovalDecision, ControlSignals, FencedClient, WorkerRun
+from tether.worker.aio import AsyncFencedClient, AsyncWorkerRun
 
-__all__ = ["ApprovalDecision", "ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
+__all__ = ["ApprovalDecision", "AsyncFencedClient", "AsyncWorkerRun", "ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
            "StopRequested",
            "ToolTimeout", "TetherWorkerError"]
