@@ -148,6 +148,17 @@ class _Computed(Collector):
         yield family
 
 
+def _runs_by_phase(ctl: RunController) -> Samples:
+    counts = sorted(ctl.phase_counts().items())
+    # A namespace's counters are exported at 0 from the first scrape that sees runs there: increase() and
+    # rate() need a sample before the first lapse (after a restart too, when no lapse is judged for a
+    # full lease duration), or a wave of first lapses in many namespaces would count as none.
+    for ns in {ns for (ns, _), _ in counts}:
+        for family in (ATTEMPTS_STARTED, REGRANTS, LEASE_LAPSES, LAPSE_DETECTION):
+            family.labels(ns)
+    return [([ns, phase], float(n)) for (ns, phase), n in counts]
+
+
 def _budget_limits(ctl: RunController, field: str) -> Samples:
     out = []
     for (ns, name), body in ctl.budgets.cache.copy().items():
@@ -160,8 +171,7 @@ def _budget_limits(ctl: RunController, field: str) -> Samples:
 for _collector in (
     _Computed("tether_leader", "1 while this replica is the active leader.", [], lambda _: [],
               always=lambda: [([], 1.0 if STATE.is_leader else 0.0)]),
-    _Computed("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"],
-              lambda ctl: [([ns, phase], float(n)) for (ns, phase), n in sorted(ctl.phase_counts().items())]),
+    _Computed("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"], _runs_by_phase),
     _Computed("tether_approvals_pending", "Gates waiting for a person's decision, by the run's namespace and gate "
               "(Start, Result, Request: a worker's).", ["namespace", "gate"],
               lambda ctl: [([ns, gate], float(n)) for (ns, gate), (n, _) in sorted(ctl.pending_approvals().items())]),

@@ -45,6 +45,12 @@ def test_runs_are_counted_by_namespace_and_phase() -> None:
         metrics.STATE.controller = before
     assert 'tether_workerruns{namespace="a",phase="Running"} 2.0' in text
     assert 'tether_workerruns{namespace="b",phase="Pending"} 1.0' in text
+    # Its namespaces' counters are there at 0 by the next scrape: increase() counts their first lapse.
+    again = _scrape_with(ctl)
+    for ns in ("a", "b"):
+        assert f'tether_lease_lapses_total{{namespace="{ns}"}} 0.0' in again
+        assert f'tether_attempts_started_total{{namespace="{ns}"}} 0.0' in again
+        assert f'tether_lease_lapse_detection_seconds_count{{namespace="{ns}"}} 0.0' in again
 
 
 def _scrape_with(ctl: RunController) -> str:
