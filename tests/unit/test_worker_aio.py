@@ -404,3 +404,37 @@ def test_report_usage_never_waits_for_a_renewal_in_flight() -> None:
         await run.stop()
         return took
     assert asyncio.run(go()) < 1
+
+
+def test_the_example_worker_checkpoints_each_step_and_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/async-worker/worker.py, on a transport that records: it resumes from the checkpoint,
+    records each later step, and publishes once."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "async-worker" / "worker.py"
+    spec = importlib.util.spec_from_file_location("example_async_worker", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    t = Fake()
+    monkeypatch.setattr(example.AsyncWorkerRun, "from_env", classmethod(
+        lambda cls: _run(t, interval=3600, payload={"steps": 4, "stepSeconds": 0}, checkpoint="1")))
+    assert asyncio.run(example.main()) == 0
+    assert t.publications == [("result", {"steps": 4, "attempt": 1})]
+    assert [cp for cp, _ in t.renewals if cp is not None][-1] == "4" and "1" not in [cp for cp, _ in t.renewals]
+
+
+def test_stopping_twice_sends_one_last_renewal() -> None:
+    """The program's own stop() and `async with`'s may both run: one last renewal, not two."""
+    async def go() -> tuple[int, int]:
+        t = Fake()
+        run = await _run(t).start()
+        await _until(lambda: len(t.renewals) == 2)  # start()'s renewal, then the heartbeat's first
+        run.report_usage(cents=2)
+        before = len(t.renewals)
+        await asyncio.gather(run.stop(), run.stop())
+        await run.stop()
+        return before, len(t.renewals)
+    before, after = asyncio.run(go())
+    assert after == before + 1

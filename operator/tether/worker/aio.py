@@ -164,7 +164,7 @@ class AsyncWorkerRun(RunCore):
     async def stop(self) -> None:
         """Ends the heartbeat. Leaving without publishing still reports what was spent and how far it
         got with one last renewal (RunCore._owes_last_renewal)."""
-        if self._closed:
+        if self._closed or self._stopping:  # a second stop() (the program's and `async with`'s) sends nothing
             return
         self._stopping = True
         self._wake.set()
