@@ -1,8 +1,9 @@
 """`make plugin`: the kubectl-tether distribution and its krew archive, reproducibly.
 
 kubectl-tether is the repository's `tether` package with only the dependencies the plugin's
-commands import (the operator's kopf, kubernetes and cryptography stay out), so that
-`pipx install kubectl-tether` is small. Its versions come from the root pyproject.toml: one
+commands import (the operator's kopf and cryptography stay out; the `kubernetes` package comes
+along for its kubeconfig loader: exec credential plugins, merged files, contexts), so that
+`pipx install kubectl-tether` stays small. Its versions come from the root pyproject.toml: one
 place for the version and the dependency bounds. The krew archive holds the wheel and a
 launcher (launcher.sh); the krew manifest (krew/tether.yaml) is rendered beside it with the
 archive's sha256 and release URL: OUT/tether.yaml, the one to publish. A release writes it back
@@ -33,7 +34,8 @@ ROOT = HERE.parents[1]
 NAME = "kubectl-tether"
 # The third-party imports of `tether.plugin` and its commands (ui included); a unit test checks
 # that the plugin imports nothing else outside the standard library.
-PLUGIN_DEPENDENCIES = ("httpx", "sniffio", "pydantic", "pyyaml", "prometheus-client", "starlette", "uvicorn")
+PLUGIN_DEPENDENCIES = ("httpx", "sniffio", "pydantic", "pyyaml", "prometheus-client", "starlette", "uvicorn",
+                       "kubernetes")
 # Fixed timestamps in the wheel (SOURCE_DATE_EPOCH) and the archive: the same tree, the same bytes.
 EPOCH = 315532800  # 1980-01-01, the earliest a zip can say
 MANIFEST = ROOT / "krew" / "tether.yaml"
