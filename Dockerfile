@@ -9,7 +9,7 @@ RUN python -m venv /opt/tether
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 RUN /opt/tether/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/tether/bin/pip install --no-cache-dir .
+ && /opt/tether/bin/pip install --no-cache-dir '.[otel]'
 
 FROM ${BASE}
 RUN groupadd --gid 65532 tether && useradd --uid 65532 --gid 65532 --no-create-home --shell /sbin/nologin tether

@@ -64,7 +64,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from tether import gcpause, metrics
+    from tether import gcpause, metrics, tracing
     from tether.controller import handlers
     from tether.controller.leader import LeaderElector
     from tether.kube import config as kubeconfig
@@ -83,6 +83,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stopping.set)
 
     own_signals()
+    tracing.configure()  # OTEL_* environment; off (no SDK loaded) unless an exporter is configured
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     # Liveness from the first moment, not kopf's (it starts with kopf, after leadership): a
@@ -158,6 +159,8 @@ async def _run_operator(args: argparse.Namespace) -> int:
             await gateway.stop()
         if liveness is not None:
             await liveness.cleanup()
+        # The spans still queued, off the loop (bounded by OTEL_EXPORTER_OTLP_TIMEOUT).
+        await asyncio.to_thread(tracing.shutdown)
     log.info("operator stopped", extra={"event": "operator_stopped"})
     return 0
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable, TypeVar
 
-from tether import metrics
+from tether import metrics, tracing
 from tether.api import constants as c
 from tether.api.models import Usage, WorkerRun
 from tether.controller.budgets import BudgetBook
@@ -150,6 +150,7 @@ class Executor:
                             lambda: self.refresh(snap.key), "status write")
         snap = self.cache.written_run(snap, written)
         _count(action, snap.run)
+        tracing.on_status_written(snap.run, action.grants, action.ends_attempt)
         event = log_event(action)
         if event:
             log_run(f"run {snap.run.status.phase.value if snap.run.status.phase else ''}", snap.run, event,

@@ -18,12 +18,13 @@ from typing import Callable
 
 from pydantic import ValidationError
 
+from tether import tracing
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.confirm import Confirmer
-from tether.controller.errors import SpecError
+from tether.controller.errors import Again, Inconclusive, NotLeader, SpecError
 from tether.controller.execute import Executor
 from tether.controller.leader import Leadership
 from tether.controller.loop import Result
@@ -57,6 +58,13 @@ class RunReconciler:
         return key in self.cache.runs or key in self.cache.pods
 
     async def reconcile(self, key: RunKey) -> Result:
+        # Ended on every path: a result, a retry the loop schedules (Again...), an error, a cancel.
+        with tracing.reconcile_span(*key, benign=(Again, Inconclusive, NotLeader)) as span:
+            result = await self._reconcile(key)
+            span.set_attribute("tether.reconcile.result", "acted" if result.acted else "idle")
+            return result
+
+    async def _reconcile(self, key: RunKey) -> Result:
         try:
             snap = self.cache.snapshot(key)
         except ValidationError as exc:
@@ -66,6 +74,7 @@ class RunReconciler:
             self.wake_strays(key)  # however they came to be strays, they are released
         if snap is None:
             return Result()
+        tracing.on_snapshot(snap.run)
         try:
             return await self._pass(snap)
         except SpecError as exc:
@@ -78,6 +87,7 @@ class RunReconciler:
             await self.executor.add_finalizer(snap)
             return Result(acted=True)
         decision = decide(await self._gather(snap))
+        tracing.on_decision(decision.actions)
         log.debug("decided", extra={"run": "/".join(snap.key), "event": "decided",
                                     "requeueAfter": decision.requeue_after,
                                     "actions": [type(a).__name__ for a in decision.actions]})

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 
-from tether import protocol
+from tether import protocol, tracecontext
 from tether.api import constants as c
 from tether.api.models import Signals, Usage, WorkerRun
 from tether.gateway import models as m
@@ -390,7 +390,9 @@ class Gateway:
                 "payload": run.spec.payload or {}, "checkpoint": s.checkpoint.cursor if s.checkpoint else None,
                 "idempotencyKey": run.idempotency_key,
                 "toolClaim": await self._tool_claim(run, fenced.holder, fenced.fence),
-                "reviewFeedback": s.review.feedback if s.review is not None else None}
+                "reviewFeedback": s.review.feedback if s.review is not None else None,
+                # The attempt's trace context, as a pod worker finds it in TRACEPARENT.
+                "traceparent": tracecontext.attempt_traceparent(run.metadata.uid or "", s.attempt, fenced.fence)}
 
     async def heartbeat(self, request: Request, ns: str, name: str) -> dict[str, Any]:
         caller = await self._caller(request, ns, name)

@@ -125,6 +125,8 @@ class ClaimResponse(Signals):
     checkpoint: str | None = None
     idempotencyKey: str
     reviewFeedback: str | None = Field(default=None, description="Why the previous attempt's result was denied.")
+    traceparent: str = Field(description="The attempt's W3C trace context (a pod worker's TRACEPARENT): parent the "
+                                         "worker's spans on it. A correlation id, not a credential.")
 
 
 class Done(BaseModel):

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from tether.api import constants as c
+from tether import tracecontext
 from tether.api.models import API_VERSION, GROUP, PLURAL, WorkerRun
 from tether.protocol import micro_time  # noqa: F401  (Lease times; callers use resources.micro_time)
 
@@ -175,6 +176,8 @@ def worker_env(run: WorkerRun, holder: str, attempt: int, fence: int) -> list[di
         c.ENV_RENEW_INTERVAL: str(run.spec.lease.renew_interval_seconds),
         **payload_env(run),
         c.ENV_IDEMPOTENCY_KEY: run.idempotency_key,
+        # The attempt's trace (W3C), derived from uid, attempt and fence: the worker's spans join it.
+        tracecontext.ENV_TRACEPARENT: tracecontext.attempt_traceparent(run.metadata.uid or "", attempt, fence),
     }
     if s.checkpoint is not None:
         env[c.ENV_CHECKPOINT] = s.checkpoint.cursor
