@@ -38,6 +38,8 @@ export interface ClaimReply {
   toolClaim: ToolClaim | null;
   /** Why a person denied the previous attempt's result (spec.review.result), for this one to act on. */
   reviewFeedback: string | null;
+  /** The attempt's W3C trace context (null from a gateway without tracing). */
+  traceparent: string | null;
 }
 
 interface GatewayAnswer {
@@ -148,6 +150,8 @@ export function claimReply(doc: unknown): ClaimReply | null {
   return {
     holder: doc.holder, fence: doc.fence, attempt, runUid: doc.runUid, leaseDurationSeconds, renewIntervalSeconds,
     payload: payload as JsonObject, checkpoint, idempotencyKey, toolClaim: doc.toolClaim ?? null, reviewFeedback,
+    // Tracing only, never required: a malformed one is dropped, not a reason to refuse the claim.
+    traceparent: typeof doc.traceparent === "string" ? doc.traceparent : null,
   };
 }
 

@@ -6,6 +6,7 @@
  */
 
 import type { KubeConfig } from "@kubernetes/client-node";
+import { context, type Attributes, type Context } from "@opentelemetry/api";
 
 import { systemClock, type Clock } from "./clock.js";
 import { LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, ToolTimeout } from "./errors.js";
@@ -37,6 +38,7 @@ import {
   type Signals,
   type Usage,
 } from "./protocol.js";
+import { ENV_TRACEPARENT, SpanKind, attemptContext, inSpan, injectTraceHeaders, parentFor } from "./tracing.js";
 import { Unanswered, type Renewal, type Transport } from "./transport.js";
 
 // Node 20.0–20.3 lack the well-known symbol that `await using` looks up.
@@ -75,6 +77,9 @@ export interface WorkerRunOptions {
   runUid?: string | null;
   /** Why a person denied the previous attempt's result (spec.review.result). */
   reviewFeedback?: string | null;
+  /** The attempt's W3C trace context (TRACEPARENT, the claim reply's traceparent): the SDK's spans
+   * join that trace. Tracing only: it grants nothing. */
+  traceparent?: string | null;
   clock?: Clock;
   logger?: Logger;
 }
@@ -155,6 +160,10 @@ export class WorkerRun {
   /** Why a person denied the previous attempt's result (spec.review.result), for this one to act
    * on; null when none was. */
   readonly reviewFeedback: string | null;
+  /** The attempt's W3C trace context as the operator handed it (null: none). */
+  readonly traceparent: string | null;
+  /** The attempt's trace as an OpenTelemetry context: parent your own spans on it (the SDK's are). */
+  readonly traceContext: Context;
   /** The last checkpoint: the one resumed from, then each one recorded. */
   checkpointCursor: string | null;
   /** Monotonic time the current signals arrived (null: none yet). */
@@ -195,6 +204,8 @@ export class WorkerRun {
     this.payload = options.payload ?? {};
     this.checkpointCursor = options.checkpoint ?? null;
     this.reviewFeedback = options.reviewFeedback ?? null;
+    this.traceparent = options.traceparent ?? null;
+    this.traceContext = attemptContext(this.traceparent);
     this.idempotencyKey = options.idempotencyKey || `${options.namespace}/${options.name}`;
     this.transport = options.transport;
     this.clock = options.clock ?? systemClock;
@@ -235,6 +246,7 @@ export class WorkerRun {
       checkpoint: env[ENV.checkpoint] ?? null,
       idempotencyKey: env[ENV.idempotencyKey] ?? "",
       reviewFeedback: env[ENV.reviewFeedback] || null,
+      traceparent: env[ENV_TRACEPARENT] || null,
       ...(options.clock ? { clock: options.clock } : {}),
       logger,
     });
@@ -264,6 +276,7 @@ export class WorkerRun {
       checkpoint: reply.checkpoint,
       idempotencyKey: reply.idempotencyKey,
       reviewFeedback: reply.reviewFeedback,
+      traceparent: reply.traceparent,
       ...(options.clock ? { clock: options.clock } : {}),
       ...(options.logger ? { logger: options.logger } : {}),
     });
@@ -275,8 +288,9 @@ export class WorkerRun {
   async start(): Promise<this> {
     if (this.loop === null) {
       exitOnSigterm(this);
-      await this.renew();
-      this.loop = this.heartbeat();
+      // The first renewal and the heartbeat's belong to the attempt, not to the caller's span.
+      await context.with(this.traceContext, () => this.renew());
+      this.loop = context.with(this.traceContext, () => this.heartbeat());
     }
     return this;
   }
@@ -386,7 +400,23 @@ export class WorkerRun {
     }
   }
 
-  private async renewNow(): Promise<boolean> {
+  /** Attributes of every span of this attempt. */
+  spanAttributes(): Attributes {
+    return {
+      "k8s.namespace.name": this.namespace, "tether.run.name": this.name, "tether.attempt": this.attempt,
+      "tether.fence": this.fence, "tether.holder": this.holder, ...(this.runUid ? { "tether.run.uid": this.runUid } : {}),
+    };
+  }
+
+  private renewNow(): Promise<boolean> {
+    return inSpan("tether.renew", parentFor(this.traceContext), this.spanAttributes(), SpanKind.CLIENT, async (span) => {
+      const ok = await this.renewOnce();
+      span.setAttribute("tether.renewal", ok ? "confirmed" : this.isLost ? "lost" : "unconfirmed");
+      return ok;
+    });
+  }
+
+  private async renewOnce(): Promise<boolean> {
     if (this.isLost) return false;
     const started = this.clock.now();
     let result: Renewal;
@@ -430,7 +460,10 @@ export class WorkerRun {
     if (why !== null) throw new RangeError(why);
     this.pendingCheckpoint = cursor;
     this.checkpointCursor = cursor;
-    if (options.flush) await this.renewLogged();
+    if (options.flush) {
+      await inSpan("tether.checkpoint", parentFor(this.traceContext), this.spanAttributes(), SpanKind.INTERNAL,
+        () => this.renewLogged());
+    }
   }
 
   /**
@@ -514,7 +547,12 @@ export class WorkerRun {
     await this.publish("error", { code, message });
   }
 
-  private async publish(field: PublishField, value: unknown): Promise<void> {
+  private publish(field: PublishField, value: unknown): Promise<void> {
+    return inSpan("tether.publish", parentFor(this.traceContext),
+      { ...this.spanAttributes(), "tether.publication": field }, SpanKind.CLIENT, () => this.publishOnce(field, value));
+  }
+
+  private async publishOnce(field: PublishField, value: unknown): Promise<void> {
     const rejected = (): LeaseLost => {
       this.log("error", `${field} rejected: lease lost`, "result_rejected", { field });
       return new LeaseLost(`the ${field} was not published: fence ${this.fence} is no longer current`);
@@ -576,8 +614,20 @@ export class WorkerRun {
    */
   async effect(url: string | URL, options: EffectOptions): Promise<Response> {
     this.ensureOwner();
+    const { operation, method = "POST" } = options;
+    return inSpan("tether.effect", parentFor(this.traceContext),
+      { ...this.spanAttributes(), "tether.operation": operation, "http.request.method": method, "url.full": String(url) },
+      SpanKind.CLIENT, async (span) => {
+        const headers = new Headers(options.headers);
+        injectTraceHeaders(span, headers); // the receiver may join the trace; it must trust the fence, not this
+        const answer = await this.send(url, options, headers);
+        span.setAttribute("http.response.status_code", answer.status);
+        return answer;
+      });
+  }
+
+  private async send(url: string | URL, options: EffectOptions, headers: Headers): Promise<Response> {
     const { operation, method = "POST", body, timeoutMs = 30_000 } = options;
-    const headers = new Headers(options.headers);
     let payload: string | Uint8Array | undefined;
     if (typeof body === "string" || body instanceof Uint8Array) {
       payload = body;
