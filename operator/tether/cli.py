@@ -92,7 +92,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
     gateway = _Gateway(args) if args.gateway_port else None
     elector = None
     if args.leader_elect:
-        cfg = kubeconfig.load()
+        cfg = await asyncio.to_thread(kubeconfig.load)  # it may run an exec credential plugin
         namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace
         identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         elector = LeaderElector(KubeClient(cfg), namespace, args.leader_election_id, identity,

@@ -5,7 +5,7 @@ Configured by environment (a kubeconfig's `exec.env`): EXEC_ADMIN_KUBECONFIG (ho
 tokens), EXEC_NAMESPACE and EXEC_SERVICE_ACCOUNT (whose tokens; a pod's own when bound to it), EXEC_BIND (`secret`: each token is
 bound to a Secret of its own, so deleting it revokes the token; `pod`: bound to the pod named by
 $HOSTNAME, as the kubelet binds a worker's token), EXEC_EXPIRES_IN (seconds the credential says it
-lives past the loader's 5-minute refresh margin) and EXEC_LOG (one JSON line per credential given:
+lives; the token itself lives an hour) and EXEC_LOG (one JSON line per credential given:
 its number, the token, its JTI, the Secret that revokes it).
 """
 
@@ -19,9 +19,6 @@ import sys
 from pathlib import Path
 
 from tether.kube import config
-
-# The `kubernetes` loader fetches a credential again 5 minutes before the expiry it was told.
-REFRESH_MARGIN = 300
 
 
 def jti(token: str) -> str:
@@ -50,7 +47,7 @@ def main() -> int:
         print(f"token request refused: {resp.status_code} {resp.text}", file=sys.stderr)
         return 1
     token = resp.json()["status"]["token"]
-    expires = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=REFRESH_MARGIN + float(env.get("EXEC_EXPIRES_IN", 3600)))
+    expires = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=float(env.get("EXEC_EXPIRES_IN", 3600)))
     with log.open("a") as out:
         out.write(json.dumps({"number": number, "token": token, "jti": jti(token), "secret": secret}) + "\n")
     print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",

@@ -139,9 +139,16 @@ def test_an_exec_plugin_gives_the_token(tmp_path: Path) -> None:
     assert count.read_text() == "1"  # not expiring: one run of the plugin serves every request
 
 
-def test_an_expiring_exec_credential_is_fetched_again(tmp_path: Path) -> None:
-    # The loader refreshes 5 minutes before the expiry it is told: this one is stale at once.
-    user, count = _plugin(tmp_path, ["first", "second", "third"], expires_in=60)
+def test_a_credential_is_kept_for_its_lifetime(tmp_path: Path) -> None:
+    # Two minutes: kept until 12 s before its expiry (a tenth of its lifetime), not run per request.
+    user, count = _plugin(tmp_path, ["first", "second"], expires_in=120)
+    cfg = config.load(_one(tmp_path, user))
+    assert [h for _ in range(5) for h in _authorization(cfg.auth())] == ["Bearer first"] * 5
+    assert count.read_text() == "1"
+
+
+def test_an_expired_exec_credential_is_fetched_again(tmp_path: Path) -> None:
+    user, count = _plugin(tmp_path, ["first", "second", "third"], expires_in=-10)
     cfg = config.load(_one(tmp_path, user))
     assert _authorization(cfg.auth()) == ["Bearer second"]
     assert _authorization(cfg.auth()) == ["Bearer third"]
@@ -167,17 +174,29 @@ def test_the_async_client_refreshes_off_the_event_loop(tmp_path: Path) -> None:
         sent.append(request.headers["Authorization"])
         return httpx.Response(401 if request.headers["Authorization"] == "Bearer revoked" else 200)
 
+    import threading
+
+    ran_on: list[str] = []
+    fetch = cfg.credentials._fetch  # type: ignore[union-attr]
+
+    def recording() -> dict[str, object]:
+        ran_on.append(threading.current_thread().name)
+        return fetch()
+
+    cfg.credentials._fetch = recording  # type: ignore[union-attr,method-assign]
+
     async def main() -> int:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler), auth=cfg.auth()) as c:
             return (await c.get("https://h/api")).status_code
 
     assert asyncio.run(main()) == 200
     assert sent == ["Bearer revoked", "Bearer fresh"]
+    assert ran_on and threading.main_thread().name not in ran_on, ran_on  # never on the event loop's thread
 
 
 def test_a_failing_plugin_is_an_error_not_anonymous(tmp_path: Path) -> None:
     user, _ = _plugin(tmp_path, ["x"], fail=True)
-    with pytest.raises(config.ConfigError, match="getting credentials: exec plugin"):
+    with pytest.raises(config.ConfigError, match="getting credentials: exec: process returned 3. no credentials for you"):
         config.load(_one(tmp_path, user))
 
 
@@ -250,8 +269,8 @@ def test_tls_server_name_insecure_and_proxy_are_honoured(tmp_path: Path) -> None
         c.get("https://10.0.0.1/api")
     assert seen == ["api.internal"]
     with cfg.sync_client() as c:  # requests to the API server go through the proxy
-        assert "http://proxy:3128" in repr(c._transport_for_url(httpx.URL(cfg.server)).__dict__) or \
-            c._transport_for_url(httpx.URL(cfg.server)) is not c._transport
+        transport = c._transport_for_url(httpx.URL(cfg.server))
+        assert transport is not c._transport and transport._pool._proxy_url.host == b"proxy"  # type: ignore[attr-defined]
     (tmp_path / "i").mkdir()
     insecure = config.load(_one(tmp_path / "i", {"token": "t"}, **{"insecure-skip-tls-verify": True}))
     assert insecure.ssl_context.verify_mode == ssl.CERT_NONE and not insecure.ssl_context.check_hostname
@@ -267,3 +286,80 @@ def test_request_timeout_reads_like_kubectls(given: str, seconds: float) -> None
 def test_a_bad_request_timeout_says_what_to_give(given: str) -> None:
     with pytest.raises(config.ConfigError, match="give seconds"):
         config.parse_timeout(given)
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("clusters: [", "ParserError"), ("just a string", "TypeError"),
+    ("clusters: [{name: c, cluster: {server: 'https://h', certificate-authority-data: '!!'}}]\n"
+     "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x", "Error"),
+    ("clusters: [{name: c, cluster: {server: 'https://h', certificate-authority-data: 'aGVsbG8='}}]\n"
+     "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x", "SSLError"),
+    ("clusters: [{name: c, cluster: {}}]\nusers: []\ncontexts: [{name: x, context: {cluster: c}}]\ncurrent-context: x",
+     'no server found for cluster "c"'),
+])
+def test_a_malformed_kubeconfig_is_a_config_error_never_another_exception(text: str, said: str, tmp_path: Path) -> None:
+    (tmp_path / "kubeconfig").write_text(text)
+    with pytest.raises(config.ConfigError, match=said):
+        config.load(tmp_path / "kubeconfig")
+
+
+def test_file_fields_are_relative_to_their_own_file_in_a_merged_kubeconfig(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    ca = _ca(tmp_path / "ca")
+    admin = ca.issue("admin", "me", ("system:masters",))
+    (tmp_path / "users").mkdir()
+    (tmp_path / "users" / "u.crt").write_bytes(admin.cert_pem())
+    (tmp_path / "users" / "u.key").write_bytes(admin.key_pem())
+    (tmp_path / "users" / "token").write_text("from-the-users-folder")
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "ca.crt").write_bytes(ca.pair.cert_pem())
+    users = _write(tmp_path / "users" / "config", {
+        "users": [{"name": "cert", "user": {"client-certificate": "u.crt", "client-key": "u.key"}},
+                  {"name": "file", "user": {"tokenFile": "token"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "cert"}}], "current-context": "x"})
+    clusters = _write(tmp_path / "clusters" / "config", {
+        "clusters": [{"name": "c", "cluster": {"server": "10.0.0.1:6443", "certificate-authority": "ca.crt"}}]})
+    monkeypatch.setenv("KUBECONFIG", f"{clusters}{os.pathsep}{users}")
+    cfg = config.load()
+    assert cfg.server == "https://10.0.0.1:6443"  # host:port, read as kubectl reads it
+    assert cfg.ssl_context.get_ca_certs() and cfg.auth() is None  # the CA and the client certificate loaded
+    assert _authorization(config.load(flags=config.Flags(user="file")).auth()) == ["Bearer from-the-users-folder"]
+
+
+def test_basic_auth_and_user_extra_impersonation(tmp_path: Path) -> None:
+    path = _one(tmp_path, {"username": "alice", "password": "s3cret", "as": "carol",
+                           "as-user-extra": {"reason/why": ["audit"]}})
+    seen: list[dict[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append({k: v for k, v in request.headers.items() if k in ("authorization", "impersonate-extra-reason%2fwhy")})
+        return httpx.Response(200)
+
+    with httpx.Client(transport=httpx.MockTransport(handler), auth=config.load(path).auth()) as c:
+        c.get("https://h/api")
+    assert seen == [{"authorization": "Basic " + base64.b64encode(b"alice:s3cret").decode(),
+                     "impersonate-extra-reason%2fwhy": "audit"}]
+
+
+def test_a_plugin_that_fails_later_raises_instead_of_sending_the_old_token(tmp_path: Path) -> None:
+    user, count = _plugin(tmp_path, ["only"], expires_in=-10)
+    cfg = config.load(_one(tmp_path, user))
+    (tmp_path / "plugin.py").write_text("import sys; print('sso session expired', file=sys.stderr); sys.exit(1)")
+    with pytest.raises(httpx.TransportError, match="sso session expired"):  # a worker retries it as a transport failure
+        _authorization(cfg.auth())
+
+
+def test_in_a_pod_the_flags_that_apply_still_apply(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("pod-token")
+    (sa / "ca.crt").write_bytes(_ca(tmp_path / "ca").pair.cert_pem())
+    (sa / "namespace").write_text("pods-ns")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setattr(config, "SERVICE_ACCOUNT_DIR", sa)
+    cfg = config.load(flags=config.Flags(impersonate="bob", impersonate_groups=("g",), namespace="mine",
+                                         request_timeout=3))
+    assert (cfg.impersonation.user, cfg.impersonation.groups, cfg.namespace, cfg.request_timeout) == ("bob", ("g",), "mine", 3)
+    with pytest.raises(config.ConfigError, match="no kubeconfig found"):  # a context names a kubeconfig's entry
+        config.load(flags=config.Flags(context="other", kubeconfig=str(tmp_path / "none")))

@@ -7,6 +7,7 @@ controller live in kopf's `memo` (handed in by `tether operator`), not in module
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass
@@ -73,7 +74,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ours: Settings = memo.get("settings") or Settings()
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
     boost = float(os.environ.get("TETHER_KUEUE_BOOST_SECONDS", str(BOOST_SECONDS)))
-    kube = KubeClient(kubeconfig.load(), limiter=TokenBucket(ours.qps, ours.burst),
+    # (Off the event loop: loading may run a kubeconfig's exec credential plugin.)
+    kube = KubeClient(await asyncio.to_thread(kubeconfig.load), limiter=TokenBucket(ours.qps, ours.burst),
                       event_limiter=TokenBucket(ours.event_qps, ours.event_burst))
     ctl = RunController(kube, fold_interval=fold, may_act=ours.may_act, workers=ours.workers,
                         namespace_identity=ours.worker_identity == "namespace", boost_seconds=boost)

@@ -10,19 +10,25 @@ impersonation (`as`, `as-groups`, `as-uid`), is applied here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import ssl
+import tempfile
 import threading
-from collections.abc import AsyncGenerator, Generator
+import time
+from collections.abc import AsyncGenerator, Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import anyio.to_thread
 import httpx
 from kubernetes.client import Configuration
 from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.dateutil import parse_rfc3339
+from kubernetes.config.exec_provider import ExecProvider
 from kubernetes.config.kube_config import ConfigNode, KubeConfigLoader, KubeConfigMerger
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -54,43 +60,76 @@ class Impersonation:
     user: str | None = None
     groups: tuple[str, ...] = ()
     uid: str | None = None
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()  # a kubeconfig user's as-user-extra
 
     def headers(self) -> list[tuple[str, str]]:
         if self.user is None:
             return []
         return ([("Impersonate-User", self.user)] + [("Impersonate-Group", g) for g in self.groups]
-                + ([("Impersonate-Uid", self.uid)] if self.uid else []))
+                + ([("Impersonate-Uid", self.uid)] if self.uid else [])
+                + [(f"Impersonate-Extra-{quote(key, safe='')}", v) for key, values in self.extra for v in values])
+
+
+class CredentialError(ConfigError, httpx.TransportError):
+    """An exec plugin gave no credential: to a command, a configuration error in the plugin's
+    words (kubectl's `getting credentials: ...`); to a long-running client, a transport failure
+    to retry (a worker's renewal tries again, it does not crash)."""
 
 
 class Credentials:
-    """Credentials the loader can refresh (an exec plugin, an auth provider): fetched again when the
-    plugin's expirationTimestamp is near, or at once after a 401. A lock: a refresh runs the plugin
-    once, whatever number of requests found the token stale at the same moment."""
+    """An exec plugin's token (EKS, GKE, AKS, OIDC helpers), run through the `kubernetes` package's
+    ExecProvider: kept until a tenth of its lifetime (at most 5 minutes) before the expiry it was
+    given, fetched again at once after a 401. A failed run raises CredentialError instead of going
+    on with the old token. A lock: one run of the plugin, whatever number of requests found the
+    token stale at the same moment."""
 
-    def __init__(self, loader: KubeConfigLoader, configuration: Configuration) -> None:
-        self._loader, self._configuration = loader, configuration
+    def __init__(self, provider: ExecProvider, clock: Callable[[], float] = time.time) -> None:
+        self._provider, self._clock = provider, clock
         self._lock = threading.Lock()
+        self._token: str | None = None
+        self._fetched = 0.0
+        self._expiry: float | None = None
+
+    def fetch_first(self) -> dict[str, Any]:
+        """The plugin's first answer (a token, or a client certificate the caller loads)."""
+        with self._lock:
+            return self._fetch()
+
+    def _fetch(self) -> dict[str, Any]:
+        try:
+            status = dict(self._provider.run())
+        except ConfigException as exc:
+            raise CredentialError(f"getting credentials: {exc}") from exc
+        self._token, self._fetched = status.get("token") or None, self._clock()
+        expiry = status.get("expirationTimestamp")
+        self._expiry = parse_rfc3339(expiry).timestamp() if expiry else None
+        return status
+
+    def _stale(self) -> bool:
+        if self._expiry is None:
+            return False
+        margin = min(300.0, max(0.0, self._expiry - self._fetched) / 10)
+        return self._clock() >= self._expiry - margin
 
     def header(self, stale: str | None = None) -> str | None:
         """The Authorization value; `stale` is one the API server just refused (401)."""
         with self._lock:
-            current = self._configuration.api_key.get("BearerToken")
-            if stale is not None and current == stale:
-                self._loader.load_and_set(self._configuration)  # kubectl runs the plugin again on a 401
-            elif self._configuration.refresh_api_key_hook is not None:
-                self._configuration.refresh_api_key_hook(self._configuration)  # only when near its expiry
-            value = self._configuration.api_key.get("BearerToken")
-            return str(value) if value else None
+            if self._token is None or self._stale() or (stale is not None and stale == f"Bearer {self._token}"):
+                self._fetch()
+                if self._token is None:
+                    raise CredentialError("getting credentials: the exec plugin's answer has no token")
+            return f"Bearer {self._token}"
 
 
 @dataclass(frozen=True)
 class KubeConfig:
     server: str
     ssl_context: ssl.SSLContext
-    token: str | None = None
+    token: str | None = None  # a bearer token
     token_file: Path | None = None
     namespace: str = "default"
     credentials: Credentials | None = None
+    authorization: str | None = None  # any other fixed Authorization value (a user's basic auth)
     impersonation: Impersonation = field(default_factory=Impersonation)
     tls_server_name: str | None = None
     proxy: str | None = None
@@ -99,7 +138,7 @@ class KubeConfig:
     def auth(self) -> httpx.Auth | None:
         """What each request carries (credentials, impersonation, the TLS server name), applied per
         request so a rotated token file or a refreshed exec credential is picked up."""
-        if (self.token_file is None and not self.token and self.credentials is None
+        if (self.token_file is None and not self.token and self.credentials is None and not self.authorization
                 and self.impersonation.user is None and self.tls_server_name is None):
             return None
         return _RequestAuth(self)
@@ -129,13 +168,13 @@ class _RequestAuth(httpx.Auth):
             return f"Bearer {self._file_token.current()}"
         if self.cfg.credentials is not None:
             return self.cfg.credentials.header(stale)
-        return f"Bearer {self.cfg.token}" if self.cfg.token else None
+        return f"Bearer {self.cfg.token}" if self.cfg.token else self.cfg.authorization
 
     def _prepare(self, request: httpx.Request, header: str | None) -> None:
         if header is not None:
             request.headers["Authorization"] = header
         extra = self.cfg.impersonation.headers()
-        if extra:  # one Impersonate-Group line per group, as client-go sends them
+        if extra:  # one line per group (or extra value), as client-go sends them
             names = {name.lower() for name, _ in extra}
             kept = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in names]
             request.headers = httpx.Headers(kept + extra)
@@ -176,14 +215,26 @@ class _TokenFile:
         return self.token
 
 
-def _ssl_context(configuration: Configuration) -> ssl.SSLContext:
+def _ssl_context(configuration: Configuration, exec_cert: dict[str, Any] | None) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
-    if configuration.cert_file and configuration.key_file:
+    if exec_cert is not None:  # an exec plugin's client certificate (not refreshed: see docs/install.md)
+        _load_cert_chain(ctx, exec_cert["clientCertificateData"].encode(), exec_cert["clientKeyData"].encode())
+    elif configuration.cert_file and configuration.key_file:
         ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
     if not configuration.verify_ssl:  # insecure-skip-tls-verify
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
+
+
+def _load_cert_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    # ssl loads client certificates only from files: on disk for the duration of the call alone.
+    with tempfile.TemporaryDirectory() as tmp:
+        cert_path, key_path = Path(tmp) / "c.crt", Path(tmp) / "c.key"
+        cert_path.write_bytes(cert)
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(key)
+        ctx.load_cert_chain(str(cert_path), str(key_path))
 
 
 def _paths(flags: Flags) -> str:
@@ -209,68 +260,101 @@ def _context(merger: KubeConfigMerger, flags: Flags) -> dict[str, Any]:
     return dict(found[0].value.get("context") or {})
 
 
+# File fields, relative to the file that holds them (the loader takes them relative to the cluster's).
+_FILE_FIELDS = {"users": ("client-certificate", "client-key", "tokenFile"), "clusters": ("certificate-authority",)}
+
+
+def _absolute_paths(merged: ConfigNode) -> None:
+    for kind, keys in _FILE_FIELDS.items():
+        for node in merged.value.get(kind) or []:
+            entry, base = node.value.get(kind[:-1]) or {}, Path(node.path).parent if node.path else Path.cwd()
+            for key in keys:
+                if entry.get(key) and not Path(os.path.expanduser(entry[key])).is_absolute():
+                    entry[key] = str(base / entry[key])
+            command = (entry.get("exec") or {}).get("command") if kind == "users" else None
+            if command and "/" in command and not command.startswith("/"):  # ./plugin: beside its kubeconfig
+                entry["exec"]["command"] = str(base / command)
+
+
+def _node(merged: ConfigNode, kind: str, name: str | None) -> ConfigNode | None:
+    found = [n for n in merged.value.get(kind) or [] if name and n["name"] == name]
+    return found[0] if found else None
+
+
 def from_flags(flags: Flags) -> KubeConfig:
-    """A kubeconfig as kubectl reads it with these flags."""
-    paths = _paths(flags)
+    """A kubeconfig as kubectl reads it with these flags. Whatever is wrong with it, a ConfigError
+    that says so (never another exception: the plugin prints it as kubectl would)."""
     try:
-        merger = KubeConfigMerger(paths)
-    except (OSError, ValueError, ConfigException) as exc:
-        raise ConfigError(f"reading kubeconfig {paths}: {exc}") from exc
+        return _from_flags(flags)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a malformed file: YAML, base64, PEM, a missing file it names...
+        raise ConfigError(f"invalid kubeconfig {_paths(flags)}: {type(exc).__name__}: {exc}") from exc
+
+
+def _from_flags(flags: Flags) -> KubeConfig:
+    paths = _paths(flags)
+    merger = KubeConfigMerger(paths)
     merged = merger.config
     if merged is None:
         raise ConfigError(f"no kubeconfig found at {paths} (give --kubeconfig, or set KUBECONFIG)")
+    _absolute_paths(merged)
     context = _context(merger, flags)
     context.update({k: v for k, v in (("cluster", flags.cluster), ("user", flags.user)) if v})
-    for kind, key in (("clusters", "cluster"), ("users", "user")):
-        if key == "cluster" or context.get(key):
-            if not any(item["name"] == context.get(key) for item in merged.value.get(kind) or []):
-                raise ConfigError(f'{key} "{context.get(key)}" does not exist in {paths}')
+    cluster = _node(merged, "clusters", context.get("cluster"))
+    if cluster is None:
+        raise ConfigError(f'cluster "{context.get("cluster")}" does not exist in {paths}')
+    user_node = _node(merged, "users", context.get("user"))
+    if context.get("user") and user_node is None:
+        raise ConfigError(f'user "{context.get("user")}" does not exist in {paths}')
+    user = dict(user_node.value.get("user") or {}) if user_node is not None else {}
+    credentials, exec_cert = None, None
+    if "exec" in user:
+        # The plugin is run here (not by the loader, which logs a failure and goes on anonymous).
+        credentials = Credentials(ExecProvider(user_node["user"]["exec"],  # type: ignore[index]
+                                               str(Path(user_node.path).parent) if user_node.path else None,  # type: ignore[union-attr]
+                                               cluster["cluster"]))
+        first = credentials.fetch_first()
+        if "token" not in first:
+            if not (first.get("clientCertificateData") and first.get("clientKeyData")):
+                raise ConfigError("getting credentials: the exec plugin gave neither a token nor a client certificate")
+            credentials, exec_cert = None, first
+        del user_node.value["user"]["exec"]  # type: ignore[union-attr]
+    server = (cluster.value.get("cluster") or {}).get("server")
+    if not server:
+        raise ConfigError(f'no server found for cluster "{context.get("cluster")}"')
+    if "://" not in server:
+        cluster.value["cluster"]["server"] = f"https://{server}"  # as kubectl reads host:port
     merged.value["contexts"].append(ConfigNode("flags", {"name": FLAGS_CONTEXT, "context": context}))
     configuration = Configuration()
     try:
-        loader = KubeConfigLoader(config_dict=merged, active_context=FLAGS_CONTEXT, config_base_path=None)
-        loader.load_and_set(configuration)
+        KubeConfigLoader(config_dict=merged, active_context=FLAGS_CONTEXT, config_base_path=None) \
+            .load_and_set(configuration)
     except ConfigException as exc:
         raise ConfigError(str(exc)) from exc
-    user = _user(merged, context.get("user"))
-    token = configuration.api_key.get("BearerToken")
-    if "exec" in user and not token and not configuration.cert_file:
-        # The loader logs the plugin's failure and goes on anonymous; kubectl stops, and so do we.
-        raise ConfigError(f"getting credentials: exec plugin {user['exec'].get('command')!r} gave none "
-                          "(its error is above)")
-    refreshable = token is not None and configuration.refresh_api_key_hook is not None and \
-        ("exec" in user or "auth-provider" in user)
+    header = configuration.api_key.get("BearerToken")
+    token = str(header).removeprefix("Bearer ") if header and str(header).startswith("Bearer ") else None
     token_file = user.get("tokenFile")
     impersonation = Impersonation(flags.impersonate or user.get("as"),
                                   tuple(flags.impersonate_groups or user.get("as-groups") or ()),
-                                  flags.impersonate_uid or user.get("as-uid"))
-    if impersonation.user is None and (impersonation.groups or impersonation.uid):
-        raise ConfigError("requesting uid or groups without impersonating a user (give --as)")
+                                  flags.impersonate_uid or user.get("as-uid"),
+                                  tuple((k, tuple(v)) for k, v in (user.get("as-user-extra") or {}).items()))
+    if impersonation.user is None and (impersonation.groups or impersonation.uid or impersonation.extra):
+        raise ConfigError("requesting uid, groups or user-extra without impersonating a user (give --as)")
     return KubeConfig(
         server=configuration.host,
-        ssl_context=_ssl_context(configuration),
+        ssl_context=_ssl_context(configuration, exec_cert),
         # A tokenFile is read again when it changes (the loader reads it once).
-        token=None if token_file or refreshable or not token else str(token).removeprefix("Bearer "),
-        token_file=_relative(token_file, merged, context.get("user")) if token_file else None,
+        token=None if token_file or credentials else token,
+        token_file=Path(token_file) if token_file else None,
         namespace=flags.namespace or context.get("namespace") or "default",
-        credentials=Credentials(loader, configuration) if refreshable else None,
+        credentials=credentials,
+        authorization=str(header) if header and token is None else None,
         impersonation=impersonation,
         tls_server_name=configuration.tls_server_name,
         proxy=configuration.proxy,
         request_timeout=flags.request_timeout,
     )
-
-
-def _user(merged: ConfigNode, name: str | None) -> dict[str, Any]:
-    found = [u for u in merged.value.get("users") or [] if name and u["name"] == name]
-    return dict(found[0].value.get("user") or {}) if found else {}
-
-
-def _relative(path: str, merged: ConfigNode, user: str | None) -> Path:
-    """A path in a kubeconfig is relative to the file that holds it (as kubectl resolves it)."""
-    found = [u for u in merged.value.get("users") or [] if u["name"] == user]
-    base = Path(found[0].path).parent if found and found[0].path else Path.cwd()
-    return base / path
 
 
 def from_kubeconfig(path: Path, context: str | None = None) -> KubeConfig:
@@ -299,8 +383,14 @@ def load(kubeconfig: str | os.PathLike[str] | None = None, flags: Flags | None =
         flags = Flags(**{**flags.__dict__, "kubeconfig": os.fspath(kubeconfig)})
     if flags.kubeconfig or os.environ.get("KUBECONFIG"):
         return from_flags(flags)
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and (SERVICE_ACCOUNT_DIR / "token").exists():
-        return in_cluster()
+    in_a_pod = os.environ.get("KUBERNETES_SERVICE_HOST") and (SERVICE_ACCOUNT_DIR / "token").exists()
+    if in_a_pod and not (flags.context or flags.cluster or flags.user):  # those name a kubeconfig's entries
+        if (flags.impersonate_groups or flags.impersonate_uid) and not flags.impersonate:
+            raise ConfigError("requesting uid or groups without impersonating a user (give --as)")
+        cfg = in_cluster(SERVICE_ACCOUNT_DIR)
+        return dataclasses.replace(cfg, namespace=flags.namespace or cfg.namespace, request_timeout=flags.request_timeout,
+                                   impersonation=Impersonation(flags.impersonate, flags.impersonate_groups,
+                                                               flags.impersonate_uid))
     return from_flags(flags)
 
 
