@@ -64,6 +64,8 @@ type claimReply struct {
 	Checkpoint           *string         `json:"checkpoint"`
 	IdempotencyKey       *string         `json:"idempotencyKey"`
 	ReviewFeedback       *string         `json:"reviewFeedback"`
+	// Tracing only, never required: a gateway without it sends none.
+	Traceparent *string `json:"traceparent"`
 }
 
 // wellFormed: the fields the gateway always sends are there, and every field has its type (the
@@ -171,6 +173,10 @@ func Claim(ctx context.Context, gatewayURL, namespace, name, token string, opts 
 	if reply.ReviewFeedback != nil {
 		info.reviewFeedback = *reply.ReviewFeedback
 	}
+	if reply.Traceparent != nil {
+		info.traceparent = *reply.Traceparent
+	}
+	info.runUID = g.runUID
 	if string(info.payload) == "null" {
 		info.payload = nil
 	}

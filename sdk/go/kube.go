@@ -66,7 +66,8 @@ func FromEnv(ctx context.Context, opts ...Option) (*Run, error) {
 		return nil, fmt.Errorf("tether: not a Tether worker pod: %s unset", strings.Join(missing, ", "))
 	}
 	info := attemptInfo{name: get(envRun), namespace: get(envNamespace), holder: get(envHolder),
-		checkpoint: get(envCheckpoint), idempotencyKey: get(envIdempotencyKey), reviewFeedback: get(envReviewFeedback)}
+		checkpoint: get(envCheckpoint), idempotencyKey: get(envIdempotencyKey), reviewFeedback: get(envReviewFeedback),
+		runUID: get(envRunUID), traceparent: get(envTraceparent)}
 	var err error
 	if info.fence, err = strconv.ParseInt(get(envFence), 10, 64); err != nil {
 		return nil, fmt.Errorf("tether: %s: %w", envFence, err)

@@ -16,6 +16,9 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Clock reads a monotonic clock: any origin, never going back. Ownership deadlines are measured
@@ -119,6 +122,8 @@ type attemptInfo struct {
 	checkpoint              string
 	idempotencyKey          string
 	reviewFeedback          string // why a person denied the previous attempt's result
+	runUID                  string
+	traceparent             string // the attempt's W3C trace context: tracing only, it grants nothing
 }
 
 // Run is one attempt of a run, held by this worker. Create it with FromEnv (pods) or Claim
@@ -379,8 +384,17 @@ func (r *Run) heartbeatOnce() {
 }
 
 // renewOnce is one renewal: nil when confirmed, an ErrLeaseLost when the lease is lost, another
-// error when unconfirmed (refused, or no answer).
-func (r *Run) renewOnce(ctx context.Context) error {
+// error when unconfirmed (refused, or no answer). A span of the attempt's trace, ended however it ends.
+func (r *Run) renewOnce(ctx context.Context) (err error) {
+	ctx, span := r.startSpan(ctx, "tether.renew", trace.SpanKindClient)
+	defer func() {
+		span.SetAttributes(attribute.String("tether.renewal", renewalOutcome(err)))
+		endSpan(span, err)
+	}()
+	return r.renewTry(ctx)
+}
+
+func (r *Run) renewTry(ctx context.Context) error {
 	r.renewMu.Lock()
 	defer r.renewMu.Unlock()
 	r.mu.Lock()
@@ -518,7 +532,10 @@ func (r *Run) Checkpoint(cursor string, flush bool) error {
 	r.cursor = cursor
 	r.mu.Unlock()
 	if flush {
-		return r.renewOnce(r.ctx)
+		ctx, span := r.startSpan(r.ctx, "tether.checkpoint", trace.SpanKindInternal)
+		err := r.renewOnce(ctx)
+		endSpan(span, err)
+		return err
 	}
 	return nil
 }
@@ -553,7 +570,13 @@ func (r *Run) Fail(ctx context.Context, code, message string) error {
 	return r.publish(ctx, "error", map[string]string{"code": code, "message": message})
 }
 
-func (r *Run) publish(ctx context.Context, field string, value any) error {
+func (r *Run) publish(ctx context.Context, field string, value any) (err error) {
+	ctx, span := r.startSpan(ctx, "tether.publish", trace.SpanKindClient, attribute.String("tether.publication", field))
+	defer func() { endSpan(span, err) }()
+	return r.publishTraced(ctx, field, value)
+}
+
+func (r *Run) publishTraced(ctx context.Context, field string, value any) error {
 	raw, err := json.Marshal(value)
 	if err != nil {
 		return fmt.Errorf("tether: the %s is not JSON: %w", field, err)
@@ -673,11 +696,19 @@ func (r *Run) Effect(ctx context.Context, req *http.Request, operation string) (
 	if err := r.EnsureOwner(); err != nil {
 		return nil, err
 	}
+	ctx, span := r.startSpan(ctx, "tether.effect", trace.SpanKindClient, attribute.String("tether.operation", operation),
+		attribute.String("http.request.method", req.Method), attribute.String("url.full", req.URL.Redacted()))
 	out := req.Clone(ctx)
+	// The receiver may join the trace; it must trust the fence below, never this.
+	injectTraceHeaders(ctx, out.Header)
 	for k, v := range r.EffectHeaders(operation) {
 		out.Header[k] = v
 	}
 	resp, err := r.effectClient.Do(out)
+	if err == nil {
+		span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+	}
+	endSpan(span, err)
 	if err != nil {
 		var ne net.Error
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
