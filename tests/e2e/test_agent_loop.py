@@ -1,0 +1,134 @@
+"""The agent loop example (examples/agent-loop/agent.py) on the test cluster, against the fake model
+(tests/support/fake_model.py) and a fenced receiver: killed mid-run it resumes from its last
+checkpointed cycle, asks for its approval, and its risky step lands once; a cap its metered spend
+crosses stops it with the run charged what the model's answers cost. Judged by what the model and
+the receiver saw and by the run's status, never by the worker's own log."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.test_approvals import _grant_approver
+from tests.e2e.test_budgets import BUDGETS, get_budget
+from tests.e2e.test_review_gates import _decide, _pending
+from tests.support import runs
+from tests.support.fake_model import FakeModel
+from tests.support.kube import Kube, eventually
+from tests.support.receiver import Receiver
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent-loop"
+PRICES = {"gpt-x": {"input": 2.5, "output": 10}}
+CYCLE = re.compile(r"Cycle (\d+) of")
+
+
+def _setup(kube: Kube, ns: str) -> None:
+    """The example's Secret (the API key) and its WorkerBudget, as its README says to make them."""
+    kube.ok(kube.post(f"/api/v1/namespaces/{ns}/secrets", {
+        "metadata": {"name": "model-api"}, "data": {"api-key": base64.b64encode(b"sk-test").decode()}}))
+    kube.ok(kube.post(BUDGETS.format(ns=ns), yaml.safe_load((EXAMPLE / "budget.yaml").read_text())))
+
+
+def _agent(**payload: Any) -> dict[str, Any]:
+    body = runs.example("agent-loop/workerrun.yaml", payload={"model": "gpt-x", "prices": PRICES, **payload},
+                        lease={"durationSeconds": 8, "renewIntervalSeconds": 1, "startupGraceSeconds": 30},
+                        retry={"maxAttempts": 3, "backoff": {"initialSeconds": 0}})
+    body["spec"]["stopGraceSeconds"] = 15
+    return body
+
+
+def _asked(fake: FakeModel, attempt: int) -> list[int]:
+    """The cycles (from 0) the model was asked about by `attempt`, in order."""
+    return [int(CYCLE.search(r["body"]["messages"][-1]["content"]).group(1)) - 1  # type: ignore[union-attr]
+            for r in list(fake.requests) if r["body"].get("user", "").endswith(f"/attempt-{attempt}")]
+
+
+def _cursor(run: dict[str, Any]) -> dict[str, Any] | None:
+    cp = (run.get("status") or {}).get("checkpoint")
+    return json.loads(cp["cursor"]) if cp and cp.get("cursor") else None
+
+
+@pytest.mark.local_cluster
+def test_a_killed_agent_resumes_from_its_last_cycle_and_its_approved_step_lands_once(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator) -> None:
+    _setup(kube, namespace)
+    _grant_approver(kube, namespace, "alice")
+    receiver = Receiver()
+    try:
+        with FakeModel(input_tokens=1_000, output_tokens=100) as fake:
+            runs.create(kube, namespace, _agent(baseUrl=fake.url + "/v1", effectUrl=receiver.url,
+                                                cycles=6, cycleSeconds=2, riskyCycle=4))
+            # Two cycles checkpointed, then SIGKILL: no last renewal, no goodbye.
+            eventually(lambda: ((c := _cursor(runs.get(kube, namespace, "agent-loop"))) or {}).get("cycle", 0) >= 2,
+                       timeout=60, interval=0.05, what="cycle 2 checkpointed")
+            pod = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/pods/agent-loop-a1"))
+            pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("process://"))
+            os.kill(pid, signal.SIGKILL)
+            # The checkpoint attempt 2 was handed: the run's, once attempt 2 holds it.
+            granted = eventually(lambda: len((r := runs.get(kube, namespace, "agent-loop"))["status"].get("attempts", []))
+                                 >= 2 and r, timeout=60, what="attempt 2")
+            resumed = _cursor(granted)
+            assert resumed is not None and 2 <= resumed["cycle"] < 4 and resumed["risky"] is None, resumed
+            start = resumed["cycle"]
+
+            # Attempt 2 asks before the risky step; a person approves it for that attempt.
+            eventually(lambda: ("risky-step", 2) in _pending(runs.get(kube, namespace, "agent-loop")), timeout=60,
+                       what="attempt 2's approval request")
+            assert not receiver.seen()  # nothing went out before the approval
+            _decide(kube, namespace, "agent-loop", "risky-step", "Approve", "looked at the plan", attempt=2)
+            run = runs.wait_phase(kube, namespace, "agent-loop", ("Succeeded", "Failed"), timeout=60)
+            s = run["status"]
+            assert s["phase"] == "Succeeded", s
+            # The model saw attempt 1 up to where it was killed, then attempt 2 from its checkpoint on,
+            # each cycle after the checkpoint exactly once.
+            first, second = _asked(fake, 1), _asked(fake, 2)
+        assert first == list(range(len(first))) and start <= len(first) <= start + 1, first
+        assert second == list(range(start, 6)), (start, second)
+        assert len(s["attempts"]) == 2 and s["attempts"][1]["outcome"] == "Succeeded"
+        final = _cursor(run)
+        assert final is not None and (final["cycle"], final["risky"]) == (6, "done"), final
+        assert s["result"]["risky"] == "done" and s["result"]["cycles"] == 6
+        # Asked once, by attempt 2, and approved; the step landed once, with attempt 2's fence.
+        asked = [(r["gate"], r["attempt"], r.get("decision")) for r in s["review"]["requests"]]
+        assert asked == [("risky-step", 2, "Approve")], asked
+        [effect] = receiver.accepted()
+        assert (effect.step, effect.attempt, effect.fence) == (4, 2, s["attempts"][1]["fence"])
+        assert effect.key.endswith(":risky-step")
+        assert len(receiver.seen()) == 1
+    finally:
+        receiver.close()
+
+
+@pytest.mark.local_cluster
+def test_a_cap_stops_the_agent_when_its_metered_spend_crosses_it(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator) -> None:
+    _setup(kube, namespace)
+    with FakeModel(input_tokens=10_000, output_tokens=1_000) as fake:  # 3.5 cents an answer
+        body = _agent(baseUrl=fake.url + "/v1", cycles=500, cycleSeconds=0.2, effectUrl=None)
+        body["spec"]["budget"]["capCents"] = 20
+        runs.create(kube, namespace, body)
+        run = runs.wait_phase(kube, namespace, "agent-loop", "BudgetExceeded", timeout=60)
+        # The agent stopped by itself: its process is gone, so it asks the model nothing more.
+        eventually(lambda: (pod := kube.get(f"/api/v1/namespaces/{namespace}/pods/agent-loop-a1")).status_code == 404
+                   or pod.json()["status"].get("phase") in ("Succeeded", "Failed"), timeout=30, what="agent exited")
+        answered = len(fake.requests)
+    assert run["status"]["attempts"][0]["outcome"] == "BudgetExceeded"
+    assert 6 <= answered < 500  # 6 answers cross 20 cents; it stopped long before its 500 cycles
+    # Charged what the answers cost: 10,000 input tokens at $2.50/M and 1,000 output at $10/M each,
+    # summed exactly, rounded up to a cent once.
+    units = answered * (10_000 * 2_500_000 + 1_000 * 10_000_000)  # 1e-12 USD
+    cents = -(-units // 10**10)
+    usage = eventually(lambda: (u := runs.get(kube, namespace, "agent-loop")["status"]["usage"])["cents"] == cents
+                       and u, timeout=30, what=f"run usage {cents} cents")
+    assert usage["tokens"] == 11_000 * answered
+    assert runs.get(kube, namespace, "agent-loop")["status"]["overspend"]["cents"] == cents - 20
+    eventually(lambda: get_budget(kube, namespace, "agents")["status"]["spent"]["cents"] == cents, timeout=30,
+               what="the WorkerBudget charged the metered spend")
