@@ -284,11 +284,14 @@ class AsyncFencedClient(httpx.AsyncClient):
 
     async def effect(self, method: str, url: str, operation: str, **kw: Any) -> httpx.Response:
         """Sends one side effect with Idempotency-Key `<idempotencyKey>:<operation>`."""
-        kw = self.run._effect_request(operation, kw)
-        try:
-            return await self.request(method, url, **kw)
-        except httpx.TimeoutException as exc:
-            raise ToolTimeout(f"{method} {url} did not answer: {exc}") from exc
+        with self.run.trace.effect(method, url, operation) as span:
+            kw = self.run._effect_request(operation, kw)
+            try:
+                response = await self.request(method, url, **kw)
+            except httpx.TimeoutException as exc:
+                raise ToolTimeout(f"{method} {url} did not answer: {exc}") from exc
+            span.set_attribute("http.response.status_code", response.status_code)
+            return response
 
 
 # SIGTERM (docs/protocol.md §4.2): the runs started on each loop. The loop's handler marks them

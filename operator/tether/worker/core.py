@@ -24,6 +24,7 @@ from tether.worker.errors import LeaseLost, OwnershipUnknown, ResultInvalid, Sto
 from tether.worker.ops import (ApprovalDecision, AwaitSignals, ControlSignals, Ops, Renew, Sleep, Transported,
                                retry_after)
 from tether.worker.steps import Renewal
+from tether.worker.tracing import AttemptTrace
 
 log = logging.getLogger("tether.worker")
 
@@ -36,7 +37,8 @@ class RunCore:
     def __init__(self, *, name: str, namespace: str, holder: str, fence: int, attempt: int, lease_duration: float,
                  renew_interval: float, payload: dict[str, Any] | None = None, checkpoint: str | None = None,
                  idempotency_key: str = "", monotonic: Callable[[], float] = time.monotonic,
-                 margin: float | None = None, review_feedback: str | None = None) -> None:
+                 margin: float | None = None, review_feedback: str | None = None,
+                 traceparent: str | None = None) -> None:
         self.name = name
         self.namespace = namespace
         self.holder = holder
@@ -61,6 +63,10 @@ class RunCore:
         self._signals = Signals()
         self.signals_seen_at: float | None = None  # monotonic time the current signals arrived
         self._requests: dict[str, protocol.ApprovalRequest] = {}
+        # The attempt's trace (TRACEPARENT / the claim reply): the SDK's spans join it. Tracing only.
+        self.trace = AttemptTrace(traceparent, {
+            "k8s.namespace.name": namespace, "tether.run.name": name, "tether.attempt": attempt,
+            "tether.fence": fence, "tether.holder": holder})
 
     # --- what the driver provides ------------------------------------------------
 
@@ -112,9 +118,9 @@ class RunCore:
 
     def _effect_request(self, operation: str, kw: dict[str, Any]) -> dict[str, Any]:
         """A side effect's request arguments with the fencing headers, once ownership is confirmed
-        (self-fencing: no side effect starts otherwise)."""
+        (self-fencing: no side effect starts otherwise), and the trace's (for correlation only)."""
         self.ensure_owner()
-        return {**kw, "headers": {**(kw.get("headers") or {}), **self.effect_headers(operation)}}
+        return {**kw, "headers": {**(kw.get("headers") or {}), **self.trace.headers(), **self.effect_headers(operation)}}
 
     @property
     def tool_claim(self) -> dict[str, Any] | None:
@@ -137,6 +143,10 @@ class RunCore:
     def _renew_ops(self) -> Ops[bool]:
         """One heartbeat: a conditional update of the Lease, carrying the pending checkpoint, usage
         and approval requests. The driver must not run two at once (docs/protocol.md §3)."""
+        return (yield from self.trace.ops("tether.renew", self._renewal(), background=True, outcome=lambda ok: {
+            "tether.renewal": "confirmed" if ok else "lost" if self._lost else "unconfirmed"}))
+
+    def _renewal(self) -> Ops[bool]:
         if self.lost:  # the renewal this one waited behind found the lease lost: nothing more to send
             return False
         started = self._mono()  # the confirmation counts from before the request went out
@@ -195,6 +205,7 @@ class RunCore:
             self._pending_checkpoint = cursor
         self.checkpoint_cursor = cursor
         if flush:
+            self.trace.event("tether.checkpoint", **{"tether.checkpoint.flush": True})
             self._wake_heartbeat()
 
     def report_usage(self, cents: int, tokens: int = 0) -> None:
@@ -249,6 +260,10 @@ class RunCore:
         """One fenced publication (docs/protocol.md §5.4): retried on no answer and on answers that
         say nothing about ownership, until the lease deadline; LeaseLost once refused or once the
         heartbeat heard the run is lost; ResultInvalid when the value itself was refused."""
+        return (yield from self.trace.ops("tether.publish", self._publication(field, value),
+                                          **{"tether.publication": field}))
+
+    def _publication(self, field: str, value: dict[str, Any]) -> Ops[None]:
         if self.lost:
             log.error("result rejected: lease lost", extra=self._fields("result_rejected", field=field))
             raise LeaseLost("result not published: the lease is lost")

@@ -14,6 +14,7 @@ import httpx
 
 from tether.api import constants as c
 from tether.api.models import GROUP, PLURAL, VERSION
+from tether.tracecontext import ENV_TRACEPARENT
 from tether.worker.errors import LeaseLost
 from tether.worker.steps import Call
 
@@ -131,7 +132,8 @@ def claimed(doc: dict[str, Any]) -> dict[str, Any]:
     return {"holder": doc["holder"], "fence": doc["fence"], "attempt": doc["attempt"],
             "lease_duration": doc["leaseDurationSeconds"], "renew_interval": doc["renewIntervalSeconds"],
             "payload": doc.get("payload"), "checkpoint": doc.get("checkpoint"),
-            "idempotency_key": doc["idempotencyKey"], "review_feedback": doc.get("reviewFeedback")}
+            "idempotency_key": doc["idempotencyKey"], "review_feedback": doc.get("reviewFeedback"),
+            "traceparent": doc.get("traceparent") if isinstance(doc.get("traceparent"), str) else None}
 
 
 def request_timeout(renew_interval: float) -> float:
@@ -146,4 +148,4 @@ def from_env_fields(e: Mapping[str, str]) -> dict[str, Any]:
                 attempt=int(e[c.ENV_ATTEMPT]), lease_duration=float(e[c.ENV_LEASE_DURATION]),
                 renew_interval=float(e[c.ENV_RENEW_INTERVAL]), checkpoint=e.get(c.ENV_CHECKPOINT),
                 idempotency_key=e.get(c.ENV_IDEMPOTENCY_KEY, ""), run_uid=e.get(c.ENV_RUN_UID) or None,
-                review_feedback=e.get(c.ENV_REVIEW_FEEDBACK) or None)
+                review_feedback=e.get(c.ENV_REVIEW_FEEDBACK) or None, traceparent=e.get(ENV_TRACEPARENT) or None)

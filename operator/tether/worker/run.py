@@ -217,11 +217,14 @@ class FencedClient(httpx.Client):
 
     def effect(self, method: str, url: str, operation: str, **kw: Any) -> httpx.Response:
         """Sends one side effect with Idempotency-Key `<idempotencyKey>:<operation>`."""
-        kw = self.run._effect_request(operation, kw)
-        try:
-            return self.request(method, url, **kw)
-        except httpx.TimeoutException as exc:
-            raise ToolTimeout(f"{method} {url} did not answer: {exc}") from exc
+        with self.run.trace.effect(method, url, operation) as span:
+            kw = self.run._effect_request(operation, kw)
+            try:
+                response = self.request(method, url, **kw)
+            except httpx.TimeoutException as exc:
+                raise ToolTimeout(f"{method} {url} did not answer: {exc}") from exc
+            span.set_attribute("http.response.status_code", response.status_code)
+            return response
 
 
 def _exit_on_sigterm() -> None:
