@@ -23,6 +23,7 @@ class Effect:
     attempt: int | None
     at: float  # wall clock, comparable with the audit log's times on this machine
     decision: str  # accepted | refused | replayed | in-progress
+    traceparent: str | None = None  # the W3C trace context the request carried (correlation only)
 
 
 class Receiver:
@@ -60,7 +61,8 @@ class Receiver:
                     outer.store.remember(key, StoredResponse(200, answer))
                 with outer._lock:
                     outer.effects.append(Effect(int(fence) if (fence or "").isdigit() else None, key, body.get("step"),
-                                                body.get("attempt"), arrived, verdict))
+                                                body.get("attempt"), arrived, verdict,
+                                                self.headers.get("traceparent")))
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(answer)))
