@@ -34,7 +34,7 @@ ROOT = HERE.parents[1]
 NAME = "kubectl-tether"
 # The third-party imports of `tether.plugin` and its commands (ui included); a unit test checks
 # that the plugin imports nothing else outside the standard library.
-PLUGIN_DEPENDENCIES = ("httpx", "socksio", "sniffio", "pydantic", "pyyaml", "prometheus-client", "starlette", "uvicorn",
+PLUGIN_DEPENDENCIES = ("httpx", "sniffio", "pydantic", "pyyaml", "prometheus-client", "starlette", "uvicorn",
                        "kubernetes")
 # Fixed timestamps in the wheel (SOURCE_DATE_EPOCH) and the archive: the same tree, the same bytes.
 EPOCH = 315532800  # 1980-01-01, the earliest a zip can say
