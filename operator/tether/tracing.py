@@ -40,6 +40,9 @@ SCOPE = "tether.operator"
 DEFAULT_SERVICE_NAME = "tether-operator"
 _tracer: trace.Tracer = trace.get_tracer(SCOPE)
 _provider: Any = None  # the SDK's TracerProvider once configure() installed one
+# The attempt spans' tracer: always sampled (the workers were told so by the traceparent's flag),
+# whatever OTEL_TRACES_SAMPLER does to the reconcile spans. Same processors, so same export.
+_attempt_tracer: trace.Tracer | None = None
 
 # The ids the next span must take (the attempt span's derived ids); read by _AttemptIds.
 _forced: contextvars.ContextVar[TraceContext | None] = contextvars.ContextVar("tether_forced_ids", default=None)
@@ -83,7 +86,7 @@ def _exporters(env: Mapping[str, str]) -> list[Any]:
 def configure(env: Mapping[str, str] | None = None) -> bool:
     """Installs the SDK's tracer provider when the environment asks for traces (False: tracing
     stays off). Without tether[otel] installed it says so once and stays off: never fatal."""
-    global _provider
+    global _provider, _attempt_tracer
     env = os.environ if env is None else env
     if _provider is not None or not enabled_by(env):
         return _provider is not None
@@ -91,6 +94,7 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON
         exporters = _exporters(env)
     except ImportError as exc:
         log.warning("tracing asked for, but the OpenTelemetry SDK or exporter is not installed (pip install "
@@ -100,12 +104,15 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
     if not exporters:
         return False
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    provider = TracerProvider(resource=Resource.create({} if named else {"service.name": DEFAULT_SERVICE_NAME}),
-                              id_generator=attempt_ids())
+    resource = Resource.create({} if named else {"service.name": DEFAULT_SERVICE_NAME})
+    provider = TracerProvider(resource=resource, id_generator=attempt_ids())
+    attempts = TracerProvider(resource=resource, id_generator=attempt_ids(), sampler=ALWAYS_ON, shutdown_on_exit=False)
     for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))  # queue size, delays: OTEL_BSP_*
+        processor = BatchSpanProcessor(exporter)  # queue size, delays: OTEL_BSP_*
+        provider.add_span_processor(processor)
+        attempts.add_span_processor(processor)  # shut down with `provider`
     trace.set_tracer_provider(provider)
-    _provider = provider
+    _provider, _attempt_tracer = provider, attempts.get_tracer(SCOPE)
     log.info("tracing on", extra={"event": "tracing_configured",
                                   "exporters": [type(e).__name__ for e in exporters]})
     return True
@@ -253,7 +260,7 @@ def export_attempt(run: WorkerRun, rec: AttemptRecord) -> None:
     token = _forced.set(ctx)
     try:
         # An empty context: a root span, whatever span is current (the reconcile's).
-        span = _tracer.start_span("tether.attempt", context=otel_context.Context(), kind=SpanKind.INTERNAL,
+        span = (_attempt_tracer or _tracer).start_span("tether.attempt", context=otel_context.Context(), kind=SpanKind.INTERNAL,
                                   attributes=attrs, start_time=_ns(rec.started_at or rec.ended_at))
     finally:
         _forced.reset(token)

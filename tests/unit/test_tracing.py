@@ -180,14 +180,21 @@ def test_a_configured_operator_exports_over_otlp_to_the_receiver() -> None:
     receiver = OtlpReceiver()
     try:
         code = ("from tether import tracing\n"
+                "from tests.unit.test_tracing import _run\n"
                 "assert tracing.configure()\n"
                 "with tracing.reconcile_span('ns', 'job'): pass\n"
+                "run = _run([{'attempt': 1, 'fence': 1, 'outcome': 'Succeeded',"
+                " 'startedAt': '2026-01-01T00:00:00Z', 'endedAt': '2026-01-01T00:01:00Z'}], holder=None)\n"
+                "tracing.export_attempt(run, run.status.attempts[0])\n"
                 "tracing.shutdown()\n")
-        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_RESOURCE_ATTRIBUTES": "a=b"}
+        # The reconcile spans sampled out entirely: the attempt's span is exported all the same.
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_RESOURCE_ATTRIBUTES": "a=b",
+               "OTEL_TRACES_SAMPLER": "always_off"}
         env.pop("OTEL_SERVICE_NAME", None)
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
         (span,) = receiver.spans()  # shutdown() exported it before the process ended
     finally:
         receiver.close()
-    assert (span.name, span.service, span.scope) == ("reconcile WorkerRun", "tether-operator", "tether.operator")
-    assert span.attributes == {"k8s.namespace.name": "ns", "tether.run.name": "job"}
+    assert (span.name, span.service, span.scope) == ("tether.attempt", "tether-operator", "tether.operator")
+    ctx = attempt_context("uid-9", 1, 1)
+    assert (span.trace_id, span.span_id, span.parent_span_id) == (ctx.trace_id_hex, ctx.span_id_hex, "")
