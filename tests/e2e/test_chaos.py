@@ -33,6 +33,7 @@ def test_the_fixed_set_draws_every_fault_kind_but_the_api_pause() -> None:
     assert drawn == set(FAULT_KINDS) - {API_PAUSE}, f"not drawn: {set(FAULT_KINDS) - {API_PAUSE} - drawn}"
     assert any(plan.ha and any(f.kind == "operator-kill" for f in plan.faults) for plan in plans)  # leader killed
     runs = [rp for plan in plans for rp in plan.runs]
+    assert {rp.sdk for rp in runs} == {"blocking", "asyncio"}  # both Python SDK flavours face the faults
     assert any(rp.deadline_seconds for rp in runs) and any(rp.progress_deadline_seconds for rp in runs)
     assert any(rp.request and rp.request_wait > (rp.progress_deadline_seconds or 0) for rp in runs)
     # A plan is a function of its seed: that is what makes a failing trial replayable.
@@ -51,3 +52,5 @@ def test_a_seeded_fault_trial_keeps_every_invariant(kube: Kube, seed: int, tmp_p
     # The trial really ran its faults (a skipped fault found its run already ended).
     assert sum(result.faults.values()) >= len(plan.faults) // 2, (result.faults, result.skipped)
     assert result.verdict.stats["worker writes accepted"] > 0
+    # Each run's workers ran on the SDK flavour the plan drew for it (their own records say which).
+    assert result.sdks == {rp.name: {rp.sdk} for rp in plan.runs}, result.sdks

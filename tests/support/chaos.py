@@ -121,6 +121,7 @@ class RunPlan:
     request_wait: float = 0.0
     request_decision: str = "Approve"
     queued: bool = False  # queued through the trial's Kueue ClusterQueue (when the cluster has Kueue)
+    sdk: str = "blocking"  # the worker's Python SDK flavour: "blocking" (WorkerRun) or "asyncio" (AsyncWorkerRun)
 
 
 @dataclass
@@ -154,7 +155,8 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
                     gate_at=round(rng.uniform(4, window), 1) if rng.random() < 0.35 else None)
             for i in range(rng.randint(2, 4))]
     for i, rp in enumerate(runs):
-        # A generator of its own, so the plans of seeds drawn before the result gate stay as they were.
+        # Generators of their own, so the plans of seeds drawn before stay as they were.
+        rp.sdk = "asyncio" if random.Random(f"{seed}/sdk/{i}").random() < 0.5 else "blocking"
         review = random.Random(f"{seed}/review/{i}")
         rp.review = review.random() < 0.3
         if rp.review:
@@ -343,6 +345,7 @@ class TrialResult:
     artifacts: Path | None  # kept only when the trial failed
     error: str | None = None  # the harness itself broke: the trial proves nothing and counts as failed
     source: str | None = None  # the commit the operator and workers ran from (None: the working tree)
+    sdks: dict[str, set[str]] = field(default_factory=dict)  # per run, the SDK flavours its workers said they ran
 
     @property
     def ok(self) -> bool:
@@ -532,7 +535,8 @@ class Trial:
         if rp.request is not None:
             payload["approval"] = rp.request
         body = app_run(rp.name, payload, duration=LEASE_SECONDS, renew=RENEW_SECONDS,
-                       annotations={API_SERVER_ANNOTATION: self.worker_proxy.url}, max_attempts=4)
+                       annotations={API_SERVER_ANNOTATION: self.worker_proxy.url}, max_attempts=4,
+                       env=[{"name": "TETHER_TEST_SDK", "value": rp.sdk}])
         spec = body["spec"]
         spec["lease"]["startupGraceSeconds"] = STARTUP_GRACE_SECONDS
         spec["stopGraceSeconds"] = 3
@@ -1046,6 +1050,7 @@ class Trial:
         (self.workdir / "plan.json").write_text(json.dumps(asdict(self.plan), indent=1))
         offset = self.cluster.audit_log.stat().st_size
         verdict = Verdict()
+        sdks: dict[str, set[str]] = {}
         raw: list[str] = []
         error: str | None = None
         self.op_proxy = self.worker_proxy = None  # type: ignore[assignment]
@@ -1096,6 +1101,7 @@ class Trial:
                                leader_lease=LEADER_LEASE if self.plan.ha else None, renew_deadline=RENEW_DEADLINE)
             verdict = judge(records, facts, strict_window=self.strict_window)
             self._misinformed(records, verdict)
+            sdks = {rp.name: {str(e.get("sdk")) for e in self._worker_records(rp)} for rp in self.plan.runs}
         except Exception as exc:  # noqa: BLE001 - a broken trial is reported and counted, never passed
             error = f"{exc!r}"
             self.notes.append(traceback.format_exc())
@@ -1113,7 +1119,12 @@ class Trial:
             else:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         return TrialResult(self.plan, verdict, self.ns, time.monotonic() - started, self.faults, self.skipped,
-                           self.notes, self.workdir if keep else None, error, self.source)
+                           self.notes, self.workdir if keep else None, error, self.source, sdks)
+
+    def _worker_records(self, rp: RunPlan) -> list[dict[str, Any]]:
+        """What the run's workers recorded (tests/support/worker_app.py's outFile)."""
+        out = self.workdir / f"{rp.name}.jsonl"
+        return [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.exists() else []
 
     def _misinformed(self, records: list[AuditRecord], verdict: Verdict) -> None:
         """Workers whose result the API server accepted but who were told otherwise: LeaseLost (an answer
@@ -1125,9 +1136,7 @@ class Trial:
                      for r in records if r.accepted and r.user.pod and r.object_ref is not None
                      and r.object_ref.subresource == "status"}
         for rp in self.plan.runs:
-            out = self.workdir / f"{rp.name}.jsonl"
-            lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.exists() else []
-            for entry in lines:
+            for entry in self._worker_records(rp):
                 pod = f"{rp.name}-a{entry.get('attempt')}"
                 if entry.get("event") == "complete" and not entry.get("accepted") and \
                         (rp.name, pod, str(entry.get("runUid"))) in published:

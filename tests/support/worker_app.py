@@ -20,43 +20,114 @@ Payload:
 While holding, every change of the control signals is recorded with the wall time it was seen.
 Attempts not in holdAttempts work `workSeconds`, send the side effect, and complete.
 SIGTERM is recorded and otherwise ignored, so a worker cut off from the cluster stays alive.
+
+Environment TETHER_TEST_SDK=asyncio runs the same script on AsyncWorkerRun instead of WorkerRun
+(the fault trials hand runs to either flavour; outFile records say which): one script, two
+adapters that make every SDK call awaitable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from tether import logs
-from tether.worker import LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout, WorkerRun
+from tether.worker import (AsyncWorkerRun, LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout,
+                           WorkerRun)
+from tether.worker.run import ApprovalDecision
 
 
-def main() -> int:
-    logs.setup()
-    run = WorkerRun.from_env()
-    p = run.payload
-    out = Path(p["outFile"]) if p.get("outFile") else None
+class _Blocking:
+    """WorkerRun behind awaitable calls: each one blocks, as the program would without asyncio
+    (its heartbeat is a thread, so nothing else on this loop needs to run)."""
+
+    sdk = "blocking"
+
+    def __init__(self, run: WorkerRun) -> None:
+        self.run = run
+
+    async def start(self) -> None:
+        self.run.start()
+
+    async def stop(self) -> None:
+        self.run.stop()
+
+    async def renew(self) -> bool:
+        return self.run.renew()
+
+    async def request_approval(self, name: str, details: str) -> ApprovalDecision:
+        return self.run.request_approval(name, details)
+
+    async def complete(self, result: dict[str, Any]) -> None:
+        self.run.complete(result)
+
+    async def fail(self, code: str, message: str) -> None:
+        self.run.fail(code, message)
+
+    async def effect(self, url: str, **kw: Any) -> httpx.Response:
+        with self.run.http_client(timeout=180) as http:
+            return http.effect("POST", url, **kw)
+
+
+class _Asyncio(_Blocking):
+    sdk = "asyncio"
+    run: AsyncWorkerRun  # type: ignore[assignment]
+
+    def __init__(self, run: AsyncWorkerRun) -> None:
+        self.run = run  # type: ignore[assignment]
+
+    async def start(self) -> None:
+        await self.run.start()
+
+    async def stop(self) -> None:
+        await self.run.stop()
+
+    async def renew(self) -> bool:
+        return await self.run.renew()
+
+    async def request_approval(self, name: str, details: str) -> ApprovalDecision:
+        return await self.run.request_approval(name, details)
+
+    async def complete(self, result: dict[str, Any]) -> None:
+        await self.run.complete(result)
+
+    async def fail(self, code: str, message: str) -> None:
+        await self.run.fail(code, message)
+
+    async def effect(self, url: str, **kw: Any) -> httpx.Response:
+        async with self.run.http_client(timeout=180) as http:
+            return await http.effect("POST", url, **kw)
+
+
+async def script(sdk: _Blocking) -> int:
+    run = sdk.run
+    out: list[Path | None] = [None]
 
     def record(**kw: object) -> None:
-        if out is not None:
-            with out.open("a") as f:
+        if out[0] is not None:
+            with out[0].open("a") as f:
                 f.write(json.dumps({"attempt": run.attempt, "fence": run.fence, "pid": os.getpid(),
-                                    "runUid": os.environ.get("TETHER_RUN_UID"), **kw}) + "\n")
+                                    "runUid": os.environ.get("TETHER_RUN_UID"), "sdk": sdk.sdk, **kw}) + "\n")
 
+    # Set before start(): the SDKs keep a SIGTERM handler the program set.
     signal.signal(signal.SIGTERM, lambda *_: record(event="sigterm"))
-    run.start()
+    await sdk.start()  # (the asyncio flavour reads a payload too large for the environment here)
+    p = run.payload
+    out[0] = Path(p["outFile"]) if p.get("outFile") else None
     record(event="started", owned=run.owned, resumeFrom=run.checkpoint_cursor)
     if p.get("checkpoint"):
         run.checkpoint(p["checkpoint"], flush=True)
     if p.get("usageCents"):
         run.report_usage(cents=int(p["usageCents"]))
-        run.renew()
+        await sdk.renew()
         record(event="usage_reported", cents=int(p["usageCents"]))
     if run.attempt in p.get("holdAttempts", []):
         gate = Path(p["gateFile"]) if p.get("gateFile") else None
@@ -71,7 +142,7 @@ def main() -> int:
             if p.get("stopOnSignal") and run.signals.stop:
                 # A worker that honours the kill switch: it ends without publishing anything.
                 record(event="stopped", reason=run.signals.reason)
-                run.stop()
+                await sdk.stop()
                 return 0
             if p.get("usagePerSecond"):
                 # Cumulative: on top of the usage reported at start (reports never decrease).
@@ -88,13 +159,13 @@ def main() -> int:
                        endsAt=sig.ends_at.isoformat() if sig.ends_at else None,
                        capRemainingCents=sig.cap_remaining_cents)
                 seen = sig
-            time.sleep(0.02)
+            await asyncio.sleep(0.02)  # (the asyncio flavour's heartbeat is a task: it runs meanwhile)
         record(event="gate", owned=run.owned, lost=run.lost, unknown=run.ownership_unknown)
     else:
-        time.sleep(float(p.get("workSeconds", 0.5)))
+        await asyncio.sleep(float(p.get("workSeconds", 0.5)))
     if p.get("approval"):
         try:
-            decided = run.request_approval(p["approval"], f"attempt {run.attempt} asks")
+            decided = await sdk.request_approval(p["approval"], f"attempt {run.attempt} asks")
             record(event="approval", decision=decided.decision, reason=decided.reason)
         except (LeaseLost, OwnershipUnknown) as exc:
             record(event="approval_refused", error=type(exc).__name__)
@@ -102,29 +173,35 @@ def main() -> int:
             if not p.get("stopOnSignal"):
                 raise
             record(event="stopped", reason=run.signals.reason)
-            run.stop()
+            await sdk.stop()
             return 0
     if p.get("effectUrl"):
         try:
-            with run.http_client(timeout=180) as http:
-                resp = http.effect("POST", p["effectUrl"], operation="deliver", json={"attempt": run.attempt})
+            resp = await sdk.effect(p["effectUrl"], operation="deliver", json={"attempt": run.attempt})
             record(event="effect", status=resp.status_code, body=resp.text)
         except (LeaseLost, OwnershipUnknown) as exc:
             record(event="effect_not_sent", error=type(exc).__name__)
         except (ToolTimeout, httpx.HTTPError) as exc:
             record(event="effect_error", error=repr(exc))
-    renewed = run.renew()
+    renewed = await sdk.renew()
     record(event="renew", renewed=renewed, lost=run.lost, unknown=run.ownership_unknown)
     try:
         if run.attempt in p.get("failAttempts", []):
-            run.fail("Injected", f"attempt {run.attempt} fails on purpose")
+            await sdk.fail("Injected", f"attempt {run.attempt} fails on purpose")
         else:
-            run.complete({"attempt": run.attempt})
+            await sdk.complete({"attempt": run.attempt})
         record(event="complete", accepted=True)
     except (LeaseLost, OwnershipUnknown) as exc:
         record(event="complete", accepted=False, error=type(exc).__name__)
-    run.stop()
+    await sdk.stop()
     return 0
+
+
+def main() -> int:
+    logs.setup()
+    if os.environ.get("TETHER_TEST_SDK") == "asyncio":
+        return asyncio.run(script(_Asyncio(AsyncWorkerRun.from_env())))
+    return asyncio.run(script(_Blocking(WorkerRun.from_env())))
 
 
 if __name__ == "__main__":
