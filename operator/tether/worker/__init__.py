@@ -13,11 +13,11 @@ asyncio programs: `async with AsyncWorkerRun.from_env() as run:` (tether.worker.
 protocol with awaits.
 """
 
-from tether.worker.errors import (ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested,
+from tether.worker.errors import (AlreadyPublished, ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested,
                                   TetherWorkerError, ToolTimeout)
 from tether.worker.run import ApprovalDecision, ControlSignals, FencedClient, WorkerRun
 from tether.worker.aio import AsyncFencedClient, AsyncWorkerRun
 
-__all__ = ["ApprovalDecision", "AsyncFencedClient", "AsyncWorkerRun", "ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
+__all__ = ["AlreadyPublished", "ApprovalDecision", "AsyncFencedClient", "AsyncWorkerRun", "ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
            "StopRequested",
            "ToolTimeout", "TetherWorkerError"]

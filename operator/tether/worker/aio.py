@@ -27,7 +27,8 @@ import httpx
 
 from tether.kube import config as kubeconfig
 from tether.worker.core import RunCore
-from tether.worker.errors import LeaseLost, OwnershipUnknown, ToolTimeout
+from tether import protocol
+from tether.worker.errors import AlreadyPublished, LeaseLost, OwnershipUnknown, ToolTimeout
 from tether.worker.gateway_steps import claim_steps
 from tether.worker.ops import (ApprovalDecision, Op, Renew, Sleep, Transported, claimed, from_env_fields,
                                inline_payload, payload_steps, request_timeout)
@@ -66,12 +67,18 @@ class AsyncWorkerRun(RunCore):
         self._payload_env: Mapping[str, str] | None = None  # the payload is read from the run in start()
         # One renewal at a time (docs/protocol.md §3), as WorkerRun's threading.Lock.
         self._renewing = asyncio.Lock()
+        # T (docs/protocol.md §3) bounds a whole renewal and the wait for this lock: httpx's own
+        # timeout does not cover an exec credential plugin refreshing the token on a thread.
+        self._request_timeout = request_timeout(self.renew_interval)
         self._stopping = False
         self._wake = asyncio.Event()
         self._signal_event = asyncio.Event()  # new signals arrived (request_approval waits on it)
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._owner: asyncio.Task[Any] | None = None  # the task that started the run: SIGTERM cancels it
+        # The task doing the run's work, which SIGTERM cancels: the one entering `async with`, else
+        # the one that called start(). Done (start() ran in a task of its own, as wait_for(start())
+        # on Python 3.11 does): SIGTERM ends the process as WorkerRun's handler does.
+        self._owner: asyncio.Task[Any] | None = None
         self._terminated = False
         self._closed = False
 
@@ -115,7 +122,11 @@ class AsyncWorkerRun(RunCore):
 
     async def _perform(self, op: Op) -> Any:
         if isinstance(op, Transported):
-            return await getattr(await self._connect(), op.operation)(*op.args)
+            transport = await self._connect()
+            # Each try within T (a renewal) or TP (a publication, its read-back), whatever it waits
+            # for: past that it is a try without an answer, as the protocol's timeouts make it.
+            bound = self._request_timeout if op.operation == "renew" else protocol.PUBLICATION_TIMEOUT
+            return await _bounded(getattr(transport, op.operation)(*op.args), bound, op.operation)
         if isinstance(op, Renew):
             return await (self._renew_logged() if op.logged else self.renew())
         if isinstance(op, Sleep):
@@ -150,7 +161,9 @@ class AsyncWorkerRun(RunCore):
         """Reads the payload if it must, renews once (so ownership is confirmed before any work),
         then heartbeats on a task of its own."""
         if self._task is None and not self._closed:
-            self._loop, self._owner = asyncio.get_running_loop(), asyncio.current_task()
+            self._loop = asyncio.get_running_loop()
+            if self._owner is None or self._owner.done():
+                self._owner = asyncio.current_task()
             _watch_sigterm(self)
             try:
                 await self._connect()
@@ -176,8 +189,11 @@ class AsyncWorkerRun(RunCore):
                 await asyncio.wait({task}, timeout=self.renew_interval + 15)
             if self._owes_last_renewal(task is not None):
                 try:
-                    async with self._renewing:
-                        await drive_async(self._renew_ops(), self._perform)
+                    if await self._lock_renewals():
+                        try:
+                            await drive_async(self._renew_ops(), self._perform)
+                        finally:
+                            self._renewing.release()
                 except Exception as exc:  # noqa: BLE001 - leaving must not fail; what was not reported is not charged
                     log.warning("last renewal failed", extra=self._fields("heartbeat_unanswered", error=str(exc)[:300]))
         finally:
@@ -218,8 +234,25 @@ class AsyncWorkerRun(RunCore):
         """One heartbeat: a conditional update of the Lease. Returns True when confirmed."""
         if self.lost:
             return False
-        async with self._renewing:
+        if not await self._lock_renewals():
+            return False
+        try:
             return await drive_async(self._renew_ops(), self._perform)
+        finally:
+            self._renewing.release()
+
+    async def _lock_renewals(self) -> bool:
+        """Takes the renewal lock within T (a renewal holding it is itself bounded by T); False, and
+        the renewal counts as unanswered, when it is not free by then."""
+        if not self._renewing.locked():
+            return await self._renewing.acquire()  # free: taken at once, without a task for the bound
+        try:
+            await asyncio.wait_for(self._renewing.acquire(), self._request_timeout)
+            return True
+        except asyncio.TimeoutError:
+            log.warning("renewal not sent: another one held the lock", extra=self._fields(
+                "heartbeat_unanswered", error=f"the renewal lock was not free within {self._request_timeout:g}s"))
+            return False
 
     # --- approvals and results ------------------------------------------------------
 
@@ -229,12 +262,22 @@ class AsyncWorkerRun(RunCore):
         return await drive_async(self._approval_ops(name, details, timeout, poll), self._perform)
 
     async def complete(self, result: dict[str, Any]) -> None:
-        """Publishes the result with one fenced write (raises as WorkerRun.complete does)."""
-        await drive_async(self._publish_ops("result", result), self._perform)
+        """Publishes the result with one fenced write (raises as WorkerRun.complete does: one
+        publication per attempt, AlreadyPublished for any other). Cancelled or timed out once its
+        try was sent, the publication is in doubt: only the same value may be published again,
+        which reads back first whether the earlier try landed."""
+        await self._publish("result", result)
 
     async def fail(self, code: str, message: str = "") -> None:
         """Publishes a failure with one fenced write; retry rules decide what follows."""
-        await drive_async(self._publish_ops("error", {"code": code, "message": message}), self._perform)
+        await self._publish("error", {"code": code, "message": message})
+
+    async def _publish(self, field: str, value: dict[str, Any]) -> None:
+        retry = self._claim_publication(field, value)  # before any await: one caller gets through
+        try:
+            await drive_async(self._publish_ops(field, value, retry), self._perform)
+        finally:
+            self._release_publication()
 
     def http_client(self, timeout: float = 30.0, **kw: Any) -> "AsyncFencedClient":
         return AsyncFencedClient(self, timeout=timeout, **kw)
@@ -242,6 +285,7 @@ class AsyncWorkerRun(RunCore):
     # --- context manager -------------------------------------------------------
 
     async def __aenter__(self) -> "AsyncWorkerRun":
+        self._owner = asyncio.current_task()  # the task that does the work inside `async with`
         try:
             return await self.start()
         except asyncio.CancelledError:
@@ -254,7 +298,7 @@ class AsyncWorkerRun(RunCore):
             if self._fails_on_exit(exc, (Terminated, KeyboardInterrupt, asyncio.CancelledError)):
                 try:
                     await self.fail(type(exc).__name__, str(exc)[:500])
-                except (LeaseLost, OwnershipUnknown, httpx.HTTPError):
+                except (LeaseLost, OwnershipUnknown, AlreadyPublished, httpx.HTTPError):
                     pass
         except asyncio.CancelledError:  # SIGTERM while publishing the failure: stop() still runs
             self._raise_if_terminated()
@@ -329,7 +373,31 @@ def _unwatch_sigterm(run: AsyncWorkerRun) -> None:
 
 
 def _terminate(loop: asyncio.AbstractEventLoop) -> None:
+    orphaned = False
     for run in list(_WATCHED.get(loop, ())):
         run._terminated = True
         if run._owner is not None and not run._owner.done():
             run._owner.cancel()
+        else:
+            orphaned = True
+    if orphaned:
+        # No task of the run's own to cancel (start() ran in one that has ended): end the process as
+        # WorkerRun's handler does. SystemExit leaves the loop; asyncio.run then cancels every task,
+        # so a `finally: await run.stop()` still sends the last renewal, and the process exits 143.
+        raise Terminated(128 + signal.SIGTERM)
+
+
+async def _bounded(awaitable: Any, seconds: float, what: str) -> Any:
+    """Awaits `awaitable` for at most `seconds`; past that, raises httpx.TimeoutException (no answer)
+    and abandons it, cancelled, even where a cancellation does not reach at once (a thread)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=seconds)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # nobody awaits it any more
+        raise httpx.TimeoutException(f"{what}: no answer within {seconds:g}s")
+    return task.result()

@@ -11,6 +11,7 @@ so taking it from the event loop does not block it.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ import httpx
 
 from tether import protocol
 from tether.api.models import Signals, Usage
-from tether.worker.errors import LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested
+from tether.worker.errors import AlreadyPublished, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested
 from tether.worker.ops import (ApprovalDecision, AwaitSignals, ControlSignals, Ops, Renew, Sleep, Transported,
                                retry_after)
 from tether.worker.steps import Renewal
@@ -58,6 +59,12 @@ class RunCore:
         self._confirmed_at = float("-inf")
         self._lost = False
         self._finished = False  # a result or an error was published
+        # One publication per attempt (docs/protocol.md §5.4): what it is, whether one is in flight,
+        # and whether one may have landed without a definite answer (a try with no answer yet, or
+        # one cut short by a cancellation or a timeout). Set under _lock, never across I/O.
+        self._publication: tuple[str, Any] | None = None
+        self._publishing = False
+        self._in_doubt = False
         self._pending_checkpoint: str | None = None
         self._usage: Usage | None = None
         self._signals = Signals()
@@ -147,7 +154,9 @@ class RunCore:
             "tether.renewal": "confirmed" if ok else "lost" if self._lost else "unconfirmed"}))
 
     def _renewal(self) -> Ops[bool]:
-        if self.lost:  # the renewal this one waited behind found the lease lost: nothing more to send
+        # The renewal this one waited behind found the lease lost, or a publication it waited behind
+        # was accepted (renewing stops then, docs/protocol.md §5.4): nothing more to send.
+        if self.lost or self._finished:
             return False
         started = self._mono()  # the confirmation counts from before the request went out
         with self._lock:
@@ -256,40 +265,82 @@ class RunCore:
 
     # --- results ---------------------------------------------------------------
 
-    def _publish_ops(self, field: str, value: dict[str, Any]) -> Ops[None]:
+    def _claim_publication(self, field: str, value: dict[str, Any]) -> bool:
+        """Reserves this attempt's one publication for `field` = `value`, or raises AlreadyPublished:
+        one was accepted, one is in flight, or one of another value may have landed. Returns whether
+        the same value was published before without a definite answer (read it back first). The
+        flavours call it before their first await (or under the state's lock, from any thread), so
+        two callers never both get through."""
+        with self._lock:
+            if self._finished:
+                raise AlreadyPublished(f"the {field} was not published: this attempt already published its "
+                                       f"{self._publication[0] if self._publication else 'outcome'}")
+            if self._publishing:
+                raise AlreadyPublished(f"the {field} was not published: this attempt's "
+                                       f"{self._publication[0] if self._publication else 'outcome'} is being "
+                                       f"published")
+            if self._in_doubt and self._publication != (field, value):
+                raise AlreadyPublished(f"the {field} was not published: this attempt's earlier "
+                                       f"{self._publication[0] if self._publication else 'publication'} may have "
+                                       f"landed (its answer never came); only the same value may be retried")
+            retry = self._in_doubt
+            self._publishing = True
+            self._publication = (field, copy.deepcopy(value))
+        return retry
+
+    def _release_publication(self) -> None:
+        """The publication ended, however (answered, given up, cancelled): another may be tried, unless
+        it was accepted or is in doubt (_claim_publication)."""
+        with self._lock:
+            self._publishing = False
+
+    def _publish_ops(self, field: str, value: dict[str, Any], retry: bool = False) -> Ops[None]:
         """One fenced publication (docs/protocol.md §5.4): retried on no answer and on answers that
         say nothing about ownership, until the lease deadline; LeaseLost once refused or once the
-        heartbeat heard the run is lost; ResultInvalid when the value itself was refused."""
-        return (yield from self.trace.ops("tether.publish", self._publication(field, value),
+        heartbeat heard the run is lost; ResultInvalid when the value itself was refused. `retry`:
+        the same value was sent before without a definite answer, so it is read back first.
+        The caller reserves it first (_claim_publication) and releases it after."""
+        return (yield from self.trace.ops("tether.publish", self._publication_steps(field, value, retry),
                                           **{"tether.publication": field}))
 
-    def _publication(self, field: str, value: dict[str, Any]) -> Ops[None]:
-        if self.lost:
+    def _publication_steps(self, field: str, value: dict[str, Any], retry: bool) -> Ops[None]:
+        if self.lost and not retry:
             log.error("result rejected: lease lost", extra=self._fields("result_rejected", field=field))
             raise LeaseLost("result not published: the lease is lost")
         # Usage and the last checkpoint go out with a final renewal, so nothing is left behind; a
         # confirmed one also moves the deadline below.
         yield Renew(logged=True)
         delay = 0.5
-        unanswered = False  # a request whose answer was lost may have landed
+        unanswered = retry  # a request whose answer was lost may have landed
+        read_first = retry  # an earlier call's try may have landed: look before sending it again
         while True:
             if self.lost and not unanswered:  # the heartbeat heard it meanwhile: publish nothing more
                 log.error("result rejected: lease lost", extra=self._fields("result_rejected", field=field))
                 raise LeaseLost(f"the {field} was not published: the lease is lost")
             try:
-                try:
-                    accepted = yield Transported("publish", (field, value))
-                except ResultInvalid as exc:
-                    log.error("%s refused as invalid", field,
-                              extra=self._fields("result_invalid", field=field, causes=exc.causes))
-                    raise
-                if not accepted and unanswered:
+                accepted = False
+                if read_first:
+                    read_first = False
                     accepted = yield Transported("recorded", (field, value))
+                if not accepted:
+                    # In doubt from before the try is sent until a definite answer: a cancellation
+                    # or a timeout in between leaves it so (the write may land after).
+                    self._in_doubt = True
+                    try:
+                        accepted = yield Transported("publish", (field, value))
+                    except ResultInvalid as exc:
+                        self._in_doubt = False  # the value is refused every time: no try of it landed
+                        log.error("%s refused as invalid", field,
+                                  extra=self._fields("result_invalid", field=field, causes=exc.causes))
+                        raise
+                    if not accepted and unanswered:
+                        accepted = yield Transported("recorded", (field, value))
             except httpx.HTTPError as exc:
                 # No answer, or a 5xx (which may come after the write): it may have landed. A 4xx
                 # (400, 401, 403, 429) is refused before anything is written.
                 if not isinstance(exc, httpx.HTTPStatusError) or exc.response.status_code >= 500:
                     unanswered = True
+                self._in_doubt = unanswered
                 wait = max(delay, retry_after(exc))  # a server that says when to come back is believed
                 # Read after the try, which may have taken TP: the heartbeat went on confirming meanwhile.
                 deadline = self._confirmed_at + self.lease_duration
@@ -298,6 +349,7 @@ class RunCore:
                 yield Sleep(wait)
                 delay = min(delay * 2, 5)
                 continue
+            self._in_doubt = False
             if accepted:
                 self._finished = True
                 self._wake_heartbeat()
@@ -310,6 +362,6 @@ class RunCore:
     def _fails_on_exit(self, exc: BaseException | None, not_failures: tuple[type[BaseException], ...]) -> bool:
         """Whether leaving the `with` block with `exc` publishes it as the run's failure: the
         program's own errors (sys.exit(2) too) are; being terminated, cancelled or losing ownership
-        is not."""
-        return exc is not None and not self._finished and \
-            not isinstance(exc, (LeaseLost, OwnershipUnknown, StopRequested, *not_failures))
+        is not, and nothing is once a publication was accepted, is in flight or may have landed."""
+        return exc is not None and not self._finished and not self._publishing and not self._in_doubt and \
+            not isinstance(exc, (LeaseLost, OwnershipUnknown, StopRequested, AlreadyPublished, *not_failures))

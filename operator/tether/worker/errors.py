@@ -40,6 +40,15 @@ class StopRequested(TetherWorkerError):
         self.yielding = yielding
 
 
+class AlreadyPublished(TetherWorkerError):
+    """This attempt already published, is publishing, or may have published (a try whose answer
+    never came: cancelled, timed out) its result or error: an attempt publishes once, and nothing
+    replaces what a caller was told is published. Nothing was sent. Ownership is not in question.
+
+    After a publication cut short (in doubt), complete()/fail() with the same value may be called
+    again: it reads back whether the first one landed, and publishes it again only if not."""
+
+
 class ResultInvalid(TetherWorkerError, ValueError):
     """The API server (or the gateway) refused the value itself: it breaks the WorkerRun schema
     (for example a result that is not a JSON object). Ownership is not in question: the worker

@@ -20,7 +20,7 @@ import httpx
 
 from tether.kube import config as kubeconfig
 from tether.worker.core import MAX_CURSOR, RunCore
-from tether.worker.errors import LeaseLost, OwnershipUnknown, ToolTimeout
+from tether.worker.errors import AlreadyPublished, LeaseLost, OwnershipUnknown, ToolTimeout
 from tether.worker.gateway_steps import claim_steps
 from tether.worker.ops import (ApprovalDecision, ControlSignals, Op, Renew, Sleep, Transported, claimed,
                                from_env_fields, inline_payload, payload_steps, request_timeout, retry_after)
@@ -178,12 +178,20 @@ class WorkerRun(RunCore):
 
     def complete(self, result: dict[str, Any]) -> None:
         """Publishes the result with one fenced JSON patch. Raises LeaseLost if rejected because
-        the run moved on, ResultInvalid if the value itself was refused (still the owner)."""
-        drive(self._publish_ops("result", result), self._perform)
+        the run moved on, ResultInvalid if the value itself was refused (still the owner),
+        AlreadyPublished if this attempt published (or is publishing) already: one per attempt."""
+        self._publish("result", result)
 
     def fail(self, code: str, message: str = "") -> None:
         """Publishes a failure with one fenced JSON patch; retry rules decide what follows."""
-        drive(self._publish_ops("error", {"code": code, "message": message}), self._perform)
+        self._publish("error", {"code": code, "message": message})
+
+    def _publish(self, field: str, value: dict[str, Any]) -> None:
+        retry = self._claim_publication(field, value)  # under the state's lock: one caller gets through
+        try:
+            drive(self._publish_ops(field, value, retry), self._perform)
+        finally:
+            self._release_publication()
 
     # --- side effects ----------------------------------------------------------
 
@@ -201,7 +209,7 @@ class WorkerRun(RunCore):
             if self._fails_on_exit(exc, (Terminated, KeyboardInterrupt)):
                 try:
                     self.fail(type(exc).__name__, str(exc)[:500])
-                except (LeaseLost, OwnershipUnknown, httpx.HTTPError):
+                except (LeaseLost, OwnershipUnknown, AlreadyPublished, httpx.HTTPError):
                     pass
         finally:
             self.stop()
