@@ -29,10 +29,36 @@ import (
 	"sync"
 )
 
-// UsageReporter is what a Meter reports to: *Run.
+// UsageReporter is what a Meter reports to: *Run. Optionally (*Run has them all), what says
+// whether the run may still spend: Lost() (the lease is lost), Finished() (a result or an error
+// was published) and Signals().Stop (the control plane told the worker to stop). The meter refuses
+// to send a request while any is true (ErrRunStopped); a reporter without them is taken to be working.
 type UsageReporter interface {
 	ReportUsage(cents, tokens int64) error
 }
+
+// RunRefusal says why the run behind reporter may not spend any more, or "". Ownership merely
+// unknown (a renewal not answered yet) is not a reason: a brief API blip must not break model calls.
+func RunRefusal(reporter UsageReporter) string {
+	if r, ok := reporter.(interface{ Lost() bool }); ok && r.Lost() {
+		return "the run's lease is lost"
+	}
+	if r, ok := reporter.(interface{ Finished() bool }); ok && r.Finished() {
+		return "the run has finished (its result or error is published)"
+	}
+	if r, ok := reporter.(interface{ Signals() Signals }); ok {
+		if s := r.Signals(); s.Stop {
+			if s.Reason != "" {
+				return "the control plane asked this worker to stop (" + s.Reason + ")"
+			}
+			return "the control plane asked this worker to stop"
+		}
+	}
+	return ""
+}
+
+// generation: a 2xx answer to a request naming a model on one of these paths carries usage.
+var generation = []string{"/completions", "/responses", "/messages"}
 
 // ModelPrice is one model's prices in USD per million tokens. CachedInput (a prompt-cache read)
 // defaults to Input when zero; CacheWrite (an Anthropic cache write) to twice Input when zero.
@@ -44,7 +70,10 @@ var (
 	// ErrMetering: the meter will not send the request (an earlier answer could not be metered).
 	ErrMetering = errors.New("tether: request refused by the meter")
 	// ErrUnpricedModel: the request names a model the price table has no price for.
-	ErrUnpricedModel  = fmt.Errorf("%w: no price for the model", ErrMetering)
+	ErrUnpricedModel = fmt.Errorf("%w: no price for the model", ErrMetering)
+	// ErrRunStopped: the run may not spend any more (its lease lost, its result or error
+	// published, or told to stop); the meter is not faulted.
+	ErrRunStopped     = fmt.Errorf("%w: the run may not spend any more", ErrMetering)
 	errMalformedUsage = errors.New("malformed usage")
 )
 
@@ -302,6 +331,9 @@ func (m *Meter) check(model string) error {
 	if f := m.Fault(); f != "" {
 		return fmt.Errorf("%w: an earlier answer could not be metered (%s)", ErrMetering, f)
 	}
+	if why := RunRefusal(m.reporter); why != "" {
+		return fmt.Errorf("%w: %s", ErrRunStopped, why)
+	}
 	if model != "" && m.Prices.Key(model) == "" {
 		return fmt.Errorf("%w: %q is not in the price table", ErrUnpricedModel, model)
 	}
@@ -315,6 +347,20 @@ type answer struct {
 	counts              map[string]int64
 	units               *big.Int
 	tokens              int64
+	expectUsage         bool // a 2xx answer to a generation request naming a model
+	seen, closed        bool
+}
+
+// checkEnded: the answer ended (read whole, or a stream at its end or its [DONE]); one that should
+// have carried usage and carried none faults the meter -- never silently free.
+func (a *answer) checkEnded() {
+	if a.closed {
+		return
+	}
+	a.closed = true
+	if a.expectUsage && !a.seen && a.meter.Fault() == "" {
+		a.meter.trip(fmt.Sprintf("a 2xx answer to a %q request carried no usage", a.requestModel))
+	}
 }
 
 func (a *answer) see(usage any, model any) {
@@ -332,6 +378,7 @@ func (a *answer) see(usage any, model any) {
 	if len(counts) == 0 {
 		return
 	}
+	a.seen = true
 	merged := map[string]int64{}
 	for k, v := range a.counts {
 		merged[k] = v
@@ -339,10 +386,13 @@ func (a *answer) see(usage any, model any) {
 	for k, v := range counts { // streams repeat or grow their counts: keep the largest
 		merged[k] = max(merged[k], v)
 	}
-	p, ok := a.meter.Prices.lookup(a.model)
-	if !ok {
-		p, ok = a.meter.Prices.lookup(a.requestModel)
+	// Priced by the model that answered (a router or alias may answer with another); by the
+	// request's only when the answer names none. Unpriced: fail closed.
+	named := a.model
+	if named == "" {
+		named = a.requestModel
 	}
+	p, ok := a.meter.Prices.lookup(named)
 	if !ok {
 		a.meter.trip(fmt.Sprintf("no price for the answer's model %q (asked for %q)", a.model, a.requestModel))
 		return
@@ -364,14 +414,14 @@ func (a *answer) see(usage any, model any) {
 }
 
 // seeObject: usage at the top (chat, message_delta, a whole answer), under "response" (responses
-// API events) or under "message" (message_start).
+// API events), "message" (message_start) or "x_groq" (Groq's streams).
 func (a *answer) seeObject(obj any) {
 	o, ok := obj.(map[string]any)
 	if !ok {
 		return
 	}
 	a.see(o["usage"], o["model"])
-	for _, k := range []string{"response", "message"} {
+	for _, k := range []string{"response", "message", "x_groq"} {
 		if inner, ok := o[k].(map[string]any); ok {
 			a.see(inner["usage"], inner["model"])
 		}
@@ -438,7 +488,11 @@ func (e *events) dispatch() {
 		e.a.meter.trip(fmt.Sprintf("a streamed event over %d bytes", maxEvent))
 		return
 	}
-	if len(data) == 0 || string(bytes.TrimSpace(data)) == "[DONE]" {
+	if string(bytes.TrimSpace(data)) == "[DONE]" {
+		e.a.checkEnded() // OpenAI's usage chunk comes before [DONE]
+		return
+	}
+	if len(data) == 0 {
 		return
 	}
 	obj, err := decodeJSON(data)
@@ -448,14 +502,19 @@ func (e *events) dispatch() {
 	e.a.seeObject(obj)
 }
 
-// end: the stream ended or was abandoned; a last complete but unterminated event still counts.
-func (e *events) end() {
+// end: the stream ended (completed: at its end, or cut by the server or the network) or the caller
+// abandoned it (Close before EOF); a last complete but unterminated event still counts. Only a
+// stream the caller did not abandon must have had usage.
+func (e *events) end(completed bool) {
 	if len(e.buf) > 0 {
 		e.line(e.buf)
 		e.buf = nil
 	}
 	if len(e.data) > 0 {
 		e.dispatch()
+	}
+	if completed {
+		e.a.checkEnded()
 	}
 }
 
@@ -475,15 +534,15 @@ func (b *meteredBody) Read(p []byte) (int, error) {
 		b.ev.feed(p[:n])
 	}
 	if err != nil {
-		b.endLocked() // EOF, or cut: what the stream said so far is charged already
+		b.endLocked(true) // EOF, or cut: what the stream said so far is charged already
 	}
 	return n, err
 }
 
-func (b *meteredBody) endLocked() {
+func (b *meteredBody) endLocked(completed bool) {
 	if !b.ended {
 		b.ended = true
-		b.ev.end()
+		b.ev.end(completed)
 	}
 }
 
@@ -491,7 +550,7 @@ func (b *meteredBody) Close() error {
 	err := b.rc.Close()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.endLocked() // abandoned halfway
+	b.endLocked(false) // abandoned halfway by the caller: charges what it saw
 	return err
 }
 
@@ -528,7 +587,13 @@ func (t *meteredTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return nil, err
 	}
 	out := req.Clone(req.Context())
-	if doc != nil && doc["stream"] == true && strings.HasSuffix(strings.TrimRight(req.URL.Path, "/"), "/completions") {
+	path := strings.TrimRight(req.URL.Path, "/")
+	streamed := doc != nil && doc["stream"] == true
+	isGeneration := false
+	for _, g := range generation {
+		isGeneration = isGeneration || (model != "" && strings.HasSuffix(path, g))
+	}
+	if streamed && strings.HasSuffix(path, "/completions") {
 		opts, _ := doc["stream_options"].(map[string]any)
 		if opts == nil {
 			opts = map[string]any{}
@@ -552,13 +617,16 @@ func (t *meteredTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if err != nil {
 		return nil, err
 	}
-	a := &answer{meter: t.m, requestModel: model, units: new(big.Int)}
+	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
+	a := &answer{meter: t.m, requestModel: model, units: new(big.Int), expectUsage: isGeneration && ok}
 	ctype := strings.ToLower(resp.Header.Get("Content-Type"))
 	enc := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding")))
 	if resp.Uncompressed {
 		enc = ""
 	}
-	if strings.Contains(ctype, "text/event-stream") {
+	// A stream is what the request asked for: a 2xx non-JSON answer to it is read as SSE, whatever
+	// its content type says (text/plain, none), and never buffered.
+	if strings.Contains(ctype, "text/event-stream") || (streamed && ok && !strings.Contains(ctype, "json")) {
 		if enc != "" && enc != "identity" {
 			t.m.trip("a stream in an encoding the meter does not read: " + enc)
 			return resp, nil
@@ -584,7 +652,6 @@ func (t *meteredTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	}
 	resp.Body.Close()
 	resp.Body = io.NopCloser(bytes.NewReader(raw))
-	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
 	text, derr := decoded(raw, enc)
 	if derr != nil {
 		if ok {
@@ -597,9 +664,11 @@ func (t *meteredTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		if ok && strings.Contains(ctype, "json") {
 			t.m.trip(fmt.Sprintf("a %d JSON answer that is not JSON", resp.StatusCode))
 		}
+		a.checkEnded()
 		return resp, nil
 	}
 	a.seeObject(obj) // any status: a usage block in an error answer is charged
+	a.checkEnded()
 	return resp, nil
 }
 

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 var testPrices = map[string]ModelPrice{
@@ -442,7 +443,8 @@ func TestCutStreamsChargeWhatTheySaw(t *testing.T) {
 			io.ReadAll(resp.Body)
 			resp.Body.Close()
 		}
-		if r.last() != c.want || m.Fault() != "" {
+		// Cut by the server, not abandoned by the caller: a stream that ended with no usage faults.
+		if r.last() != c.want || (m.Fault() == "") != (c.want != [2]int64{}) {
 			t.Errorf("%s cut %d: %v %q", c.path, c.cut, r.reports, m.Fault())
 		}
 	}
@@ -528,4 +530,229 @@ func TestConcurrentRequestsLoseNothing(t *testing.T) {
 	if r.last() != [2]int64{7 + 36, 40 * 1500} || m.Fault() != "" {
 		t.Errorf("%v %q", r.last(), m.Fault())
 	}
+}
+
+// *Run is a reporter whose Lost, Finished and Signals the meter reads.
+var _ interface {
+	UsageReporter
+	Lost() bool
+	Finished() bool
+	Signals() Signals
+} = (*Run)(nil)
+
+func refusedAfter(t *testing.T, f *fakeModel, client *http.Client, want error) {
+	t.Helper()
+	sent := f.count()
+	if _, err := post(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"}); !errors.Is(err, want) {
+		t.Errorf("later request: %v", err)
+	}
+	if f.count() != sent {
+		t.Error("a refused request was sent")
+	}
+}
+
+func TestAnswersWithoutUsageFault(t *testing.T) {
+	f := newFakeModel(t)
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/messages"} {
+		for _, stream := range []bool{false, true} {
+			m, r, client := meterFor(t)
+			f.next(knobs{usage: nil, hasUsage: true})
+			postText(t, client, f.URL+path, map[string]any{"model": "gpt-x", "stream": stream})
+			if len(r.reports) != 0 || !strings.Contains(m.Fault(), "no usage") {
+				t.Errorf("%s stream %v: %v %q", path, stream, r.reports, m.Fault())
+			}
+			refusedAfter(t, f, client, ErrMetering)
+		}
+	}
+	m, _, client := meterFor(t)
+	for _, path := range []string{"/v1/audio/speech", "/v1/embeddings"} { // not generation endpoints
+		f.next(knobs{body: "\x89PNG"})
+		postText(t, client, f.URL+path, map[string]any{"model": "gpt-x"})
+	}
+	if m.Fault() != "" {
+		t.Errorf("fault %q", m.Fault())
+	}
+	f.next(knobs{body: "\x89PNG"})
+	postText(t, client, f.URL+"/v1/completions", map[string]any{"model": "gpt-x"})
+	if !strings.Contains(m.Fault(), "no usage") {
+		t.Errorf("fault %q", m.Fault())
+	}
+}
+
+func TestAbandonedOpenAIStreamDoesNotFault(t *testing.T) {
+	f := newFakeModel(t)
+	m, r, client := meterFor(t)
+	hold := make(chan struct{})
+	defer close(hold)
+	f.next(knobs{hold: hold})
+	resp, err := post(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x", "stream": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	resp.Body.Read(buf)
+	resp.Body.Close()
+	if len(r.reports) != 0 || m.Fault() != "" {
+		t.Errorf("%v %q", r.reports, m.Fault())
+	}
+}
+
+// sseServer answers every request with chunks (the second only once gate is closed, if given).
+func sseServer(t *testing.T, ctype string, gate chan struct{}, chunks ...string) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if ctype != "" {
+			w.Header().Set("Content-Type", ctype)
+		} else {
+			w.Header()["Content-Type"] = nil // no content type at all
+		}
+		w.WriteHeader(200)
+		for i, c := range chunks {
+			if i == 1 && gate != nil {
+				<-gate
+			}
+			io.WriteString(w, c)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+const chunkHi = `data: {"model": "gpt-x", "choices": [{"delta": {"content": "hi"}}]}` + "\n\n"
+
+func TestStreamAskedForIsReadAsSSEWhateverItsContentType(t *testing.T) {
+	for _, ctype := range []string{"text/plain", ""} {
+		m, r, client := meterFor(t)
+		gate := make(chan struct{})
+		s := sseServer(t, ctype, gate, chunkHi,
+			`data: {"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}`+"\n\ndata: [DONE]\n\n")
+		done := make(chan *http.Response, 1)
+		go func() {
+			resp, err := post(t, client, s.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x", "stream": true})
+			if err != nil {
+				done <- nil
+				return
+			}
+			done <- resp
+		}()
+		var resp *http.Response
+		select {
+		case resp = <-done:
+		case <-time.After(5 * time.Second):
+			close(gate)
+			t.Fatalf("%q: the answer was buffered", ctype)
+		}
+		if resp == nil {
+			t.Fatal("request failed")
+		}
+		buf := make([]byte, len(chunkHi))
+		if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != chunkHi {
+			t.Fatalf("%q: first chunk %q %v", ctype, buf, err)
+		}
+		close(gate)
+		io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if r.last() != [2]int64{1, 1500} || m.Fault() != "" {
+			t.Errorf("%q: %v %q", ctype, r.reports, m.Fault())
+		}
+	}
+}
+
+func TestDoneWithoutUsageFaultsAndGroqUsageIsRead(t *testing.T) {
+	m, _, client := meterFor(t)
+	s := sseServer(t, "text/event-stream", nil, chunkHi+"data: [DONE]\n\n")
+	postText(t, client, s.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x", "stream": true})
+	if !strings.Contains(m.Fault(), "no usage") {
+		t.Errorf("fault %q", m.Fault())
+	}
+	m, r, client := meterFor(t)
+	s = sseServer(t, "text/event-stream", nil, chunkHi+
+		`data: {"model": "gpt-x", "choices": [], "x_groq": {"usage": {"prompt_tokens": 1000, "completion_tokens": 500}}}`+"\n\ndata: [DONE]\n\n")
+	postText(t, client, s.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x", "stream": true})
+	if r.last() != [2]int64{1, 1500} || m.Fault() != "" {
+		t.Errorf("%v %q", r.reports, m.Fault())
+	}
+}
+
+func TestAnswerNamingAnUnpricedModelFaults(t *testing.T) {
+	f := newFakeModel(t)
+	r := &reporter{}
+	prices := map[string]ModelPrice{"gpt-x-cheap": {}}
+	for k, v := range testPrices {
+		prices[k] = v
+	}
+	m, err := NewMeter(r, prices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	f.next(knobs{model: "mystery"})
+	postText(t, &http.Client{Transport: m.Transport(nil)}, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x-cheap"})
+	if len(r.reports) != 0 || !strings.Contains(m.Fault(), "mystery") {
+		t.Errorf("%v %q", r.reports, m.Fault())
+	}
+}
+
+// runState is a reporter with a run's state.
+type runState struct {
+	reporter
+	mu                   sync.Mutex
+	lost, finished, stop bool
+}
+
+func (s *runState) Lost() bool     { s.mu.Lock(); defer s.mu.Unlock(); return s.lost }
+func (s *runState) Finished() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.finished }
+func (s *runState) Signals() Signals {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stop {
+		return Signals{Stop: true, Reason: "BudgetExceeded"}
+	}
+	return Signals{}
+}
+
+type failingReporter struct{}
+
+func (failingReporter) ReportUsage(int64, int64) error { return errors.New("run finished") }
+
+func TestRunThatMayNotSpendRefusesRequests(t *testing.T) {
+	f := newFakeModel(t)
+	for _, end := range []string{"lost", "finished", "stop"} {
+		st := &runState{}
+		m, err := NewMeter(st, testPrices)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &http.Client{Transport: m.Transport(nil)}
+		postText(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"})
+		st.mu.Lock()
+		switch end {
+		case "lost":
+			st.lost = true
+		case "finished":
+			st.finished = true
+		default:
+			st.stop = true
+		}
+		st.mu.Unlock()
+		sent := f.count()
+		_, err = post(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"})
+		if !errors.Is(err, ErrRunStopped) || !errors.Is(err, ErrMetering) || f.count() != sent || m.Fault() != "" {
+			t.Errorf("%s: %v, sent %v, fault %q", end, err, f.count() != sent, m.Fault())
+		}
+		if end == "stop" && !strings.Contains(err.Error(), "BudgetExceeded") {
+			t.Errorf("stop: %v", err)
+		}
+	}
+	m, err := NewMeter(failingReporter{}, testPrices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	client := &http.Client{Transport: m.Transport(nil)}
+	postText(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"})
+	if !strings.Contains(m.Fault(), "run finished") {
+		t.Errorf("fault %q", m.Fault())
+	}
+	refusedAfter(t, f, client, ErrMetering)
 }

@@ -268,6 +268,13 @@ func (r *Run) Lost() bool {
 	return r.lost
 }
 
+// Finished says whether a result or an error of this attempt was published: nothing more is reported.
+func (r *Run) Finished() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.finished
+}
+
 // OwnershipUnknown says whether no renewal was confirmed recently enough to be sure of ownership
 // (and it is not lost).
 func (r *Run) OwnershipUnknown() bool {

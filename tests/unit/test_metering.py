@@ -15,8 +15,9 @@ import pytest
 
 from tether import protocol
 from tether.api.models import Usage
+from tether.worker.core import RunCore
 from tether.worker.metering import (MalformedUsage, Meter, MeteringError, MeteredTransport, PriceTable,
-                                    UnpricedModel, cost, read_usage)
+                                    RunStopped, UnpricedModel, cost, read_usage)
 from tests.support.fake_model import FakeModel
 
 VECTORS = json.loads((Path(__file__).resolve().parents[2] / "sdk/vectors/metering.json").read_text())
@@ -178,12 +179,16 @@ def test_usage_in_an_error_answer_is_charged(fake: FakeModel, status: int) -> No
     assert answer.status_code == status and reporter.reports == [(1, 4000)]
 
 
-@pytest.mark.parametrize("status,body", [(502, b"<html>Bad gateway</html>"), (500, b""), (200, b"\x89PNG")])
-def test_answers_without_usage_charge_nothing_and_do_not_fault(fake: FakeModel, status: int, body: bytes) -> None:
+@pytest.mark.parametrize("path,status,body", [("/v1/chat/completions", 502, b"<html>Bad gateway</html>"),
+                                              ("/v1/messages", 500, b""), ("/v1/audio/speech", 200, b"\x89PNG"),
+                                              ("/v1/embeddings", 200, b'{"data": []}')])
+def test_answers_without_usage_charge_nothing_and_do_not_fault(fake: FakeModel, path: str, status: int,
+                                                                 body: bytes) -> None:
+    """Error answers, and 2xx answers off the generation endpoints (speech, embeddings)."""
     reporter = Reporter()
     meter = Meter(reporter, PRICES)
     fake.next(status=status, body=body)
-    answer = client(meter).post(fake.url + "/v1/chat/completions", json={"model": "gpt-x"})
+    answer = client(meter).post(fake.url + path, json={"model": "gpt-x"})
     assert answer.status_code == status and answer.content == body
     assert reporter.reports == [] and meter.fault is None
 
@@ -236,12 +241,23 @@ def test_the_answers_model_prices_it_else_the_requests(fake: FakeModel) -> None:
     fake.next(model="claude-x-20250101")     # priced by what answered: 1.05 cents
     http.post(fake.url + "/v1/chat/completions", json={"model": "gpt-x-cheap"})
     assert reporter.last == (2, 1500)
-    fake.next(model="mystery-model")         # unpriced answer: priced as asked (0)
-    http.post(fake.url + "/v1/chat/completions", json={"model": "gpt-x-cheap"})
-    assert reporter.last == (2, 3000) and meter.fault is None
-    fake.next(model="mystery-model")         # no model asked, none priced: cannot be metered
-    http.post(fake.url + "/v1/chat/completions", json={"messages": []})
-    assert meter.fault and "mystery-model" in meter.fault
+    inner = httpx.MockTransport(lambda req: httpx.Response(200, json={"usage": {"prompt_tokens": 4000,
+                                                                                "completion_tokens": 0}}))
+    httpx.Client(transport=MeteredTransport(meter, inner=inner)).post("http://m/v1/chat/completions",
+                                                                     json={"model": "gpt-x"})
+    assert reporter.last == (3, 5500) and meter.fault is None  # the answer names none: priced as asked
+
+
+@pytest.mark.parametrize("body", [{"model": "gpt-x-cheap"}, {"messages": []}])
+def test_an_answer_naming_an_unpriced_model_faults_even_if_the_request_is_priced(fake: FakeModel,
+                                                                                  body: dict[str, Any]) -> None:
+    """A router or alias answering with a model the table does not price is not priced at the
+    requested (cheaper) model's rate: fail closed."""
+    reporter = Reporter()
+    meter = Meter(reporter, {**PRICES, "gpt-x-cheap": {"input": 0, "output": 0}})
+    fake.next(model="mystery-model")
+    assert client(meter).post(fake.url + "/v1/chat/completions", json=body).status_code == 200
+    assert reporter.reports == [] and meter.fault and "mystery-model" in meter.fault
 
 
 # --- streams -------------------------------------------------------------------------------------
@@ -298,6 +314,8 @@ def test_an_abandoned_anthropic_stream_charges_what_message_start_said(fake: Fak
 ])
 def test_a_stream_cut_mid_event_charges_what_it_saw(fake: FakeModel, path: str, model: str, cut: int,
                                                     expect: tuple[int, int]) -> None:
+    """Cut by the server (not abandoned by the caller): what it saw is charged, and a stream that
+    ended without any usage faults the meter."""
     reporter = Reporter()
     meter = Meter(reporter, PRICES)
     fake.next(cut_after=cut)
@@ -306,7 +324,8 @@ def test_a_stream_cut_mid_event_charges_what_it_saw(fake: FakeModel, path: str, 
             s.read()
         except httpx.HTTPError:
             pass
-    assert reporter.last == expect and meter.fault is None
+    assert reporter.last == expect
+    assert (meter.fault is None) == (expect != (0, 0))
 
 
 def test_a_malformed_usage_event_faults(fake: FakeModel) -> None:
@@ -390,3 +409,171 @@ def test_deflate_decoding_of_both_kinds() -> None:
     for data in (zlib.compress(doc), zlib.compress(doc)[2:-4], gzip.compress(doc)):
         enc = "gzip" if data[:2] == b"\x1f\x8b" else "deflate"
         assert _Decoder(enc).feed(data) == doc
+
+
+# --- answers that end without usage (never silently free) -----------------------------------------
+
+def _refused_after(http: httpx.Client, fake: FakeModel) -> None:
+    sent = len(fake.requests)
+    with pytest.raises(MeteringError):
+        http.post(fake.url + "/v1/chat/completions", json={"model": "gpt-x"})
+    assert len(fake.requests) == sent
+
+
+@pytest.mark.parametrize("path,model,knobs", [
+    ("/v1/chat/completions", "gpt-x", {"usage": None}),
+    ("/v1/responses", "gpt-x", {"usage": None}),
+    ("/v1/messages", "claude-x", {"usage": None}),
+    ("/v1/chat/completions", "gpt-x", {"body": b'{"id": "x", "choices": []}', "content_type": "application/json"}),
+    ("/v1/completions", "gpt-x", {"body": b"\x89PNG"}),
+    ("/v1/chat/completions", "gpt-x", {"usage": {}}),
+])
+def test_a_2xx_whole_answer_without_usage_faults(fake: FakeModel, path: str, model: str, knobs: dict[str, Any]) -> None:
+    reporter = Reporter()
+    meter = Meter(reporter, PRICES)
+    http = client(meter)
+    fake.next(**knobs)
+    assert http.post(fake.url + path, json={"model": model}).status_code == 200  # delivered
+    assert reporter.reports == [] and meter.fault and "no usage" in meter.fault
+    _refused_after(http, fake)
+
+
+@pytest.mark.parametrize("path,model", [("/v1/chat/completions", "gpt-x"), ("/v1/responses", "gpt-x"),
+                                        ("/v1/messages", "claude-x")])
+def test_a_stream_that_completes_without_usage_faults(fake: FakeModel, path: str, model: str) -> None:
+    reporter = Reporter()
+    meter = Meter(reporter, PRICES)
+    http = client(meter)
+    fake.next(usage=None)
+    with http.stream("POST", fake.url + path, json={"model": model, "stream": True}) as s:
+        s.read()
+    assert reporter.reports == [] and meter.fault and "no usage" in meter.fault
+    _refused_after(http, fake)
+
+
+def test_done_without_a_usage_chunk_faults_even_if_the_caller_stops_there() -> None:
+    """A compatible server that ignores include_usage: [DONE] with no usage chunk before it."""
+    meter = Meter(Reporter(), PRICES)
+    sse = b'data: {"model": "gpt-x", "choices": [{"delta": {"content": "hi"}}]}\n\ndata: [DONE]\n\n'
+    inner = httpx.MockTransport(lambda req: httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                                           content=iter([sse, b": trailing comment\n\n"])))
+    with httpx.Client(transport=MeteredTransport(meter, inner=inner)).stream(
+            "POST", "http://m/v1/chat/completions", json={"model": "gpt-x", "stream": True}) as s:
+        for line in s.iter_lines():
+            if "[DONE]" in line:
+                break
+    assert meter.fault and "no usage" in meter.fault
+
+
+def test_a_stream_the_caller_abandons_does_not_fault(fake: FakeModel) -> None:
+    gate = threading.Event()
+    fake.next(gate=gate)
+    reporter = Reporter()
+    meter = Meter(reporter, PRICES)
+    try:
+        with client(meter).stream("POST", fake.url + "/v1/chat/completions",
+                                  json={"model": "gpt-x", "stream": True}) as s:
+            next(line for line in s.iter_lines() if line.startswith("data:"))
+    finally:
+        gate.set()
+    assert reporter.reports == [] and meter.fault is None  # the documented gap: nothing seen, nothing charged
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", None])
+def test_a_stream_asked_for_is_read_as_sse_whatever_its_content_type(ctype: str | None) -> None:
+    """Decided by the request's "stream": true: passed on unbuffered and metered."""
+    reporter = Reporter()
+    meter = Meter(reporter, PRICES)
+    gate, delivered = threading.Event(), []
+    events = [b'data: {"model": "gpt-x", "choices": [{"delta": {"content": "hi"}}]}\n\n',
+              b'data: {"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}'
+              b'\n\ndata: [DONE]\n\n']
+
+    def body() -> Iterator[bytes]:
+        yield events[0]
+        gate.wait(5)
+        yield events[1]
+
+    headers = {"content-type": ctype} if ctype else {}
+    inner = httpx.MockTransport(lambda req: httpx.Response(200, headers=headers, content=body()))
+    with httpx.Client(transport=MeteredTransport(meter, inner=inner)).stream(
+            "POST", "http://m/v1/chat/completions", json={"model": "gpt-x", "stream": True}) as s:
+        for _ in s.iter_raw():
+            delivered.append(gate.is_set())
+            gate.set()
+    assert delivered[0] is False  # the first event reached the caller before the server sent the rest
+    assert reporter.reports == [(1, 1500)] and meter.fault is None
+
+
+def test_groq_usage_under_x_groq_is_charged() -> None:
+    reporter = Reporter()
+    meter = Meter(reporter, PRICES)
+    sse = (b'data: {"model": "gpt-x", "choices": [{"delta": {"content": "hi"}}]}\n\n'
+           b'data: {"model": "gpt-x", "choices": [], "x_groq": {"id": "r", "usage": {"prompt_tokens": 1000, '
+           b'"completion_tokens": 500}}}\n\ndata: [DONE]\n\n')
+    inner = httpx.MockTransport(lambda req: httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                                           content=sse))
+    with httpx.Client(transport=MeteredTransport(meter, inner=inner)).stream(
+            "POST", "http://m/v1/chat/completions", json={"model": "gpt-x", "stream": True}) as s:
+        s.read()
+    assert reporter.reports == [(1, 1500)] and meter.fault is None
+
+
+def test_async_stream_completing_without_usage_faults(fake: FakeModel) -> None:
+    meter = Meter(Reporter(), PRICES)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=meter.async_transport()) as http:
+            fake.next(usage=None)
+            async with http.stream("POST", fake.url + "/v1/messages", json={"model": "claude-x", "stream": True}) as s:
+                await s.aread()
+
+    asyncio.run(main())
+    assert meter.fault and "no usage" in meter.fault
+
+
+# --- a run that may not spend any more --------------------------------------------------------------
+
+def _run() -> RunCore:
+    return RunCore(name="r", namespace="ns", holder="w", fence=1, attempt=1, lease_duration=30, renew_interval=10)
+
+
+@pytest.mark.parametrize("end", ["lost", "finished", "stop"])
+def test_a_run_that_may_not_spend_refuses_requests(fake: FakeModel, end: str) -> None:
+    run = _run()
+    assert run.ownership_unknown  # never renewed: unknown ownership does not refuse
+    meter = Meter(run, PRICES)
+    http = client(meter)
+    http.post(fake.url + "/v1/chat/completions", json={"model": "gpt-x"})
+    assert meter.cents == 1 and meter.fault is None
+    if end == "lost":
+        run._mark_lost("test")
+    elif end == "finished":
+        run._finished = True
+    else:
+        from tether.api.models import Signals
+        run._signals = Signals(stop=True, reason="BudgetExceeded")
+    sent = len(fake.requests)
+    with pytest.raises(RunStopped) as refused:
+        http.post(fake.url + "/v1/chat/completions", json={"model": "gpt-x"})
+    assert isinstance(refused.value, MeteringError) and len(fake.requests) == sent
+    if end == "stop":
+        assert "BudgetExceeded" in str(refused.value)
+
+
+def test_a_reporter_without_run_state_is_taken_to_be_working(fake: FakeModel) -> None:
+    class Bare:
+        def report_usage(self, cents: int, tokens: int = 0) -> None:
+            pass
+    client(Meter(Bare(), PRICES)).post(fake.url + "/v1/chat/completions", json={"model": "gpt-x"})
+
+
+def test_a_report_that_raises_anything_faults_the_meter(fake: FakeModel) -> None:
+    class Gone:
+        def report_usage(self, cents: int, tokens: int = 0) -> None:
+            raise RuntimeError("run finished")
+    meter = Meter(Gone(), PRICES)
+    http = client(meter)
+    http.post(fake.url + "/v1/chat/completions", json={"model": "gpt-x"})
+    assert meter.fault and "run finished" in meter.fault
+    _refused_after(http, fake)

@@ -91,6 +91,11 @@ class RunCore:
         return self._lost
 
     @property
+    def finished(self) -> bool:
+        """A result or an error of this attempt was published: nothing more is reported."""
+        return self._finished
+
+    @property
     def ownership_unknown(self) -> bool:
         """No renewal confirmed recently enough to be sure of ownership."""
         return not self.lost and self._mono() > self._confirmed_at + self.lease_duration - self.margin

@@ -37,20 +37,51 @@ MAX_TOKENS_PER_ANSWER = 10**9   # no answer has a billion tokens: a larger count
 MAX_READ_AHEAD = 64 * 2**20     # a non-streamed answer is read whole to find its usage, up to this
 MAX_EVENT = 16 * 2**20          # one SSE event, at most
 _DATE_SUFFIX = re.compile(r"^(.+)-(\d{4}-\d{2}-\d{2}|\d{8})$")
+# Generation endpoints: a 2xx answer to a request naming a model on one of these carries usage.
+_GENERATION = ("/completions", "/responses", "/messages")
 _FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details.cached_tokens",
            "input_tokens", "output_tokens", "input_tokens_details.cached_tokens",
            "cache_read_input_tokens", "cache_creation_input_tokens")
 
 
 class UsageReporter(Protocol):
-    """What the meter reports to: WorkerRun and AsyncWorkerRun both have this synchronous method."""
+    """What the meter reports to: WorkerRun and AsyncWorkerRun both have this synchronous method.
+
+    Optionally (WorkerRun and AsyncWorkerRun have them all), what says whether the run may still
+    spend: `lost` (the lease is lost), `finished` (a result or an error was published) and
+    `signals.stop` (the control plane told the worker to stop). The meter refuses to send a request
+    while any is true; a reporter without them is taken to be working."""
 
     def report_usage(self, cents: int, tokens: int = 0) -> None: ...
+
+
+def run_refusal(reporter: Any) -> str | None:
+    """Why the run behind `reporter` may not spend any more (its lease lost, its result or error
+    published, told to stop), or None. Ownership merely unknown (a renewal not answered yet) is not
+    a reason: a brief API blip must not break model calls."""
+    try:
+        if getattr(reporter, "lost", False) is True:
+            return "the run's lease is lost"
+        if getattr(reporter, "finished", False) is True:
+            return "the run has finished (its result or error is published)"
+        signals = getattr(reporter, "signals", None)
+        if signals is not None and getattr(signals, "stop", False) is True:
+            reason = getattr(signals, "reason", None)
+            return "the control plane asked this worker to stop" + (f" ({reason})" if reason else "")
+    except Exception:  # noqa: BLE001 - a reporter whose state cannot be read is taken to be working
+        return None
+    return None
 
 
 class MeteringError(RuntimeError):
     """A request the meter will not send: it could not price it, or an earlier answer could not be
     metered (the meter is faulted: `Meter.fault` says why) and spending on blind is refused."""
+
+
+class RunStopped(MeteringError):
+    """A request refused because the run may not spend any more: its lease is lost, its result or
+    error is published, or the control plane told the worker to stop. Spend then would be reported
+    to no one. The meter is not faulted: nothing went unmetered."""
 
 
 class UnpricedModel(MeteringError):
@@ -244,7 +275,7 @@ class Meter:
                 # Under the lock: two answers ending together report in order, never lower.
                 self._reporter.report_usage(cents=report[0], tokens=report[1])
                 self._reported = report
-            except ValueError as exc:
+            except Exception as exc:  # noqa: BLE001 - refused, lost, finished: the spend went unreported
                 self._trip_locked(f"usage report refused: {exc}")
 
     def _trip(self, why: str) -> None:
@@ -262,6 +293,9 @@ class Meter:
             fault = self._fault
         if fault is not None:
             raise MeteringError(f"request refused: an earlier answer could not be metered ({fault})")
+        stopped = run_refusal(self._reporter)
+        if stopped is not None:
+            raise RunStopped(f"request refused: {stopped}")
         if model is not None and self.prices.lookup(model) is None:
             raise UnpricedModel(f"request refused: no price for model {model!r} in the price table")
 
@@ -269,11 +303,14 @@ class Meter:
 class _Answer:
     """One answer's usage as seen so far; charges the meter what is new each time usage appears."""
 
-    def __init__(self, meter: Meter, request_model: str | None) -> None:
+    def __init__(self, meter: Meter, request_model: str | None, expect_usage: bool = False) -> None:
         self.meter, self.request_model = meter, request_model
+        self.expect_usage = expect_usage  # a 2xx answer to a generation request naming a model
         self.model: str | None = None
         self.counts: dict[str, int] = {}
         self.charged = (0, 0)
+        self.seen = False    # a usage block with counts was read
+        self.closed = False  # the answer ended (check_ended ran)
 
     def see(self, usage: Any, model: Any) -> None:
         if self.model is None and isinstance(model, str) and model:
@@ -284,11 +321,15 @@ class _Answer:
             counts = read_usage(usage)
             if not counts:
                 return
+            self.seen = True
             # Streams repeat or grow their counts (Anthropic's message_delta): keep the largest.
             merged = dict(self.counts)
             for k, v in counts.items():
                 merged[k] = max(merged.get(k, 0), v)
-            price = self.meter.prices.lookup(self.model) or self.meter.prices.lookup(self.request_model)
+            # Priced by the model that answered (a router or alias may answer with another);
+            # by the request's only when the answer names none. Unpriced: fail closed.
+            named = self.model if self.model is not None else self.request_model
+            price = self.meter.prices.lookup(named)
             if price is None:
                 raise MalformedUsage(f"no price for the answer's model {self.model!r} "
                                      f"(asked for {self.request_model!r})")
@@ -301,13 +342,23 @@ class _Answer:
         self.charged = (max(units, self.charged[0]), max(tokens, self.charged[1]))
         self.meter._charge(du, dt)
 
+    def check_ended(self) -> None:
+        """The answer ended (a whole answer read, a stream at its end or its [DONE]): one that
+        should have carried usage and carried none faults the meter -- never silently free."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.expect_usage and not self.seen and self.meter.fault is None:
+            self.meter._trip(f"a 2xx answer to a {self.request_model!r} request carried no usage")
+
     def see_object(self, obj: Any) -> None:
         """A JSON answer or one streamed event: usage at the top (chat, Anthropic's message_delta,
-        a whole answer), under `response` (responses API events) or `message` (message_start)."""
+        a whole answer), under `response` (responses API events), `message` (message_start) or
+        `x_groq` (Groq's streams)."""
         if not isinstance(obj, Mapping):
             return
         self.see(obj.get("usage"), obj.get("model"))
-        for key in ("response", "message"):
+        for key in ("response", "message", "x_groq"):
             inner = obj.get(key)
             if isinstance(inner, Mapping):
                 self.see(inner.get("usage"), inner.get("model"))
@@ -376,7 +427,10 @@ class _Events:
             self.overflow = False
             self.answer.meter._trip(f"a streamed event over {MAX_EVENT} bytes")
             return
-        if not data or data.strip() == b"[DONE]":
+        if data.strip() == b"[DONE]":
+            self.answer.check_ended()  # OpenAI's usage chunk comes before [DONE]
+            return
+        if not data:
             return
         try:
             obj = json.loads(data)
@@ -384,18 +438,31 @@ class _Events:
             return  # not JSON: no usage in it
         self.answer.see_object(obj)
 
-    def end(self) -> None:
-        """The stream ended or was abandoned: a last event complete but unterminated still counts."""
+    def end(self, completed: bool) -> None:
+        """The stream ended (`completed`: read to its end) or was abandoned or cut: a last event
+        complete but unterminated still counts. Only a completed stream must have had usage."""
         if self.buf:
             self._line(self.buf)
             self.buf = b""
         if self.data:
             self._dispatch()
+        if completed:
+            self.answer.check_ended()
 
 
-def _prepare(meter: Meter, request: httpx.Request) -> tuple[httpx.Request, str | None]:
-    """Refuses what the meter cannot price; asks a streamed chat completion for its usage; keeps
-    Accept-Encoding to what the meter can read."""
+@dataclass(frozen=True)
+class _Asked:
+    """What the request asked: its model, whether it asked for a stream, and whether it is a
+    generation request naming a model (its 2xx answer must carry usage)."""
+
+    model: str | None
+    streamed: bool
+    generation: bool
+
+
+def _prepare(meter: Meter, request: httpx.Request) -> tuple[httpx.Request, _Asked]:
+    """Refuses what the meter cannot price, or any request once the run may not spend; asks a
+    streamed chat completion for its usage; keeps Accept-Encoding to what the meter can read."""
     try:
         body = request.content
     except httpx.RequestNotRead:
@@ -414,7 +481,9 @@ def _prepare(meter: Meter, request: httpx.Request) -> tuple[httpx.Request, str |
         kept = [e for e in accept.split(",") if e.split(";")[0].strip().lower() in ("gzip", "deflate", "identity")]
         headers["accept-encoding"] = ", ".join(e.strip() for e in kept) or "identity"
     path = request.url.path.rstrip("/")
-    if isinstance(doc, dict) and doc.get("stream") is True and path.endswith("/completions"):
+    streamed = isinstance(doc, dict) and doc.get("stream") is True
+    asked = _Asked(model, streamed, model is not None and path.endswith(_GENERATION))
+    if streamed and path.endswith("/completions"):
         opts = doc.get("stream_options")
         if not (isinstance(opts, dict) and opts.get("include_usage") is True):
             # OpenAI sends a streamed answer's usage only when asked: the meter always asks.
@@ -422,11 +491,11 @@ def _prepare(meter: Meter, request: httpx.Request) -> tuple[httpx.Request, str |
             body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
             headers["content-length"] = str(len(body))
             return httpx.Request(request.method, request.url, headers=headers, content=body,
-                                 extensions=request.extensions), model
+                                 extensions=request.extensions), asked
     if headers.raw == request.headers.raw:
-        return request, model
+        return request, asked
     request.headers = headers
-    return request, model
+    return request, asked
 
 
 def _whole(answer: _Answer, response: httpx.Response, raw: bytes) -> None:
@@ -442,8 +511,10 @@ def _whole(answer: _Answer, response: httpx.Response, raw: bytes) -> None:
     except (zlib.error, ValueError):
         if response.is_success and "json" in ctype:
             answer.meter._trip(f"a {response.status_code} JSON answer that is not JSON")
+        answer.check_ended()
         return
     answer.see_object(obj)  # any status: a usage block in an error answer is charged
+    answer.check_ended()
 
 
 class _SyncEvents(httpx.SyncByteStream):
@@ -452,10 +523,18 @@ class _SyncEvents(httpx.SyncByteStream):
         self.dead = False
 
     def __iter__(self) -> Iterator[bytes]:
-        for chunk in self.inner:
+        it = iter(self.inner)
+        while True:
+            try:
+                chunk = next(it)
+            except StopIteration:
+                break
+            except Exception:
+                self._end(completed=True)  # cut by the server or the network: not the caller's doing
+                raise
             self._feed(chunk)
-            yield chunk  # unchanged, as it came
-        self._end()
+            yield chunk  # unchanged, as it came (a caller that stops here abandons the stream)
+        self._end(completed=True)
 
     def _feed(self, chunk: bytes) -> None:
         if self.dead:
@@ -466,10 +545,10 @@ class _SyncEvents(httpx.SyncByteStream):
             self.dead = True  # read no more of it; the caller still gets every byte
             self.events.answer.meter._trip(f"a stream that does not decode: {exc}")
 
-    def _end(self) -> None:
+    def _end(self, completed: bool = False) -> None:
         if not self.ended and not self.dead:
             self.ended = True
-            self.events.end()
+            self.events.end(completed)
 
     def close(self) -> None:
         try:
@@ -484,10 +563,18 @@ class _AsyncEvents(httpx.AsyncByteStream):
         self.inner = inner
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self.inner:
+        it = self.inner.__aiter__()
+        while True:
+            try:
+                chunk = await it.__anext__()
+            except StopAsyncIteration:
+                break
+            except Exception:
+                self._sync._end(completed=True)  # cut by the server or the network
+                raise
             self._sync._feed(chunk)
             yield chunk
-        self._sync._end()
+        self._sync._end(completed=True)
 
     async def aclose(self) -> None:
         try:
@@ -497,17 +584,21 @@ class _AsyncEvents(httpx.AsyncByteStream):
 
 
 class _Head:
-    """What the transport does with one answer: SSE is read as it passes (`events`); JSON, and any
-    answer to a request naming a model, is read ahead whole (`whole`, up to MAX_READ_AHEAD)."""
+    """What the transport does with one answer: SSE is read as it passes (`events`) -- an answer
+    served as text/event-stream, or a 2xx non-JSON answer to a request that asked for a stream,
+    whatever its content type says; JSON, and any other answer to a request naming a model, is read
+    ahead whole (`whole`, up to MAX_READ_AHEAD)."""
 
-    def __init__(self, meter: Meter, response: httpx.Response, model: str | None) -> None:
-        self.response, self.answer = response, _Answer(meter, model)
+    def __init__(self, meter: Meter, response: httpx.Response, asked: _Asked) -> None:
+        self.response = response
+        self.answer = _Answer(meter, asked.model, asked.generation and response.is_success)
         self.events: tuple[_Events, _Decoder] | None = None
         self.chunks: list[bytes] = []
         self.size = 0
         ctype = response.headers.get("content-type", "").lower()
-        self.whole = "text/event-stream" not in ctype and ("json" in ctype or model is not None)
-        if "text/event-stream" in ctype:
+        sse = "text/event-stream" in ctype or (asked.streamed and response.is_success and "json" not in ctype)
+        self.whole = not sse and ("json" in ctype or asked.model is not None)
+        if sse:
             decoder = _Decoder(response.headers.get("content-encoding", ""))
             if decoder.unknown:
                 meter._trip(f"a stream in an encoding the meter cannot read ({decoder.unknown})")
@@ -567,9 +658,9 @@ class MeteredTransport(httpx.BaseTransport):
         self.inner = inner if inner is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        request, model = _prepare(self.meter, request)
+        request, asked = _prepare(self.meter, request)
         response = self.inner.handle_request(request)
-        head = _Head(self.meter, response, model)
+        head = _Head(self.meter, response, asked)
         if head.events is not None:
             return _rebuilt(response, _SyncEvents(response.stream, *head.events))  # type: ignore[arg-type]
         if not head.whole:
@@ -618,9 +709,9 @@ class AsyncMeteredTransport(httpx.AsyncBaseTransport):
         self.inner = inner if inner is not None else httpx.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        request, model = _prepare(self.meter, request)
+        request, asked = _prepare(self.meter, request)
         response = await self.inner.handle_async_request(request)
-        head = _Head(self.meter, response, model)
+        head = _Head(self.meter, response, asked)
         if head.events is not None:
             return _rebuilt(response, _AsyncEvents(response.stream, *head.events))  # type: ignore[arg-type]
         if not head.whole:

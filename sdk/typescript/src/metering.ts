@@ -12,10 +12,36 @@
  * parsing cases every SDK passes are in sdk/vectors/metering.json.
  */
 
-/** What the meter reports to: WorkerRun's reportUsage (throws RangeError for a refused report). */
+/** What the meter reports to: WorkerRun's reportUsage (throws RangeError for a refused report).
+ * Optionally (WorkerRun has them all), what says whether the run may still spend: `lost` (the
+ * lease is lost), `finished` (a result or an error was published) and `signals.stop` (the control
+ * plane told the worker to stop). The meter refuses to send a request while any is true; a
+ * reporter without them is taken to be working. */
 export interface UsageReporter {
   reportUsage(usage: { cents: number; tokens?: number }): void;
+  readonly lost?: boolean;
+  readonly finished?: boolean;
+  readonly signals?: { readonly stop?: boolean; readonly reason?: string | null };
 }
+
+/** Why the run behind `reporter` may not spend any more, or null. Ownership merely unknown (a
+ * renewal not answered yet) is not a reason: a brief API blip must not break model calls. */
+export function runRefusal(reporter: UsageReporter): string | null {
+  try {
+    if (reporter.lost === true) return "the run's lease is lost";
+    if (reporter.finished === true) return "the run has finished (its result or error is published)";
+    const signals = reporter.signals;
+    if (signals?.stop === true) {
+      return `the control plane asked this worker to stop${signals.reason ? ` (${signals.reason})` : ""}`;
+    }
+  } catch {
+    return null; // a reporter whose state cannot be read is taken to be working
+  }
+  return null;
+}
+
+/** Generation endpoints: a 2xx answer to a request naming a model on one of these carries usage. */
+const GENERATION = ["/completions", "/responses", "/messages"];
 
 /** One model's prices, USD per million tokens (a number or a decimal string). `cachedInput`
  * defaults to `input`; `cacheWrite` (Anthropic cache writes) to twice `input`. */
@@ -29,6 +55,12 @@ export interface ModelPrice {
 /** A request the meter will not send: unpriced, or an earlier answer could not be metered. */
 export class MeteringError extends Error {
   override name = "MeteringError";
+}
+
+/** A request refused because the run may not spend any more: its lease is lost, its result or
+ * error is published, or the control plane told the worker to stop. The meter is not faulted. */
+export class RunStopped extends MeteringError {
+  override name = "RunStopped";
 }
 
 /** The request names a model the price table has no price for. */
@@ -242,6 +274,8 @@ export class Meter {
     if (this.faultReason !== null) {
       throw new MeteringError(`request refused: an earlier answer could not be metered (${this.faultReason})`);
     }
+    const stopped = runRefusal(this.reporter);
+    if (stopped !== null) throw new RunStopped(`request refused: ${stopped}`);
     if (model !== null && this.prices.lookup(model) === null) {
       throw new UnpricedModel(`request refused: no price for model ${JSON.stringify(model)} in the price table`);
     }
@@ -260,8 +294,22 @@ class Answer {
   model: string | null = null;
   counts = new Map<string, bigint>();
   charged = { units: 0n, tokens: 0n };
+  /** A usage block with counts was read. */
+  seen = false;
+  private closed = false;
 
-  constructor(readonly meter: Meter, readonly requestModel: string | null) {}
+  /** expectUsage: a 2xx answer to a generation request naming a model. */
+  constructor(readonly meter: Meter, readonly requestModel: string | null, readonly expectUsage = false) {}
+
+  /** The answer ended (read whole, or a stream at its end or its [DONE]): one that should have
+   * carried usage and carried none faults the meter -- never silently free. */
+  checkEnded(): void {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.expectUsage && !this.seen && this.meter.fault === null) {
+      this.meter.trip(`a 2xx answer to a ${JSON.stringify(this.requestModel)} request carried no usage`);
+    }
+  }
 
   see(usage: unknown, model: unknown): void {
     if (this.model === null && typeof model === "string" && model !== "") this.model = model;
@@ -270,10 +318,13 @@ class Answer {
     try {
       const counts = readUsage(usage);
       if (counts.size === 0) return;
+      this.seen = true;
       // Streams repeat or grow their counts (Anthropic's message_delta): keep the largest.
       merged = new Map(this.counts);
       for (const [k, v] of counts) merged.set(k, v > (merged.get(k) ?? 0n) ? v : merged.get(k) ?? 0n);
-      const p = this.meter.prices.lookup(this.model) ?? this.meter.prices.lookup(this.requestModel);
+      // Priced by the model that answered (a router or alias may answer with another); by the
+      // request's only when the answer names none. Unpriced: fail closed.
+      const p = this.meter.prices.lookup(this.model ?? this.requestModel);
       if (p === null) {
         throw new MalformedUsage(`no price for the answer's model ${JSON.stringify(this.model)} (asked for ${JSON.stringify(this.requestModel)})`);
       }
@@ -290,11 +341,12 @@ class Answer {
     this.meter.charge(du, dt);
   }
 
-  /** A JSON answer or one streamed event: usage at the top, under `response` or under `message`. */
+  /** A JSON answer or one streamed event: usage at the top, under `response`, `message` or
+   * `x_groq` (Groq's streams). */
   seeObject(obj: unknown): void {
     if (!isObject(obj)) return;
     this.see(obj.usage, obj.model);
-    for (const key of ["response", "message"]) {
+    for (const key of ["response", "message", "x_groq"]) {
       const inner = obj[key];
       if (isObject(inner)) this.see(inner.usage, inner.model);
     }
@@ -343,7 +395,11 @@ class Events {
       this.answer.meter.trip(`a streamed event over ${MAX_EVENT} bytes`);
       return;
     }
-    if (data === "" || data.trim() === "[DONE]") return;
+    if (data.trim() === "[DONE]") {
+      this.answer.checkEnded(); // OpenAI's usage chunk comes before [DONE]
+      return;
+    }
+    if (data === "") return;
     let obj: unknown;
     try {
       obj = JSON.parse(data);
@@ -353,12 +409,15 @@ class Events {
     this.answer.seeObject(obj);
   }
 
-  /** The stream ended or was abandoned: a last complete but unterminated event still counts. */
-  end(): void {
+  /** The stream ended (`completed`: at its end, or cut by the server or the network) or the caller
+   * abandoned it: a last complete but unterminated event still counts. Only a stream the caller
+   * did not abandon must have had usage. */
+  end(completed: boolean): void {
     this.buf += this.decoder.decode();
     if (this.buf !== "") this.line(this.buf);
     this.buf = "";
     if (this.data.length > 0) this.dispatch();
+    if (completed) this.answer.checkEnded();
   }
 }
 
@@ -385,7 +444,10 @@ async function meteredCall(meter: Meter, inner: typeof fetch, input: FetchInput,
   const model = isObject(doc) && typeof doc.model === "string" ? doc.model : null;
   meter.check(model);
   const url = new URL(input instanceof Request ? input.url : String(input));
-  if (isObject(doc) && doc.stream === true && url.pathname.replace(/\/+$/, "").endsWith("/completions")) {
+  const path = url.pathname.replace(/\/+$/, "");
+  const streamed = isObject(doc) && doc.stream === true;
+  const generation = model !== null && GENERATION.some((g) => path.endsWith(g));
+  if (isObject(doc) && streamed && path.endsWith("/completions")) {
     const opts = isObject(doc.stream_options) ? doc.stream_options : {};
     if (opts.include_usage !== true) {
       // OpenAI sends a streamed answer's usage only when asked: the meter always asks.
@@ -400,26 +462,31 @@ async function meteredCall(meter: Meter, inner: typeof fetch, input: FetchInput,
     }
   }
   const response = await inner(input, init);
-  const answer = new Answer(meter, model);
+  const answer = new Answer(meter, model, generation && response.ok);
   const ctype = (response.headers.get("content-type") ?? "").toLowerCase();
-  if (response.body === null) return response;
-  if (ctype.includes("text/event-stream")) {
+  if (response.body === null) {
+    answer.checkEnded();
+    return response;
+  }
+  // A stream is what the request asked for: a 2xx non-JSON answer to it is read as SSE, whatever
+  // its content type says (text/plain, none), and never buffered.
+  if (ctype.includes("text/event-stream") || (streamed && response.ok && !ctype.includes("json"))) {
     const events = new Events(answer);
     const reader = response.body.getReader();
     let ended = false;
-    const end = (): void => { if (!ended) { ended = true; events.end(); } };
+    const end = (completed: boolean): void => { if (!ended) { ended = true; events.end(completed); } };
     return rebuilt(response, new ReadableStream<Uint8Array>({
       async pull(ctrl) {
         let chunk: Awaited<ReturnType<typeof reader.read>>;
         try {
           chunk = await reader.read();
         } catch (err) {
-          end(); // cut: what the stream said so far is charged already
+          end(true); // cut: what the stream said so far is charged already; none at all faults
           ctrl.error(err);
           return;
         }
         if (chunk.done) {
-          end();
+          end(true);
           ctrl.close();
           return;
         }
@@ -427,7 +494,7 @@ async function meteredCall(meter: Meter, inner: typeof fetch, input: FetchInput,
         ctrl.enqueue(chunk.value); // unchanged, as it came
       },
       async cancel(reason) {
-        end(); // abandoned halfway
+        end(false); // abandoned halfway by the caller: charges what it saw
         await reader.cancel(reason);
       },
     }, { highWaterMark: 0 }));
@@ -463,8 +530,10 @@ async function meteredCall(meter: Meter, inner: typeof fetch, input: FetchInput,
     obj = JSON.parse(new TextDecoder().decode(raw));
   } catch {
     if (response.ok && ctype.includes("json")) meter.trip(`a ${response.status} JSON answer that is not JSON`);
+    answer.checkEnded();
     return rebuilt(response, raw);
   }
   answer.seeObject(obj); // any status: a usage block in an error answer is charged
+  answer.checkEnded();
   return rebuilt(response, raw);
 }

@@ -175,7 +175,7 @@ export class WorkerRun {
   /** Start of the last confirmed renewal; nothing is confirmed before the first one. */
   private confirmedAt = -Infinity;
   private isLost = false;
-  private finished = false;
+  private isFinished = false;
   private stopping = false;
   private closed = false;
   private pendingCheckpoint: string | null = null;
@@ -307,6 +307,11 @@ export class WorkerRun {
     return this.isLost;
   }
 
+  /** A result or an error of this attempt was published: nothing more is reported. */
+  get finished(): boolean {
+    return this.isFinished;
+  }
+
   /** No renewal confirmed recently enough to be sure of ownership. */
   get ownershipUnknown(): boolean {
     return this.ownership === "unknown";
@@ -365,7 +370,7 @@ export class WorkerRun {
   // --- heartbeat ---------------------------------------------------------------------------------
 
   private active(): boolean {
-    return !this.stopping && !this.isLost && !this.finished;
+    return !this.stopping && !this.isLost && !this.isFinished;
   }
 
   private async heartbeat(): Promise<void> {
@@ -591,7 +596,7 @@ export class WorkerRun {
         continue;
       }
       if (accepted) {
-        this.finished = true;
+        this.isFinished = true;
         this.wake?.abort();
         this.log("info", `${field} published`, "result_published", { field });
         return;
@@ -659,7 +664,7 @@ export class WorkerRun {
     this.wake?.abort();
     this.notify();
     await this.loop;
-    if (!this.isLost && !this.finished) await this.renewLogged();
+    if (!this.isLost && !this.isFinished) await this.renewLogged();
     await this.transport.close();
   }
 

@@ -9,9 +9,15 @@ import { after, before, describe, it } from "node:test";
 import zlib from "node:zlib";
 
 import {
-  MalformedUsage, Meter, MeteringError, PriceTable, UnpricedModel, cost, meteredFetch, readUsage, type ModelPrice,
+  MalformedUsage, Meter, MeteringError, PriceTable, RunStopped, UnpricedModel, cost, meteredFetch, readUsage,
+  type ModelPrice, type UsageReporter,
 } from "../src/metering.js";
 import { validReport } from "../src/protocol.js";
+import { WorkerRun } from "../src/run.js";
+import { FakeTransport } from "./fakes.js";
+
+// WorkerRun is a reporter whose lost / finished / signals the meter reads (checked at compile time).
+const asReporter = (run: WorkerRun): UsageReporter => run;
 
 const VECTORS = JSON.parse(fs.readFileSync(new URL("../../../vectors/metering.json", import.meta.url), "utf8")) as {
   prices: Record<string, ModelPrice>;
@@ -216,7 +222,8 @@ describe("meteredFetch", () => {
       const answer = await post(f, path, { model, stream: true });
       await answer.text().catch(() => undefined);
       assert.deepEqual(r.last, expect);
-      assert.equal(f.meter.fault, null);
+      // Cut by the server, not abandoned by the caller: a stream that ended with no usage faults.
+      assert.equal(f.meter.fault === null, expect[1] !== 0);
     });
   }
 
@@ -256,6 +263,136 @@ describe("meteredFetch", () => {
     fake.next({ model: "mystery" });
     await post(g, "/v1/chat/completions", { messages: [] });
     assert.match(g.meter.fault ?? "", /mystery/);
+  });
+
+  it("prices an answer by the model it names: unpriced there faults, even if the request is priced", async () => {
+    const r = new Reporter();
+    const f = meteredFetch(r, { ...PRICES, "gpt-x-cheap": { input: 0, output: 0 } });
+    fake.next({ model: "mystery" });
+    assert.equal((await post(f, "/v1/chat/completions", { model: "gpt-x-cheap" })).status, 200);
+    assert.deepEqual(r.reports, []);
+    assert.match(f.meter.fault ?? "", /mystery/);
+  });
+
+  for (const [path, model] of [["/v1/chat/completions", "gpt-x"], ["/v1/responses", "gpt-x"], ["/v1/messages", "claude-x"]] as const) {
+    it(`faults on a 2xx ${path} answer without usage, whole or streamed to its end`, async () => {
+      for (const stream of [false, true]) {
+        const r = new Reporter();
+        const f = meteredFetch(r, PRICES);
+        fake.next({ usage: null });
+        assert.equal((await (await post(f, path, { model, stream })).text()).length > 0, true);
+        assert.deepEqual(r.reports, []);
+        assert.match(f.meter.fault ?? "", /no usage/, `stream ${stream}`);
+        const sent = fake.requests.length;
+        await assert.rejects(post(f, path, { model }), MeteringError);
+        assert.equal(fake.requests.length, sent);
+      }
+    });
+  }
+
+  it("faults on a 2xx non-JSON answer to a generation request; not on speech or embeddings", async () => {
+    const f = meteredFetch(new Reporter(), PRICES);
+    fake.next({ body: "\u0089PNG" });
+    await (await post(f, "/v1/audio/speech", { model: "gpt-x" })).text();
+    fake.next({ body: '{"data": []}', contentType: "application/json" });
+    await (await post(f, "/v1/embeddings", { model: "gpt-x" })).text();
+    assert.equal(f.meter.fault, null);
+    fake.next({ body: "\u0089PNG" });
+    await (await post(f, "/v1/completions", { model: "gpt-x" })).text();
+    assert.match(f.meter.fault ?? "", /no usage/);
+  });
+
+  it("a stream the caller abandons charges what it saw and does not fault", async () => {
+    let release!: () => void;
+    fake.next({ hold: new Promise<void>((resolve) => { release = resolve; }) });
+    const r = new Reporter();
+    const f = meteredFetch(r, PRICES);
+    const answer = await post(f, "/v1/chat/completions", { model: "gpt-x", stream: true });
+    const reader = answer.body!.getReader();
+    await reader.read();
+    await reader.cancel();
+    release();
+    assert.deepEqual(r.reports, []);
+    assert.equal(f.meter.fault, null);
+  });
+
+  const sseFetch = (chunks: string[], headers: Record<string, string>, gate?: Promise<void>): typeof fetch =>
+    (async () => new Response(new ReadableStream<Uint8Array>({
+      async start(ctrl) {
+        for (const [i, c] of chunks.entries()) {
+          if (i === 1 && gate) await gate;
+          ctrl.enqueue(new TextEncoder().encode(c));
+        }
+        ctrl.close();
+      },
+    }), { status: 200, headers })) as typeof fetch;
+  const chunkHi = 'data: {"model": "gpt-x", "choices": [{"delta": {"content": "hi"}}]}\n\n';
+
+  for (const ctype of ["text/plain", null]) {
+    it(`reads a stream asked for as SSE, unbuffered, served as ${ctype}`, async () => {
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => { release = resolve; });
+      const r = new Reporter();
+      const f = meteredFetch(r, PRICES, sseFetch([chunkHi,
+        'data: {"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 500}}\n\ndata: [DONE]\n\n'],
+      ctype ? { "content-type": ctype } : {}, gate));
+      const answer = await post(f, "/v1/chat/completions", { model: "gpt-x", stream: true });
+      const reader = answer.body!.getReader();
+      assert.match(new TextDecoder().decode((await reader.read()).value), /hi/); // before the rest was sent
+      release();
+      while (!(await reader.read()).done) { /* drain */ }
+      assert.deepEqual(r.reports, [[1, 1500]]);
+      assert.equal(f.meter.fault, null);
+    });
+  }
+
+  it("faults at [DONE] with no usage chunk before it; reads Groq's x_groq usage", async () => {
+    const f = meteredFetch(new Reporter(), PRICES, sseFetch([chunkHi, "data: [DONE]\n\n", ": more\n\n"],
+      { "content-type": "text/event-stream" }));
+    const reader = (await post(f, "/v1/chat/completions", { model: "gpt-x", stream: true })).body!.getReader();
+    await reader.read();
+    await reader.read(); // [DONE]: the caller stops here
+    await reader.cancel();
+    assert.match(f.meter.fault ?? "", /no usage/);
+    const r = new Reporter();
+    const g = meteredFetch(r, PRICES, sseFetch([chunkHi,
+      'data: {"model": "gpt-x", "choices": [], "x_groq": {"usage": {"prompt_tokens": 1000, "completion_tokens": 500}}}\n\ndata: [DONE]\n\n'],
+    { "content-type": "text/event-stream" }));
+    await (await post(g, "/v1/chat/completions", { model: "gpt-x", stream: true })).text();
+    assert.deepEqual(r.reports, [[1, 1500]]);
+    assert.equal(g.meter.fault, null);
+  });
+
+  for (const end of ["lost", "finished", "stop"] as const) {
+    it(`refuses requests once the run is ${end} (RunStopped), not while ownership is unknown`, async () => {
+      const state = { lost: false, finished: false, stop: false };
+      const reporter: UsageReporter = new (class extends Reporter {
+        get lost(): boolean { return state.lost; }
+        get finished(): boolean { return state.finished; }
+        get signals(): { stop: boolean; reason: string | null } { return { stop: state.stop, reason: state.stop ? "BudgetExceeded" : null }; }
+      })();
+      const f = meteredFetch(reporter, PRICES);
+      await (await post(f, "/v1/chat/completions", { model: "gpt-x" })).text();
+      state[end] = true;
+      const sent = fake.requests.length;
+      await assert.rejects(post(f, "/v1/chat/completions", { model: "gpt-x" }),
+        (err: Error) => err instanceof RunStopped && err instanceof MeteringError && (end !== "stop" || /BudgetExceeded/.test(err.message)));
+      assert.equal(fake.requests.length, sent);
+      assert.equal(f.meter.fault, null);
+    });
+  }
+
+  it("lets requests through a WorkerRun whose ownership is unknown; a throwing report faults", async () => {
+    const run = new WorkerRun({ name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
+      leaseDurationSeconds: 10, renewIntervalSeconds: 2, transport: new FakeTransport(), logger: () => {} });
+    assert.equal(run.ownership, "unknown");
+    const f = meteredFetch(asReporter(run), PRICES);
+    await (await post(f, "/v1/chat/completions", { model: "gpt-x" })).text();
+    assert.equal(f.meter.fault, null);
+    assert.equal(run.finished, false);
+    const g = meteredFetch({ reportUsage() { throw new Error("run finished"); } }, PRICES);
+    await (await post(g, "/v1/chat/completions", { model: "gpt-x" })).text();
+    assert.match(g.meter.fault ?? "", /run finished/);
   });
 
   it("refuses an unpriced model before sending it", async () => {
