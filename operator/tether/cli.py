@@ -159,7 +159,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
             await gateway.stop()
         if liveness is not None:
             await liveness.cleanup()
-        # The spans still queued, off the loop (bounded by OTEL_EXPORTER_OTLP_TIMEOUT).
+        # The spans still queued, off the loop, within OTEL_EXPORTER_OTLP_TIMEOUT overall.
         await asyncio.to_thread(tracing.shutdown)
     log.info("operator stopped", extra={"event": "operator_stopped"})
     return 0
