@@ -1,5 +1,6 @@
-"""The chart's OTEL_* environment, rendered with the cached helm (helm template only, no cluster):
-a variable named in tracing.extraEnv or extraEnv replaces the chart's built-in one, never doubles it."""
+"""The chart rendered with the cached helm (helm template only, no cluster): an OTEL_* variable named
+in tracing.extraEnv or extraEnv replaces the chart's built-in one, never doubles it; the alerts need
+the operator scraped."""
 
 from __future__ import annotations
 
@@ -43,3 +44,22 @@ def test_the_endpoint_may_come_from_a_secret_or_config_map_instead(tools_dir: Pa
                     "tracing.extraEnv[0].valueFrom.configMapKeyRef.name=otel",
                     "tracing.extraEnv[0].valueFrom.configMapKeyRef.key=endpoint"))
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == {"configMapKeyRef": {"name": "otel", "key": "endpoint"}}
+
+
+def _template(tools_dir: Path, *sets: str) -> subprocess.CompletedProcess[str]:
+    args = [str(tools_dir / "helm"), "template", "rel", str(CHART), "--namespace", "tether-system",
+            "--kube-version", "1.36.3"]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True)
+
+
+def test_the_alerts_need_the_operator_scraped(tools_dir: Path) -> None:
+    """The PrometheusRule without a ServiceMonitor: nothing scrapes the operator, so TetherOperatorDown
+    (absent(tether_build_info)) fired on a fresh install. Now the chart refuses it unless told otherwise."""
+    alone = _template(tools_dir, "metrics.prometheusRule.enabled=true")
+    assert alone.returncode != 0 and "metrics.serviceMonitor.enabled" in alone.stderr
+    for other in ("metrics.serviceMonitor.enabled=true", "metrics.prometheusRule.scrapedElsewhere=true"):
+        out = _template(tools_dir, "metrics.prometheusRule.enabled=true", other)
+        assert out.returncode == 0, out.stderr
+        assert any(d and d["kind"] == "PrometheusRule" for d in yaml.safe_load_all(out.stdout))
