@@ -115,7 +115,10 @@ def test_api_server_availability_follows_the_probe() -> None:
 
 
 def _leader_gauge() -> float:
-    (family,) = [f for f in text_string_to_metric_families(_scrape()) if f.name == "tether_leader"]
+    from tether import metrics as now  # the module the operator imports (a test may have reloaded it)
+
+    text = generate_latest(now.REGISTRY).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "tether_leader"]
     return family.samples[0].value
 
 
@@ -129,6 +132,7 @@ def _run_operator(monkeypatch: pytest.MonkeyPatch, leader_elect: bool) -> dict[s
     import kopf
 
     from tether import cli, gcpause
+    from tether import metrics  # the module the operator imports (a test may have reloaded it)
     from tether.controller import leader
     from tether.kube import client as kube_client
     from tether.kube import config as kubeconfig

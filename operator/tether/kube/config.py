@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import anyio
 import anyio.to_thread
 import httpx
 from kubernetes.client import Configuration
@@ -69,12 +68,6 @@ class Impersonation:
         return ([("Impersonate-User", self.user)] + [("Impersonate-Group", g) for g in self.groups]
                 + ([("Impersonate-Uid", self.uid)] if self.uid else [])
                 + [(f"Impersonate-Extra-{quote(key, safe='')}", v) for key, values in self.extra for v in values])
-
-
-# How long an asyncio client waits for an exec credential plugin (a token refresh) before the
-# request fails as a transport error; kubectl waits for ever, so this is generous (an interactive
-# login may be behind it).
-EXEC_TIMEOUT = 120.0
 
 
 class CredentialError(ConfigError, httpx.TransportError):
@@ -199,24 +192,12 @@ class _RequestAuth(httpx.Auth):
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         # A refresh runs the credential plugin (a process): off the event loop.
         refreshable = self.cfg.credentials is not None
-        header = await self._refreshed() if refreshable else self._header()
+        header = await anyio.to_thread.run_sync(self._header) if refreshable else self._header()
         self._prepare(request, header)
         response = yield request
         if response.status_code == 401 and refreshable:
-            self._prepare(request, await self._refreshed(stale=header))
+            self._prepare(request, await anyio.to_thread.run_sync(lambda: self._header(stale=header)))
             yield request
-
-    async def _refreshed(self, stale: str | None = None) -> str | None:
-        """The header from a thread, within EXEC_TIMEOUT (httpx's timeout does not cover it), and
-        abandoned at once when the awaiting task is cancelled. The plugin's process itself is not
-        stopped (the kubernetes package's ExecProvider has no timeout): it runs on, holding the
-        credentials' lock, and its thread stays busy until it exits."""
-        try:
-            with anyio.fail_after(EXEC_TIMEOUT):
-                return await anyio.to_thread.run_sync(lambda: self._header(stale), abandon_on_cancel=True)
-        except TimeoutError as exc:
-            raise CredentialError(f"getting credentials: the exec plugin did not answer within {EXEC_TIMEOUT:g}s") \
-                from exc
 
 
 class _TokenFile:
