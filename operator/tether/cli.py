@@ -84,6 +84,8 @@ async def _run_operator(args: argparse.Namespace) -> int:
 
     own_signals()
     tracing.configure()  # OTEL_* environment; off (no SDK loaded) unless an exporter is configured
+    # tether_leader: 0 from the first scrape until this replica holds the Lease (with an election).
+    metrics.STATE.is_leader = not args.leader_elect
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     # Liveness from the first moment, not kopf's (it starts with kopf, after leadership): a
@@ -99,7 +101,6 @@ async def _run_operator(args: argparse.Namespace) -> int:
                                 lease_seconds=args.leader_lease_seconds,
                                 renew_deadline=args.leader_lease_seconds * 2 / 3,
                                 retry_period=max(1.0, args.leader_lease_seconds / 7.5))
-        metrics.STATE.is_leader = False
         if not await _until_stopped(elector.acquire(), stopping):
             # A Lease write in flight when the stop came may have landed: give it back.
             await elector.release()
@@ -155,11 +156,13 @@ async def _run_operator(args: argparse.Namespace) -> int:
         if elector is not None:
             # kopf has stopped every handler: hand the Lease over now rather than after it lapses.
             await elector.release()
+        # Leading no more: tether_leader 0, and no fleet gauges from a controller that stopped.
+        metrics.STATE.is_leader, metrics.STATE.controller = False, None
         if gateway is not None:
             await gateway.stop()
         if liveness is not None:
             await liveness.cleanup()
-        # The spans still queued, off the loop (bounded by OTEL_EXPORTER_OTLP_TIMEOUT).
+        # The spans still queued, off the loop, within OTEL_EXPORTER_OTLP_TIMEOUT overall.
         await asyncio.to_thread(tracing.shutdown)
     log.info("operator stopped", extra={"event": "operator_stopped"})
     return 0

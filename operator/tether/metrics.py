@@ -116,7 +116,7 @@ class _State:
 
     def __init__(self) -> None:
         self.controller: RunController | None = None
-        self.is_leader: bool = True
+        self.is_leader: bool = False  # the operator sets it: at once without an election, else once leading
         self.queues: dict[str, _Queue] = {}
 
 

@@ -22,6 +22,7 @@ import contextvars
 import datetime as dt
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from opentelemetry import context as otel_context
@@ -118,10 +119,35 @@ def configure(env: Mapping[str, str] | None = None) -> bool:
     return True
 
 
-def shutdown() -> None:
-    """Exports what is queued (bounded by the exporter's timeout). Blocking: call it off the loop."""
-    if _provider is not None:
-        _provider.shutdown()
+def shutdown_timeout(env: Mapping[str, str] | None = None) -> float:
+    """Seconds shutdown() may take: OTEL_EXPORTER_OTLP_TRACES_TIMEOUT or OTEL_EXPORTER_OTLP_TIMEOUT,
+    read as the OTLP exporter reads them (seconds), default 10."""
+    env = os.environ if env is None else env
+    raw = env.get("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") or env.get("OTEL_EXPORTER_OTLP_TIMEOUT") or "10"
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        return 10.0
+
+
+def shutdown(timeout: float | None = None) -> bool:
+    """Exports what is queued, within `timeout` seconds overall (shutdown_timeout()): the exporter's
+    own timeout bounds each request, not its retries nor the processor's flush, and a collector that
+    accepts and never answers held the operator past its pod's grace period. The provider shuts down
+    on a daemon thread that is left behind at the deadline (what it still holds is lost). False when
+    the deadline passed. Blocking: call it off the loop."""
+    provider = _provider
+    if provider is None:
+        return True
+    timeout = shutdown_timeout() if timeout is None else timeout
+    worker = threading.Thread(target=provider.shutdown, name="tether-tracing-shutdown", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        log.warning("tracing shutdown gave up after %.1fs: queued spans are lost", timeout,
+                    extra={"event": "tracing_shutdown_timeout", "timeoutSeconds": timeout})
+        return False
+    return True
 
 
 def attempt_ids() -> Any:

@@ -147,7 +147,8 @@ type Run struct {
 	done      chan struct{} // closed when the heartbeat goroutine has ended
 	closeOnce sync.Once
 
-	renewMu sync.Mutex // one renewal at a time: they share the transport's last Lease
+	renewMu      sync.Mutex // one renewal at a time: they share the transport's last Lease
+	renewalSpans renewals   // which renewals are spans; guarded by renewMu
 
 	mu                sync.Mutex // guards what follows
 	confirmed         bool
@@ -392,18 +393,30 @@ func (r *Run) heartbeatOnce() {
 
 // renewOnce is one renewal: nil when confirmed, an ErrLeaseLost when the lease is lost, another
 // error when unconfirmed (refused, or no answer). A span of the attempt's trace, ended however it ends.
+// It is a tether.renew span only when it is news (renewalSpans), made afterwards with its start time.
 func (r *Run) renewOnce(ctx context.Context) (err error) {
-	ctx, span := r.startSpan(ctx, "tether.renew", trace.SpanKindClient)
-	defer func() {
-		span.SetAttributes(attribute.String("tether.renewal", renewalOutcome(err)))
-		endSpan(span, err)
-	}()
-	return r.renewTry(ctx)
-}
-
-func (r *Run) renewTry(ctx context.Context) error {
 	r.renewMu.Lock()
 	defer r.renewMu.Unlock()
+	start := time.Now()
+	r.mu.Lock()
+	carried, _ := json.Marshal([]any{r.pendingCheckpoint, r.usage, r.requests})
+	signals := r.signals
+	r.mu.Unlock()
+	err = r.renewTry(ctx)
+	r.mu.Lock()
+	signalsChanged := !sameSignals(signals, r.signals)
+	r.mu.Unlock()
+	outcome := renewalOutcome(err)
+	if r.renewalSpans.news(outcome, string(carried), signalsChanged) {
+		_, span := r.startSpanAt(ctx, start, "tether.renew", trace.SpanKindClient,
+			append(r.renewalSpans.skipped(), attribute.String("tether.renewal", outcome))...)
+		endSpan(span, err)
+	}
+	return err
+}
+
+// renewTry is one renewal; r.renewMu is held.
+func (r *Run) renewTry(ctx context.Context) error {
 	r.mu.Lock()
 	lost, checkpoint, own, requests := r.lost, r.pendingCheckpoint, r.usage, slices.Clone(r.requests)
 	r.mu.Unlock()
@@ -704,7 +717,7 @@ func (r *Run) Effect(ctx context.Context, req *http.Request, operation string) (
 		return nil, err
 	}
 	ctx, span := r.startSpan(ctx, "tether.effect", trace.SpanKindClient, attribute.String("tether.operation", operation),
-		attribute.String("http.request.method", req.Method), attribute.String("url.full", req.URL.Redacted()))
+		attribute.String("http.request.method", req.Method), attribute.String("url.full", redactURL(req.URL)))
 	out := req.Clone(ctx)
 	// The receiver may join the trace; it must trust the fence below, never this.
 	injectTraceHeaders(ctx, out.Header)
@@ -719,7 +732,7 @@ func (r *Run) Effect(ctx context.Context, req *http.Request, operation string) (
 	if err != nil {
 		var ne net.Error
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-			return nil, fmt.Errorf("%w: %s %s: %w", ErrToolTimeout, req.Method, req.URL.Redacted(), err)
+			return nil, fmt.Errorf("%w: %s %s: %w", ErrToolTimeout, req.Method, redactURL(req.URL), err)
 		}
 		return nil, err
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -71,6 +73,11 @@ func (r *Run) TraceContext(ctx context.Context) context.Context {
 // startSpan starts one of the SDK's spans: under the caller's span when ctx has one (the
 // application's own, itself in the attempt's trace if it was parented on it), else under the attempt.
 func (r *Run) startSpan(ctx context.Context, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	return r.startSpanAt(ctx, time.Time{}, name, kind, attrs...)
+}
+
+// startSpanAt is startSpan for a span that began at start (now, when zero).
+func (r *Run) startSpanAt(ctx context.Context, start time.Time, name string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		ctx = r.TraceContext(ctx)
 	}
@@ -82,7 +89,11 @@ func (r *Run) startSpan(ctx context.Context, name string, kind trace.SpanKind, a
 	if r.info.runUID != "" {
 		base = append(base, attribute.String("tether.run.uid", r.info.runUID))
 	}
-	return otel.Tracer(TracerName).Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(append(base, attrs...)...))
+	opts := []trace.SpanStartOption{trace.WithSpanKind(kind), trace.WithAttributes(append(base, attrs...)...)}
+	if !start.IsZero() {
+		opts = append(opts, trace.WithTimestamp(start))
+	}
+	return otel.Tracer(TracerName).Start(ctx, name, opts...)
 }
 
 // endSpan ends a span, an error recorded on it.
@@ -115,4 +126,58 @@ func injectTraceHeaders(ctx context.Context, h http.Header) {
 	}
 	h.Set("traceparent", FormatTraceparent(sc))
 	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(h))
+}
+
+// renewals says which renewals are worth a span. A heartbeat renews every few seconds for as long as
+// the attempt runs (2,880 renewals a day at 30 s), all in the attempt's trace: a span each would bury
+// it. So a renewal is a span only when something happened: it was not confirmed (no answer,
+// refused, lost), its outcome differs from the previous renewal's (the first one; confirmed again
+// after unconfirmed ones), it carried something new (checkpoint, usage or approval requests differ
+// from what the previous renewal carried), or it brought new signals. Each span counts the quiet
+// renewals before it (tether.renewals.unrecorded). The same rule in the Python and TypeScript SDKs.
+type renewals struct {
+	outcome, carried string
+	quiet            int
+}
+
+func (n *renewals) news(outcome, carried string, signalsChanged bool) bool {
+	worth := outcome != "confirmed" || outcome != n.outcome || carried != n.carried || signalsChanged
+	n.outcome, n.carried = outcome, carried
+	if !worth {
+		n.quiet++
+	}
+	return worth
+}
+
+// skipped is the quiet renewals since the last span (an attribute of the next one), then none.
+func (n *renewals) skipped() []attribute.KeyValue {
+	quiet := n.quiet
+	n.quiet = 0
+	if quiet == 0 {
+		return nil
+	}
+	return []attribute.KeyValue{attribute.Int("tether.renewals.unrecorded", quiet)}
+}
+
+// redactURL is a URL fit for url.full: credentials (user:password@) become REDACTED:REDACTED, every
+// query value becomes REDACTED (the keys stay), the fragment goes. The same rule in the Python and
+// TypeScript SDKs. (URL.Redacted keeps the query and the user name.)
+func redactURL(u *url.URL) string {
+	if u == nil {
+		return "REDACTED"
+	}
+	c := *u
+	if c.User != nil {
+		c.User = url.UserPassword("REDACTED", "REDACTED")
+	}
+	var parts []string
+	for _, p := range strings.Split(c.RawQuery, "&") {
+		if key, _, found := strings.Cut(p, "="); found {
+			parts = append(parts, key+"=REDACTED")
+		} else if p != "" {
+			parts = append(parts, p)
+		}
+	}
+	c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = strings.Join(parts, "&"), false, "", ""
+	return c.String()
 }

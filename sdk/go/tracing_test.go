@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -121,7 +122,7 @@ func TestSpansJoinTheAttemptsTraceAndTheReceiverGetsTraceparent(t *testing.T) {
 		return m
 	}
 	renew := byName["tether.renew"]
-	if len(renew) < 3 || renew[0].Parent.SpanID().String() != testAttemptSpan {
+	if len(renew) < 2 || renew[0].Parent.SpanID().String() != testAttemptSpan { // the first, the flush: quiet ones are no spans
 		t.Fatalf("renewals %v", renew)
 	}
 	if a := attrs(renew[0]); a["tether.fence"].AsInt64() != 1 || a["tether.attempt"].AsInt64() != 1 ||
@@ -166,5 +167,71 @@ func TestSpansJoinTheAttemptsTraceAndTheReceiverGetsTraceparent(t *testing.T) {
 	}
 	if !sawLost {
 		t.Errorf("no lost renewal span with an error status: %v", exporter.GetSpans())
+	}
+}
+
+func TestRedactURLDropsCredentialsAndQueryValues(t *testing.T) {
+	for in, want := range map[string]string{
+		// the same vector as the Python and TypeScript SDKs' tests
+		"http://user:password@receiver:8443/effects?api_key=s3cr3t&mode=live&flag#token=t0k": "http://REDACTED:REDACTED@receiver:8443/effects?api_key=REDACTED&mode=REDACTED&flag",
+		"https://api.example.com/v1/charge":                                                  "https://api.example.com/v1/charge",
+		"https://api.example.com/v1?a=1&a=2&=x":                                              "https://api.example.com/v1?a=REDACTED&a=REDACTED&=REDACTED",
+		"https://token@api.example.com/":                                                     "https://REDACTED:REDACTED@api.example.com/",
+	} {
+		u, err := url.Parse(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := redactURL(u); got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Sets the global provider, as TestSpansJoinTheAttemptsTraceAndTheReceiverGetsTraceparent does.
+func TestOnlyRenewalsThatAreNewsAreSpansAndEffectURLsAreRedacted(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+	defer srv.Close()
+	exporter := tracetest.NewInMemoryExporter()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSyncer(exporter)))
+	r := tracedRun(t, &fakeTransport{renewFn: func(n int) (renewResult, error) {
+		if n > 6 {
+			return renewResult{lost: true, why: "another holder"}, nil
+		}
+		return renewResult{ok: true, signals: &signalState{}}, nil
+	}}) // renewal 1: the first (news)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	req, _ := http.NewRequest(http.MethodPost, "http://user:password@"+host+"/effects?api_key=s3cr3t#frag", nil)
+	resp, err := r.Effect(context.Background(), req, "charge")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	for range 5 { // renewal 2 carries the checkpoint (news), 3-6 carry the same (quiet)
+		if err := r.Checkpoint("row-1", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = r.Checkpoint("row-1", true) // renewal 7: lost
+	_ = r.Close()
+	var outcomes []string
+	var unrecorded int64
+	for _, s := range exporter.GetSpans() {
+		for _, kv := range s.Attributes {
+			if s.Name == "tether.renew" && kv.Key == "tether.renewal" {
+				outcomes = append(outcomes, kv.Value.AsString())
+			}
+			if s.Name == "tether.renew" && kv.Key == "tether.renewals.unrecorded" {
+				unrecorded = kv.Value.AsInt64()
+			}
+			if s.Name == "tether.effect" && kv.Key == "url.full" {
+				if want := "http://REDACTED:REDACTED@" + host + "/effects?api_key=REDACTED"; kv.Value.AsString() != want {
+					t.Errorf("url.full = %q, want %q", kv.Value.AsString(), want)
+				}
+			}
+		}
+	}
+	if strings.Join(outcomes[:3], ",") != "confirmed,confirmed,lost" || unrecorded != 4 {
+		t.Errorf("renewal spans %v (unrecorded before the lost one: %d), want confirmed,confirmed,lost and 4", outcomes, unrecorded)
 	}
 }

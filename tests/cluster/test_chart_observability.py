@@ -11,7 +11,9 @@ import yaml
 from tests.cluster.test_chart import CHART, helm, render
 from tests.support import promql
 
-BOTH_ON = ("metrics.prometheusRule.enabled=true", "metrics.grafanaDashboard.enabled=true")
+# The alerts need the operator scraped: the chart refuses them without the ServiceMonitor (or scrapedElsewhere).
+BOTH_ON = ("metrics.prometheusRule.enabled=true", "metrics.serviceMonitor.enabled=true",
+           "metrics.grafanaDashboard.enabled=true")
 
 
 def _kinds(docs: list[dict]) -> list[str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 import types
+
+import pytest
 from importlib.metadata import version
 
 from prometheus_client import generate_latest
@@ -110,3 +112,78 @@ def test_api_server_availability_follows_the_probe() -> None:
     assert "tether_apiserver_available 1.0" in _scrape_with(ctl)
     # A standby (no controller yet) exports no sample: only the active replica probes.
     assert not [line for line in _scrape().splitlines() if line.startswith("tether_apiserver_available")]
+
+
+def _leader_gauge() -> float:
+    from tether import metrics as now  # the module the operator imports (a test may have reloaded it)
+
+    text = generate_latest(now.REGISTRY).decode()
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "tether_leader"]
+    return family.samples[0].value
+
+
+def _run_operator(monkeypatch: pytest.MonkeyPatch, leader_elect: bool) -> dict[str, float]:
+    """The operator's start and stop (cli._run_operator) with the election, kopf and the API server faked:
+    what tether_leader said while metrics started, while waiting for the Lease, while leading, after."""
+    import argparse
+    import asyncio
+    import signal
+
+    import kopf
+
+    from tether import cli, gcpause
+    from tether import metrics  # the module the operator imports (a test may have reloaded it)
+    from tether.controller import leader
+    from tether.kube import client as kube_client
+    from tether.kube import config as kubeconfig
+
+    seen: dict[str, float] = {}
+
+    class Elector:
+        def __init__(self, *_: object, **__: object) -> None:
+            self.is_leader = False
+
+        async def acquire(self) -> None:
+            seen["standby"] = _leader_gauge()
+            self.is_leader = True
+
+        async def hold(self) -> None:
+            await asyncio.Event().wait()
+
+        async def release(self) -> None:
+            self.is_leader = False
+
+    async def operator(**kw: object) -> None:
+        seen["leading"] = _leader_gauge()
+        metrics.STATE.controller = object()  # type: ignore[assignment]  # handlers' startup sets it
+
+    monkeypatch.setattr(kopf, "operator", operator)
+    monkeypatch.setattr(leader, "LeaderElector", Elector)
+    monkeypatch.setattr(kube_client, "KubeClient", lambda *a, **kw: object())
+    monkeypatch.setattr(kubeconfig, "load", lambda: types.SimpleNamespace(namespace="tether-system"))
+    monkeypatch.setattr(gcpause, "install", lambda: None)
+    monkeypatch.setattr(metrics, "serve", lambda port: seen.setdefault("serving", _leader_gauge()))
+    monkeypatch.setattr(metrics.STATE, "is_leader", metrics.STATE.is_leader)
+    monkeypatch.setattr(metrics.STATE, "controller", metrics.STATE.controller)
+    args = argparse.Namespace(metrics_port=8080, gateway_port=0, leader_elect=leader_elect,
+                              leader_election_namespace="ns", leader_election_id="tether-operator-leader",
+                              leader_lease_seconds=15.0, kube_qps=1.0, kube_burst=1, max_concurrent_reconciles=1,
+                              event_qps=1.0, worker_identity="namespace", namespace=[], liveness=None)
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        assert asyncio.run(cli._run_operator(args)) == 0
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+    seen["stopped"] = _leader_gauge()
+    assert metrics.STATE.controller is None, "a stopped operator's controller still feeds the fleet gauges"
+    return seen
+
+
+def test_tether_leader_is_1_only_while_leading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said 1 from a standby: STATE.is_leader started True and metrics were served before the
+    election set it False; and a replica that released the Lease still said 1."""
+    assert _run_operator(monkeypatch, leader_elect=True) == {"serving": 0.0, "standby": 0.0, "leading": 1.0,
+                                                             "stopped": 0.0}
+    # Without an election the one replica leads from the start.
+    assert _run_operator(monkeypatch, leader_elect=False) == {"serving": 1.0, "leading": 1.0, "stopped": 0.0}

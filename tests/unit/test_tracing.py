@@ -198,3 +198,47 @@ def test_a_configured_operator_exports_over_otlp_to_the_receiver() -> None:
     assert (span.name, span.service, span.scope) == ("tether.attempt", "tether-operator", "tether.operator")
     ctx = attempt_context("uid-9", 1, 1)
     assert (span.trace_id, span.span_id, span.parent_span_id) == (ctx.trace_id_hex, ctx.span_id_hex, "")
+
+
+def test_shutdown_is_bounded_by_the_otlp_timeout_overall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector that accepts and never answers: the provider's shutdown exports batch after batch,
+    each with the exporter's own timeout (three batches: 3 s at OTEL_EXPORTER_OTLP_TIMEOUT=1, 30 s at
+    the default), past the pod's grace period. Now one deadline for all of it."""
+    import socket
+    import threading
+    import time
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(silent.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", raising=False)
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(
+        OTLPSpanExporter(endpoint=f"http://127.0.0.1:{silent.getsockname()[1]}/v1/traces"), schedule_delay_millis=60_000))
+    for _ in range(1500):  # three batches of 512
+        provider.get_tracer("t").start_span("s").end()
+    monkeypatch.setattr(tracing, "_provider", provider)
+    try:
+        began = time.monotonic()
+        assert tracing.shutdown() is False  # gave up: what was queued is lost
+        took = time.monotonic() - began
+    finally:
+        silent.close()
+        for c in held:
+            c.close()
+    assert 0.9 <= took < 1.8, took
+    assert tracing.shutdown_timeout({"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2.5", "OTEL_EXPORTER_OTLP_TIMEOUT": "7"}) == 2.5
+    assert tracing.shutdown_timeout({}) == 10.0 and tracing.shutdown_timeout({"OTEL_EXPORTER_OTLP_TIMEOUT": "x"}) == 10.0

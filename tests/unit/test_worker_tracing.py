@@ -145,3 +145,78 @@ def test_a_lost_renewal_and_a_refused_publication_are_errors_on_their_spans(span
     assert [s.attributes["tether.renewal"] for s in got if s.name == "tether.renew"][-1] == "lost"
     (publish,) = [s for s in got if s.name == "tether.publish"]
     assert publish.status.status_code is StatusCode.ERROR and publish.attributes["exception.type"] == "LeaseLost"
+
+
+SECRET_URL = "http://user:password@receiver:8443/effects?api_key=s3cr3t&mode=live&flag#token=t0k"
+REDACTED_URL = "http://REDACTED:REDACTED@receiver:8443/effects?api_key=REDACTED&mode=REDACTED&flag"
+
+
+@pytest.mark.parametrize("url, redacted", [
+    (SECRET_URL, REDACTED_URL),  # the same vector as the TypeScript and Go SDKs' tests
+    ("https://api.example.com/v1/charge", "https://api.example.com/v1/charge"),
+    ("https://api.example.com/v1?a=1&a=2&=x", "https://api.example.com/v1?a=REDACTED&a=REDACTED&=REDACTED"),
+    ("https://token@api.example.com/", "https://REDACTED:REDACTED@api.example.com/"),
+])
+def test_a_urls_credentials_and_query_values_are_redacted(url: str, redacted: str) -> None:
+    assert worker_tracing.redact_url(url) == redacted
+
+
+def test_an_effect_span_carries_no_credentials_of_its_url(spans: InMemorySpanExporter) -> None:
+    """url.full must not carry credentials (OpenTelemetry semantic conventions): it carried the raw URL."""
+    seen: list[httpx.Request] = []
+    with _sync(SyncFake()) as run, run.http_client(transport=_receiver(seen)) as http:
+        http.effect("POST", SECRET_URL, "charge", json={})
+    (effect,) = [s for s in spans.get_finished_spans() if s.name == "tether.effect"]
+    assert effect.attributes["url.full"] == REDACTED_URL
+    assert seen[0].url.params["api_key"] == "s3cr3t"  # only the span is redacted, not the request
+
+
+def test_quiet_renewals_are_not_spans(spans: InMemorySpanExporter) -> None:
+    """A span per heartbeat grew the attempt's trace without limit; now only renewals that are news."""
+    fake = SyncFake()
+    run = _sync(fake)
+    run.start()  # the first renewal: news (ownership confirmed)
+    for _ in range(5):
+        assert run.renew()  # nothing new: no spans
+    run.report_usage(cents=3, tokens=10)
+    run.checkpoint("row-1")
+    assert run.renew()  # carries a checkpoint: a span
+    assert run.renew()
+    fake.lose_after = fake.renewals
+    assert not run.renew()  # lost: a span
+    run.stop()
+    renew = [s for s in spans.get_finished_spans() if s.name == "tether.renew"]
+    assert [s.attributes["tether.renewal"] for s in renew] == ["confirmed", "confirmed", "lost"], renew
+    assert renew[1].attributes["tether.renewals.unrecorded"] >= 5  # the heartbeat thread may add one
+    assert renew[2].attributes["tether.renewals.unrecorded"] >= 1
+    assert all(f"{s.parent.span_id:016x}" == ATTEMPT_SPAN for s in renew)
+    assert renew[0].start_time < renew[0].end_time
+
+
+def test_new_signals_make_a_renewal_a_span(spans: InMemorySpanExporter) -> None:
+    fake = SyncFake()
+    run = _sync(fake)
+    run.start()
+    assert run.renew()
+    fake.renew = lambda *a, **kw: Renewal(ok=True, signals=Signals(paused=True))  # type: ignore[method-assign]
+    assert run.renew()
+    assert run.renew()
+    run.stop()
+    renew = [s for s in spans.get_finished_spans() if s.name == "tether.renew"]
+    assert len(renew) == 2
+
+
+def test_a_callers_traceparent_in_another_case_is_replaced_not_doubled() -> None:
+    """Headers merged as case-sensitive dicts sent the caller's `Traceparent` beside the SDK's
+    `traceparent`; now one of each name: the SDK's traceparent, the SDK's fence headers."""
+    seen: list[httpx.Request] = []
+    mine = {"Traceparent": f"00-{'1' * 32}-{'2' * 16}-01", "IDEMPOTENCY-KEY": "forged", "x-execution-fence": "99",
+            "X-Other": "kept"}
+    with _sync(SyncFake()) as run, run.http_client(transport=_receiver(seen)) as http:
+        http.effect("POST", "http://receiver/effects", "charge", json={}, headers=mine)
+    names = [k.lower() for k, _ in seen[0].headers.multi_items()]
+    assert names.count("traceparent") == 1 and names.count("idempotency-key") == 1
+    assert names.count("x-execution-fence") == 1
+    assert seen[0].headers["traceparent"] == TRACEPARENT
+    assert seen[0].headers["x-execution-fence"] == "3" and seen[0].headers["x-other"] == "kept"
+    assert seen[0].headers["idempotency-key"].endswith(":charge")

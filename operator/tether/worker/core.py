@@ -130,9 +130,14 @@ class RunCore:
 
     def _effect_request(self, operation: str, kw: dict[str, Any]) -> dict[str, Any]:
         """A side effect's request arguments with the fencing headers, once ownership is confirmed
-        (self-fencing: no side effect starts otherwise), and the trace's (for correlation only)."""
+        (self-fencing: no side effect starts otherwise), and the trace's (for correlation only).
+        Merged by name whatever its case, each name once: the trace's headers replace the caller's
+        (`traceparent` names the effect's span), the fence headers replace both."""
         self.ensure_owner()
-        return {**kw, "headers": {**(kw.get("headers") or {}), **self.trace.headers(), **self.effect_headers(operation)}}
+        headers = httpx.Headers(kw.get("headers"))
+        headers.update(self.trace.headers())
+        headers.update(self.effect_headers(operation))
+        return {**kw, "headers": headers}
 
     @property
     def tool_claim(self) -> dict[str, Any] | None:
@@ -155,8 +160,10 @@ class RunCore:
     def _renew_ops(self) -> Ops[bool]:
         """One heartbeat: a conditional update of the Lease, carrying the pending checkpoint, usage
         and approval requests. The driver must not run two at once (docs/protocol.md §3)."""
-        return (yield from self.trace.ops("tether.renew", self._renewal(), background=True, outcome=lambda ok: {
-            "tether.renewal": "confirmed" if ok else "lost" if self._lost else "unconfirmed"}))
+        with self._lock:  # what it carries, so that the trace records only renewals that are news
+            carried = (self._pending_checkpoint, self._usage, dict(self._requests))
+        return (yield from self.trace.renewal(self._renewal(), carried, lambda: self._signals, outcome=lambda ok:
+                                              "confirmed" if ok else "lost" if self._lost else "unconfirmed"))
 
     def _renewal(self) -> Ops[bool]:
         # The renewal this one waited behind found the lease lost, or a publication it waited behind

@@ -14,7 +14,9 @@ must judge a side effect by its fence (docs/operations.md, "Tracing").
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Callable, Generator, Iterator, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -32,6 +34,7 @@ class AttemptTrace:
     def __init__(self, traceparent: str | None, attributes: dict[str, Any]) -> None:
         self.traceparent = traceparent
         self.attributes = attributes
+        self.renewals = Renewals()
         parsed = parse_traceparent(traceparent)
         self._parent = otel_context.Context()  # a root, not whatever is current where the run was made
         if parsed is not None:
@@ -71,6 +74,26 @@ class AttemptTrace:
         finally:
             span.end()
 
+    def renewal(self, steps: Generator[Any, Any, T], carried: Any, signals: Callable[[], Any],
+                outcome: Callable[[T], str]) -> Generator[Any, Any, T]:
+        """A renewal (`steps`), recorded as a `tether.renew` span only when Renewals says it is news;
+        the span is made afterwards with the renewal's start time (it is never current while the
+        renewal waits, like ops())."""
+        parent, start, before = self.parent(background=True), time.time_ns(), signals()
+        try:
+            result = yield from steps
+        except BaseException as exc:
+            span = _tracer().start_span("tether.renew", context=parent, kind=SpanKind.CLIENT,
+                                        attributes={**self.attributes, **self.renewals.skipped()}, start_time=start)
+            _record(span, exc)
+            span.end()
+            raise
+        name = outcome(result)
+        if self.renewals.news(name, carried, signals() != before):
+            _tracer().start_span("tether.renew", context=parent, kind=SpanKind.CLIENT, start_time=start, attributes={
+                **self.attributes, **self.renewals.skipped(), "tether.renewal": name}).end()
+        return result
+
     def event(self, name: str, **attrs: Any) -> None:
         """A span with no duration of its own (a checkpoint flush: the heartbeat sends it)."""
         self._start(name, SpanKind.INTERNAL, attrs).end()
@@ -80,7 +103,8 @@ class AttemptTrace:
         """A side effect's span, current while it is sent (headers() reads it). Within one call:
         a thread's or a task's context never leaves it."""
         span = self._start("tether.effect", SpanKind.CLIENT,
-                           {"tether.operation": operation, "http.request.method": method.upper(), "url.full": url})
+                           {"tether.operation": operation, "http.request.method": method.upper(),
+                            "url.full": redact_url(str(url))})
         try:
             with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
                 yield span
@@ -102,6 +126,49 @@ class AttemptTrace:
         propagate.inject(carrier, context=trace.set_span_in_context(NonRecordingSpan(sc)))
         carrier["traceparent"] = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{'01' if sc.trace_flags.sampled else '00'}"
         return carrier
+
+
+class Renewals:
+    """Which renewals are worth a span. A heartbeat renews every few seconds for as long as the
+    attempt runs (2,880 renewals a day at 30 s), all in the attempt's trace: a span each would bury
+    it. So a renewal is a span only when something happened: it was not confirmed (unanswered,
+    refused, lost, or it failed), its outcome differs from the previous renewal's (the first one;
+    confirmed again after unconfirmed ones), it carried something new (a checkpoint, usage or the
+    approval requests differ from what the previous renewal carried), or it brought new signals.
+    Each span counts the quiet renewals before it (`tether.renewals.unrecorded`). The same rule in
+    the TypeScript and Go SDKs; docs/operations.md, "Tracing"."""
+
+    def __init__(self) -> None:
+        self._outcome: str | None = None
+        self._carried: Any = None
+        self._quiet = 0
+
+    def news(self, outcome: str, carried: Any, signals_changed: bool) -> bool:
+        worth = outcome != "confirmed" or outcome != self._outcome or carried != self._carried or signals_changed
+        self._outcome, self._carried = outcome, carried
+        if not worth:
+            self._quiet += 1
+        return worth
+
+    def skipped(self) -> dict[str, int]:
+        """The quiet renewals since the last span (an attribute of the next one), then none."""
+        quiet, self._quiet = self._quiet, 0
+        return {"tether.renewals.unrecorded": quiet} if quiet else {}
+
+
+def redact_url(url: str) -> str:
+    """A URL fit for `url.full`: credentials (user:password@) become REDACTED:REDACTED, every query
+    value becomes REDACTED (the keys stay), the fragment goes. The same rule in the TypeScript and Go
+    SDKs. Something that is not a URL is dropped whole."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            netloc = "REDACTED:REDACTED@" + netloc.rpartition("@")[2]
+        query = "&".join(p.split("=", 1)[0] + "=REDACTED" if "=" in p else p for p in parts.query.split("&") if p)
+        return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    except ValueError:
+        return "REDACTED"
 
 
 def _record(span: trace.Span, exc: BaseException) -> None:

@@ -6,7 +6,7 @@
  */
 
 import type { KubeConfig } from "@kubernetes/client-node";
-import { context, type Attributes, type Context } from "@opentelemetry/api";
+import { context, trace, type Attributes, type Context } from "@opentelemetry/api";
 
 import { systemClock, type Clock } from "./clock.js";
 import { LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, ToolTimeout } from "./errors.js";
@@ -38,7 +38,10 @@ import {
   type Signals,
   type Usage,
 } from "./protocol.js";
-import { ENV_TRACEPARENT, SpanKind, attemptContext, inSpan, injectTraceHeaders, parentFor } from "./tracing.js";
+import {
+  ENV_TRACEPARENT, Renewals, SpanKind, SpanStatusCode, TRACER_NAME, attemptContext, inSpan, injectTraceHeaders, parentFor,
+  redactUrl,
+} from "./tracing.js";
 import { Unanswered, type Renewal, type Transport } from "./transport.js";
 
 // Node 20.0–20.3 lack the well-known symbol that `await using` looks up.
@@ -188,6 +191,8 @@ export class WorkerRun {
   private signalled = new AbortController();
   /** Renewals run one at a time (a flush and the heartbeat must not race on the resourceVersion). */
   private renewals: Promise<unknown> = Promise.resolve();
+  /** Which renewals are spans. */
+  private readonly renewalSpans = new Renewals();
   private wake: AbortController | null = null;
   private loop: Promise<void> | null = null;
 
@@ -413,12 +418,29 @@ export class WorkerRun {
     };
   }
 
-  private renewNow(): Promise<boolean> {
-    return inSpan("tether.renew", parentFor(this.traceContext), this.spanAttributes(), SpanKind.CLIENT, async (span) => {
-      const ok = await this.renewOnce();
-      span.setAttribute("tether.renewal", ok ? "confirmed" : this.isLost ? "lost" : "unconfirmed");
-      return ok;
-    });
+  /** One renewal, a `tether.renew` span only when it is news (Renewals), made afterwards with the
+   * renewal's start time. */
+  private async renewNow(): Promise<boolean> {
+    const parent = parentFor(this.traceContext);
+    const startTime = Date.now();
+    const carried = JSON.stringify([this.pendingCheckpoint, this.usage, [...this.requests.values()]]);
+    const signals = this.rawSignals;
+    const span = (attributes: Record<string, string>) => trace.getTracer(TRACER_NAME).startSpan("tether.renew",
+      { kind: SpanKind.CLIENT, startTime, attributes: { ...this.spanAttributes(), ...this.renewalSpans.skipped(), ...attributes } },
+      parent);
+    let ok: boolean;
+    try {
+      ok = await this.renewOnce();
+    } catch (err) {
+      const failed = span({});
+      failed.recordException(err as Error);
+      failed.setStatus({ code: SpanStatusCode.ERROR, message: String((err as Error)?.name ?? err) });
+      failed.end();
+      throw err;
+    }
+    const outcome = ok ? "confirmed" : this.isLost ? "lost" : "unconfirmed";
+    if (this.renewalSpans.news(outcome, carried, this.rawSignals !== signals)) span({ "tether.renewal": outcome }).end();
+    return ok;
   }
 
   private async renewOnce(): Promise<boolean> {
@@ -621,7 +643,7 @@ export class WorkerRun {
     this.ensureOwner();
     const { operation, method = "POST" } = options;
     return inSpan("tether.effect", parentFor(this.traceContext),
-      { ...this.spanAttributes(), "tether.operation": operation, "http.request.method": method, "url.full": String(url) },
+      { ...this.spanAttributes(), "tether.operation": operation, "http.request.method": method, "url.full": redactUrl(url) },
       SpanKind.CLIENT, async (span) => {
         const headers = new Headers(options.headers);
         injectTraceHeaders(span, headers); // the receiver may join the trace; it must trust the fence, not this

@@ -76,4 +76,49 @@ export function injectTraceHeaders(span: Span, headers: Headers): void {
   });
 }
 
+/** A URL fit for `url.full`: credentials (user:password@) become REDACTED:REDACTED, every query
+ * value becomes REDACTED (the keys stay), the fragment goes. The same rule in the Python and Go SDKs.
+ * Something that is not a URL is dropped whole. */
+export function redactUrl(url: string | URL): string {
+  let u: URL;
+  try {
+    u = new URL(String(url));
+  } catch {
+    return "REDACTED";
+  }
+  const credentials = u.username || u.password ? "REDACTED:REDACTED@" : "";
+  const query = u.search.slice(1).split("&").filter((p) => p !== "")
+    .map((p) => (p.includes("=") ? `${p.slice(0, p.indexOf("="))}=REDACTED` : p)).join("&");
+  const authority = u.host === "" ? "" : `//${credentials}${u.host}`;
+  return `${u.protocol}${authority}${u.pathname}${query ? `?${query}` : ""}`;
+}
+
+/** Which renewals are worth a span. A heartbeat renews every few seconds for as long as the attempt
+ * runs (2,880 renewals a day at 30 s), all in the attempt's trace: a span each would bury it. So a
+ * renewal is a span only when something happened: it was not confirmed (unanswered, refused, lost,
+ * or it failed), its outcome differs from the previous renewal's (the first one; confirmed again
+ * after unconfirmed ones), it carried something new (checkpoint, usage or approval requests differ
+ * from what the previous renewal carried), or it brought new signals. Each span counts the quiet
+ * renewals before it (`tether.renewals.unrecorded`). The same rule in the Python and Go SDKs. */
+export class Renewals {
+  private outcome: string | null = null;
+  private carried: string | null = null;
+  private quiet = 0;
+
+  news(outcome: string, carried: string, signalsChanged: boolean): boolean {
+    const worth = outcome !== "confirmed" || outcome !== this.outcome || carried !== this.carried || signalsChanged;
+    this.outcome = outcome;
+    this.carried = carried;
+    if (!worth) this.quiet += 1;
+    return worth;
+  }
+
+  /** The quiet renewals since the last span (an attribute of the next one), then none. */
+  skipped(): Attributes {
+    const quiet = this.quiet;
+    this.quiet = 0;
+    return quiet ? { "tether.renewals.unrecorded": quiet } : {};
+  }
+}
+
 export { SpanKind, SpanStatusCode };

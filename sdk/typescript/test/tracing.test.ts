@@ -7,7 +7,9 @@ import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "
 
 import { claimReply } from "../src/gateway.js";
 import { WorkerRun } from "../src/run.js";
-import { formatTraceparent, parseTraceparent } from "../src/tracing.js";
+import { NO_SIGNALS } from "../src/protocol.js";
+import { formatTraceparent, parseTraceparent, redactUrl } from "../src/tracing.js";
+import { confirmed } from "../src/transport.js";
 import { FakeClock, FakeTransport, serve, type Seen } from "./fakes.js";
 
 const TRACE = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -133,4 +135,65 @@ describe("with an OpenTelemetry SDK", () => {
     const [effect] = exporter.getFinishedSpans().filter((s) => s.name === "tether.effect");
     assert.equal(effect?.status.code, 2); // ERROR
   });
+
+  it("redacts an effect's url.full", async () => {
+    exporter.reset();
+    const server = await serve(() => ({ status: 200, body: {} }));
+    const run = make(TRACEPARENT);
+    try {
+      await run.start();
+      const url = SECRET_URL.replace("receiver:8443", new URL(server.url).host);
+      // fetch refuses a URL with credentials, after the span began
+      await assert.rejects(run.effect(url, { operation: "charge", body: {} }), TypeError);
+      const [effect] = exporter.getFinishedSpans().filter((s) => s.name === "tether.effect");
+      assert.equal(effect?.attributes["url.full"], REDACTED_URL.replace("receiver:8443", new URL(server.url).host));
+    } finally {
+      await run.close();
+      await server.close();
+    }
+  });
+
+  it("makes spans only of renewals that are news", async () => {
+    exporter.reset();
+    const transport = new FakeTransport();
+    const run = new WorkerRun({
+      name: "job", namespace: "ns", holder: "job-a2", fence: 3, attempt: 2, leaseDurationSeconds: 10,
+      renewIntervalSeconds: 2, transport, clock: new FakeClock(), traceparent: TRACEPARENT, logger: () => {},
+    });
+    try {
+      await run.start(); // the first renewal: news
+      for (let i = 0; i < 5; i++) assert.equal(await run.renew(), true); // quiet
+      run.reportUsage({ cents: 3, tokens: 10 });
+      await run.checkpoint("row-1");
+      assert.equal(await run.renew(), true); // carries usage and a checkpoint
+      assert.equal(await run.renew(), true);
+      transport.renewScript.push(confirmed({ ...NO_SIGNALS, paused: true }));
+      assert.equal(await run.renew(), true); // new signals
+      assert.equal(await run.renew(), true);
+      transport.renewScript.push({ ok: false, lost: true, why: "another holder", signals: null });
+      assert.equal(await run.renew(), false); // lost
+    } finally {
+      await run.close();
+    }
+    const renew = exporter.getFinishedSpans().filter((s) => s.name === "tether.renew");
+    assert.deepEqual(renew.map((s) => s.attributes["tether.renewal"]), ["confirmed", "confirmed", "confirmed", "lost"]);
+    assert.ok(Number(renew[1]?.attributes["tether.renewals.unrecorded"]) >= 5);
+    for (const s of renew) assert.equal(s.parentSpanContext?.spanId, ATTEMPT_SPAN);
+  });
+});
+
+const SECRET_URL = "http://user:password@receiver:8443/effects?api_key=s3cr3t&mode=live&flag#token=t0k";
+const REDACTED_URL = "http://REDACTED:REDACTED@receiver:8443/effects?api_key=REDACTED&mode=REDACTED&flag";
+
+describe("url.full", () => {
+  const vectors: [string, string][] = [
+    [SECRET_URL, REDACTED_URL], // the same vector as the Python and Go SDKs' tests
+    ["https://api.example.com/v1/charge", "https://api.example.com/v1/charge"],
+    ["https://api.example.com/v1?a=1&a=2&=x", "https://api.example.com/v1?a=REDACTED&a=REDACTED&=REDACTED"],
+    ["https://token@api.example.com/", "https://REDACTED:REDACTED@api.example.com/"],
+    ["not a url", "REDACTED"],
+  ];
+  for (const [url, redacted] of vectors) {
+    it(`carries no credentials or query values of ${url}`, () => assert.equal(redactUrl(url), redacted));
+  }
 });
