@@ -363,7 +363,9 @@ class TrialResult:
         return {"seed": self.plan.seed, "ok": self.ok, "error": self.error, "seconds": round(self.seconds, 1),
                 "source": self.source, "namespace": self.namespace, "faults": dict(self.faults),
                 "skipped": dict(self.skipped), "by_invariant": dict(self.verdict.by_invariant()),
-                "violations": [str(v) for v in self.verdict.violations], "stats": dict(self.verdict.stats),
+                "violations": [str(v) for v in self.verdict.violations],
+                "stats": {**self.verdict.stats, **Counter(f"runs whose workers ran the {sdk} Python SDK"
+                                                          for flavours in self.sdks.values() for sdk in flavours)},
                 "replay": replay_command(self.plan.seed, self.plan.allow_api_pause, self.source)}
 
     def report(self) -> str:
