@@ -6,11 +6,13 @@ server recorded (the approvals' approver, the audit log's credential IDs), not b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,37 +121,21 @@ def test_kubectl_tether_approve_with_an_exec_plugin_two_files_and_a_context(  # 
         assert runs.wait_phase(kube, namespace, name, ("Succeeded", "Failed"), timeout=60)["status"]["phase"] == "Succeeded"
 
 
-@pytest.mark.local_cluster  # the container log comes from the process kubelet
-def test_the_console_goes_on_when_its_credential_expires_and_the_old_one_is_revoked(  # type: ignore[no-untyped-def]
-        kube: Kube, namespace: str, operator, tmp_path: Path) -> None:
-    console_user(kube, namespace, tmp_path)
-    config_value, log = exec_kubeconfig(kube, namespace, "alice", tmp_path / "kubeconfig", expires_in=4)
-    runs.create(kube, namespace, app_run("held", {"holdAttempts": [1], "holdSeconds": 600}))
-    runs.wait_phase(kube, namespace, "held", "Running", timeout=60)
+@contextlib.contextmanager
+def _console(kubeconfig_value: str, *flags: str) -> Iterator[httpx.Client]:
+    """`kubectl tether ui FLAGS` with KUBECONFIG=`kubeconfig_value`, signed in: a client of its pages.
+    Its host name (tether-….localhost) is a browser's to resolve: here 127.0.0.1, with that Host."""
     plugin = Path(sys.executable).parent / "kubectl-tether"
-    proc = subprocess.Popen([str(plugin), "ui", "--context", "exec", "--no-open"], env=_env(config_value),
+    proc = subprocess.Popen([str(plugin), "ui", "--no-open", *flags], env=_env(kubeconfig_value),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = [proc.stdout.readline() for _ in range(2)][1].strip()  # type: ignore[union-attr]
-        # Its host name (tether-….localhost) is the browser's to resolve: here, 127.0.0.1 with that Host.
-        parsed = httpx.URL(url)
-        with httpx.Client(base_url=f"http://127.0.0.1:{parsed.port}", timeout=30,
-                          headers={"Host": f"{parsed.host}:{parsed.port}"}) as browser:
-            signed_in = browser.get("/", params=dict(parsed.params))
+        url = httpx.URL([proc.stdout.readline() for _ in range(2)][1].strip())  # type: ignore[union-attr]
+        with httpx.Client(base_url=f"http://127.0.0.1:{url.port}", timeout=30,
+                          headers={"Host": f"{url.host}:{url.port}"}) as browser:
+            signed_in = browser.get("/", params=dict(url.params))
             assert signed_in.status_code == 303, signed_in.text
             browser.headers["Cookie"] = signed_in.headers["set-cookie"].split(";")[0]
-            logs = browser.get(f"/api/runs/{namespace}/held/logs")
-            assert logs.status_code == 200, logs.text
-            first = credentials(log)[-1]
-            # The first credential said it expires in 4 s; it is also revoked, so only a fresh one works.
-            said = time.monotonic() + 4
-            _revoked(kube, namespace, first)
-            eventually(lambda: time.monotonic() > said, timeout=10, what="the credential's stated expiry")
-            again = browser.get(f"/api/runs/{namespace}/held/logs")
-            assert again.status_code == 200, again.text
-        given = credentials(log)
-        # The API server refused the first token before the second read: that read used a fresh credential.
-        assert len(given) >= 2 and given[-1]["jti"] != first["jti"], given
+            yield browser
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -158,6 +144,50 @@ def test_the_console_goes_on_when_its_credential_expires_and_the_old_one_is_revo
             proc.kill()
             proc.wait()
         print("--- kubectl tether ui stderr ---", proc.stderr.read() if proc.stderr else "")  # type: ignore[union-attr]
+
+
+@pytest.mark.local_cluster  # the container log comes from the process kubelet
+def test_the_console_goes_on_when_its_credential_expires_and_the_old_one_is_revoked(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, tmp_path: Path) -> None:
+    console_user(kube, namespace, tmp_path)
+    config_value, log = exec_kubeconfig(kube, namespace, "alice", tmp_path / "kubeconfig", expires_in=4)
+    runs.create(kube, namespace, app_run("held", {"holdAttempts": [1], "holdSeconds": 600}))
+    runs.wait_phase(kube, namespace, "held", "Running", timeout=60)
+    with _console(config_value, "--context", "exec") as browser:
+        logs = browser.get(f"/api/runs/{namespace}/held/logs")
+        assert logs.status_code == 200, logs.text
+        first = credentials(log)[-1]
+        # The first credential said it expires in 4 s; it is also revoked, so only a fresh one works.
+        said = time.monotonic() + 4
+        _revoked(kube, namespace, first)
+        eventually(lambda: time.monotonic() > said, timeout=10, what="the credential's stated expiry")
+        again = browser.get(f"/api/runs/{namespace}/held/logs")
+        assert again.status_code == 200, again.text
+    given = credentials(log)
+    # The API server refused the first token before the second read: that read used a fresh credential.
+    assert len(given) >= 2 and given[-1]["jti"] != first["jti"], given
+
+
+def test_the_console_acts_as_the_user_it_impersonates(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, tmp_path: Path) -> None:
+    """The admin's kubeconfig with --as alice: the console is alice's (the API server names her in
+    the page's header, through its SelfSubjectReview, and records her decision as hers)."""
+    alice, _, _ = console_user(kube, namespace, tmp_path)
+    runs.create(kube, namespace, _gated(), name="gated")
+    runs.wait_phase(kube, namespace, "gated", "AwaitingApproval", timeout=30)
+    with _console(str(kube.kubeconfig_path), "-n", namespace, "--as", alice) as browser:
+        page = browser.get("/")
+        assert page.status_code == 200 and f"{alice} · namespace {namespace}" in page.text, page.text[:2000]
+        # Her decision from the console: the API server records alice as the approver (it admits no other).
+        uid = runs.get(kube, namespace, "gated")["metadata"]["uid"]
+        decided = browser.post(f"/api/runs/{namespace}/gated/decide", headers={"X-Tether-Console": "1"},
+                               json={"uid": uid, "gate": "Start", "attempt": 0, "decision": "Approve", "reason": "ok"})
+        assert decided.status_code == 200 and f"by {alice}" in decided.json()["message"], decided.text
+    approvals = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
+    assert [a["spec"]["approver"] for a in approvals] == [alice]
+    seen = [r for r in AuditLog.from_env().read() if r.impersonated is not None and r.impersonated.username == alice
+            and r.object_ref is not None and r.object_ref.resource == "workerruns" and r.object_ref.namespace == namespace]
+    assert seen and all(r.user.username == "tether-admin" for r in seen), seen[:3]
 
 
 @pytest.mark.local_cluster  # the worker runs on the process kubelet, with the kubeconfig given in its env
