@@ -34,6 +34,7 @@ def test_the_fixed_set_draws_every_fault_kind_but_the_api_pause() -> None:
     assert any(plan.ha and any(f.kind == "operator-kill" for f in plan.faults) for plan in plans)  # leader killed
     runs = [rp for plan in plans for rp in plan.runs]
     assert {rp.sdk for rp in runs} == {"blocking", "asyncio"}  # both Python SDK flavours face the faults
+    assert {rp.credentials for rp in runs} == {"kubelet", "exec"}  # and both ways of getting credentials
     assert any(rp.deadline_seconds for rp in runs) and any(rp.progress_deadline_seconds for rp in runs)
     assert any(rp.request and rp.request_wait > (rp.progress_deadline_seconds or 0) for rp in runs)
     # A plan is a function of its seed: that is what makes a failing trial replayable.
@@ -54,3 +55,6 @@ def test_a_seeded_fault_trial_keeps_every_invariant(kube: Kube, seed: int, tmp_p
     assert result.verdict.stats["worker writes accepted"] > 0
     # Each run's workers ran on the SDK flavour the plan drew for it (their own records say which).
     assert result.sdks == {rp.name: {rp.sdk} for rp in plan.runs}, result.sdks
+    # Runs drawn with an exec plugin's credentials got them from it, again and again (they expire in 3 s).
+    exec_runs = sum(rp.credentials == "exec" for rp in plan.runs)
+    assert result.verdict.stats["exec credentials minted for workers"] >= 2 * exec_runs, result.verdict.stats

@@ -34,6 +34,7 @@ import random
 import re
 import shutil
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import httpx
+import yaml
 
 from tether.devcluster import pki
 from tests.support import chaos_queues
@@ -57,6 +59,8 @@ from tests.support.scenario import app_run
 
 LEASE_SECONDS = 8  # the CRD wants durationSeconds > 2 * renewIntervalSeconds + 5
 RENEW_SECONDS = 1
+# What an exec plugin's credential says it lives (runs drawn with credentials "exec").
+EXEC_CREDENTIAL_SECONDS = 3
 STARTUP_GRACE_SECONDS = 15  # a Python worker on a busy 2-core machine needs a few seconds to start
 FAULT_WINDOW = 18.0
 SETTLE_SECONDS = 60.0
@@ -122,6 +126,9 @@ class RunPlan:
     request_decision: str = "Approve"
     queued: bool = False  # queued through the trial's Kueue ClusterQueue (when the cluster has Kueue)
     sdk: str = "blocking"  # the worker's Python SDK flavour: "blocking" (WorkerRun) or "asyncio" (AsyncWorkerRun)
+    # How its workers authenticate: "kubelet" (the pod's token file) or "exec" (a kubeconfig whose exec
+    # credential plugin mints pod-bound tokens that say they expire within seconds: refreshed throughout).
+    credentials: str = "kubelet"
 
 
 @dataclass
@@ -157,6 +164,7 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
     for i, rp in enumerate(runs):
         # Generators of their own, so the plans of seeds drawn before stay as they were.
         rp.sdk = "asyncio" if random.Random(f"{seed}/sdk/{i}").random() < 0.5 else "blocking"
+        rp.credentials = "exec" if random.Random(f"{seed}/credentials/{i}").random() < 0.3 else "kubelet"
         review = random.Random(f"{seed}/review/{i}")
         rp.review = review.random() < 0.3
         if rp.review:
@@ -520,6 +528,22 @@ class Trial:
 
     # --- setup -------------------------------------------------------------------------------
 
+    def _exec_kubeconfig(self, rp: RunPlan) -> Path:
+        """The worker proxy as its server (the faults still apply), and as its user an exec plugin
+        (tests/support/exec_credential.py) minting the pod's own bound tokens, each said to expire
+        in EXEC_CREDENTIAL_SECONDS: the SDK fetches credentials again and again through the faults."""
+        path = self.worker_proxy.write_kubeconfig(self.workdir / f"{rp.name}.kubeconfig", namespace=self.ns)
+        doc = yaml.safe_load(path.read_text())
+        env = {"EXEC_ADMIN_KUBECONFIG": str(self.cluster.kubeconfig), "EXEC_NAMESPACE": self.ns,
+               "EXEC_SERVICE_ACCOUNT": "default", "EXEC_BIND": "pod", "EXEC_EXPIRES_IN": str(EXEC_CREDENTIAL_SECONDS),
+               "EXEC_LOG": str(self.workdir / f"{rp.name}.credentials.jsonl")}
+        doc["users"][0]["user"] = {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1", "command": sys.executable, "interactiveMode": "Never",
+            "args": [str(Path(__file__).resolve().parent / "exec_credential.py")],
+            "env": [{"name": k, "value": v} for k, v in env.items()]}}
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
     def _body(self, rp: RunPlan) -> dict[str, Any]:
         payload: dict[str, Any] = {
             "holdAttempts": list(range(1, 101)), "holdSeconds": 600, "holdWhileUnknown": True,
@@ -536,9 +560,11 @@ class Trial:
             payload["checkpointEverySeconds"] = 1
         if rp.request is not None:
             payload["approval"] = rp.request
+        env = [{"name": "TETHER_TEST_SDK", "value": rp.sdk}]
+        if rp.credentials == "exec":
+            env.append({"name": "KUBECONFIG", "value": str(self._exec_kubeconfig(rp))})
         body = app_run(rp.name, payload, duration=LEASE_SECONDS, renew=RENEW_SECONDS,
-                       annotations={API_SERVER_ANNOTATION: self.worker_proxy.url}, max_attempts=4,
-                       env=[{"name": "TETHER_TEST_SDK", "value": rp.sdk}])
+                       annotations={API_SERVER_ANNOTATION: self.worker_proxy.url}, max_attempts=4, env=env)
         spec = body["spec"]
         spec["lease"]["startupGraceSeconds"] = STARTUP_GRACE_SECONDS
         spec["stopGraceSeconds"] = 3
@@ -1104,6 +1130,9 @@ class Trial:
             verdict = judge(records, facts, strict_window=self.strict_window)
             self._misinformed(records, verdict)
             sdks = {rp.name: {str(e.get("sdk")) for e in self._worker_records(rp)} for rp in self.plan.runs}
+            verdict.stats["exec credentials minted for workers"] += sum(
+                len((self.workdir / f"{rp.name}.credentials.jsonl").read_text().splitlines())
+                for rp in self.plan.runs if (self.workdir / f"{rp.name}.credentials.jsonl").exists())
         except Exception as exc:  # noqa: BLE001 - a broken trial is reported and counted, never passed
             error = f"{exc!r}"
             self.notes.append(traceback.format_exc())
