@@ -55,6 +55,7 @@ def test_a_seeded_fault_trial_keeps_every_invariant(kube: Kube, seed: int, tmp_p
     assert result.verdict.stats["worker writes accepted"] > 0
     # Each run's workers ran on the SDK flavour the plan drew for it (their own records say which).
     assert result.sdks == {rp.name: {rp.sdk} for rp in plan.runs}, result.sdks
-    # Runs drawn with an exec plugin's credentials got them from it, again and again (they expire in 3 s).
-    exec_runs = sum(rp.credentials == "exec" for rp in plan.runs)
-    assert result.verdict.stats["exec credentials minted for workers"] >= 2 * exec_runs, result.verdict.stats
+    # Each run drawn with an exec plugin's credentials whose workers ran got them from the plugin
+    # (tests/e2e/test_kubeconfigs.py shows the refreshes; a queued run may start late in a trial).
+    exec_runs = sum(rp.credentials == "exec" and bool(result.sdks[rp.name]) for rp in plan.runs)
+    assert result.verdict.stats["exec credentials minted for workers"] >= exec_runs, result.verdict.stats

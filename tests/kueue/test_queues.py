@@ -685,7 +685,13 @@ def test_kueue_evicts_a_run_whose_worker_never_renews_and_never_one_whose_worker
             ended = [a for a in (body.get("status") or {}).get("attempts") or [] if a.get("outcome")]
             return body if ended else None
 
-        first = eventually(evicted, timeout=120, what="the silent run's attempt ended")["status"]["attempts"][0]
+        try:
+            first = eventually(evicted, timeout=120, what="the silent run's attempt ended")["status"]["attempts"][0]
+        except AssertionError as exc:  # (seen once in 5 make test runs: say which manager ran, and what it said)
+            said = [line for line in Path(kueue["log"]).read_text(errors="replace").splitlines() if "silent" in line]
+            running = {pid: (Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2]) for pid in _kueue_pids(kueue)}
+            raise AssertionError(f"{exc}; managers running: {running}; Kueue on the silent run: {said[-15:]}; "
+                                 f"its Workload: {(_workload_of(kube, namespace, 'silent') or {}).get('status')}") from exc
         assert first["outcome"] == "Preempted" and "PodsReadyTimeout" in first["message"], first
         wl = _workload_of(kube, namespace, "silent") or {}
         reasons = [e["reason"] for e in (wl.get("status") or {}).get("schedulingStats", {}).get("evictions", [])]
