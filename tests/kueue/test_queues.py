@@ -653,6 +653,10 @@ def _start_kueue(kube: Kube, kueue: dict[str, str], argv: list[str]) -> None:
 
     def ready() -> bool:
         assert started.poll() is None, f"the Kueue manager started exited ({started.returncode}): see {kueue['log']}"
+        # Ours alone: another manager answering the probes would pass for it (seen: a test waiting
+        # on the config it started found a manager with the default config running instead).
+        others = [pid for pid in _kueue_pids(kueue) if pid != started.pid]
+        assert not others, f"Kueue managers {others} run beside the one started ({started.pid})"
         return _kueue_ready(kube, kueue["health"])
 
     eventually(lambda: ready() or None, timeout=120, what="Kueue ready")
