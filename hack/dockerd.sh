@@ -1,15 +1,39 @@
 #!/usr/bin/env bash
 # Makes sure a Docker engine answers, starting Debian's `dockerd` without systemd if none does.
 # `--iptables=false --bridge=none`: builds run with `--network host`, so the engine never rewrites
-# the machine's firewall rules or adds a bridge. Installs docker.io when dockerd is missing.
+# the machine's firewall rules or adds a default bridge (kind's network is made by
+# hack/e2e-kind.sh). Its default runtime is runc without CAP_SYS_RESOURCE (hack/kind/runc-wrapper),
+# which this machine cannot grant and privileged containers (kind's nodes) ask for. A dockerd this
+# script started earlier without that runtime is restarted. Installs docker.io and jq when missing.
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 log="$cache/docker/dockerd.log"
-
-docker info >/dev/null 2>&1 && exit 0
-command -v dockerd >/dev/null || apt_install docker.io
+pidfile=/var/run/docker.pid  # dockerd's own default
+runtime=tether-runc
 mkdir -p "$(dirname "$log")"
+
+command -v dockerd >/dev/null || apt_install docker.io
+command -v jq >/dev/null || apt_install jq
+# A copy at a path that does not move with the checkout: the daemon keeps it for as long as it runs.
+wrapper="$cache/docker/runc-wrapper"
+if ! cmp -s "$here/kind/runc-wrapper" "$wrapper" 2>/dev/null; then
+  install -m 0755 "$here/kind/runc-wrapper" "$wrapper.tmp" && mv "$wrapper.tmp" "$wrapper"
+fi
+
+if docker info >/dev/null 2>&1; then
+  [[ "$(docker info --format '{{.DefaultRuntime}}')" == "$runtime" ]] && exit 0
+  pid="$(cat "$pidfile" 2>/dev/null || true)"
+  # Ours when started as below (no systemd unit manages it): anyone else's engine is left alone.
+  if [[ -z "$pid" ]] || ! tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- '--bridge=none'; then
+    echo "[dockerd] a Docker engine runs without the $runtime runtime (see hack/dockerd.sh); kind needs it" >&2
+    exit 0  # not ours to restart: image builds still work, kind's privileged nodes will not
+  fi
+  echo "[dockerd] restarting dockerd $pid with the $runtime runtime" >&2
+  kill "$pid"
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+fi
+
 echo "[dockerd] starting dockerd (log: $log)" >&2
 # The daemon outlives this script: it must not inherit its descriptors, or a lock held by whoever
 # ran us (`flock FILE make test`) would be held by dockerd for as long as it runs.
@@ -18,7 +42,8 @@ echo "[dockerd] starting dockerd (log: $log)" >&2
     fd=${fd##*/}
     if [[ $fd -gt 2 ]]; then eval "exec $fd>&-" 2>/dev/null || true; fi
   done
-  exec setsid nohup dockerd --iptables=false --ip6tables=false --bridge=none >>"$log" 2>&1 < /dev/null
+  exec setsid nohup dockerd --iptables=false --ip6tables=false --bridge=none \
+    --add-runtime "$runtime=$wrapper" --default-runtime "$runtime" >>"$log" 2>&1 < /dev/null
 ) &
 for _ in $(seq 1 60); do
   docker info >/dev/null 2>&1 && exit 0

@@ -1,24 +1,107 @@
 #!/usr/bin/env bash
-# End-to-end suite on kind, for users with Docker and kind (not available on the
-# project's own CI machines, which use the local control plane instead).
-#   1. build the image  2. load it into kind  3. helm install  4. run the suite against that cluster
+# The end-to-end suite on a kind cluster (issue 25):
+#   1. kind and its node image, built here (hack/build-kind.sh), unless KIND_NODE_IMAGE names one
+#      (a user's machine: kind's own image from the registry, e.g. kindest/node:v1.36.x);
+#   2. `kind create cluster` with the configuration below; 3. the Tether image (hack/build-images.sh)
+#   loaded into it; 4. `helm install` of the chart with its defaults plus what the tests need;
+#   5. pytest against that cluster: every e2e test not marked local_cluster (those need the local
+#      control plane's process pids), or KIND_TESTS; 6. the cluster deleted (KIND_KEEP=1 keeps it).
+# KIND_CLUSTER names the cluster; KIND_SETUP_ONLY=1 stops after step 4 and prints the kubeconfig.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+# shellcheck source=lib.sh
+source hack/lib.sh
 CLUSTER="${KIND_CLUSTER:-tether-e2e}"
-IMAGE="${IMAGE:-tether:e2e}"
-command -v docker >/dev/null || { echo "docker is required" >&2; exit 1; }
-command -v kind >/dev/null || { echo "kind is required (https://kind.sigs.k8s.io)" >&2; exit 1; }
+log() { echo "[e2e-kind] $(date +%T) $*" >&2; }
+started=$SECONDS
 
-docker build -t "$IMAGE" .
-kind get clusters | grep -qx "$CLUSTER" || kind create cluster --name "$CLUSTER"
-kind load docker-image "$IMAGE" --name "$CLUSTER"
-KUBECONFIG_FILE="$(mktemp)"
-kind get kubeconfig --name "$CLUSTER" > "$KUBECONFIG_FILE"
-TOOLS="$(bash hack/build-tools.sh)"
-"$TOOLS/helm" upgrade --install tether charts/tether --namespace tether-system --create-namespace \
-  --kubeconfig "$KUBECONFIG_FILE" --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
-  --set image.pullPolicy=Never --wait --timeout 300s
-# The chart's operator (cluster-wide) drives the runs; tests that need a local process
+kind_dir="$(bash hack/build-kind.sh)"
+# shellcheck source=/dev/null
+source "$kind_dir/node-image.env"
+kind="$kind_dir/bin/kind"
+if [[ -z "${KIND_NODE_IMAGE:-}" ]]; then
+  docker image inspect "$NODE_IMAGE" >/dev/null 2>&1 || docker load -i "$kind_dir/node-image.tar" >&2
+  KIND_NODE_IMAGE="$NODE_IMAGE"
+  built_here=1
+fi
+images_dir="$(bash hack/build-images.sh)"
+# shellcheck source=/dev/null
+source "$images_dir/images.env"
+tools="$(bash hack/build-tools.sh | tail -1)"
+log "built in $((SECONDS - started)) s"
+
+# Docker here has no default bridge (hack/dockerd.sh); kind's nodes get a network of their own, with
+# no masquerading: nothing in the cluster reaches past this machine.
+network="${KIND_EXPERIMENTAL_DOCKER_NETWORK:-tether-kind}"
+export KIND_EXPERIMENTAL_DOCKER_NETWORK="$network"
+if ! docker network inspect "$network" >/dev/null 2>&1; then
+  docker network create --driver bridge --subnet 172.30.0.0/24 \
+    -o com.docker.network.bridge.enable_ip_masquerade=false "$network" >&2
+fi
+
+config="$(mktemp)"
+kubeconfig="${KIND_KUBECONFIG:-$cache/kind/$CLUSTER.kubeconfig}"
+cleanup() {
+  rm -f "$config"
+  if [[ -z "${KIND_KEEP:-}" && -z "${KIND_SETUP_ONLY:-}" ]]; then
+    "$kind" delete cluster --name "$CLUSTER" >&2 || true
+  fi
+}
+trap cleanup EXIT
+{
+  cat <<EOF
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+name: $CLUSTER
+networking:
+  apiServerAddress: 127.0.0.1
+EOF
+  if [[ -n "${built_here:-}" ]]; then
+    # The node image built here: a bridge CNI configuration instead of kindnetd (not buildable
+    # here), the control plane's etcd, and a kubelet that runs on this machine's cgroup v1.
+    cat <<EOF
+  disableDefaultCNI: true
+  podSubnet: 10.244.0.0/16
+kubeadmConfigPatches:
+- |
+  kind: ClusterConfiguration
+  etcd:
+    local:
+      imageTag: "$ETCD_IMAGE_TAG"
+- |
+  kind: KubeletConfiguration
+  failCgroupV1: false
+EOF
+  fi
+} > "$config"
+
+"$kind" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+log "kind create cluster --image $KIND_NODE_IMAGE"
+t=$SECONDS
+"$kind" create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$config" --kubeconfig "$kubeconfig" \
+  --wait 240s >&2
+log "cluster ready in $((SECONDS - t)) s"
+
+t=$SECONDS
+"$kind" load image-archive "$images_dir/tether.tar" --name "$CLUSTER" >&2
+log "Tether image loaded in $((SECONDS - t)) s"
+
+t=$SECONDS
+"$tools/helm" upgrade --install tether charts/tether --namespace tether-system --create-namespace \
+  --kubeconfig "$kubeconfig" --set image.repository="${TETHER_IMAGE%:*}" --set image.tag="${TETHER_IMAGE##*:}" \
+  --set image.pullPolicy=Never --set gateway.enabled=true --set foldIntervalSeconds=1 --wait --timeout 300s >&2
+log "chart installed in $((SECONDS - t)) s"
+if [[ -n "${KIND_SETUP_ONLY:-}" ]]; then
+  echo "$kubeconfig"
+  exit 0
+fi
+
+t=$SECONDS
+# The chart's operator (cluster-wide) drives the runs; tests that need the local cluster's process
 # kubelet (pids, SIGSTOP, on-disk pod logs, a killable operator) are marked local_cluster.
-TETHER_TEST_KUBECONFIG="$KUBECONFIG_FILE" TETHER_TEST_EXTERNAL_OPERATOR=1 TETHER_TEST_WORKER_IMAGE="$IMAGE" \
-  .venv/bin/python -m pytest tests/e2e -m "not local_cluster" -p no:cacheprovider -ra
+if [[ -n "${KIND_TESTS:-}" ]]; then read -r -a tests <<<"$KIND_TESTS"; else tests=(tests/e2e -m "not local_cluster"); fi
+TETHER_TEST_KUBECONFIG="$kubeconfig" TETHER_TEST_EXTERNAL_OPERATOR=1 TETHER_TEST_WORKER_IMAGE="$TETHER_IMAGE" \
+  TETHER_TEST_BIN_DIR="$(bash hack/build-control-plane.sh)" \
+  .venv/bin/python -m pytest "${tests[@]}" -p no:cacheprovider -ra
+log "tests ran in $((SECONDS - t)) s; all in $((SECONDS - started)) s"

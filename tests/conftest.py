@@ -32,7 +32,8 @@ def _wants_cluster(config: pytest.Config) -> bool:
     if (config.getoption("markexpr") or "").strip() == "unit":
         return False
     args = [a for a in config.args if not a.startswith("-")]
-    return not args or any("unit" not in Path(a).parts for a in args)
+    # tests/unit need no cluster; tests/kind bring a kind cluster of their own.
+    return not args or any(not {"unit", "kind"} & set(Path(a).parts) for a in args)
 
 
 def _runs_tests_under(config: pytest.Config, folder: str, env: str) -> bool:

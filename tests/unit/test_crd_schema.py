@@ -30,6 +30,21 @@ def test_every_field_has_a_description(crd_file: Path) -> None:
         assert not missing, f"{crd_file.name}: fields without description: {missing}"
 
 
+@pytest.mark.parametrize("crd_file", CRDS, ids=[p.name for p in CRDS])
+def test_every_schema_says_only_what_a_schema_can_hold(crd_file: Path) -> None:
+    """A comma in an unquoted flow-mapping description (`{description: A, b.}`) makes `b.` a key:
+    the API server only warns and drops it, and `kubectl explain` shows the description cut short.
+    (Found by the chart's install on kind, whose helm prints the API server's warnings.)"""
+    from kubernetes.client import V1JSONSchemaProps
+
+    allowed = set(V1JSONSchemaProps.attribute_map.values())
+    crd = yaml.safe_load(crd_file.read_text())
+    for version in crd["spec"]["versions"]:
+        unknown = {p: sorted(set(s) - allowed) for p, s in _walk(version["schema"]["openAPIV3Schema"], "")
+                   if set(s) - allowed}
+        assert not unknown, f"{crd_file.name} {version['name']}: keys no JSONSchemaProps has: {unknown}"
+
+
 def test_crds_exist() -> None:
     assert any(p.name == "workerruns.tether.dev.yaml" for p in CRDS)
 
