@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools node kueue test layers unit sdk-test conformance chaos bench bench-queues demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
+.PHONY: help install control-plane tools node kueue kind-image test layers unit sdk-test conformance chaos bench bench-queues demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -21,7 +21,8 @@ help:
 	@echo "make screenshots    the console's browser tests, saving docs/console-*.png (make test saves them outside the tree)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG"
 	@echo "make docs           build the docs site (mkdocs --strict, outside the tree) and check every internal link"
-	@echo "make e2e-kind       (Docker + kind) build the image, helm install it, run the e2e suite there"
+	@echo "make e2e-kind       a kind cluster from a node image built here: the chart, then the e2e suite on it"
+	@echo "make kind-image     build/cache kind and its node image (Kubernetes, CoreDNS, containerd from Go modules)"
 	@echo "make plugin         the kubectl-tether wheel and krew archive in dist/, with dist/tether.yaml (krew manifest)"
 	@echo "make install-plugin kubectl-tether in a virtualenv of its own, linked into PREFIX/bin (PREFIX=~/.local)"
 	@echo "make install-tools  link the cached helm and kubectl into PREFIX/bin"
@@ -57,7 +58,11 @@ node:
 kueue:
 	bash hack/build-kueue.sh
 
-test: install control-plane tools node kueue sdk-test layers docs
+# kind and its node image, built here (hack/build-kind.sh): tests/kind, make e2e-kind.
+kind-image: node
+	bash hack/build-kind.sh
+
+test: install control-plane tools node kueue kind-image sdk-test layers docs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra
 
 # The layers are a checked contract (pyproject.toml [tool.importlinter]).
@@ -121,7 +126,8 @@ demo: install control-plane
 cluster: install control-plane
 	$(VENV)/bin/tether dev cluster
 
-e2e-kind: install
+# The e2e suite on a kind cluster (hack/e2e-kind.sh): created, the image loaded, the chart installed, deleted.
+e2e-kind: install control-plane tools node kind-image
 	bash hack/e2e-kind.sh
 
 # The kubectl plugin as users install it (packaging/kubectl-tether/build.py): a small wheel without

@@ -176,6 +176,8 @@ touch "$out/.complete"
 for old in "$cache"/kind/v*_kind-*; do
   [[ "$old" != "$out" ]] && rm -rf "$old"
 done
+docker images --format '{{.Repository}}:{{.Tag}}' tether.local/kind-node | grep -vxF "$NODE_IMAGE" \
+  | xargs -r docker rmi >/dev/null 2>&1 || true  # (one still in use by a cluster stays)
 for old in "$cache"/kind/bin-*; do
   [[ "$old" != "$bin" ]] && rm -rf "$old"
 done

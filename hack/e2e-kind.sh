@@ -4,9 +4,10 @@
 #      (a user's machine: kind's own image from the registry, e.g. kindest/node:v1.36.x);
 #   2. `kind create cluster` with the configuration below; 3. the Tether image (hack/build-images.sh)
 #   loaded into it; 4. `helm install` of the chart with its defaults plus what the tests need;
-#   5. pytest against that cluster: every e2e test not marked local_cluster (those need the local
-#      control plane's process pids), or KIND_TESTS; 6. the cluster deleted (KIND_KEEP=1 keeps it).
-# KIND_CLUSTER names the cluster; KIND_SETUP_ONLY=1 stops after step 4 and prints the kubeconfig.
+#   5. pytest against that cluster: tests/kind and every e2e test not marked local_cluster (those
+#      need the local control plane's process pids, files or an operator of their own), or KIND_TESTS; 6. the cluster deleted (KIND_KEEP=1 keeps it).
+# KIND_CLUSTER names the cluster; KIND_SETUP_ONLY=1 stops after step 4 and prints the kubeconfig's
+# path and the API server's audit log's (on this machine).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -29,6 +30,15 @@ images_dir="$(bash hack/build-images.sh)"
 # shellcheck source=/dev/null
 source "$images_dir/images.env"
 tools="$(bash hack/build-tools.sh | tail -1)"
+# Kueue: its manager built from Go modules (hack/build-kueue.sh) as an image like its own (/manager),
+# installed by its own Helm chart, from its module, with examples/queues/kueue-values.yaml.
+kueue_bin="$(bash hack/build-kueue.sh)/kueue"
+KUEUE_IMAGE="tether.local/kueue:${KUEUE_VERSION}"
+if ! docker image inspect "$KUEUE_IMAGE" >/dev/null 2>&1; then
+  tar -C "$(dirname "$kueue_bin")" --owner=0 --group=0 --transform 's|^kueue$|manager|' -cf - kueue \
+    | docker import --change 'ENTRYPOINT ["/manager"]' --change 'USER 65532:65532' - "$KUEUE_IMAGE" >&2
+fi
+kueue_chart="$(go mod download -json "sigs.k8s.io/kueue@${KUEUE_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/charts/kueue"
 log "built in $((SECONDS - started)) s"
 
 # Docker here has no default bridge (hack/dockerd.sh); kind's nodes get a network of their own, with
@@ -40,6 +50,12 @@ if ! docker network inspect "$network" >/dev/null 2>&1; then
     -o com.docker.network.bridge.enable_ip_masquerade=false "$network" >&2
 fi
 
+# The API server's audit log, as the local control plane writes it (tether.devcluster.controlplane's
+# policy): the tests' oracle reads it on the host, through a mount of the node's directory.
+audit_dir="$cache/kind/$CLUSTER-audit"
+rm -rf "$audit_dir" && mkdir -p "$audit_dir"
+.venv/bin/python -c 'import sys, yaml; from tether.devcluster.controlplane import AUDIT_POLICY; yaml.safe_dump(AUDIT_POLICY, sys.stdout)' \
+  > "$audit_dir/policy.yaml"
 config="$(mktemp)"
 kubeconfig="${KIND_KUBECONFIG:-$cache/kind/$CLUSTER.kubeconfig}"
 cleanup() {
@@ -49,32 +65,37 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
-{
-  cat <<EOF
+# The node image built here has a bridge CNI configuration instead of kindnetd (not buildable here),
+# the control plane's etcd, and a kubelet that runs on this machine's cgroup v1.
+own_cni="" etcd_patch="" kubelet_patch=""
+if [[ -n "${built_here:-}" ]]; then
+  own_cni=$'\n  disableDefaultCNI: true\n  podSubnet: 10.244.0.0/16'
+  etcd_patch=$'\n  etcd:\n    local:\n      imageTag: "'"$ETCD_IMAGE_TAG"'"'
+  kubelet_patch=$'\n- |\n  kind: KubeletConfiguration\n  failCgroupV1: false'
+fi
+cat > "$config" <<EOF
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 name: $CLUSTER
 networking:
-  apiServerAddress: 127.0.0.1
-EOF
-  if [[ -n "${built_here:-}" ]]; then
-    # The node image built here: a bridge CNI configuration instead of kindnetd (not buildable
-    # here), the control plane's etcd, and a kubelet that runs on this machine's cgroup v1.
-    cat <<EOF
-  disableDefaultCNI: true
-  podSubnet: 10.244.0.0/16
+  apiServerAddress: 127.0.0.1$own_cni
+nodes:
+- role: control-plane
+  extraMounts:
+  - {hostPath: "$audit_dir", containerPath: /var/log/tether-audit}
 kubeadmConfigPatches:
 - |
   kind: ClusterConfiguration
-  etcd:
-    local:
-      imageTag: "$ETCD_IMAGE_TAG"
-- |
-  kind: KubeletConfiguration
-  failCgroupV1: false
+  apiServer:
+    extraArgs:
+    - {name: audit-policy-file, value: /var/log/tether-audit/policy.yaml}
+    - {name: audit-log-path, value: /var/log/tether-audit/audit.log}
+    - {name: audit-log-format, value: json}
+    - {name: audit-log-maxsize, value: "0"}
+    - {name: audit-log-mode, value: blocking}
+    extraVolumes:
+    - {name: tether-audit, hostPath: /var/log/tether-audit, mountPath: /var/log/tether-audit, pathType: DirectoryOrCreate}$etcd_patch$kubelet_patch
 EOF
-  fi
-} > "$config"
 
 "$kind" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
 log "kind create cluster --image $KIND_NODE_IMAGE"
@@ -88,20 +109,30 @@ t=$SECONDS
 log "Tether image loaded in $((SECONDS - t)) s"
 
 t=$SECONDS
+"$kind" load docker-image "$KUEUE_IMAGE" --name "$CLUSTER" >&2
+"$tools/helm" upgrade --install kueue "$kueue_chart" --namespace kueue-system --create-namespace \
+  --kubeconfig "$kubeconfig" -f examples/queues/kueue-values.yaml \
+  --set controllerManager.manager.image.repository="${KUEUE_IMAGE%:*}" \
+  --set controllerManager.manager.image.tag="${KUEUE_IMAGE##*:}" \
+  --set controllerManager.manager.image.pullPolicy=Never --wait --timeout 300s >&2
+log "Kueue installed in $((SECONDS - t)) s"
+
+t=$SECONDS
 "$tools/helm" upgrade --install tether charts/tether --namespace tether-system --create-namespace \
   --kubeconfig "$kubeconfig" --set image.repository="${TETHER_IMAGE%:*}" --set image.tag="${TETHER_IMAGE##*:}" \
   --set image.pullPolicy=Never --set gateway.enabled=true --set foldIntervalSeconds=1 --wait --timeout 300s >&2
 log "chart installed in $((SECONDS - t)) s"
 if [[ -n "${KIND_SETUP_ONLY:-}" ]]; then
-  echo "$kubeconfig"
+  echo "$kubeconfig $audit_dir/audit.log"
   exit 0
 fi
 
 t=$SECONDS
 # The chart's operator (cluster-wide) drives the runs; tests that need the local cluster's process
 # kubelet (pids, SIGSTOP, on-disk pod logs, a killable operator) are marked local_cluster.
-if [[ -n "${KIND_TESTS:-}" ]]; then read -r -a tests <<<"$KIND_TESTS"; else tests=(tests/e2e -m "not local_cluster"); fi
-TETHER_TEST_KUBECONFIG="$kubeconfig" TETHER_TEST_EXTERNAL_OPERATOR=1 TETHER_TEST_WORKER_IMAGE="$TETHER_IMAGE" \
+if [[ -n "${KIND_TESTS:-}" ]]; then read -r -a tests <<<"$KIND_TESTS"; else tests=(tests/e2e tests/kind -m "not local_cluster"); fi
+TETHER_KIND_KUBECONFIG="$kubeconfig" TETHER_KIND_NODE="$CLUSTER-control-plane" \
+  TETHER_TEST_KUBECONFIG="$kubeconfig" TETHER_TEST_AUDIT_LOG="$audit_dir/audit.log" TETHER_TEST_EXTERNAL_OPERATOR=1 TETHER_TEST_WORKER_IMAGE="$TETHER_IMAGE" \
   TETHER_TEST_BIN_DIR="$(bash hack/build-control-plane.sh)" \
   .venv/bin/python -m pytest "${tests[@]}" -p no:cacheprovider -ra
 log "tests ran in $((SECONDS - t)) s; all in $((SECONDS - started)) s"

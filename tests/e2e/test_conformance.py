@@ -17,6 +17,9 @@ from conformance.sdks import WORKERS
 
 SUBSET = [("happy", POD), ("happy", GATEWAY), ("partition", POD), ("revoked-while-reconnecting", POD),
           ("yield", POD), ("yield", GATEWAY), ("slow-publication", POD), *((s.name, t) for s in BRANCHES for t in s.transports)]
+# Each cell's worker is a process of this machine (the process kubelet runs its pod as one), and
+# each cell starts its own operator: the local control plane's, not a kind cluster's.
+pytestmark = pytest.mark.local_cluster
 # The yield queues through the session's Kueue: on the Kueue tests' worker (one of them stops it).
 CELLS = [pytest.param(s, t, id=f"{s}-{t}", marks=[pytest.mark.xdist_group("kueue")] if s == "yield" else [])
          for s, t in SUBSET]

@@ -187,7 +187,7 @@ def test_the_console_acts_as_the_user_it_impersonates(  # type: ignore[no-untype
     assert [a["spec"]["approver"] for a in approvals] == [alice]
     seen = [r for r in AuditLog.from_env().read() if r.impersonated is not None and r.impersonated.username == alice
             and r.object_ref is not None and r.object_ref.resource == "workerruns" and r.object_ref.namespace == namespace]
-    assert seen and all(r.user.username == "tether-admin" for r in seen), seen[:3]
+    assert seen and all(r.user.username == kube.username() for r in seen), seen[:3]
 
 
 @pytest.mark.local_cluster  # the worker runs on the process kubelet, with the kubeconfig given in its env
@@ -222,8 +222,8 @@ def test_the_sdk_out_of_a_cluster_takes_impersonation_and_refreshes_after_a_401(
     # Impersonation: the admin's kubeconfig acting as alice reads the payload; as nobody, it is refused.
     as_alice = kubeconfig.load(flags=kubeconfig.Flags(kubeconfig=str(kube.kubeconfig_path), impersonate=alice))
     assert load_payload(env, kube=as_alice)["note"] == "read back"
-    seen = AuditLog.from_env().read()
-    assert any(r.user.username == "tether-admin" and r.impersonated is not None and r.impersonated.username == alice for r in seen
+    seen, admin = AuditLog.from_env().read(), kube.username()
+    assert any(r.user.username == admin and r.impersonated is not None and r.impersonated.username == alice for r in seen
                if r.object_ref is not None and r.object_ref.name == "payload" and r.verb == "get"), "not impersonated"
     as_nobody = kubeconfig.load(flags=kubeconfig.Flags(kubeconfig=str(kube.kubeconfig_path), impersonate="nobody"))
     with pytest.raises(Exception, match="403|forbidden"):

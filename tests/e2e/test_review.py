@@ -11,6 +11,8 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
 from tests.support import runs
 from tests.support.audit import AuditLog
@@ -104,16 +106,18 @@ def test_kubectl_tether_approve_records_the_current_user(kube: Kube, namespace: 
     done = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "start",
                    "--reason", "looks right")
     assert done.returncode == 0 and "Approve Start (attempt 0) of short-job" in done.stdout, done
-    assert "by tether-admin" in done.stdout and "example-worker" in done.stdout, done
+    image = runs.get(kube, namespace, "short-job")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert f"by {kube.username()}" in done.stdout and image in done.stdout, done
     run = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed", "Rejected"), timeout=60)
     assert run["status"]["phase"] == "Succeeded"
     approvals = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
     assert [(a["spec"]["approver"], a["spec"]["runRef"].get("uid")) for a in approvals] == [
-        ("tether-admin", run["metadata"]["uid"])]
+        (kube.username(), run["metadata"]["uid"])]
     again = kubectl(bin_dir, "tether", "deny", "short-job", "-n", namespace, "--reason", "late")
     assert again.returncode == 1 and "no pending Start gate" in again.stderr, again
 
 
+@pytest.mark.local_cluster  # it starts an operator of its own to read its metrics
 def test_metrics_count_the_waiting_and_time_the_decision(kube: Kube, namespace: str, tmp_path: Path) -> None:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families

@@ -137,7 +137,7 @@ def test_a_request_approved_with_kubectl_tether_reaches_the_worker(  # type: ign
     assert "send-report (attempt 1)" in done.stdout and "details: POST the report to finance" in done.stdout, done
     run = runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed"), timeout=60)
     assert run["status"]["result"]["approval"] == {"decision": "Approve", "reason": "numbers checked",
-                                                   "approver": "tether-admin"}
+                                                   "approver": kube.username()}
     [approval] = kube.ok(kube.get(APPROVALS.format(ns=namespace)))["items"]
     assert (approval["spec"]["gate"], approval["spec"]["attempt"]) == ("send-report", 1)
     # The approval lives as long as its run: owned by it, collected by Kubernetes' garbage collector.
@@ -164,6 +164,7 @@ def test_a_request_denied_or_timed_out_is_told_to_the_worker(kube: Kube, namespa
                what="the ApprovalTimedOut event")  # posted after the status write it tells of
 
 
+@pytest.mark.local_cluster  # it freezes the worker's process through files on this machine
 def test_a_stale_workers_request_is_refused_and_a_decision_reaches_only_its_attempt(  # type: ignore[no-untyped-def]
         kube: Kube, namespace: str, operator, tmp_path: Path) -> None:
     """Attempt 1 is frozen on its way to ask for an approval until its lease lapses and attempt 2

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.e2e.test_gateway import external_run, open_attempt
+from tests.kueue.test_queues import _time, queued_run, tenancy
 from tests.support import runs
 from tests.support.kube import Kube, eventually, worker_identity
 
@@ -57,7 +58,7 @@ def kind() -> Iterator[Kind]:
     if given:
         yield Kind(Kube(given), os.environ.get("TETHER_KIND_NODE", f"{CLUSTER}-control-plane"), image)
         return
-    kubeconfig = _script("e2e-kind.sh", {"KIND_CLUSTER": CLUSTER, "KIND_SETUP_ONLY": "1"})
+    kubeconfig = _script("e2e-kind.sh", {"KIND_CLUSTER": CLUSTER, "KIND_SETUP_ONLY": "1"}).split()[0]
     try:
         yield Kind(Kube(kubeconfig), f"{CLUSTER}-control-plane", image)
     finally:
@@ -200,3 +201,18 @@ def test_when_the_leading_replica_dies_the_other_takes_over_and_runs_go_on(kind:
     assert done["phase"] == "Succeeded", done
     assert not _leader(kind.kube).startswith(pod), (_leader(kind.kube), pod)
 
+
+
+def test_kueue_in_the_cluster_admits_queued_runs_one_at_a_time(kind: Kind, ns: str) -> None:
+    """Kueue installed by its own chart (its webhooks behind its Service, its own certificates):
+    with a quota of one run's CPU, a second run waits Queued until the first finishes. (A small
+    request: the one node's 2 CPUs also hold the control plane's requests.)"""
+    tenancy(kind.kube, ns, cpu="200m")
+    runs.create(kind.kube, ns, kind.worker(queued_run(steps=30, cpu="200m")), name="first")
+    runs.wait_phase(kind.kube, ns, "first", "Running", timeout=120)
+    runs.create(kind.kube, ns, kind.worker(queued_run(steps=2, cpu="200m")), name="second")
+    runs.wait_phase(kind.kube, ns, "second", "Queued", timeout=60)
+    assert runs.get(kind.kube, ns, "first")["status"]["phase"] == "Running"  # (it runs 15 s)
+    done = {n: runs.wait_phase(kind.kube, ns, n, ("Succeeded", "Failed"), timeout=180)["status"] for n in ("first", "second")}
+    assert all(d["phase"] == "Succeeded" for d in done.values()), done
+    assert _time(done["first"]["attempts"][0]["endedAt"]) <= _time(done["second"]["attempts"][0]["startedAt"]), done

@@ -47,6 +47,13 @@ class Kube:
         assert resp.status_code < 300, f"{resp.request.method} {resp.request.url}: {resp.status_code} {resp.text}"
         return resp.json()
 
+    def username(self) -> str:
+        """Who these credentials are, as the API server says (the local cluster's admin is
+        tether-admin, kind's kubernetes-admin)."""
+        review = self.ok(self.post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                                   {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))
+        return str(review["status"]["userInfo"]["username"])
+
     @staticmethod
     def wr_path(ns: str, name: str = "") -> str:
         return f"{GROUP}/namespaces/{ns}/workerruns" + (f"/{name}" if name else "")

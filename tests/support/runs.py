@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def example(name: str, **spec_overrides: Any) -> dict[str, Any]:
     body = yaml.safe_load((EXAMPLES / name).read_text())
     body = copy.deepcopy(body)
-    _image(body)
+    use_test_image(body)
     for key, value in spec_overrides.items():
         if isinstance(value, dict) and isinstance(body["spec"].get(key), dict):
             body["spec"][key] = {**body["spec"][key], **value}
@@ -26,13 +26,14 @@ def example(name: str, **spec_overrides: Any) -> dict[str, Any]:
     return body
 
 
-def _image(body: dict[str, Any]) -> None:
+def use_test_image(body: dict[str, Any]) -> dict[str, Any]:
     """On another cluster (make e2e-kind) pods run the image built from this checkout."""
     image = os.environ.get("TETHER_TEST_WORKER_IMAGE")
     if image:
         for container in body["spec"]["template"]["spec"]["containers"]:
             container["image"] = image
             container["imagePullPolicy"] = "Never"
+    return body
 
 
 def create(kube: Kube, ns: str, body: dict[str, Any], name: str | None = None) -> dict[str, Any]:

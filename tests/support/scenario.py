@@ -18,7 +18,7 @@ MEASUREMENTS = Path(__file__).resolve().parents[2] / ".tether" / "measurements.j
 def app_run(name: str, payload: dict[str, Any], duration: int = 8, renew: int = 1,
             annotations: dict[str, str] | None = None, env: list[dict[str, str]] | None = None,
             max_attempts: int = 3) -> dict[str, Any]:
-    return {
+    return runs.use_test_image({
         "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": name},
         "spec": {
             "payload": payload,
@@ -35,7 +35,7 @@ def app_run(name: str, payload: dict[str, Any], duration: int = 8, renew: int = 
                 },
             },
         },
-    }
+    })
 
 
 def lines(out: Path) -> list[dict[str, Any]]:
