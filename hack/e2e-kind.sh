@@ -2,10 +2,12 @@
 # The end-to-end suite on a kind cluster (issue 25):
 #   1. kind and its node image, built here (hack/build-kind.sh), unless KIND_NODE_IMAGE names one
 #      (a user's machine: kind's own image from the registry, e.g. kindest/node:v1.36.x);
-#   2. `kind create cluster` with the configuration below; 3. the Tether image (hack/build-images.sh)
-#   loaded into it; 4. `helm install` of the chart with its defaults plus what the tests need;
+#   2. `kind create cluster` with the configuration below (the API server's audit log on this
+#      machine); 3. the Tether and Kueue images loaded into it; 4. Kueue's chart and Tether's chart
+#      installed, with their defaults plus what the tests need;
 #   5. pytest against that cluster: tests/kind and every e2e test not marked local_cluster (those
-#      need the local control plane's process pids, files or an operator of their own), or KIND_TESTS; 6. the cluster deleted (KIND_KEEP=1 keeps it).
+#      need the local control plane's process pids, files or an operator of their own), or
+#      KIND_TESTS; 6. the cluster deleted (KIND_KEEP=1 keeps it).
 # KIND_CLUSTER names the cluster; KIND_SETUP_ONLY=1 stops after step 4 and prints the kubeconfig's
 # path and the API server's audit log's (on this machine).
 set -euo pipefail
