@@ -24,14 +24,21 @@ set -euo pipefail
 
 # shellcheck source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
-recipe_sum="$(cat "$here/build-kind.sh" "$here/kind/"* | sha256sum | cut -c1-12)"
-use_cached_output "$cache/kind/${KUBERNETES_VERSION}_kind-${KIND_VERSION}_${recipe_sum}"
 log() { echo "[build-kind] $*" >&2; }
-NODE_IMAGE="tether.local/kind-node:${KUBERNETES_VERSION}-${recipe_sum}"
-
+# Docker answers (and has the runtime kind's nodes need) even when everything below is cached.
 bash "$here/dockerd.sh"
 cp_bin="$(bash "$here/build-control-plane.sh")"
 node_bin="$(bash "$here/build-node.sh")"
+# One build at a time (make test's and make e2e-kind's may overlap): the second finds the first's.
+mkdir -p "$cache/kind"
+exec 9>"$cache/kind/.lock"
+flock 9
+# The recipe: this script, its files, the pinned versions, the scripts that build its parts, and
+# the binaries they made (their directories are named by the versions they were built at).
+recipe_sum="$({ cat "$here/build-kind.sh" "$here/kind/"* "$here/versions.env" "$here/lib.sh" "$here/build-node.sh" \
+  "$here/build-control-plane.sh"; echo "$cp_bin $node_bin"; go version; } | sha256sum | cut -c1-12)"
+use_cached_output "$cache/kind/${KUBERNETES_VERSION}_kind-${KIND_VERSION}_${recipe_sum}"
+NODE_IMAGE="tether.local/kind-node:${KUBERNETES_VERSION}-${recipe_sum}"
 # The binaries do not change with the recipe: cached apart, by version.
 bin="$cache/kind/bin-${KUBERNETES_VERSION}_kind-${KIND_VERSION}_cri-tools-${CRI_TOOLS_VERSION}"
 mkdir -p "$bin"
@@ -65,8 +72,10 @@ etcd_image="registry.k8s.io/etcd:${ETCD_VERSION#v}-0"
 
 # Images from one static binary each (a `docker import` of a one-file tree, as distroless would
 # hold it); kube-proxy also needs iptables and conntrack, so it sits on the node's own base.
-image_dir="$(mktemp -d "$out/images.XXXXXX")"
-trap 'rm -rf "$image_dir"' EXIT
+# Scratch space outside the cached directory: a build killed midway leaves nothing in it.
+image_dir="$(mktemp -d "$cache/kind/tmp.XXXXXX")"
+build="tether-kind-build-$$"
+trap 'docker rm -f "$build" >/dev/null 2>&1 || true; rm -rf "$image_dir"' EXIT
 one_binary_image() {  # TAG BINARY PATH-IN-IMAGE
   local tree
   tree="$(mktemp -d "$image_dir/tree.XXXXXX")"
@@ -91,12 +100,12 @@ packages=systemd,dbus,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mo
 base_tar="$cache/kind/base-bookworm-$(sha256sum <<<"$packages" | cut -c1-12).tar"
 if [[ ! -f "$base_tar" ]]; then
   command -v debootstrap >/dev/null || apt_install debootstrap
-  rootfs="$(mktemp -d "$cache/kind/rootfs.XXXXXX")"
+  rootfs="$image_dir/rootfs"
   log "debootstrap bookworm for kind's node into $rootfs (a few minutes)"
   debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" http://deb.debian.org/debian >&2
   rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-  tar -C "$rootfs" --numeric-owner -cf "$base_tar.tmp" .
-  mv "$base_tar.tmp" "$base_tar"
+  tar -C "$rootfs" --numeric-owner -cf "$image_dir/base.tar" .
+  mv "$image_dir/base.tar" "$base_tar"
   rm -rf "$rootfs"
 fi
 base_image="tether.local/kind-base:$(basename "$base_tar" .tar)"
@@ -113,10 +122,7 @@ docker save -o "$image_dir/images.tar" "$k8s/kube-apiserver:${KUBERNETES_VERSION
 
 # The node: kind's files and our binaries on the base, in a build container, then committed.
 kind_files="$(go mod download -json "sigs.k8s.io/kind@${KIND_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/images/base/files"
-build="tether-kind-build-$$"
-docker rm -f "$build" >/dev/null 2>&1 || true
 docker run -d --name "$build" --network none --security-opt seccomp=unconfined --entrypoint sleep "$base_image" infinity >&2
-trap 'docker rm -f "$build" >/dev/null 2>&1 || true; rm -rf "$image_dir"' EXIT
 in_node() { docker exec -i "$build" bash -euo pipefail -c "$1" >&2; }
 docker exec "$build" mkdir -p /etc/cni/net.d /usr/local/sbin
 docker cp "$kind_files/." "$build:/" >&2

@@ -21,17 +21,27 @@ if ! cmp -s "$here/kind/runc-wrapper" "$wrapper" 2>/dev/null; then
   install -m 0755 "$here/kind/runc-wrapper" "$wrapper.tmp" && mv "$wrapper.tmp" "$wrapper"
 fi
 
+ours() {  # the default runtime is this wrapper, at this path
+  [[ "$(docker info --format "{{.DefaultRuntime}} {{(index .Runtimes \"$runtime\").Path}}" 2>/dev/null)" \
+    == "$runtime $wrapper" ]]
+}
 if docker info >/dev/null 2>&1; then
-  [[ "$(docker info --format '{{.DefaultRuntime}}')" == "$runtime" ]] && exit 0
+  ours && exit 0
   pid="$(cat "$pidfile" 2>/dev/null || true)"
   # Ours when started as below (no systemd unit manages it): anyone else's engine is left alone.
   if [[ -z "$pid" ]] || ! tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- '--bridge=none'; then
     echo "[dockerd] a Docker engine runs without the $runtime runtime (see hack/dockerd.sh); kind needs it" >&2
     exit 0  # not ours to restart: image builds still work, kind's privileged nodes will not
   fi
+  if [[ -n "$(docker ps -q)" ]]; then
+    echo "[dockerd] dockerd $pid runs without $runtime at $wrapper, and has running containers:" \
+      "stop them (or it), then run this again" >&2
+    exit 1
+  fi
   echo "[dockerd] restarting dockerd $pid with the $runtime runtime" >&2
   kill "$pid"
-  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  if kill -0 "$pid" 2>/dev/null; then echo "[dockerd] dockerd $pid did not stop" >&2; exit 1; fi
 fi
 
 echo "[dockerd] starting dockerd (log: $log)" >&2
@@ -46,7 +56,11 @@ echo "[dockerd] starting dockerd (log: $log)" >&2
     --add-runtime "$runtime=$wrapper" --default-runtime "$runtime" >>"$log" 2>&1 < /dev/null
 ) &
 for _ in $(seq 1 60); do
-  docker info >/dev/null 2>&1 && exit 0
+  if docker info >/dev/null 2>&1; then
+    ours && exit 0
+    echo "[dockerd] the Docker engine answering has not the $runtime runtime at $wrapper; see $log" >&2
+    exit 1
+  fi
   sleep 1
 done
 echo "[dockerd] dockerd did not answer within 60 s; see $log" >&2

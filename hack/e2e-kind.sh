@@ -19,6 +19,7 @@ CLUSTER="${KIND_CLUSTER:-tether-e2e}"
 log() { echo "[e2e-kind] $(date +%T) $*" >&2; }
 started=$SECONDS
 
+bash hack/dockerd.sh  # (every build below may be cached: none of them would start it)
 kind_dir="$(bash hack/build-kind.sh)"
 # shellcheck source=/dev/null
 source "$kind_dir/node-image.env"
@@ -47,10 +48,11 @@ log "built in $((SECONDS - started)) s"
 # no masquerading: nothing in the cluster reaches past this machine.
 network="${KIND_EXPERIMENTAL_DOCKER_NETWORK:-tether-kind}"
 export KIND_EXPERIMENTAL_DOCKER_NETWORK="$network"
-if ! docker network inspect "$network" >/dev/null 2>&1; then
-  docker network create --driver bridge --subnet 172.30.0.0/24 \
-    -o com.docker.network.bridge.enable_ip_masquerade=false "$network" >&2
-fi
+# (Made by whichever of two concurrent runs gets there first; KIND_SUBNET if 172.30.0.0/24 is taken.)
+docker network inspect "$network" >/dev/null 2>&1 \
+  || docker network create --driver bridge --subnet "${KIND_SUBNET:-172.30.0.0/24}" \
+       -o com.docker.network.bridge.enable_ip_masquerade=false "$network" >&2 \
+  || docker network inspect "$network" >/dev/null
 
 # The API server's audit log, as the local control plane writes it (tether.devcluster.controlplane's
 # policy): the tests' oracle reads it on the host, through a mount of the node's directory.
@@ -60,13 +62,16 @@ rm -rf "$audit_dir" && mkdir -p "$audit_dir"
   > "$audit_dir/policy.yaml"
 config="$(mktemp)"
 kubeconfig="${KIND_KUBECONFIG:-$cache/kind/$CLUSTER.kubeconfig}"
+# Deleted at the end, and whenever the set-up fails (KIND_SETUP_ONLY keeps only a finished set-up).
 cleanup() {
+  local rc=$?
   rm -f "$config"
-  if [[ -z "${KIND_KEEP:-}" && -z "${KIND_SETUP_ONLY:-}" ]]; then
+  if [[ -z "${KIND_KEEP:-}" ]] && [[ -z "${KIND_SETUP_ONLY:-}" || $rc -ne 0 ]]; then
     "$kind" delete cluster --name "$CLUSTER" >&2 || true
   fi
 }
 trap cleanup EXIT
+trap 'exit 143' TERM INT  # (so that a stopped run cleans up too)
 # The node image built here has a bridge CNI configuration instead of kindnetd (not buildable here),
 # the control plane's etcd, and a kubelet that runs on this machine's cgroup v1.
 own_cni="" etcd_patch="" kubelet_patch=""

@@ -58,12 +58,14 @@ def kind() -> Iterator[Kind]:
     if given:
         yield Kind(Kube(given), os.environ.get("TETHER_KIND_NODE", f"{CLUSTER}-control-plane"), image)
         return
-    kubeconfig = _script("e2e-kind.sh", {"KIND_CLUSTER": CLUSTER, "KIND_SETUP_ONLY": "1"}).split()[0]
-    try:
-        yield Kind(Kube(kubeconfig), f"{CLUSTER}-control-plane", image)
+    # A cluster of this process's own: two sessions on one machine must not delete each other's.
+    name = f"{CLUSTER}-{os.getpid()}"
+    kind_bin = Path(_script("build-kind.sh")) / "bin" / "kind"
+    try:  # (the script deletes a cluster whose set-up failed; one killed meanwhile is deleted here)
+        kubeconfig = _script("e2e-kind.sh", {"KIND_CLUSTER": name, "KIND_SETUP_ONLY": "1"}).split()[0]
+        yield Kind(Kube(kubeconfig), f"{name}-control-plane", image)
     finally:
-        subprocess.run([str(Path(_script("build-kind.sh")) / "bin" / "kind"), "delete", "cluster", "--name", CLUSTER],
-                       check=False)
+        subprocess.run([str(kind_bin), "delete", "cluster", "--name", name], check=False)
 
 
 @pytest.fixture
@@ -76,9 +78,16 @@ def ns(kind: Kind) -> Iterator[str]:
     kind.kube.delete(f"/api/v1/namespaces/{name}")
 
 
-def _leader(kube: Kube) -> str:
-    lease = kube.ok(kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/tether-operator-leader"))
-    return str(lease["spec"]["holderIdentity"])
+def _leader(kube: Kube) -> tuple[str, int]:
+    """The operator pod holding the leader Lease, and the Lease's transitions (once one holds it)."""
+    def held() -> tuple[str, int] | None:
+        resp = kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/tether-operator-leader")
+        spec = resp.json().get("spec") or {} if resp.status_code == 200 else {}
+        holder = spec.get("holderIdentity") or ""
+        pods = {p["metadata"]["name"] for p in _operator_pods(kube)}
+        pod = next((p for p in pods if holder.startswith(p)), None)
+        return (pod, int(spec.get("leaseTransitions") or 0)) if pod else None
+    return eventually(held, timeout=120, what="an operator pod holding the leader Lease")
 
 
 def _operator_pods(kube: Kube) -> list[dict[str, Any]]:
@@ -95,7 +104,7 @@ def test_the_chart_runs_two_operator_replicas_one_of_them_leading(kind: Kind) ->
     pods = eventually(lambda: (p := _operator_pods(kind.kube)) and len(p) == 2 and all(map(_ready, p)) and p,
                       timeout=120, what="two ready operator pods")
     names = {p["metadata"]["name"] for p in pods}
-    assert any(_leader(kind.kube).startswith(n) for n in names), (_leader(kind.kube), names)
+    assert _leader(kind.kube)[0] in names
     crd = kind.kube.ok(kind.kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workerruns.tether.dev"))
     assert any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"])
 
@@ -111,15 +120,22 @@ def test_a_run_succeeds_in_a_pod_on_the_kind_node(kind: Kind, ns: str) -> None:
 def _container_pid(kind: Kind, ns: str, pod: str) -> int:
     """The worker's pid on the kind node, from the node's own CRI (crictl), not from Tether."""
     def find() -> int | None:
-        ids = subprocess.run(["docker", "exec", kind.node, "crictl", "ps", "-q", "--namespace", ns, "--pod",
-                              _pod_id(kind, ns, pod), "--state", "running"], check=True, stdout=subprocess.PIPE,
-                             text=True).stdout.split()
-        if not ids:
-            return None
-        info = subprocess.run(["docker", "exec", kind.node, "crictl", "inspect", "-o", "go-template",
-                               "--template", "{{.info.pid}}", ids[0]], check=True, stdout=subprocess.PIPE, text=True)
-        return int(info.stdout.strip())
+        try:
+            return _running_pid(kind, ns, pod)
+        except subprocess.CalledProcessError:
+            return None  # (a crictl call that failed meanwhile is asked again)
     return int(eventually(find, timeout=60, what=f"{ns}/{pod}'s running container"))
+
+
+def _running_pid(kind: Kind, ns: str, pod: str) -> int | None:
+    ids = subprocess.run(["docker", "exec", kind.node, "crictl", "ps", "-q", "--namespace", ns, "--pod",
+                          _pod_id(kind, ns, pod), "--state", "running"], check=True, stdout=subprocess.PIPE,
+                         text=True).stdout.split()
+    if not ids:
+        return None
+    info = subprocess.run(["docker", "exec", kind.node, "crictl", "inspect", "-o", "go-template",
+                           "--template", "{{.info.pid}}", ids[0]], check=True, stdout=subprocess.PIPE, text=True)
+    return int(info.stdout.strip())
 
 
 def _pod_id(kind: Kind, ns: str, pod: str) -> str:
@@ -193,13 +209,13 @@ def test_when_the_leading_replica_dies_the_other_takes_over_and_runs_go_on(kind:
     created meanwhile still runs to Succeeded."""
     eventually(lambda: len([p for p in _operator_pods(kind.kube) if _ready(p)]) == 2, timeout=120,
                what="two ready operator pods")
-    leader = _leader(kind.kube)
-    pod = next(p["metadata"]["name"] for p in _operator_pods(kind.kube) if leader.startswith(p["metadata"]["name"]))
+    pod, transitions = _leader(kind.kube)
     kind.kube.ok(kind.kube.delete(f"/api/v1/namespaces/{SYSTEM}/pods/{pod}", params={"gracePeriodSeconds": "0"}))
     runs.create(kind.kube, ns, kind.worker(runs.example("short-job.yaml")), name="after-failover")
     done = runs.wait_phase(kind.kube, ns, "after-failover", ("Succeeded", "Failed"), timeout=240)["status"]
     assert done["phase"] == "Succeeded", done
-    assert not _leader(kind.kube).startswith(pod), (_leader(kind.kube), pod)
+    now, later = _leader(kind.kube)
+    assert now != pod and later > transitions, (pod, transitions, now, later)
 
 
 
@@ -208,11 +224,11 @@ def test_kueue_in_the_cluster_admits_queued_runs_one_at_a_time(kind: Kind, ns: s
     with a quota of one run's CPU, a second run waits Queued until the first finishes. (A small
     request: the one node's 2 CPUs also hold the control plane's requests.)"""
     tenancy(kind.kube, ns, cpu="200m")
-    runs.create(kind.kube, ns, kind.worker(queued_run(steps=30, cpu="200m")), name="first")
+    runs.create(kind.kube, ns, kind.worker(queued_run(steps=60, cpu="200m")), name="first")  # 30 s
     runs.wait_phase(kind.kube, ns, "first", "Running", timeout=120)
     runs.create(kind.kube, ns, kind.worker(queued_run(steps=2, cpu="200m")), name="second")
-    runs.wait_phase(kind.kube, ns, "second", "Queued", timeout=60)
-    assert runs.get(kind.kube, ns, "first")["status"]["phase"] == "Running"  # (it runs 15 s)
+    waiting = runs.wait_phase(kind.kube, ns, "second", "Queued", timeout=60)
+    assert runs.condition(waiting, "Admitted") is not None and runs.condition(waiting, "Admitted")["reason"] == "Queued"
     done = {n: runs.wait_phase(kind.kube, ns, n, ("Succeeded", "Failed"), timeout=180)["status"] for n in ("first", "second")}
     assert all(d["phase"] == "Succeeded" for d in done.values()), done
     assert _time(done["first"]["attempts"][0]["endedAt"]) <= _time(done["second"]["attempts"][0]["startedAt"]), done
