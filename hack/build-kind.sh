@@ -16,8 +16,8 @@
 #                 (the version kubeadm names, from github.com/coredns/coredns), the pause image.
 # Not built: kindnetd, whose module no proxy serves; the node has a bridge CNI configuration of
 # its own instead (one node: nothing to route between nodes), and the cluster is created with
-# `networking.disableDefaultCNI` (hack/e2e-kind.sh). Nor the local-path provisioner: the tests
-# claim no volumes.
+# `networking.disableDefaultCNI` (hack/e2e-kind.sh). Storage is kind's: the local-path provisioner
+# (github.com/rancher/local-path-provisioner), as the default StorageClass.
 # runc inside the node is hack/kind/runc-wrapper (no CAP_SYS_RESOURCE on this machine), and
 # containerd restricts oom_score_adj for the same reason.
 set -euo pipefail
@@ -58,6 +58,10 @@ ln -sfn "$bin" "$out/bin"
 [[ -x "$bin/crictl" ]] || { log "building crictl ${CRI_TOOLS_VERSION}"
   build_go_binary "$cache/src/cri-tools-${CRI_TOOLS_VERSION}" "sigs.k8s.io/cri-tools@${CRI_TOOLS_VERSION}" "$bin/crictl" \
     sigs.k8s.io/cri-tools/cmd/crictl; }
+[[ -x "$bin/local-path-provisioner" ]] || { log "building local-path-provisioner ${LOCAL_PATH_PROVISIONER_VERSION}"
+  build_go_binary "$cache/src/local-path-provisioner-${LOCAL_PATH_PROVISIONER_VERSION}" \
+    "github.com/rancher/local-path-provisioner@${LOCAL_PATH_PROVISIONER_VERSION}" "$bin/local-path-provisioner" \
+    github.com/rancher/local-path-provisioner; }
 cp "$cp_bin/kubectl" "$bin/kubectl"
 
 # The images kubeadm asks for at this version; etcd is the control plane's own (ETCD_VERSION), which
@@ -94,6 +98,23 @@ one_binary_image "$coredns_image" "$bin/coredns" /coredns
 sandbox_image="$(sed -n 's/^ *sandbox_image = "\(.*\)"/\1/p' "$(go mod download -json "sigs.k8s.io/kind@${KIND_VERSION}" \
   | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/images/base/files/etc/containerd/config.toml")"
 one_binary_image "$sandbox_image" "$node_bin/pause" /pause
+# kind's default storage: the local-path provisioner with its own install manifest (from its
+# module; its StorageClass made the default, as kind's is), and its helper image ("busybox", the
+# one the manifest names): Debian's static busybox with its applets.
+storage_manifest="$(go mod download -json "github.com/rancher/local-path-provisioner@${LOCAL_PATH_PROVISIONER_VERSION}" \
+  | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/deploy/local-path-storage.yaml"
+provisioner_image="docker.io/$(sed -n 's/^ *image: \(rancher\/local-path-provisioner:.*\)$/\1/p' "$storage_manifest")"
+helper_image="docker.io/library/$(sed -n 's/^ *image: \(busybox\)$/\1/p' "$storage_manifest"):latest"
+[[ "$provisioner_image" == */local-path-provisioner:* && "$helper_image" == */busybox:latest ]] \
+  || { log "the provisioner's manifest names other images: $provisioner_image $helper_image"; exit 1; }
+one_binary_image "$provisioner_image" "$bin/local-path-provisioner" /usr/local/bin/local-path-provisioner
+[[ -x /bin/busybox ]] && /bin/busybox --list >/dev/null 2>&1 || apt_install busybox-static
+busybox_tree="$(mktemp -d "$image_dir/busybox.XXXXXX")"
+install -D -m 0755 /bin/busybox "$busybox_tree/bin/busybox"
+for applet in $(/bin/busybox --list); do [[ "$applet" == busybox ]] || ln -s busybox "$busybox_tree/bin/$applet"; done
+mkdir -p "$busybox_tree/tmp" && chmod 1777 "$busybox_tree/tmp"
+tar -C "$busybox_tree" --owner=0 --group=0 -cf - . | docker import --change 'CMD ["sh"]' \
+  --change 'ENV PATH=/bin' - "$helper_image" >&2
 
 # The base: Debian with the packages kind's base image installs. Its rootfs is cached by package list.
 packages=systemd,dbus,conntrack,iptables,nftables,iproute2,ethtool,util-linux,mount,kmod,libseccomp2,pigz,bash,ca-certificates,curl,jq,procps,runc,containernetworking-plugins
@@ -118,7 +139,8 @@ printf 'FROM %s\nCOPY usr /usr\n' "$base_image" > "$proxy_tree/Dockerfile"
 DOCKER_BUILDKIT=0 docker build -q --network host -t "$k8s/kube-proxy:${KUBERNETES_VERSION}" "$proxy_tree" >&2
 docker save -o "$image_dir/images.tar" "$k8s/kube-apiserver:${KUBERNETES_VERSION}" \
   "$k8s/kube-controller-manager:${KUBERNETES_VERSION}" "$k8s/kube-scheduler:${KUBERNETES_VERSION}" \
-  "$k8s/kube-proxy:${KUBERNETES_VERSION}" "$etcd_image" "$coredns_image" "$sandbox_image"
+  "$k8s/kube-proxy:${KUBERNETES_VERSION}" "$etcd_image" "$coredns_image" "$sandbox_image" "$provisioner_image" \
+  "$helper_image"
 
 # The node: kind's files and our binaries on the base, in a build container, then committed.
 kind_files="$(go mod download -json "sigs.k8s.io/kind@${KIND_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/images/base/files"
@@ -133,6 +155,11 @@ docker cp "$node_bin/kubelet" "$build:/usr/bin/kubelet"
 docker cp "$here/kind/runc-wrapper" "$build:/usr/local/sbin/runc-wrapper"
 docker cp "$here/kind/10-bridge.conflist" "$build:/etc/cni/net.d/10-bridge.conflist"
 docker cp "$image_dir/images.tar" "$build:/kind/images.tar"
+docker exec "$build" mkdir -p /kind/manifests
+sed 's/^\(  name: local-path\)$/\1\n  annotations: {storageclass.kubernetes.io\/is-default-class: "true"}/' "$storage_manifest" \
+  > "$image_dir/default-storage.yaml"
+grep -q 'is-default-class' "$image_dir/default-storage.yaml"
+docker cp "$image_dir/default-storage.yaml" "$build:/kind/manifests/default-storage.yaml"
 in_node "
   chmod 0755 /kind /kind/bin /kind/bin/* /usr/local/bin/* /usr/local/sbin/runc-wrapper /usr/bin/kubeadm /usr/bin/kubectl /usr/bin/kubelet
   chown -R root:root /kind /etc/systemd /etc/containerd /etc/default /etc/sysctl.d /etc/cni /usr/local

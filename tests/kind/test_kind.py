@@ -232,3 +232,30 @@ def test_kueue_in_the_cluster_admits_queued_runs_one_at_a_time(kind: Kind, ns: s
     done = {n: runs.wait_phase(kind.kube, ns, n, ("Succeeded", "Failed"), timeout=180)["status"] for n in ("first", "second")}
     assert all(d["phase"] == "Succeeded" for d in done.values()), done
     assert _time(done["first"]["attempts"][0]["endedAt"]) <= _time(done["second"]["attempts"][0]["startedAt"]), done
+
+
+def test_a_claim_on_the_default_storage_class_is_provisioned_on_the_node(kind: Kind, ns: str) -> None:
+    """kind's default storage (the local-path provisioner, its helper pod): a pod writes to a claim
+    that names no class; the claim is bound to a volume the provisioner made on the node."""
+    kind.kube.ok(kind.kube.post(f"/api/v1/namespaces/{ns}/persistentvolumeclaims", {
+        "metadata": {"name": "scratch"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}}}))
+    kind.kube.ok(kind.kube.post(f"/api/v1/namespaces/{ns}/pods", {
+        "metadata": {"name": "writer"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "writer", "image": kind.image, "imagePullPolicy": "Never",
+            "command": ["python", "-c", "open('/data/checkpoint', 'w').write('cycle 7')"],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+            "securityContext": {"runAsUser": 0},
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "scratch"}}]}}))
+    phase = eventually(lambda: (p := kind.kube.ok(kind.kube.get(f"/api/v1/namespaces/{ns}/pods/writer"))
+                                ["status"].get("phase")) in ("Succeeded", "Failed") and p, timeout=120,
+                       what="the writer pod finished")
+    assert phase == "Succeeded"
+    claim = kind.kube.ok(kind.kube.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/scratch"))
+    assert claim["status"]["phase"] == "Bound" and claim["spec"]["storageClassName"] == "local-path", claim
+    volume = kind.kube.ok(kind.kube.get(f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}"))
+    path = volume["spec"]["local"]["path"] if "local" in volume["spec"] else volume["spec"]["hostPath"]["path"]
+    written = subprocess.run(["docker", "exec", kind.node, "cat", f"{path}/checkpoint"], check=True,
+                             stdout=subprocess.PIPE, text=True).stdout
+    assert written == "cycle 7"
