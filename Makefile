@@ -67,7 +67,7 @@ test: install control-plane tools node kueue kind-image sdk-test layers docs
 
 # The layers are a checked contract (pyproject.toml [tool.importlinter]).
 layers: install
-	cd operator && ../$(VENV)/bin/lint-imports --config ../pyproject.toml
+	cd operator && ../$(VENV)/bin/lint-imports --no-cache --config ../pyproject.toml
 
 # The worker SDKs in other languages (sdk/): dependencies from npm and the Go module proxy.
 SDK_TS := sdk/typescript

@@ -19,7 +19,7 @@ PAUSE_IMAGE="tether.local/pause:${KUBERNETES_VERSION}"
 EXAMPLE_IMAGE="ghcr.io/tether-dev/example-worker:0.1.0"
 # What the image is built from (the Dockerfile's COPY lines); its hash names the image.
 inputs=(Dockerfile pyproject.toml README.md operator examples tests/support/worker_app.py)
-source_sum="$(cd "$root" && find "${inputs[@]}" -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -print0 \
+source_sum="$(cd "$root" && find "${inputs[@]}" -type f -not -path '*/__pycache__/*' -not -path '*/.import_linter_cache/*' -not -name '*.pyc' -print0 \
   | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)"
 TETHER_IMAGE="tether.local/tether:${source_sum}"
 use_cached_output "$cache/images/${KUBERNETES_VERSION}_${source_sum}"
