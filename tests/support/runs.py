@@ -26,9 +26,9 @@ def example(name: str, **spec_overrides: Any) -> dict[str, Any]:
     return body
 
 
-def use_test_image(body: dict[str, Any]) -> dict[str, Any]:
-    """On another cluster (make e2e-kind) pods run the image built from this checkout."""
-    image = os.environ.get("TETHER_TEST_WORKER_IMAGE")
+def use_test_image(body: dict[str, Any], image: str | None = None) -> dict[str, Any]:
+    """On another cluster (make e2e-kind, tests/kind) pods run the image built from this checkout."""
+    image = image or os.environ.get("TETHER_TEST_WORKER_IMAGE")
     if image:
         for container in body["spec"]["template"]["spec"]["containers"]:
             container["image"] = image
