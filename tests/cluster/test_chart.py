@@ -140,7 +140,11 @@ def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:
     plain = _plain_policies()
     chart = {(d["kind"], d["metadata"]["name"].removeprefix("rel-tether-")): d for d in render(tools_dir)
              if d["kind"].startswith("ValidatingAdmissionPolicy")}
-    names = WORKER_POLICIES | {"approval-approver", "workerrun-kueue-labels"}
+    names = WORKER_POLICIES | {"approval-approver", "workerrun-kueue-labels", "workerrun-service-account"}
+    # The chart's one policy of its own: no runs in its namespace (the plain manifests know no namespace).
+    placement = {(kind, "workerrun-placement") for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}
+    assert placement <= set(chart)
+    chart = {key: doc for key, doc in chart.items() if key not in placement}
     assert set(chart) == set(plain) == {(kind, n) for n in names for kind in
                                         ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}
     for (kind, name), doc in chart.items():
@@ -161,6 +165,16 @@ def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:
     # The plain policies exempt the operator by the `fence` verb, which the chart's role grants.
     role = next(d for d in render(tools_dir) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rel-tether")
     assert any("workerruns" in r["resources"] and "fence" in r["verbs"] for r in role["rules"])
+
+
+def test_runs_in_the_operator_namespace_only_when_asked(tools_dir: Path) -> None:
+    def placement(*values: str) -> list[dict]:
+        return [d for d in render(tools_dir, *values) if d["metadata"]["name"] == "rel-tether-workerrun-placement"]
+
+    policy, _binding = placement()
+    assert policy["spec"]["matchConstraints"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "tether-system"}}
+    assert placement("admissionPolicy.allowRunsInOperatorNamespace=true") == []
 
 
 def test_admission_policies_can_be_turned_off(tools_dir: Path) -> None:
@@ -285,6 +299,9 @@ def test_readme_install_with_defaults_on_the_dev_cluster(dev_cluster: Kube, tool
     assert all(r.status_code == 200 and name in r.text for name, r in logs.items()), {n: r.text[:300] for n, r in logs.items()}
     last = kube.get(f"/api/v1/namespaces/{ns}/pods/{next(iter(logs))}/log", params={"tailLines": "1"})
     assert last.status_code == 200 and len(last.text.splitlines()) == 1
+    # No runs in the operator's own namespace: refused by the API server, saying why and what to do.
+    refused = kube.post(Kube.wr_path(ns), runs.example("short-job.yaml"))
+    assert refused.status_code == 403 and "the Tether operator's own namespace" in refused.text, refused.text
     # The chart's operator runs a first run to the end under the adopted policies.
     kube.ok(kube.post("/api/v1/namespaces", {"metadata": {"name": "first-run"}}))
     eventually(lambda: kube.get("/api/v1/namespaces/first-run/serviceaccounts/default").status_code == 200,

@@ -66,3 +66,17 @@ def test_the_namespace_identity_is_made_again_once_forgotten() -> None:
     rbac.forget_namespace("ns")
     asyncio.run(rbac.ensure(_run("c")))
     assert kube.created[3:] == ["serviceaccounts/tether-worker", "roles/tether-worker", "rolebindings/tether-worker"]
+
+
+def test_an_external_run_is_never_given_an_account_it_names() -> None:
+    """Tool claims are minted for the run's account; one the run names would hand out its tokens
+    (the CRD refuses such a run; this holds for one made before that rule, too)."""
+    run = WorkerRun.model_validate({
+        "metadata": {"name": "ext", "namespace": "ns", "uid": "uid-ext"},
+        "spec": {"executor": "External", "template": {"spec": {"serviceAccountName": "deployer"}}}})
+    assert resources.tool_claim_service_account(run) == "ext-worker"
+    assert resources.worker_service_account(run) == resources.worker_service_account(run, shared=True) == "ext-worker"
+    subjects = [obj["subjects"] for _, obj in resources.build_worker_rbac(run) if obj["kind"] == "RoleBinding"]
+    assert subjects == [[{"kind": "ServiceAccount", "name": "ext-worker", "namespace": "ns"}]]
+    assert [obj["metadata"]["name"] for _, obj in resources.build_worker_rbac(run) if obj["kind"] == "ServiceAccount"] \
+        == ["ext-worker"]

@@ -274,10 +274,11 @@ class Gateway:
             raise Failure(409, "HeldByAnother", f"{attempt} was claimed by another worker of this identity")
 
     async def _tool_claim(self, run: WorkerRun, holder: str, fence: int) -> dict[str, Any] | None:
-        """A short-lived token of the run's ServiceAccount, bound to a per-attempt Secret that
-        the operator deletes on revocation (which invalidates every such token at once)."""
+        """A short-lived token of the ServiceAccount Tether made for the run (never one the run
+        names), bound to a per-attempt Secret that the operator deletes on revocation (which
+        invalidates every such token at once)."""
         ns, name = run.metadata.namespace, run.metadata.name
-        sa = resources.worker_service_account(run)
+        sa = resources.tool_claim_service_account(run)
         secret = f"{holder}-toolclaim"
         key = f"{ns}/{secret}"
         try:

@@ -89,12 +89,26 @@ def shares_namespace_identity(run: WorkerRun, shared: bool) -> bool:
     return shared and run.spec.executor == "Pod" and not template_spec.get("serviceAccountName")
 
 
+def run_service_account(run: WorkerRun) -> str:
+    """The ServiceAccount Tether makes for one run (owned by it)."""
+    return f"{run.metadata.name}-worker"
+
+
 def worker_service_account(run: WorkerRun, shared: bool = False) -> str:
-    """The pod's ServiceAccount: the template's own, else the namespace's (shared), else one per run."""
+    """The pod's ServiceAccount: the template's own, else the namespace's (shared), else one per run.
+    An External run always gets the one Tether makes: the gateway mints its tool claims for that
+    account, and naming an account in a run must never be a way to obtain its tokens."""
+    if run.spec.executor == "External":
+        return run_service_account(run)
     template_spec = (run.spec.template or {}).get("spec", {}) or {}
     if shares_namespace_identity(run, shared):
         return NAMESPACE_WORKER
-    return template_spec.get("serviceAccountName") or f"{run.metadata.name}-worker"
+    return template_spec.get("serviceAccountName") or run_service_account(run)
+
+
+def tool_claim_service_account(run: WorkerRun) -> str:
+    """Whose tokens the gateway hands an External run's claimant: only ever the run's own account."""
+    return run_service_account(run)
 
 
 def build_namespace_worker_rbac(ns: str) -> list[tuple[str, dict[str, Any]]]:
@@ -127,7 +141,7 @@ def build_worker_rbac(run: WorkerRun) -> list[tuple[str, dict[str, Any]]]:
                       "ownerReferences": [owner_ref(run)]}
     role_name = f"tether-worker-{name}"
     objects: list[tuple[str, dict[str, Any]]] = []
-    if sa == f"{name}-worker":
+    if sa == run_service_account(run):
         objects.append((f"/api/v1/namespaces/{ns}/serviceaccounts",
                         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(sa)}))
     objects.append((f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
