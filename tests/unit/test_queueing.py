@@ -615,3 +615,56 @@ def test_a_workload_made_for_a_run_held_back_otherwise_is_made_inactive() -> Non
     o = replace(queued_observe(None, status=status), approvals=())
     (made,) = [a for a in decide(o).actions if isinstance(a, EnsureWorkload)]
     assert made.gates == () and made.inactive_reason is not None and "execution fields" in made.inactive_reason
+
+
+def test_spend_counts_every_attempt_however_long_the_history() -> None:
+    """104 attempts preempted by Kueue, 40 cents each: the run's usage, what its cap and budget see,
+    is 4,160 cents although status.attempts keeps only the last 100."""
+    from tether.api.models import Usage
+    from tether.core.accounting import earlier_usage
+    from tether.core.actions import ChargeBudget
+    status = run(labels=QUEUE).status
+    budget = BudgetObservation(name="team", remaining=Usage(cents=10**9, tokens=10**9))
+    for i in range(1, 105):
+        readmitted = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION,
+                              evictions=i)
+        grant = next(a for a in decide(queued_observe(readmitted, status=status.dump())).actions
+                     if isinstance(a, WriteStatus) and a.grants)
+        status = grant.status
+        assert (status.attempt, status.holder) == (i, f"job-a{i}")
+        evicted = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"),
+                           cond("Evicted", "True", "Preempted", "preempted"), admission=ADMISSION, evictions=i + 1)
+        spent = lease(attempt=i, fence=status.fence, usage=Usage(cents=40, tokens=1))
+        told = _status(decide(queued_observe(evicted, status=status.dump(), lease_obs=spent, pods=(pod(i),))))
+        assert told.stop_requested_at is not None
+        o = queued_observe(evicted, status=told.dump(), lease_obs=spent, pods=(pod(i, phase="Succeeded", exit_code=0),),
+                           budget=budget)
+        (revoke,) = [a for a in decide(o).actions if isinstance(a, Revoke)]
+        status = revoke.status_write.status
+        assert status.current().outcome == Outcome.PREEMPTED  # type: ignore[union-attr]
+    assert len(status.attempts) == 100 and status.attempts[0].attempt == 5
+    assert status.usage == Usage(cents=4160, tokens=104) and earlier_usage(status) == Usage(cents=4160, tokens=104)
+    # Admitted again: the budget is charged the whole of it, and the next attempt starts from it.
+    readmitted = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION, evictions=105)
+    status = next(a for a in decide(queued_observe(readmitted, status=status.dump())).actions
+                  if isinstance(a, WriteStatus) and a.grants).status
+    o = queued_observe(readmitted, status=status.dump(), lease_obs=lease(attempt=105, fence=status.fence),
+                       pods=(pod(105),), budget=budget)
+    charges = [a for a in decide(o).actions if isinstance(a, ChargeBudget)]
+    assert [c.total for c in charges] == [Usage(cents=4160, tokens=104)]
+
+
+def test_an_error_published_while_yielding_is_kept_in_its_attempts_record() -> None:
+    """The worker told to yield publishes an error: the preemption ends the attempt (not a failure,
+    the run is queued again), and the error stays on record in the attempt it belongs to."""
+    from tether.api.models import ErrorInfo
+    published = {"code": "ToolTimeout", "message": "the CRM did not answer in 60s"}
+    status = {**_held_queued(), "stopRequestedAt": T0.isoformat(), "error": published}
+    o = queued_observe(EVICTED, status=status, lease_obs=lease(), pods=(pod(),))
+    (revoke,) = [a for a in decide(o).actions if isinstance(a, Revoke)]
+    s = revoke.status_write.status
+    assert s.phase == Phase.QUEUED and s.error is None  # status.error describes the run, which goes on
+    ended = s.current()
+    assert ended is not None and ended.outcome == Outcome.PREEMPTED
+    assert ended.error == ErrorInfo.model_validate(published)
+    assert ended.message is not None and "evicted by Kueue" in ended.message

@@ -169,6 +169,11 @@ class AttemptAdmission(_Model):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
+class ErrorInfo(_Model):
+    code: str | None = None
+    message: str | None = None
+
+
 class AttemptRecord(_Model):
     attempt: int
     fence: int
@@ -179,6 +184,7 @@ class AttemptRecord(_Model):
     outcome: Outcome | None = None
     exit_code: int | None = None
     message: str | None = None
+    error: ErrorInfo | None = None  # what its worker published, whatever ended the attempt
     usage: Usage | None = None
     admission: AttemptAdmission | None = None
 
@@ -218,11 +224,6 @@ class QueueStatus(_Model):
     cluster_queue: str | None = None
 
 
-class ErrorInfo(_Model):
-    code: str | None = None
-    message: str | None = None
-
-
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
@@ -248,6 +249,9 @@ class WorkerRunStatus(_Model):
     checkpoint: Checkpoint | None = None
     usage: Usage | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
+    # What attempts no longer in `attempts` (it keeps the last MAX_ATTEMPT_HISTORY) spent: totals
+    # must not depend on how much history is kept.
+    trimmed_usage: Usage | None = None
     result: dict[str, Any] | None = None
     error: ErrorInfo | None = None
     stop_requested_at: dt.datetime | None = None
@@ -259,7 +263,7 @@ class WorkerRunStatus(_Model):
     execution_digest: str | None = None
     queue: QueueStatus | None = None
     # Attempts Kueue preempted: they use up none of spec.retry.maxAttempts (a counter, because the
-    # attempt history keeps only the last 100).
+    # attempt history keeps only the last MAX_ATTEMPT_HISTORY).
     preemptions: int = 0
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -28,9 +28,27 @@ def sum_usage(items: Iterable[Usage | None]) -> Usage:
     return Usage(cents=min(cents, MAX_STATUS_NUMBER), tokens=min(tokens, MAX_STATUS_NUMBER))
 
 
+# status.attempts' maxItems in the CRD: older attempts leave the list, their spend stays counted.
+MAX_ATTEMPT_HISTORY = 100
+
+
 def earlier_usage(s: WorkerRunStatus) -> Usage:
-    """What attempts that already ended reported."""
-    return sum_usage(a.usage for a in s.attempts if a.outcome is not None)
+    """What attempts that already ended reported (those trimmed from the history included)."""
+    return sum_usage([s.trimmed_usage, *(a.usage for a in s.attempts if a.outcome is not None)])
+
+
+def attempts_usage(s: WorkerRunStatus) -> Usage:
+    """What every attempt recorded, trimmed ones included: the run's status.usage."""
+    return sum_usage([s.trimmed_usage, *(a.usage for a in s.attempts)])
+
+
+def keep_history(s: WorkerRunStatus) -> None:
+    """Bounds the attempt history, moving what a dropped attempt spent into status.trimmedUsage.
+    Only ended attempts are dropped (the newest, which settling may still raise, always stays)."""
+    drop = len(s.attempts) - MAX_ATTEMPT_HISTORY
+    if drop > 0:
+        s.trimmed_usage = sum_usage([s.trimmed_usage, *(a.usage for a in s.attempts[:drop])])
+        s.attempts = s.attempts[drop:]
 
 
 def run_usage(o: Observed) -> Usage:
@@ -78,7 +96,7 @@ def settle_usage(o: Observed, s: WorkerRunStatus, now: dt.datetime) -> bool:
     have = last.usage or Usage()
     if lease.usage is not None and (lease.usage.cents > have.cents or lease.usage.tokens > have.tokens):
         last.usage = Usage(cents=max(have.cents, lease.usage.cents), tokens=max(have.tokens, lease.usage.tokens))
-        s.usage = sum_usage(a.usage for a in s.attempts)
+        s.usage = attempts_usage(s)
         changed = True
     return changed
 

@@ -24,7 +24,7 @@ from tether.api.models import (
     WorkerRun,
     WorkerRunStatus,
 )
-from tether.core.accounting import reported_cursor, settle_usage, sum_usage
+from tether.core.accounting import attempts_usage, keep_history, reported_cursor, settle_usage
 from tether.core.actions import Change, ClearLease, Decision, Event, Revoke, WriteStatus
 from tether.core.clock import after
 from tether.core.enforcement import Stop, admission_refusal, over_limit, run_ends_at, stop_due
@@ -277,9 +277,11 @@ class StatusBuilder:
             cur.ended_at = o.now
             cur.exit_code = exit_code
             cur.message = message
+            if s.error is not None:
+                cur.error = s.error.model_copy()  # while held, only the worker writes status.error
             if lease is not None and lease.usage is not None:
                 cur.usage = lease.usage
-        s.usage = sum_usage(a.usage for a in s.attempts)
+        s.usage = attempts_usage(s)
         s.folded_at = o.now
         s.stop_requested_at = None
         attempt = cur.attempt if cur else s.attempt
@@ -402,8 +404,7 @@ class StatusBuilder:
         pod = holder if run.spec.executor == "Pod" else None
         s.attempts.append(AttemptRecord(attempt=attempt, fence=s.fence, holder=holder, pod=pod,
                                         started_at=o.now, admission=self.admission))
-        # Keep the history bounded (the CRD allows 100 entries).
-        s.attempts = s.attempts[-100:]
+        keep_history(s)
         self.set_phase(Phase.STARTING, f"attempt {attempt} granted to {holder} with fence {s.fence}")
         self.events.append(Event("Normal", c.EV_ATTEMPT_STARTED,
                                  f"attempt {attempt} granted to {holder} with fence {s.fence}"))
