@@ -667,16 +667,22 @@ def test_kueue_evicts_a_run_whose_worker_never_renews_and_never_one_whose_worker
     """PodsReady comes from the worker's first renewal, not from the container: with Kueue's
     waitForPodsReady at 20 s, a run whose process runs but never renews is evicted
     (PodsReadyTimeout; its attempt ends Preempted and it waits Queued again), while a run whose
-    worker renews goes on past the 20 s in its first attempt."""
+    worker renews goes on past the 20 s in its first attempt. A run whose attempt crashed after its
+    worker was up, waiting out a long backoff, holds its quota no longer than Kueue's
+    recoveryTimeout (15 s): PodsReady is withdrawn between attempts (WaitForRecovery)."""
     argv = json.loads(kueue["argv"])
     config_arg = next(a for a in argv if a.startswith("--config="))
     config = yaml.safe_load(Path(config_arg.split("=", 1)[1]).read_text())
-    config["waitForPodsReady"] = {"timeout": "20s"}
+    config["waitForPodsReady"] = {"timeout": "20s", "recoveryTimeout": "15s"}
     short = tmp_path / "kueue-pods-ready.yaml"
     short.write_text(yaml.safe_dump(config))
     try:
         _start_kueue(kube, kueue, [f"--config={short}" if a == config_arg else a for a in argv])
-        tenancy(kube, namespace, cpu="2")
+        tenancy(kube, namespace, cpu="3")
+        crasher = queued_run(steps=20, cpu="1")  # crashes at step 10, 5 s after its worker is up
+        crasher["spec"]["payload"]["crashAttempts"] = [1, 2, 3]
+        crasher["spec"]["retry"] = {"maxAttempts": 3, "backoff": {"initialSeconds": 300, "maxSeconds": 300}}
+        runs.create(kube, namespace, crasher, name="crasher")
         silent = queued_run(cpu="1")
         silent["spec"]["template"]["spec"]["containers"][0]["command"] = ["sleep", "300"]
         silent["spec"]["lease"] = {"durationSeconds": 60, "renewIntervalSeconds": 5, "startupGraceSeconds": 600}
@@ -704,8 +710,20 @@ def test_kueue_evicts_a_run_whose_worker_never_renews_and_never_one_whose_worker
         (attempt,) = done["status"]["attempts"]
         assert (_time(attempt["endedAt"]) - _time(attempt["startedAt"])).total_seconds() > 20, attempt
         runs.wait_phase(kube, namespace, "silent", "Queued", timeout=60)
-        kube.ok(kube.patch(Kube.wr_path(namespace, "silent"), {"spec": {"stop": True}}))
-        final = [runs.wait_phase(kube, namespace, "silent", "Cancelled", timeout=60), done]
+
+        def recovery_timed_out() -> dict[str, Any] | None:
+            wl = _workload_of(kube, namespace, "crasher") or {}
+            causes = [(e.get("reason"), e.get("underlyingCause"))
+                      for e in (wl.get("status") or {}).get("schedulingStats", {}).get("evictions", [])]
+            return wl if ("PodsReadyTimeout", "WaitForRecovery") in causes else None
+
+        eventually(recovery_timed_out, timeout=120, what="Kueue evicting the crashed run waiting in backoff")
+        crashed = runs.get(kube, namespace, "crasher")["status"]
+        assert crashed["attempts"][0]["outcome"] == "PodFailed" and crashed["phase"] in ("Backoff", "Queued"), crashed
+        for name in ("silent", "crasher"):
+            kube.ok(kube.patch(Kube.wr_path(namespace, name), {"spec": {"stop": True}}))
+        final = [runs.wait_phase(kube, namespace, name, "Cancelled", timeout=60) for name in ("silent", "crasher")]
+        final.append(done)
         verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=final))
         assert verdict.ok, verdict.violations
     finally:

@@ -668,3 +668,69 @@ def test_an_error_published_while_yielding_is_kept_in_its_attempts_record() -> N
     assert ended is not None and ended.outcome == Outcome.PREEMPTED
     assert ended.error == ErrorInfo.model_validate(published)
     assert ended.message is not None and "evicted by Kueue" in ended.message
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Cancelled"])
+def test_the_quota_of_an_ended_run_goes_only_once_no_pod_of_it_runs(phase: str) -> None:
+    """Kueue frees quota when the job has nothing active: a succeeded pod still exiting, or a revoked
+    one inside its grace period, keeps it; a deleted pod whose node never reports is given up on
+    UNREPORTED_EXIT_SECONDS after its grace period (a node that is gone)."""
+    from tether.core.observe import UNREPORTED_EXIT_SECONDS
+    s = {**_held_queued(), "phase": phase, "holder": None, "fence": 2, "finishedAt": T0.isoformat()}
+    s["attempts"][-1].update(outcome="Succeeded" if phase == "Succeeded" else "Cancelled", endedAt=T0.isoformat(),
+                             exitCode=143)
+    finish = lambda d: [a for a in d.actions if isinstance(a, FinishWorkload)]  # noqa: E731
+    assert not finish(decide(queued_observe(ADMITTED, status=s, pods=(pod(),))))  # exiting
+    due = T0 + dt.timedelta(seconds=30)
+    deleting = pod(deleting=True, deletion_due=due)
+    held = decide(queued_observe(ADMITTED, status=s, pods=(deleting,)))
+    assert not finish(held) and held.requeue_after == 30 + UNREPORTED_EXIT_SECONDS
+    lost_node = decide(queued_observe(ADMITTED, status=s, pods=(deleting,),
+                                      now=due + dt.timedelta(seconds=UNREPORTED_EXIT_SECONDS)))
+    assert finish(lost_node)
+    (done,) = finish(decide(queued_observe(ADMITTED, status=s, pods=(pod(phase="Failed", exit_code=143),))))
+    assert done.succeeded is (phase == "Succeeded") and Confirm.PODS_GONE in done.requires
+
+
+def test_an_evicted_runs_quota_waits_for_its_deleted_pod_to_end() -> None:
+    deleting = pod(deleting=True, deletion_due=T0 + dt.timedelta(seconds=30))
+    busy = decide(queued_observe(EVICTED, status=_after_preemption(), pods=(deleting,)))
+    assert not [a for a in busy.actions if isinstance(a, ReleaseQuota)]
+
+
+def test_a_deleted_queued_run_lets_go_only_once_no_pod_of_it_runs() -> None:
+    """The Workload is the run's (garbage-collected with it): its quota must outlive the pods."""
+    s = {**_held_queued(), "phase": "Cancelled", "holder": None, "fence": 2, "finishedAt": T0.isoformat()}
+    s["attempts"][-1].update(outcome="Cancelled", endedAt=T0.isoformat())
+    r = run(status=s, labels=QUEUE, deletionTimestamp=T0.isoformat(), finalizers=["tether.dev/cleanup"])
+    deleting = pod(deleting=True, deletion_due=T0 + dt.timedelta(seconds=30), has_finalizer=False)
+
+    def deciding(*pods: Any) -> list[str]:
+        return kinds(decide(replace(observe(r, pods=pods), workload=ADMITTED, flavors=SPOT)).actions)
+
+    assert deciding(deleting) == []
+    assert deciding(pod(phase="Failed", exit_code=143, has_finalizer=False)) == ["RemoveFinalizer"]
+    assert deciding() == ["RemoveFinalizer"]
+
+
+def test_pods_ready_is_withdrawn_between_attempts_so_kueue_bounds_a_failing_run() -> None:
+    """Attempt 1 crashed and the run waits in Backoff under its quota: PodsReady goes False
+    (WaitForRecovery, Kueue's recoveryTimeout applies), and True again (Recovered) once attempt 2's
+    worker renews."""
+    ready = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), cond("PodsReady", "True", "Started"),
+                     admission=ADMISSION, evictions=2)
+    s = _held_queued()
+    s["attempts"][-1].update(outcome="PodFailed", endedAt=T0.isoformat(), exitCode=1)
+    backoff = {**s, "holder": None, "fence": 2, "phase": "Backoff",
+               "nextAttemptAt": (T0 + dt.timedelta(seconds=10)).isoformat()}
+    (withdrawn,) = [a for a in decide(queued_observe(ready, status=backoff)).actions if isinstance(a, MarkPodsReady)]
+    assert (withdrawn.ready, withdrawn.reason) == (False, "WaitForRecovery")
+    assert "attempt 1 ended (PodFailed)" in withdrawn.message
+    waiting = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"),
+                       cond("PodsReady", "False", "WaitForRecovery"), admission=ADMISSION, evictions=2)
+    assert not [a for a in decide(queued_observe(waiting, status=backoff)).actions if isinstance(a, MarkPodsReady)]
+    second = held(attempt=2, phase="Running")
+    second["attempts"][-1]["admission"] = {"clusterQueue": "shared", "evictions": 2}
+    o = queued_observe(waiting, status=second, lease_obs=lease(attempt=2), pods=(pod(2),))
+    (again,) = [a for a in decide(o).actions if isinstance(a, MarkPodsReady)]
+    assert (again.ready, again.reason) == (True, "Recovered")

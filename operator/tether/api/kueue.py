@@ -32,6 +32,11 @@ WL_PREEMPTED = "Preempted"
 WL_REQUEUED = "Requeued"
 WL_PODS_READY = "PodsReady"
 WL_FINISHED = "Finished"
+# PodsReady's reasons, as Kueue's job framework sets them: waitForPodsReady's `timeout` applies
+# to WaitForStart (counted from admission), its `recoveryTimeout` to WaitForRecovery (counted
+# from the condition's change: the pods were ready once, and are not now).
+PODS_STARTED, PODS_RECOVERED = "Started", "Recovered"
+PODS_WAIT_FOR_START, PODS_WAIT_FOR_RECOVERY = "WaitForStart", "WaitForRecovery"
 # Field managers, as Kueue's job framework names them: the admission status (quota reservation,
 # Admitted, Finished) is owned by `kueue-admission`; a job controller's conditions by
 # `kueue-job-controller-<type>`. Tether writes those parts of a Workload the same way.

@@ -13,7 +13,7 @@ from tether.api import constants as c
 from tether.controller.cache import RunCache
 from tether.controller.errors import Again, Inconclusive, SpecError
 from tether.controller.execute import Executor
-from tether.controller.snapshot import Snapshot
+from tether.controller.snapshot import Snapshot, pod_observation
 from tether.controller.sweeper import Feed
 from tether.controller.views import BudgetView, PodView
 from tether.core.actions import Confirm, Decision, WriteStatus
@@ -174,17 +174,19 @@ class Confirmer:
         return snap
 
     async def pods_gone(self, snap: Snapshot, this: Pass) -> Snapshot:
-        """Before an evicted run's quota is released: none of its pods still runs, read fresh."""
+        """Before a queued run's quota is released (evicted, or the run ended): none of its pods
+        may still run, read fresh and judged by the decision's own rule."""
         ns, name = snap.run.metadata.namespace, snap.run.metadata.name
         mark = self.cache.stamps.mark()
         pods = await self.kube.list_objects(pod_path(ns), label_selector=f"{c.LABEL_RUN}={name}")
+        now = self.cache.now()
         live = [p for p in pods if protocol.controller_uid(p) == snap.uid
-                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+                and (seen := pod_observation(p)) is not None and seen.may_still_run(now)]
         for pod in live:
             if self.cache.pod_read_current(pod, mark):
                 self.feed("pod", "MODIFIED", pod)
         if live:
-            raise Again(f"pod {live[0]['metadata']['name']} of the evicted attempt still runs")
+            raise Again(f"pod {live[0]['metadata']['name']} of the run still runs")
         return snap
 
     async def run_unmoved(self, snap: Snapshot, this: Pass) -> Snapshot:

@@ -173,7 +173,8 @@ class QueueBook:
 
     async def mark_pods_ready(self, snap: Snapshot, action: MarkPodsReady) -> None:
         await self._status(snap, action.name, action.resource_version, f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
-                           lambda wl: workloads.pods_ready_status(wl, True, action.message, self.now()))
+                           lambda wl: workloads.pods_ready_status(wl, action.ready, action.reason, action.message,
+                                                                  self.now()))
 
     async def release_quota(self, snap: Snapshot, action: ReleaseQuota) -> None:
         written = await self._status(snap, action.name, action.resource_version, k.ADMISSION_MANAGER,
@@ -183,7 +184,8 @@ class QueueBook:
             # worker is awaited afresh (waitForPodsReady applies to it too).
             await self._status(snap, action.name, written["metadata"]["resourceVersion"],
                                f"{k.JOB_CONTROLLER_MANAGER}-{k.WL_PODS_READY}",
-                               lambda wl: workloads.pods_ready_status(wl, False, "waiting for the next attempt's worker",
+                               lambda wl: workloads.pods_ready_status(wl, False, k.PODS_WAIT_FOR_START,
+                                                                      "waiting for the next attempt's worker",
                                                                       self.now()))
         log.info("workload quota released", extra={"run": snap.run.key, "event": "workload_released",
                                                    "workload": action.name})

@@ -244,12 +244,16 @@ class EnsureWorkload:
 
 @dataclass(frozen=True)
 class MarkPodsReady:
-    """Tell Kueue the attempt's worker is up (Workload condition PodsReady): its first renewal.
-    Each Workload write is conditional on the resourceVersion the decision saw."""
+    """Tell Kueue whether the run's worker is up (Workload condition PodsReady, with the job
+    framework's reason): True at an attempt's first renewal, False once that attempt ended and
+    the next one's worker is awaited. Each Workload write is conditional on the resourceVersion
+    the decision saw."""
 
     name: str
     message: str
     resource_version: str
+    ready: bool = True
+    reason: str = "Started"
 
     pins_run: ClassVar[bool] = False
     requires: ClassVar[tuple[Confirm, ...]] = ()
@@ -337,7 +341,8 @@ class AnswerBudgetCheck:
 
 @dataclass(frozen=True)
 class FinishWorkload:
-    """Tell Kueue the run ended (Workload condition Finished): its quota is released at once."""
+    """Tell Kueue the run ended (Workload condition Finished): its quota is released at once, so
+    only once none of its pods still runs (read fresh)."""
 
     name: str
     succeeded: bool
@@ -345,7 +350,7 @@ class FinishWorkload:
     resource_version: str
 
     pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = ()
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.PODS_GONE,)
 
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun

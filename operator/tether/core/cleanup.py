@@ -4,6 +4,7 @@ are closed), a finished run (charge, then TTL), and pods of attempts that ended.
 
 from __future__ import annotations
 
+from tether.api import kueue as k
 from tether.api.models import AttemptRecord, Outcome
 from tether.core.accounting import charge_finished, release_due
 from tether.core.actions import ClearLease, Decision, DeletePod, DeleteRun, ReleasePod, RemoveFinalizer
@@ -26,6 +27,17 @@ def revocation_unfinished(o: Observed) -> bool:
     last = o.run.status.current()
     return (o.run.spec.executor == "External" and not o.tool_claims_cleared and last is not None
             and last.ended_at is not None and (o.now - last.ended_at).total_seconds() < TOOL_CLAIM_TOKEN_SECONDS)
+
+
+def pods_may_run(o: Observed, d: Decision) -> bool:
+    """Some pod of the run may still run (see PodObservation.may_still_run); if one was deleted,
+    the decision wakes when it is given up on (its own events wake it sooner)."""
+    running = [p for p in o.pods if p.may_still_run(o.now)]
+    for pod in running:
+        due = pod.given_up_in(o.now)
+        if due is not None:
+            d.wake(due)
+    return bool(running)
 
 
 # A pod of an attempt that already ended is left this long to exit on its own
@@ -64,8 +76,12 @@ def decide_deleting(o: Observed, d: Decision) -> None:
             d.actions.append(DeletePod(pod.name))
         if pod.has_finalizer:
             d.actions.append(ReleasePod(pod.name))
-    if not d.actions:
-        d.actions.append(RemoveFinalizer())
+    if d.actions:
+        return
+    wl = o.workload
+    if wl is not None and wl.is_true(k.WL_QUOTA_RESERVED) and not wl.is_true(k.WL_FINISHED) and pods_may_run(o, d):
+        return  # the Workload (the run's) and its quota go with the run: only once no pod runs
+    d.actions.append(RemoveFinalizer())
 
 
 def decide_finished(o: Observed, d: Decision) -> None:
@@ -94,11 +110,6 @@ def decide_finished(o: Observed, d: Decision) -> None:
             d.wake(due)
 
 
-# A deleted pod's containers are killed when its grace period ends (its deletionTimestamp). Its
-# exit status is waited for this long past that, then given up on (a node that is gone never says).
-EXIT_STATUS_WAIT_SECONDS = 60.0
-
-
 def record_exit_codes(o: Observed, d: Decision) -> bool:
     """An attempt ends when its pod is deleted, not when its containers stop: the next attempt need
     not wait out a grace period (fencing keeps the old worker harmless). The exit code comes later
@@ -122,10 +133,10 @@ def record_exit_codes(o: Observed, d: Decision) -> bool:
 
 def _exit_status_pending(o: Observed, pod: PodObservation, record: AttemptRecord | None) -> float | None:
     """Seconds left to wait for a deleted pod's exit status (see record_exit_codes), or None."""
-    if record is None or record.exit_code is not None or pod.deletion_due is None:
+    if record is None or record.exit_code is not None:
         return None
-    left = (pod.deletion_due - o.now).total_seconds() + EXIT_STATUS_WAIT_SECONDS
-    return left if left > 0 else None
+    left = pod.given_up_in(o.now)
+    return left if left else None
 
 
 def housekeep_pods(o: Observed, d: Decision) -> None:

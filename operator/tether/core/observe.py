@@ -54,6 +54,12 @@ class BudgetObservation:
     next_reset_seconds: float | None = None
 
 
+# A deleted pod's containers are killed when its grace period ends (its deletionTimestamp). One that
+# has not reported its end this long after that is on a node that no longer reports (unreachable or
+# gone): its exit status is given up on, and it no longer counts as running (Kueue's quota).
+UNREPORTED_EXIT_SECONDS = 60.0
+
+
 @dataclass(frozen=True)
 class PodObservation:
     name: str
@@ -68,6 +74,18 @@ class PodObservation:
     @property
     def terminated(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
+
+    def may_still_run(self, now: dt.datetime) -> bool:
+        """Its containers may still run: it has not ended, and if it was deleted, its node has had
+        UNREPORTED_EXIT_SECONDS past the grace period to say so (a node that is gone never does)."""
+        return not self.terminated and not (self.deleting and self.deletion_due is not None
+                                            and (now - self.deletion_due).total_seconds() >= UNREPORTED_EXIT_SECONDS)
+
+    def given_up_in(self, now: dt.datetime) -> float | None:
+        """Seconds until a deleted pod that has not ended is given up on (None: not deleted yet)."""
+        if self.deletion_due is None or self.terminated:
+            return None
+        return max(0.0, (self.deletion_due - now).total_seconds() + UNREPORTED_EXIT_SECONDS)
 
 
 @dataclass(frozen=True)

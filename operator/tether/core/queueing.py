@@ -22,6 +22,7 @@ from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
 from tether.core.actions import (Action, AnswerBudgetCheck, Decision, DeleteWorkload, EnsureWorkload,
                                  FinishWorkload, MarkPodsReady, ReleaseQuota, SetPriorityBoost, SetWorkloadActive,
                                  UngateWorkload)
+from tether.core.cleanup import pods_may_run
 from tether.core.enforcement import admission_refusal
 from tether.core.execution import execution_digest, pinned_digest
 from tether.core.lifecycle import StatusBuilder
@@ -231,35 +232,57 @@ def tell_kueue(o: Observed, d: Decision) -> None:
     wl = o.workload
     if wl is None or wl.is_true(k.WL_FINISHED) or any(isinstance(a, DeleteWorkload) for a in d.actions):
         return
-    write = _workload_write(o, wl)
+    write = _workload_write(o, wl, d)
     if write is not None:
         d.actions.append(write)
-    if not isinstance(write, (FinishWorkload, ReleaseQuota)):
+    phase = o.run.status.phase
+    if not isinstance(write, (FinishWorkload, ReleaseQuota)) and not (phase is not None and phase.terminal):
         _keep_boost(o, wl, d, write is None)
 
 
-def _workload_write(o: Observed, wl: Workload) -> Action | None:
+def _workload_write(o: Observed, wl: Workload, d: Decision) -> Action | None:
     """The run's end (Finished); that an evicted attempt is over (the quota released: the
     preemptor waits for it); its worker's first renewal (PodsReady); gates that no longer hold;
     Tether's budget check answered."""
     s, rv = o.run.status, wl.metadata.resource_version
+    # As Kueue's own integrations do, the quota goes only once the job has nothing active: no pod
+    # of the run may still run (a revoked one in its grace period, a succeeded one exiting).
     if s.phase is not None and s.phase.terminal:
+        if pods_may_run(o, d):
+            return None
         return FinishWorkload(name=wl.metadata.name, succeeded=s.phase == Phase.SUCCEEDED,
                               message=f"the run ended {s.phase.value}", resource_version=rv)
-    if evicted_and_reserved(wl) and s.holder is None and all(p.terminated for p in o.pods):
-        # The evicted attempt is over: the fence has moved and (as Kueue frees the quota of a job
-        # with nothing active) its pod is gone.
+    if evicted_and_reserved(wl) and s.holder is None and not pods_may_run(o, d):
+        # The evicted attempt is over: the fence has moved and its pod is gone.
         return ReleaseQuota(name=wl.metadata.name, resource_version=rv)
-    cur = s.current()
-    if s.holder is not None and cur is not None and cur.admission is not None and \
-            s.phase == Phase.RUNNING and not wl.is_true(k.WL_PODS_READY):
-        return MarkPodsReady(name=wl.metadata.name, message=f"{s.holder} renewed its lease", resource_version=rv)
+    ready = pods_ready(o, wl)
+    if ready is not None:
+        return ready
     ours = (k.GATE_START_REVIEW, k.GATE_BUDGET)
     holding = holding_gates(o)
     if any(g in ours and g not in holding for g in wl.gates):
         return UngateWorkload(name=wl.metadata.name, keep=tuple(g for g in wl.gates if g not in ours or g in holding),
                               resource_version=rv)
     return _budget_answer(o, wl) or _activation(o, wl)
+
+
+def pods_ready(o: Observed, wl: Workload) -> MarkPodsReady | None:
+    """PodsReady as Kueue's job framework keeps it: True once the attempt's worker renewed
+    (Recovered if it was lost before), False while an admitted run's next attempt is awaited
+    (WaitForRecovery: Kueue's recoveryTimeout bounds a run that keeps failing under its quota)."""
+    s, rv, name = o.run.status, wl.metadata.resource_version, wl.metadata.name
+    cur = s.current()
+    up = s.holder is not None and cur is not None and cur.admission is not None and s.phase == Phase.RUNNING
+    cond = wl.condition(k.WL_PODS_READY)
+    if up and not wl.is_true(k.WL_PODS_READY):
+        recovering = cond is not None and cond.reason in (k.PODS_WAIT_FOR_RECOVERY, k.PODS_RECOVERED)
+        return MarkPodsReady(name=name, message=f"{s.holder} renewed its lease", resource_version=rv,
+                             reason=k.PODS_RECOVERED if recovering else k.PODS_STARTED)
+    if not up and wl.is_true(k.WL_PODS_READY) and admitted(wl) and cur is not None and cur.outcome is not None:
+        return MarkPodsReady(name=name, message=f"attempt {cur.attempt} ended ({cur.outcome.value}); waiting for "
+                                                "the next attempt's worker", resource_version=rv,
+                             ready=False, reason=k.PODS_WAIT_FOR_RECOVERY)
+    return None
 
 
 def _activation(o: Observed, wl: Workload) -> SetWorkloadActive | None:

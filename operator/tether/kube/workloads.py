@@ -88,12 +88,12 @@ def _set(conditions: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str
     return out if found else out + [new]
 
 
-def pods_ready_status(workload: dict[str, Any], ready: bool, message: str, now: dt.datetime) -> dict[str, Any]:
-    """What `kueue-job-controller-PodsReady` applies: the one condition it owns (True, Started;
-    False, WaitForStart while no attempt's worker is up)."""
+def pods_ready_status(workload: dict[str, Any], ready: bool, reason: str, message: str,
+                      now: dt.datetime) -> dict[str, Any]:
+    """What `kueue-job-controller-PodsReady` applies: the one condition it owns, with the job
+    framework's reason (see api.kueue's PODS_* reasons)."""
     gen = int(workload["metadata"].get("generation") or 1)
-    return {"conditions": [_condition(k.WL_PODS_READY, "True" if ready else "False",
-                                      "Started" if ready else "WaitForStart", message, gen, now)]}
+    return {"conditions": [_condition(k.WL_PODS_READY, "True" if ready else "False", reason, message, gen, now)]}
 
 
 def finished_status(workload: dict[str, Any], succeeded: bool, message: str, now: dt.datetime) -> dict[str, Any]:
