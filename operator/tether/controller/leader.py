@@ -3,8 +3,12 @@
 Like client-go's leaderelection: candidates compete for one coordination Lease
 with resourceVersion-conditional writes; expiry is judged by when *this*
 process observed the holder's last renewal, on its monotonic clock. A leader
-that cannot renew within the renew deadline stops acting at once and exits,
-so two replicas never act together for longer than that deadline.
+that cannot renew within the renew deadline stops acting at once and exits.
+Every time stamped around a request errs on the side of the replica that
+stamps it: a leader's renew deadline counts from before its write was sent,
+a standby's lease duration from after the read that showed the renewal, so
+however long either request takes, the standby's wait (the lease duration)
+ends after the leader's (the shorter renew deadline) and they never lead at once.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from tether.controller.errors import NotLeader
 from tether.kube import resources
@@ -57,27 +61,39 @@ class LeaderElector:
         return body
 
     async def try_acquire_or_renew(self) -> bool:
-        started = self.mono()
         current = await self.kube.get_lease(self.namespace, self.name)
+        read_at = self.mono()  # after the answer: see _expired
         try:
             if current is None:
-                await self.kube.create_lease(self._body(None, 0))
-            else:
-                spec = current.get("spec") or {}
-                holder = spec.get("holderIdentity")
-                rv = current["metadata"]["resourceVersion"]
-                if self._observed is None or self._observed[0] != rv:
-                    self._observed = (rv, started)
-                expired = started - self._observed[1] >= float(spec.get("leaseDurationSeconds") or self.lease_seconds)
-                if holder and holder != self.identity and not expired:
-                    return False
-                transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
-                await self.kube.replace_lease(self._body(current, transitions))
+                return await self._lead_by(self.kube.create_lease(self._body(None, 0)))
+            spec = current.get("spec") or {}
+            holder = spec.get("holderIdentity")
+            if holder and holder != self.identity and not self._expired(current, read_at):
+                return False
+            transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
+            return await self._lead_by(self.kube.replace_lease(self._body(current, transitions)))
         except Conflict:
             return False
+
+    def _expired(self, lease: dict, read_at: float) -> bool:
+        """Whether the holder's renewal has outlived its lease duration since this replica first saw
+        it (a new resourceVersion). Seen at `read_at`, after the GET answered: the renewal may have
+        landed at any moment while the GET was in flight, so a time from before it would make the
+        renewal look older than it is and end the standby's wait early."""
+        rv = lease["metadata"]["resourceVersion"]
+        if self._observed is None or self._observed[0] != rv:
+            self._observed = (rv, read_at)
+        duration = float((lease.get("spec") or {}).get("leaseDurationSeconds") or self.lease_seconds)
+        return read_at - self._observed[1] >= duration
+
+    async def _lead_by(self, write: Awaitable[dict]) -> bool:
+        """Sends a write of the Lease naming this replica; leadership counts from before it was sent:
+        a standby may see it as soon as it lands, and its answer may come much later."""
+        sent_at = self.mono()
+        await write
         if not self.is_leader:
             log.info("became leader", extra={"event": "leader_elected", "identity": self.identity})
-        self._renewed_at = started
+        self._renewed_at = sent_at
         return True
 
     async def acquire(self) -> None:
