@@ -179,9 +179,9 @@ def test_the_async_client_refreshes_off_the_event_loop(tmp_path: Path) -> None:
     ran_on: list[str] = []
     fetch = cfg.credentials._fetch  # type: ignore[union-attr]
 
-    def recording() -> dict[str, object]:
+    def recording(deadline: float) -> dict[str, object]:
         ran_on.append(threading.current_thread().name)
-        return fetch()
+        return fetch(deadline)
 
     cfg.credentials._fetch = recording  # type: ignore[union-attr,method-assign]
 

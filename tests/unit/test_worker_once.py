@@ -9,6 +9,7 @@ its own."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 from typing import Any
@@ -248,8 +249,11 @@ def test_an_exec_plugin_that_hangs_fails_the_async_request_and_a_cancellation_is
     exits = threading.Event()
 
     class Hanging:
-        def run(self) -> dict[str, Any]:
-            exits.wait(5)
+        """ExecPlugin's contract: past its timeout the plugin is killed and the run raises."""
+
+        def run(self, timeout: float) -> dict[str, Any]:
+            if not exits.wait(timeout):
+                raise subprocess.TimeoutExpired("plugin", timeout)
             return {"token": "t"}
 
     cfg = kubeconfig.KubeConfig(server="https://api", ssl_context=None,  # type: ignore[arg-type]

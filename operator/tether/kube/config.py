@@ -11,19 +11,23 @@ impersonation (`as`, `as-groups`, `as-uid`), is applied here.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import signal
 import ssl
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import anyio
 import anyio.to_thread
 import httpx
 from kubernetes.client import Configuration
@@ -71,9 +75,10 @@ class Impersonation:
                 + [(f"Impersonate-Extra-{quote(key, safe='')}", v) for key, values in self.extra for v in values])
 
 
-# How long an asyncio client waits for an exec credential plugin (a token refresh) before the
-# request fails as a transport error; kubectl waits for ever, so this is generous (an interactive
-# login may be behind it).
+# How long any client, blocking or asyncio, waits for an exec credential plugin (a token refresh,
+# with the wait for another request's run of it) before the plugin is killed and the request fails
+# as a transport error; kubectl waits for ever, so this is generous (an interactive login may be
+# behind it). Read at each run, so a test can shorten it.
 EXEC_TIMEOUT = 120.0
 
 
@@ -83,14 +88,60 @@ class CredentialError(ConfigError, httpx.TransportError):
     to retry (a worker's renewal tries again, it does not crash)."""
 
 
-class Credentials:
-    """An exec plugin's token (EKS, GKE, AKS, OIDC helpers), run through the `kubernetes` package's
-    ExecProvider: kept until a tenth of its lifetime (at most 5 minutes) before the expiry it was
-    given, fetched again at once after a 401. A failed run raises CredentialError instead of going
-    on with the old token. A lock: one run of the plugin, whatever number of requests found the
-    token stale at the same moment."""
+class ExecPlugin(ExecProvider):
+    """The `kubernetes` package's ExecProvider (its reading of the kubeconfig's exec entry) with a
+    run that has a bound: its own run() waits for the process for ever. Past the bound the plugin
+    is killed, with whatever it started (a script's commands), and the run raises TimeoutExpired."""
 
-    def __init__(self, provider: ExecProvider, clock: Callable[[], float] = time.time) -> None:
+    def run(self, timeout: float) -> dict[str, Any]:  # type: ignore[override]
+        interactive = hasattr(sys.stdout, "isatty") and sys.stdout.isatty()
+        spec: dict[str, Any] = {"interactive": interactive}
+        if self.cluster:  # provideClusterInfo, with the cluster's exec extension as its config
+            config = [e["extension"] for e in self.cluster.value.get("extensions") or []
+                      if e["name"] == "client.authentication.k8s.io/exec"]
+            spec["cluster"] = {**self.cluster.value, **({"config": config[0]} if config else {})}
+        self.env["KUBERNETES_EXEC_INFO"] = json.dumps(
+            {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": spec})
+        # A group of its own, so the kill reaches its children too; not a plugin talking to the
+        # terminal, which must stay in the terminal's session (its prompt reads /dev/tty).
+        group = not interactive and os.name == "posix"
+        with subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=sys.stderr if interactive else subprocess.PIPE,
+                              stdin=sys.stdin if interactive else None, cwd=self.cwd, env=self.env, text=True,
+                              shell=getattr(self, "shell", False),  # older kubernetes packages have none
+                              start_new_session=group) as process:
+            try:
+                stdout, stderr = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                if group:
+                    with suppress(ProcessLookupError):  # all of it ended meanwhile
+                        os.killpg(process.pid, signal.SIGKILL)
+                else:
+                    process.kill()
+                raise  # leaving the with reaps it, without waiting for its output's end
+        if process.returncode != 0:
+            said = (stderr or "").strip()
+            raise ConfigException(f"exec: process returned {process.returncode}" + (f". {said}" if said else ""))
+        try:
+            data = json.loads(stdout)
+        except ValueError as exc:
+            raise ConfigException(f"exec: failed to decode process output: {exc}") from exc
+        for key in ("apiVersion", "kind", "status"):
+            if key not in data:
+                raise ConfigException(f"exec: malformed response. missing key '{key}'")
+        if data["apiVersion"] != self.api_version:
+            raise ConfigException(f"exec: plugin api version {data['apiVersion']} does not match {self.api_version}")
+        return data["status"]
+
+
+class Credentials:
+    """An exec plugin's token (EKS, GKE, AKS, OIDC helpers), run through ExecPlugin: kept until a
+    tenth of its lifetime (at most 5 minutes) before the expiry it was given, fetched again at once
+    after a 401. A failed run raises CredentialError instead of going on with the old token. A
+    lock: one run of the plugin, whatever number of requests found the token stale at the same
+    moment. Each request waits EXEC_TIMEOUT at most, for the lock and its own run together: the
+    blocking clients and the asyncio ones (from a thread) share this one bound."""
+
+    def __init__(self, provider: ExecPlugin, clock: Callable[[], float] = time.time) -> None:
         self._provider, self._clock = provider, clock
         self._lock = threading.Lock()
         self._token: str | None = None
@@ -99,12 +150,29 @@ class Credentials:
 
     def fetch_first(self) -> dict[str, Any]:
         """The plugin's first answer (a token, or a client certificate the caller loads)."""
-        with self._lock:
-            return self._fetch()
+        with self._turn() as deadline:
+            return self._fetch(deadline)
 
-    def _fetch(self) -> dict[str, Any]:
+    @contextmanager
+    def _turn(self) -> Iterator[float]:
+        """Holds the lock, taken within EXEC_TIMEOUT (another request's run of the plugin holds it
+        meanwhile); gives the monotonic deadline of this request's own run."""
+        bound = EXEC_TIMEOUT
+        deadline = time.monotonic() + bound
+        if not self._lock.acquire(timeout=bound):
+            raise CredentialError(f"getting credentials: the exec plugin did not answer within {bound:g}s "
+                                  "(another request's run of it)")
         try:
-            status = dict(self._provider.run())
+            yield deadline
+        finally:
+            self._lock.release()
+
+    def _fetch(self, deadline: float) -> dict[str, Any]:
+        try:
+            status = dict(self._provider.run(timeout=max(0.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired as exc:
+            raise CredentialError(f"getting credentials: the exec plugin did not answer within {EXEC_TIMEOUT:g}s") \
+                from exc
         except ConfigException as exc:
             raise CredentialError(f"getting credentials: {exc}") from exc
         self._token, self._fetched = status.get("token") or None, self._clock()
@@ -120,9 +188,9 @@ class Credentials:
 
     def header(self, stale: str | None = None) -> str | None:
         """The Authorization value; `stale` is one the API server just refused (401)."""
-        with self._lock:
+        with self._turn() as deadline:
             if self._token is None or self._stale() or (stale is not None and stale == f"Bearer {self._token}"):
-                self._fetch()
+                self._fetch(deadline)
                 if self._token is None:
                     raise CredentialError("getting credentials: the exec plugin's answer has no token")
             return f"Bearer {self._token}"
@@ -207,16 +275,10 @@ class _RequestAuth(httpx.Auth):
             yield request
 
     async def _refreshed(self, stale: str | None = None) -> str | None:
-        """The header from a thread, within EXEC_TIMEOUT (httpx's timeout does not cover it), and
-        abandoned at once when the awaiting task is cancelled. The plugin's process itself is not
-        stopped (the kubernetes package's ExecProvider has no timeout): it runs on, holding the
-        credentials' lock, and its thread stays busy until it exits."""
-        try:
-            with anyio.fail_after(EXEC_TIMEOUT):
-                return await anyio.to_thread.run_sync(lambda: self._header(stale), abandon_on_cancel=True)
-        except TimeoutError as exc:
-            raise CredentialError(f"getting credentials: the exec plugin did not answer within {EXEC_TIMEOUT:g}s") \
-                from exc
+        """The header from a thread (within EXEC_TIMEOUT, as Credentials bounds it: httpx's timeout
+        does not cover it), abandoned at once when the awaiting task is cancelled: the plugin's run
+        goes on in its thread, holding the credentials' lock, until it answers or is killed."""
+        return await anyio.to_thread.run_sync(lambda: self._header(stale), abandon_on_cancel=True)
 
 
 class _TokenFile:
@@ -330,9 +392,9 @@ def _from_flags(flags: Flags) -> KubeConfig:
     credentials, exec_cert = None, None
     if "exec" in user:
         # The plugin is run here (not by the loader, which logs a failure and goes on anonymous).
-        credentials = Credentials(ExecProvider(user_node["user"]["exec"],  # type: ignore[index]
-                                               str(Path(user_node.path).parent) if user_node.path else None,  # type: ignore[union-attr]
-                                               cluster["cluster"]))
+        credentials = Credentials(ExecPlugin(user_node["user"]["exec"],  # type: ignore[index]
+                                             str(Path(user_node.path).parent) if user_node.path else None,  # type: ignore[union-attr]
+                                             cluster["cluster"]))
         first = credentials.fetch_first()
         if "token" not in first:
             if not (first.get("clientCertificateData") and first.get("clientKeyData")):

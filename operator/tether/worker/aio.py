@@ -32,7 +32,7 @@ from tether.worker.errors import AlreadyPublished, LeaseLost, OwnershipUnknown, 
 from tether.worker.gateway_steps import claim_steps
 from tether.worker.ops import (ApprovalDecision, Op, Renew, Sleep, Transported, claimed, from_env_fields,
                                inline_payload, payload_steps, request_timeout)
-from tether.worker.run import Terminated
+from tether.worker.run import Terminated, renewal_lock_busy
 from tether.worker.steps import Call, drive_async
 from tether.worker.transport import (AsyncGatewayTransport, AsyncKubeTransport, AsyncTransport, claimed_transport,
                                      gateway_client, send_async)
@@ -250,9 +250,7 @@ class AsyncWorkerRun(RunCore):
             await asyncio.wait_for(self._renewing.acquire(), self._request_timeout)
             return True
         except asyncio.TimeoutError:
-            log.warning("renewal not sent: another one held the lock", extra=self._fields(
-                "heartbeat_unanswered", error=f"the renewal lock was not free within {self._request_timeout:g}s"))
-            return False
+            return renewal_lock_busy(self, self._request_timeout)
 
     # --- approvals and results ------------------------------------------------------
 

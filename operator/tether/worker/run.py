@@ -52,9 +52,11 @@ class WorkerRun(RunCore):
                  run_uid: str | None = None, **kw: Any) -> None:
         """kw: RunCore's (name, namespace, holder, fence, attempt, lease_duration, renew_interval, ...)."""
         super().__init__(**kw)
+        # T (docs/protocol.md §3): each request's timeout, and the wait for the renewal lock.
+        self._request_timeout = request_timeout(self.renew_interval)
         self._transport: Transport = transport or KubeTransport(
             self.namespace, self.name, self.holder, self.fence, kube or kubeconfig.load(),
-            timeout=request_timeout(self.renew_interval), run_uid=run_uid)
+            timeout=self._request_timeout, run_uid=run_uid)
         # One renewal at a time: the heartbeat, a flush and the renewal before publishing share the
         # cached Lease, and an older checkpoint or usage must never overtake a newer one.
         self._renewing = threading.Lock()
@@ -127,8 +129,11 @@ class WorkerRun(RunCore):
             self._thread.join(timeout=self.renew_interval + 15)
         if self._owes_last_renewal(self._thread is not None):
             try:
-                with self._renewing:
-                    drive(self._renew_ops(), self._perform)
+                if self._lock_renewals():
+                    try:
+                        drive(self._renew_ops(), self._perform)
+                    finally:
+                        self._renewing.release()
             except Exception as exc:  # noqa: BLE001 - leaving must not fail; what was not reported is not charged
                 log.warning("last renewal failed", extra=self._fields("heartbeat_unanswered", error=str(exc)[:300]))
         self._transport.close()
@@ -156,10 +161,18 @@ class WorkerRun(RunCore):
 
     def renew(self) -> bool:
         """One heartbeat: a conditional update of the Lease. Returns True when confirmed."""
-        if self.lost:
+        if self.lost or not self._lock_renewals():
             return False
-        with self._renewing:
+        try:
             return drive(self._renew_ops(), self._perform)
+        finally:
+            self._renewing.release()
+
+    def _lock_renewals(self) -> bool:
+        """Takes the renewal lock within T, as AsyncWorkerRun does: the renewal holding it may wait
+        far longer (an exec credential plugin, up to EXEC_TIMEOUT), and complete(), fail() and
+        stop() must not."""
+        return self._renewing.acquire(timeout=self._request_timeout) or renewal_lock_busy(self, self._request_timeout)
 
     # --- approvals and results ------------------------------------------------------
 
@@ -213,6 +226,14 @@ class WorkerRun(RunCore):
                     pass
         finally:
             self.stop()
+
+
+def renewal_lock_busy(run: RunCore, waited: float) -> bool:
+    """Both flavours' renewal that did not get the renewal lock within T: not sent, it counts as
+    unanswered (ownership turns unknown on schedule if none is confirmed)."""
+    log.warning("renewal not sent: another one held the lock", extra=run._fields(
+        "heartbeat_unanswered", error=f"the renewal lock was not free within {waited:g}s"))
+    return False
 
 
 class FencedClient(httpx.Client):
