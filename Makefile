@@ -26,7 +26,7 @@ help:
 	@echo "make plugin         the kubectl-tether wheel and krew archive in dist/, with dist/tether.yaml (krew manifest)"
 	@echo "make install-plugin kubectl-tether in a virtualenv of its own, linked into PREFIX/bin (PREFIX=~/.local)"
 	@echo "make install-tools  link the cached helm and kubectl into PREFIX/bin"
-	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl"
+	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl (and the oldest supported)"
 	@echo "make kueue          build/cache Kueue's manager (sigs.k8s.io/kueue) with its CRDs and webhooks"
 	@echo "make node           build/cache kubelet, containerd, the pause image and the Tether image (docker build)"
 
@@ -42,6 +42,7 @@ install: $(VENV)/.installed
 
 control-plane:
 	bash hack/build-control-plane.sh
+	bash hack/build-control-plane.sh --oldest
 
 tools:
 	bash hack/build-tools.sh
@@ -62,8 +63,13 @@ kueue:
 kind-image: node
 	bash hack/build-kind.sh
 
+# The tests of admission, approvals, fencing and queueing, again on the oldest supported Kubernetes.
+OLDEST_TESTS ?= tests/cluster/test_admission_policy.py tests/cluster/test_approvals.py tests/cluster/test_crd_validation.py \
+	tests/e2e/test_fencing.py tests/e2e/test_review_gates.py tests/e2e/test_identity.py tests/kueue/test_queues.py
+
 test: install control-plane tools node kueue kind-image sdk-test layers docs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra
+	TETHER_TEST_KUBERNETES=oldest $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra $(OLDEST_TESTS)
 
 # The layers are a checked contract (pyproject.toml [tool.importlinter]).
 layers: install

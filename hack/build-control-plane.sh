@@ -2,13 +2,16 @@
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
 # kubectl from Go modules (through the module proxy) and caches them outside
 # the repository. Prints the directory holding the binaries on stdout.
+# With --oldest, the oldest supported Kubernetes instead (no kubectl).
 #
 # TETHER_CONTROL_PLANE_BIN=<dir> (or KUBEBUILDER_ASSETS) skips the build and
-# uses existing binaries, e.g. from setup-envtest.
+# uses existing binaries, e.g. from setup-envtest (TETHER_OLDEST_CONTROL_PLANE_BIN for --oldest).
 set -euo pipefail
 
-if [[ -n "${TETHER_CONTROL_PLANE_BIN:-${KUBEBUILDER_ASSETS:-}}" ]]; then
-  dir="${TETHER_CONTROL_PLANE_BIN:-$KUBEBUILDER_ASSETS}"
+override="${TETHER_CONTROL_PLANE_BIN:-${KUBEBUILDER_ASSETS:-}}"
+[[ "${1:-}" == "--oldest" ]] && override="${TETHER_OLDEST_CONTROL_PLANE_BIN:-}"
+if [[ -n "$override" ]]; then
+  dir="$override"
   for b in etcd kube-apiserver; do
     [[ -x "$dir/$b" ]] || { echo "error: $dir/$b missing or not executable" >&2; exit 1; }
   done
@@ -18,6 +21,12 @@ fi
 
 # shellcheck source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+# --oldest: the oldest supported Kubernetes (KUBERNETES_OLDEST_VERSION), with the same etcd.
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+if [[ "${1:-}" == "--oldest" ]]; then
+  KUBERNETES_VERSION="$KUBERNETES_OLDEST_VERSION"
+  binaries=(kube-apiserver kube-controller-manager kube-scheduler)
+fi
 use_cached_output "$cache/control-plane/k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}"
 log() { echo "[build-control-plane] $*" >&2; }
 
@@ -38,7 +47,7 @@ fi
 # Kubernetes: from a consumer module with the staging modules at their published versions.
 (
   kubernetes_workspace
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for b in "${binaries[@]}"; do
     [[ -x "$out/$b" ]] && continue
     log "building $b ${KUBERNETES_VERSION}"
     # -p 1 keeps the kube-apiserver link within memory on small machines.
@@ -46,5 +55,10 @@ fi
     mv "$out/$b.tmp" "$out/$b"
   done
 )
+if [[ "${1:-}" == "--oldest" && ! -e "$out/kubectl" ]]; then
+  # Tests drive the oldest server with the pinned kubectl (built by the plain run of this script).
+  newest="$(env -u TETHER_OLDEST_CONTROL_PLANE_BIN bash "${BASH_SOURCE[0]}")"
+  ln -sf "$newest/kubectl" "$out/kubectl"
+fi
 touch "$out/.complete"
 echo "$out"

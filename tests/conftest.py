@@ -56,7 +56,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from tether.devcluster.controlplane import LocalCluster, resolve_binaries
     from tether.devcluster.crds import install_crds, install_policies
 
-    bin_dir = resolve_binaries()
+    # TETHER_TEST_KUBERNETES=oldest: the oldest supported API server (make test runs the tests of
+    # admission, approvals, fencing and queueing again on it).
+    bin_dir = resolve_binaries(oldest=os.environ.get("TETHER_TEST_KUBERNETES") == "oldest")
     # The audit log is the fault trials' independent oracle; it costs one JSON line per write.
     # Two kwok nodes (tainted: only pods that ask land there) keep the scale harness from rotting.
     # The real node (kubelet + containerd, tests/node) and Kueue (tests/kueue) when the whole suite or their tests run.

@@ -92,6 +92,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
     # standby with no endpoint would fail its probe and be restarted again and again.
     liveness = await _serve_liveness(args.liveness) if args.liveness else None
     gateway = _Gateway(args) if args.gateway_port else None
+    await _check_server(log)
     elector = None
     if args.leader_elect:
         cfg = await asyncio.to_thread(kubeconfig.load)  # it may run an exec credential plugin
@@ -166,6 +167,25 @@ async def _run_operator(args: argparse.Namespace) -> int:
         await asyncio.to_thread(tracing.shutdown)
     log.info("operator stopped", extra={"event": "operator_stopped"})
     return 0
+
+
+async def _check_server(log: "logging.Logger") -> None:
+    """Says at start what this API server lacks of what Tether needs (kube/support.py); the runs
+    that need it say so too, in their conditions. A server that does not answer yet is not judged."""
+    import asyncio
+
+    from tether.kube import config as kubeconfig
+    from tether.kube import support
+    from tether.kube.client import ApiError, KubeClient
+
+    try:
+        client = KubeClient(await asyncio.to_thread(kubeconfig.load))
+        problem = support.version_problem(await client.get_object("/version") or {})
+    except (ApiError, OSError) as exc:
+        log.warning("API server version not read", extra={"event": "server_unchecked", "error": str(exc)})
+        return
+    if problem is not None:
+        log.error(problem, extra={"event": "server_unsupported"})
 
 
 async def _serve_liveness(url: str) -> "Any":

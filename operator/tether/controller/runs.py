@@ -13,6 +13,7 @@ confirm -> execute.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Callable
 
@@ -31,10 +32,12 @@ from tether.controller.loop import Result
 from tether.controller.snapshot import Snapshot, approval_observation
 from tether.controller.sweeper import NamespaceSweeper
 from tether.controller.views import ApprovalView, RunKey
+from tether.core.actions import Decision
 from tether.core.decide import Observed, decide
 from tether.core.liveness import progress_held
 from tether.core.observe import ApprovalObservation
 from tether.core.review import needs_approvals
+from tether.kube import support
 from tether.kube.client import ApiError, KubeClient
 from tether.kube.paths import approval_path
 
@@ -86,7 +89,14 @@ class RunReconciler:
         if snap.run.metadata.deletion_timestamp is None and c.RUN_FINALIZER not in snap.run.metadata.finalizers:
             await self.executor.add_finalizer(snap)
             return Result(acted=True)
-        decision = decide(await self._gather(snap))
+        observed, unsupported = await self._gather(snap)
+        result = await self._act(snap, decide(observed))
+        if unsupported is not None:
+            # What the API server cannot do is said on the run (Stalled), never left a silent wait.
+            await self._record_refusal(snap.key, unsupported)
+        return result
+
+    async def _act(self, snap: Snapshot, decision: Decision) -> Result:
         tracing.on_decision(decision.actions)
         log.debug("decided", extra={"run": "/".join(snap.key), "event": "decided",
                                     "requeueAfter": decision.requeue_after,
@@ -102,12 +112,14 @@ class RunReconciler:
             snap = await self.executor.run(snap, action)
         return Result(decision.requeue_after, acted=True)
 
-    async def _gather(self, snap: Snapshot) -> Observed:
+    async def _gather(self, snap: Snapshot) -> tuple[Observed, SpecError | None]:
+        """The observation, and what the API server could not serve for it (said on the run)."""
         now, mono = self.cache.now(), self.cache.mono()
         run, uid = snap.run, snap.uid
         if progress_held(run):
             self.cache.progress_held_at[uid] = mono
         workload, workload_gone, cluster_queue, flavors = await self.executor.queues.observe(run)
+        approvals, unsupported = await self._approvals(snap)
         return Observed(workload=workload, workload_gone=workload_gone, cluster_queue=cluster_queue, flavors=flavors,
                         boost_seconds=self.executor.queues.boost_seconds,
                         budget_checks=self.executor.queues.budget_checks,
@@ -116,26 +128,31 @@ class RunReconciler:
                         now=now, mono=mono, budget=await self.budgets.observe(run, now),
                         fold_interval=self.fold_interval, api_available_since=self.kube.health.available_since,
                         namespace_terminating=self.sweeper.terminating(run.metadata.namespace),
-                        approvals=await self._approvals(snap), progress_held_at=self.cache.progress_held_at.get(uid))
+                        approvals=approvals, progress_held_at=self.cache.progress_held_at.get(uid)), unsupported
 
-    async def _approvals(self, snap: Snapshot) -> tuple[ApprovalObservation, ...] | None:
+    async def _approvals(self, snap: Snapshot) -> tuple[tuple[ApprovalObservation, ...] | None, SpecError | None]:
         """The approvals naming a run with an open gate (the only state that reads them), read fresh
         from the API server rather than from a watch cache: after a restart or a failover the cache
         may not have listed them all yet, or may still hold a deleted one, and a grant or a
         rejection decided from it cannot be taken back. None when the list fails: the pass decides
-        no gate, and everything else (lapses, stops, deadlines) goes on."""
+        no gate, and everything else (lapses, stops, deadlines) goes on; if the server cannot serve
+        the list at all (too old), the refusal to record on the run comes with it."""
         run = snap.run
         if not needs_approvals(run, snap.lease):
-            return ()
+            return (), None
         try:
             items = await self.kube.list_objects(approval_path(run.metadata.namespace),
                                                  field_selector=f"spec.runRef.name={run.metadata.name}")
         except ApiError as exc:
             log.warning("approvals not listed; no gate decided this pass",
                         extra={"run": run.key, "event": "approvals_unlisted", "status": exc.status})
-            return None
+            if support.unsupported_field_selector(exc.status, exc.message):
+                return None, SpecError("KubernetesTooOld", ApiError(exc.status, json.dumps({
+                    "message": f"{support.FIELD_SELECTORS}; Tether supports Kubernetes {support.SUPPORTED}: "
+                               f"no review gate of this run can be decided ({exc.message})"}), "list approvals"))
+            return None, None
         return tuple(a for body in items if ApprovalView(body).run_key == snap.key
-                     and (a := approval_observation(body)) is not None)
+                     and (a := approval_observation(body)) is not None), None
 
     async def _record_refusal(self, key: RunKey, exc: SpecError) -> None:
         """Records a refusal on the run (condition and Event) once per distinct message,

@@ -86,11 +86,11 @@ def repo_root() -> Path | None:
     return None
 
 
-def _build(script: str, what: str) -> Path:
+def _build(script: str, what: str, *args: str) -> Path:
     root = repo_root()
     if root is None:
         raise RuntimeError(f"no {what}: run from a source checkout (hack/{script} builds it)")
-    out = subprocess.run(["bash", str(root / "hack" / script)], check=True, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(["bash", str(root / "hack" / script), *args], check=True, stdout=subprocess.PIPE, text=True)
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -100,8 +100,12 @@ def resolve_kwok() -> Path:
     return Path(explicit) if explicit else _build("build-kwok.sh", "kwok binary") / "kwok"
 
 
-def resolve_binaries() -> Path:
-    """Returns the binary directory, building the control plane if needed."""
+def resolve_binaries(oldest: bool = False) -> Path:
+    """Returns the binary directory, building the control plane if needed; `oldest`: the oldest
+    supported Kubernetes (hack/versions.env KUBERNETES_OLDEST_VERSION)."""
+    if oldest:
+        explicit = os.environ.get("TETHER_OLDEST_CONTROL_PLANE_BIN")
+        return Path(explicit) if explicit else _build("build-control-plane.sh", "oldest control plane", "--oldest")
     explicit = os.environ.get("TETHER_CONTROL_PLANE_BIN") or os.environ.get("KUBEBUILDER_ASSETS")
     if explicit:
         return Path(explicit)
