@@ -35,7 +35,7 @@ import httpx
 from tether import logs
 from tether.worker import AsyncWorkerRun, StopRequested
 from tether.worker.aio import AsyncFencedClient
-from tether.worker.metering import Meter
+from tether.worker.metering import Meter, RunStopped
 
 log = logging.getLogger("agent-loop")
 
@@ -63,11 +63,15 @@ async def main() -> int:
             while state["cycle"] < cycles:
                 try:
                     await one_cycle(run, model, effects, state, cycles, risky_cycle)
-                except StopRequested as stop:  # a cap crossed, spec.stop, or Kueue evicting the run
+                except (StopRequested, RunStopped) as stop:
+                    # StopRequested: a cap crossed, spec.stop, or Kueue evicting the run (told on a
+                    # heartbeat). RunStopped: the meter refused a model call before sending it, as
+                    # soon as the agent's own reports used up what was left of the cap.
                     # The cursor holds the last finished cycle; it rides on the last renewal as the
                     # run is closed, and a next attempt (after a yield) resumes from it.
                     log.info("agent stopping", extra={"event": "agent_stopped", "cycle": state["cycle"],
-                                                      "reason": str(stop), "yielding": stop.yielding,
+                                                      "reason": str(stop),
+                                                      "yielding": getattr(stop, "yielding", False),
                                                       "cents": meter.cents})
                     return 0
                 log.info("cycle done", extra={"event": "agent_cycle", "cycle": state["cycle"],

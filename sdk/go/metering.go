@@ -31,13 +31,17 @@ import (
 
 // UsageReporter is what a Meter reports to: *Run. Optionally (*Run has them all), what says
 // whether the run may still spend: Lost() (the lease is lost), Finished() (a result or an error
-// was published) and Signals().Stop (the control plane told the worker to stop). The meter refuses
-// to send a request while any is true (ErrRunStopped); a reporter without them is taken to be working.
+// was published), Signals().Stop (the control plane told the worker to stop) and
+// Signals().CapRemainingCents / CapRemainingTokens (what the control plane last said was left of
+// the run's caps, less what was reported since). The meter refuses to send a request while any is
+// true or a cap is used up (0 or less left) (ErrRunStopped); a reporter without them is taken to
+// be working.
 type UsageReporter interface {
 	ReportUsage(cents, tokens int64) error
 }
 
-// RunRefusal says why the run behind reporter may not spend any more, or "". Ownership merely
+// RunRefusal says why the run behind reporter may not spend any more (its lease lost, its result
+// or error published, told to stop, its cap used up by its own reports), or "". Ownership merely
 // unknown (a renewal not answered yet) is not a reason: a brief API blip must not break model calls.
 func RunRefusal(reporter UsageReporter) string {
 	if r, ok := reporter.(interface{ Lost() bool }); ok && r.Lost() {
@@ -52,6 +56,10 @@ func RunRefusal(reporter UsageReporter) string {
 				return "the control plane asked this worker to stop (" + s.Reason + ")"
 			}
 			return "the control plane asked this worker to stop"
+		} else if why := capUsedUp(s.CapRemainingCents, s.CapRemainingTokens); why != "" {
+			// The run's own arithmetic (cap - base - own reports), not a copy of it: spending is
+			// refused as soon as the meter's own report reaches the cap, not a heartbeat or two later.
+			return why
 		}
 	}
 	return ""
@@ -72,7 +80,8 @@ var (
 	// ErrUnpricedModel: the request names a model the price table has no price for.
 	ErrUnpricedModel = fmt.Errorf("%w: no price for the model", ErrMetering)
 	// ErrRunStopped: the run may not spend any more (its lease lost, its result or error
-	// published, or told to stop); the meter is not faulted.
+	// published, told to stop, or its cap used up by the attempt's own reports); the meter is not
+	// faulted.
 	ErrRunStopped     = fmt.Errorf("%w: the run may not spend any more", ErrMetering)
 	errMalformedUsage = errors.New("malformed usage")
 )
@@ -351,15 +360,20 @@ type answer struct {
 	seen, closed        bool
 }
 
-// checkEnded: the answer ended (read whole, or a stream at its end or its [DONE]); one that should
+// checkEnded: the answer ended (read whole, or a stream at its end or its [DONE]), or reading it
+// failed (cut: the server or the network cut it, streamed or read ahead whole); one that should
 // have carried usage and carried none faults the meter -- never silently free.
-func (a *answer) checkEnded() {
+func (a *answer) checkEnded(cut error) {
 	if a.closed {
 		return
 	}
 	a.closed = true
 	if a.expectUsage && !a.seen && a.meter.Fault() == "" {
-		a.meter.trip(fmt.Sprintf("a 2xx answer to a %q request carried no usage", a.requestModel))
+		if cut != nil {
+			a.meter.trip(fmt.Sprintf("a 2xx answer to a %q request was cut before its usage was read (%.200s)", a.requestModel, cut))
+		} else {
+			a.meter.trip(fmt.Sprintf("a 2xx answer to a %q request carried no usage", a.requestModel))
+		}
 	}
 }
 
@@ -489,7 +503,7 @@ func (e *events) dispatch() {
 		return
 	}
 	if string(bytes.TrimSpace(data)) == "[DONE]" {
-		e.a.checkEnded() // OpenAI's usage chunk comes before [DONE]
+		e.a.checkEnded(nil) // OpenAI's usage chunk comes before [DONE]
 		return
 	}
 	if len(data) == 0 {
@@ -505,7 +519,7 @@ func (e *events) dispatch() {
 // end: the stream ended (completed: at its end, or cut by the server or the network) or the caller
 // abandoned it (Close before EOF); a last complete but unterminated event still counts. Only a
 // stream the caller did not abandon must have had usage.
-func (e *events) end(completed bool) {
+func (e *events) end(completed bool, cut error) {
 	if len(e.buf) > 0 {
 		e.line(e.buf)
 		e.buf = nil
@@ -514,7 +528,7 @@ func (e *events) end(completed bool) {
 		e.dispatch()
 	}
 	if completed {
-		e.a.checkEnded()
+		e.a.checkEnded(cut)
 	}
 }
 
@@ -533,16 +547,18 @@ func (b *meteredBody) Read(p []byte) (int, error) {
 	if n > 0 && !b.ended {
 		b.ev.feed(p[:n])
 	}
-	if err != nil {
-		b.endLocked(true) // EOF, or cut: what the stream said so far is charged already
+	if err == io.EOF {
+		b.endLocked(true, nil)
+	} else if err != nil {
+		b.endLocked(true, err) // cut: what the stream said so far is charged already; none at all faults
 	}
 	return n, err
 }
 
-func (b *meteredBody) endLocked(completed bool) {
+func (b *meteredBody) endLocked(completed bool, cut error) {
 	if !b.ended {
 		b.ended = true
-		b.ev.end(completed)
+		b.ev.end(completed, cut)
 	}
 }
 
@@ -550,7 +566,7 @@ func (b *meteredBody) Close() error {
 	err := b.rc.Close()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.endLocked(false) // abandoned halfway by the caller: charges what it saw
+	b.endLocked(false, nil) // abandoned halfway by the caller: charges what it saw
 	return err
 }
 
@@ -639,6 +655,7 @@ func (t *meteredTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxReadAhead+1))
 	if err != nil {
+		a.checkEnded(err) // cut: the model answered (and billed), and the body never arrived whole
 		resp.Body.Close()
 		return nil, err
 	}
@@ -664,11 +681,11 @@ func (t *meteredTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		if ok && strings.Contains(ctype, "json") {
 			t.m.trip(fmt.Sprintf("a %d JSON answer that is not JSON", resp.StatusCode))
 		}
-		a.checkEnded()
+		a.checkEnded(nil)
 		return resp, nil
 	}
 	a.seeObject(obj) // any status: a usage block in an error answer is charged
-	a.checkEnded()
+	a.checkEnded(nil)
 	return resp, nil
 }
 

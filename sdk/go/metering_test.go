@@ -6,6 +6,7 @@ package tether
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,6 +63,7 @@ type knobs struct {
 	status   int
 	gzip     bool
 	cutAfter int // 0: no cut; n: cut inside event n-1
+	cutBody  int // 0: no cut; n: a whole answer cut after n bytes of its body (Content-Length promises all)
 	model    string
 	body     string
 	hold     chan struct{}
@@ -119,6 +121,15 @@ func serve(w http.ResponseWriter, path string, body map[string]any, k knobs) {
 			z.Close()
 			data = b.Bytes()
 			w.Header().Set("Content-Encoding", "gzip")
+		}
+		if k.cutBody > 0 {
+			w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+			w.WriteHeader(status)
+			w.Write(data[:k.cutBody])
+			w.(http.Flusher).Flush()
+			conn, _, _ := w.(http.Hijacker).Hijack() // the connection drops, the body short of its length
+			conn.Close()
+			return
 		}
 		w.WriteHeader(status)
 		w.Write(data)
@@ -273,38 +284,36 @@ type vectors struct {
 		Tokens    int64  `json:"tokens"`
 		Malformed bool   `json:"malformed"`
 	} `json:"usages"`
+	Caps []struct {
+		Name               string   `json:"name"`
+		CapRemainingCents  *int64   `json:"capRemainingCents"`
+		CapRemainingTokens *int64   `json:"capRemainingTokens"`
+		Reported           [2]int64 `json:"reported"`
+		RefusedAtStart     bool     `json:"refusedAtStart"`
+		Steps              []struct {
+			Add     [2]int64 `json:"add"`
+			Refused bool     `json:"refused"`
+			Wakes   bool     `json:"wakes"`
+		} `json:"steps"`
+	} `json:"caps"`
+	Cuts []cutCase `json:"cuts"`
+}
+
+type cutCase struct {
+	Name        string         `json:"name"`
+	Path        string         `json:"path"`
+	Request     map[string]any `json:"request"`
+	Status      int            `json:"status"`
+	ContentType string         `json:"contentType"`
+	Body        string         `json:"body"`
+	CutAt       int            `json:"cutAt"`
+	Faults      bool           `json:"faults"`
+	Charged     [2]int64       `json:"charged"`
 }
 
 func TestMeteringVectors(t *testing.T) {
-	raw, err := os.ReadFile("../vectors/metering.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v vectors
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	if err := d.Decode(&v); err != nil {
-		t.Fatal(err)
-	}
-	prices := map[string]ModelPrice{}
-	num := func(x any) float64 {
-		s := fmt.Sprint(x)
-		f, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			t.Fatalf("price %q", s)
-		}
-		return f
-	}
-	for k, p := range v.Prices {
-		mp := ModelPrice{Input: num(p["input"]), Output: num(p["output"])}
-		if p["cachedInput"] != nil {
-			mp.CachedInput = num(p["cachedInput"])
-		}
-		if p["cacheWrite"] != nil {
-			mp.CacheWrite = num(p["cacheWrite"])
-		}
-		prices[k] = mp
-	}
+	v := loadVectors(t)
+	prices := vectorPrices(t, v)
 	table, err := NewPriceTable(prices)
 	if err != nil {
 		t.Fatal(err)
@@ -755,4 +764,261 @@ func TestRunThatMayNotSpendRefusesRequests(t *testing.T) {
 		t.Errorf("fault %q", m.Fault())
 	}
 	refusedAfter(t, f, client, ErrMetering)
+}
+
+// --- a cap the attempt's own reports used up; an answer cut by the network --------------------------
+//
+// A request is refused as soon as the attempt's own reports use up what the control plane said was
+// left of the run's cap (the heartbeat woken to tell it at once), and a non-streamed answer cut by
+// the network faults the meter as a cut stream does: the `caps` and `cuts` cases of
+// sdk/vectors/metering.json, which the Python and TypeScript SDKs run too.
+
+func loadVectors(t *testing.T) vectors {
+	t.Helper()
+	raw, err := os.ReadFile("../vectors/metering.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v vectors
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// vectorPrices is the vectors' price table as ModelPrices.
+func vectorPrices(t *testing.T, v vectors) map[string]ModelPrice {
+	t.Helper()
+	num := func(x any) float64 {
+		f, err := strconv.ParseFloat(fmtAny(x), 64)
+		if err != nil {
+			t.Fatalf("price %v", x)
+		}
+		return f
+	}
+	prices := map[string]ModelPrice{}
+	for k, p := range v.Prices {
+		mp := ModelPrice{Input: num(p["input"]), Output: num(p["output"])}
+		if p["cachedInput"] != nil {
+			mp.CachedInput = num(p["cachedInput"])
+		}
+		if p["cacheWrite"] != nil {
+			mp.CacheWrite = num(p["cacheWrite"])
+		}
+		prices[k] = mp
+	}
+	return prices
+}
+
+func fmtAny(x any) string {
+	if n, ok := x.(json.Number); ok {
+		return n.String()
+	}
+	if s, ok := x.(string); ok {
+		return s
+	}
+	return ""
+}
+
+// cappedRun is a started Run whose control plane said cents / tokens were left of the run's caps
+// when `reported` was reported (the gateway's form; a pod's Lease carries cap and base, the same
+// arithmetic). Its heartbeat renews every hour unless woken.
+func cappedRun(t *testing.T, cents, tokens *int64, reported [2]int64) (*Run, *fakeTransport) {
+	t.Helper()
+	own := &usage{Cents: reported[0], Tokens: reported[1]}
+	sig := signalsFromRemaining(false, false, nil, cents, tokens, own)
+	tr := &fakeTransport{renewFn: func(n int) (renewResult, error) {
+		if n == 1 {
+			return renewResult{ok: true, signals: &sig}, nil
+		}
+		return renewResult{ok: true}, nil // no signals: the last ones stand
+	}}
+	clock := &fakeClock{}
+	info := attemptInfo{name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
+		leaseDuration: 10 * time.Second, renewInterval: time.Hour}
+	r := newRun(context.Background(), info, tr, newSettings([]Option{WithClock(clock.now), WithLogger(discard)}))
+	if err := r.ReportUsage(reported[0], reported[1]); err != nil {
+		t.Fatal(err)
+	}
+	r.start(context.Background())
+	t.Cleanup(func() { _ = r.Close() })
+	return r, tr
+}
+
+// capRefused says whether the meter refuses a request now, and checks it says why.
+func capRefused(t *testing.T, m *Meter) bool {
+	t.Helper()
+	err := m.check("gpt-x")
+	if err != nil && (!errors.Is(err, ErrRunStopped) || !strings.Contains(err.Error(), "cap is used up")) {
+		t.Fatalf("refused, but not for the cap: %v", err)
+	}
+	return err != nil
+}
+
+// renewedTo waits (up to 5 s) for the transport to have had n renewals; a shorter wait when none
+// more is expected.
+func renewedTo(tr *fakeTransport, n int, expect bool) int {
+	wait := 100 * time.Millisecond
+	if expect {
+		wait = 5 * time.Second
+	}
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) && tr.renewCount() < n {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !expect {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return tr.renewCount()
+}
+
+func TestCapVectors(t *testing.T) {
+	v := loadVectors(t)
+	if len(v.Caps) == 0 {
+		t.Fatal("no cap cases")
+	}
+	for _, c := range v.Caps {
+		t.Run(c.Name, func(t *testing.T) {
+			r, tr := cappedRun(t, c.CapRemainingCents, c.CapRemainingTokens, c.Reported)
+			m, err := NewMeter(r, testPrices)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+			if err := m.Add(c.Reported[0], c.Reported[1]); err != nil { // its base: reported already
+				t.Fatal(err)
+			}
+			if got := capRefused(t, m); got != c.RefusedAtStart {
+				t.Fatalf("refused at start: %v", got)
+			}
+			for i, step := range c.Steps {
+				before := tr.renewCount()
+				if err := m.Add(step.Add[0], step.Add[1]); err != nil {
+					t.Fatal(err)
+				}
+				want := before
+				if step.Wakes {
+					want++
+				}
+				refused, renewals := capRefused(t, m), renewedTo(tr, want, step.Wakes)
+				if refused != step.Refused || renewals != want {
+					t.Fatalf("step %d: refused %v (want %v), %d renewals (want %d)", i, refused, step.Refused, renewals, want)
+				}
+				if step.Wakes {
+					if u := tr.lastRenew().usage; u == nil || *u != (usage{Cents: m.Cents(), Tokens: m.Tokens()}) {
+						t.Errorf("step %d: the renewal carried %v", i, u)
+					}
+				}
+			}
+			if m.Fault() != "" {
+				t.Errorf("fault %q", m.Fault())
+			}
+		})
+	}
+}
+
+func TestAnAnswerThatUsesUpTheCapRefusesTheNextRequestAtOnce(t *testing.T) {
+	f := newFakeModel(t)
+	r, tr := cappedRun(t, ptr[int64](1), nil, [2]int64{})
+	m, err := NewMeter(r, testPrices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: m.Transport(nil)}
+	// 1000 prompt at 2.5 + 500 completion at 10 = 0.75 cent, reported as 1: all that was left.
+	postText(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"})
+	sent := f.count()
+	_, err = post(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"})
+	if !errors.Is(err, ErrRunStopped) || !strings.Contains(err.Error(), "cap is used up") || f.count() != sent {
+		t.Fatalf("the request after the cap: %v (sent: %v)", err, f.count() != sent)
+	}
+	if left := r.Signals().CapRemainingCents; left == nil || *left != 0 {
+		t.Errorf("cap remaining %v", left)
+	}
+	if n := renewedTo(tr, 2, true); n != 2 || *tr.lastRenew().usage != (usage{Cents: 1, Tokens: 1500}) {
+		t.Errorf("%d renewals, the last carrying %v", n, tr.lastRenew().usage)
+	}
+	if m.Fault() != "" {
+		t.Errorf("fault %q", m.Fault())
+	}
+}
+
+// cutModel answers every request with the case's status, content type and the first CutAt bytes
+// of its body; reading on fails as a dropped connection does.
+type cutModel struct {
+	c    cutCase
+	sent int
+}
+
+type cutReader struct{}
+
+func (cutReader) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
+
+func (m *cutModel) RoundTrip(req *http.Request) (*http.Response, error) {
+	m.sent++
+	head := []byte(m.c.Body)[:m.c.CutAt]
+	return &http.Response{StatusCode: m.c.Status, Header: http.Header{"Content-Type": {m.c.ContentType}},
+		Body: io.NopCloser(io.MultiReader(bytes.NewReader(head), cutReader{})), Request: req}, nil
+}
+
+func TestCutVectors(t *testing.T) {
+	v := loadVectors(t)
+	if len(v.Cuts) == 0 {
+		t.Fatal("no cut cases")
+	}
+	prices := vectorPrices(t, v)
+	for _, c := range v.Cuts {
+		t.Run(c.Name, func(t *testing.T) {
+			r := &reporter{}
+			m, err := NewMeter(r, prices)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+			inner := &cutModel{c: c}
+			client := &http.Client{Transport: m.Transport(inner)}
+			url := "http://model.test" + c.Path
+			resp, err := post(t, client, url, c.Request)
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			if !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Fatalf("reading the answer: %v", err)
+			}
+			if (m.Fault() != "") != c.Faults {
+				t.Fatalf("fault %q, want a fault: %v", m.Fault(), c.Faults)
+			}
+			if c.Faults {
+				if !strings.Contains(m.Fault(), "cut") {
+					t.Errorf("fault %q", m.Fault())
+				}
+				if _, err := post(t, client, url, c.Request); !errors.Is(err, ErrMetering) || inner.sent != 1 {
+					t.Errorf("the retry: %v, sent %d", err, inner.sent)
+				}
+			}
+			if r.last() != c.Charged {
+				t.Errorf("charged %v, want %v", r.last(), c.Charged)
+			}
+		})
+	}
+}
+
+func TestAWholeAnswerCutByTheNetworkFaultsTheMeter(t *testing.T) {
+	f := newFakeModel(t)
+	m, _, client := meterFor(t)
+	f.next(knobs{cutBody: 40})
+	if _, err := post(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"}); err == nil || errors.Is(err, ErrMetering) {
+		t.Fatalf("the cut answer: %v", err)
+	}
+	if !strings.Contains(m.Fault(), "cut") {
+		t.Fatalf("fault %q", m.Fault())
+	}
+	sent := f.count()
+	if _, err := post(t, client, f.URL+"/v1/chat/completions", map[string]any{"model": "gpt-x"}); !errors.Is(err, ErrMetering) ||
+		errors.Is(err, ErrRunStopped) || f.count() != sent {
+		t.Errorf("the retry: %v, sent %v", err, f.count() != sent)
+	}
 }

@@ -405,6 +405,20 @@ func (s signalState) remaining(own *usage) (cents, tokens *int64) {
 	return left(s.CapCents, s.BaseCents, u.Cents), left(s.CapTokens, s.BaseTokens, u.Tokens)
 }
 
+// capUsedUp says why the attempt may not spend any more of the run's own caps, or "": what the
+// control plane last said was left of a cap, less what the attempt reported since (Signals'
+// CapRemainingCents / CapRemainingTokens; nil: no cap), is used up -- nothing left, or less. The
+// meter refuses requests on it, and the run renews at once when a report makes it true.
+func capUsedUp(centsLeft, tokensLeft *int64) string {
+	if centsLeft != nil && *centsLeft <= 0 {
+		return fmt.Sprintf("the run's cap is used up (%d cents left)", *centsLeft)
+	}
+	if tokensLeft != nil && *tokensLeft <= 0 {
+		return fmt.Sprintf("the run's token cap is used up (%d tokens left)", *tokensLeft)
+	}
+	return ""
+}
+
 // signalsFromRemaining is the inverse of remaining: signals equivalent to a gateway reply that
 // states what was left when `own` was reported, so usage reported later counts as it does for a
 // pod worker.

@@ -562,15 +562,26 @@ func (r *Run) Checkpoint(cursor string, flush bool) error {
 
 // ReportUsage records this attempt's cumulative usage; it rides on the next renewal. A report the
 // operator would refuse (negative, decreasing, over 10^11 cents or 10^14 tokens) is an
-// ErrUsageRefused, and the previous report stands.
+// ErrUsageRefused, and the previous report stands. A report that uses up what is left of the run's
+// cap (Signals().CapRemainingCents / CapRemainingTokens reaching 0) wakes the heartbeat: the
+// control plane hears of it at once.
 func (r *Run) ReportUsage(cents, tokens int64) error {
 	report := usage{Cents: cents, Tokens: tokens}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if why := validReport(report, r.usage); why != "" {
+		r.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrUsageRefused, why)
 	}
+	usedUp := capUsedUp(r.signals.remaining(&report))
+	crossed := usedUp != "" && capUsedUp(r.signals.remaining(r.usage)) == ""
 	r.usage = &report
+	r.mu.Unlock()
+	if crossed {
+		// This report used up what the control plane said was left of a cap: tell it now, not at
+		// the end of the renew interval (the meter refuses further requests already).
+		r.log.Info("usage report reached the cap; renewing now", r.logAttrs("cap_used_up", "reason", usedUp)...)
+		r.wakeHeartbeat()
+	}
 	return nil
 }
 

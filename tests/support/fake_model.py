@@ -12,7 +12,8 @@ JSON length // 4), `output_tokens` (5), `cached_tokens` (0), `cache_write_tokens
 and in a stream on the usage event), `status` (an error answer, JSON), `gzip` (the answer
 gzip-encoded), `cut_after` (a stream closed after this many events, the next one half sent),
 `gate` (a threading.Event the stream waits on after its first event), `body` (raw bytes answered
-instead, with `content_type`).
+instead, with `content_type`), `cut_body` (a whole answer cut after this many bytes of its body:
+its Content-Length promises them all, then the connection drops).
 
 A streamed chat completion sends its usage chunk only with stream_options.include_usage, as
 OpenAI does. Listens with HTTP/1.0 semantics: a stream ends when the connection closes.
@@ -170,6 +171,11 @@ class FakeModel:
             h.send_header("Content-Encoding", "gzip")
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
+        if k.get("cut_body") is not None:
+            h.close_connection = True
+            h.wfile.write(data[: k["cut_body"]])  # then the connection drops, the body short of its length
+            h.wfile.flush()
+            return
         h.wfile.write(data)
 
     def _stream(self, h: BaseHTTPRequestHandler, events: list[tuple[str | None, Any]], k: dict[str, Any]) -> None:

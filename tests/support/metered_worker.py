@@ -22,7 +22,7 @@ import httpx
 
 from tether import logs
 from tether.worker import StopRequested, WorkerRun
-from tether.worker.metering import Meter
+from tether.worker.metering import Meter, RunStopped
 
 
 def main() -> int:
@@ -47,10 +47,14 @@ def main() -> int:
                 call = p["calls"][i % len(p["calls"])]
                 body = {"model": call["model"], "stream": bool(call.get("stream")),
                         "messages": [{"role": "user", "content": f"step {i}"}], "max_tokens": 64}
-                with http.stream("POST", p["modelUrl"] + call["path"], json=body) as answer:
-                    answer.raise_for_status()
-                    for _ in answer.iter_bytes():
-                        pass
+                try:
+                    with http.stream("POST", p["modelUrl"] + call["path"], json=body) as answer:
+                        answer.raise_for_status()
+                        for _ in answer.iter_bytes():
+                            pass
+                except RunStopped as exc:  # the meter's own reports used up the cap: refused unsent
+                    record(event="stopped", reason=str(exc), cents=meter.cents, tokens=meter.tokens, calls=i)
+                    return 0
                 record(event="call", n=i, path=call["path"], cents=meter.cents, tokens=meter.tokens)
                 time.sleep(float(p.get("pauseSeconds", 0.2)))
         run.complete({"calls": int(p.get("maxCalls", 500))})

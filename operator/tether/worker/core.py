@@ -23,7 +23,7 @@ from tether import protocol
 from tether.api.models import Signals, Usage
 from tether.worker.errors import AlreadyPublished, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested
 from tether.worker.ops import (ApprovalDecision, AwaitSignals, ControlSignals, Ops, Renew, Sleep, Transported,
-                               retry_after)
+                               cap_used_up, retry_after)
 from tether.worker.steps import Renewal
 from tether.worker.tracing import AttemptTrace
 
@@ -233,7 +233,9 @@ class RunCore:
         """Cumulative usage of this attempt; rides on the next heartbeat. Never blocks on I/O.
 
         Raises ValueError for a report the operator would refuse (negative, decreasing,
-        implausibly large), here where the caller can still fix it."""
+        implausibly large), here where the caller can still fix it. A report that uses up what is
+        left of the run's cap (`signals.cap_remaining_cents` / `_tokens` reaching 0) wakes the
+        heartbeat: the control plane hears of it at once."""
         if any(isinstance(v, bool) or not isinstance(v, int) for v in (cents, tokens)):
             raise ValueError("usage report refused: cents and tokens are integers")
         usage = Usage(cents=cents, tokens=tokens)
@@ -241,7 +243,15 @@ class RunCore:
             why = protocol.valid_report(usage, self._usage)
             if why is not None:
                 raise ValueError(f"usage report refused: {why}")
+            used_up = cap_used_up(*protocol.remaining(self._signals, usage))
+            crossed = used_up is not None and cap_used_up(*protocol.remaining(self._signals, self._usage)) is None
             self._usage = usage
+        if crossed:
+            # This report used up what the control plane said was left of a cap: tell it now, not
+            # at the end of the renew interval (the meter refuses further requests already).
+            log.info("usage report reached the cap; renewing now",
+                     extra=self._fields("cap_used_up", reason=used_up))
+            self._wake_heartbeat()
 
     # --- approvals ---------------------------------------------------------------
 

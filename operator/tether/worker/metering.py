@@ -15,6 +15,7 @@ parsing cases every SDK passes are in sdk/vectors/metering.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -25,6 +26,8 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any, AsyncIterator, Iterator, Mapping, Protocol
 
 import httpx
+
+from tether.worker.ops import cap_used_up
 
 log = logging.getLogger("tether.worker.metering")
 
@@ -48,17 +51,19 @@ class UsageReporter(Protocol):
     """What the meter reports to: WorkerRun and AsyncWorkerRun both have this synchronous method.
 
     Optionally (WorkerRun and AsyncWorkerRun have them all), what says whether the run may still
-    spend: `lost` (the lease is lost), `finished` (a result or an error was published) and
-    `signals.stop` (the control plane told the worker to stop). The meter refuses to send a request
-    while any is true; a reporter without them is taken to be working."""
+    spend: `lost` (the lease is lost), `finished` (a result or an error was published),
+    `signals.stop` (the control plane told the worker to stop) and `signals.cap_remaining_cents` /
+    `cap_remaining_tokens` (what the control plane last said was left of the run's caps, less what
+    was reported since). The meter refuses to send a request while any is true or a cap is used up
+    (0 or less left); a reporter without them is taken to be working."""
 
     def report_usage(self, cents: int, tokens: int = 0) -> None: ...
 
 
 def run_refusal(reporter: Any) -> str | None:
     """Why the run behind `reporter` may not spend any more (its lease lost, its result or error
-    published, told to stop), or None. Ownership merely unknown (a renewal not answered yet) is not
-    a reason: a brief API blip must not break model calls."""
+    published, told to stop, its cap used up by its own reports), or None. Ownership merely unknown
+    (a renewal not answered yet) is not a reason: a brief API blip must not break model calls."""
     try:
         if getattr(reporter, "lost", False) is True:
             return "the run's lease is lost"
@@ -68,6 +73,13 @@ def run_refusal(reporter: Any) -> str | None:
         if signals is not None and getattr(signals, "stop", False) is True:
             reason = getattr(signals, "reason", None)
             return "the control plane asked this worker to stop" + (f" ({reason})" if reason else "")
+        if signals is not None:
+            # The run's own arithmetic (cap - base - own reports), not a copy of it: spending is
+            # refused as soon as the meter's own report reaches the cap, not a heartbeat or two later.
+            used_up = cap_used_up(getattr(signals, "cap_remaining_cents", None),
+                                  getattr(signals, "cap_remaining_tokens", None))
+            if used_up is not None:
+                return used_up
     except Exception:  # noqa: BLE001 - a reporter whose state cannot be read is taken to be working
         return None
     return None
@@ -80,8 +92,9 @@ class MeteringError(RuntimeError):
 
 class RunStopped(MeteringError):
     """A request refused because the run may not spend any more: its lease is lost, its result or
-    error is published, or the control plane told the worker to stop. Spend then would be reported
-    to no one. The meter is not faulted: nothing went unmetered."""
+    error is published, the control plane told the worker to stop, or the attempt's own reports
+    used up what was left of the run's cap. Spend then would be reported to no one, or be past the
+    cap. The meter is not faulted: nothing went unmetered."""
 
 
 class UnpricedModel(MeteringError):
@@ -342,14 +355,19 @@ class _Answer:
         self.charged = (max(units, self.charged[0]), max(tokens, self.charged[1]))
         self.meter._charge(du, dt)
 
-    def check_ended(self) -> None:
-        """The answer ended (a whole answer read, a stream at its end or its [DONE]): one that
+    def check_ended(self, cut: BaseException | None = None) -> None:
+        """The answer ended (a whole answer read, a stream at its end or its [DONE]), or reading it
+        failed (`cut`: the server or the network cut it, streamed or read ahead whole): one that
         should have carried usage and carried none faults the meter -- never silently free."""
         if self.closed:
             return
         self.closed = True
         if self.expect_usage and not self.seen and self.meter.fault is None:
-            self.meter._trip(f"a 2xx answer to a {self.request_model!r} request carried no usage")
+            if cut is not None:
+                self.meter._trip(f"a 2xx answer to a {self.request_model!r} request was cut before its usage "
+                                 f"was read ({type(cut).__name__}: {str(cut)[:200]})")
+            else:
+                self.meter._trip(f"a 2xx answer to a {self.request_model!r} request carried no usage")
 
     def see_object(self, obj: Any) -> None:
         """A JSON answer or one streamed event: usage at the top (chat, Anthropic's message_delta,
@@ -438,16 +456,17 @@ class _Events:
             return  # not JSON: no usage in it
         self.answer.see_object(obj)
 
-    def end(self, completed: bool) -> None:
-        """The stream ended (`completed`: read to its end) or was abandoned or cut: a last event
-        complete but unterminated still counts. Only a completed stream must have had usage."""
+    def end(self, completed: bool, cut: BaseException | None = None) -> None:
+        """The stream ended (`completed`: read to its end, or `cut` by the server or the network) or
+        was abandoned: a last event complete but unterminated still counts. Only a stream the caller
+        did not abandon must have had usage."""
         if self.buf:
             self._line(self.buf)
             self.buf = b""
         if self.data:
             self._dispatch()
         if completed:
-            self.answer.check_ended()
+            self.answer.check_ended(cut)
 
 
 @dataclass(frozen=True)
@@ -529,8 +548,8 @@ class _SyncEvents(httpx.SyncByteStream):
                 chunk = next(it)
             except StopIteration:
                 break
-            except Exception:
-                self._end(completed=True)  # cut by the server or the network: not the caller's doing
+            except Exception as exc:
+                self._end(completed=True, cut=exc)  # cut by the server or the network: not the caller's doing
                 raise
             self._feed(chunk)
             yield chunk  # unchanged, as it came (a caller that stops here abandons the stream)
@@ -545,10 +564,10 @@ class _SyncEvents(httpx.SyncByteStream):
             self.dead = True  # read no more of it; the caller still gets every byte
             self.events.answer.meter._trip(f"a stream that does not decode: {exc}")
 
-    def _end(self, completed: bool = False) -> None:
+    def _end(self, completed: bool = False, cut: BaseException | None = None) -> None:
         if not self.ended and not self.dead:
             self.ended = True
-            self.events.end(completed)
+            self.events.end(completed, cut)
 
     def close(self) -> None:
         try:
@@ -569,8 +588,8 @@ class _AsyncEvents(httpx.AsyncByteStream):
                 chunk = await it.__anext__()
             except StopAsyncIteration:
                 break
-            except Exception:
-                self._sync._end(completed=True)  # cut by the server or the network
+            except Exception as exc:
+                self._sync._end(completed=True, cut=exc)  # cut by the server or the network
                 raise
             self._sync._feed(chunk)
             yield chunk
@@ -613,6 +632,11 @@ class _Head:
             self.answer.meter._trip(f"an answer over {MAX_READ_AHEAD} bytes was not read for usage")
             return True
         return False
+
+    def cut(self, exc: BaseException) -> None:
+        """Reading the answer ahead failed (the server or the network cut it): as for a cut stream,
+        an answer that had to carry usage faults the meter -- none of it was read."""
+        self.answer.check_ended(cut=exc)
 
     def finish(self) -> httpx.Response:
         raw = b"".join(self.chunks)
@@ -666,9 +690,15 @@ class MeteredTransport(httpx.BaseTransport):
         if not head.whole:
             return response
         it = iter(response.stream)  # type: ignore[call-overload]
-        for chunk in it:
-            if head.take(chunk):
-                return _rebuilt(response, _Chain(head.chunks, _Rest(it, response.stream)))
+        try:
+            for chunk in it:
+                if head.take(chunk):
+                    return _rebuilt(response, _Chain(head.chunks, _Rest(it, response.stream)))
+        except Exception as exc:
+            head.cut(exc)  # the model answered (and billed) and the body never arrived whole
+            with contextlib.suppress(Exception):
+                response.stream.close()  # type: ignore[attr-defined]
+            raise
         response.stream.close()  # type: ignore[attr-defined]
         return head.finish()
 
@@ -717,9 +747,15 @@ class AsyncMeteredTransport(httpx.AsyncBaseTransport):
         if not head.whole:
             return response
         it = response.stream.__aiter__()  # type: ignore[union-attr]
-        async for chunk in it:
-            if head.take(chunk):
-                return _rebuilt(response, _Chain(head.chunks, _AsyncRest(it, response.stream)))
+        try:
+            async for chunk in it:
+                if head.take(chunk):
+                    return _rebuilt(response, _Chain(head.chunks, _AsyncRest(it, response.stream)))
+        except Exception as exc:
+            head.cut(exc)  # the model answered (and billed) and the body never arrived whole
+            with contextlib.suppress(Exception):
+                await response.stream.aclose()  # type: ignore[union-attr]
+            raise
         await response.stream.aclose()  # type: ignore[union-attr]
         return head.finish()
 

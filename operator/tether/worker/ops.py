@@ -82,6 +82,18 @@ class ControlSignals:
     stop_by: dt.datetime | None = None
 
 
+def cap_used_up(cents_left: int | None, tokens_left: int | None) -> str | None:
+    """Why the attempt may not spend any more of the run's own caps, or None: what the control
+    plane last said was left of a cap, less what the attempt reported since (ControlSignals'
+    cap_remaining_cents / _tokens; None: no cap), is used up -- nothing left, or less than nothing.
+    The meter refuses requests on it, and the run renews at once when a report makes it true."""
+    if isinstance(cents_left, int) and cents_left <= 0:
+        return f"the run's cap is used up ({cents_left} cents left)"
+    if isinstance(tokens_left, int) and tokens_left <= 0:
+        return f"the run's token cap is used up ({tokens_left} tokens left)"
+    return None
+
+
 def retry_after(exc: httpx.HTTPError) -> float:
     """Seconds a 429/503 answer asked the client to wait (Retry-After, in seconds), else 0."""
     if not isinstance(exc, httpx.HTTPStatusError):

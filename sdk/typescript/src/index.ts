@@ -38,5 +38,5 @@ export type { ClaimReply, ToolClaim } from "./gateway.js";
 export * as protocol from "./protocol.js";
 export { attemptContext, formatTraceparent, parseTraceparent } from "./tracing.js";
 export type { ApprovalRequest, ControlSignals, GateDecision, Json, JsonObject, Ownership, Usage } from "./protocol.js";
-export { MalformedUsage, Meter, MeteringError, PriceTable, UnpricedModel, meteredFetch } from "./metering.js";
+export { MalformedUsage, Meter, MeteringError, PriceTable, RunStopped, UnpricedModel, meteredFetch } from "./metering.js";
 export type { MeterOptions, ModelPrice, UsageReporter } from "./metering.js";

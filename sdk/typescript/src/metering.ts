@@ -12,20 +12,30 @@
  * parsing cases every SDK passes are in sdk/vectors/metering.json.
  */
 
+import { capUsedUp } from "./protocol.js";
+
 /** What the meter reports to: WorkerRun's reportUsage (throws RangeError for a refused report).
  * Optionally (WorkerRun has them all), what says whether the run may still spend: `lost` (the
- * lease is lost), `finished` (a result or an error was published) and `signals.stop` (the control
- * plane told the worker to stop). The meter refuses to send a request while any is true; a
- * reporter without them is taken to be working. */
+ * lease is lost), `finished` (a result or an error was published), `signals.stop` (the control
+ * plane told the worker to stop) and `signals.capRemainingCents` / `capRemainingTokens` (what the
+ * control plane last said was left of the run's caps, less what was reported since). The meter
+ * refuses to send a request while any is true or a cap is used up (0 or less left); a reporter
+ * without them is taken to be working. */
 export interface UsageReporter {
   reportUsage(usage: { cents: number; tokens?: number }): void;
   readonly lost?: boolean;
   readonly finished?: boolean;
-  readonly signals?: { readonly stop?: boolean; readonly reason?: string | null };
+  readonly signals?: {
+    readonly stop?: boolean;
+    readonly reason?: string | null;
+    readonly capRemainingCents?: number | null;
+    readonly capRemainingTokens?: number | null;
+  };
 }
 
-/** Why the run behind `reporter` may not spend any more, or null. Ownership merely unknown (a
- * renewal not answered yet) is not a reason: a brief API blip must not break model calls. */
+/** Why the run behind `reporter` may not spend any more (its lease lost, its result or error
+ * published, told to stop, its cap used up by its own reports), or null. Ownership merely unknown
+ * (a renewal not answered yet) is not a reason: a brief API blip must not break model calls. */
 export function runRefusal(reporter: UsageReporter): string | null {
   try {
     if (reporter.lost === true) return "the run's lease is lost";
@@ -34,6 +44,9 @@ export function runRefusal(reporter: UsageReporter): string | null {
     if (signals?.stop === true) {
       return `the control plane asked this worker to stop${signals.reason ? ` (${signals.reason})` : ""}`;
     }
+    // The run's own arithmetic (cap - base - own reports), not a copy of it: spending is refused as
+    // soon as the meter's own report reaches the cap, not a heartbeat or two later.
+    if (signals !== undefined) return capUsedUp(signals.capRemainingCents, signals.capRemainingTokens);
   } catch {
     return null; // a reporter whose state cannot be read is taken to be working
   }
@@ -58,7 +71,8 @@ export class MeteringError extends Error {
 }
 
 /** A request refused because the run may not spend any more: its lease is lost, its result or
- * error is published, or the control plane told the worker to stop. The meter is not faulted. */
+ * error is published, the control plane told the worker to stop, or the attempt's own reports used
+ * up what was left of the run's cap. The meter is not faulted. */
 export class RunStopped extends MeteringError {
   override name = "RunStopped";
 }
@@ -301,13 +315,16 @@ class Answer {
   /** expectUsage: a 2xx answer to a generation request naming a model. */
   constructor(readonly meter: Meter, readonly requestModel: string | null, readonly expectUsage = false) {}
 
-  /** The answer ended (read whole, or a stream at its end or its [DONE]): one that should have
+  /** The answer ended (read whole, or a stream at its end or its [DONE]), or reading it failed
+   * (`cut`: the server or the network cut it, streamed or read ahead whole): one that should have
    * carried usage and carried none faults the meter -- never silently free. */
-  checkEnded(): void {
+  checkEnded(cut?: unknown): void {
     if (this.closed) return;
     this.closed = true;
     if (this.expectUsage && !this.seen && this.meter.fault === null) {
-      this.meter.trip(`a 2xx answer to a ${JSON.stringify(this.requestModel)} request carried no usage`);
+      const asked = JSON.stringify(this.requestModel);
+      this.meter.trip(cut === undefined ? `a 2xx answer to a ${asked} request carried no usage`
+        : `a 2xx answer to a ${asked} request was cut before its usage was read (${describeError(cut)})`);
     }
   }
 
@@ -351,6 +368,13 @@ class Answer {
       if (isObject(inner)) this.see(inner.usage, inner.model);
     }
   }
+}
+
+/** A read error, with its cause (undici's "terminated" says why only there). */
+function describeError(err: unknown): string {
+  const e = err as { name?: unknown; message?: unknown; cause?: { message?: unknown } } | null;
+  const text = `${String(e?.name ?? "Error")}: ${String(e?.message ?? err)}`;
+  return (e?.cause?.message ? `${text} (${String(e.cause.message)})` : text).slice(0, 200);
 }
 
 /** An incremental SSE reader: each complete event's data goes to the answer. */
@@ -409,15 +433,15 @@ class Events {
     this.answer.seeObject(obj);
   }
 
-  /** The stream ended (`completed`: at its end, or cut by the server or the network) or the caller
-   * abandoned it: a last complete but unterminated event still counts. Only a stream the caller
-   * did not abandon must have had usage. */
-  end(completed: boolean): void {
+  /** The stream ended (`completed`: at its end, or `cut` by the server or the network) or the
+   * caller abandoned it: a last complete but unterminated event still counts. Only a stream the
+   * caller did not abandon must have had usage. */
+  end(completed: boolean, cut?: unknown): void {
     this.buf += this.decoder.decode();
     if (this.buf !== "") this.line(this.buf);
     this.buf = "";
     if (this.data.length > 0) this.dispatch();
-    if (completed) this.answer.checkEnded();
+    if (completed) this.answer.checkEnded(cut);
   }
 }
 
@@ -474,14 +498,14 @@ async function meteredCall(meter: Meter, inner: typeof fetch, input: FetchInput,
     const events = new Events(answer);
     const reader = response.body.getReader();
     let ended = false;
-    const end = (completed: boolean): void => { if (!ended) { ended = true; events.end(completed); } };
+    const end = (completed: boolean, cut?: unknown): void => { if (!ended) { ended = true; events.end(completed, cut); } };
     return rebuilt(response, new ReadableStream<Uint8Array>({
       async pull(ctrl) {
         let chunk: Awaited<ReturnType<typeof reader.read>>;
         try {
           chunk = await reader.read();
         } catch (err) {
-          end(true); // cut: what the stream said so far is charged already; none at all faults
+          end(true, err); // cut: what the stream said so far is charged already; none at all faults
           ctrl.error(err);
           return;
         }
@@ -505,7 +529,14 @@ async function meteredCall(meter: Meter, inner: typeof fetch, input: FetchInput,
   const chunks: Uint8Array[] = [];
   let size = 0;
   for (;;) {
-    const { done, value } = await reader.read();
+    let next: Awaited<ReturnType<typeof reader.read>>;
+    try {
+      next = await reader.read();
+    } catch (err) {
+      answer.checkEnded(err); // cut: the model answered (and billed), and the body never arrived whole
+      throw err;
+    }
+    const { done, value } = next;
     if (done) break;
     chunks.push(value);
     size += value.length;

@@ -375,6 +375,18 @@ export function capRemaining(cap: number | null, base: number, own: number): num
   return cap === null ? null : cap - base - own;
 }
 
+/**
+ * Why the attempt may not spend any more of the run's own caps, or null: what the control plane
+ * last said was left of a cap, less what the attempt reported since (ControlSignals'
+ * capRemainingCents / capRemainingTokens; null: no cap), is used up -- nothing left, or less. The
+ * meter refuses requests on it, and the run renews at once when a report makes it true.
+ */
+export function capUsedUp(centsLeft: number | null | undefined, tokensLeft: number | null | undefined): string | null {
+  if (typeof centsLeft === "number" && centsLeft <= 0) return `the run's cap is used up (${centsLeft} cents left)`;
+  if (typeof tokensLeft === "number" && tokensLeft <= 0) return `the run's token cap is used up (${tokensLeft} tokens left)`;
+  return null;
+}
+
 /** The signals as the worker sees them, caps counted against its own (latest) usage. */
 export function controlSignals(signals: Signals, own: Usage | null): ControlSignals {
   const usage = own ?? { cents: 0, tokens: 0 };

@@ -19,6 +19,7 @@ import {
   MAX_REQUESTS_PER_ATTEMPT,
   NO_SIGNALS,
   PAYLOAD_FROM_RUN,
+  capUsedUp,
   controlSignals,
   jsonEqual,
   nextDelay,
@@ -194,6 +195,8 @@ export class WorkerRun {
   /** Which renewals are spans. */
   private readonly renewalSpans = new Renewals();
   private wake: AbortController | null = null;
+  /** A renewal is owed now (a report used up the cap): the heartbeat does not wait for it. */
+  private wakePending = false;
   private loop: Promise<void> | null = null;
 
   constructor(options: WorkerRunOptions) {
@@ -381,7 +384,9 @@ export class WorkerRun {
   private async heartbeat(): Promise<void> {
     while (this.active()) {
       this.wake = new AbortController();
-      await this.clock.sleep(this.renewIntervalSeconds, { signal: this.wake.signal, keepAlive: false });
+      if (!this.wakePending) {
+        await this.clock.sleep(this.renewIntervalSeconds, { signal: this.wake.signal, keepAlive: false });
+      }
       if (!this.active()) break;
       await this.renewLogged();
     }
@@ -445,6 +450,7 @@ export class WorkerRun {
 
   private async renewOnce(): Promise<boolean> {
     if (this.isLost) return false;
+    this.wakePending = false; // this renewal carries every report made so far
     const started = this.clock.now();
     let result: Renewal;
     try {
@@ -496,13 +502,25 @@ export class WorkerRun {
   /**
    * The attempt's cumulative usage; rides on the next renewal. Throws RangeError for a report the
    * operator would refuse (not integers, negative, decreasing, implausibly large), here where the
-   * caller can still fix it.
+   * caller can still fix it. A report that uses up what is left of the run's cap
+   * (`signals.capRemainingCents` / `capRemainingTokens` reaching 0) wakes the heartbeat: the
+   * control plane hears of it at once.
    */
   reportUsage(usage: { cents: number; tokens?: number }): void {
     const report: Usage = { cents: usage.cents, tokens: usage.tokens ?? 0 };
     const why = validReport(report, this.usage);
     if (why !== null) throw new RangeError(`usage report refused: ${why}`);
+    const before = controlSignals(this.rawSignals, this.usage);
     this.usage = report;
+    const after = controlSignals(this.rawSignals, report);
+    const usedUp = capUsedUp(after.capRemainingCents, after.capRemainingTokens);
+    if (usedUp !== null && capUsedUp(before.capRemainingCents, before.capRemainingTokens) === null) {
+      // This report used up what the control plane said was left of a cap: tell it now, not at the
+      // end of the renew interval (the meter refuses further requests already).
+      this.log("info", "usage report reached the cap; renewing now", "cap_used_up", { reason: usedUp });
+      this.wakePending = true;
+      this.wake?.abort();
+    }
   }
 
   // --- approvals ---------------------------------------------------------------------------------

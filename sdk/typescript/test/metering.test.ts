@@ -12,9 +12,10 @@ import {
   MalformedUsage, Meter, MeteringError, PriceTable, RunStopped, UnpricedModel, cost, meteredFetch, readUsage,
   type ModelPrice, type UsageReporter,
 } from "../src/metering.js";
-import { validReport } from "../src/protocol.js";
+import { signalsFromRemaining, validReport } from "../src/protocol.js";
 import { WorkerRun } from "../src/run.js";
-import { FakeTransport } from "./fakes.js";
+import { confirmed } from "../src/transport.js";
+import { FakeClock, FakeTransport, settle } from "./fakes.js";
 
 // WorkerRun is a reporter whose lost / finished / signals the meter reads (checked at compile time).
 const asReporter = (run: WorkerRun): UsageReporter => run;
@@ -23,6 +24,10 @@ const VECTORS = JSON.parse(fs.readFileSync(new URL("../../../vectors/metering.js
   prices: Record<string, ModelPrice>;
   lookups: { model: string; key: string | null }[];
   usages: { name: string; model: string; usage: unknown; units?: number; tokens?: number; cents?: number; malformed?: boolean }[];
+  caps: { name: string; capRemainingCents: number | null; capRemainingTokens: number | null; reported: [number, number];
+    refusedAtStart?: boolean; steps: { add: [number, number]; refused: boolean; wakes: boolean }[] }[];
+  cuts: { name: string; path: string; request: Record<string, unknown>; status: number; contentType: string; body: string;
+    cutAt: number; faults: boolean; charged: [number, number] }[];
 };
 const PRICES: Record<string, ModelPrice> = {
   "gpt-x": { input: 2.5, output: 10, cachedInput: 1.25 },
@@ -41,7 +46,9 @@ class Reporter {
   get last(): [number, number] { return this.reports.at(-1) ?? [0, 0]; }
 }
 
-interface Knobs { usage?: unknown; status?: number; gzip?: boolean; cutAfter?: number; model?: string; body?: string; contentType?: string; hold?: Promise<void> }
+interface Knobs { usage?: unknown; status?: number; gzip?: boolean; cutAfter?: number; model?: string; body?: string; contentType?: string; hold?: Promise<void>;
+  /** A whole answer cut after this many bytes of its body: its content-length promises them all. */
+  cutBody?: number }
 
 /** A model API: chat completions, responses and Anthropic messages, 1000 input and 500 output tokens. */
 class FakeModel {
@@ -77,6 +84,12 @@ class FakeModel {
       let out: Buffer = Buffer.from(data);
       const headers: Record<string, string> = { "content-type": ctype };
       if (k.gzip) { out = zlib.gzipSync(out); headers["content-encoding"] = "gzip"; }
+      if (k.cutBody !== undefined) {
+        res.writeHead(status, { ...headers, "content-length": String(out.length) });
+        res.write(out.subarray(0, k.cutBody));
+        setTimeout(() => res.socket?.destroy(), 20); // the connection drops, the body short of its length
+        return;
+      }
       res.writeHead(status, headers).end(out);
     };
     if (k.body !== undefined) return send(k.status ?? 200, k.body, k.contentType ?? "text/html");
@@ -409,5 +422,116 @@ describe("meteredFetch", () => {
       await answer.arrayBuffer();
     }));
     assert.deepEqual(r.last, [Math.ceil((20 * 75 + 20 * 105) / 100), 40 * 1500]);
+  });
+});
+
+/** A started WorkerRun whose control plane said `cents` / `tokens` were left of the run's caps when
+ * `reported` was reported (the gateway's form; a pod's Lease carries cap and base, the same arithmetic). */
+async function cappedRun(cents: number | null, tokens: number | null, reported: [number, number] = [0, 0]):
+  Promise<{ run: WorkerRun; transport: FakeTransport }> {
+  const transport = new FakeTransport();
+  const usage = { cents: reported[0], tokens: reported[1] };
+  transport.renewScript = [confirmed(signalsFromRemaining(false, false, null, cents, tokens, usage))];
+  const run = new WorkerRun({ name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
+    leaseDurationSeconds: 10, renewIntervalSeconds: 2, transport, clock: new FakeClock(), logger: () => {} });
+  run.reportUsage(usage);
+  await run.start(); // renews once; the heartbeat then waits on the fake clock, which never moves
+  return { run, transport };
+}
+
+function refused(meter: Meter): boolean {
+  try {
+    meter.check("gpt-x");
+    return false;
+  } catch (err) {
+    assert.ok(err instanceof RunStopped, String(err));
+    assert.match(err.message, /cap is used up/);
+    return true;
+  }
+}
+
+describe("a cap the attempt's own reports used up (sdk/vectors/metering.json caps)", () => {
+  for (const c of VECTORS.caps) {
+    it(c.name, async () => {
+      const { run, transport } = await cappedRun(c.capRemainingCents, c.capRemainingTokens, c.reported);
+      try {
+        const meter = new Meter(asReporter(run), PRICES, { baseCents: c.reported[0], baseTokens: c.reported[1] });
+        assert.equal(refused(meter), c.refusedAtStart ?? false, "at start");
+        for (const [i, step] of c.steps.entries()) {
+          const renewals = transport.renewals.length;
+          meter.add({ cents: step.add[0], tokens: step.add[1] });
+          await settle();
+          assert.deepEqual([refused(meter), transport.renewals.length - renewals], [step.refused, step.wakes ? 1 : 0], `step ${i}`);
+          if (step.wakes) assert.deepEqual(transport.renewals.at(-1)?.usage, { cents: meter.cents, tokens: meter.tokens });
+        }
+        assert.equal(meter.fault, null);
+      } finally {
+        await run.close();
+      }
+    });
+  }
+
+  it("an answer that uses up the cap refuses the next request at once, and the heartbeat reports it", async () => {
+    const { run, transport } = await cappedRun(1, null);
+    try {
+      const f = meteredFetch(asReporter(run), PRICES);
+      // 1000 prompt at 2.5 + 500 completion at 10 = 0.75 cent, reported as 1: all that was left.
+      assert.equal((await post(f, "/v1/chat/completions", { model: "gpt-x" })).status, 200);
+      const sent = fake.requests.length;
+      await assert.rejects(post(f, "/v1/chat/completions", { model: "gpt-x" }),
+        (err: Error) => err instanceof RunStopped && /cap is used up/.test(err.message));
+      assert.equal(fake.requests.length, sent);
+      assert.equal(run.signals.capRemainingCents, 0);
+      await settle();
+      assert.deepEqual(transport.renewals.map((r) => r.usage), [{ cents: 0, tokens: 0 }, { cents: 1, tokens: 1500 }]);
+      assert.equal(f.meter.fault, null);
+    } finally {
+      await run.close();
+    }
+  });
+});
+
+describe("an answer cut by the network (sdk/vectors/metering.json cuts)", () => {
+  /** The first bytes of the case's body, then the read fails as undici's does on a dropped connection. */
+  const cutFetch = (c: (typeof VECTORS.cuts)[number], sent: { n: number }): typeof fetch => (async () => {
+    sent.n += 1;
+    const head = new TextEncoder().encode(c.body).subarray(0, c.cutAt);
+    let given = head.length === 0;
+    return new Response(new ReadableStream<Uint8Array>({
+      pull(ctrl) { // (erroring the controller would drop what is queued: the head is read first)
+        if (!given) { given = true; ctrl.enqueue(head); return; }
+        ctrl.error(new TypeError("terminated", { cause: new Error("other side closed") }));
+      },
+    }), { status: c.status, headers: { "content-type": c.contentType } });
+  }) as typeof fetch;
+
+  for (const c of VECTORS.cuts) {
+    it(c.name, async () => {
+      const r = new Reporter();
+      const sent = { n: 0 };
+      const f = meteredFetch(r, VECTORS.prices, cutFetch(c, sent));
+      const call = (): Promise<Response> => f(`http://model.test${c.path}`,
+        { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(c.request) });
+      await assert.rejects(async () => { await (await call()).text(); }, TypeError);
+      assert.equal(f.meter.fault !== null, c.faults, f.meter.fault ?? "no fault");
+      if (c.faults) {
+        assert.match(f.meter.fault ?? "", /cut/);
+        await assert.rejects(call(), MeteringError);
+        assert.equal(sent.n, 1);
+      }
+      assert.deepEqual(r.last, c.charged);
+    });
+  }
+
+  it("a whole answer cut by the network faults the meter: the client's retry is refused", async () => {
+    const f = meteredFetch(new Reporter(), PRICES);
+    fake.next({ cutBody: 40 });
+    const sent = fake.requests.length;
+    await assert.rejects(async () => { await (await post(f, "/v1/chat/completions", { model: "gpt-x" })).text(); },
+      (err: Error) => !(err instanceof MeteringError));
+    assert.match(f.meter.fault ?? "", /cut/);
+    await assert.rejects(post(f, "/v1/chat/completions", { model: "gpt-x" }),
+      (err: Error) => err instanceof MeteringError && !(err instanceof RunStopped));
+    assert.equal(fake.requests.length, sent + 1);
   });
 });
