@@ -129,6 +129,8 @@ class RunPlan:
     # How its workers authenticate: "kubelet" (the pod's token file) or "exec" (a kubeconfig whose exec
     # credential plugin mints pod-bound tokens that say they expire within seconds: refreshed throughout).
     credentials: str = "kubelet"
+    # Queued: told to yield, its worker publishes an error (a publication during a yield, invariant 2).
+    fail_on_yield: bool = False
 
 
 @dataclass
@@ -184,6 +186,8 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
         if apart.random() < chance and (ha or not ha_only):
             faults.append(_draw_fault(apart, kind, len(runs), window))
     faults += _draw_queues(random.Random(f"{seed}/queue"), runs, window)
+    for i, rp in enumerate(runs):
+        rp.fail_on_yield = rp.queued and random.Random(f"{seed}/yield-error/{i}").random() < 0.5
     faults.sort(key=lambda f: f.at)
     return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults)
 
@@ -556,6 +560,8 @@ class Trial:
             payload["usageCents"] = rp.usage_cents
         if rp.fail_first:
             payload["failAttempts"] = [1]
+        if rp.fail_on_yield:
+            payload["failOnYield"] = True
         if rp.progress_deadline_seconds is not None:
             payload["checkpointEverySeconds"] = 1
         if rp.request is not None:
@@ -1126,7 +1132,8 @@ class Trial:
                                leases_before=before, leases_after=after, workloads_final=workloads,
                                leases_final={x["metadata"]["name"]: x for x in leases},
                                pods_final=pods, judged_at=judged_at,
-                               leader_lease=LEADER_LEASE if self.plan.ha else None, renew_deadline=RENEW_DEADLINE)
+                               leader_lease=LEADER_LEASE if self.plan.ha else None, renew_deadline=RENEW_DEADLINE,
+                               queue_quota_milli=self.queue.quota_milli if self.queue is not None else None)
             verdict = judge(records, facts, strict_window=self.strict_window)
             self._misinformed(records, verdict)
             sdks = {rp.name: {str(e.get("sdk")) for e in self._worker_records(rp)} for rp in self.plan.runs}

@@ -1,7 +1,7 @@
 """The fault trials' oracle: Tether's safety promise judged from the API server's audit log and
 the final objects, never from Tether's logs or the status it claims.
 
-Ten invariants (`INVARIANTS`), checked by `judge()` over one namespace:
+Eleven invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 
 1. No write by a worker is accepted after its fence was superseded. Who held which fence, and
    when that ended, is rebuilt from the accepted WorkerRun status writes (the operator's
@@ -52,6 +52,10 @@ Ten invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    Suspended is True exactly when spec.suspend is set, and never on a terminal run; phase Suspended
    only while spec.suspend is set; a suspended run
    that a worker still holds says WorkerPaused (its phase stays Running, so only this says it).
+11. Kueue's quota is released only once the run's pods are gone: at no pod's creation do the live
+   pods that ask for cpu (the trial's queued runs; nothing else asks) ask for more than the trial's
+   ClusterQueue holds. A pod lives from its accepted creation until its kubelet reported it ended
+   (a pods/status write with phase Succeeded or Failed) or deleted it for good.
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -89,12 +93,12 @@ INVARIANTS: dict[int, str] = {
     8: "no attempt Stalled while its run is suspended or its request is pending",
     9: "no replica writes past its leadership (last renewal + renew deadline)",
     10: "a run says it is suspended exactly when spec.suspend is set, and a finished one never",
+    11: "Kueue's quota never held by more live pods than it admits",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
 USAGE_ANNOTATION = "tether.dev/usage"
 LEASE_LOST = "LeaseLost"
-WORKER_FAILED = "WorkerFailed"
 STALLED = "Stalled"
 WITHDRAWN = "Withdrawn"
 GATES_OF_THE_RUN = frozenset({"Start", "Result"})  # every other gate is a worker's request
@@ -142,6 +146,8 @@ class TrialFacts:
     # With leader election: the leader Lease's name and the replicas' renew deadline (invariant 9).
     leader_lease: str | None = None
     renew_deadline: float = 0.0
+    # The trial's ClusterQueue's cpu quota, in millicores, when it queued runs (invariant 11).
+    queue_quota_milli: int | None = None
 
 
 @dataclass
@@ -385,7 +391,7 @@ class _History:
 
 
 def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool = False) -> Verdict:
-    """Checks the ten invariants over `facts.namespace`; see the module docstring."""
+    """Checks the invariants over `facts.namespace`; see the module docstring."""
     records = list(records)
     history = _History(records, facts.namespace)
     verdict = Verdict()
@@ -402,6 +408,8 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
     _suspension_shown(facts, verdict)
     if facts.leader_lease is not None:
         _leadership(records, facts, verdict)
+    if facts.queue_quota_milli is not None:
+        _quota(records, facts, verdict)
     verdict.stats["worker writes accepted"] += len(history.worker_writes)
     for what, n in history.refused_worker_writes.items():
         verdict.stats[f"worker writes refused ({what})"] += n
@@ -651,10 +659,9 @@ def _review_decided(status: Mapping[str, Any], pod: str, decisions: tuple[str, .
 
 
 def _error_recorded(status: Mapping[str, Any], pod: str, error: Mapping[str, Any]) -> bool:
-    """A worker's error that led to a retry lives on in its attempt's record (outcome and message)."""
-    code = str((error or {}).get("code") or "error")
-    return any(a.get("holder") == pod and a.get("outcome") == WORKER_FAILED and code in str(a.get("message") or "")
-               for a in status.get("attempts") or [])
+    """A worker's error lives on in its attempt's record (attempts[].error) when the run goes on,
+    whatever ended the attempt (its error, or a yield, a stop or a cap that came first)."""
+    return any(a.get("holder") == pod and a.get("error") == error for a in status.get("attempts") or [])
 
 
 def _short(value: Any) -> str:
@@ -682,6 +689,46 @@ def _pods(history: _History, verdict: Verdict) -> None:
                              for r in recs)
             verdict.violations.append(Violation(3, f"run {run} (incarnation {incarnation}) pod {pod}",
                                                 f"{len(recs)} accepted creations: {when}"))
+
+
+def _cpu_milli(pod: Mapping[str, Any]) -> int:
+    """What a pod asks for, in millicores (the trials write "100m" or whole cores)."""
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        cpu = str(((container.get("resources") or {}).get("requests") or {}).get("cpu") or "0")
+        total += int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)
+    return total
+
+
+def _quota(records: list[AuditRecord], facts: TrialFacts, verdict: Verdict) -> None:
+    """Invariant 11: pod lives, from the audit log alone, against the trial's ClusterQueue."""
+    events: list[tuple[dt.datetime, int, str, int]] = []  # (time, 1 created / 0 ended, pod, milli)
+    for rec in records:
+        ref = rec.object_ref
+        if ref is None or ref.namespace != facts.namespace or ref.resource != "pods" or not rec.accepted or rec.dry_run:
+            continue
+        if ref.subresource == "" and rec.verb == "create":
+            milli = _cpu_milli(rec.response_object or {})
+            if milli:
+                events.append((rec.completed, 1, ref.name, milli))
+        elif ref.subresource == "status" and rec.verb in ("update", "patch") and \
+                ((rec.request_object or {}).get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            events.append((rec.completed, 0, ref.name, 0))
+        elif ref.subresource == "" and rec.verb == "delete" and rec.user.username.startswith("system:node:"):
+            events.append((rec.completed, 0, ref.name, 0))
+    live: dict[str, tuple[int, dt.datetime]] = {}
+    quota = facts.queue_quota_milli or 0
+    for at, created, pod, milli in sorted(events, key=lambda e: (e[0], e[1])):
+        if not created:
+            live.pop(pod, None)
+            continue
+        live[pod] = (milli, at)
+        asked = sum(m for m, _ in live.values())
+        if asked > quota:
+            verdict.violations.append(Violation(11, f"pod {pod} created at {at.time().isoformat()}", (
+                f"live pods ask for {asked}m of the ClusterQueue's {quota}m: " + ", ".join(
+                    f"{name} ({m}m, created {t.time().isoformat()})" for name, (m, t) in sorted(live.items())))))
+    verdict.stats["queued pods judged against the quota"] += sum(1 for e in events if e[1])
 
 
 def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Mapping[tuple[str, str], _Tenure],

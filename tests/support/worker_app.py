@@ -15,6 +15,8 @@ Payload:
   holdWhileUnknown  keep holding while ownership is unknown (an outage); stop only when lost
   failAttempts  attempts that publish an error (code "Injected") instead of a result
   stopOnSignal  leave the hold when the control plane says stop, and exit without a result
+  failOnYield   told to yield (Kueue evicted the run), publish an error (code "Yielded") before
+                leaving: a publication racing the eviction's end of the attempt
   approval      after the hold, ask for this approval (request_approval) and record what came back
                 (told to stop meanwhile, with stopOnSignal: leave without a result, as in the hold)
 While holding, every change of the control signals is recorded with the wall time it was seen.
@@ -139,6 +141,14 @@ async def script(sdk: _Blocking) -> int:
         holding = (lambda: not run.lost) if p.get("holdWhileUnknown") else (lambda: run.owned)
         while not (gate is not None and gate.exists()) and holding() \
                 and time.monotonic() - began < float(p.get("holdSeconds", 120)):
+            if p.get("failOnYield") and run.signals.stop and run.signals.yielding:
+                try:
+                    await sdk.fail("Yielded", f"attempt {run.attempt} yields with an error")
+                    record(event="yield_error", accepted=True)
+                except (LeaseLost, OwnershipUnknown) as exc:
+                    record(event="yield_error", accepted=False, error=type(exc).__name__)
+                await sdk.stop()
+                return 0
             if p.get("stopOnSignal") and run.signals.stop:
                 # A worker that honours the kill switch: it ends without publishing anything.
                 record(event="stopped", reason=run.signals.reason)

@@ -31,7 +31,8 @@ class Log:
         self.records: list[AuditRecord] = []
 
     def _event(self, verb: str, resource: str, name: str, user: dict[str, Any], code: int,
-               response: dict[str, Any] | None = None, subresource: str = "", group: str = "") -> None:
+               response: dict[str, Any] | None = None, subresource: str = "", group: str = "",
+               request: dict[str, Any] | None = None) -> None:
         self.clock += dt.timedelta(milliseconds=10)
         stamp = self.clock.isoformat().replace("+00:00", "Z")
         ref = {"resource": resource, "namespace": NS, "name": name, "apiGroup": group}
@@ -44,6 +45,8 @@ class Log:
                "requestReceivedTimestamp": stamp, "stageTimestamp": stamp}
         if response is not None and 200 <= code < 300:
             doc["responseObject"] = response
+        if request is not None:
+            doc["requestObject"] = request
         self.records.append(AuditRecord.parse(json.loads(json.dumps(doc))))
 
     def _next_rv(self) -> str:
@@ -149,6 +152,8 @@ class Run:
         s = json.loads(json.dumps(self.status))
         s["attempts"][-1].update(outcome=outcome, usage={"cents": usage, "tokens": 0},
                                  message=changes.pop("message", f"{outcome}"))
+        if "attempt_error" in changes:
+            s["attempts"][-1]["error"] = changes.pop("attempt_error")
         s.update(fence=s["fence"] + 1, holder=None, phase=phase, **changes)
         s["usage"] = {"cents": sum(a.get("usage", {}).get("cents", 0) for a in s["attempts"]), "tokens": 0}
         self.log.run_status(self, s)
@@ -310,7 +315,8 @@ def test_2_a_workers_error_may_move_into_its_attempt_record_but_not_vanish() -> 
     a1 = run.grant()
     run.publish(a1, "error", {"code": "Injected", "message": "boom"})
     # Retry: the run's error is cleared, the attempt keeps it (what decide() documents).
-    run.end("WorkerFailed", "Backoff", error=None, message="Injected: boom")
+    run.end("WorkerFailed", "Backoff", error=None, message="Injected: boom",
+            attempt_error={"code": "Injected", "message": "boom"})
     a2 = run.grant()
     run.publish(a2)
     run.end("Succeeded", "Succeeded")
@@ -324,6 +330,56 @@ def test_2_a_workers_error_may_move_into_its_attempt_record_but_not_vanish() -> 
             message="spec.stop is set")
     verdict = judge(log.records, facts(run))
     assert invariants(verdict) == [2] and "replaced by" in str(verdict.violations[0])
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_2_an_error_published_during_a_yield_is_kept_in_its_attempt(kept: bool) -> None:
+    """Kueue evicted the run; its worker, told to yield, published an error first. The eviction
+    ends the attempt (Preempted, queued again): the error must move into the attempt's record."""
+    log = Log()
+    run = Run(log)
+    a1 = run.grant()
+    error = {"code": "Yielded", "message": "attempt 1 yields with an error"}
+    run.publish(a1, "error", error)
+    run.end("Preempted", "Queued", error=None, message="evicted by Kueue (Preempted)",
+            **({"attempt_error": error} if kept else {}))
+    verdict = judge(log.records, facts(run))
+    assert invariants(verdict) == ([] if kept else [2])
+
+
+def _pod_event(log: Log, verb: str, name: str, cpu: str | None = None, phase: str | None = None,
+               kubelet: bool = False) -> None:
+    user = {"username": "system:node:local"} if kubelet else OPERATOR
+    if verb == "create":
+        log._event("create", "pods", name, user, 201, response={"metadata": {"name": name}, "spec": {"containers": [
+            {"name": "w", "resources": {"requests": {"cpu": cpu}} if cpu else {}}]}})
+    elif verb == "status":
+        log._event("patch", "pods", name, user, 200, subresource="status", request={"status": {"phase": phase}})
+    else:
+        log._event("delete", "pods", name, user, 200)
+
+
+@pytest.mark.parametrize("victim_ends", ["status", "final-delete", "never"])
+def test_11_a_preemptors_pod_while_a_victims_pod_lives_is_caught(victim_ends: str) -> None:
+    """The trial's ClusterQueue holds 200m; two queued runs' pods use it; a preemptor asking for
+    all of it may get a pod only once both are gone (the operator's graceful delete is not an end)."""
+    log = Log()
+    _pod_event(log, "create", "a-a1", "100m")
+    _pod_event(log, "create", "b-a1", "100m")
+    _pod_event(log, "create", "plain-a1")  # asks for nothing: not queued
+    _pod_event(log, "delete", "a-a1")  # the operator's delete: the grace period begins
+    _pod_event(log, "status", "a-a1", phase="Failed", kubelet=True)
+    _pod_event(log, "status", "b-a1", phase="Running", kubelet=True)
+    if victim_ends == "status":
+        _pod_event(log, "status", "b-a1", phase="Succeeded", kubelet=True)
+    elif victim_ends == "final-delete":
+        _pod_event(log, "delete", "b-a1", kubelet=True)
+    _pod_event(log, "create", "hi-a1", "200m")
+    verdict = judge(log.records, TrialFacts(namespace=NS, queue_quota_milli=200))
+    assert invariants(verdict) == ([11] if victim_ends == "never" else [])
+    if victim_ends == "never":
+        assert "live pods ask for 300m of the ClusterQueue's 200m" in str(verdict.violations[0])
+        assert "b-a1" in str(verdict.violations[0]) and "a-a1" not in str(verdict.violations[0])
 
 
 def test_2_a_run_granted_again_after_its_result_is_caught() -> None:

@@ -72,6 +72,8 @@ AUDIT_POLICY = {
         # A pod's creation with its UID and owner: which run a pod-bound token's worker belongs to.
         {"level": "RequestResponse", "verbs": ["create"], "resources": [{"group": "", "resources": ["pods"]}]},
         {"level": "Metadata", "verbs": ["delete"], "resources": [{"group": "", "resources": ["pods"]}]},
+        # When a pod's kubelet says it ended (its phase): how long a queued run's quota was in use.
+        {"level": "Request", "verbs": ["update", "patch"], "resources": [{"group": "", "resources": ["pods/status"]}]},
         {"level": "None"},
     ],
 }
