@@ -81,7 +81,8 @@ FAULT_WEIGHTS: dict[str, int] = {
 # Kinds drawn apart, each from a generator of its own so that the plans of seeds drawn before them
 # stay as they were: the chance a plan draws it, and whether only plans with HA operators do.
 APART: dict[str, tuple[float, bool]] = {"operator-kill-mid-grant-lease": (0.3, False),
-                                        "operator-leader-lost": (0.6, True)}
+                                        "operator-leader-lost": (0.6, True),
+                                        "operator-standby-slow-get": (0.5, True)}
 API_PAUSE = "api-pause"
 # A higher-priority run asking for the whole quota of a trial's ClusterQueue: Kueue evicts every
 # admitted queued run (drawn only for plans with queued runs, from a generator of its own).
@@ -265,6 +266,9 @@ def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> Fa
     elif kind == "operator-leader-lost":
         seconds = round(RENEW_DEADLINE + rng.uniform(3, 6), 1)  # outlasts the held pass (_f_operator_leader_lost)
         params = {"mode": rng.choice(["fail", "drop", "hold"]), "slow": some(0.3, 2.0)}
+    elif kind == "operator-standby-slow-get":
+        # Answers to the standby's reads of the leader Lease come this late (up to past the lease).
+        seconds, params = some(4, 10), {"delay": some(1.0, LEADER_LEASE_SECONDS)}
     elif kind in ("worker-freeze", "worker-partition"):
         seconds = past_lease()
     elif kind == "worker-complete-while-revoked":
@@ -851,6 +855,18 @@ class Trial:
             return False
         finally:
             gate.drop() if drop else gate.release()
+
+    def _f_operator_standby_slow_get(self, f: FaultPlan, _: str) -> bool:
+        """HA: the standby's reads of the leader Lease are answered `delay` seconds late, so what it
+        reads of the leader's renewals is old when it arrives: it must not take over while the
+        leader still leads (oracle invariant 9)."""
+        if not self.plan.ha:
+            return False
+        label = self.operators.labels[self.operators.leader(self.kube, self.ns)]
+        rule = self.op_proxy.delay(f.params["delay"], phase="response", method="GET",
+                                   path=rf"/leases/{LEADER_LEASE}$", client=rf"^(?!{re.escape(label)}$)replica-")
+        self._lasting(f.seconds, rule.remove)
+        return True
 
     def _f_operator_leader_lost(self, f: FaultPlan, _: str) -> bool:
         """HA: the leader loses its leadership in the middle of a pass (issue 21, defect 6).
