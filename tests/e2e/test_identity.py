@@ -84,8 +84,30 @@ def test_a_run_never_yields_tokens_of_an_account_its_creator_cannot_use(
     said = refused.json()["message"]
     assert 'may not act as ServiceAccount "deployer"' in said and f"system:serviceaccount:{ns}:creator" in said
     # ... and admitted for whoever may act as deployer anyway (the admin): no new right is gained.
-    kube.ok(kube.post(Kube.wr_path(ns), _pod_run("pod-admin", "deployer")))
-    kube.ok(kube.patch(Kube.wr_path(ns, "pod-admin"), {"spec": {"stop": True}}))
+    waiting = _pod_run("pod-admin", "deployer")
+    waiting["spec"]["suspend"] = True  # never starts: its template stays editable
+    kube.ok(kube.post(Kube.wr_path(ns), waiting))
+    # The creator may not change what would run as deployer in the admin's run, only control it.
+    edited = kube.request(
+        "PATCH", Kube.wr_path(ns, "pod-admin"), headers={**creator, "Content-Type": "application/json-patch+json"},
+        json=[{"op": "replace", "path": "/spec/template/spec/containers/0/command", "value": ["sh", "-c", "env"]}])
+    assert edited.status_code == 403 and 'ServiceAccount "deployer"' in edited.json()["message"], edited.text
+    stopped = kube.request("PATCH", Kube.wr_path(ns, "pod-admin"), json={"spec": {"stop": True}},
+                           headers={**creator, "Content-Type": "application/merge-patch+json"})
+    assert stopped.status_code == 200, stopped.text
+
+    # Someone's own account under the name Tether would make for a run (`ci` -> `ci-worker`):
+    # never adopted; the run says so and no attempt is ever opened for a claim.
+    kube.ok(kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "ci-worker"}}))
+    kube.ok(kube.post(Kube.wr_path(ns), external_run("ci"), headers=creator))
+
+    def taken() -> bool:
+        conds = (runs.get(kube, ns, "ci").get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Stalled" and c["reason"] == "WorkerIdentityTaken" for c in conds)
+
+    eventually(taken, timeout=30, what="run ci Stalled: WorkerIdentityTaken")
+    refused_claim = call(gateway, ns, "ci", "claim", claim_token, {"workerId": "w1"})
+    assert refused_claim.status_code != 200 and "toolClaim" not in refused_claim.text, refused_claim.text
 
     # An External run the creator makes and claims: its tool claim is the run's own account.
     kube.ok(kube.post(Kube.wr_path(ns), external_run("ext-own"), headers=creator))

@@ -201,6 +201,9 @@ def test_usage_series_records_changes_and_each_attempts_end() -> None:
     assert [(p.time, p.cursor) for p in series] == [(1.0, "3"), (3.0, "4")]
     points = charts.usage_points(_lost_then_succeeded(), [])
     assert [(p.cents, p.tokens) for p in points] == [(5, 50), (12, 120)]
+    trimmed = _lost_then_succeeded()
+    trimmed["status"]["trimmedUsage"] = {"cents": 100, "tokens": 7}  # attempts no longer listed spent it
+    assert [(p.cents, p.tokens) for p in charts.usage_points(trimmed, [])] == [(105, 57), (112, 127)]
     svg = charts.usage_svg(sorted(series + points, key=lambda p: p.time), charts.Scale(0, T0.timestamp() + 100), T0)
     assert "12 cents" in svg and 'class="checkpoint"' in svg
 

@@ -705,12 +705,15 @@ def test_a_deleted_queued_run_lets_go_only_once_no_pod_of_it_runs() -> None:
     r = run(status=s, labels=QUEUE, deletionTimestamp=T0.isoformat(), finalizers=["tether.dev/cleanup"])
     deleting = pod(deleting=True, deletion_due=T0 + dt.timedelta(seconds=30), has_finalizer=False)
 
-    def deciding(*pods: Any) -> list[str]:
-        return kinds(decide(replace(observe(r, pods=pods), workload=ADMITTED, flavors=SPOT)).actions)
+    def deciding(*pods: Any, wl: Workload = ADMITTED) -> list[str]:
+        return kinds(decide(replace(observe(r, pods=pods), workload=wl, flavors=SPOT)).actions)
 
     assert deciding(deleting) == []
-    assert deciding(pod(phase="Failed", exit_code=143, has_finalizer=False)) == ["RemoveFinalizer"]
-    assert deciding() == ["RemoveFinalizer"]
+    # Finished first (its confirmation lists the pods afresh), the finalizer once Kueue has it.
+    assert deciding(pod(phase="Failed", exit_code=143, has_finalizer=False)) == ["FinishWorkload"]
+    assert deciding() == ["FinishWorkload"]
+    finished = workload(cond("QuotaReserved", "True"), cond("Finished", "True"), admission=ADMISSION)
+    assert deciding(wl=finished) == ["RemoveFinalizer"] and deciding(wl=None) == ["RemoveFinalizer"]  # type: ignore[arg-type]
 
 
 def test_pods_ready_is_withdrawn_between_attempts_so_kueue_bounds_a_failing_run() -> None:

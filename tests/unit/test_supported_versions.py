@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tether.api import constants as c
 from tether.controller.controller import Clock, RunController
 from tether.kube import support
 from tether.kube.client import ApiError
@@ -56,18 +55,28 @@ def test_the_operator_says_at_start_what_it_thinks_of_the_server(info: dict[str,
     assert (problem is None) if said is None else (problem is not None and said in problem)
 
 
-def test_a_server_without_crd_field_selectors_makes_a_gated_run_say_so() -> None:
-    """Kubernetes 1.30 answers the approvals list by field selector with 400: the pass decides
-    everything but the gate, and the run is Stalled with the reason, not left waiting for ever."""
+def test_a_server_without_crd_field_selectors_still_decides_gates() -> None:
+    """Kubernetes 1.30 answers the approvals list by field selector with 400 (on main before the
+    fix, the gate waited for ever): the namespace's approvals are listed whole and filtered, so the
+    approved start gate grants the run."""
+    approval = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunApproval",
+                "metadata": {"name": "ok", "namespace": "ns", "uid": "ap-1", "resourceVersion": "4",
+                             "creationTimestamp": "2026-11-29T11:59:00Z"},
+                "spec": {"runRef": {"name": "job", "uid": "run-NEW"}, "gate": "Start", "decision": "Approve",
+                         "approver": "alice", "reason": "fine"}}
+    other = {**approval, "metadata": {**approval["metadata"], "name": "other", "uid": "ap-2"},
+             "spec": {**approval["spec"], "runRef": {"name": "another"}, "decision": "Deny"}}
+
     class OldServer(Kube):
         async def list_objects(self, path: str, label_selector: str = "", field_selector: str = "") -> list[Any]:
-            if "workerrunapprovals" in path and field_selector:
-                raise ApiError(400, '{"message": "field label not supported: spec.runRef.name"}', "list approvals")
+            if "workerrunapprovals" in path:
+                if field_selector:
+                    raise ApiError(400, '{"message": "field label not supported: spec.runRef.name"}', "list")
+                return [approval, other]
             return []
 
     async def go() -> dict[str, Any]:
-        kube = OldServer({})
-        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+        ctl = RunController(OldServer({}), clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
         body = _new_run()
         body["spec"]["review"] = {"start": True}
         ctl.on_run("ADDED", body)
@@ -79,6 +88,4 @@ def test_a_server_without_crd_field_selectors_makes_a_gated_run_say_so() -> None
         return written.body
 
     status = asyncio.run(go())["status"]
-    stalled = next(x for x in status["conditions"] if x["type"] == c.COND_STALLED)
-    assert stalled["status"] == "True" and stalled["reason"] == "KubernetesTooOld"
-    assert "need Kubernetes 1.31 or newer" in stalled["message"] and "no review gate" in stalled["message"]
+    assert status["holder"] == "job-a1" and status["fence"] == 1, status

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from tether.api.models import WorkerRun
 from tether.controller.rbac import WorkerRbac
 from tether.kube import resources
@@ -80,3 +82,39 @@ def test_an_external_run_is_never_given_an_account_it_names() -> None:
     assert subjects == [[{"kind": "ServiceAccount", "name": "ext-worker", "namespace": "ns"}]]
     assert [obj["metadata"]["name"] for _, obj in resources.build_worker_rbac(run) if obj["kind"] == "ServiceAccount"] \
         == ["ext-worker"]
+
+
+class _Existing(_Kube):
+    """The API server already holds `ci-worker`, made by someone (owner references as given)."""
+
+    def __init__(self, owners: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.owners, self.deleted = owners, []  # type: list[str]
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if body["metadata"]["name"] == "ci-worker" and "ci-worker" not in self.deleted:
+            from tether.kube.client import Conflict
+            raise Conflict(409, "exists", "create")
+        return await super().create(path, body)
+
+    async def get_object(self, path: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": "ci-worker", "uid": "sa-1", "ownerReferences": self.owners}}
+
+    async def delete_object(self, path: str, uid: str) -> None:
+        self.deleted.append(path.rsplit("/", 1)[-1])
+
+
+@pytest.mark.parametrize("shared, executor", [(True, "External"), (False, "Pod")])
+def test_someone_elses_account_of_the_runs_name_is_never_adopted(shared: bool, executor: str) -> None:
+    """Review finding: an admin's ServiceAccount `ci-worker` and a run named `ci` (External, or a
+    pod run in per-run mode): the run must not act as that account, nor get its tokens."""
+    from tether.controller.errors import SpecError
+    kube = _Existing(owners=[])
+    with pytest.raises(SpecError) as refused:
+        asyncio.run(WorkerRbac(kube, shared=shared).ensure(_run("ci", executor=executor)))  # type: ignore[arg-type]
+    assert refused.value.reason == "WorkerIdentityTaken" and "was not made for this run" in refused.value.api_error.message
+    assert kube.deleted == [] and not [c for c in kube.created if c.startswith("rolebindings/")]
+    # One a deleted run of that name left (garbage collection's to take) is replaced.
+    left = _Existing(owners=[{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "name": "ci", "uid": "old"}])
+    asyncio.run(WorkerRbac(left, shared=shared).ensure(_run("ci", executor=executor)))  # type: ignore[arg-type]
+    assert left.deleted == ["ci-worker"] and "serviceaccounts/ci-worker" in left.created

@@ -177,10 +177,12 @@ def legend() -> str:
 
 def usage_points(run: dict[str, Any], series: list[Point]) -> list[Point]:
     """The watch's observations plus each ended attempt's usage at its end (attempts add up to the
-    run's usage), in time order."""
+    run's usage, with what attempts no longer listed spent: status.trimmedUsage), in time order."""
     points = list(series)
-    cents = tokens = 0
-    for a in (run.get("status") or {}).get("attempts") or []:
+    status = run.get("status") or {}
+    trimmed = status.get("trimmedUsage") or {}
+    cents, tokens = int(trimmed.get("cents") or 0), int(trimmed.get("tokens") or 0)
+    for a in status.get("attempts") or []:
         end = parse_time(a.get("endedAt"))
         usage = a.get("usage") or {}
         cents, tokens = cents + int(usage.get("cents") or 0), tokens + int(usage.get("tokens") or 0)

@@ -4,7 +4,8 @@ With the namespace identity (the default, where the admission policy scopes each
 to its own run) a pod-backed run uses the namespace's objects, created once per namespace;
 otherwise, and for External runs (the gateway mints their tool claims), one set per run.
 Objects left by a deleted run of the same name are not adopted: they belong to the
-old run's UID (and garbage collection would delete them under the new run).
+old run's UID (and garbage collection would delete them under the new run). Nor is an object of
+that name that no run made: the run would act as someone else's account.
 """
 
 from __future__ import annotations
@@ -12,12 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 from tether.api.models import WorkerRun
+from tether.controller.errors import SpecError
 from tether.kube import resources
 from tether.kube.client import Conflict, KubeClient
 
 
 def owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+def left_by_a_run(obj: dict[str, Any]) -> bool:
+    """Owned by a WorkerRun (garbage collection takes it with that run)."""
+    return any(ref.get("kind") == "WorkerRun" and str(ref.get("apiVersion", "")).startswith("tether.dev/")
+               for ref in obj.get("metadata", {}).get("ownerReferences") or [])
 
 
 class WorkerRbac:
@@ -57,8 +65,16 @@ class WorkerRbac:
                 existing = await self.kube.get_object(f"{path}/{obj['metadata']['name']}")
                 if existing is None:
                     continue  # deleted in between: create again
-                if uid is None or owned_by(existing, uid) or not existing["metadata"].get("ownerReferences"):
-                    return  # ours, the namespace's, or the user's own (a template's ServiceAccount)
+                if uid is None or owned_by(existing, uid):
+                    return  # ours, or the namespace's
+                if not left_by_a_run(existing):
+                    # Someone's own object under the name Tether would make (say an admin's ServiceAccount
+                    # `ci-worker`, and a run named `ci`): never adopted, or the run would act as it.
+                    kind, name = obj["kind"], obj["metadata"]["name"]
+                    raise SpecError("WorkerIdentityTaken", Conflict(409, (
+                        f"{kind} {name} exists and was not made for this run: Tether runs a worker only as an "
+                        f"account it made for the run (or the namespace's). Rename the run, or delete the {kind}"),
+                        "ensure worker identity"))
                 # Left by a deleted run of the same name: replace it, or GC takes it from us.
                 await self.kube.delete_object(f"{path}/{obj['metadata']['name']}", existing["metadata"]["uid"])
         raise Conflict(409, f"{path}/{obj['metadata']['name']} keeps reappearing", "ensure worker rbac")

@@ -13,7 +13,6 @@ confirm -> execute.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Callable
 
@@ -32,7 +31,6 @@ from tether.controller.loop import Result
 from tether.controller.snapshot import Snapshot, approval_observation
 from tether.controller.sweeper import NamespaceSweeper
 from tether.controller.views import ApprovalView, RunKey
-from tether.core.actions import Decision
 from tether.core.decide import Observed, decide
 from tether.core.liveness import progress_held
 from tether.core.observe import ApprovalObservation
@@ -55,6 +53,7 @@ class RunReconciler:
         self.executor, self.confirmer, self.sweeper = executor, confirmer, sweeper
         self.leadership, self.fold_interval, self.report = leadership, fold_interval, report
         self.wake_strays = wake_strays
+        self._whole_approval_lists = False  # the server refused a field selector once (said once)
 
     def exists(self, key: RunKey) -> bool:
         self.cache.forget_key(key)
@@ -89,14 +88,7 @@ class RunReconciler:
         if snap.run.metadata.deletion_timestamp is None and c.RUN_FINALIZER not in snap.run.metadata.finalizers:
             await self.executor.add_finalizer(snap)
             return Result(acted=True)
-        observed, unsupported = await self._gather(snap)
-        result = await self._act(snap, decide(observed))
-        if unsupported is not None:
-            # What the API server cannot do is said on the run (Stalled), never left a silent wait.
-            await self._record_refusal(snap.key, unsupported)
-        return result
-
-    async def _act(self, snap: Snapshot, decision: Decision) -> Result:
+        decision = decide(await self._gather(snap))
         tracing.on_decision(decision.actions)
         log.debug("decided", extra={"run": "/".join(snap.key), "event": "decided",
                                     "requeueAfter": decision.requeue_after,
@@ -112,14 +104,12 @@ class RunReconciler:
             snap = await self.executor.run(snap, action)
         return Result(decision.requeue_after, acted=True)
 
-    async def _gather(self, snap: Snapshot) -> tuple[Observed, SpecError | None]:
-        """The observation, and what the API server could not serve for it (said on the run)."""
+    async def _gather(self, snap: Snapshot) -> Observed:
         now, mono = self.cache.now(), self.cache.mono()
         run, uid = snap.run, snap.uid
         if progress_held(run):
             self.cache.progress_held_at[uid] = mono
         workload, workload_gone, cluster_queue, flavors = await self.executor.queues.observe(run)
-        approvals, unsupported = await self._approvals(snap)
         return Observed(workload=workload, workload_gone=workload_gone, cluster_queue=cluster_queue, flavors=flavors,
                         boost_seconds=self.executor.queues.boost_seconds,
                         budget_checks=self.executor.queues.budget_checks,
@@ -128,31 +118,37 @@ class RunReconciler:
                         now=now, mono=mono, budget=await self.budgets.observe(run, now),
                         fold_interval=self.fold_interval, api_available_since=self.kube.health.available_since,
                         namespace_terminating=self.sweeper.terminating(run.metadata.namespace),
-                        approvals=approvals, progress_held_at=self.cache.progress_held_at.get(uid)), unsupported
+                        approvals=await self._approvals(snap), progress_held_at=self.cache.progress_held_at.get(uid))
 
-    async def _approvals(self, snap: Snapshot) -> tuple[tuple[ApprovalObservation, ...] | None, SpecError | None]:
+    async def _approvals(self, snap: Snapshot) -> tuple[ApprovalObservation, ...] | None:
         """The approvals naming a run with an open gate (the only state that reads them), read fresh
         from the API server rather than from a watch cache: after a restart or a failover the cache
         may not have listed them all yet, or may still hold a deleted one, and a grant or a
         rejection decided from it cannot be taken back. None when the list fails: the pass decides
-        no gate, and everything else (lapses, stops, deadlines) goes on; if the server cannot serve
-        the list at all (too old), the refusal to record on the run comes with it."""
+        no gate, and everything else (lapses, stops, deadlines) goes on. A server that does not
+        serve CRD field selectors (older than Tether supports) answers 400: the namespace's
+        approvals are listed whole then, and filtered here, so gates are still decided."""
         run = snap.run
         if not needs_approvals(run, snap.lease):
-            return (), None
+            return ()
+        path = approval_path(run.metadata.namespace)
         try:
-            items = await self.kube.list_objects(approval_path(run.metadata.namespace),
-                                                 field_selector=f"spec.runRef.name={run.metadata.name}")
+            try:
+                items = await self.kube.list_objects(path, field_selector=f"spec.runRef.name={run.metadata.name}")
+            except ApiError as exc:
+                if not support.unsupported_field_selector(exc.status, exc.message):
+                    raise
+                if not self._whole_approval_lists:
+                    self._whole_approval_lists = True
+                    log.warning(f"{support.FIELD_SELECTORS}: listing each namespace's approvals whole",
+                                extra={"event": "field_selectors_unsupported"})
+                items = await self.kube.list_objects(path)
         except ApiError as exc:
             log.warning("approvals not listed; no gate decided this pass",
                         extra={"run": run.key, "event": "approvals_unlisted", "status": exc.status})
-            if support.unsupported_field_selector(exc.status, exc.message):
-                return None, SpecError("KubernetesTooOld", ApiError(exc.status, json.dumps({
-                    "message": f"{support.FIELD_SELECTORS}; Tether supports Kubernetes {support.SUPPORTED}: "
-                               f"no review gate of this run can be decided ({exc.message})"}), "list approvals"))
-            return None, None
+            return None
         return tuple(a for body in items if ApprovalView(body).run_key == snap.key
-                     and (a := approval_observation(body)) is not None), None
+                     and (a := approval_observation(body)) is not None)
 
     async def _record_refusal(self, key: RunKey, exc: SpecError) -> None:
         """Records a refusal on the run (condition and Event) once per distinct message,

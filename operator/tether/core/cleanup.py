@@ -5,9 +5,10 @@ are closed), a finished run (charge, then TTL), and pods of attempts that ended.
 from __future__ import annotations
 
 from tether.api import kueue as k
-from tether.api.models import AttemptRecord, Outcome
+from tether.api.models import AttemptRecord, Outcome, Phase
 from tether.core.accounting import charge_finished, release_due
-from tether.core.actions import ClearLease, Decision, DeletePod, DeleteRun, ReleasePod, RemoveFinalizer
+from tether.core.actions import (ClearLease, Decision, DeletePod, DeleteRun, FinishWorkload, ReleasePod,
+                                 RemoveFinalizer)
 from tether.core.lifecycle import StatusBuilder, revoke
 from tether.core.observe import Observed, PodObservation
 
@@ -79,8 +80,14 @@ def decide_deleting(o: Observed, d: Decision) -> None:
     if d.actions:
         return
     wl = o.workload
-    if wl is not None and wl.is_true(k.WL_QUOTA_RESERVED) and not wl.is_true(k.WL_FINISHED) and pods_may_run(o, d):
-        return  # the Workload (the run's) and its quota go with the run: only once no pod runs
+    if wl is not None and wl.is_true(k.WL_QUOTA_RESERVED) and not wl.is_true(k.WL_FINISHED):
+        # The Workload (the run's) and its quota would go with the run: finish it first, once no pod
+        # runs, confirmed by a fresh list (a cache after a restart may not hold the pods yet).
+        if not pods_may_run(o, d):
+            d.actions.append(FinishWorkload(name=wl.metadata.name, succeeded=s.phase == Phase.SUCCEEDED,
+                                            message="the WorkerRun was deleted",
+                                            resource_version=wl.metadata.resource_version))
+        return
     d.actions.append(RemoveFinalizer())
 
 

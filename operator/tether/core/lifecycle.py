@@ -92,6 +92,9 @@ def attempts_used(status: WorkerRunStatus) -> int:
     return status.attempt - status.preemptions
 
 
+# attempts[].error's bounds in the CRD: a copy, so a large error the worker published does not
+# grow every later status write by its size again.
+MAX_ERROR_CODE, MAX_ATTEMPT_ERROR_MESSAGE = 256, 4096
 # The CRD's bound on status.attempt: maxAttempts (at most 100) plus attempts Kueue preempted.
 MAX_ATTEMPT = 10000
 
@@ -277,8 +280,9 @@ class StatusBuilder:
             cur.ended_at = o.now
             cur.exit_code = exit_code
             cur.message = message
-            if s.error is not None:
-                cur.error = s.error.model_copy()  # while held, only the worker writes status.error
+            if s.error is not None:  # while held, only the worker writes status.error
+                cur.error = ErrorInfo(code=(s.error.code or "")[:MAX_ERROR_CODE] or None,
+                                      message=(s.error.message or "")[:MAX_ATTEMPT_ERROR_MESSAGE] or None)
             if lease is not None and lease.usage is not None:
                 cur.usage = lease.usage
         s.usage = attempts_usage(s)

@@ -284,6 +284,13 @@ class Gateway:
         try:
             uid = self._secrets.get(key)
             if uid is None:
+                account = await self.kube.get_object(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}")
+                if account is None or not any(ref.get("uid") == run.metadata.uid for ref in
+                                              (account.get("metadata") or {}).get("ownerReferences") or []):
+                    # Not the account Tether made for this run (someone's own of that name): no tokens of it.
+                    log.warning("tool claim withheld: the account is not the run's", extra={
+                        "event": "tool_claim_foreign_account", "run": f"{ns}/{name}", "serviceAccount": sa})
+                    return None
                 created = await self.kube.apply(f"/api/v1/namespaces/{ns}/secrets", {
                     "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                     "metadata": {"name": secret, "namespace": ns, "labels": resources.run_labels(run),

@@ -37,7 +37,7 @@ def version_problem(info: dict[str, Any]) -> str | None:
         return f"the API server reports {shown}; Tether supports Kubernetes {SUPPORTED}"
     if version < OLDEST:
         return (f"the API server is Kubernetes {shown}, older than Tether supports ({SUPPORTED}): "
-                f"what it lacks is said on the runs that need it (e.g. {FIELD_SELECTORS})")
+                f"what it lacks is said where it matters (e.g. {FIELD_SELECTORS})")
     if version > NEWEST:
         return f"the API server is Kubernetes {shown}, newer than Tether is tested on ({SUPPORTED})"
     return None
