@@ -37,6 +37,17 @@ kubernetes_workspace() {
     echo
     grep -E '=> \./staging/' "$modfile" | awk -v v="$staging_version" '{print "replace " $1 " => " $1 " " v}'
   } > go.mod
+  # A staging module the proxy does not serve at this version (k8s.io/endpointslice v0.32.13 is
+  # refused) takes the newest served patch of the same minor: those releases carry the same code.
+  local mod served
+  for mod in $(awk '/^replace /{print $2}' go.mod); do
+    go mod download "$mod@$staging_version" >/dev/null 2>&1 && continue
+    served="$(go list -m -versions "$mod" 2>/dev/null | tr ' ' '\n' | grep -E "^${staging_version%.*}\.[0-9]+$" \
+              | awk -F. -v p="${staging_version##*.}" '$3 + 0 < p + 0' | sort -t. -k3 -n | tail -1)" || true
+    [[ -n "$served" ]] || continue
+    echo "[kubernetes] $mod $staging_version is not served: using $served" >&2
+    sed -i "s#^replace $mod => $mod $staging_version\$#replace $mod => $mod $served#" go.mod
+  done
   major="${kv%%.*}"; rest="${kv#*.}"; minor="${rest%%.*}"
   pkg=k8s.io/component-base/version
   k8s_ldflags="-s -w -X ${pkg}.gitVersion=${KUBERNETES_VERSION} -X ${pkg}.gitMajor=${major} -X ${pkg}.gitMinor=${minor}"
