@@ -38,15 +38,16 @@ def test_the_chart_readme_and_docs_state_the_same_range() -> None:
     assert f"Kubernetes {support.SUPPORTED}" in (ROOT / "README.md").read_text()
     stale = [p.name for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
                               ROOT / "charts" / "tether" / "values.yaml", ROOT / "charts" / "tether" / "values.schema.json"]
-             if re.search(r"Kubernetes (≥ ?|>= ?)?1\.(2\d|30|31)\b|1\.(2\d|30|31) or newer", p.read_text())]
+             if re.search(r"Kubernetes (≥ ?|>= ?)?1\.(2\d|3[0-3])\b|1\.(2\d|3[0-3]) or newer", p.read_text())]
     assert stale == []
 
 
 @pytest.mark.parametrize("info, said", [
-    ({"major": "1", "minor": "32", "gitVersion": "v1.32.13"}, None),
+    ({"major": "1", "minor": "34", "gitVersion": "v1.34.4"}, None),
+    ({"major": "1", "minor": "32", "gitVersion": "v1.32.13"}, "older than Tether supports (1.34 to 1.36)"),
     ({"major": "1", "minor": "36", "gitVersion": "v1.36.3"}, None),
-    ({"major": "1", "minor": "33+", "gitVersion": "v1.33.2-eks"}, None),
-    ({"major": "1", "minor": "30", "gitVersion": "v1.30.14"}, "older than Tether supports (1.32 to 1.36)"),
+    ({"major": "1", "minor": "35+", "gitVersion": "v1.35.2-eks"}, None),
+    ({"major": "1", "minor": "30", "gitVersion": "v1.30.14"}, "older than Tether supports (1.34 to 1.36)"),
     ({"major": "1", "minor": "37", "gitVersion": "v1.37.0"}, "newer than Tether is tested on"),
     ({}, "reports an unknown version"),
 ])
