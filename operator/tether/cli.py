@@ -170,18 +170,18 @@ async def _run_operator(args: argparse.Namespace) -> int:
 
 
 async def _check_server(log: "logging.Logger") -> None:
-    """Says at start what this API server lacks of what Tether needs (kube/support.py); the runs
-    that need it say so too, in their conditions. A server that does not answer yet is not judged."""
+    """Says at start when the API server is outside the supported range (kube/support.py). A server
+    that does not answer yet is not judged."""
     import asyncio
 
     from tether.kube import config as kubeconfig
     from tether.kube import support
-    from tether.kube.client import ApiError, KubeClient
+    from tether.kube.client import KubeClient
 
     try:
         client = KubeClient(await asyncio.to_thread(kubeconfig.load))
-        problem = support.version_problem(await client.get_object("/version") or {})
-    except (ApiError, OSError) as exc:
+        problem = support.version_problem(await asyncio.wait_for(client.get_object("/version"), 10) or {})
+    except Exception as exc:  # noqa: BLE001 - advisory only: whatever fails here must not stop the operator
         log.warning("API server version not read", extra={"event": "server_unchecked", "error": str(exc)})
         return
     if problem is not None:

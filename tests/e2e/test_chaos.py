@@ -23,11 +23,11 @@ pytestmark = pytest.mark.local_cluster  # it signals worker processes of the pro
 # deadlineSeconds, with progressDeadlineSeconds and with a request a person decides later than that.
 # 378 re-creates a run while its old pod is still terminating: before the fix the old worker took the
 # new run's Lease and completed it (same holder name and fence). 22045 queues a run through Kueue and
-# preempts it. 33010 (HA) answers the standby's reads of the leader Lease late while the leader loses
+# preempts it. 33371 (HA) answers the standby's reads of the leader Lease late while the leader loses
 # its leadership, and queues runs whose workers publish an error when Kueue's preemption tells them
 # to yield (issue 33: that error was erased; invariant 11 judges the quota).
-SEEDS = [7392, 27296, 30542, 12988, 22045, 8392, 378, 33010]
-QUEUED = {22045, 33010}
+SEEDS = [7392, 27296, 30542, 12988, 22045, 8392, 378, 33371]
+QUEUED = {22045, 33371}
 
 
 def test_the_fixed_set_draws_every_fault_kind_but_the_api_pause() -> None:

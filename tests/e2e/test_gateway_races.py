@@ -74,7 +74,8 @@ def grant(kube: Kube, ns: str, name: str) -> tuple[str, int]:
     model = WorkerRun.model_validate(runs.get(kube, ns, name))
     kube.ok(kube.post(lease_path(ns), resources.build_lease(model, holder, 1, 30, dt.datetime.now(dt.timezone.utc))))
     kube.ok(kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts",
-                      {"metadata": {"name": resources.worker_service_account(model)}}))
+                      {"metadata": {"name": resources.worker_service_account(model),
+                                    "ownerReferences": [resources.owner_ref(model)]}}))
     return holder, 1
 
 

@@ -45,6 +45,8 @@ def test_helm_install_runs_under_its_rbac_and_fails_over(kube: Kube, namespace: 
     install = subprocess.run(
         [str(tools_dir / "helm"), "install", release, str(ROOT / "charts" / "tether"), "--namespace", namespace,
          "--kubeconfig", _kubeconfig(), "--set", f"watchNamespaces={{{namespace}}}",
+         # One namespace per test holds the release and its runs: placement is asked for, as a user would.
+         "--set", "admissionPolicy.allowRunsInOperatorNamespace=true",
          "--set", f"leaderElection.leaseSeconds={lease_seconds}", "--set", "foldIntervalSeconds=1",
          "--wait", "--timeout", "180s"], capture_output=True, text=True)
     try:

@@ -301,6 +301,8 @@ def test_the_chart_on_the_real_node_under_its_security_context_and_failover(  # 
         [*helm, "install", release, str(ROOT / "charts" / "tether"), "--namespace", namespace,
          "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
          "--set", f"watchNamespaces={{{namespace}}}", "--set", f"leaderElection.leaseSeconds={lease_seconds}",
+         # The release and its runs share the test's namespace: asked for, as a user would.
+         "--set", "admissionPolicy.allowRunsInOperatorNamespace=true",
          "--set", "foldIntervalSeconds=1", "--set-string", f"nodeSelector.{HELM_NODE_LABEL}=true",
          "--set", f"tolerations[0].key={REAL_NODE_TAINT}", "--set", "tolerations[0].operator=Exists",
          "--set", "tolerations[0].effect=NoSchedule",

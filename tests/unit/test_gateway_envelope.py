@@ -268,6 +268,10 @@ class HeldKube(AuthOnlyKube):
     async def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return {**body, "metadata": {**body["metadata"], "uid": "secret-1"}}
 
+    async def get_object(self, path: str) -> dict[str, Any] | None:
+        assert path == "/api/v1/namespaces/ns/serviceaccounts/job-worker", path  # the run's own, as the operator made it
+        return {"metadata": {"name": "job-worker", "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1"}]}}
+
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         if path.endswith("/token"):
             return {"status": {"token": "tool-1", "expirationTimestamp": "2026-11-30T16:10:00Z"}}
@@ -298,3 +302,18 @@ def test_every_renewal_reply_names_its_attempt_as_the_sdks_and_the_openapi_docum
     required = set(openapi_document()["components"]["schemas"][schema]["required"])
     assert {"holder", "fence", "runUid", "stop", "paused", "leaseExpiresAt", "status"} <= required
     assert required <= set(resp.json()), required - set(resp.json())
+
+
+def test_no_tool_claim_for_an_account_the_run_does_not_own() -> None:
+    """Review finding: `job-worker` exists but no run made it (an admin's account of that name):
+    the claim goes through, its tool claim is withheld, and no Secret is made to bind a token to."""
+    class ForeignAccount(HeldKube):
+        async def get_object(self, path: str) -> dict[str, Any] | None:
+            return {"metadata": {"name": "job-worker"}}
+
+        async def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            raise AssertionError(f"made {path}")
+
+    resp = _call(build_app(ForeignAccount(), "tether-gateway"), "POST", f"{OP}/claim",  # type: ignore[arg-type]
+                 json={"workerId": "w1"}, headers=AUTH)
+    assert resp.status_code == 200 and resp.json()["toolClaim"] is None, resp.text
