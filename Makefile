@@ -64,12 +64,18 @@ kind-image: node
 	bash hack/build-kind.sh
 
 # The tests of admission, approvals, fencing and queueing, again on the oldest supported Kubernetes.
+# (Kueue's tests share one manager and run one after another: the ones that admit, preempt, fence a
+# worker that ignores the yield and keep quota from a run awaiting review, within CI's time.)
+KUEUE_ON_OLDEST := test_a_cluster_queue_quota_caps_running_runs_and_the_rest_wait_queued \
+	test_a_higher_priority_run_preempts_a_running_one_that_yields_and_resumes \
+	test_a_worker_that_ignores_the_yield_is_fenced_and_killed_after_its_grace test_a_run_waiting_for_its_start_review_holds_no_quota
 OLDEST_TESTS ?= tests/cluster/test_admission_policy.py tests/cluster/test_approvals.py tests/cluster/test_crd_validation.py \
-	tests/e2e/test_fencing.py tests/e2e/test_review_gates.py tests/e2e/test_identity.py tests/kueue/test_queues.py
+	tests/e2e/test_fencing.py tests/e2e/test_review_gates.py tests/e2e/test_identity.py \
+	$(addprefix tests/kueue/test_queues.py::,$(KUEUE_ON_OLDEST))
 
 test: install control-plane tools node kueue kind-image sdk-test layers docs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra
-	TETHER_TEST_KUBERNETES=oldest $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra $(OLDEST_TESTS)
+	TETHER_TEST_KUBERNETES=oldest $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra --durations=10 $(OLDEST_TESTS)
 
 # The layers are a checked contract (pyproject.toml [tool.importlinter]).
 layers: install
