@@ -737,3 +737,36 @@ def test_pods_ready_is_withdrawn_between_attempts_so_kueue_bounds_a_failing_run(
     o = queued_observe(waiting, status=second, lease_obs=lease(attempt=2), pods=(pod(2),))
     (again,) = [a for a in decide(o).actions if isinstance(a, MarkPodsReady)]
     assert (again.ready, again.reason) == (True, "Recovered")
+
+
+def _retry_due() -> dict[str, Any]:
+    """Attempt 1 lapsed (Stalled) under the Workload's admission, which Kueue keeps; its backoff is over."""
+    s = _held_queued()
+    s["attempts"][-1].update(outcome="Stalled", endedAt=(T0 - dt.timedelta(seconds=10)).isoformat())
+    return {**s, "holder": None, "fence": 2, "phase": "Backoff", "nextAttemptAt": T0.isoformat()}
+
+
+def test_a_retry_under_the_same_admission_waits_for_the_last_attempts_pod_to_exit() -> None:
+    # Seed 43404: a lapsed attempt's pod was still terminating when the retry's pod was created, so
+    # the run's one admitted pod was two live pods and the ClusterQueue's quota was exceeded.
+    exiting = pod(phase="Running", deleting=True, deletion_due=T0 + dt.timedelta(seconds=20))
+    d = decide(queued_observe(ADMITTED, status=_retry_due(), pods=(exiting,)))
+    assert not any(isinstance(a, WriteStatus) and a.grants for a in d.actions)
+    status = _status(d)
+    assert status.phase == Phase.QUEUED and status.holder is None
+    assert "job-a1" in _cond(status, "Admitted")[2]
+    assert d.requeue_after is not None and d.requeue_after <= 20.0 + 60.0
+    # Gone (or given up on: deleted, silent a minute past its grace), the retry starts.
+    for after in ((), (replace(exiting, deletion_due=T0 - dt.timedelta(seconds=61)),),
+                  (pod(phase="Failed"),)):
+        (write,) = [a for a in decide(queued_observe(ADMITTED, status=_retry_due(), pods=after)).actions
+                    if isinstance(a, WriteStatus)]
+        assert write.grants and write.status.holder == "job-a2"
+
+
+def test_an_unqueued_retry_does_not_wait_for_the_last_attempts_pod() -> None:
+    exiting = pod(phase="Running", deleting=True, deletion_due=T0 + dt.timedelta(seconds=20))
+    s = _retry_due()
+    s.pop("queue", None)
+    write = decide(observe(run(status=s), pods=(exiting,))).actions[0]
+    assert isinstance(write, WriteStatus) and write.grants

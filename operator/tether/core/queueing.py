@@ -210,6 +210,13 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
                 f"admitted by ClusterQueue {wl.status.admission.cluster_queue if wl.status.admission else ''}; "
                 "waiting to read its ResourceFlavors")
         return False
+    if pods_may_run(o, d):
+        busy = [p.name for p in o.pods if p.may_still_run(o.now)]
+        # Kueue admitted one pod, and keeps that admission across a retry: an earlier attempt's pod
+        # that may still run (a lapsed or revoked one in its grace period) holds it until it exits.
+        _queued(o, b, d, f"admitted by ClusterQueue {admission.cluster_queue}; waiting for pod {', '.join(busy)} "
+                         "of an earlier attempt to exit (the admission is for one pod)")
+        return False
     b.admission = admission
     last = o.run.status.current()
     since = last.ended_at if last is not None else o.run.metadata.creation_timestamp
