@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tether import __version__
+from tether.api.models import MAX_ATTEMPT_HISTORY
 
 if TYPE_CHECKING:
     import asyncio
@@ -112,7 +113,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
         metrics.STATE.is_leader = True
     settings = handlers.Settings(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles,
                                  event_qps=args.event_qps, event_burst=2 * max(1, int(args.event_qps)),
-                                 worker_identity=args.worker_identity)
+                                 worker_identity=args.worker_identity, attempt_history=args.attempt_history)
     if elector is not None:
         settings.may_act = lambda: elector.is_leader
 
@@ -315,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
                     default=os.environ.get("TETHER_WORKER_IDENTITY", "namespace"),
                     help="ServiceAccount of pod-backed runs: one per namespace (needs the admission policy, which "
                          "scopes each pod's token to its own run) or one per run, with a Role naming that run only")
+    op.add_argument("--attempt-history", type=_history_limit,
+                    default=os.environ.get("TETHER_ATTEMPT_HISTORY", str(MAX_ATTEMPT_HISTORY)),
+                    help=f"attempt records a run's status.attempts keeps, 1 to {MAX_ATTEMPT_HISTORY} (the default); what "
+                         "older attempts spent stays counted in status.trimmedUsage")
     op.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     op.set_defaults(func=_operator)
 
@@ -344,6 +349,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     return int(func(args) or 0)
+
+
+def _history_limit(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_ATTEMPT_HISTORY:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_ATTEMPT_HISTORY}, not {value}")
+    return value
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

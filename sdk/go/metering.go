@@ -358,6 +358,9 @@ type answer struct {
 	tokens              int64
 	expectUsage         bool // a 2xx answer to a generation request naming a model
 	seen, closed        bool
+	// final: a usage block that is the answer's final count was read, not only Anthropic's opening
+	// count in message_start (output_tokens 1), which message_delta completes.
+	final bool
 }
 
 // checkEnded: the answer ended (read whole, or a stream at its end or its [DONE]), or reading it
@@ -368,7 +371,16 @@ func (a *answer) checkEnded(cut error) {
 		return
 	}
 	a.closed = true
-	if a.expectUsage && !a.seen && a.meter.Fault() == "" {
+	if a.expectUsage && !a.final && a.meter.Fault() == "" {
+		if a.seen { // a stream that ended after its opening count: the rest of it went uncounted
+			how, why := "ended", ""
+			if cut != nil {
+				how, why = "was cut", fmt.Sprintf(" (%.200s)", cut)
+			}
+			a.meter.trip(fmt.Sprintf("a streamed answer to a %q request %s before its final usage (only its opening count was read)%s",
+				a.requestModel, how, why))
+			return
+		}
 		if cut != nil {
 			a.meter.trip(fmt.Sprintf("a 2xx answer to a %q request was cut before its usage was read (%.200s)", a.requestModel, cut))
 		} else {
@@ -377,7 +389,7 @@ func (a *answer) checkEnded(cut error) {
 	}
 }
 
-func (a *answer) see(usage any, model any) {
+func (a *answer) see(usage any, model any, final bool) {
 	if s, ok := model.(string); ok && s != "" && a.model == "" {
 		a.model = s
 	}
@@ -393,6 +405,7 @@ func (a *answer) see(usage any, model any) {
 		return
 	}
 	a.seen = true
+	a.final = a.final || final
 	merged := map[string]int64{}
 	for k, v := range a.counts {
 		merged[k] = v
@@ -434,10 +447,10 @@ func (a *answer) seeObject(obj any) {
 	if !ok {
 		return
 	}
-	a.see(o["usage"], o["model"])
+	a.see(o["usage"], o["model"], true)
 	for _, k := range []string{"response", "message", "x_groq"} {
 		if inner, ok := o[k].(map[string]any); ok {
-			a.see(inner["usage"], inner["model"])
+			a.see(inner["usage"], inner["model"], k != "message")
 		}
 	}
 }

@@ -443,8 +443,11 @@ func TestCutStreamsChargeWhatTheySaw(t *testing.T) {
 		path, model string
 		cut         int
 		want        [2]int64
-	}{{"/v1/messages", "claude-x", 5, [2]int64{2, 1500}}, {"/v1/messages", "claude-x", 4, [2]int64{1, 1001}},
-		{"/v1/chat/completions", "gpt-x", 3, [2]int64{}}, {"/v1/responses", "gpt-x", 3, [2]int64{}}} {
+		faults      bool
+	}{{"/v1/messages", "claude-x", 5, [2]int64{2, 1500}, false},
+		// message_start's opening count only: charged, and the meter faults (the output went uncounted).
+		{"/v1/messages", "claude-x", 4, [2]int64{1, 1001}, true}, {"/v1/messages", "claude-x", 2, [2]int64{1, 1001}, true},
+		{"/v1/chat/completions", "gpt-x", 3, [2]int64{}, true}, {"/v1/responses", "gpt-x", 3, [2]int64{}, true}} {
 		m, r, client := meterFor(t)
 		f.next(knobs{cutAfter: c.cut})
 		resp, err := post(t, client, f.URL+c.path, map[string]any{"model": c.model, "stream": true})
@@ -452,8 +455,8 @@ func TestCutStreamsChargeWhatTheySaw(t *testing.T) {
 			io.ReadAll(resp.Body)
 			resp.Body.Close()
 		}
-		// Cut by the server, not abandoned by the caller: a stream that ended with no usage faults.
-		if r.last() != c.want || (m.Fault() == "") != (c.want != [2]int64{}) {
+		// Cut by the server, not abandoned by the caller: a stream that ended without its final usage faults.
+		if r.last() != c.want || (m.Fault() != "") != c.faults {
 			t.Errorf("%s cut %d: %v %q", c.path, c.cut, r.reports, m.Fault())
 		}
 	}

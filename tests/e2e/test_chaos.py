@@ -1,4 +1,4 @@
-"""A fixed set of seeded fault trials, so CI guards the nine invariants (`make chaos` runs hundreds).
+"""A fixed set of seeded fault trials, so CI guards the oracle's invariants (`make chaos` runs hundreds).
 
 Each seed draws its runs and faults (tests/support/chaos.py) and is judged by the oracle
 (tests/support/oracle.py) from the API server's audit log and the final objects. They run on
@@ -25,7 +25,9 @@ pytestmark = pytest.mark.local_cluster  # it signals worker processes of the pro
 # new run's Lease and completed it (same holder name and fence). 22045 queues a run through Kueue and
 # preempts it. 33371 (HA) answers the standby's reads of the leader Lease late while the leader loses
 # its leadership, and queues runs whose workers publish an error when Kueue's preemption tells them
-# to yield (issue 33: that error was erased; invariant 11 judges the quota).
+# to yield (issue 33: that error was erased; invariant 11 judges the quota). 22045 also preempts its
+# queued run again and again, past the operators' short attempt history (invariant 4); 7392, 12988,
+# 8392 and 33371 meter workers on a model API that cuts answers (invariant 12).
 SEEDS = [7392, 27296, 30542, 12988, 22045, 8392, 378, 33371]
 QUEUED = {22045, 33371}
 
@@ -41,6 +43,8 @@ def test_the_fixed_set_draws_every_fault_kind_but_the_api_pause() -> None:
     assert any(rp.deadline_seconds for rp in runs) and any(rp.progress_deadline_seconds for rp in runs)
     assert any(rp.request and rp.request_wait > (rp.progress_deadline_seconds or 0) for rp in runs)
     assert any(rp.fail_on_yield for rp in runs)  # a publication during a yield
+    assert {rp.metered for rp in runs} >= {"stream", "whole"}  # metered workers whose answers are cut
+    assert sum(f.kind == "run-preempt-again" for plan in plans for f in plan.faults) >= 3  # past the kept history
     # A plan is a function of its seed: that is what makes a failing trial replayable.
     assert [draw_plan(seed, allow_api_pause=False) for seed in SEEDS] == plans
 

@@ -49,7 +49,7 @@ import httpx
 import yaml
 
 from tether.devcluster import pki
-from tests.support import chaos_queues
+from tests.support import chaos_models, chaos_queues
 from tests.support.apiproxy import ApiProxy, Gate
 from tests.support.audit import AuditRecord
 from tests.support.kube import Kube
@@ -87,7 +87,10 @@ API_PAUSE = "api-pause"
 # A higher-priority run asking for the whole quota of a trial's ClusterQueue: Kueue evicts every
 # admitted queued run (drawn only for plans with queued runs, from a generator of its own).
 RUN_PREEMPT = "run-preempt"
-FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE, RUN_PREEMPT)
+# The same, again and again through the window (drawn apart for half the plans with queued runs):
+# with the operators' short attempt history, queued runs pass its end (invariant 4 counts every cent).
+RUN_PREEMPT_AGAIN = "run-preempt-again"
+FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE, RUN_PREEMPT, RUN_PREEMPT_AGAIN)
 # What the harness's reviewer did to results under review and to workers' requests (not faults: a
 # person's decisions).
 REVIEW_DECISIONS = ("review-approve", "review-deny")
@@ -97,6 +100,9 @@ AIMED_AT_WORKER = frozenset(k for k in FAULT_KINDS if k.startswith("worker-")) |
 # Kinds aimed at a run's worker that, if that run has none running, take the next run's that has one.
 AIMED_AT_ANY_WORKER = frozenset({"operator-kill-mid-grant-lease", "operator-leader-lost"})
 LEADER_LEASE = "tether-operator-leader"
+# The operators keep this few attempt records (--attempt-history), so that runs retried, revoked or
+# preempted a few times already pass the history's end, as a long run passes the default 100.
+ATTEMPT_HISTORY = 2
 RENEW_DEADLINE = LEADER_LEASE_SECONDS * 2 / 3  # what the operator derives from its lease (tether/cli.py)
 WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -132,6 +138,9 @@ class RunPlan:
     credentials: str = "kubelet"
     # Queued: told to yield, its worker publishes an error (a publication during a yield, invariant 2).
     fail_on_yield: bool = False
+    # "stream" | "whole": its workers spend through the SDK's meter on the trial's model API, which cuts
+    # some answers before their usage (tests/support/chaos_models.py, invariant 12), not usagePerSecond.
+    metered: str | None = None
 
 
 @dataclass
@@ -168,6 +177,8 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
         # Generators of their own, so the plans of seeds drawn before stay as they were.
         rp.sdk = "asyncio" if random.Random(f"{seed}/sdk/{i}").random() < 0.5 else "blocking"
         rp.credentials = "exec" if random.Random(f"{seed}/credentials/{i}").random() < 0.3 else "kubelet"
+        metered = random.Random(f"{seed}/metered/{i}")
+        rp.metered = metered.choice(["stream", "whole"]) if metered.random() < 0.25 else None
         review = random.Random(f"{seed}/review/{i}")
         rp.review = review.random() < 0.3
         if rp.review:
@@ -187,6 +198,7 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
         if apart.random() < chance and (ha or not ha_only):
             faults.append(_draw_fault(apart, kind, len(runs), window))
     faults += _draw_queues(random.Random(f"{seed}/queue"), runs, window)
+    faults += _draw_preemptions_again(random.Random(f"{seed}/preempt-again"), runs, window)
     for i, rp in enumerate(runs):
         rp.fail_on_yield = rp.queued and random.Random(f"{seed}/yield-error/{i}").random() < 0.5
     faults.sort(key=lambda f: f.at)
@@ -204,6 +216,17 @@ def _draw_queues(gen: random.Random, runs: list[RunPlan], window: float) -> list
     queued = [i for i, rp in enumerate(runs) if rp.queued]
     return [FaultPlan(kind=RUN_PREEMPT, at=round(gen.uniform(3, window - 3), 1), run=gen.choice(queued))
             for _ in range(gen.choice([0, 1, 1, 2]))]
+
+
+def _draw_preemptions_again(gen: random.Random, runs: list[RunPlan], window: float) -> list[FaultPlan]:
+    """For half the plans with queued runs: 3 to 5 preemptions spread through the window."""
+    queued = [i for i, rp in enumerate(runs) if rp.queued]
+    if not queued or gen.random() >= 0.5:
+        return []
+    n = gen.randint(3, 5)
+    step = (window - 4) / n
+    return [FaultPlan(kind=RUN_PREEMPT_AGAIN, at=round(2 + k * step + gen.uniform(0, step / 2), 1),
+                      run=gen.choice(queued)) for k in range(n)]
 
 
 def _draw_deadlines(gen: random.Random, rp: RunPlan, index: int, window: float) -> list[FaultPlan]:
@@ -432,7 +455,8 @@ class _Operators:
                 "--leader-lease-seconds", str(LEADER_LEASE_SECONDS)] if ha else []
         self.replicas = [
             OperatorProcess(namespace, "", workdir / f"operator-{i}.log",
-                            extra_env={"TETHER_FOLD_INTERVAL_SECONDS": "1", "POD_NAME": f"replica-{i}"},
+                            extra_env={"TETHER_FOLD_INTERVAL_SECONDS": "1", "POD_NAME": f"replica-{i}",
+                                       "TETHER_ATTEMPT_HISTORY": str(ATTEMPT_HISTORY)},
                             extra_args=args)
             for i in range(2 if ha else 1)]
         self.proxy = proxy
@@ -525,6 +549,7 @@ class Trial:
         self.deleted: set[str] = set()  # run names deleted for good
         self.queue: chaos_queues.TrialQueue | None = None
         self.preemptors: list[str] = []  # runs the preemption faults made
+        self.model: chaos_models.TrialModel | None = None  # the model API of runs drawn metered
         self.suspended: set[str] = set()
         self.frozen: dict[int, str] = {}  # pid -> pod, continued when the faults end
         self.lock = threading.Lock()
@@ -558,7 +583,9 @@ class Trial:
             "stopOnSignal": True, "gateFile": str(self.workdir / f"{rp.name}.gate"),
             "outFile": str(self.workdir / f"{rp.name}.jsonl"),
         }
-        if rp.usage_per_second:
+        if rp.metered and self.model is not None:
+            payload["model"] = self.model.payload(stream=rp.metered == "stream")
+        elif rp.usage_per_second:
             payload["usagePerSecond"] = rp.usage_per_second
         if rp.usage_cents:
             payload["usageCents"] = rp.usage_cents
@@ -617,6 +644,8 @@ class Trial:
             self.queue = chaos_queues.set_up(kube, ns, queued, self._poll)
         elif queued:
             self.notes.append(f"no Kueue on this cluster: {queued} queued run(s) run unqueued, no preemption")
+        if any(rp.metered for rp in self.plan.runs):
+            self.model = chaos_models.TrialModel(seed)
         self.bodies = {rp.name: self._body(rp) for rp in self.plan.runs}
         for body in self.bodies.values():
             kube.ok(kube.post(Kube.wr_path(ns), body))
@@ -996,6 +1025,8 @@ class Trial:
             self.preemptors.append(name)
         return True
 
+    _f_run_preempt_again = _f_run_preempt
+
     def _f_run_delete(self, f: FaultPlan, name: str) -> bool:
         if self.kube.delete(Kube.wr_path(self.ns, name)).status_code != 200:
             return False
@@ -1149,7 +1180,8 @@ class Trial:
                                leases_final={x["metadata"]["name"]: x for x in leases},
                                pods_final=pods, judged_at=judged_at,
                                leader_lease=LEADER_LEASE if self.plan.ha else None, renew_deadline=RENEW_DEADLINE,
-                               queue_quota_milli=self.queue.quota_milli if self.queue is not None else None)
+                               queue_quota_milli=self.queue.quota_milli if self.queue is not None else None,
+                               model_answers=self.model.answers() if self.model is not None else [])
             verdict = judge(records, facts, strict_window=self.strict_window)
             self._misinformed(records, verdict)
             sdks = {rp.name: {str(e.get("sdk")) for e in self._worker_records(rp)} for rp in self.plan.runs}
@@ -1287,6 +1319,8 @@ class Trial:
             self.kube.delete(f"/api/v1/namespaces/{self.ns}")
             if self.queue is not None:
                 chaos_queues.tear_down(self.kube, self.queue)
+            if self.model is not None:
+                self.model.close()
 
 
 # --- many trials ---------------------------------------------------------------------------

@@ -4,7 +4,8 @@ messages, streamed (SSE) or not, each answer with a `usage` block as the real AP
     fake = FakeModel()                      # listens on 127.0.0.1, a free port
     OpenAI(base_url=fake.url + "/v1", api_key="x")
     fake.next(status=500, usage={...})      # the next answer only: an error, a hostile usage block
-    fake.requests                           # every request: path and JSON body
+    fake.requests                           # every request: path, JSON body, and its answer's
+                                            # tokens and knobs (what the model billed, how it ended)
 
 Knobs (constructor defaults, or `next()` for one answer): `input_tokens` (default: the request's
 JSON length // 4), `output_tokens` (5), `cached_tokens` (0), `cache_write_tokens` (Anthropic only,
@@ -25,19 +26,21 @@ import gzip as gzipmod
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 WORDS = ["Hello", " from", " the", " fake", " model", "."]
 
 
 class FakeModel:
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, **defaults: Any) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 knobs: Callable[[dict[str, Any]], dict[str, Any]] | None = None, **defaults: Any) -> None:
+        """`knobs`: called with each request (path and body) for that answer's knobs, after `next()`'s."""
         self.defaults: dict[str, Any] = {"output_tokens": 5, "cached_tokens": 0, "cache_write_tokens": 0,
                                          **defaults}
         self.requests: list[dict[str, Any]] = []
         self._next: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        outer = self
+        outer, knobs_for = self, knobs
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
@@ -52,11 +55,15 @@ class FakeModel:
                     body = json.loads(raw or b"{}")
                 except ValueError:
                     body = {}
+                entry = {"path": self.path, "body": body, "acceptEncoding": self.headers.get("Accept-Encoding")}
                 with outer._lock:
-                    outer.requests.append({"path": self.path, "body": body,
-                                           "acceptEncoding": self.headers.get("Accept-Encoding")})
+                    outer.requests.append(entry)
                     knobs = {**outer.defaults, **(outer._next.pop(0) if outer._next else {})}
-                outer._serve(self, self.path.split("?")[0], body if isinstance(body, dict) else {}, len(raw), knobs)
+                    if knobs_for is not None:
+                        knobs.update(knobs_for(entry))
+                entry["knobs"] = {k: v for k, v in knobs.items() if k != "gate"}
+                entry["tokens"] = outer._serve(self, self.path.split("?")[0], body if isinstance(body, dict) else {},
+                                               len(raw), knobs)
 
         class Server(ThreadingHTTPServer):
             request_queue_size = 256  # many clients at once (the default backlog of 5 resets them)
@@ -85,12 +92,14 @@ class FakeModel:
 
     # --- answers ------------------------------------------------------------------------------
 
-    def _serve(self, h: BaseHTTPRequestHandler, path: str, body: dict[str, Any], size: int, k: dict[str, Any]) -> None:
+    def _serve(self, h: BaseHTTPRequestHandler, path: str, body: dict[str, Any], size: int, k: dict[str, Any]) -> int:
+        """Answers; returns the tokens its usage block bills (0 for an error or a raw body)."""
         model = k.get("model") or body.get("model") or "fake"
         inp = k["input_tokens"] if k.get("input_tokens") is not None else max(1, size // 4)
         out, cached, written = k["output_tokens"], k["cached_tokens"], k["cache_write_tokens"]
         if k.get("body") is not None:
-            return self._send(h, k.get("status", 200), k["body"], k.get("content_type", "text/html"), k)
+            self._send(h, k.get("status", 200), k["body"], k.get("content_type", "text/html"), k)
+            return 0
         anthropic = path.endswith("/messages")
         responses = path.endswith("/responses")
         if anthropic:
@@ -102,6 +111,7 @@ class FakeModel:
         else:
             usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out,
                      "prompt_tokens_details": {"cached_tokens": cached}}
+        billed = inp + out + (cached + written if anthropic else 0)
         if "usage" in k:
             usage = k["usage"]
         status = k.get("status", 200)
@@ -109,7 +119,8 @@ class FakeModel:
             err: dict[str, Any] = {"error": {"type": "server_error", "message": "injected"}}
             if "usage" in k:
                 err["usage"] = usage
-            return self._answer_json(h, status, err, k)
+            self._answer_json(h, status, err, k)
+            return 0
         text = "".join(WORDS)
         if not body.get("stream"):
             if anthropic:
@@ -124,7 +135,8 @@ class FakeModel:
                 doc = {"id": "chatcmpl-1", "object": "chat.completion", "model": model,
                        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                     "finish_reason": "stop"}], "usage": usage}
-            return self._answer_json(h, 200, doc, k)
+            self._answer_json(h, 200, doc, k)
+            return billed
         events: list[tuple[str | None, Any]] = []
         if anthropic:
             start_usage = usage if "usage" in k else {**usage, "output_tokens": 1}
@@ -159,6 +171,7 @@ class FakeModel:
                 events.append((None, {**base, "choices": [], "usage": usage}))
             events.append((None, "[DONE]"))
         self._stream(h, events, k)
+        return billed
 
     def _answer_json(self, h: BaseHTTPRequestHandler, status: int, doc: Any, k: dict[str, Any]) -> None:
         self._send(h, status, json.dumps(doc).encode(), "application/json", k)

@@ -1,7 +1,7 @@
 """The fault trials' oracle: Tether's safety promise judged from the API server's audit log and
 the final objects, never from Tether's logs or the status it claims.
 
-Eleven invariants (`INVARIANTS`), checked by `judge()` over one namespace:
+Twelve invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 
 1. No write by a worker is accepted after its fence was superseded. Who held which fence, and
    when that ended, is rebuilt from the accepted WorkerRun status writes (the operator's
@@ -18,7 +18,10 @@ Eleven invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 4. Every budget's charges equal the final usage of every attempt that named it, to the cent,
    no run charged twice: the budget's marks never shrink, its `spent` moves by exactly the
    marks' growth, a finished run's mark equals its recorded usage, and each attempt's
-   recorded usage equals the last usage its worker reported in an accepted renewal.
+   recorded usage equals the last usage its worker reported in an accepted renewal. Every cent
+   once however long the history: a run's attempts are every attempt record any accepted write
+   showed (the operator keeps only the last few in status.attempts: --attempt-history), and an
+   ended run's status.usage is what they recorded in all.
 5. Nothing is stuck: every run that still exists is terminal, suspended on request, waiting
    `Queued` for a Kueue Workload that is not admitted, or held by a holder whose Lease was
    renewed while the harness watched; no deleted run lingers. (An attempt Kueue evicted ends
@@ -56,6 +59,12 @@ Eleven invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    pods that ask for cpu (the trial's queued runs; nothing else asks) ask for more than the trial's
    ClusterQueue holds. A pod lives from its accepted creation until its kubelet reported it ended
    (a pods/status write with phase Succeeded or Failed) or deleted it for good.
+12. No model answer is spent unmetered (runs drawn `metered` spend through the SDK's meter on the
+   trial's model API, which cuts some answers before their usage: mid-body, or in a stream's first
+   event or later, before its final usage). Judged from the model's own log: after an answer to a
+   worker was cut before its final usage, the model receives no further request from that worker
+   (its meter refuses to spend on blind); an ended attempt's recorded tokens are never more than
+   what its whole answers billed (invariant 4 holds them to the worker's last accepted report).
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -94,6 +103,7 @@ INVARIANTS: dict[int, str] = {
     9: "no replica writes past its leadership (last renewal + renew deadline)",
     10: "a run says it is suspended exactly when spec.suspend is set, and a finished one never",
     11: "Kueue's quota never held by more live pods than it admits",
+    12: "no model answer spent unmetered: a cut one stops the worker's spending, whole ones all counted",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
@@ -148,6 +158,16 @@ class TrialFacts:
     renew_deadline: float = 0.0
     # The trial's ClusterQueue's cpu quota, in millicores, when it queued runs (invariant 11).
     queue_quota_milli: int | None = None
+    # Every answer the trial's model API gave metered workers, in arrival order (invariant 12).
+    model_answers: list[ModelAnswer] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModelAnswer:
+    run_uid: str
+    holder: str  # the attempt's holder, named in the request
+    tokens: int  # what the answer's usage block billed
+    cut: bool  # cut before its usage was sent (mid-body, or in its first stream event)
 
 
 @dataclass
@@ -410,6 +430,8 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
         _leadership(records, facts, verdict)
     if facts.queue_quota_milli is not None:
         _quota(records, facts, verdict)
+    if facts.model_answers:
+        _model_answers(history, final, facts, verdict)
     verdict.stats["worker writes accepted"] += len(history.worker_writes)
     for what, n in history.refused_worker_writes.items():
         verdict.stats[f"worker writes refused ({what})"] += n
@@ -552,6 +574,22 @@ def _final_is_newest(history: _History, final: Mapping[str, dict[str, Any]], uid
     return uid in final and (not writes or (_rv(final[uid]) or 0) >= writes[-1].rv)
 
 
+def _attempt_records(history: _History, final: Mapping[str, dict[str, Any]], uid: str) -> dict[int, dict[str, Any]]:
+    """Every attempt of the run by number, each as its last accepted version recorded it: those the
+    operator's bounded history (--attempt-history) has since dropped included, so that totals are
+    judged however much of the history the run still shows."""
+    out: dict[int, dict[str, Any]] = {}
+    for status in [w.status for w in history.run_writes.get(uid, ())] + [_last_state(history, final, uid).get("status") or {}]:
+        out.update({int(a.get("attempt") or 0): a for a in status.get("attempts") or []})
+    return out
+
+
+def _trimmed(status: Mapping[str, Any], attempt: int | None) -> bool:
+    """`attempt`'s record has left the run's bounded history (only the oldest records leave it)."""
+    kept = [int(a.get("attempt") or 0) for a in status.get("attempts") or []]
+    return attempt is not None and bool(kept) and attempt < min(kept)
+
+
 def _last_state(history: _History, final: Mapping[str, dict[str, Any]], uid: str) -> dict[str, Any]:
     """The run as it ended: the newer of the object read at the end and its last accepted status write."""
     if _final_is_newest(history, final, uid):
@@ -603,6 +641,7 @@ def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Ve
         if _final_is_newest(history, final, uid):
             states.append(("the final object", final[uid].get("status") or {}))
         published: dict[str, tuple[Any, str, str]] = {}  # field -> (value, pod, where)
+        attempt_of = {a.get("holder"): n for n, a in _attempt_records(history, final, uid).items()}
         terminal: tuple[str, str] | None = None  # (phase, where)
         reported: set[str] = set()
         for i, (where, status) in enumerate(states):
@@ -610,10 +649,11 @@ def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Ve
             for fld, (value, pod, first) in list(published.items()):
                 if fld in reported or status.get(fld) == value:
                     continue
-                if fld == "result" and status.get(fld) is None and _review_decided(status, pod, ("Deny",)):
+                if fld == "result" and status.get(fld) is None and \
+                        _review_decided(status, attempt_of.get(pod), ("Deny",)):
                     del published[fld]  # a person denied it: cleared, and the retry rules go on
                     continue
-                if fld == "error" and _error_recorded(status, pod, value):
+                if fld == "error" and _error_recorded(status, attempt_of.get(pod), value):
                     continue
                 verdict.violations.append(Violation(
                     2, subject, f"{fld} {_short(value)} published by pod {pod} ({first}) is "
@@ -642,26 +682,28 @@ def _results(history: _History, final: Mapping[str, dict[str, Any]], verdict: Ve
         if "result" in published and terminal is not None and terminal[0] != "Succeeded" \
                 and "phase" not in reported and not (
                     terminal[0] in ("Rejected", "Cancelled") and final.get(uid) is not None and _review_decided(
-                        final[uid].get("status") or {}, published["result"][1], ("TimedOut", "Withdrawn"))):
+                        final[uid].get("status") or {}, attempt_of.get(published["result"][1]),
+                        ("TimedOut", "Withdrawn"))):
             # The worker was told its result stands: the run must not end as if it never came.
             verdict.violations.append(Violation(
                 2, subject, f"result published by pod {published['result'][1]} ({published['result'][2]}), "
                             f"yet the run ended {terminal[0]} ({terminal[1]})"))
 
 
-def _review_decided(status: Mapping[str, Any], pod: str, decisions: tuple[str, ...]) -> bool:
-    """The result of `pod`'s attempt was under review (spec.review.result) and so decided: denied
+def _review_decided(status: Mapping[str, Any], attempt: int | None, decisions: tuple[str, ...]) -> bool:
+    """The result of `attempt` was under review (spec.review.result) and so decided: denied
     (the attempt ends ResultRejected, its result cleared), or never reviewed in time or withdrawn
     by a stop (the run ends Rejected or Cancelled), as the operator documents."""
-    attempts = [a.get("attempt") for a in status.get("attempts") or [] if a.get("holder") == pod]
-    return any(r.get("gate") == "Result" and r.get("attempt") in attempts and r.get("decision") in decisions
+    return any(r.get("gate") == "Result" and r.get("attempt") == attempt and r.get("decision") in decisions
                for r in (status.get("review") or {}).get("requests") or [])
 
 
-def _error_recorded(status: Mapping[str, Any], pod: str, error: Mapping[str, Any]) -> bool:
+def _error_recorded(status: Mapping[str, Any], attempt: int | None, error: Mapping[str, Any]) -> bool:
     """A worker's error lives on in its attempt's record (attempts[].error) when the run goes on,
-    whatever ended the attempt (its error, or a yield, a stop or a cap that came first)."""
-    return any(a.get("holder") == pod and a.get("error") == error for a in status.get("attempts") or [])
+    whatever ended the attempt (its error, or a yield, a stop or a cap that came first), until that
+    record leaves the bounded history."""
+    return _trimmed(status, attempt) or any(int(a.get("attempt") or 0) == attempt and a.get("error") == error
+                                            for a in status.get("attempts") or [])
 
 
 def _short(value: Any) -> str:
@@ -731,13 +773,54 @@ def _quota(records: list[AuditRecord], facts: TrialFacts, verdict: Verdict) -> N
     verdict.stats["queued pods judged against the quota"] += sum(1 for e in events if e[1])
 
 
+def _model_answers(history: _History, final: Mapping[str, dict[str, Any]], facts: TrialFacts,
+                   verdict: Verdict) -> None:
+    """Invariant 12. A model answer cut before its final usage arrived cannot be metered: the
+    worker's meter must refuse every later request (the model sees none), never spend on blind. An
+    ended attempt records at most what its whole answers billed (a report the control plane never
+    accepted -- a renewal refused after a revocation, or lost to a fault before a publication, which
+    the protocol lets go on -- may leave it less; invariant 4 holds it to its last accepted report)."""
+    by_attempt: dict[tuple[str, str], list[ModelAnswer]] = defaultdict(list)
+    for answer in facts.model_answers:
+        by_attempt[(answer.run_uid, answer.holder)].append(answer)
+    for (uid, holder), answers in by_attempt.items():
+        subject = f"{history.name(uid)} worker {holder}"
+        verdict.stats["model answers"] += len(answers)
+        cuts = [i for i, a in enumerate(answers) if a.cut]
+        verdict.stats["model answers cut before their usage"] += len(cuts)
+        if cuts and cuts[0] < len(answers) - 1:
+            verdict.violations.append(Violation(12, subject, (
+                f"answer {cuts[0] + 1} of {len(answers)} was cut before its usage, and the worker spent "
+                f"{len(answers) - cuts[0] - 1} more request(s) after it")))
+        whole = sum(a.tokens for a in answers if not a.cut)
+        record = next((a for a in _attempt_records(history, final, uid).values() if a.get("holder") == holder), None)
+        if record is None or record.get("outcome") is None:
+            continue  # never granted as far as the audit log shows, or still running: its usage is folded later
+        recorded = _usage(record.get("usage"))[1]
+        if recorded > whole:
+            verdict.violations.append(Violation(12, subject, (
+                f"attempt {record.get('attempt')} ended {record.get('outcome')} recording {recorded} tokens; the "
+                f"model answered it {whole} tokens whole ({len(answers)} answers, {len(cuts)} cut)")))
+
+
 def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Mapping[tuple[str, str], _Tenure],
              facts: TrialFacts, verdict: Verdict) -> None:
     """Invariant 4."""
     # Each attempt's recorded usage against the last usage its worker reported in an accepted renewal.
+    totals: dict[str, tuple[int, int]] = {}  # by run uid: what all its attempts recorded
     for uid in history.run_writes:
-        state = _last_state(history, final, uid)
-        for attempt in (state.get("status") or {}).get("attempts") or []:
+        records = _attempt_records(history, final, uid)
+        run_status = _last_state(history, final, uid).get("status") or {}
+        total = totals[uid] = (sum(_usage(a.get("usage"))[0] for a in records.values()),
+                               sum(_usage(a.get("usage"))[1] for a in records.values()))
+        if len(records) > len(run_status.get("attempts") or []):
+            verdict.stats["runs past their kept attempt history (their attempts judged from the audit log)"] += 1
+        if run_status.get("phase") in TERMINAL and _usage(run_status.get("usage")) != total:
+            # Every cent once, however much of the history the run still lists.
+            verdict.violations.append(Violation(
+                4, history.name(uid), f"ended {run_status.get('phase')} with usage {_usage(run_status.get('usage'))}, "
+                                      f"but its {len(records)} attempts recorded {total} in all"))
+        for attempt in records.values():
             holder = attempt.get("holder")
             if not holder or attempt.get("outcome") is None:
                 continue  # still running: its usage is folded at a bounded rate
@@ -778,8 +861,7 @@ def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Ma
         for uid in sorted(charged_runs | set(charges)):
             state = _last_state(history, final, uid)
             run_status = state.get("status") or {}
-            usage = (sum(_usage(a.get("usage"))[0] for a in run_status.get("attempts") or []),
-                     sum(_usage(a.get("usage"))[1] for a in run_status.get("attempts") or []))
+            usage = totals.get(uid, (0, 0))
             mark = _usage(charges.get(uid))
             finished = run_status.get("phase") in TERMINAL or uid not in final
             subject = f"budget {name}, run {history.name(uid)}"

@@ -9,6 +9,10 @@ Payload:
   workSeconds   how long a normal attempt works before completing
   usagePerSecond cents reported per second while holding (cumulative, on the heartbeat)
   usageCents    a fixed usage (cents) reported once at start, flushed with a renewal
+  model         while holding, spend on a model API through the SDK's meter instead of usagePerSecond:
+                {"url", "prices", "model", "stream": bool}, one call a second (its message names the
+                holder), each recorded with how it ended; a call refused (the meter faulted on a cut
+                answer, or the run may not spend) ends the calls, the hold goes on
   checkpoint    a checkpoint written once at start (then no progress)
   checkpointEverySeconds  while holding, a new checkpoint this often, except while paused (spec.suspend)
   holdSeconds   longest hold (default 120)
@@ -44,6 +48,7 @@ import httpx
 from tether import logs
 from tether.worker import (AsyncWorkerRun, LeaseLost, OwnershipUnknown, StopRequested, ToolTimeout,
                            WorkerRun)
+from tether.worker.metering import Meter, MeteringError, RunStopped
 from tether.worker.run import ApprovalDecision
 
 
@@ -78,6 +83,14 @@ class _Blocking:
         with self.run.http_client(timeout=180) as http:
             return http.effect("POST", url, **kw)
 
+    async def ask(self, meter: Meter, url: str, body: dict[str, Any]) -> None:
+        """One model call through the meter, its answer read to the end."""
+        with httpx.Client(transport=meter.transport(), timeout=30) as http:
+            with http.stream("POST", url, json=body) as answer:
+                answer.raise_for_status()
+                for _ in answer.iter_bytes():
+                    pass
+
 
 class _Asyncio(_Blocking):
     sdk = "asyncio"
@@ -97,6 +110,13 @@ class _Asyncio(_Blocking):
 
     async def request_approval(self, name: str, details: str) -> ApprovalDecision:
         return await self.run.request_approval(name, details)
+
+    async def ask(self, meter: Meter, url: str, body: dict[str, Any]) -> None:
+        async with httpx.AsyncClient(transport=meter.async_transport(), timeout=30) as http:
+            async with http.stream("POST", url, json=body) as answer:
+                answer.raise_for_status()
+                async for _ in answer.aiter_bytes():
+                    pass
 
     async def complete(self, result: dict[str, Any]) -> None:
         await self.run.complete(result)
@@ -137,6 +157,9 @@ async def script(sdk: _Blocking) -> int:
         every = p.get("checkpointEverySeconds")
         progress = int(run.checkpoint_cursor) if (run.checkpoint_cursor or "").isdigit() else 0  # resumed from
         next_checkpoint = began
+        model = p.get("model")
+        meter = Meter(run, model["prices"], base_cents=int(p.get("usageCents", 0))) if model else None
+        calls, next_call = 0, began
         # holdWhileUnknown: a healthy worker that waits out an outage (only a confirmed loss ends it).
         holding = (lambda: not run.lost) if p.get("holdWhileUnknown") else (lambda: run.owned)
         while not (gate is not None and gate.exists()) and holding() \
@@ -154,7 +177,25 @@ async def script(sdk: _Blocking) -> int:
                 record(event="stopped", reason=run.signals.reason)
                 await sdk.stop()
                 return 0
-            if p.get("usagePerSecond"):
+            if meter is not None and model is not None and time.monotonic() >= next_call:
+                calls, next_call = calls + 1, time.monotonic() + 1.0
+                body = {"model": model["model"], "stream": bool(model.get("stream")), "max_tokens": 64,
+                        "messages": [{"role": "user",
+                                      "content": f"{os.environ.get('TETHER_RUN_UID')} {run.holder} {calls}"}]}
+                try:
+                    await sdk.ask(meter, model["url"], body)
+                    outcome = "ok"
+                except RunStopped:
+                    outcome = "stopped"
+                except MeteringError:
+                    outcome = "refused"
+                except httpx.HTTPError as exc:  # the answer was cut: the meter faults, later calls are refused
+                    outcome = f"cut ({type(exc).__name__})"
+                record(event="model_call", n=calls, outcome=outcome, cents=meter.cents, tokens=meter.tokens,
+                       fault=meter.fault)
+                if outcome in ("stopped", "refused"):
+                    next_call = float("inf")
+            elif p.get("usagePerSecond"):
                 # Cumulative: on top of the usage reported at start (reports never decrease).
                 run.report_usage(cents=int(p.get("usageCents", 0)) +
                                  int((time.monotonic() - began) * p["usagePerSecond"]))

@@ -306,16 +306,19 @@ def test_an_abandoned_anthropic_stream_charges_what_message_start_said(fake: Fak
         gate.set()
 
 
-@pytest.mark.parametrize("path,model,cut,expect", [
-    ("/v1/messages", "claude-x", 10, (2, 1500)),      # cut inside message_stop: every usage seen
-    ("/v1/messages", "claude-x", 9, (1, 1001)),       # cut inside message_delta: message_start's usage only
-    ("/v1/chat/completions", "gpt-x", 6, (0, 0)),     # cut inside the usage chunk: OpenAI's usage never seen
-    ("/v1/responses", "gpt-x", 7, (0, 0)),            # cut inside response.completed
+@pytest.mark.parametrize("path,model,cut,expect,faults", [
+    ("/v1/messages", "claude-x", 10, (2, 1500), False),  # cut inside message_stop: every usage seen
+    ("/v1/messages", "claude-x", 9, (1, 1001), True),    # cut inside message_delta: message_start's usage only
+    ("/v1/messages", "claude-x", 2, (1, 1001), True),    # cut after message_start (the fault trials found it free)
+    ("/v1/messages", "claude-x", 0, (0, 0), True),       # cut inside message_start
+    ("/v1/chat/completions", "gpt-x", 6, (0, 0), True),  # cut inside the usage chunk: OpenAI's usage never seen
+    ("/v1/responses", "gpt-x", 7, (0, 0), True),         # cut inside response.completed
 ])
 def test_a_stream_cut_mid_event_charges_what_it_saw(fake: FakeModel, path: str, model: str, cut: int,
-                                                    expect: tuple[int, int]) -> None:
+                                                    expect: tuple[int, int], faults: bool) -> None:
     """Cut by the server (not abandoned by the caller): what it saw is charged, and a stream that
-    ended without any usage faults the meter."""
+    ended without its final usage faults the meter (message_start's opening count is not final: the
+    answer's output went uncounted), so later requests are refused."""
     reporter = Reporter()
     meter = Meter(reporter, PRICES)
     fake.next(cut_after=cut)
@@ -325,7 +328,7 @@ def test_a_stream_cut_mid_event_charges_what_it_saw(fake: FakeModel, path: str, 
         except httpx.HTTPError:
             pass
     assert reporter.last == expect
-    assert (meter.fault is None) == (expect != (0, 0))
+    assert (meter.fault is not None) is faults, meter.fault
 
 
 def test_a_malformed_usage_event_faults(fake: FakeModel) -> None:

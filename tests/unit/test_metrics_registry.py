@@ -168,7 +168,7 @@ def _run_operator(monkeypatch: pytest.MonkeyPatch, leader_elect: bool) -> dict[s
     args = argparse.Namespace(metrics_port=8080, gateway_port=0, leader_elect=leader_elect,
                               leader_election_namespace="ns", leader_election_id="tether-operator-leader",
                               leader_lease_seconds=15.0, kube_qps=1.0, kube_burst=1, max_concurrent_reconciles=1,
-                              event_qps=1.0, worker_identity="namespace", namespace=[], liveness=None)
+                              event_qps=1.0, worker_identity="namespace", attempt_history=100, namespace=[], liveness=None)
     previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
         assert asyncio.run(cli._run_operator(args)) == 0

@@ -617,13 +617,17 @@ def test_a_workload_made_for_a_run_held_back_otherwise_is_made_inactive() -> Non
     assert made.gates == () and made.inactive_reason is not None and "execution fields" in made.inactive_reason
 
 
-def test_spend_counts_every_attempt_however_long_the_history() -> None:
+@pytest.mark.parametrize("history", [100, 3])
+def test_spend_counts_every_attempt_however_long_the_history(history: int) -> None:
     """104 attempts preempted by Kueue, 40 cents each: the run's usage, what its cap and budget see,
-    is 4,160 cents although status.attempts keeps only the last 100."""
+    is 4,160 cents although status.attempts keeps only the last 100 (or what --attempt-history says)."""
     from tether.api.models import Usage
     from tether.core.accounting import earlier_usage
     from tether.core.actions import ChargeBudget
     status = run(labels=QUEUE).status
+
+    def queued_observe(*args: Any, **kw: Any):  # type: ignore[no-untyped-def]
+        return replace(globals()["queued_observe"](*args, **kw), attempt_history=history)
     budget = BudgetObservation(name="team", remaining=Usage(cents=10**9, tokens=10**9))
     for i in range(1, 105):
         readmitted = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION,
@@ -642,7 +646,7 @@ def test_spend_counts_every_attempt_however_long_the_history() -> None:
         (revoke,) = [a for a in decide(o).actions if isinstance(a, Revoke)]
         status = revoke.status_write.status
         assert status.current().outcome == Outcome.PREEMPTED  # type: ignore[union-attr]
-    assert len(status.attempts) == 100 and status.attempts[0].attempt == 5
+    assert len(status.attempts) == history and status.attempts[0].attempt == 105 - history
     assert status.usage == Usage(cents=4160, tokens=104) and earlier_usage(status) == Usage(cents=4160, tokens=104)
     # Admitted again: the budget is charged the whole of it, and the next attempt starts from it.
     readmitted = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION, evictions=105)
@@ -770,3 +774,30 @@ def test_an_unqueued_retry_does_not_wait_for_the_last_attempts_pod() -> None:
     s.pop("queue", None)
     write = decide(observe(run(status=s), pods=(exiting,))).actions[0]
     assert isinstance(write, WriteStatus) and write.grants
+
+
+def test_a_retry_granted_under_a_kept_admission_reads_the_pods_fresh_first() -> None:
+    """The pod cache may not list the earlier attempt's pod yet (after a restart, the runs are
+    listed before the pods): the grant of a retry under the admission Kueue kept confirms with a
+    fresh list that none may still run, as releasing the quota does. A first attempt need not."""
+    (retry,) = [a for a in decide(queued_observe(ADMITTED, status=_retry_due())).actions
+                if isinstance(a, WriteStatus) and a.grants]
+    assert Confirm.PODS_GONE in retry.requires and Confirm.ADMITTED in retry.requires
+    (first,) = [a for a in decide(queued_observe(ADMITTED)).actions if isinstance(a, WriteStatus) and a.grants]
+    assert Confirm.ADMITTED in first.requires and Confirm.PODS_GONE not in first.requires
+
+
+def test_a_workload_remade_for_a_changed_time_limit_waits_for_the_earlier_attempts_pod() -> None:
+    """Deleting the Workload gives its quota back: not while a lapsed attempt's pod may still run
+    (another run would be admitted beside it), and the delete itself reads the pods fresh."""
+    labels = {**QUEUE, "kueue.x-k8s.io/max-exec-time-seconds": "120"}
+    exiting = pod(phase="Running", deleting=True, deletion_due=T0 + dt.timedelta(seconds=20))
+    o = replace(observe(run(labels=labels, status=_retry_due()), pods=(exiting,)), workload=ADMITTED, flavors=SPOT,
+                cluster_queue="shared")
+    d = decide(o)
+    assert not any(isinstance(a, DeleteWorkload) for a in d.actions)
+    assert not any(isinstance(a, WriteStatus) and a.grants for a in d.actions)
+    assert "once pod job-a1 of an earlier attempt has exited" in _cond(_status(d), "Admitted")[2]
+    assert d.requeue_after is not None and d.requeue_after <= 20.0 + 60.0
+    (delete,) = [a for a in decide(replace(o, pods=())).actions if isinstance(a, DeleteWorkload)]
+    assert Confirm.PODS_GONE in delete.requires

@@ -94,7 +94,7 @@ def test_sigterm_right_after_leadership_stops_the_operator(monkeypatch: pytest.M
     args = argparse.Namespace(metrics_port=0, gateway_port=0, leader_elect=True, leader_election_namespace="ns",
                               leader_election_id="tether-operator-leader", leader_lease_seconds=15.0,
                               kube_qps=1.0, kube_burst=1, max_concurrent_reconciles=1, event_qps=1.0,
-                              worker_identity="namespace", namespace=[], liveness=None)
+                              worker_identity="namespace", attempt_history=100, namespace=[], liveness=None)
     previous = signal.getsignal(signal.SIGTERM)
     try:
         assert asyncio.run(cli._run_operator(args)) == 0

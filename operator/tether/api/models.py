@@ -20,6 +20,8 @@ PLURAL = "workerruns"
 # The CRDs' maximum for status counters (usage, spend, generations): the largest integer JSON
 # carries exactly. Sums saturate here, because a larger value makes the API server refuse the write.
 MAX_STATUS_NUMBER = 2**53 - 1
+# status.attempts' maxItems in the CRD: older attempts leave the list, their spend stays counted.
+MAX_ATTEMPT_HISTORY = 100
 
 
 class _Model(BaseModel):

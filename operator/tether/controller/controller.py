@@ -26,6 +26,7 @@ from tether.controller.sweeper import NamespaceSweeper
 from tether.controller.views import RunKey
 from tether.controller.wakes import Wake, Wakes
 from tether.controller.workqueue import ExponentialBackoff, WorkQueue
+from tether.api.models import MAX_ATTEMPT_HISTORY
 from tether.core.observe import BOOST_SECONDS
 from tether.kube.client import KubeClient
 
@@ -44,7 +45,8 @@ class Clock:
 class RunController:
     def __init__(self, kube: KubeClient, clock: Clock | None = None, fold_interval: float = 10.0,
                  may_act: Callable[[], bool] = lambda: True, workers: int = 16,
-                 namespace_identity: bool = True, boost_seconds: float = BOOST_SECONDS) -> None:
+                 namespace_identity: bool = True, boost_seconds: float = BOOST_SECONDS,
+                 attempt_history: int = MAX_ATTEMPT_HISTORY) -> None:
         self.kube = kube
         self.clock = clock or Clock()
         self.cache = RunCache(self.clock.now, self.clock.mono)
@@ -62,7 +64,8 @@ class RunController:
                                  self.feed, self.queues)
         confirmer = Confirmer(kube, self.cache, self.executor, self._report, self.sweeper.mark, self.feed)
         self.reconciler = RunReconciler(kube, self.cache, self.budgets, self.executor, confirmer, self.sweeper,
-                                        self.leadership, fold_interval, self._report, self.stray_queue.add)
+                                        self.leadership, fold_interval, self._report, self.stray_queue.add,
+                                        attempt_history)
         self.loop = ReconcileLoop("workerrun", self.reconciler, self.queue, workers)
         strays = StrayReconciler(kube, self.cache, self.leadership, lambda body: self.on_run("MODIFIED", body))
         self.stray_loop = ReconcileLoop("workerrun_strays", strays, self.stray_queue, STRAY_WORKERS)

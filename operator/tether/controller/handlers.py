@@ -18,7 +18,7 @@ import kopf
 from tether import metrics
 from tether.api import constants as c
 from tether.api.kueue import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
-from tether.api.models import BUDGET_PLURAL, GROUP, PLURAL, VERSION
+from tether.api.models import BUDGET_PLURAL, GROUP, MAX_ATTEMPT_HISTORY, PLURAL, VERSION
 from tether.controller.controller import RunController
 from tether.core.observe import BOOST_SECONDS
 from tether.kube import config as kubeconfig
@@ -29,7 +29,7 @@ from tether.kube.ratelimit import TokenBucket
 @dataclass
 class Settings:
     """The operator's settings: `may_act` (with leader election, only the leader acts), the
-    client-side rate limits, concurrent reconciles, and the worker identity."""
+    client-side rate limits, concurrent reconciles, the worker identity, and the attempt records kept."""
 
     may_act: Callable[[], bool] = lambda: True
     qps: float = 100.0
@@ -38,6 +38,7 @@ class Settings:
     event_burst: int = 50
     workers: int = 16
     worker_identity: str = "namespace"
+    attempt_history: int = MAX_ATTEMPT_HISTORY
 
 
 def memo(settings: Settings) -> kopf.Memo:
@@ -78,7 +79,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     kube = KubeClient(await asyncio.to_thread(kubeconfig.load), limiter=TokenBucket(ours.qps, ours.burst),
                       event_limiter=TokenBucket(ours.event_qps, ours.event_burst))
     ctl = RunController(kube, fold_interval=fold, may_act=ours.may_act, workers=ours.workers,
-                        namespace_identity=ours.worker_identity == "namespace", boost_seconds=boost)
+                        namespace_identity=ours.worker_identity == "namespace", boost_seconds=boost,
+                        attempt_history=ours.attempt_history)
     ctl.start()
     memo.controller = ctl
     metrics.STATE.controller = ctl

@@ -48,11 +48,11 @@ Report = Callable[..., None]
 class RunReconciler:
     def __init__(self, kube: KubeClient, cache: RunCache, budgets: BudgetBook, executor: Executor,
                  confirmer: Confirmer, sweeper: NamespaceSweeper, leadership: Leadership, fold_interval: float,
-                 report: Report, wake_strays: Callable[[RunKey], None]) -> None:
+                 report: Report, wake_strays: Callable[[RunKey], None], attempt_history: int) -> None:
         self.kube, self.cache, self.budgets = kube, cache, budgets
         self.executor, self.confirmer, self.sweeper = executor, confirmer, sweeper
         self.leadership, self.fold_interval, self.report = leadership, fold_interval, report
-        self.wake_strays = wake_strays
+        self.wake_strays, self.attempt_history = wake_strays, attempt_history
         self._whole_approval_lists = False  # the server refused a field selector once (said once)
 
     def exists(self, key: RunKey) -> bool:
@@ -116,7 +116,8 @@ class RunReconciler:
                         run=run, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
                         tool_claims_cleared=self.cache.tool_claims_cleared.get(uid) == run.status.fence,
                         now=now, mono=mono, budget=await self.budgets.observe(run, now),
-                        fold_interval=self.fold_interval, api_available_since=self.kube.health.available_since,
+                        fold_interval=self.fold_interval, attempt_history=self.attempt_history,
+                        api_available_since=self.kube.health.available_since,
                         namespace_terminating=self.sweeper.terminating(run.metadata.namespace),
                         approvals=await self._approvals(snap), progress_held_at=self.cache.progress_held_at.get(uid))
 

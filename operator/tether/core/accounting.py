@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 
-from tether.api.models import MAX_STATUS_NUMBER, Checkpoint, Usage, WorkerRunStatus
+from tether.api.models import MAX_ATTEMPT_HISTORY, MAX_STATUS_NUMBER, Checkpoint, Usage, WorkerRunStatus
 from tether.core.actions import Action, ChargeBudget, Change, ReleaseCharge, WriteStatus
 from tether.core.observe import Observed, current_lease
 
@@ -28,10 +28,6 @@ def sum_usage(items: Iterable[Usage | None]) -> Usage:
     return Usage(cents=min(cents, MAX_STATUS_NUMBER), tokens=min(tokens, MAX_STATUS_NUMBER))
 
 
-# status.attempts' maxItems in the CRD: older attempts leave the list, their spend stays counted.
-MAX_ATTEMPT_HISTORY = 100
-
-
 def earlier_usage(s: WorkerRunStatus) -> Usage:
     """What attempts that already ended reported (those trimmed from the history included)."""
     return sum_usage([s.trimmed_usage, *(a.usage for a in s.attempts if a.outcome is not None)])
@@ -42,10 +38,11 @@ def attempts_usage(s: WorkerRunStatus) -> Usage:
     return sum_usage([s.trimmed_usage, *(a.usage for a in s.attempts)])
 
 
-def keep_history(s: WorkerRunStatus) -> None:
-    """Bounds the attempt history, moving what a dropped attempt spent into status.trimmedUsage.
-    Only ended attempts are dropped (the newest, which settling may still raise, always stays)."""
-    drop = len(s.attempts) - MAX_ATTEMPT_HISTORY
+def keep_history(s: WorkerRunStatus, limit: int = MAX_ATTEMPT_HISTORY) -> None:
+    """Bounds the attempt history to `limit` records, moving what a dropped attempt spent into
+    status.trimmedUsage. Only ended attempts are dropped (the newest, which settling may still
+    raise, always stays)."""
+    drop = len(s.attempts) - max(1, min(limit, MAX_ATTEMPT_HISTORY))
     if drop > 0:
         s.trimmed_usage = sum_usage([s.trimmed_usage, *(a.usage for a in s.attempts[:drop])])
         s.attempts = s.attempts[drop:]

@@ -57,8 +57,9 @@ class Confirm(enum.Enum):
     # A queued run's grant: a fresh read of its Workload shows it admitted, under the admission
     # (eviction count) the attempt records. A cached admission may be one Kueue took back.
     ADMITTED = "admitted"
-    # An evicted run's quota is released: a fresh list shows none of its pods still running (the
-    # pod cache may not have listed them yet after a restart).
+    # The run's quota is given back or used again (released, finished, its Workload deleted, a
+    # retry granted under the admission it keeps): a fresh list shows none of its pods may still
+    # run (the pod cache may not have listed them yet after a restart).
     PODS_GONE = "pods-gone"
     # A repair that no status write precedes: the run is unchanged since the snapshot (a status
     # compare-and-swap earlier in the same decision proves that for the actions after it).
@@ -96,7 +97,10 @@ class WriteStatus:
         if self.grants:
             retry = (Confirm.NAMESPACE_LIVE,) if self.status.attempt > 1 else ()
             cur = self.status.current()
-            queued = (Confirm.ADMITTED,) if cur is not None and cur.admission is not None else ()
+            # A retry under an admission, which Kueue keeps across retries, is for one pod: none of
+            # the earlier attempts' may still run on it (the pod cache may not list them yet).
+            queued = () if cur is None or cur.admission is None else \
+                (Confirm.ADMITTED, Confirm.PODS_GONE) if retry else (Confirm.ADMITTED,)
             return (Confirm.LEASE_FOR_GRANT, Confirm.HOLDER_NAME_FREE, *retry, *queued)
         return (Confirm.BOOKS,) if self.change == Change.BUDGET_CHARGED else ()
 
@@ -273,14 +277,15 @@ class ReleaseQuota:
 
 @dataclass(frozen=True)
 class DeleteWorkload:
-    """The run's spec no longer matches its unadmitted Workload's pod set: delete it (UID
-    precondition); the next pass makes it again from the spec."""
+    """The run's spec (or its time limit) no longer matches its Workload: delete it (UID
+    precondition); the next pass makes it again from the spec. Deleting gives its quota back, so
+    none of the run's pods may still run (read fresh)."""
 
     name: str
     uid: str
 
     pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
+    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED, Confirm.PODS_GONE)
 
 
 @dataclass(frozen=True)

@@ -408,7 +408,7 @@ class StatusBuilder:
         pod = holder if run.spec.executor == "Pod" else None
         s.attempts.append(AttemptRecord(attempt=attempt, fence=s.fence, holder=holder, pod=pod,
                                         started_at=o.now, admission=self.admission))
-        keep_history(s)
+        keep_history(s, o.attempt_history)
         self.set_phase(Phase.STARTING, f"attempt {attempt} granted to {holder} with fence {s.fence}")
         self.events.append(Event("Normal", c.EV_ATTEMPT_STARTED,
                                  f"attempt {attempt} granted to {holder} with fence {s.fence}"))

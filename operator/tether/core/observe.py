@@ -15,7 +15,7 @@ from typing import Mapping
 
 from tether import protocol
 from tether.api.kueue import Workload
-from tether.api.models import Usage, WorkerRun
+from tether.api.models import MAX_ATTEMPT_HISTORY, Usage, WorkerRun
 
 # Progress reported on heartbeats reaches the run's status at most this often.
 FOLD_INTERVAL_SECONDS = 10.0
@@ -128,6 +128,9 @@ class Observed:
     budget: BudgetObservation | None = None
     # How often heartbeat-borne progress and usage may reach the run's status (bounded writes).
     fold_interval: float = FOLD_INTERVAL_SECONDS
+    # How many attempt records status.attempts keeps (the fault trials keep few, so that totals are
+    # judged past the history's end).
+    attempt_history: int = MAX_ATTEMPT_HISTORY
     # Monotonic time since which the API server has answered this operator without a break
     # (None: unreachable now). No lapse is judged within a lease duration of it.
     api_available_since: float | None = float("-inf")

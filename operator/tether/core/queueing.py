@@ -172,6 +172,11 @@ def enter_queue(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     return False
 
 
+def _busy(o: Observed) -> list[str]:
+    """The run's pods that may still run on its quota (PodObservation.may_still_run)."""
+    return [p.name for p in o.pods if p.may_still_run(o.now)]
+
+
 def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     """Before a grant: a queued run starts only once Kueue admitted its Workload (enter_queue made
     it), and records the admission the attempt will run under."""
@@ -181,7 +186,7 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     if wl is None:
         return False
     if evicted_and_reserved(wl):
-        busy = [p.name for p in o.pods if not p.terminated]
+        busy = _busy(o)
         evicted = wl.condition(k.WL_EVICTED)
         _queued(o, b, d, f"evicted by Kueue ({evicted.reason if evicted else 'Evicted'}); "
                          + (f"waiting for pod {', '.join(busy)} to go" if busy else "releasing its quota"))
@@ -192,7 +197,12 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     if changed is not None:
         # Edited while queued: Kueue's admission (and quota) would be for another pod than the one
         # the grant makes, or under another time limit (a new one starts counting afresh, as for a
-        # Job). Made again from the run (Kueue's job framework does the same).
+        # Job). Made again from the run (Kueue's job framework does the same), once no pod of an
+        # earlier attempt may still run on the quota that deleting it gives back.
+        if pods_may_run(o, d):
+            _queued(o, b, d, f"queued in LocalQueue {queue_name(o.run)}: {changed} changed; its Workload is made "
+                             f"again once pod {', '.join(_busy(o))} of an earlier attempt has exited")
+            return False
         d.actions.append(DeleteWorkload(name=wl.metadata.name, uid=wl.metadata.uid))
         _queued(o, b, d, f"queued in LocalQueue {queue_name(o.run)}: {changed} changed; its Workload is made again")
         return False
@@ -211,11 +221,11 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
                 "waiting to read its ResourceFlavors")
         return False
     if pods_may_run(o, d):
-        busy = [p.name for p in o.pods if p.may_still_run(o.now)]
         # Kueue admitted one pod, and keeps that admission across a retry: an earlier attempt's pod
         # that may still run (a lapsed or revoked one in its grace period) holds it until it exits.
-        _queued(o, b, d, f"admitted by ClusterQueue {admission.cluster_queue}; waiting for pod {', '.join(busy)} "
-                         "of an earlier attempt to exit (the admission is for one pod)")
+        # (The grant's confirmation reads the pods fresh too: the cache may not list them yet.)
+        _queued(o, b, d, f"admitted by ClusterQueue {admission.cluster_queue}; waiting for pod "
+                         f"{', '.join(_busy(o))} of an earlier attempt to exit (the admission is for one pod)")
         return False
     b.admission = admission
     last = o.run.status.current()

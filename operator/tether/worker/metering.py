@@ -323,9 +323,12 @@ class _Answer:
         self.counts: dict[str, int] = {}
         self.charged = (0, 0)
         self.seen = False    # a usage block with counts was read
+        # ... one that is the answer's final count: not only Anthropic's opening count in
+        # message_start (output_tokens 1), which message_delta completes.
+        self.final = False
         self.closed = False  # the answer ended (check_ended ran)
 
-    def see(self, usage: Any, model: Any) -> None:
+    def see(self, usage: Any, model: Any, final: bool = True) -> None:
         if self.model is None and isinstance(model, str) and model:
             self.model = model
         if usage is None:
@@ -335,6 +338,7 @@ class _Answer:
             if not counts:
                 return
             self.seen = True
+            self.final = self.final or final
             # Streams repeat or grow their counts (Anthropic's message_delta): keep the largest.
             merged = dict(self.counts)
             for k, v in counts.items():
@@ -362,8 +366,13 @@ class _Answer:
         if self.closed:
             return
         self.closed = True
-        if self.expect_usage and not self.seen and self.meter.fault is None:
-            if cut is not None:
+        if self.expect_usage and not self.final and self.meter.fault is None:
+            if self.seen:  # a stream that ended after its opening count: the rest of it went uncounted
+                how = "was cut" if cut is not None else "ended"
+                self.meter._trip(f"a streamed answer to a {self.request_model!r} request {how} before its final "
+                                 "usage (only its opening count was read)"
+                                 + (f" ({type(cut).__name__}: {str(cut)[:200]})" if cut is not None else ""))
+            elif cut is not None:
                 self.meter._trip(f"a 2xx answer to a {self.request_model!r} request was cut before its usage "
                                  f"was read ({type(cut).__name__}: {str(cut)[:200]})")
             else:
@@ -379,7 +388,7 @@ class _Answer:
         for key in ("response", "message", "x_groq"):
             inner = obj.get(key)
             if isinstance(inner, Mapping):
-                self.see(inner.get("usage"), inner.get("model"))
+                self.see(inner.get("usage"), inner.get("model"), final=key != "message")
 
 
 class _Decoder:

@@ -310,6 +310,9 @@ class Answer {
   charged = { units: 0n, tokens: 0n };
   /** A usage block with counts was read. */
   seen = false;
+  /** ... one that is the answer's final count: not only Anthropic's opening count in message_start
+   * (output_tokens 1), which message_delta completes. */
+  final = false;
   private closed = false;
 
   /** expectUsage: a 2xx answer to a generation request naming a model. */
@@ -321,14 +324,19 @@ class Answer {
   checkEnded(cut?: unknown): void {
     if (this.closed) return;
     this.closed = true;
-    if (this.expectUsage && !this.seen && this.meter.fault === null) {
+    if (this.expectUsage && !this.final && this.meter.fault === null) {
       const asked = JSON.stringify(this.requestModel);
+      if (this.seen) { // a stream that ended after its opening count: the rest of it went uncounted
+        this.meter.trip(`a streamed answer to a ${asked} request ${cut === undefined ? "ended" : "was cut"} before `
+          + "its final usage (only its opening count was read)" + (cut === undefined ? "" : ` (${describeError(cut)})`));
+        return;
+      }
       this.meter.trip(cut === undefined ? `a 2xx answer to a ${asked} request carried no usage`
         : `a 2xx answer to a ${asked} request was cut before its usage was read (${describeError(cut)})`);
     }
   }
 
-  see(usage: unknown, model: unknown): void {
+  see(usage: unknown, model: unknown, final = true): void {
     if (this.model === null && typeof model === "string" && model !== "") this.model = model;
     if (usage == null) return;
     let units: bigint, tokens: bigint, merged: Map<string, bigint>;
@@ -336,6 +344,7 @@ class Answer {
       const counts = readUsage(usage);
       if (counts.size === 0) return;
       this.seen = true;
+      this.final = this.final || final;
       // Streams repeat or grow their counts (Anthropic's message_delta): keep the largest.
       merged = new Map(this.counts);
       for (const [k, v] of counts) merged.set(k, v > (merged.get(k) ?? 0n) ? v : merged.get(k) ?? 0n);
@@ -365,7 +374,7 @@ class Answer {
     this.see(obj.usage, obj.model);
     for (const key of ["response", "message", "x_groq"]) {
       const inner = obj[key];
-      if (isObject(inner)) this.see(inner.usage, inner.model);
+      if (isObject(inner)) this.see(inner.usage, inner.model, key !== "message");
     }
   }
 }

@@ -226,8 +226,10 @@ describe("meteredFetch", () => {
     assert.deepEqual(r.last, [3, 3000]);
   });
 
-  for (const [path, model, cut, expect] of [["/v1/messages", "claude-x", 4, [2, 1500]], ["/v1/messages", "claude-x", 3, [1, 1001]],
-    ["/v1/chat/completions", "gpt-x", 2, [0, 0]], ["/v1/responses", "gpt-x", 2, [0, 0]]] as const) {
+  // message_start's opening count only (cut 3, 1): charged, and the meter faults (the output went uncounted).
+  for (const [path, model, cut, expect, faults] of [["/v1/messages", "claude-x", 4, [2, 1500], false],
+    ["/v1/messages", "claude-x", 3, [1, 1001], true], ["/v1/messages", "claude-x", 1, [1, 1001], true],
+    ["/v1/chat/completions", "gpt-x", 2, [0, 0], true], ["/v1/responses", "gpt-x", 2, [0, 0], true]] as const) {
     it(`a ${path} stream cut inside event ${cut} charges what it saw`, async () => {
       const r = new Reporter();
       const f = meteredFetch(r, PRICES);
@@ -235,8 +237,8 @@ describe("meteredFetch", () => {
       const answer = await post(f, path, { model, stream: true });
       await answer.text().catch(() => undefined);
       assert.deepEqual(r.last, expect);
-      // Cut by the server, not abandoned by the caller: a stream that ended with no usage faults.
-      assert.equal(f.meter.fault === null, expect[1] !== 0);
+      // Cut by the server, not abandoned by the caller: a stream that ended without its final usage faults.
+      assert.equal(f.meter.fault !== null, faults, String(f.meter.fault));
     });
   }
 
