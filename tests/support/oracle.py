@@ -64,7 +64,7 @@ Twelve invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    event or later, before its final usage). Judged from the model's own log: after an answer to a
    worker was cut before its final usage, the model receives no further request from that worker
    (its meter refuses to spend on blind); an ended attempt's recorded tokens are never more than
-   what its whole answers billed (invariant 4 holds them to the worker's last accepted report).
+   the model billed it (invariant 4 holds them to the worker's last accepted report).
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -103,7 +103,7 @@ INVARIANTS: dict[int, str] = {
     9: "no replica writes past its leadership (last renewal + renew deadline)",
     10: "a run says it is suspended exactly when spec.suspend is set, and a finished one never",
     11: "Kueue's quota never held by more live pods than it admits",
-    12: "no model answer spent unmetered: a cut one stops the worker's spending, whole ones all counted",
+    12: "no model answer spent unmetered: a cut one stops the worker's spending, none counted beyond its bill",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
@@ -777,7 +777,8 @@ def _model_answers(history: _History, final: Mapping[str, dict[str, Any]], facts
                    verdict: Verdict) -> None:
     """Invariant 12. A model answer cut before its final usage arrived cannot be metered: the
     worker's meter must refuse every later request (the model sees none), never spend on blind. An
-    ended attempt records at most what its whole answers billed (a report the control plane never
+    ended attempt records at most what the model billed it (a cut answer is charged what of its
+    usage arrived, e.g. a stream's opening count; a report the control plane never
     accepted -- a renewal refused after a revocation, or lost to a fault before a publication, which
     the protocol lets go on -- may leave it less; invariant 4 holds it to its last accepted report)."""
     by_attempt: dict[tuple[str, str], list[ModelAnswer]] = defaultdict(list)
@@ -792,15 +793,15 @@ def _model_answers(history: _History, final: Mapping[str, dict[str, Any]], facts
             verdict.violations.append(Violation(12, subject, (
                 f"answer {cuts[0] + 1} of {len(answers)} was cut before its usage, and the worker spent "
                 f"{len(answers) - cuts[0] - 1} more request(s) after it")))
-        whole = sum(a.tokens for a in answers if not a.cut)
+        billed = sum(a.tokens for a in answers)
         record = next((a for a in _attempt_records(history, final, uid).values() if a.get("holder") == holder), None)
         if record is None or record.get("outcome") is None:
             continue  # never granted as far as the audit log shows, or still running: its usage is folded later
         recorded = _usage(record.get("usage"))[1]
-        if recorded > whole:
+        if recorded > billed:
             verdict.violations.append(Violation(12, subject, (
                 f"attempt {record.get('attempt')} ended {record.get('outcome')} recording {recorded} tokens; the "
-                f"model answered it {whole} tokens whole ({len(answers)} answers, {len(cuts)} cut)")))
+                f"model billed it {billed} ({len(answers)} answers, {len(cuts)} cut)")))
 
 
 def _budgets(history: _History, final: Mapping[str, dict[str, Any]], tenures: Mapping[tuple[str, str], _Tenure],

@@ -115,6 +115,8 @@ def _answers(run: Run, *cut: bool) -> list[ModelAnswer]:
     ("Succeeded", 20, (False, False), True),           # its last report lost before the publication (inv. 4's)
     ("LeaseLost", 20, (False, False), True),           # ended from outside: its last report may be lost
     ("LeaseLost", 60, (False, False), False),          # more than the model billed it
+    ("Succeeded", 55, (False, False, True), True),     # the cut answer charged its opening count
+    ("Succeeded", 61, (False, False, True), False),    # more than all three billed
     ("Succeeded", 40, (False, True, False), False),    # spent on after a cut answer
 ])
 def test_12_model_answers_are_judged_from_the_models_log(outcome: str, recorded: int, cuts: tuple[bool, ...],
