@@ -801,3 +801,27 @@ def test_a_workload_remade_for_a_changed_time_limit_waits_for_the_earlier_attemp
     assert d.requeue_after is not None and d.requeue_after <= 20.0 + 60.0
     (delete,) = [a for a in decide(replace(o, pods=())).actions if isinstance(a, DeleteWorkload)]
     assert Confirm.PODS_GONE in delete.requires
+
+
+@pytest.mark.parametrize("wl", [EVICTED, ADMITTED], ids=["evicted", "admitted"])
+def test_a_suspended_runs_workload_is_deactivated_only_once_no_pod_of_it_may_run(wl: Any) -> None:
+    """Seed 61033: a preempted run suspended while its pod was still exiting; deactivating its
+    Workload made Kueue give its quota back at once, and the preemptor's pod started beside the
+    exiting one (invariant 11). Deactivating, like telling the budget check Retry, waits for the pod
+    and reads the pods fresh first."""
+    exiting = pod(phase="Running", deleting=True, deletion_due=T0 + dt.timedelta(seconds=20))
+    status = {**_retry_due(), "phase": "Queued", "nextAttemptAt": None}
+    o = replace(observe(run(spec={"suspend": True}, status=status, labels=QUEUE), pods=(exiting,)), workload=wl,
+                flavors=SPOT, cluster_queue="shared", budget_checks=frozenset({"tether-budget"}))
+    d = decide(o)
+    assert not _active(d) and not any(isinstance(a, ReleaseQuota) for a in d.actions)
+    assert d.requeue_after is not None and d.requeue_after <= 20.0 + 60.0
+    gone = decide(replace(o, pods=()))
+    if wl is EVICTED:  # the eviction's quota goes first, by ReleaseQuota (which reads the pods fresh)
+        assert any(isinstance(a, ReleaseQuota) for a in gone.actions)
+    else:
+        (off,) = _active(gone)
+        assert off.active is False and Confirm.PODS_GONE in off.requires
+    assert SetWorkloadActive(name="w", active=True, reason=None, resource_version="1").requires == ()
+    assert Confirm.PODS_GONE in AnswerBudgetCheck(name="w", check="c", state="Retry", message="m",
+                                                  requeue_after_seconds=1, resource_version="1").requires

@@ -57,9 +57,9 @@ class Confirm(enum.Enum):
     # A queued run's grant: a fresh read of its Workload shows it admitted, under the admission
     # (eviction count) the attempt records. A cached admission may be one Kueue took back.
     ADMITTED = "admitted"
-    # The run's quota is given back or used again (released, finished, its Workload deleted, a
-    # retry granted under the admission it keeps): a fresh list shows none of its pods may still
-    # run (the pod cache may not have listed them yet after a restart).
+    # The run's quota is given back or used again (released, finished, its Workload deleted or
+    # deactivated, its budget check told Retry, a retry granted under the admission it keeps): a
+    # fresh list shows none of its pods may still run (the pod cache may not list them yet).
     PODS_GONE = "pods-gone"
     # A repair that no status write precedes: the run is unchanged since the snapshot (a status
     # compare-and-swap earlier in the same decision proves that for the actions after it).
@@ -325,7 +325,14 @@ class SetWorkloadActive:
     resource_version: str
 
     pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = ()
+
+    @property
+    def gives_quota_back(self) -> bool:
+        return not self.active
+
+    @property
+    def requires(self) -> tuple[Confirm, ...]:
+        return (Confirm.PODS_GONE,) if self.gives_quota_back else ()
 
 
 @dataclass(frozen=True)
@@ -341,7 +348,14 @@ class AnswerBudgetCheck:
     resource_version: str
 
     pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = ()
+
+    @property
+    def gives_quota_back(self) -> bool:
+        return self.state == "Retry"
+
+    @property
+    def requires(self) -> tuple[Confirm, ...]:
+        return (Confirm.PODS_GONE,) if self.gives_quota_back else ()
 
 
 @dataclass(frozen=True)

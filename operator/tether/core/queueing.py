@@ -280,7 +280,13 @@ def _workload_write(o: Observed, wl: Workload, d: Decision) -> Action | None:
     if any(g in ours and g not in holding for g in wl.gates):
         return UngateWorkload(name=wl.metadata.name, keep=tuple(g for g in wl.gates if g not in ours or g in holding),
                               resource_version=rv)
-    return _budget_answer(o, wl) or _activation(o, wl)
+    answer = _budget_answer(o, wl) or _activation(o, wl)
+    # Deactivating a Workload that holds quota, or telling its budget check Retry, gives the quota
+    # back: not while a pod of the run may still run on it (a lapsed or evicted one in its grace
+    # period; the action's confirmation reads the pods fresh too).
+    if answer is not None and answer.gives_quota_back and wl.is_true(k.WL_QUOTA_RESERVED) and pods_may_run(o, d):
+        return None
+    return answer
 
 
 def pods_ready(o: Observed, wl: Workload) -> MarkPodsReady | None:
