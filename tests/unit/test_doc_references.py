@@ -28,3 +28,14 @@ def test_every_readme_section_and_docs_page_named_exists() -> None:
         missing += [f"{path.relative_to(ROOT)}: docs/{page}" for page in DOC.findall(text)
                     if not (ROOT / "docs" / page).exists()]
     assert not missing, missing
+
+
+def test_sample_kubectl_get_output_has_the_crds_columns() -> None:
+    """A README or docs sample of `kubectl get wr` shows the columns kubectl prints (it lacked QUEUE)."""
+    import yaml
+    crd = yaml.safe_load((ROOT / "crds" / "workerruns.tether.dev.yaml").read_text())
+    columns = ["NAME", *[c["name"].upper() for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]
+                         if not c.get("priority")]]
+    samples = [(path, line.split()) for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+               for line in path.read_text().splitlines() if line.startswith("NAME ") and " PHASE " in line]
+    assert samples and all(header == columns for _, header in samples), (columns, samples)

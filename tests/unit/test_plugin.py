@@ -99,6 +99,17 @@ def test_demo_offers_kubectl_only_while_its_cluster_stays() -> None:
     assert "make demo" in gone  # how to get a cluster that stays
 
 
+def test_demo_says_which_example_it_shortened() -> None:
+    """It said `applied examples/long-job.yaml` and ran 12 one-second steps, not the file's 60 of 2 s."""
+    root = Path(__file__).resolve().parents[2]
+    said = {line.split(",")[0].removeprefix("==> applied examples/"): (body, line) for body, line in demo.examples(root)}
+    body, line = said["long-job.yaml"]
+    assert body["spec"]["payload"] == {"steps": 12, "stepSeconds": 1}
+    assert line == ('==> applied examples/long-job.yaml, shortened for the demo: payload {"steps": 12, '
+                    '"stepSeconds": 1} (the file says {"steps": 60, "stepSeconds": 2})')
+    assert said["short-job.yaml"][1] == "==> applied examples/short-job.yaml"
+
+
 def test_a_leader_lease_is_a_sign_of_life_only_while_held_and_fresh() -> None:
     now = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 
