@@ -59,11 +59,22 @@ kubernetes_workspace() {
 }
 
 # apt_install PKG...: Debian packages the node needs, installed when missing (a fresh machine may
-# have no package lists yet: update once and retry).
+# have no package lists yet: update once and retry; a package manager left interrupted by a killed
+# install refuses everything until `dpkg --configure -a` has finished it: run that, then retry).
 apt_install() {
   export DEBIAN_FRONTEND=noninteractive
   echo "[apt] installing $*" >&2
-  apt-get install -y -q "$@" >&2 || { apt-get update -q >&2 && apt-get install -y -q "$@" >&2; }
+  local out
+  if out="$(apt-get install -y -q "$@" 2>&1)"; then
+    echo "$out" >&2
+    return 0
+  fi
+  echo "$out" >&2
+  if grep -q "dpkg was interrupted" <<<"$out"; then
+    echo "[apt] dpkg was left interrupted: finishing it with dpkg --configure -a" >&2
+    dpkg --configure -a >&2
+  fi
+  apt-get update -q >&2 && apt-get install -y -q "$@" >&2
 }
 
 # build_go_binary WORK REQUIRE DEST PKG [LDFLAGS]: builds package PKG to DEST in a consumer module in

@@ -10,6 +10,7 @@
   kubectl tether release-finalizers [NAME] [-n NS | -A] [--operator-namespace NS] [--force]
       after the operator was uninstalled before its runs: removes Tether's finalizers so that
       the runs can be deleted (refused while an operator is alive, unless --force)
+  kubectl tether version         this plugin's version (also --version)
 
 kubectl's connection flags work as they do for kubectl, before or after the command:
   --kubeconfig, --context, --cluster, --user, -n/--namespace, --as, --as-group, --as-uid,
@@ -27,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from tether import orphans
+from tether import __version__, orphans
 from tether.console.actions import CONTROLS, ActionError, control, record_decision
 from tether.kube import config as kubeconfig
 from tether.kube.client import ApiError, KubeClient, server_says
@@ -52,9 +53,20 @@ def status_lines(run: dict[str, Any], lease: dict[str, Any] | None, now: dt.date
              f"fence {s.get('fence', 0)}  holder {s.get('holder') or '-'}"]
     if lease is not None:
         spec = lease.get("spec") or {}
+        # Only a held Lease says anything about a worker's liveness; an ended run's is released.
+        renewed = "not held" if not spec.get("holderIdentity") else \
+            "never renewed" if not spec.get("renewTime") else \
+            f"renewed {_age(spec.get('renewTime'), now)} ago (worker clock)"
         lines.append(f"  lease: holder {spec.get('holderIdentity') or '-'}  fence {spec.get('leaseTransitions')}  "
-                     f"renewed {_age(spec.get('renewTime'), now)} ago (worker clock)  "
-                     f"duration {spec.get('leaseDurationSeconds')}s")
+                     f"{renewed}  duration {spec.get('leaseDurationSeconds')}s")
+    # What waits for a person (kubectl tether approve/deny decides it), and the result.
+    for r in (s.get("review") or {}).get("requests") or []:
+        if r.get("decision") is None:
+            deadline = f"  decide by {r['deadline']}" if r.get("deadline") else ""
+            details = f": {str(r['details'])[:200]}" if r.get("details") else ""
+            lines.append(f"  pending: gate {r.get('gate')} (attempt {r.get('attempt')}){deadline}{details}")
+    if s.get("result") is not None:
+        lines.append(f"  result: {json.dumps(s['result'], sort_keys=True)[:500]}")
     usage = s.get("usage") or {}
     if usage:
         lines.append(f"  spent: {usage.get('cents', 0)} cents, {usage.get('tokens', 0)} tokens")
@@ -180,7 +192,9 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubectl tether", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "ui", "release-finalizers"])
+    parser.add_argument("--version", action="version", version=f"kubectl-tether {__version__}")
+    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "ui", "release-finalizers",
+                                            "version"])
     parser.add_argument("name", nargs="?", help="the WorkerRun (every command but ui; release-finalizers: optional)")
     _connection_flags(parser)
     parser.add_argument("-A", "--all-namespaces", action="store_true",
@@ -190,16 +204,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true",
                         help="release-finalizers: even though an operator looks alive")
     parser.add_argument("--gate", default="Start", help="approve/deny: Start, Result or a request's name")
-    parser.add_argument("--reason", default="", help="approve/deny: why (a denied run's next attempt gets it)")
+    parser.add_argument("--reason", default=None,
+                        help="approve/deny (required): why (a denied run's next attempt gets it)")
     parser.add_argument("--attempt", type=int, default=None,
                         help="approve/deny: the attempt whose gate you decide (default: the newest pending one)")
     parser.add_argument("--port", type=int, default=0, help="ui: the local port (default: any free one)")
     parser.add_argument("--no-open", action="store_true", help="ui: print the URL, do not open a browser")
     args = parser.parse_args(argv)
+    if args.command == "version":
+        print(f"kubectl-tether {__version__}")
+        return 0
     if args.command == "ui" and args.name is not None:
         parser.error("ui takes no NAME")
     if args.command not in ("ui", "release-finalizers") and args.name is None:
         parser.error(f"{args.command} needs a NAME")
+    if args.command in ("approve", "deny") and not (args.reason or "").strip():
+        parser.error(f"{args.command} needs --reason: why you decide so (it is recorded with your decision)")
     if args.all_namespaces and args.name is not None:
         parser.error("-A takes no NAME")
     # What goes wrong reads as kubectl's would, on stderr with exit 1; never a traceback.

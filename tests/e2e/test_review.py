@@ -100,7 +100,8 @@ def test_kubectl_tether_approve_records_the_current_user(kube: Kube, namespace: 
 
     runs.create(kube, namespace, _gated())
     runs.wait_phase(kube, namespace, "short-job", "AwaitingApproval", timeout=30)
-    wrong = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "Ship It")
+    wrong = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "Ship It",
+                    "--reason", "looks right")
     # Only a pending gate can be decided; the message says which are.
     assert wrong.returncode == 1 and "no pending Ship It gate; pending: Start (attempt 0)" in wrong.stderr, wrong
     done = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "start",

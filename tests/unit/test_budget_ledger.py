@@ -330,3 +330,33 @@ def test_stop_before_a_writer_ran_leaves_no_charge_waiting_forever() -> None:
         return await asyncio.wait_for(book.charge(run, "team", Usage(cents=5), _nothing_charged), 1)
 
     assert asyncio.run(stop_early()) == Usage(cents=5)
+
+
+def test_a_time_zone_that_is_no_iana_zone_is_said_in_a_condition_and_a_warning_event() -> None:
+    """`Mars/Olympus` was accepted and silently used UTC. The CRD cannot tell a zone name, so the
+    operator says it: condition TimeZoneValid=False (UnknownTimeZone) and one Warning Event; a fixed
+    zone drops the condition."""
+    kube = _Kube(charges={}, spent=0)
+    kube.body["spec"]["timeZone"] = "Mars/Olympus"
+    events: list[tuple[str, str, str]] = []
+
+    async def post_event(obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        events.append((type_, reason, message))
+
+    kube.post_event = post_event  # type: ignore[attr-defined]
+    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+
+    async def refresh_twice() -> None:
+        for _ in range(2):
+            book.on_event("MODIFIED", kube.body)
+            await asyncio.gather(*book._background)
+
+    asyncio.run(refresh_twice())
+    (zone,) = [c for c in kube.body["status"]["conditions"] if c["type"] == "TimeZoneValid"]
+    assert (zone["status"], zone["reason"]) == ("False", "UnknownTimeZone") and "'Mars/Olympus'" in zone["message"]
+    assert events == [("Warning", "UnknownTimeZone", zone["message"])]  # once, not on every refresh
+    kube.body = {**kube.body, "spec": {**kube.body["spec"], "timeZone": "Europe/Berlin"},  # edited: a new version
+                 "metadata": {**kube.body["metadata"], "resourceVersion": "9"}}
+    asyncio.run(refresh_twice())
+    assert not any(c["type"] == "TimeZoneValid" for c in kube.body["status"]["conditions"])
+    assert len(events) == 1

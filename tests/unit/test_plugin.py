@@ -99,6 +99,17 @@ def test_demo_offers_kubectl_only_while_its_cluster_stays() -> None:
     assert "make demo" in gone  # how to get a cluster that stays
 
 
+def test_demo_says_which_example_it_shortened() -> None:
+    """It said `applied examples/long-job.yaml` and ran 12 one-second steps, not the file's 60 of 2 s."""
+    root = Path(__file__).resolve().parents[2]
+    said = {line.split(",")[0].removeprefix("==> applied examples/"): (body, line) for body, line in demo.examples(root)}
+    body, line = said["long-job.yaml"]
+    assert body["spec"]["payload"] == {"steps": 12, "stepSeconds": 1}
+    assert line == ('==> applied examples/long-job.yaml, shortened for the demo: payload {"steps": 12, '
+                    '"stepSeconds": 1} (the file says {"steps": 60, "stepSeconds": 2})')
+    assert said["short-job.yaml"][1] == "==> applied examples/short-job.yaml"
+
+
 def test_a_leader_lease_is_a_sign_of_life_only_while_held_and_fresh() -> None:
     now = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 
@@ -110,3 +121,53 @@ def test_a_leader_lease_is_a_sign_of_life_only_while_held_and_fresh() -> None:
     assert orphans.lease_alive(lease("op_1", 18), now)  # within the skew allowance
     assert not orphans.lease_alive(lease("op_1", 60), now)
     assert not orphans.lease_alive(lease("", 1), now)  # released on a clean stop (ReleaseOnCancel)
+
+
+NOW = dt.datetime(2026, 12, 6, 12, tzinfo=dt.timezone.utc)
+
+
+def _run(status: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": "job"}, "status": status}
+
+
+def test_status_claims_no_liveness_for_a_lease_nobody_holds_or_renewed() -> None:
+    """A finished run's Lease is released: it said `renewed - ago`; one granted but never renewed
+    (a refused pod) is not a live worker either."""
+    released = {"spec": {"holderIdentity": None, "leaseTransitions": 3, "leaseDurationSeconds": 90}}
+    lines = plugin.status_lines(_run({"phase": "Succeeded", "attempt": 1, "fence": 3}), released, NOW)
+    assert "  lease: holder -  fence 3  not held  duration 90s" in lines
+    granted = {"spec": {"holderIdentity": "job-a1", "leaseTransitions": 1, "leaseDurationSeconds": 90}}
+    assert any("never renewed" in line for line in plugin.status_lines(_run({"phase": "Starting"}), granted, NOW))
+    held = {"spec": {"holderIdentity": "job-a1", "leaseTransitions": 1, "leaseDurationSeconds": 90,
+                     "renewTime": (NOW - dt.timedelta(seconds=4)).isoformat()}}
+    assert any("renewed 4.0s ago (worker clock)" in line for line in plugin.status_lines(_run({}), held, NOW))
+    assert not any(" - ago" in line for line in plugin.status_lines(_run({}), released, NOW))
+
+
+def test_status_shows_what_waits_for_a_person_and_the_result() -> None:
+    status = {"phase": "AwaitingReview", "attempt": 2, "result": {"rows": 12},
+              "review": {"requests": [
+                  {"gate": "Start", "attempt": 0, "decision": "Approve"},
+                  {"gate": "deploy", "attempt": 2, "details": "push v2 to prod", "deadline": "2026-12-06T13:00:00Z"}]}}
+    lines = plugin.status_lines(_run(status), None, NOW)
+    assert "  pending: gate deploy (attempt 2)  decide by 2026-12-06T13:00:00Z: push v2 to prod" in lines
+    assert not any("gate Start" in line for line in lines)  # decided
+    assert '  result: {"rows": 12}' in lines
+
+
+@pytest.mark.parametrize("command", ["approve", "deny"])
+def test_a_decision_needs_a_reason(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([command, "job"], [command, "job", "--reason", "  "]):
+        with pytest.raises(SystemExit) as exit_:
+            plugin.main(argv)
+        assert exit_.value.code == 2
+        assert f"{command} needs --reason" in capsys.readouterr().err
+
+
+def test_version_is_a_command_and_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from tether import __version__
+    assert plugin.main(["version"]) == 0
+    assert capsys.readouterr().out == f"kubectl-tether {__version__}\n"
+    with pytest.raises(SystemExit) as exit_:
+        plugin.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"kubectl-tether {__version__}\n"

@@ -117,6 +117,12 @@ def result_view(run: dict[str, Any]) -> str:
     return out or '<p class="muted">no result yet</p>'
 
 
+def duration(seconds: int) -> str:
+    """Seconds the way people say them (the console's script says ages the same way): 90s, 59m, 3h, 2d."""
+    return f"{seconds}s" if seconds < 120 else f"{round(seconds / 60)}m" if seconds < 7200 else \
+        f"{round(seconds / 3600)}h" if seconds < 172800 else f"{round(seconds / 86400)}d"
+
+
 def images(run: dict[str, Any]) -> list[str]:
     template = (run.get("spec") or {}).get("template") or {}
     return [str(c.get("image", "?")) for c in (template.get("spec") or {}).get("containers") or []]
@@ -130,7 +136,7 @@ def what_starts(run: dict[str, Any]) -> str:
               f"cap {budget['capCents']} cents" if budget.get("capCents") is not None else "",
               f"at most {budget['maxTokens']} tokens" if budget.get("maxTokens") is not None else "",
               f"budget {(budget.get('budgetRef') or {}).get('name')}" if budget.get("budgetRef") else "",
-              f"deadline {spec['deadlineSeconds']}s" if spec.get("deadlineSeconds") is not None else "",
+              f"deadline {duration(int(spec['deadlineSeconds']))}" if spec.get("deadlineSeconds") is not None else "",
               f"up to {(spec.get('retry') or {}).get('maxAttempts', 3)} attempts"]
     runs = ", ".join(images(run)) or f"an {spec.get('executor', 'Pod')} worker"
     return (f'<div class="starts"><p>runs <code class="image">{escape(runs)}</code> · '

@@ -107,6 +107,9 @@ class BudgetBook:
                 return
             written = await self.kube.replace_budget_status({**body, "status": status.dump()})
             self._store_written(key, {body["metadata"].get("resourceVersion")}, written)
+            problem = budgets.time_zone_problem(budget.spec)
+            if problem is not None and not any(c.type == budgets.COND_TIME_ZONE for c in budget.status.conditions):
+                await self.kube.post_event(written, "Warning", budgets.REASON_UNKNOWN_TIME_ZONE, problem)
         except (Conflict, NotFound):
             pass  # a newer version arrives by watch and triggers another refresh
         except Exception as exc:  # noqa: BLE001 - best effort; charges refresh it too

@@ -18,11 +18,26 @@ from tether.api.models import MAX_STATUS_NUMBER, Charge, Usage, WorkerBudget, Wo
 from tether.protocol import MAX_CENTS, MAX_TOKENS, valid_report  # noqa: F401  (re-exported: one definition)
 
 
+# Condition of a budget whose spec.timeZone is no IANA zone (the CRD cannot tell): said, never silent.
+COND_TIME_ZONE = "TimeZoneValid"
+REASON_UNKNOWN_TIME_ZONE = "UnknownTimeZone"
+
+
 def _zone(name: str) -> dt.tzinfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError):
         return dt.timezone.utc
+
+
+def time_zone_problem(spec: WorkerBudgetSpec) -> str | None:
+    """Why spec.timeZone cannot be used (periods then start at midnight UTC), or None."""
+    try:
+        ZoneInfo(spec.time_zone)
+        return None
+    except (ZoneInfoNotFoundError, ValueError):
+        return (f"timeZone {spec.time_zone!r} is not an IANA time zone (e.g. Europe/Berlin): periods start at "
+                "midnight UTC until it is fixed")
 
 
 def period_start(now: dt.datetime, spec: WorkerBudgetSpec) -> dt.datetime | None:
@@ -84,6 +99,12 @@ def refresh(budget: WorkerBudget, now: dt.datetime) -> WorkerBudgetStatus:
     else:
         status.conditions = set_condition(status.conditions, "Exhausted", "False", "WithinLimit",
                                           "spending is within the limit", gen, now)
+    problem = time_zone_problem(spec)
+    if problem is not None:
+        status.conditions = set_condition(status.conditions, COND_TIME_ZONE, "False", REASON_UNKNOWN_TIME_ZONE,
+                                          problem, gen, now)
+    else:  # only a wrong zone is worth a condition
+        status.conditions = [c for c in status.conditions if c.type != COND_TIME_ZONE]
     return status
 
 
@@ -142,8 +163,10 @@ def needs_refresh(budget: WorkerBudget, now: dt.datetime) -> bool:
         return True
     want = "True" if exhausted(spec, status.spent) else "False"
     have = next((c.status for c in status.conditions if c.type == "Exhausted"), None)
+    zone_said = any(c.type == COND_TIME_ZONE for c in status.conditions)
     return status.remaining != remaining(spec, status.spent) or \
-        status.observed_generation != budget.metadata.generation or have != want
+        status.observed_generation != budget.metadata.generation or have != want or \
+        zone_said != (time_zone_problem(spec) is not None)
 
 
 def charged(budget: WorkerBudget, run_uid: str) -> Usage:

@@ -592,7 +592,7 @@ def build_app(kube: KubeClient, audience: str | None = None, max_body_bytes: int
     routes = [Route(f"/api/v1/namespaces/{{namespace}}/workerruns/{{name}}/{op}", _answer(op, getattr(gateway, op)),
                     methods=["POST"]) for op in OPERATIONS]
     routes += [Route("/openapi.json", openapi, methods=["GET"]), Route("/healthz", healthz, methods=["GET"])]
-    # The shared web console (docs: README "Console"): each user signs in with their own bearer token,
+    # The shared web console (docs/console.md): each user signs in with their own bearer token,
     # and the console calls the API server with that token only.
     # Imported here: the console reads its forms with read_body, from this module.
     from tether.console.app import build_gateway_console

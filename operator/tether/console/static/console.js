@@ -76,14 +76,20 @@ function connect(url) {
   });
 }
 
-// Ages (lease renewals, requests) from the browser's clock: they change every second without the
-// objects changing, so the server never sends them again.
+// How long ago (s > 0) or ahead (s < 0), the way people say it: "42s ago", "in 59m", "in 3d".
+function age(s) {
+  const a = Math.abs(s);
+  const said = a < 120 ? `${a}s` : a < 7200 ? `${Math.round(a / 60)}m` : a < 172800 ? `${Math.round(a / 3600)}h`
+    : `${Math.round(a / 86400)}d`;
+  return s < 0 ? `in ${said}` : `${said} ago`;
+}
+
+// Ages (lease renewals, requests, deadlines) from the browser's clock: they change every second
+// without the objects changing, so the server never sends them again.
 function tick() {
   const now = Date.now();
   document.querySelectorAll("[data-since]").forEach((el) => {
-    const s = Math.round((now - Date.parse(el.dataset.since)) / 1000);
-    el.textContent = s < 0 ? `in ${-s}s` : s < 120 ? `${s}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago`
-      : `${Math.round(s / 3600)}h ago`;
+    el.textContent = age(Math.round((now - Date.parse(el.dataset.since)) / 1000));
     el.title = el.dataset.since;
   });
 }
