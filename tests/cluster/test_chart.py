@@ -302,9 +302,15 @@ def test_readme_install_with_defaults_on_the_dev_cluster(dev_cluster: Kube, tool
     pods = kube.ok(kube.get(f"/api/v1/namespaces/{ns}/pods", params=selector))["items"]
     restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods}
     # `kubectl logs`: the API server reaches the process kubelet's containerLogs (it failed to dial 10250).
-    logs = {name: kube.get(f"/api/v1/namespaces/{ns}/pods/{name}/log") for name in restarts}
-    assert set(restarts.values()) == {0}, (restarts, {name: r.text[-600:] for name, r in logs.items()})
-    assert all(r.status_code == 200 and name in r.text for name, r in logs.items()), {n: r.text[:300] for n, r in logs.items()}
+    # A replica serves /healthz before its first line names it (the server check, then the election's
+    # "waiting for leadership"): each log is read until it does.
+    def logs_naming_their_pods() -> dict[str, httpx.Response] | None:
+        logs = {name: kube.get(f"/api/v1/namespaces/{ns}/pods/{name}/log") for name in restarts}
+        return logs if all(r.status_code == 200 and name in r.text for name, r in logs.items()) else None
+
+    assert set(restarts.values()) == {0}, (restarts, {name: kube.get(f"/api/v1/namespaces/{ns}/pods/{name}/log").text[-600:]
+                                                   for name in restarts})
+    logs = eventually(logs_naming_their_pods, timeout=60, what="each replica's log (kubectl logs) naming its pod")
     last = kube.get(f"/api/v1/namespaces/{ns}/pods/{next(iter(logs))}/log", params={"tailLines": "1"})
     assert last.status_code == 200 and len(last.text.splitlines()) == 1
     # No runs in the operator's own namespace: refused by the API server, saying why and what to do.

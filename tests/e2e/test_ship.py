@@ -179,7 +179,7 @@ def test_kubectl_wait_explain_columns_and_plugin(kube: Kube, namespace: str, ope
     assert "tether" in kubectl(bin_dir, "plugin", "list").stdout
     status = kubectl(bin_dir, "tether", "status", "short-job", "-n", namespace)
     assert status.returncode == 0, status.stderr
-    assert "Succeeded" in status.stdout and "FENCE" in status.stdout and "renewed" in status.stdout
+    assert "Succeeded" in status.stdout and "FENCE" in status.stdout and "not held" in status.stdout
     runs.create(kube, namespace, runs.example("long-job.yaml"), name="ctl")
     runs.wait_phase(kube, namespace, "ctl", "Running", timeout=30)
     assert kubectl(bin_dir, "tether", "suspend", "ctl", "-n", namespace).returncode == 0
