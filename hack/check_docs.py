@@ -5,7 +5,10 @@ Checked: every relative href/src in the built HTML (the file exists in the site;
 id or name on the target page), and every relative link in README.md (the file exists in the
 checkout; a link into docs/*.md#anchor names a heading of that page as the site renders it; a bare
 #anchor names a README heading as GitHub slugs it). External http(s) links are listed, never
-fetched: the build needs no network. `make docs` runs this; tests/unit/test_docs.py imports it.
+fetched: the build needs no network. Also checked: the user docs (README, docs/, CHANGELOG,
+SECURITY, the examples' READMEs) speak to users, not in the project's internal voice (no issue
+numbers, no "this project's machines" or "the test machine"; see VOICE). `make docs` runs this;
+tests/unit/test_docs.py imports it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOP_LEVEL = (ROOT / "SECURITY.md", ROOT / "CHANGELOG.md")  # checked like README.md
 SKIPPED_SCHEMES = ("mailto:", "javascript:", "data:", "tel:")
+
+# Phrases of the project's internal voice that users cannot follow: issue numbers of the project's
+# tracker, the machines the project is built and measured on, its review and work sessions. Say
+# what changed or what was measured, on what hardware, instead.
+VOICE = {
+    r"\bissues? ?#?\d+": "an issue number of the project's tracker: say what changed",
+    r"\bthis project's machines?\b": "the project's machines: name the hardware (\"on 2 cores\")",
+    r"\bthe test machine\b": "the test machine: name the hardware (\"on 2 cores\")",
+    r"\bthis machine\b": "whose machine? (\"your machine\", \"the local host\", \"a 2-core host\")",
+    r"\bthe machine's\b": "whose machine? name the host or the hardware",
+    r"\b(?:built|measured|ran|run) here\b": "where is here? (\"built from Go modules\", \"on 2 cores\")",
+    r"\bthis round\b": "which round? say what changed",
+    r"\bon this work\b": "which work? say what changed",
+    r"\b(?:a|the|this|the test) session\b(?!.{0,3}(?:cookie|token))": "a session of the project's work: say what happened",
+    r"\b(?:the|a|an adversarial) review (?:found|of (?:the|these))\b|\bthe review's\b|\bfound by the review\b":
+        "the project's code review: say what was found and fixed",
+}
+
+
+def user_docs(root: Path = ROOT) -> list[Path]:
+    """The Markdown users read: the README, the docs site's pages, CHANGELOG, SECURITY and the
+    examples' READMEs."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), *TOP_LEVEL,
+            *sorted((root / "examples").rglob("README.md"))]
+
+
+def check_voice(paths: list[Path] | None = None, root: Path = ROOT) -> list[str]:
+    """Every internal-voice phrase (VOICE) in the user docs, as `file:line: phrase (why)`."""
+    found = []
+    for path in user_docs(root) if paths is None else paths:
+        text = path.read_text(encoding="utf-8")
+        name = path.relative_to(root) if path.is_relative_to(root) else path
+        for pattern, why in VOICE.items():
+            # A phrase may be wrapped: a space in a pattern matches any run of white space.
+            for match in re.finditer(pattern.replace(" ", r"\s+"), text, flags=re.I):
+                number = text.count("\n", 0, match.start()) + 1
+                found.append(f"{name}:{number}: {' '.join(match.group(0).split())!r} ({why})")
+    return sorted(found, key=lambda f: (f.split(":")[0], int(f.split(":")[1])))
 
 
 @dataclass
@@ -181,8 +222,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {link}")
         for problem in report.broken:
             print(f"BROKEN {problem}", file=sys.stderr)
-        print(f"site built in {site}; {len(report.broken)} broken internal links")
-        return 1 if report.broken else 0
+        voice = check_voice()
+        for problem in voice:
+            print(f"VOICE {problem}", file=sys.stderr)
+        print(f"site built in {site}; {len(report.broken)} broken internal links; "
+              f"{len(voice)} internal-voice phrases in the user docs")
+        return 1 if report.broken or voice else 0
 
 
 if __name__ == "__main__":

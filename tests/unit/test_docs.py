@@ -94,3 +94,40 @@ def test_the_checker_refuses_a_missing_anchor_and_a_missing_file(tmp_path: Path)
 def test_a_strict_build_refuses_a_link_to_a_missing_page(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="strict"):
         _tiny_site(tmp_path, "# Home\n\n[gone](gone.md)\n", "# R\n")
+
+
+def test_the_user_docs_speak_to_users() -> None:
+    """README, docs/, CHANGELOG, SECURITY and the examples' READMEs carry no internal voice: no
+    issue numbers, no "this project's machines", "the test machine", sessions or reviews."""
+    assert check_docs.check_voice() == []
+    names = {p.relative_to(ROOT).as_posix() for p in check_docs.user_docs()}
+    assert {"README.md", "CHANGELOG.md", "SECURITY.md", "docs/index.md", "examples/agent-loop/README.md"} <= names
+
+
+@pytest.mark.parametrize("line, refused", [
+    ("Added (issue 25: kind)", True),
+    ("fixed in (issue #12).", True),
+    ("3–4 s on the test machine, four workers", True),
+    ("All of it ran on this project's machine: 2 cores", True),
+    ("which this project's machines cannot reach", True),
+    ("### kind, with a node image built here", True),
+    ("Two were removed this round:", True),
+    ("A review of these draws found a real gap", True),
+    ("The test session's cluster has it on", True),
+    ("the review's fixes to the Kueue integration", True),
+    ("Measured on 2 cores (x86_64), warm caches.", False),
+    ("pytest 9.2 drops the suffix (pytest-xdist#1386)", False),
+    ("the reviewer's reason is handed to the next attempt", False),
+    ("a random per-session token, exchanged for a session cookie", False),
+    ("serves a web console on your machine", False),
+])
+def test_the_voice_check_refuses_internal_phrases(tmp_path: Path, line: str, refused: bool) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(f"# Page\n\n{line}\n")
+    assert bool(check_docs.check_voice([page], root=tmp_path)) is refused
+
+
+def test_the_voice_check_sees_a_phrase_wrapped_over_two_lines(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\nkind and its node image are built\nhere from Go modules; see issue\n25.\n")
+    assert [f.split(":")[1] for f in check_docs.check_voice([page], root=tmp_path)] == ["3", "4"]
