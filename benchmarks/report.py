@@ -51,7 +51,7 @@ def table(report: dict[str, Any], source: str) -> str:
                      "1, 0"))
         machine = s.get("machineCores")
         if machine:
-            rows.append((f"{what}: cores used by the rest of the machine",
+            rows.append((f"{what}: cores used by the rest of the host",
                          ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(machine.items(), key=lambda kv: -kv[1])), ""))
         lag = s.get("watchLagSeconds") or {}
         rows.append((f"{what}: watch lag p50 / p99", f"{_fmt(lag.get('p50'))} / {_fmt(lag.get('p99'))} s", ""))
@@ -84,7 +84,7 @@ def table(report: dict[str, Any], source: str) -> str:
                      f"{_fmt(c.get('ceiling'))}; {', '.join(c.get('firstBroken') or []) or 'nothing up to ' + str(top)}",
                      ""))
     smoke = " (smoke size: not a measurement)" if report.get("smoke") else ""
-    head = (f"Measured {report['date']} on this machine ({report['machine']['cpus']} cores), Tether's client "
+    head = (f"Measured {report['date']} on one host with {report['machine']['cpus']} cores, Tether's client "
             f"qps {report['tether']['qps']} / burst {report['tether']['burst']}, kube-controller-manager "
             f"{report['kubeControllerManager']['qps']} / {report['kubeControllerManager']['burst']}{smoke}; "
             f"`{source}`.\n\n")
