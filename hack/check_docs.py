@@ -49,8 +49,8 @@ VOICE = {
 def user_docs(root: Path = ROOT) -> list[Path]:
     """The Markdown users read: the README, the docs site's pages, CHANGELOG, SECURITY and the
     examples' READMEs."""
-    return [root / "README.md", *sorted((root / "docs").glob("*.md")), *TOP_LEVEL,
-            *sorted((root / "examples").rglob("README.md"))]
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")),
+            *(root / path.name for path in TOP_LEVEL), *sorted((root / "examples").rglob("README.md"))]
 
 
 def check_voice(paths: list[Path] | None = None, root: Path = ROOT) -> list[str]:
