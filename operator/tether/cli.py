@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     import asyncio
     from typing import Any, Awaitable
 
+    from tether.kube.client import KubeClient
+
 
 def _dev_cluster(args: argparse.Namespace) -> int:
     from tether.devcluster.controlplane import LocalCluster, resolve_binaries
@@ -99,10 +101,12 @@ async def _run_operator(args: argparse.Namespace) -> int:
         cfg = await asyncio.to_thread(kubeconfig.load)  # it may run an exec credential plugin
         namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace
         identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        elector = LeaderElector(KubeClient(cfg), namespace, args.leader_election_id, identity,
+        kube = KubeClient(cfg)
+        elector = LeaderElector(kube, namespace, args.leader_election_id, identity,
                                 lease_seconds=args.leader_lease_seconds,
                                 renew_deadline=args.leader_lease_seconds * 2 / 3,
-                                retry_period=max(1.0, args.leader_lease_seconds / 7.5))
+                                retry_period=max(1.0, args.leader_lease_seconds / 7.5),
+                                owner=await _lease_owner(kube, namespace))
         if not await _until_stopped(elector.acquire(), stopping):
             # A Lease write in flight when the stop came may have landed: give it back.
             await elector.release()
@@ -168,6 +172,18 @@ async def _run_operator(args: argparse.Namespace) -> int:
         await asyncio.to_thread(tracing.shutdown)
     log.info("operator stopped", extra={"event": "operator_stopped"})
     return 0
+
+
+async def _lease_owner(kube: "KubeClient", namespace: str) -> "dict[str, Any] | None":
+    """The pod's own ServiceAccount (POD_SERVICE_ACCOUNT, set by the chart), when it lives in the
+    Lease's namespace: an owner elsewhere would count as missing, and the Lease be collected at once."""
+    name = os.environ.get("POD_SERVICE_ACCOUNT")
+    if not name or os.environ.get("POD_NAMESPACE") != namespace:
+        return None
+    account = await kube.get_service_account(namespace, name)
+    if account is None:
+        return None
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "name": name, "uid": account["metadata"]["uid"]}
 
 
 async def _check_server(log: "logging.Logger") -> None:
