@@ -19,7 +19,7 @@ help:
 	@echo "make bench          scale benchmarks on kwok nodes: JSON, figures, table in docs/benchmarks.md (not in make test)"
 	@echo "make bench-queues   runs and Kueue Jobs through one ClusterQueue; preemption latency (not in make test)"
 	@echo "make screenshots    the console's browser tests, saving docs/console-*.png (make test saves them outside the tree)"
-	@echo "make cluster        start a local control plane and print its KUBECONFIG"
+	@echo "make cluster        start a local control plane and print its KUBECONFIG (KUEUE=1: with Kueue)"
 	@echo "make docs           build the docs site (mkdocs --strict, outside the tree) and check every internal link"
 	@echo "make e2e-kind       a kind cluster from a node image built here: the chart, then the e2e suite on it"
 	@echo "make kind-image     build/cache kind and its node image (Kubernetes, CoreDNS, containerd from Go modules)"
@@ -138,8 +138,9 @@ screenshots: install browser control-plane
 demo: install control-plane
 	$(VENV)/bin/tether dev demo
 
-cluster: install control-plane
-	$(VENV)/bin/tether dev cluster
+# KUEUE=1: with Kueue's manager too (docs/queues.md).
+cluster: install control-plane $(if $(KUEUE),kueue)
+	$(VENV)/bin/tether dev cluster $(if $(KUEUE),--kueue)
 
 # The e2e suite on a kind cluster (hack/e2e-kind.sh): created, the image loaded, the chart installed, deleted.
 e2e-kind: install control-plane tools node kind-image
