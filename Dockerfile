@@ -5,6 +5,9 @@
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS build
 WORKDIR /src
+# Reproducible bytes (make release): with SOURCE_DATE_EPOCH set, pip compiles hash-checked .pyc files
+# instead of ones stamped with the install's time.
+ENV SOURCE_DATE_EPOCH=315532800
 RUN python -m venv /opt/tether
 COPY pyproject.toml README.md ./
 COPY operator ./operator
@@ -12,7 +15,8 @@ RUN /opt/tether/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/tether/bin/pip install --no-cache-dir '.[otel]'
 
 FROM ${BASE}
-RUN groupadd --gid 65532 tether && useradd --uid 65532 --gid 65532 --no-create-home --shell /sbin/nologin tether
+# (useradd stamps /etc/shadow with the day it ran unless SOURCE_DATE_EPOCH says otherwise.)
+RUN export SOURCE_DATE_EPOCH=315532800 && groupadd --gid 65532 tether && useradd --uid 65532 --gid 65532 --no-create-home --shell /sbin/nologin tether
 COPY --from=build /opt/tether /opt/tether
 COPY examples /app/examples
 COPY tests/support/worker_app.py /app/tests/support/worker_app.py

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install control-plane tools node kueue kind-image test layers unit sdk-test conformance chaos bench bench-queues demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
+.PHONY: help install browser release control-plane tools node kueue kind-image test layers unit sdk-test conformance chaos bench bench-queues demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -19,13 +19,14 @@ help:
 	@echo "make bench          scale benchmarks on kwok nodes: JSON, figures, table in docs/benchmarks.md (not in make test)"
 	@echo "make bench-queues   runs and Kueue Jobs through one ClusterQueue; preemption latency (not in make test)"
 	@echo "make screenshots    the console's browser tests, saving docs/console-*.png (make test saves them outside the tree)"
-	@echo "make cluster        start a local control plane and print its KUBECONFIG"
+	@echo "make cluster        start a local control plane and print its KUBECONFIG (KUEUE=1: with Kueue)"
 	@echo "make docs           build the docs site (mkdocs --strict, outside the tree) and check every internal link"
 	@echo "make e2e-kind       a kind cluster from a node image built here: the chart, then the e2e suite on it"
 	@echo "make kind-image     build/cache kind and its node image (Kubernetes, CoreDNS, containerd from Go modules)"
 	@echo "make plugin         the kubectl-tether wheel and krew archive in dist/, with dist/tether.yaml (krew manifest)"
 	@echo "make install-plugin kubectl-tether in a virtualenv of its own, linked into PREFIX/bin (PREFIX=~/.local)"
-	@echo "make install-tools  link the cached helm and kubectl into PREFIX/bin"
+	@echo "make install-tools  helm and kubectl into PREFIX/bin, unless on PATH (a missing one is built, cached)"
+	@echo "make release        every release artefact in dist/: images (OCI archives), the pinned chart, the plugin, SHA256SUMS"
 	@echo "make control-plane  build/cache etcd, kube-apiserver, controller-manager, scheduler, kubectl (and the oldest supported)"
 	@echo "make kueue          build/cache Kueue's manager (sigs.k8s.io/kueue) with its CRDs and webhooks"
 	@echo "make node           build/cache kubelet, containerd, the pause image and the Tether image (docker build)"
@@ -36,8 +37,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
 
-# Debian's Chromium for the console's browser tests (Playwright drives it; no browser download).
 install: $(VENV)/.installed
+
+# Debian's Chromium for the console's browser tests (Playwright drives it; no browser download).
+browser:
 	bash hack/install-browser.sh
 
 control-plane:
@@ -73,7 +76,7 @@ OLDEST_TESTS ?= tests/cluster/test_admission_policy.py tests/cluster/test_approv
 	tests/e2e/test_fencing.py tests/e2e/test_review_gates.py tests/e2e/test_identity.py \
 	$(addprefix tests/kueue/test_queues.py::,$(KUEUE_ON_OLDEST))
 
-test: install control-plane tools node kueue kind-image sdk-test layers docs
+test: install browser control-plane tools node kueue kind-image sdk-test layers docs
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra
 	TETHER_TEST_KUBERNETES=oldest $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra --durations=10 $(OLDEST_TESTS)
 
@@ -129,14 +132,15 @@ bench-queues: install control-plane tools kueue
 	$(PY) benchmarks/queues.py --out $(QUEUES_OUT) $(BENCH_ARGS)
 
 # The console's screenshots in docs/ come from its browser tests, only when asked for here.
-screenshots: install control-plane
+screenshots: install browser control-plane
 	TETHER_SCREENSHOTS=docs $(PY) -m pytest -p no:cacheprovider -q tests/e2e/test_console.py
 
 demo: install control-plane
 	$(VENV)/bin/tether dev demo
 
-cluster: install control-plane
-	$(VENV)/bin/tether dev cluster
+# KUEUE=1: with Kueue's manager too (docs/queues.md).
+cluster: install control-plane $(if $(KUEUE),kueue)
+	$(VENV)/bin/tether dev cluster $(if $(KUEUE),--kueue)
 
 # The e2e suite on a kind cluster (hack/e2e-kind.sh): created, the image loaded, the chart installed, deleted.
 e2e-kind: install control-plane tools node kind-image
@@ -159,12 +163,14 @@ install-plugin: plugin
 	ln -sf $(PREFIX)/lib/kubectl-tether/bin/kubectl-tether $(PREFIX)/bin/kubectl-tether
 	@echo "kubectl-tether is in $(PREFIX)/bin (on your PATH? then: kubectl tether --help)"
 
-# helm and kubectl as the project builds them (cached under the build cache), linked into PREFIX/bin.
-install-tools: control-plane
-	mkdir -p $(PREFIX)/bin
-	ln -sf "$$(bash hack/build-tools.sh)/helm" $(PREFIX)/bin/helm
-	ln -sf "$$(bash hack/build-control-plane.sh)/kubectl" $(PREFIX)/bin/kubectl
-	@echo "helm and kubectl are in $(PREFIX)/bin"
+# helm and kubectl: the ones on PATH, else built here (cached) and linked into PREFIX/bin.
+install-tools:
+	bash hack/install-tools.sh $(PREFIX)
+
+# What a release publishes, into dist/ (packaging/release.py; docs/own-cluster.md): needs the image
+# build (Linux, root, Docker) and helm.
+release: install
+	$(PY) packaging/release.py --out dist
 
 clean:
 	rm -rf $(VENV) .tether

@@ -111,9 +111,6 @@ t=$SECONDS
   --wait 240s >&2
 log "cluster ready in $((SECONDS - t)) s"
 
-t=$SECONDS
-"$kind" load image-archive "$images_dir/tether.tar" --name "$CLUSTER" >&2
-log "Tether image loaded in $((SECONDS - t)) s"
 
 t=$SECONDS
 "$kind" load docker-image "$KUEUE_IMAGE" --name "$CLUSTER" >&2
@@ -124,13 +121,31 @@ t=$SECONDS
   --set controllerManager.manager.image.pullPolicy=Never --wait --timeout 300s >&2
 log "Kueue installed in $((SECONDS - t)) s"
 
+# Tether as docs/own-cluster.md installs it: the release's artefacts (make release, here into a
+# directory of this run's own), then that page's kind block as written, run where dist/ and
+# examples/ are; then the tests' values on top (the gateway, a short fold interval).
 t=$SECONDS
-"$tools/helm" upgrade --install tether charts/tether --namespace tether-system --create-namespace \
-  --kubeconfig "$kubeconfig" --set image.repository="${TETHER_IMAGE%:*}" --set image.tag="${TETHER_IMAGE##*:}" \
-  --set image.pullPolicy=Never --set gateway.enabled=true --set foldIntervalSeconds=1 --wait --timeout 300s >&2
-log "chart installed in $((SECONDS - t)) s"
+release_dir="$cache/kind/$CLUSTER-release"
+rm -rf "$release_dir" && mkdir -p "$release_dir"
+.venv/bin/python packaging/release.py --out "$release_dir/dist" --helm "$tools/helm" >/dev/null
+ln -s "$root/examples" "$release_dir/examples"
+log "release built in $((SECONDS - t)) s"
+t=$SECONDS
+block="$(.venv/bin/python - docs/own-cluster.md <<'PY'
+import re, sys
+blocks = re.findall(r"<!-- owncluster:begin -->\s*```bash\n(.*?)```\s*<!-- owncluster:end -->", open(sys.argv[1]).read(), re.S)
+assert len(blocks) == 1, "docs/own-cluster.md needs one bash block between the owncluster markers"
+print(blocks[0])
+PY
+)"
+(cd "$release_dir" && KIND_CLUSTER_NAME="$CLUSTER" KUBECONFIG="$kubeconfig" \
+  PATH="$kind_dir/bin:$tools:$(bash "$root/hack/build-control-plane.sh"):$PATH" bash -euxo pipefail -c "$block") >&2
+"$tools/helm" upgrade tether "$release_dir/dist/tether-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1).tgz" \
+  --namespace tether-system --kubeconfig "$kubeconfig" --reuse-values \
+  --set gateway.enabled=true --set foldIntervalSeconds=1 --wait --timeout 300s >&2
+log "chart installed as docs/own-cluster.md says in $((SECONDS - t)) s"
 if [[ -n "${KIND_SETUP_ONLY:-}" ]]; then
-  echo "$kubeconfig $audit_dir/audit.log"
+  echo "$kubeconfig $audit_dir/audit.log $release_dir/dist"
   exit 0
 fi
 
@@ -138,8 +153,8 @@ t=$SECONDS
 # The chart's operator (cluster-wide) drives the runs; tests that need the local cluster's process
 # kubelet (pids, SIGSTOP, on-disk pod logs, a killable operator) are marked local_cluster.
 if [[ -n "${KIND_TESTS:-}" ]]; then read -r -a tests <<<"$KIND_TESTS"; else tests=(tests/e2e tests/kind -m "not local_cluster"); fi
-TETHER_KIND_KUBECONFIG="$kubeconfig" TETHER_KIND_NODE="$CLUSTER-control-plane" \
-  TETHER_TEST_KUBECONFIG="$kubeconfig" TETHER_TEST_AUDIT_LOG="$audit_dir/audit.log" TETHER_TEST_EXTERNAL_OPERATOR=1 TETHER_TEST_WORKER_IMAGE="$TETHER_IMAGE" \
+TETHER_KIND_KUBECONFIG="$kubeconfig" TETHER_KIND_NODE="$CLUSTER-control-plane" TETHER_KIND_RELEASE="$release_dir/dist" \
+  TETHER_TEST_KUBECONFIG="$kubeconfig" TETHER_TEST_AUDIT_LOG="$audit_dir/audit.log" TETHER_TEST_EXTERNAL_OPERATOR=1 TETHER_TEST_WORKER_IMAGE="$EXAMPLE_IMAGE" \
   TETHER_TEST_BIN_DIR="$(bash hack/build-control-plane.sh)" \
   .venv/bin/python -m pytest "${tests[@]}" -p no:cacheprovider -ra
 log "tests ran in $((SECONDS - t)) s; all in $((SECONDS - started)) s"

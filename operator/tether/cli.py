@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     import asyncio
     from typing import Any, Awaitable
 
+    from tether.kube.client import KubeClient
+
 
 def _dev_cluster(args: argparse.Namespace) -> int:
     from tether.devcluster.controlplane import LocalCluster, resolve_binaries
@@ -24,7 +27,7 @@ def _dev_cluster(args: argparse.Namespace) -> int:
     bin_dir = resolve_binaries()
     state = Path(args.state_dir).resolve() if args.state_dir else Path.cwd() / ".tether" / "cluster"
     state.mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(bin_dir=bin_dir, state_dir=state, real_node=args.real_node)
+    cluster = LocalCluster(bin_dir=bin_dir, state_dir=state, real_node=args.real_node, with_kueue=args.kueue)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with cluster:
         with cluster.client() as client:
@@ -39,6 +42,9 @@ def _dev_cluster(args: argparse.Namespace) -> int:
             print(f"# real node {REAL_NODE_NAME} (kubelet + containerd, netns {cluster.node.network.netns}); "
                   f"pods go there with nodeSelector {REAL_NODE_TAINT}=true and a toleration of that taint")
             print(f"# images: {cluster.node.images['TETHER_IMAGE']} and {cluster.node.images['EXAMPLE_IMAGE']}")
+        if cluster.kueue is not None:
+            print(f"# Kueue's manager runs (WorkerRun is its external framework; log {cluster.kueue.log_dir / 'kueue.log'}): "
+                  "kubectl apply -f examples/queues/tenancy.yaml, then label runs kueue.x-k8s.io/queue-name")
         print("# Ctrl-C stops the cluster and removes its state.", flush=True)
         try:
             signal.pause()
@@ -49,7 +55,6 @@ def _dev_cluster(args: argparse.Namespace) -> int:
 
 def _operator(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
 
     from tether import logs
 
@@ -59,7 +64,6 @@ def _operator(args: argparse.Namespace) -> int:
 
 async def _run_operator(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
     import socket
     import uuid
 
@@ -99,10 +103,12 @@ async def _run_operator(args: argparse.Namespace) -> int:
         cfg = await asyncio.to_thread(kubeconfig.load)  # it may run an exec credential plugin
         namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace
         identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        elector = LeaderElector(KubeClient(cfg), namespace, args.leader_election_id, identity,
+        kube = KubeClient(cfg)
+        elector = LeaderElector(kube, namespace, args.leader_election_id, identity,
                                 lease_seconds=args.leader_lease_seconds,
                                 renew_deadline=args.leader_lease_seconds * 2 / 3,
-                                retry_period=max(1.0, args.leader_lease_seconds / 7.5))
+                                retry_period=max(1.0, args.leader_lease_seconds / 7.5),
+                                owner=await _lease_owner(kube, namespace))
         if not await _until_stopped(elector.acquire(), stopping):
             # A Lease write in flight when the stop came may have landed: give it back.
             await elector.release()
@@ -168,6 +174,22 @@ async def _run_operator(args: argparse.Namespace) -> int:
         await asyncio.to_thread(tracing.shutdown)
     log.info("operator stopped", extra={"event": "operator_stopped"})
     return 0
+
+
+async def _lease_owner(kube: "KubeClient", namespace: str) -> "dict[str, Any] | None":
+    """The pod's own ServiceAccount (POD_SERVICE_ACCOUNT, set by the chart), when it lives in the
+    Lease's namespace: an owner elsewhere would count as missing, and the Lease be collected at once."""
+    name = os.environ.get("POD_SERVICE_ACCOUNT")
+    if not name or os.environ.get("POD_NAMESPACE") != namespace:
+        return None
+    try:
+        account = await kube.get_service_account(namespace, name)
+    except Exception as exc:  # noqa: BLE001 - without an owner the Lease only outlives an uninstall
+        logging.getLogger("tether.leader").warning("the leader Lease gets no owner", extra={"error": str(exc)})
+        return None
+    if account is None:
+        return None
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "name": name, "uid": account["metadata"]["uid"]}
 
 
 async def _check_server(log: "logging.Logger") -> None:
@@ -327,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="DEV_COMMAND")
     cl = dev_sub.add_parser("cluster", help="start a local control plane and print its KUBECONFIG")
     cl.add_argument("--state-dir", help="where certificates, etcd data and logs go (default ./.tether/cluster)")
+    cl.add_argument("--kueue", action="store_true",
+                    help="also start Kueue's manager (built from Go modules by hack/build-kueue.sh, cached), configured "
+                         "for WorkerRuns as docs/queues.md says")
     cl.add_argument("--real-node", action="store_true",
                     help="also start a real node (kubelet + containerd, as root) with the Tether image built "
                          "from this checkout; builds them on first use")

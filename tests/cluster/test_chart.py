@@ -325,5 +325,12 @@ def test_readme_install_with_defaults_on_the_dev_cluster(dev_cluster: Kube, tool
     kube.ok(kube.delete(Kube.wr_path("first-run", "short-job")))
     eventually(lambda: kube.get(Kube.wr_path("first-run", "short-job")).status_code == 404, timeout=60,
                what="the run deleted (its finalizer released by the operator)")
+    lease = kube.ok(kube.get(f"{LEASES}/tether-operator-leader"))
+    account = kube.ok(kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/tether"))
+    assert [(o["kind"], o["uid"]) for o in lease["metadata"]["ownerReferences"]] == [("ServiceAccount", account["metadata"]["uid"])]
     uninstall = helm(tools_dir, "uninstall", "tether", "--namespace", ns, "--wait", "--timeout", "60s", *kubeconfig)
     assert uninstall.returncode == 0, uninstall.stderr
+    # Nothing left naming a deleted pod: the leader Lease goes with the chart's ServiceAccount, so an
+    # immediate reinstall leads at once (docs/install.md "Uninstall" lists what stays).
+    eventually(lambda: kube.get(f"{LEASES}/tether-operator-leader").status_code == 404, timeout=60,
+               what="the leader Lease collected after helm uninstall")

@@ -3,8 +3,10 @@ as users have one shows. kubeadm's control plane, CoreDNS, kube-proxy and Servic
 node's containerd, two operator replicas behind leader election, a worker frozen on a real node.
 `make e2e-kind` runs the whole e2e suite there; these are the part `make test` runs.
 
-TETHER_KIND_KUBECONFIG points them at a cluster that already has the chart (as hack/e2e-kind.sh
-KIND_SETUP_ONLY=1 leaves one); otherwise the module creates its own and deletes it afterwards."""
+The chart comes from the release's artefacts, installed by docs/own-cluster.md's kind block as
+written (hack/e2e-kind.sh runs it). TETHER_KIND_KUBECONFIG points them at a cluster that already has
+it (as hack/e2e-kind.sh KIND_SETUP_ONLY=1 leaves one, with TETHER_KIND_RELEASE naming its dist/);
+otherwise the module creates its own and deletes it afterwards."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ SYSTEM = "tether-system"
 class Kind:
     kube: Kube
     node: str  # the node's container, for `docker exec`
-    image: str  # the Tether image, loaded into the node
+    image: str  # the release's example-worker image, loaded into the node
+    release: Path  # the release's dist/ the chart was installed from
 
     def worker(self, body: dict[str, Any]) -> dict[str, Any]:
         return runs.use_test_image(body, self.image)
@@ -51,17 +54,18 @@ def _env_file(path: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def kind() -> Iterator[Kind]:
-    image = _env_file(Path(_script("build-images.sh")) / "images.env")["TETHER_IMAGE"]
+    image = _env_file(Path(_script("build-images.sh")) / "images.env")["EXAMPLE_IMAGE"]
     given = os.environ.get("TETHER_KIND_KUBECONFIG")
     if given:
-        yield Kind(Kube(given), os.environ.get("TETHER_KIND_NODE", f"{CLUSTER}-control-plane"), image)
+        yield Kind(Kube(given), os.environ.get("TETHER_KIND_NODE", f"{CLUSTER}-control-plane"), image,
+                   Path(os.environ["TETHER_KIND_RELEASE"]))
         return
     # A cluster of this process's own: two sessions on one machine must not delete each other's.
     name = f"{CLUSTER}-{os.getpid()}"
     kind_bin = Path(_script("build-kind.sh")) / "bin" / "kind"
     try:  # (the script deletes a cluster whose set-up failed; one killed meanwhile is deleted here)
-        kubeconfig = _script("e2e-kind.sh", {"KIND_CLUSTER": name, "KIND_SETUP_ONLY": "1"}).split()[0]
-        yield Kind(Kube(kubeconfig), f"{name}-control-plane", image)
+        kubeconfig, _, release = _script("e2e-kind.sh", {"KIND_CLUSTER": name, "KIND_SETUP_ONLY": "1"}).split()
+        yield Kind(Kube(kubeconfig), f"{name}-control-plane", image, Path(release))
     finally:
         subprocess.run([str(kind_bin), "delete", "cluster", "--name", name], check=False)
 
@@ -105,6 +109,18 @@ def test_the_chart_runs_two_operator_replicas_one_of_them_leading(kind: Kind) ->
     assert _leader(kind.kube)[0] in names
     crd = kind.kube.ok(kind.kube.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workerruns.tether.dev"))
     assert any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"])
+
+
+def test_the_operator_runs_the_release_image_by_the_digest_the_packaged_chart_pins(kind: Kind) -> None:
+    refs = dict(line.split("@") for line in (kind.release / "images.txt").read_text().split())
+    (digest,) = [d for ref, d in refs.items() if ref.startswith("ghcr.io/tether-dev/tether:")]
+    pods = eventually(lambda: (p := _operator_pods(kind.kube)) and all(map(_ready, p)) and p, timeout=120,
+                      what="ready operator pods")
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        assert container["image"].endswith(f"@{digest}"), container["image"]
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["imageID"].endswith(digest), status
 
 
 def test_a_run_succeeds_in_a_pod_on_the_kind_node(kind: Kind, ns: str) -> None:

@@ -37,6 +37,9 @@ class LeaderElector:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     mono: Callable[[], float] = time.monotonic
+    # The object whose deletion takes the Lease along (garbage collection): the chart's ServiceAccount,
+    # so `helm uninstall` leaves no Lease naming a deleted pod. None outside a cluster.
+    owner: dict | None = None
     _renewed_at: float = field(default=float("-inf"), init=False)
     _observed: tuple[str, float] | None = field(default=None, init=False)  # (resourceVersion, first seen)
 
@@ -49,11 +52,18 @@ class LeaderElector:
         now = resources.micro_time(dt.datetime.now(dt.timezone.utc))
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_seconds),
                 "renewTime": now, "leaseTransitions": transitions}
+        owners = [self.owner] if self.owner else []
         if current is None:
-            return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
+            metadata: dict = {"name": self.name, "namespace": self.namespace}
+            if owners:
+                metadata["ownerReferences"] = owners
+            return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
                     "spec": {**spec, "acquireTime": now}}
         body = dict(current)
+        if self.owner and self.owner not in (current["metadata"].get("ownerReferences") or []):
+            # (a Lease from before owners, or from an earlier install whose account was recreated)
+            others = [o for o in current["metadata"].get("ownerReferences") or [] if o.get("kind") != "ServiceAccount"]
+            body["metadata"] = {**current["metadata"], "ownerReferences": others + owners}
         old = current.get("spec") or {}
         body["spec"] = {**old, **spec}
         if old.get("holderIdentity") != self.identity:

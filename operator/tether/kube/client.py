@@ -203,6 +203,13 @@ class KubeClient:
         except NotFound:
             return None
 
+    async def get_service_account(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self._call("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/{name}",
+                                    f"get serviceaccount {ns}/{name}")
+        except NotFound:
+            return None
+
     async def create_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
         ns = lease["metadata"]["namespace"]
         return await self._call("POST", lease_path(ns), f"create lease {ns}/{lease['metadata']['name']}", json=lease)
