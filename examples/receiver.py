@@ -3,18 +3,24 @@
 Workers call it through the SDK (`run.http_client().effect(...)`), which sends
 Idempotency-Key and X-Execution-Fence. The middleware refuses stale fences
 (409) and replays the stored response for a repeated key, so a worker that
-wakes up too late cannot charge twice.
+wakes up too late cannot charge twice. Each capture it makes is logged as one JSON line
+(`"event": "capture"`, with the fence and key it came with).
 
     python examples/receiver.py --port 8099 --db /tmp/receiver.sqlite
+    kubectl apply -f examples/agent-loop/receiver.yaml      # the same in a pod, with a Service
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 from typing import Any
 
+from tether import logs
 from tether.fencing import FencingMiddleware, SQLiteStore
+
+log = logging.getLogger("receiver")
 
 
 class CaptureApp:
@@ -39,6 +45,9 @@ class CaptureApp:
         capture = {"id": len(self.captures) + 1, "fence": int(headers["x-execution-fence"]),
                    "request": json.loads(body or b"{}")}
         self.captures.append(capture)
+        # The request body may hold personal data: only what identifies the capture is logged.
+        log.info("capture", extra={"event": "capture", "id": capture["id"], "fence": capture["fence"],
+                                   "idempotencyKey": headers.get("idempotency-key")})
         await _json(send, 201, capture)
 
 
@@ -58,11 +67,13 @@ def main() -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
     parser.add_argument("--port", type=int, default=8099)
     parser.add_argument("--db", default="receiver.sqlite")
     args = parser.parse_args()
+    logs.setup()
     fenced, _ = build(args.db)
-    uvicorn.run(fenced, host="127.0.0.1", port=args.port)
+    uvicorn.run(fenced, host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -160,9 +160,17 @@ def kueue() -> dict[str, str]:
 
 @pytest.fixture
 def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace per test, with its default service account ready."""
-    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"t-{stem}-{uuid.uuid4().hex[:5]}"
+    """A fresh namespace per test, with its default service account ready. Its name comes from the
+    test's, unless the test names one (`@pytest.mark.parametrize("namespace", [...], indirect=True)`:
+    the console's screenshots show a user's namespace, not a test's)."""
+    name = getattr(request, "param", None)
+    if name:
+        # It may still be going away after an earlier run on the same cluster (make e2e-kind).
+        eventually(lambda: kube.get(f"/api/v1/namespaces/{name}").status_code == 404, timeout=120,
+                   what=f"no namespace {name} left")
+    else:
+        stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+        name = f"t-{stem}-{uuid.uuid4().hex[:5]}"
     kube.ok(kube.post("/api/v1/namespaces", {"metadata": {"name": name, "labels": {"tether.dev/test": "true"}}}))
     eventually(lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200,
                timeout=60, what=f"default service account in {name}")

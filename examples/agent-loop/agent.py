@@ -14,7 +14,7 @@ Payload (spec.payload):
   cycles         how many cycles (default 240)
   cycleSeconds   the pause between two cycles (default 60: 240 cycles take four hours)
   riskyCycle     the cycle of the risky step (default: half way)
-  effectUrl      where the risky step is sent (a POST; fenced and idempotent)
+  effectUrl      where the risky step is sent (a POST; fenced and idempotent; else $EFFECT_URL)
   approvalTimeoutSeconds  how long a person has to decide (default 3600)
 The API key comes from $OPENAI_API_KEY (a Secret; see workerrun.yaml).
 
@@ -142,11 +142,12 @@ async def risky_step(run: AsyncWorkerRun, effects: AsyncFencedClient, p: dict[st
                                           "approver": decision.approver, "reason": decision.reason})
     if not decision.approved:
         return decision.decision  # Deny or TimedOut: the loop goes on without it
-    if p.get("effectUrl"):
+    url = p.get("effectUrl") or os.environ.get("EFFECT_URL")
+    if url:
         # Idempotency-Key "<idempotencyKey>:risky-step" is the same in every attempt, so a step
         # repeated after a crash is replayed by the receiver, never done twice; the fence lets it
         # refuse a superseded attempt. effect() refuses to start unless ownership is confirmed.
-        sent = await effects.effect("POST", p["effectUrl"], operation="risky-step",
+        sent = await effects.effect("POST", url, operation="risky-step",
                                     json={"step": cycle, "attempt": run.attempt, "proposal": proposal[:500]})
         sent.raise_for_status()
     return "done"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from tether import __version__
 from tether.api.models import MAX_ATTEMPT_HISTORY
+from tether.devcluster import fake_model
 
 if TYPE_CHECKING:
     import asyncio
@@ -358,6 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(func=_dev_cluster)
     demo = dev_sub.add_parser("demo", help="the main job on a local cluster: examples, a frozen worker, timelines")
     demo.set_defaults(func=lambda _args: __import__("tether.devcluster.demo", fromlist=["main"]).main())
+    model = dev_sub.add_parser("fake-model", help="a fake OpenAI-compatible model API whose answers bill tokens "
+                                                  "(for trying the examples without a key)")
+    fake_model.arguments(model)
+    model.set_defaults(func=fake_model.serve)
     return parser
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import pod_log
 from tests.support.kube import Kube, eventually
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
@@ -111,6 +112,33 @@ def test_deleting_owner_cascades_to_pods(kube: Kube, namespace: str) -> None:
     kube.ok(kube.delete(f"{cms}/owner", json={"propagationPolicy": "Background"}))
     # Only the garbage collector in kube-controller-manager deletes the pod.
     eventually(lambda: kube.get(f"{pods}/owned").status_code == 404, timeout=60, what="owned pod collected")
+
+
+@pytest.mark.local_cluster
+def test_a_pod_reaches_a_service_through_its_environment_variables(kube: Kube, namespace: str) -> None:
+    """As a real kubelet does, the process kubelet gives a pod its namespace's Service variables and
+    expands `$(VAR)` in args; the proxy behind them finds the Service's pod on its published port.
+    The client starts first: its connection waits for the server to listen."""
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    kube.ok(kube.post(f"/api/v1/namespaces/{namespace}/services", {"metadata": {"name": "web-app"}, "spec": {
+        "selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}))
+    client = _sleep_pod("client")
+    client["spec"]["containers"][0]["command"] = [
+        "python", "-c", "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=30).status, "
+                        "sys.argv[2])",
+        "http://$(WEB_APP_SERVICE_HOST):$(WEB_APP_SERVICE_PORT_HTTP)/", "$$(WEB_APP_SERVICE_HOST)"]
+    kube.ok(kube.post(pods, client))
+    server = _sleep_pod("server")
+    server["metadata"]["labels"] = {"app": "web"}
+    server["spec"]["containers"][0].update(command=["python", "-m", "http.server", "8000", "--bind", "127.0.0.1"],
+                                           ports=[{"name": "http", "containerPort": 8000}])
+    kube.ok(kube.post(pods, server))
+    done = eventually(lambda: (p := kube.ok(kube.get(f"{pods}/client"))).get("status", {}).get("phase")
+                      in ("Succeeded", "Failed") and p, timeout=60, what="the client finished")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert pod_log(namespace, "client").splitlines()[-1] == "200 $(WEB_APP_SERVICE_HOST)"  # `$$` escapes
+    argv = Path(f"/proc/{_pid(kube.ok(kube.get(f'{pods}/server')))}/cmdline").read_bytes().split(b"\0")
+    assert argv[3] != b"8000"  # the server listens on a published host port, not on 8000
 
 
 def _worker_run(**spec: object) -> dict:

@@ -1,8 +1,10 @@
 """The agent loop example (examples/agent-loop/agent.py) on the test cluster, against the fake model
-(tests/support/fake_model.py) and a fenced receiver: killed mid-run it resumes from its last
+(tether.devcluster.fake_model) and a fenced receiver: killed mid-run it resumes from its last
 checkpointed cycle, asks for its approval, and its risky step lands once; a cap its metered spend
 crosses stops it with the run charged what the model's answers cost. Judged by what the model and
-the receiver saw and by the run's status, never by the worker's own log."""
+the receiver saw and by the run's status, never by the worker's own log. And its README's quick
+variant, command by command as written there: the fake model and the receiver as pods behind
+Services, an approval asked for, given, and the step received once."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +25,13 @@ from tests.cluster.test_approvals import _grant_approver
 from tests.e2e.test_budgets import BUDGETS, get_budget
 from tests.e2e.test_review_gates import _decide, _pending
 from tests.support import runs
-from tests.support.fake_model import FakeModel
+from tether.devcluster.fake_model import FakeModel
 from tests.support.kube import Kube, eventually
 from tests.support.receiver import Receiver
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent-loop"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "agent-loop"
+QUICK = re.compile(r"<!-- quick:begin -->\s*```sh\n(.*?)```\s*<!-- quick:end -->", re.S)
 PRICES = {"gpt-x": {"input": 2.5, "output": 10}}
 CYCLE = re.compile(r"Cycle (\d+) of")
 
@@ -132,3 +138,61 @@ def test_a_cap_stops_the_agent_when_its_metered_spend_crosses_it(  # type: ignor
     assert runs.get(kube, namespace, "agent-loop")["status"]["overspend"]["cents"] == cents - 20
     eventually(lambda: get_budget(kube, namespace, "agents")["status"]["spent"]["cents"] == cents, timeout=30,
                what="the WorkerBudget charged the metered spend")
+
+
+def quick_commands() -> list[str]:
+    """The commands of the README's "Try it on the local cluster", one a line."""
+    blocks = QUICK.findall((EXAMPLE / "README.md").read_text())
+    assert len(blocks) == 1, "examples/agent-loop/README.md needs one ```sh block between the quick markers"
+    return [line for line in blocks[0].splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _captures(text: str) -> list[dict[str, Any]]:
+    return [doc for line in text.splitlines() if line.startswith("{")
+            and (doc := json.loads(line)).get("event") == "capture"]
+
+
+@pytest.mark.local_cluster
+def test_the_quick_variant_as_documented_asks_then_lands_its_step_once(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, bin_dir: Path, tmp_path: Path) -> None:
+    """Each command of the README's block runs as written, in a shell whose kubeconfig's namespace
+    is the test's; between them the run's status and the receiver's log say how far the story is."""
+    config = yaml.safe_load(Path(kube.kubeconfig_path).read_text())
+    for context in config["contexts"]:
+        context["context"]["namespace"] = namespace
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "kubeconfig"),
+           "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])}
+    said: dict[str, str] = {}
+    for command in quick_commands():
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        said[command] = done.stdout
+        run = runs.get(kube, namespace, "agent-loop-quick") if "agent-loop-quick" in command else None
+        if run is not None and "review.requests" in command:
+            # Asked, by its first attempt, after three checkpointed cycles; nothing sent yet.
+            assert _pending(run) == [("risky-step", 1)] and (_cursor(run) or {}).get("cycle") == 3, run["status"]
+            assert not _captures(pod_logs(kube, namespace, "app=receiver"))
+        if run is not None and "tether approve" in command:
+            assert "Approve risky-step (attempt 1) of agent-loop-quick" in done.stdout, done.stdout
+
+    run = runs.get(kube, namespace, "agent-loop-quick")
+    s = run["status"]
+    assert s["phase"] == "Succeeded" and s["result"]["risky"] == "done" and s["result"]["cycles"] == 6, s
+    assert [(r["gate"], r["attempt"], r.get("decision")) for r in s["review"]["requests"]] == [
+        ("risky-step", 1, "Approve")]
+    # The step was received once, with the fence of the attempt that was approved, as the README's
+    # `kubectl logs` shows it.
+    [(command, logged)] = [(c, out) for c, out in said.items() if "kubectl logs deployment/receiver" in c]
+    [capture] = _captures(logged)
+    assert capture["fence"] == s["attempts"][0]["fence"] and capture["idempotencyKey"].endswith(":risky-step")
+    assert len(_captures(pod_logs(kube, namespace, "app=receiver"))) == 1
+    # Spend metered from the fake model's answers: six of 1,000 input and 200 output tokens.
+    assert s["usage"]["tokens"] == 6 * 1_200, s["usage"]
+
+
+def pod_logs(kube: Kube, namespace: str, selector: str) -> str:
+    """The logs of the pods of `selector`, through the API server."""
+    pods = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector}))["items"]
+    return "".join(kube.get(f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}/log").text for p in pods)

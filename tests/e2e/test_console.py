@@ -30,7 +30,7 @@ from tests.e2e.test_review_gates import _asking, _reviewed
 from tests.support import runs
 from tests.support.kube import Kube, eventually
 from tests.support.users import console_user
-from tests.support.scenario import app_run, lease, wait_line
+from tests.support.scenario import app_run, lease
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,10 +44,21 @@ def screenshot_dir() -> Path:
     return Path(os.environ.get("TETHER_CACHE") or tempfile.gettempdir()) / "tether-screenshots"
 
 
+# What gives a test away on a page: the namespace fixture's names (t-<test name>-<5 hex digits>),
+# pytest's temporary folders, this machine's temporary directory.
+TEST_TRACES = re.compile(r"\bt-[a-z0-9-]+-[0-9a-f]{5}\b|pytest-of-|/pytest-\d|" + re.escape(tempfile.gettempdir() + "/"))
+
+
 def _screenshot(page: Page, name: str, full_page: bool = False) -> None:
+    """Saves the page as docs/`name` (make screenshots) once it shows what a user's would: a user's
+    namespace and names, no test's (each screenshot test names its namespace)."""
+    traces = sorted(set(TEST_TRACES.findall(page.inner_text("body"))))
+    assert not traces, f"{name} would show a test's names or paths: {traces}"
     target = screenshot_dir()
     target.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(target / name), full_page=full_page)
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -109,6 +120,7 @@ def _budget(name: str, cents: int) -> dict[str, Any]:
             "spec": {"limitCents": cents, "limitTokens": 5000, "period": "Daily"}}
 
 
+@pytest.mark.parametrize("namespace", ["research"], indirect=True)  # screenshots: a user's namespace
 def test_runs_change_live_and_budgets_fill(kube: Kube, namespace: str, operator, console: str,  # type: ignore[no-untyped-def]
                                            page: Page) -> None:
     kube.ok(kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets", _budget("research", 40)))
@@ -207,6 +219,7 @@ def test_the_run_page_shows_what_the_run_did(kube: Kube, namespace: str, operato
     expect(page.locator('#attempts tr[data-attempt="1"] .exit-code')).to_have_text("0", timeout=30_000)
 
 
+@pytest.mark.parametrize("namespace", ["billing"], indirect=True)  # screenshots: a user's namespace
 def test_a_start_gate_approved_from_the_page(kube: Kube, namespace: str, operator, alice: tuple[str, str, Path],  # type: ignore[no-untyped-def]
                                             console: str, page: Page) -> None:
     username = alice[0]
@@ -281,16 +294,18 @@ def test_controls_act_as_the_user(kube: Kube, namespace: str, operator, console:
 
 
 @pytest.mark.local_cluster
+@pytest.mark.parametrize("namespace", ["nightly-reports"], indirect=True)  # screenshots: a user's namespace
 def test_the_timeline_of_a_frozen_and_lost_worker(kube: Kube, namespace: str, operator, console: str,  # type: ignore[no-untyped-def]
-                                                  page: Page, tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
-    runs.create(kube, namespace, app_run("paused", {"holdAttempts": [1], "outFile": str(out), "usageCents": 4,
-                                                    "checkpoint": "row-17", "workSeconds": 2}, duration=8))
-    pid = wait_line(out, event="started", attempt=1)["pid"]
+                                                  page: Page) -> None:
+    # No outFile in the payload: the page shows it, and it would be a pytest temporary path.
+    runs.create(kube, namespace, app_run("invoice-export", {"holdAttempts": [1], "usageCents": 4,
+                                                            "checkpoint": "row-17", "workSeconds": 2}, duration=8))
+    runs.wait_phase(kube, namespace, "invoice-export", "Running", timeout=30)
+    pod = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/pods/invoice-export-a1"))
+    pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("process://"))
     try:
-        runs.wait_phase(kube, namespace, "paused", "Running", timeout=30)
         page.goto(console)
-        page.goto(page.url.rstrip("/") + f"/runs/{namespace}/paused")
+        page.goto(page.url.rstrip("/") + f"/runs/{namespace}/invoice-export")
         expect(page.locator("svg.timeline rect[data-outcome=Running]")).to_have_count(1)
         os.kill(pid, signal.SIGSTOP)  # frozen: no more renewals, the lease lapses
         # Drawn live as the operator revokes attempt 1 and attempt 2 finishes.

@@ -1,5 +1,5 @@
 """A per-run cap stops a worker whose model spending crosses it: the worker calls a model API (the
-fake in tests/support/fake_model.py) through tether.worker.metering and reports nothing itself."""
+fake in tether.devcluster.fake_model) through tether.worker.metering and reports nothing itself."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e.test_budgets import budget, get_budget
 from tests.support import runs
-from tests.support.fake_model import FakeModel
+from tether.devcluster.fake_model import FakeModel
 from tests.support.kube import Kube, eventually
 from tests.support.scenario import app_run, lines
 

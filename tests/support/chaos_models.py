@@ -10,7 +10,7 @@ import random
 import threading
 from typing import Any
 
-from tests.support.fake_model import WORDS, FakeModel
+from tether.devcluster.fake_model import WORDS, FakeModel
 from tests.support.oracle import ModelAnswer
 
 MODEL = "claude-x"

@@ -1,5 +1,5 @@
 """A worker that spends on a model API through the metering transport until told to stop (it runs
-inside process-kubelet pods; the model is tests/support/fake_model.py in the test's process).
+inside process-kubelet pods; the model is tether.devcluster.fake_model in the test's process).
 
 Payload:
   modelUrl   the fake model API's base URL

@@ -4,6 +4,7 @@ review queue, the timeline's geometry and the usage series."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import ssl
 from typing import Any
 
@@ -200,12 +201,50 @@ def test_usage_series_records_changes_and_each_attempts_end() -> None:
     record(series, run, 3.0)
     assert [(p.time, p.cursor) for p in series] == [(1.0, "3"), (3.0, "4")]
     points = charts.usage_points(_lost_then_succeeded(), [])
-    assert [(p.cents, p.tokens) for p in points] == [(5, 50), (12, 120)]
+    assert [(p.cents, p.tokens) for p in points] == [(0, 0), (5, 50), (5, 50), (12, 120)]  # each start, each end
     trimmed = _lost_then_succeeded()
     trimmed["status"]["trimmedUsage"] = {"cents": 100, "tokens": 7}  # attempts no longer listed spent it
-    assert [(p.cents, p.tokens) for p in charts.usage_points(trimmed, [])] == [(105, 57), (112, 127)]
+    assert [(p.cents, p.tokens) for p in charts.usage_points(trimmed, [])] == [(100, 7), (105, 57), (105, 57),
+                                                                               (112, 127)]
     svg = charts.usage_svg(sorted(series + points, key=lambda p: p.time), charts.Scale(0, T0.timestamp() + 100), T0)
     assert "12 cents" in svg and 'class="checkpoint"' in svg
+
+
+def _polyline(svg: str, css: str) -> list[tuple[float, float]]:
+    points = re.search(rf'<polyline class="{css}" points="([^"]*)"', svg)
+    assert points is not None, svg
+    return [(float(x), float(y)) for x, y in (xy.split(",") for xy in points[1].split())]
+
+
+def test_a_run_that_ended_before_the_console_opened_has_its_usage_drawn_from_its_attempts() -> None:
+    """The watch's only sample comes after the end; the attempt records say what each attempt spent
+    from its start to its end, and the line climbs through them instead of sitting at the end."""
+    run = _lost_then_succeeded()
+    run["status"]["usage"] = {"cents": 12, "tokens": 120}
+    opened = T0 + dt.timedelta(seconds=500)
+    series: list[Point] = []
+    record(series, run, opened.timestamp())
+    scale = charts.scale_for(run, series, opened)
+    cents = _polyline(charts.usage_svg(charts.usage_points(run, series), scale, opened), "cents")
+    bottom, top = 88.0, 8.0
+
+    def at(seconds: float, spent: int) -> tuple[float, float]:
+        return round(scale.x(T0.timestamp() + seconds), 1), round(bottom - spent / 12 * (bottom - top), 1)
+
+    # Straight from each attempt's start to its end, 0 -> 5 cents over attempt 1 and 5 -> 12 over
+    # attempt 2, then held: the sample after the end adds nothing.
+    vertices = [c for i, c in enumerate(cents) if i == 0 or c != cents[i - 1]]
+    assert vertices == [at(0, 0), at(40, 5), at(41, 5), at(100, 12)], cents
+
+
+def test_an_attempt_the_watch_saw_keeps_its_observed_steps() -> None:
+    run = _run(phase="Succeeded", finishedAt=_ts(60), usage={"cents": 6, "tokens": 60}, attempts=[
+        {"attempt": 1, "fence": 1, "startedAt": _ts(0), "endedAt": _ts(60), "outcome": "Succeeded",
+         "usage": {"cents": 6, "tokens": 60}}])
+    seen = [Point(T0.timestamp() + 10, 2, 20, None), Point(T0.timestamp() + 30, 6, 60, None)]
+    points = charts.usage_points(run, seen)
+    assert [(p.time - T0.timestamp(), p.cents, p.ramp) for p in points] == [
+        (0, 0, False), (10, 2, False), (30, 6, False), (60, 6, False)]
 
 
 def test_budget_gauges_show_spent_against_each_limit() -> None:

@@ -1,4 +1,4 @@
-"""tether.worker.metering against a local fake model API (tests/support/fake_model.py): pricing and
+"""tether.worker.metering against a local fake model API (tether.devcluster.fake_model): pricing and
 parsing (sdk/vectors/metering.json), streamed and whole answers, hostile answers, concurrency."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tether.api.models import Usage
 from tether.worker.core import RunCore
 from tether.worker.metering import (MalformedUsage, Meter, MeteringError, MeteredTransport, PriceTable,
                                     RunStopped, UnpricedModel, cost, read_usage)
-from tests.support.fake_model import FakeModel
+from tether.devcluster.fake_model import FakeModel
 
 VECTORS = json.loads((Path(__file__).resolve().parents[2] / "sdk/vectors/metering.json").read_text())
 PRICES = {"gpt-x": {"input": 2.5, "output": 10, "cached_input": 1.25},

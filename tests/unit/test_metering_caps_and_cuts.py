@@ -21,7 +21,7 @@ from tether.worker import AsyncWorkerRun, WorkerRun
 from tether.worker.core import RunCore
 from tether.worker.metering import Meter, MeteringError, RunStopped
 from tether.worker.transport import Renewal
-from tests.support.fake_model import FakeModel
+from tether.devcluster.fake_model import FakeModel
 
 VECTORS = json.loads((Path(__file__).resolve().parents[2] / "sdk/vectors/metering.json").read_text())
 PRICES = {"gpt-x": {"input": 2.5, "output": 10, "cached_input": 1.25}}

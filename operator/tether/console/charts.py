@@ -176,18 +176,24 @@ def legend() -> str:
 
 
 def usage_points(run: dict[str, Any], series: list[Point]) -> list[Point]:
-    """The watch's observations plus each ended attempt's usage at its end (attempts add up to the
-    run's usage, with what attempts no longer listed spent: status.trimmedUsage), in time order."""
+    """The watch's observations plus what the attempt records hold, in time order: each attempt
+    starts at the total before it and ends at the total with its own usage (attempts add up to the
+    run's usage, with what attempts no longer listed spent: status.trimmedUsage). An ended attempt
+    the watch saw nothing of (the run ended before the console opened) is drawn as a straight line
+    from its start to its end: the spend in between was never observed."""
     points = list(series)
     status = run.get("status") or {}
     trimmed = status.get("trimmedUsage") or {}
     cents, tokens = int(trimmed.get("cents") or 0), int(trimmed.get("tokens") or 0)
     for a in status.get("attempts") or []:
-        end = parse_time(a.get("endedAt"))
+        start, end = parse_time(a.get("startedAt")), parse_time(a.get("endedAt"))
+        if start is not None:
+            points.append(Point(start.timestamp(), cents, tokens, None))
         usage = a.get("usage") or {}
         cents, tokens = cents + int(usage.get("cents") or 0), tokens + int(usage.get("tokens") or 0)
         if end is not None:
-            points.append(Point(end.timestamp(), cents, tokens, None))
+            unseen = start is not None and not any(start.timestamp() < p.time < end.timestamp() for p in series)
+            points.append(Point(end.timestamp(), cents, tokens, None, ramp=unseen))
     return sorted(points, key=lambda p: p.time)
 
 
@@ -204,7 +210,7 @@ def usage_svg(points: list[Point], scale: Scale, now: dt.datetime) -> str:
         coords: list[str] = []
         for p in points:
             x, y = scale.x(min(max(p.time, scale.t0), scale.t1)), 8 + plot - getattr(p, metric) / top * plot
-            if coords:
+            if coords and not p.ramp:
                 coords.append(f"{x:.1f},{coords[-1].split(',')[1]}")  # a step: the value held until now
             coords.append(f"{x:.1f},{y:.1f}")
         coords.append(f"{scale.x(min(now.timestamp(), scale.t1)):.1f},{coords[-1].split(',')[1]}")

@@ -179,6 +179,9 @@ class Point:
     cents: int
     tokens: int
     cursor: str | None
+    # Reached along a straight line from the point before, rather than a step held until this one:
+    # an attempt's spend known only at its start and end.
+    ramp: bool = False
 
 
 class Listener:

@@ -11,7 +11,7 @@ import argparse
 import asyncio
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):
             writer.write(data)
@@ -29,7 +29,7 @@ async def serve(listen: tuple[str, int], target: tuple[str, int]) -> None:
         except OSError:
             client_w.close()
             return
-        await asyncio.gather(_pipe(client_r, upstream_w), _pipe(upstream_r, client_w))
+        await asyncio.gather(pipe(client_r, upstream_w), pipe(upstream_r, client_w))
 
     server = await asyncio.start_server(handle, *listen)
     async with server:

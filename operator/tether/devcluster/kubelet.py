@@ -29,6 +29,11 @@ whole value, or after `=` or `:`, as in `--metrics-port=8080` or
 `http://0.0.0.0:8081/healthz`), and records the mapping in the pod's
 annotation `dev.tether.dev/host-ports` (JSON, container port to host port).
 
+Services: each pod gets the environment variables of its namespace's Services
+(`<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT`), pointing at a proxy of the kubelet's
+(tether.devcluster.services), and `$(VAR)` references in env values, command and args are
+expanded as the real kubelet expands them.
+
 Given a serving certificate, it also serves the one kubelet API call a user
 needs, `containerLogs` (with `tailLines` and `follow`), on the port it reports
 in the node's status, so `kubectl logs` works through the API server. Only
@@ -49,7 +54,7 @@ import re
 import signal
 import ssl
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -58,6 +63,7 @@ import httpx
 import yaml
 
 from tether.devcluster.processes import _die_with_parent, free_port
+from tether.devcluster.services import ServiceProxies
 from tether.kube import config as kubeconfig
 
 log = logging.getLogger("process-kubelet")
@@ -92,6 +98,9 @@ class PodProcess:
     started_at: str = ""
     log_path: Path | None = None
     token_refresher: asyncio.Task[None] | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    ports: dict[int, int] = field(default_factory=dict)  # container port -> host port
+    port_names: dict[str, int] = field(default_factory=dict)  # a named container port -> its number
 
     def stop_token_refresh(self) -> None:
         if self.token_refresher is not None:
@@ -110,6 +119,7 @@ class ProcessKubelet:
         self.pods: dict[str, PodProcess] = {}
         self.client = cfg.async_client(timeout=30)
         self.kubelet_port = 0
+        self.services = ServiceProxies(self.client, self._backends)
 
     # --- node ------------------------------------------------------------
 
@@ -249,24 +259,41 @@ class ProcessKubelet:
                                   json=body)
         self.pods.pop(meta["uid"], None)
 
-    async def _resolve_env(self, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    async def _resolve_env(self, pod: dict[str, Any], container: dict[str, Any], ports: dict[int, int],
+                           mapping: dict[str, str]) -> dict[str, str]:
+        """The container's env, each value published (`ports`) and each plain value's `$(VAR)`
+        expanded from `mapping` (the Service variables) and the variables defined before it."""
         ns = pod["metadata"]["namespace"]
         env: dict[str, str] = {}
         for item in container.get("env", []) or []:
             if "value" in item:
-                env[item["name"]] = str(item["value"])
+                env[item["name"]] = expand(_publish(str(item["value"]), ports), {**mapping, **env})
                 continue
             src = item.get("valueFrom", {})
             if "fieldRef" in src:
-                env[item["name"]] = _field_ref(pod, src["fieldRef"]["fieldPath"])
+                env[item["name"]] = _publish(_field_ref(pod, src["fieldRef"]["fieldPath"]), ports)
             elif "secretKeyRef" in src or "configMapKeyRef" in src:
                 kind, ref = ("secrets", src["secretKeyRef"]) if "secretKeyRef" in src else ("configmaps", src["configMapKeyRef"])
                 resp = await self.client.get(f"/api/v1/namespaces/{ns}/{kind}/{ref['name']}")
                 resp.raise_for_status()
                 data = resp.json().get("data", {})
                 value = data.get(ref["key"], "")
-                env[item["name"]] = base64.b64decode(value).decode() if kind == "secrets" else value
+                env[item["name"]] = _publish(base64.b64decode(value).decode() if kind == "secrets" else value, ports)
         return env
+
+    def _backends(self, namespace: str, selector: dict[str, str], target: int | str) -> list[int]:
+        """Where this node's running pods of `selector` listen on `target` (ServiceProxies)."""
+        out = []
+        for entry in self.pods.values():
+            if entry.namespace != namespace or entry.killing or entry.proc is None or entry.proc.returncode is not None:
+                continue
+            if any(entry.labels.get(k) != v for k, v in selector.items()):
+                continue
+            number = int(target) if isinstance(target, int) or str(target).isdigit() else entry.port_names.get(str(target))
+            if number is not None:
+                # An undeclared port is not published: the process listens on it as it is.
+                out.append(entry.ports.get(number, number))
+        return out
 
     async def _mint_token(self, pod: dict[str, Any]) -> tuple[str, float]:
         """A pod-bound token of the pod's ServiceAccount and its lifetime in seconds."""
@@ -350,8 +377,13 @@ class ProcessKubelet:
             if kubecfg is not None:
                 env["KUBECONFIG"] = str(kubecfg)
             ports = _host_ports(container)
-            argv = [_publish(arg, ports) for arg in argv]
-            env.update({k: _publish(v, ports) for k, v in (await self._resolve_env(pod, container)).items()})
+            entry.labels, entry.ports = dict(meta.get("labels") or {}), ports
+            entry.port_names = {p["name"]: int(p["containerPort"]) for p in container.get("ports") or [] if p.get("name")}
+            # Published before expanded: a Service's proxy port is never taken for a container port.
+            services = await self.services.env_for(meta["namespace"]) if spec.get("enableServiceLinks", True) else {}
+            declared = {**services, **await self._resolve_env(pod, container, ports, services)}
+            argv = [expand(_publish(arg, ports), declared) for arg in argv]
+            env.update(declared)
             await self._record_host_ports(pod, ports)
         except httpx.HTTPError as exc:
             entry.stop_token_refresh()
@@ -488,6 +520,7 @@ class ProcessKubelet:
         return response
 
     async def shutdown(self) -> None:
+        self.services.close()
         for entry in self.pods.values():
             if entry.proc is not None and entry.proc.returncode is None:
                 _signal_group(entry.proc.pid, signal.SIGKILL)
@@ -508,6 +541,15 @@ def _field_ref(pod: dict[str, Any], path: str) -> str:
             key = path[len(prefix) + 1:-1].strip("'\"")
             return str(meta.get(source, {}).get(key, ""))
     return ""
+
+
+_REFERENCE = re.compile(r"\$(\$|\(([^)]*)\))")
+
+
+def expand(text: str, mapping: dict[str, str]) -> str:
+    """`$(VAR)` replaced by its value in `mapping`, left as it is when undefined; `$$` is one `$`
+    (the kubelet's rules for env values, command and args)."""
+    return _REFERENCE.sub(lambda m: "$" if m[1] == "$" else mapping.get(m[2], m[0]), text)
 
 
 _PORT_VALUE = re.compile(r"(^|[=:])(\d+)(?!\d)")

@@ -1,5 +1,6 @@
-"""A local model API for tests: OpenAI-compatible chat completions and responses, and Anthropic
-messages, streamed (SSE) or not, each answer with a `usage` block as the real APIs send it.
+"""A fake model API, for tests and for trying the examples without a key (`tether dev fake-model`,
+examples/agent-loop/fake-model.yaml): OpenAI-compatible chat completions and responses, and
+Anthropic messages, streamed (SSE) or not, each answer with a `usage` block as the real APIs send it.
 
     fake = FakeModel()                      # listens on 127.0.0.1, a free port
     OpenAI(base_url=fake.url + "/v1", api_key="x")
@@ -22,6 +23,7 @@ OpenAI does. Listens with HTTP/1.0 semantics: a stream ends when the connection 
 
 from __future__ import annotations
 
+import argparse
 import gzip as gzipmod
 import json
 import threading
@@ -226,8 +228,17 @@ class FakeModel:
             pass  # the client went away: an abandoned stream
 
 
-if __name__ == "__main__":  # a fake for trying things by hand: python tests/support/fake_model.py
-    import sys
-    fake = FakeModel(port=int(sys.argv[1]) if len(sys.argv) > 1 else 8089)
-    print(fake.url, flush=True)
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """`tether dev fake-model`'s options."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
+    parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--input-tokens", type=int, help="input tokens each answer bills (default: the request's size / 4)")
+    parser.add_argument("--output-tokens", type=int, default=5, help="output tokens each answer bills")
+
+
+def serve(args: argparse.Namespace) -> int:
+    """`tether dev fake-model`: serves until killed."""
+    fake = FakeModel(args.host, args.port, input_tokens=args.input_tokens, output_tokens=args.output_tokens)
+    print(f"fake model API on {fake.url} (OpenAI base URL {fake.url}/v1)", flush=True)
     threading.Event().wait()
+    return 0
