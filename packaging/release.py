@@ -161,15 +161,20 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, epoch: int) -> None
 
 
 def write_oci_archive(image: Image, name: str, out: Path, epoch: int) -> None:
-    """An OCI image layout in one tar, named `name` for containerd (`ctr import`, `kind load
-    image-archive`, `minikube image load`, `k3d image import`) and for `docker load` (manifest.json)."""
+    """An OCI image layout in one tar, named `name` and repo@digest for containerd (`ctr import`,
+    `kind load image-archive`, `minikube image load`, `k3d image import`) and `name` for `docker load`
+    (manifest.json)."""
     manifest = json.loads(image.manifest.path.read_bytes())
     digests = [manifest["config"]["digest"]] + [layer["digest"] for layer in manifest["layers"]]
     tag = name.rpartition(":")[2]
-    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [{
-        "mediaType": OCI_MANIFEST, "digest": image.manifest.digest, "size": image.manifest.size,
-        "platform": image.platform,
-        "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag}}]}
+    descriptor = {"mediaType": OCI_MANIFEST, "digest": image.manifest.digest, "size": image.manifest.size,
+                  "platform": image.platform}
+    # Also named by its digest: containerd finds a pinned reference (repo:tag@digest, as the packaged
+    # chart has it) only under repo@digest, a name a pull creates and an import only when told.
+    by_digest = f"{name.rpartition(':')[0]}@{image.manifest.digest}"
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {**descriptor, "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag}},
+        {**descriptor, "annotations": {"io.containerd.image.name": by_digest}}]}
     docker = [{"Config": f"blobs/sha256/{digests[0][7:]}", "RepoTags": [name],
                "Layers": [f"blobs/sha256/{d[7:]}" for d in digests[1:]]}]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,9 @@ def test_two_builds_of_the_same_content_at_other_times_give_the_same_bytes(tmp_p
 
 
 def _manifest(files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]:
-    (entry,) = json.loads(files["index.json"])["manifests"]
+    entry, by_digest = json.loads(files["index.json"])["manifests"]
+    assert {k: v for k, v in by_digest.items() if k != "annotations"} == {k: v for k, v in entry.items() if k != "annotations"}
+    assert by_digest["annotations"] == {"io.containerd.image.name": f"ghcr.io/tether-dev/tether@{entry['digest']}"}
     return entry, json.loads(files[f"blobs/sha256/{entry['digest'][7:]}"])
 
 
