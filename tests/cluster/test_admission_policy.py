@@ -319,15 +319,21 @@ def test_a_workers_checkpoint_is_bounded(scene: Scene) -> None:
     assert scene.lease()["metadata"]["annotations"]["tether.dev/checkpoint"] == "€" * 1365
 
 
-def test_sdk_transport_passes_the_policy(kube: Kube, scene: Scene) -> None:
-    """The worker SDK's own writes (heartbeat with reports, fenced result) are what the policy admits."""
-    from tether.api.models import Usage
+def _holders_transport(kube: Kube, scene: Scene) -> Any:
+    """The worker SDK's transport, with the current holder's pod-bound token."""
     from tether.kube.config import KubeConfig
     from tether.worker.transport import KubeTransport
 
     token = scene.current.headers["Authorization"].removeprefix("Bearer ")
     cfg = KubeConfig(server=kube.config.server, ssl_context=_ca_only(kube), token=token, namespace=scene.ns)
-    transport = KubeTransport(scene.ns, scene.run, "job-a2", 3, cfg, timeout=10)
+    return KubeTransport(scene.ns, scene.run, "job-a2", 3, cfg, timeout=10)
+
+
+def test_sdk_transport_passes_the_policy(kube: Kube, scene: Scene) -> None:
+    """The worker SDK's own writes (heartbeat with reports, fenced result) are what the policy admits."""
+    from tether.api.models import Usage
+
+    transport = _holders_transport(kube, scene)
     try:
         renewal = transport.renew("row-9", Usage(cents=7, tokens=8))
         assert renewal.ok, renewal.why
@@ -336,6 +342,85 @@ def test_sdk_transport_passes_the_policy(kube: Kube, scene: Scene) -> None:
     finally:
         transport.close()
     assert runs.get(kube, scene.ns, scene.run)["status"]["error"]["code"] == "Boom"
+
+
+# --- size (policies/workerrun-size.yaml; issue 34) -----------------------------------------------
+# A run too large for etcd came back as a 500 in etcd's or gRPC's words: `etcdserver: request is too
+# large` past 1.5 MiB, `rpc error: code = ResourceExhausted desc = trying to send message larger than
+# max` past 2 MiB. It is refused first, 413, saying what to do.
+
+SIZE_POLICY = re.compile(r"ValidatingAdmissionPolicy '(\S+-)?tether-workerrun-size'")
+MIB = 1 << 20
+
+
+def _too_large(resp: httpx.Response, *fragments: str) -> str:
+    message = _message(resp)
+    assert resp.status_code == 413 and resp.json()["reason"] == "RequestEntityTooLarge", f"{resp.status_code} {message}"
+    assert SIZE_POLICY.search(message) and "ResourceExhausted" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def _payload_run(name: str, size: int, char: str = "x") -> dict[str, Any]:
+    return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": name},
+            "spec": {"executor": "External", "payload": {"text": char * size, "n": size}}}
+
+
+def test_a_run_too_large_to_store_is_refused_at_apply_saying_what_to_do(kube: Kube, namespace: str, bin_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    import subprocess
+
+    runs_path = Kube.wr_path(namespace)
+    eventually(lambda: kube.post(runs_path, _payload_run("probe", 2 * MIB), params={"dryRun": "All"}).status_code == 413,
+               timeout=30, what="the size policy in force")
+    for name, size in (("two-mib", 2 * MIB), ("over-one", MIB + 50_000)):
+        message = _too_large(kube.post(runs_path, _payload_run(name, size)), f"WorkerRun {name} would be",
+                             "over the 1048576 (1 MiB) a run may hold",
+                             "put large inputs in object storage and name them in spec.payload")
+        said = re.search(r"would be (\d+) bytes \(spec.payload (\d+)\)", message)
+        assert said is not None and size < int(said[2]) < int(said[1]) < size + 2000, message
+    # What the user sees (kubectl create, or apply --server-side: a client-side apply's annotation
+    # refuses anything this large first).
+    manifest = tmp_path / "run.json"
+    manifest.write_text(json.dumps(_payload_run("kubectl", 2 * MIB)))
+    shown = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", kube.kubeconfig_path, "create", "-n", namespace,
+                            "-f", str(manifest)], capture_output=True, text=True)
+    assert shown.returncode == 1 and shown.stderr.startswith("Error from server (RequestEntityTooLarge)"), shown.stderr
+    assert "put large inputs in object storage" in shown.stderr and "rpc error" not in shown.stderr, shown.stderr
+    # Counted as stored: 900 KB (tests/e2e/test_payload.py) fit; a < takes six bytes (\u003c).
+    fits = kube.ok(kube.post(runs_path, _payload_run("fits", 900_000)))
+    _too_large(kube.post(runs_path, _payload_run("markup", 200_000, "<")), "WorkerRun markup would be")
+    # A payload grown before the start is judged again; an edit of control fields is not measured.
+    path = Kube.wr_path(namespace, "fits")
+    _too_large(kube.patch(path, {"spec": {"payload": {"more": "x" * 200_000}}}), "WorkerRun fits would be")
+    assert kube.ok(kube.patch(path, {"spec": {"suspend": True}}))["spec"]["payload"] == fits["spec"]["payload"]
+
+
+def test_a_result_too_large_for_its_run_is_refused_saying_what_to_do(kube: Kube, scene: Scene) -> None:
+    from tether.worker.errors import ResultInvalid
+
+    fenced = [{"op": "test", "path": "/status/fence", "value": 3},
+              {"op": "test", "path": "/status/holder", "value": "job-a2"},
+              {"op": "add", "path": "/status/result", "value": {"rows": "x" * (MIB + 50_000)}}]
+    eventually(lambda: scene.current.patch(scene.status_path, json=fenced, headers=JSON_PATCH,
+                                           params={"dryRun": "All"}).status_code == 413,
+               timeout=30, what="the size policy in force")
+    _too_large(scene.current.patch(scene.status_path, json=fenced, headers=JSON_PATCH),
+               "the result would make WorkerRun job", "over the 1048576 (1 MiB) a run may hold",
+               "publish a reference to large output")
+    # The SDK takes it as a bad result (not lost, not to retry), and says why in those words.
+    transport = _holders_transport(kube, scene)
+    try:
+        with pytest.raises(ResultInvalid, match="result is too large: .*publish a reference to large output"):
+            transport.publish("result", {"rows": "x" * 2 * MIB})
+        with pytest.raises(ResultInvalid, match="the error would make WorkerRun job"):
+            transport.publish("error", {"code": "Boom", "message": "x" * (MIB + 50_000)})
+    finally:
+        transport.close()
+    assert "result" not in runs.get(kube, scene.ns, scene.run)["status"]
+    # The control plane is not measured (its writes only follow the run): an admin's is stored.
+    kube.ok(kube.patch(scene.status_path, {"status": {"error": {"code": "Big", "message": "x" * (MIB + 50_000)}}}))
 
 
 def test_tokens_that_name_no_pod_budgets_and_external_runs_are_refused(kube: Kube, scene: Scene) -> None:

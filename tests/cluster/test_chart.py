@@ -132,8 +132,9 @@ def _plain_policies() -> dict[tuple[str, str], dict]:
     return {(d["kind"], d["metadata"]["name"].removeprefix("tether-")): d for d in docs}
 
 
-# Policies for workers, from which the operator is exempt; the approval and label policies exempt nobody.
-WORKER_POLICIES = {"worker-status-fencing", "worker-lease-fencing", "namespace-worker-scope"}
+# Policies for workers, from which the operator is exempt (the size policy judges its workers'
+# publications); the approval and label policies exempt nobody.
+WORKER_POLICIES = {"worker-status-fencing", "worker-lease-fencing", "namespace-worker-scope", "workerrun-size"}
 
 
 def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.support.kube import Kube
+from tests.support.kube import Kube, refused
 
 
 def _run(name: str = "r", **spec: object) -> dict:
@@ -31,11 +30,8 @@ def test_defaults_are_applied(kube: Kube, namespace: str) -> None:
 
 def test_execution_fields_are_immutable_once_started(kube: Kube, namespace: str) -> None:
     path = _started(kube, namespace)
-    resp = kube.patch(path, {"spec": {"payload": {"n": 2}}})
-    assert resp.status_code == 422, resp.text
-    assert "spec.payload" in resp.json()["message"] and "immutable once the run has started" in resp.json()["message"]
-    resp = kube.patch(path, {"spec": {"lease": {"durationSeconds": 300}}})
-    assert resp.status_code == 422
+    refused(kube.patch(path, {"spec": {"payload": {"n": 2}}}), "spec.payload", "immutable once the run has started")
+    refused(kube.patch(path, {"spec": {"lease": {"durationSeconds": 300}}}))
     # Control fields stay mutable.
     assert kube.ok(kube.patch(path, {"spec": {"stop": True, "suspend": True, "budget": {"capCents": 900}}}))["spec"]["stop"]
 
@@ -47,25 +43,15 @@ def test_execution_fields_are_mutable_before_start(kube: Kube, namespace: str) -
 
 def test_fence_never_decreases(kube: Kube, namespace: str) -> None:
     path = _started(kube, namespace)
-    resp = kube.patch(path + "/status", {"status": {"fence": 0}})
-    assert resp.status_code == 422 and "status.fence never decreases" in resp.json()["message"], resp.text
+    refused(kube.patch(path + "/status", {"status": {"fence": 0}}), "status.fence never decreases")
     assert kube.ok(kube.get(path))["status"]["fence"] == 1
 
 
 def test_retry_rule_needs_exactly_one_matcher(kube: Kube, namespace: str) -> None:
-    resp = kube.post(Kube.wr_path(namespace), _run(retry={"rules": [{"action": "Retry"}]}))
-    assert resp.status_code == 422 and "spec.retry.rules[0]" in resp.json()["message"], resp.text
+    refused(kube.post(Kube.wr_path(namespace), _run(retry={"rules": [{"action": "Retry"}]})), "spec.retry.rules[0]")
 
 
 # --- issue 9: bounds, names, budgetRef, deadlineSeconds ---------------------------------
-
-
-def _refused(resp: httpx.Response, *fragments: str) -> str:
-    assert resp.status_code == 422, f"{resp.status_code} {resp.text}"
-    message = resp.json()["message"]
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 @pytest.mark.parametrize(("spec", "field", "maximum"), [
@@ -75,10 +61,10 @@ def _refused(resp: httpx.Response, *fragments: str) -> str:
     ({"retry": {"backoff": {"maxSeconds": 2**31 - 1}}}, "spec.retry.backoff.maxSeconds", "604800"),
     ({"budget": {"capCents": 2**62}}, "spec.budget.capCents", "1000000000000"),
 ])
-def test_numbers_above_their_maximum_are_refused(kube: Kube, namespace: str, spec: dict[str, Any], field: str,
+def test_numbers_above_their_maximum_arerefused(kube: Kube, namespace: str, spec: dict[str, Any], field: str,
                                                  maximum: str) -> None:
     # These values used to be admitted and crashed the operator's decisions (OverflowError).
-    _refused(kube.post(Kube.wr_path(namespace), _run(**spec)), field, maximum)
+    refused(kube.post(Kube.wr_path(namespace), _run(**spec)), field, maximum)
 
 
 def test_numbers_at_their_maximum_are_admitted(kube: Kube, namespace: str) -> None:
@@ -92,14 +78,14 @@ def test_numbers_at_their_maximum_are_admitted(kube: Kube, namespace: str) -> No
 def test_status_numbers_are_bounded_too(kube: Kube, namespace: str) -> None:
     # The fence is mirrored into the Lease's int32 leaseTransitions: a larger one could never be granted.
     path = _started(kube, namespace)
-    _refused(kube.patch(path + "/status", {"status": {"fence": 2**31}}), "status.fence", "2147483647")
+    refused(kube.patch(path + "/status", {"status": {"fence": 2**31}}), "status.fence", "2147483647")
     assert kube.ok(kube.patch(path + "/status", {"status": {"fence": 2**31 - 1}}))["status"]["fence"] == 2**31 - 1
 
 
-def test_name_longer_than_58_characters_is_refused(kube: Kube, namespace: str) -> None:
+def test_name_longer_than_58_characters_isrefused(kube: Kube, namespace: str) -> None:
     # A longer name made each attempt's pod `<name>-a<N>` and its labels exceed 63 characters:
     # the API server answered 422 on every attempt. Now the run itself is refused, saying why.
-    message = _refused(kube.post(Kube.wr_path(namespace), _run("n" * 59)), "metadata.name must be at most 58 characters")
+    message = refused(kube.post(Kube.wr_path(namespace), _run("n" * 59)), "metadata.name must be at most 58 characters")
     assert "Choose a shorter name" in message
     longest = "n" * 58
     assert kube.ok(kube.post(Kube.wr_path(namespace), _run(longest)))["metadata"]["name"] == longest
@@ -110,7 +96,7 @@ def test_name_longer_than_58_characters_is_refused(kube: Kube, namespace: str) -
 def test_generated_names_are_held_to_the_same_limit(kube: Kube, namespace: str) -> None:
     body = _run()
     body["metadata"] = {"generateName": "g" * 54}  # the API server appends 5 random characters
-    _refused(kube.post(Kube.wr_path(namespace), body), "metadata.name must be at most 58 characters")
+    refused(kube.post(Kube.wr_path(namespace), body), "metadata.name must be at most 58 characters")
     body["metadata"] = {"generateName": "g" * 53}
     assert len(kube.ok(kube.post(Kube.wr_path(namespace), body))["metadata"]["name"]) == 58
 
@@ -119,9 +105,9 @@ def test_budget_ref_cannot_change_or_go_once_set(kube: Kube, namespace: str) -> 
     kube.ok(kube.post(Kube.wr_path(namespace), _run(budget={"budgetRef": {"name": "team-a"}})))
     path = Kube.wr_path(namespace, "r")
     fragments = ("spec.budget.budgetRef cannot be changed or removed once set",)
-    _refused(kube.patch(path, {"spec": {"budget": {"budgetRef": {"name": "team-b"}}}}), *fragments)
-    _refused(kube.patch(path, {"spec": {"budget": {"budgetRef": None}}}), *fragments)
-    _refused(kube.patch(path, {"spec": {"budget": None}}), *fragments)
+    refused(kube.patch(path, {"spec": {"budget": {"budgetRef": {"name": "team-b"}}}}), *fragments)
+    refused(kube.patch(path, {"spec": {"budget": {"budgetRef": None}}}), *fragments)
+    refused(kube.patch(path, {"spec": {"budget": None}}), *fragments)
     # The caps beside it stay control fields.
     capped = kube.ok(kube.patch(path, {"spec": {"budget": {"capCents": 700}}}))
     assert capped["spec"]["budget"] == {"capCents": 700, "budgetRef": {"name": "team-a"}}
@@ -169,8 +155,8 @@ def test_kubectl_explain_teaches_the_lease_rules(kube: Kube, namespace: str, bin
     fence = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", kube.kubeconfig_path, "explain",
                             "workerruns.status.fence"], check=True, capture_output=True, text=True).stdout
     assert "every accepted result or error" in " ".join(fence.split()), fence
-    resp = kube.post(Kube.wr_path(namespace), _run("six", lease={"durationSeconds": 6, "renewIntervalSeconds": 1}))
-    assert resp.status_code == 422 and "smallest is durationSeconds 8" in resp.text, resp.text
+    refused(kube.post(Kube.wr_path(namespace), _run("six", lease={"durationSeconds": 6, "renewIntervalSeconds": 1})),
+            "smallest is durationSeconds 8")
 
 
 # --- issue 21, defect 2: the execution fields really compared -------------------------------
@@ -222,7 +208,7 @@ def _frozen(kube: Kube, ns: str, state: str) -> str:
 def test_every_change_of_payload_and_template_is_refused_once_frozen(kube: Kube, namespace: str, state: str,
                                                                      field: str, edit: str) -> None:
     path = _frozen(kube, namespace, state)
-    _refused(kube.patch(path, {"spec": {field: EDITS[field][edit]}}), f"spec.{field}", "immutable once the run")
+    refused(kube.patch(path, {"spec": {field: EDITS[field][edit]}}), f"spec.{field}", "immutable once the run")
     run = kube.ok(kube.get(path))
     assert (run["spec"]["payload"], run["spec"]["template"]) == (PAYLOAD, TEMPLATE)
 
@@ -246,16 +232,16 @@ def test_payload_and_template_keep_any_json_and_change_freely_before_the_start(k
     kube.ok(kube.patch(path + "/status", {"status": {"attempt": 1, "fence": 1, "holder": "r-a1"}}))
     # A run with nulls in its payload is not refused for an edit of a control field.
     assert kube.ok(kube.patch(path, {"spec": {"suspend": True}}))["spec"]["suspend"] is True
-    _refused(kube.post(Kube.wr_path(namespace), {**_run("s"), "spec": {"executor": "External", "payload": "x"}}),
+    refused(kube.post(Kube.wr_path(namespace), {**_run("s"), "spec": {"executor": "External", "payload": "x"}}),
              "spec.payload")
 
 
 def test_the_execution_digest_never_changes_once_set(kube: Kube, namespace: str) -> None:
     path = _started(kube, namespace) + "/status"
     first, other = "sha256:" + "a" * 64, "sha256:" + "b" * 64
-    _refused(kube.patch(path, {"status": {"executionDigest": "sha256:abc"}}), "status.executionDigest")
+    refused(kube.patch(path, {"status": {"executionDigest": "sha256:abc"}}), "status.executionDigest")
     assert kube.ok(kube.patch(path, {"status": {"executionDigest": first}}))["status"]["executionDigest"] == first
-    _refused(kube.patch(path, {"status": {"executionDigest": other}}), "status.executionDigest never changes once set")
+    refused(kube.patch(path, {"status": {"executionDigest": other}}), "status.executionDigest never changes once set")
 
 
 _NO_WORKER = "spec.template is required for executor Pod"
@@ -272,9 +258,7 @@ def test_a_pod_run_without_a_container_is_refused_at_apply(kube: Kube, namespace
     """Else it is accepted and sits in Starting forever, Stalled with the pod refused."""
     run = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": "r"},
            "spec": {"payload": {"n": 1}, **spec}}
-    resp = kube.post(Kube.wr_path(namespace), run)
-    assert resp.status_code == 422, resp.text
-    assert _NO_WORKER in resp.json()["message"] and "executor External" in resp.json()["message"], resp.text
+    refused(kube.post(Kube.wr_path(namespace), run), _NO_WORKER, "executor External")
 
 
 def test_a_pod_run_with_a_container_and_an_external_run_without_template_are_admitted(kube: Kube,

@@ -3,7 +3,7 @@ SDK's conformance worker: the happy path over both transports, the two partition
 publication answered after T (waited for, not resent), and
 the branches of conformance/branches.py (short cells: the payload read from the run, in-cluster
 credentials, 401s and a rotated token, a refused claim, the receiver's InProgress and StaleFence,
-a result too large (413, and etcd's 500 at 1.6 and 2.25 MiB), malformed signals).
+a result too large (413; at 1.6 and 2.25 MiB the size policy's 413, etcd's 500 without it), malformed signals).
 Each cell has its own namespace, operator, receiver and proxies on the shared cluster."""
 
 from __future__ import annotations

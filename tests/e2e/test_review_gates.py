@@ -17,6 +17,7 @@ import pytest
 
 from tether.worker import WorkerRun
 from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
+from tests.e2e.test_budgets import _table
 from tests.e2e.test_gateway import call, external_run, gateway, open_attempt  # noqa: F401 (gateway: a fixture)
 from tests.e2e.test_review import after_creation_second
 from tests.support import runs
@@ -126,6 +127,12 @@ def test_a_request_approved_with_kubectl_tether_reaches_the_worker(  # type: ign
     [req] = [r for r in waiting["status"]["review"]["requests"] if r["gate"] == "send-report"]
     assert req["details"] == "POST the report to finance"
     assert waiting["status"]["phase"] == "Running" and waiting["status"]["holder"] == "short-job-a1"
+    # What `kubectl get wr` shows while it waits: the REASON column says a person is awaited.
+    table = _table(bin_dir, kube, namespace, "short-job")
+    assert (table["PHASE"], table["REASON"]) == ("Running", "AwaitingApproval"), table
+    assert health(waiting) == {"status": "Suspended",
+                               "message": "Awaiting approval: short-job-a1 waits for a WorkerRunApproval with gate "
+                                          "send-report"}
     eventually(lambda: "ApprovalPending" in runs.events(kube, namespace, "short-job"), timeout=15,
                what="the ApprovalPending event")  # posted after the status write it tells of
     wrong = kubectl(bin_dir, "tether", "approve", "short-job", "-n", namespace, "--gate", "send-report",

@@ -59,6 +59,26 @@ class Kube:
         return f"{GROUP}/namespaces/{ns}/workerruns" + (f"/{name}" if name else "")
 
 
+# What the API server adds, naming no field, when a wrong type or a value outside an enum keeps a
+# CRD's CEL rules from running (apiextensions-apiserver, hasBlockingErr): no CRD can change it.
+RULES_NOT_CHECKED = "<nil>: Invalid value: null: some validation rules were not checked because the object was invalid"
+
+
+def refused(resp: httpx.Response, *fragments: str) -> str:
+    """The message of a write the API server refused as invalid (422): it says each of `fragments`,
+    and every cause names its field, never `<nil>` (a rule that names none: issue 34). Returns it."""
+    assert resp.status_code == 422, f"{resp.status_code} {resp.text}"
+    status = resp.json()
+    message = str(status["message"])
+    for fragment in fragments:
+        assert fragment in message, message
+    causes = [c for c in (status.get("details") or {}).get("causes") or []
+              if not f"{c.get('field')}: {c.get('message')}".startswith(RULES_NOT_CHECKED)]
+    assert "<nil>" not in message.replace(RULES_NOT_CHECKED, "") and causes, status
+    assert all(c.get("field") not in (None, "", "<nil>") for c in causes), status
+    return message
+
+
 def eventually(fn: Callable[[], T], timeout: float = 30, interval: float = 0.2, what: str = "condition") -> T:
     """Polls `fn` until it returns a truthy value; fails the test with the last value otherwise."""
     deadline = time.monotonic() + timeout

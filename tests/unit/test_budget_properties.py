@@ -7,7 +7,7 @@ import datetime as dt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tether.api.models import ObjectMeta, Usage, WorkerBudget, WorkerBudgetSpec
+from tether.api.models import MAX_STATUS_NUMBER, ObjectMeta, Usage, WorkerBudget, WorkerBudgetSpec
 from tether.core import budget as b
 
 T0 = dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc)
@@ -152,3 +152,28 @@ def test_needs_refresh_is_what_refresh_would_change() -> None:
     spent = fresh.model_copy(update={"status": b.apply_charge(fresh, "u", "r", Usage(cents=100), T0)})
     assert not b.needs_refresh(spent, T0)  # a charge writes remaining and Exhausted itself
     assert b.needs_refresh(spent.model_copy(update={"spec": WorkerBudgetSpec(limit_cents=500, period="Daily")}), T0)
+
+
+# --- issue 34 (18): a limit the budget does not set is said by no number -----------------------
+
+
+def test_remaining_names_only_the_limits_the_budget_sets() -> None:
+    # Was remaining.tokens: 9007199254740991 for a budget without limitTokens (and cents alike).
+    cents_only = _budget(limit=100)
+    status = b.refresh(cents_only, T0)
+    assert status.dump()["remaining"] == {"cents": 100}
+    tokens_only = WorkerBudget(metadata=ObjectMeta(name="team", namespace="ns"),
+                               spec=WorkerBudgetSpec(limit_tokens=5000))
+    assert b.refresh(tokens_only, T0).dump()["remaining"] == {"tokens": 5000}
+    spent = cents_only.model_copy(update={"status": b.apply_charge(cents_only, "u", "r", Usage(cents=30, tokens=10**9),
+                                                                   T0)})
+    assert spent.status.dump()["remaining"] == {"cents": 70}
+
+
+def test_a_status_that_names_an_unset_limit_is_refreshed_without_it() -> None:
+    """A budget written by an operator before this fix says the old number until refreshed."""
+    budget = _budget(limit=100)
+    old = {**b.refresh(budget, T0).dump(), "remaining": {"cents": 100, "tokens": MAX_STATUS_NUMBER}}
+    stale = WorkerBudget.model_validate({**budget.dump(), "status": old})
+    assert b.needs_refresh(stale, T0)
+    assert b.refresh(stale, T0).dump()["remaining"] == {"cents": 100}

@@ -23,7 +23,7 @@ from tether.core.decide import ChargeBudget, WriteStatus, decide
 from tests.unit.test_decide import held, lease, observe, run
 from tests.unit.test_namesake_and_revocation import T0, FakeKube, _new_run, _old_pod
 from tether.core.observe import BudgetObservation
-from tether.api.models import Usage
+from tether.api.models import Remaining, Usage
 
 KEY = ("ns", "job")
 
@@ -145,7 +145,7 @@ def test_a_charge_lost_after_its_fold_is_owed_on_the_next_pass() -> None:
     the next pass, with nothing new to fold, still charges what the budget has not seen."""
     status = held(attempt=1, usage={"cents": 9, "tokens": 0}, foldedAt=T0.isoformat())
     r = run(spec={"budget": {"budgetRef": {"name": "team"}}}, status=status)
-    budget = BudgetObservation(name="team", remaining=Usage(cents=100, tokens=100), charged=Usage(cents=4))
+    budget = BudgetObservation(name="team", remaining=Remaining(cents=100, tokens=100), charged=Usage(cents=4))
     d = decide(observe(r, lease(usage=Usage(cents=9)), budget=budget, now=T0 + dt.timedelta(seconds=1)))
     assert not any(isinstance(a, WriteStatus) for a in d.actions)
     assert ChargeBudget(budget="team", total=Usage(cents=9)) in d.actions

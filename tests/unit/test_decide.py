@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tether.api.models import MAX_STATUS_NUMBER, Outcome, Phase, Usage, WorkerRun
+from tether.api.models import MAX_STATUS_NUMBER, Outcome, Phase, Remaining, Usage, WorkerRun
 from tether.core.decide import (
     BudgetObservation,
     Change,
@@ -609,7 +609,7 @@ def test_usage_alarm_is_what_remains_of_the_cap() -> None:
 
 
 def test_usage_folds_at_a_bounded_rate_and_is_charged() -> None:
-    budget = BudgetObservation(name="team", remaining=Usage(cents=1000, tokens=10**6), charged=Usage())
+    budget = BudgetObservation(name="team", remaining=Remaining(cents=1000, tokens=10**6), charged=Usage())
     r = run({"budget": {"budgetRef": {"name": "team"}}}, status=held())
     d = decide(observe(r, lease(usage=Usage(cents=5, tokens=50)), (pod(),), budget=budget))
     assert status_of(d.actions).usage == Usage(cents=5, tokens=50)
@@ -622,7 +622,7 @@ def test_usage_folds_at_a_bounded_rate_and_is_charged() -> None:
 
 
 def test_exhausted_budget_blocks_admission() -> None:
-    budget = BudgetObservation(name="team", exhausted=True, remaining=Usage(), next_reset_seconds=3600)
+    budget = BudgetObservation(name="team", exhausted=True, remaining=Remaining(cents=0, tokens=0), next_reset_seconds=3600)
     d = decide(observe(run({"budget": {"budgetRef": {"name": "team"}}}), budget=budget))
     s = status_of(d.actions)
     assert s.phase == Phase.PENDING and s.attempt == 0
@@ -637,16 +637,36 @@ def test_exhausted_budget_blocks_admission() -> None:
 def test_raised_limit_admits() -> None:
     st = {"phase": "Pending", "conditions": [{"type": "Admitted", "status": "False", "reason": "BudgetExceeded",
                                               "lastTransitionTime": T0.isoformat()}]}
-    budget = BudgetObservation(name="team", remaining=Usage(cents=50, tokens=10**6))
+    budget = BudgetObservation(name="team", remaining=Remaining(cents=50, tokens=10**6))
     d = decide(observe(run({"budget": {"budgetRef": {"name": "team"}}}, status=st), budget=budget))
     s = status_of(d.actions)
     assert s.phase == Phase.STARTING and cond(s, "Admitted") == ("True", "Admitted")
 
 
+def test_a_limit_the_budget_does_not_set_is_never_reached() -> None:
+    """A budget without limitTokens has no tokens left to count down (issue 34): a run's tokens,
+    however many, neither stop it nor set a token alarm; its cents still do. (Unlimited used to be
+    2**53 - 1 tokens left, which a run's saturated total reached.)"""
+    from tether.api.models import WorkerBudgetSpec
+    from tether.core.actions import UsageAlarm
+    from tether.core.budget import remaining
+
+    budget = BudgetObservation(name="team", remaining=remaining(WorkerBudgetSpec(limit_cents=1000), Usage()))
+    st = held(attempt=2)
+    st["attempts"][0]["usage"] = {"cents": 0, "tokens": MAX_STATUS_NUMBER - 5}
+    r = run({"budget": {"budgetRef": {"name": "team"}}}, status=st)
+    d = decide(observe(r, lease(attempt=2, usage=Usage(cents=5, tokens=10)), (pod(2),), budget=budget))
+    assert status_of(d.actions).stop_requested_at is None and "Revoke" not in kinds(d.actions)
+    assert d.usage_alarm == UsageAlarm(cents=1000, tokens=None)
+    spent = replace(budget, remaining=remaining(WorkerBudgetSpec(limit_cents=1000), Usage(cents=1000)))
+    stopped = decide(observe(r, lease(attempt=2, usage=Usage(cents=5, tokens=10)), (pod(2),), budget=spent))
+    assert status_of(stopped.actions).stop_requested_at == T0
+
+
 def test_finished_run_is_charged_before_ttl_deletes_it() -> None:
     spec = {"budget": {"budgetRef": {"name": "team"}}, "ttlSecondsAfterFinished": 0}
     st = {"phase": "Succeeded", "fence": 2, "finishedAt": T0.isoformat(), "usage": {"cents": 40, "tokens": 4}}
-    budget = BudgetObservation(name="team", remaining=Usage(cents=10, tokens=10), charged=Usage(cents=30, tokens=4))
+    budget = BudgetObservation(name="team", remaining=Remaining(cents=10, tokens=10), charged=Usage(cents=30, tokens=4))
     d = decide(observe(run(spec, status=st), budget=budget))
     assert d.actions == [ChargeBudget(budget="team", total=Usage(cents=40, tokens=4))]
     charged = decide(observe(run(spec, status=st), budget=replace(budget, charged=Usage(cents=40, tokens=4))))
@@ -825,7 +845,7 @@ def test_an_external_attempt_is_revoked_with_its_tool_claim() -> None:
 
 
 def test_a_revocation_is_followed_by_the_charge_of_its_final_usage() -> None:
-    budget = BudgetObservation(name="team", remaining=Usage(cents=1000, tokens=10**6))
+    budget = BudgetObservation(name="team", remaining=Remaining(cents=1000, tokens=10**6))
     r = run({"budget": {"budgetRef": {"name": "team"}}}, status=held())
     d = decide(observe(r, lease(usage=Usage(cents=7, tokens=0)), (pod(),), mono=200, budget=budget))
     assert kinds(d.actions) == ["Revoke", "ChargeBudget"]

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tether.api.models import ErrorInfo, Usage, WorkerRun
+from tether.api.models import ErrorInfo, Remaining, Usage, WorkerRun
 from tether.core import decide as core
 from tether.core.budget import MAX_CENTS, MAX_TOKENS
 from tether.core.decide import (
@@ -189,8 +189,9 @@ def step(world: World, data: st.DataObject, last: Decision | None) -> None:
         world.budget = BudgetObservation(
             name=world.run.spec.budget.budget_ref.name, missing=data.draw(st.booleans(), label="missing"),
             exhausted=data.draw(st.booleans(), label="exhausted"),
-            remaining=Usage(cents=data.draw(st.integers(0, big), label="left cents"),
-                            tokens=data.draw(st.integers(0, big), label="left tokens")),
+            # None: the budget sets no such limit.
+            remaining=Remaining(cents=data.draw(st.none() | st.integers(0, big), label="left cents"),
+                                tokens=data.draw(st.none() | st.integers(0, big), label="left tokens")),
             charged=world.budget.charged if world.budget else Usage(),
             next_reset_seconds=data.draw(st.none() | st.floats(0, 3.2e7, allow_nan=False), label="reset"))
 

@@ -621,14 +621,14 @@ def test_a_workload_made_for_a_run_held_back_otherwise_is_made_inactive() -> Non
 def test_spend_counts_every_attempt_however_long_the_history(history: int) -> None:
     """104 attempts preempted by Kueue, 40 cents each: the run's usage, what its cap and budget see,
     is 4,160 cents although status.attempts keeps only the last 100 (or what --attempt-history says)."""
-    from tether.api.models import Usage
+    from tether.api.models import Remaining, Usage
     from tether.core.accounting import earlier_usage
     from tether.core.actions import ChargeBudget
     status = run(labels=QUEUE).status
 
     def queued_observe(*args: Any, **kw: Any):  # type: ignore[no-untyped-def]
         return replace(globals()["queued_observe"](*args, **kw), attempt_history=history)
-    budget = BudgetObservation(name="team", remaining=Usage(cents=10**9, tokens=10**9))
+    budget = BudgetObservation(name="team", remaining=Remaining(cents=10**9, tokens=10**9))
     for i in range(1, 105):
         readmitted = workload(cond("QuotaReserved", "True"), cond("Admitted", "True"), admission=ADMISSION,
                               evictions=i)

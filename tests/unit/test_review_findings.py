@@ -160,7 +160,7 @@ def test_a_finished_runs_books_close_only_after_its_revocation_and_a_late_report
     marked budgetCharged in the same pass; settling the 10 afterwards left 2 cents uncharged (until
     the run was deleted, had it ever been)."""
     from tether.core.decide import BudgetObservation, ChargeBudget
-    from tether.api.models import Usage
+    from tether.api.models import Remaining, Usage
 
     ended = T0.isoformat()
     run = _run({"budget": {"budgetRef": {"name": "team"}}}, {
@@ -168,7 +168,7 @@ def test_a_finished_runs_books_close_only_after_its_revocation_and_a_late_report
         "usage": {"cents": 8, "tokens": 0}, "budgetCharged": True,
         "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "pod": "job-a1", "startedAt": ended,
                       "endedAt": ended, "outcome": "Cancelled", "usage": {"cents": 8, "tokens": 0}}]})
-    budget = BudgetObservation(name="team", remaining=Usage(cents=1000), charged=Usage(cents=8))
+    budget = BudgetObservation(name="team", remaining=Remaining(cents=1000), charged=Usage(cents=8))
 
     def lease(holder: str | None, fence: int) -> LeaseObservation:
         return LeaseObservation(holder=holder, fence=fence, resource_version="9", last_change=100.0, renewed=True,

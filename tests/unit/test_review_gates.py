@@ -305,3 +305,53 @@ def test_approvals_are_listed_only_while_a_gate_is_open_or_a_request_is_new() ->
                                       approvals=(approval("Approve", gate="refund"),), minutes=1)).actions)
     assert not needs_approvals(run(status=dumped(decided)), asked)  # decided: no list on every fold
     assert not needs_approvals(run(status=held(1)), lease(1))
+
+
+# --- issue 34 (6): the REASON column says a request waits for a person ----------------------
+
+
+def _shown(status: dict[str, Any], reason: str = "Running") -> dict[str, Any]:
+    """`status` with the conditions a held, running run shows (Ready's reason is the REASON column)."""
+    when = T0.isoformat()
+    return {**status, "conditions": [
+        {"type": "Ready", "status": "False", "reason": reason, "message": "job-a1 renewed its lease",
+         "lastTransitionTime": when},
+        {"type": "Reconciling", "status": "True", "reason": "Running", "message": "", "lastTransitionTime": when},
+        {"type": "Stalled", "status": "False", "reason": "Running", "message": "", "lastTransitionTime": when}]}
+
+
+def _reason(d: Any) -> tuple[str, str]:
+    ready = next(x for x in status_of(d.actions).conditions if x.type == "Ready")
+    return ready.reason, ready.message
+
+
+def test_while_a_request_waits_the_runs_reason_says_so_and_goes_back_once_decided() -> None:
+    asked = decide(asking("refund", "delete", timeout=600, status=_shown(held(1))))
+    assert _reason(asked) == ("AwaitingApproval", "job-a1 waits for a WorkerRunApproval with gate refund, delete")
+    s = status_of(asked.actions)
+    # kstatus as before: in progress (Reconciling=True, Ready=False); the phase stays Running.
+    assert (s.phase, cond(s, "Reconciling")[0], cond(s, "Ready")[0], cond(s, "Stalled")[0]) == \
+        (Phase.RUNNING, "True", "False", "False")
+    one = decide(asking("refund", "delete", timeout=600, status=dumped(s),
+                        approvals=(approval("Approve", gate="refund"),), minutes=1))
+    assert _reason(one) == ("AwaitingApproval", "job-a1 waits for a WorkerRunApproval with gate delete")
+    both = decide(asking("refund", "delete", timeout=600, status=dumped(status_of(one.actions)),
+                         approvals=(approval("Approve", gate="refund"), approval("Deny", gate="delete")), minutes=2))
+    assert _reason(both) == ("Running", "job-a1 holds the lease")
+    timed_out = decide(asking("refund", "delete", timeout=600, status=dumped(s), minutes=11))
+    assert _reason(timed_out) == ("Running", "job-a1 holds the lease")
+    # A paused worker says WorkerPaused (it does not go on, whatever is decided); an attempt that
+    # ends withdraws its requests, and the run shows its next phase.
+    paused = replace(asking("refund", "delete", status=dumped(s)), run=run(spec={"suspend": True}, status=dumped(s)))
+    assert _reason(decide(paused))[0] == "WorkerPaused"
+    ended = status_of(decide(replace(asking("refund", "delete", status=dumped(s), minutes=1), mono=1000.0)).actions)
+    assert ended.review.find("refund", 1).decision == "Withdrawn"
+    assert (ended.phase, cond(ended, "Ready")[1]) == (Phase.BACKOFF, "Backoff")
+
+
+def test_a_run_that_shows_no_wait_for_a_pending_request_is_corrected() -> None:
+    """A request recorded while Ready said Running (an operator before this fix) is said on the next pass."""
+    pending = dumped(status_of(decide(asking("refund", status=held(1))).actions))
+    d = decide(asking("refund", status=_shown(pending)))
+    assert kinds(d.actions) == ["WriteStatus"] and _reason(d)[0] == "AwaitingApproval"
+    assert decide(asking("refund", status=dumped(status_of(d.actions)))).actions == []  # said once

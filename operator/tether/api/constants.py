@@ -98,3 +98,6 @@ REASON_QUEUED = "Queued"
 REASON_ADMITTED = "Admitted"
 # Ready's reason (the REASON column) while a worker holds the run and is told to pause.
 REASON_WORKER_PAUSED = "WorkerPaused"
+# Ready's reason while a worker holds the run and a request it made waits for a person's decision
+# (its phase stays Running): the word the start gate's phase uses for the same wait.
+REASON_AWAITING_APPROVAL = "AwaitingApproval"

@@ -349,11 +349,19 @@ class Charge(_Model):
     tokens: int = 0
 
 
+class Remaining(_Model):
+    """What a budget has left of each limit it sets: a limit it does not set has nothing to say
+    (None, absent from the status), which means unlimited, never zero."""
+
+    cents: int | None = None
+    tokens: int | None = None
+
+
 class WorkerBudgetStatus(_Model):
     observed_generation: int | None = None
     period_start: dt.datetime | None = None
     spent: Usage = Field(default_factory=Usage)
-    remaining: Usage | None = None
+    remaining: Remaining | None = None
     charges: dict[str, Charge] = Field(default_factory=dict)
     conditions: list[Condition] = Field(default_factory=list)
 

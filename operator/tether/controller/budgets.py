@@ -137,7 +137,7 @@ class BudgetBook:
         next_reset = None if reset is None else (reset - now).total_seconds()
         return BudgetObservation(
             name=ref.name, exhausted=budgets.exhausted(budget.spec, status.spent),
-            remaining=status.remaining or Usage(), charged=budgets.charged(budget, run.metadata.uid),
+            remaining=budgets.remaining(budget.spec, status.spent), charged=budgets.charged(budget, run.metadata.uid),
             marked=run.metadata.uid in budget.status.charges, next_reset_seconds=next_reset)
 
     def _store_written(self, key: BudgetKey, over: set[str | None], written: dict[str, Any]) -> None:

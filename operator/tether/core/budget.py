@@ -14,7 +14,15 @@ from typing import Sequence
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from tether.api.conditions import set_condition
-from tether.api.models import MAX_STATUS_NUMBER, Charge, Usage, WorkerBudget, WorkerBudgetSpec, WorkerBudgetStatus
+from tether.api.models import (
+    MAX_STATUS_NUMBER,
+    Charge,
+    Remaining,
+    Usage,
+    WorkerBudget,
+    WorkerBudgetSpec,
+    WorkerBudgetStatus,
+)
 from tether.protocol import MAX_CENTS, MAX_TOKENS, valid_report  # noqa: F401  (re-exported: one definition)
 
 
@@ -69,10 +77,10 @@ def next_period_start(now: dt.datetime, spec: WorkerBudgetSpec) -> dt.datetime |
     return dt.datetime(day.year, day.month, day.day, tzinfo=zone).astimezone(dt.timezone.utc)
 
 
-def remaining(spec: WorkerBudgetSpec, spent: Usage) -> Usage:
-    big = MAX_STATUS_NUMBER  # "no limit": the most the CRD lets the status say
-    return Usage(cents=max(0, (spec.limit_cents if spec.limit_cents is not None else big) - spent.cents),
-                 tokens=max(0, (spec.limit_tokens if spec.limit_tokens is not None else big) - spent.tokens))
+def remaining(spec: WorkerBudgetSpec, spent: Usage) -> Remaining:
+    """What is left of each limit the budget sets; None for a limit it does not set (unlimited)."""
+    return Remaining(cents=None if spec.limit_cents is None else max(0, spec.limit_cents - spent.cents),
+                     tokens=None if spec.limit_tokens is None else max(0, spec.limit_tokens - spent.tokens))
 
 
 def exhausted(spec: WorkerBudgetSpec, spent: Usage) -> bool:

@@ -41,12 +41,22 @@ def over_limit(o: Observed, total: Usage) -> tuple[str, Usage] | None:
             return f"cap of {budget.max_tokens} tokens reached", Usage(cents=0, tokens=-left)
     b = o.budget
     if b is not None and not b.missing:
-        # Only what the budget has not been charged yet draws on what it has left.
-        over_c = max(0, total.cents - b.charged.cents) - b.remaining.cents
-        over_t = max(0, total.tokens - b.charged.tokens) - b.remaining.tokens
-        if b.exhausted or over_c >= 0 or over_t >= 0:
-            return f"WorkerBudget {b.name} is exhausted", Usage(cents=max(0, over_c), tokens=max(0, over_t))
+        # Only what the budget has not been charged yet draws on what it has left; a limit the
+        # budget does not set is never reached.
+        over_c = _over(total.cents - b.charged.cents, b.remaining.cents)
+        over_t = _over(total.tokens - b.charged.tokens, b.remaining.tokens)
+        if b.exhausted or over_c is not None or over_t is not None:
+            return f"WorkerBudget {b.name} is exhausted", Usage(cents=over_c or 0, tokens=over_t or 0)
     return None
+
+
+def _over(uncharged: int, left: int | None) -> int | None:
+    """How far `uncharged` goes past what is `left` of a budget's limit (0 when it just reaches
+    it), or None while it stays under it or the budget sets no such limit."""
+    if left is None:
+        return None
+    over = max(0, uncharged) - left
+    return over if over >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -106,12 +116,14 @@ def usage_alarm(o: Observed) -> UsageAlarm | None:
     earlier = earlier_usage(o.run.status)
     budget = o.run.spec.budget
     pool = o.budget if o.budget is not None and not o.budget.missing else None
+    # The run's total may reach what the budget has left plus its mark there; a limit the budget
+    # does not set raises no alarm.
+    pool_cents = pool.remaining.cents + pool.charged.cents if pool and pool.remaining.cents is not None else None
+    pool_tokens = pool.remaining.tokens + pool.charged.tokens if pool and pool.remaining.tokens is not None else None
     cents = _least(protocol.cap_remaining(budget.cap_cents if budget else None, earlier.cents, 0),
-                   protocol.cap_remaining(pool.remaining.cents + pool.charged.cents if pool else None,
-                                          earlier.cents, 0))
+                   protocol.cap_remaining(pool_cents, earlier.cents, 0))
     tokens = _least(protocol.cap_remaining(budget.max_tokens if budget else None, earlier.tokens, 0),
-                    protocol.cap_remaining(pool.remaining.tokens + pool.charged.tokens if pool else None,
-                                           earlier.tokens, 0))
+                    protocol.cap_remaining(pool_tokens, earlier.tokens, 0))
     if cents is None and tokens is None:
         return None
     return UsageAlarm(cents=cents, tokens=tokens)

@@ -206,9 +206,8 @@ class StatusBuilder:
 
     def mark_suspension(self) -> bool:
         """spec.suspend as users see it: a Suspended condition (True while set, False with reason
-        Resumed once cleared) and an Event each time it turns; while a worker holds the run paused,
-        Ready's reason is WorkerPaused (the REASON column), for its phase stays Running (the worker
-        keeps its lease). Every write applies it; returns whether anything changed."""
+        Resumed once cleared) and an Event each time it turns; and Ready's reason while a worker
+        holds the run (`_mark_held_reason`). Every write applies it; returns whether anything changed."""
         s, gen, now = self.status, self.generation, self.o.now
         if s.phase is None or s.phase.terminal:
             return False  # set_phase(terminal) has said it
@@ -227,13 +226,35 @@ class StatusBuilder:
             message = "spec.suspend was cleared" + (f"; {s.holder} is told to go on" if held else "")
             s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "False", c.EV_RESUMED, message, gen, now)
             self.events.append(Event("Normal", c.EV_RESUMED, message))
-        ready = get_condition(s.conditions, c.COND_READY)
-        if ready is not None and (ready.reason == c.REASON_WORKER_PAUSED) != (held and suspend):
-            why = get_condition(s.conditions, c.COND_SUSPENDED)
-            s.conditions = set_condition(s.conditions, c.COND_READY, ready.status,
-                                         c.REASON_WORKER_PAUSED if held and suspend else s.phase.value,
-                                         why.message if why is not None else ready.message, gen, now)
+        self._mark_held_reason()
         return s.conditions != before
+
+    def _mark_held_reason(self) -> None:
+        """Ready's reason (the REASON column) while a worker holds the run, whose phase stays Running
+        (the worker keeps its lease): WorkerPaused while it is told to pause, else AwaitingApproval
+        while a request it made waits for a person; the phase again once neither holds."""
+        s = self.status
+        ready = get_condition(s.conditions, c.COND_READY)
+        if ready is None or s.phase is None:
+            return
+        held = s.holder is not None
+        asks = [r.gate for r in (s.review.pending() if held and s.review is not None else [])
+                if r.attempt == s.attempt and r.gate not in (c.GATE_START, c.GATE_RESULT)]
+        paused = get_condition(s.conditions, c.COND_SUSPENDED)
+        if held and self.o.run.spec.suspend:
+            reason, message = c.REASON_WORKER_PAUSED, paused.message if paused is not None else ready.message
+        elif asks:
+            reason, message = c.REASON_AWAITING_APPROVAL, \
+                f"{s.holder} waits for a WorkerRunApproval with gate {', '.join(asks)}"
+        elif ready.reason == c.REASON_WORKER_PAUSED and paused is not None:
+            reason, message = s.phase.value, paused.message  # "spec.suspend was cleared; ... told to go on"
+        elif ready.reason in (c.REASON_WORKER_PAUSED, c.REASON_AWAITING_APPROVAL):
+            reason, message = s.phase.value, f"{s.holder} holds the lease" if held else ready.message
+        else:
+            return
+        if (ready.reason, ready.message) != (reason, message):
+            s.conditions = set_condition(s.conditions, c.COND_READY, ready.status, reason, message,
+                                         self.generation, self.o.now)
 
     def write(self) -> WriteStatus:
         """The write of the status as built so far: a copy, so what is built after it (another

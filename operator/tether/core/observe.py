@@ -15,7 +15,7 @@ from typing import Mapping
 
 from tether import protocol
 from tether.api.kueue import Workload
-from tether.api.models import MAX_ATTEMPT_HISTORY, Usage, WorkerRun
+from tether.api.models import MAX_ATTEMPT_HISTORY, Remaining, Usage, WorkerRun
 
 # Progress reported on heartbeats reaches the run's status at most this often.
 FOLD_INTERVAL_SECONDS = 10.0
@@ -48,7 +48,7 @@ class BudgetObservation:
     name: str
     missing: bool = False
     exhausted: bool = False
-    remaining: Usage = field(default_factory=Usage)
+    remaining: Remaining = field(default_factory=Remaining)  # None: the budget sets no such limit
     charged: Usage = field(default_factory=Usage)  # this run's mark
     marked: bool = False  # the budget holds a mark for this run (released once it is charged in full)
     next_reset_seconds: float | None = None

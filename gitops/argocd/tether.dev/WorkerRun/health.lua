@@ -43,6 +43,12 @@ if conds["Suspended"] ~= nil and conds["Suspended"].status == "True" then
   hs.message = "Paused: " .. (conds["Suspended"].message or "spec.suspend is set")
   return hs
 end
+-- A worker that waits for a person's decision on its request keeps its lease: Ready's reason says it.
+if conds["Ready"] ~= nil and conds["Ready"].reason == "AwaitingApproval" then
+  hs.status = "Suspended"
+  hs.message = "Awaiting approval: " .. (conds["Ready"].message or "a worker's request")
+  return hs
+end
 -- Queued through Kueue: waiting for its Workload's admission is progress, as for a queued Job.
 if phase == "Queued" then
   hs.status = "Progressing"
