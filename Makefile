@@ -76,7 +76,7 @@ OLDEST_TESTS ?= tests/cluster/test_admission_policy.py tests/cluster/test_approv
 	tests/e2e/test_fencing.py tests/e2e/test_review_gates.py tests/e2e/test_identity.py \
 	$(addprefix tests/kueue/test_queues.py::,$(KUEUE_ON_OLDEST))
 
-test: install browser control-plane tools node kueue kind-image sdk-test layers docs
+test: install browser control-plane tools node kueue kind-image sdk-test layers
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra
 	TETHER_TEST_KUBERNETES=oldest $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra --durations=10 $(OLDEST_TESTS)
 
@@ -102,7 +102,7 @@ conformance: install control-plane $(SDK_TS)/node_modules/.installed
 	$(PY) -m conformance $(CONFORMANCE_ARGS)
 
 # The docs site (mkdocs.yml, docs/): built outside the tree; internal links and README's checked, external
-# ones listed (not fetched). tests/unit/test_docs.py runs the same check.
+# ones listed (not fetched). tests/unit/test_docs.py runs the same check, so make test does not run this.
 DOCS_SITE ?= $(or $(TETHER_CACHE),/tmp)/tether-site
 docs: install
 	$(PY) hack/check_docs.py --site-dir $(DOCS_SITE)
