@@ -315,6 +315,10 @@ def test_readme_install_with_defaults_on_the_dev_cluster(dev_cluster: Kube, tool
     last = kube.get(f"/api/v1/namespaces/{ns}/pods/{next(iter(logs))}/log", params={"tailLines": "1"})
     assert last.status_code == 200 and len(last.text.splitlines()) == 1
     # No runs in the operator's own namespace: refused by the API server, saying why and what to do.
+    # An admission policy is in force once the API server has compiled it, a moment after it exists
+    # (seconds on a loaded machine): probed with a dry run, as a user's first apply could meet that moment.
+    eventually(lambda: kube.post(Kube.wr_path(ns), runs.example("short-job.yaml"), params={"dryRun": "All"}).status_code == 403,
+               timeout=60, what="the chart's placement policy in force")
     refused = kube.post(Kube.wr_path(ns), runs.example("short-job.yaml"))
     assert refused.status_code == 403 and "the Tether operator's own namespace" in refused.text, refused.text
     # The chart's operator runs a first run to the end under the adopted policies.
