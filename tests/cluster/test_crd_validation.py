@@ -269,8 +269,9 @@ _NO_CONTAINERS = "spec.template.spec.containers: Required value"
     ({}, _NO_WORKER),  # executor defaults to Pod
     ({"executor": "Pod", "template": {"metadata": {"labels": {"a": "b"}}}}, _NO_WORKER),
     ({"executor": "Pod", "template": {"spec": {}}}, _NO_CONTAINERS),  # the pod's own schema requires it
+    ({"executor": "Pod", "template": {"spec": {"containers": []}}}, _NO_WORKER),  # (the pod's schema admits it)
     ({"executor": "Pod", "template": {"spec": None}}, _NO_WORKER),  # a null is no spec
-], ids=["no-template", "default-executor", "no-spec", "no-containers", "null-spec"])
+], ids=["no-template", "default-executor", "no-spec", "no-containers", "empty-containers", "null-spec"])
 def test_a_pod_run_without_a_container_is_refused_at_apply(kube: Kube, namespace: str, spec: dict[str, Any],
                                                            said: str) -> None:
     """Else it is accepted, and every attempt's pod is refused (PodRefused)."""

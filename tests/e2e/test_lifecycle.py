@@ -79,13 +79,14 @@ def test_exit_code_rule_fails_the_run(kube: Kube, namespace: str, operator) -> N
 @pytest.mark.local_cluster
 def test_a_refused_pod_backs_off_then_fails_the_run_pod_refused(kube: Kube, namespace: str,  # type: ignore[no-untyped-def]
                                                                  operator) -> None:
-    """Issue 34: a template the CRD admits and the API server refuses at pod create (`containers: []`)
-    used to leave the run Starting, its lease held, until the startup grace passed. Each attempt now
-    ends PodRefused at once (fenced like any ended attempt), backs off, and the run fails PodRefused
-    when its attempts are used up, with no attempt ever shown as running or renewed."""
+    """Issue 34: a template the CRD admits and the API server refuses at pod create (a container name
+    that is no DNS label: the pod's schema has no pattern for it, its validation does) used to leave
+    the run Starting, its lease held, until the startup grace passed. Each attempt now ends
+    PodRefused at once (fenced like any ended attempt), backs off, and the run fails PodRefused when
+    its attempts are used up, with no attempt ever shown as running or renewed."""
     body = runs.example("short-job.yaml", lease={"startupGraceSeconds": 300},
                         retry={"maxAttempts": 2, "backoff": {"initialSeconds": 2, "maxSeconds": 2, "factor": 1}})
-    body["spec"]["template"]["spec"]["containers"] = []
+    body["spec"]["template"]["spec"]["containers"][0]["name"] = "Worker_1"
     runs.create(kube, namespace, body)
     seen: list[tuple[str, str]] = []
 
@@ -101,11 +102,12 @@ def test_a_refused_pod_backs_off_then_fails_the_run_pod_refused(kube: Kube, name
     assert ("Backoff", "PodRefused") in seen, seen  # the REASON column said why while it waited
     assert "Running" not in {phase for phase, _ in seen}, seen
     ready = runs.condition(run, "Ready")
-    assert ready["reason"] == "PodRefused" and "spec.containers: Required value" in ready["message"], ready
+    refusal = 'spec.containers[0].name: Invalid value: "Worker_1"'
+    assert ready["reason"] == "PodRefused" and refusal in ready["message"], ready
     assert runs.condition(run, "Failed")["reason"] == "PodRefused"
     assert s["error"]["code"] == "PodRefused"
     assert [a["outcome"] for a in s["attempts"]] == ["PodRefused", "PodRefused"]
-    assert all("spec.containers: Required value" in a["message"] for a in s["attempts"]), s["attempts"]
+    assert all(refusal in a["message"] for a in s["attempts"]), s["attempts"]
     assert (s["fence"], s.get("holder"), s.get("lastRenewTime")) == (4, None, None)  # granted and fenced twice
     lease = kube.ok(kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/short-job"))["spec"]
     assert lease.get("holderIdentity") is None and lease["leaseTransitions"] == 4
