@@ -18,6 +18,7 @@ CRD carries the same type (controller-gen's rules), with these choices, each for
 - no list or map types (`x-kubernetes-list-type`, map keys) or patch strategies: the template is
   one value, frozen once the run starts and replaced whole before, never merged item by item;
   duplicate container names are the pod's own validation's to refuse, with its own message;
+- spec.containers is not required by the schema: the CRD's own rule requires it of a Pod run;
 - metadata is labels and annotations only: the rest of a pod's metadata is Tether's (its name,
   namespace, owner and finalizer), and accepting fields that are ignored would be a silent trap;
 - int-or-string values (ports) as CRDs spell them; a quantity is any value (cpu: 0.5 is a number a
@@ -94,8 +95,11 @@ def structural(schemas: dict[str, Any], node: dict[str, Any], seen: tuple[str, .
 def template_properties(openapi: dict[str, Any]) -> dict[str, Any]:
     """spec.template's properties from the API server's /openapi/v3/api/v1 document."""
     schemas = openapi["components"]["schemas"]
-    spec = schemas[TEMPLATE]["properties"]["spec"]
-    return {"metadata": METADATA, "spec": structural(schemas, spec, (TEMPLATE,))}
+    spec = structural(schemas, schemas[TEMPLATE]["properties"]["spec"], (TEMPLATE,))
+    # The CRD's own rule asks a Pod run for containers, saying what to do instead; an External run's
+    # template (refused if it names a ServiceAccount, by a rule that must get to speak) needs none.
+    spec.pop("required", None)
+    return {"metadata": METADATA, "spec": spec}
 
 
 def render(properties: dict[str, Any], indent: str, version: str) -> list[str]:

@@ -261,27 +261,21 @@ def test_the_execution_digest_never_changes_once_set(kube: Kube, namespace: str)
 _NO_WORKER = "spec.template is required for executor Pod"
 
 
-_NO_CONTAINERS = "spec.template.spec.containers: Required value"
-
-
-@pytest.mark.parametrize(("spec", "said"), [
-    ({"executor": "Pod"}, _NO_WORKER),
-    ({}, _NO_WORKER),  # executor defaults to Pod
-    ({"executor": "Pod", "template": {"metadata": {"labels": {"a": "b"}}}}, _NO_WORKER),
-    ({"executor": "Pod", "template": {"spec": {}}}, _NO_CONTAINERS),  # the pod's own schema requires it
-    ({"executor": "Pod", "template": {"spec": {"containers": []}}}, _NO_WORKER),  # (the pod's schema admits it)
-    ({"executor": "Pod", "template": {"spec": None}}, _NO_WORKER),  # a null is no spec
+@pytest.mark.parametrize("spec", [
+    {"executor": "Pod"},
+    {},  # executor defaults to Pod
+    {"executor": "Pod", "template": {"metadata": {"labels": {"a": "b"}}}},
+    {"executor": "Pod", "template": {"spec": {}}},
+    {"executor": "Pod", "template": {"spec": {"containers": []}}},  # (the pod's schema admits it)
+    {"executor": "Pod", "template": {"spec": None}},
 ], ids=["no-template", "default-executor", "no-spec", "no-containers", "empty-containers", "null-spec"])
-def test_a_pod_run_without_a_container_is_refused_at_apply(kube: Kube, namespace: str, spec: dict[str, Any],
-                                                           said: str) -> None:
+def test_a_pod_run_without_a_container_is_refused_at_apply(kube: Kube, namespace: str, spec: dict[str, Any]) -> None:
     """Else it is accepted, and every attempt's pod is refused (PodRefused)."""
     run = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": "r"},
            "spec": {"payload": {"n": 1}, **spec}}
     resp = kube.post(Kube.wr_path(namespace), run)
     assert resp.status_code == 422, resp.text
-    assert said in resp.json()["message"], resp.text
-    if said == _NO_WORKER:
-        assert "executor External" in resp.json()["message"], resp.text
+    assert _NO_WORKER in resp.json()["message"] and "executor External" in resp.json()["message"], resp.text
 
 
 def test_a_pod_run_with_a_container_and_an_external_run_without_template_are_admitted(kube: Kube,
@@ -300,7 +294,7 @@ def _pod_run(name: str, pod: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_typo_in_the_template_is_refused_at_kubectl_apply(kube: Kube, namespace: str, bin_dir: Path,
                                                            tmp_path: Path) -> None:
-    """The template was a map of any JSON: `contianers` was stored, and the pod refused at every attempt."""
+    """The template was a map of any JSON: `contianers` was stored, and the pod API dropped it unsaid."""
     import subprocess
 
     manifest = tmp_path / "typo.yaml"
@@ -321,7 +315,7 @@ spec:
     # A client that does not ask for strict field validation: the unknown field is dropped (with a
     # warning), and a template left without containers is refused for that.
     resp = kube.post(Kube.wr_path(namespace), _pod_run("lax", {"contianers": [{"name": "w", "image": "w:1"}]}))
-    _refused(resp, _NO_CONTAINERS)
+    _refused(resp, _NO_WORKER)
     warning = resp.headers.get("warning", "")
     assert "unknown field" in warning and "spec.template.spec.contianers" in warning, resp.headers
 
