@@ -149,15 +149,15 @@ def attempt_end(o: Observed, pod: PodObservation | None, stop: Stop | None) -> E
     s = o.run.status
     if s.result is not None:
         return Ending(Outcome.SUCCEEDED, "the holder published its result")
-    refusal = o.pod_refusal
-    refused = pod is None and refusal is not None and refusal.fence == s.fence
+    # A refusal of this grant's pod (a pod that exists after all speaks for itself).
+    refusal = o.pod_refusal if pod is None and o.pod_refusal is not None and o.pod_refusal.fence == s.fence else None
     if stop is not None and s.stop_requested_at is not None and (
-            s.error is not None or refused or (pod is not None and (pod.terminated or pod.deleting))
+            s.error is not None or refusal is not None or (pod is not None and (pod.terminated or pod.deleting))
             or o.now >= stop_due(o)):
         return Ending(stop.outcome, stop.reason, pod.exit_code if pod is not None else None)
     if s.error is not None:
         return Ending(Outcome.WORKER_FAILED, f"{s.error.code or 'error'}: {s.error.message or ''}".strip())
-    if refused and refusal is not None:
+    if refusal is not None:
         # No worker ever ran: waiting out its startup grace would only claim a liveness nobody had.
         return Ending(Outcome.POD_REFUSED, f"the API server refused pod {refusal.pod}: {refusal.message}")
     if pod is not None and pod.deleting:
