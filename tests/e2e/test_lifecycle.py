@@ -85,7 +85,7 @@ def test_a_refused_pod_backs_off_then_fails_the_run_pod_refused(kube: Kube, name
     PodRefused at once (fenced like any ended attempt), backs off, and the run fails PodRefused when
     its attempts are used up, with no attempt ever shown as running or renewed."""
     body = runs.example("short-job.yaml", lease={"startupGraceSeconds": 300},
-                        retry={"maxAttempts": 2, "backoff": {"initialSeconds": 2, "maxSeconds": 2, "factor": 1}})
+                        retry={"maxAttempts": 2, "backoff": {"initialSeconds": 3, "maxSeconds": 3, "factor": 1}})
     body["spec"]["template"]["spec"]["containers"][0]["name"] = "Worker_1"
     runs.create(kube, namespace, body)
     seen: list[tuple[str, str]] = []
@@ -109,8 +109,11 @@ def test_a_refused_pod_backs_off_then_fails_the_run_pod_refused(kube: Kube, name
     assert [a["outcome"] for a in s["attempts"]] == ["PodRefused", "PodRefused"]
     assert all(refusal in a["message"] for a in s["attempts"]), s["attempts"]
     assert (s["fence"], s.get("holder"), s.get("lastRenewTime")) == (4, None, None)  # granted and fenced twice
-    lease = kube.ok(kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/short-job"))["spec"]
-    assert lease.get("holderIdentity") is None and lease["leaseTransitions"] == 4
+    # The Lease is cleared right after the status write that ended the attempt (revocation order).
+    lease = eventually(lambda: (l := kube.ok(kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
+                                                      "short-job"))["spec"]).get("holderIdentity") is None and l,
+                       timeout=10, what="the lease cleared")
+    assert lease["leaseTransitions"] == 4
     for pod in ("short-job-a1", "short-job-a2"):
         assert kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}").status_code == 404
     eventually(lambda: {"PodRefused", "BackoffStarted", "Failed"} <= set(runs.events(kube, namespace, "short-job")),
