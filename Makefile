@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_WORKERS ?= 4
 export GOTOOLCHAIN := local
 
-.PHONY: help install browser release control-plane tools node kueue kind-image test layers unit sdk-test conformance chaos bench bench-queues demo cluster e2e-kind docs screenshots plugin install-plugin install-tools clean
+.PHONY: help install browser release control-plane tools node kueue kind-image test layers unit sdk-test conformance chaos bench bench-queues demo cluster e2e-kind docs screenshots plugin install-plugin install-tools crd-schema clean
 
 help:
 	@echo "make test           install, build the control plane (cached), run every test"
@@ -21,6 +21,7 @@ help:
 	@echo "make screenshots    the console's browser tests, saving docs/console-*.png (make test saves them outside the tree)"
 	@echo "make cluster        start a local control plane and print its KUBECONFIG (KUEUE=1: with Kueue)"
 	@echo "make docs           build the docs site (mkdocs --strict, outside the tree) and check every internal link"
+	@echo "make crd-schema     regenerate spec.template's pod schema in the WorkerRun CRDs (after a Kubernetes bump)"
 	@echo "make e2e-kind       a kind cluster from a node image built here: the chart, then the e2e suite on it"
 	@echo "make kind-image     build/cache kind and its node image (Kubernetes, CoreDNS, containerd from Go modules)"
 	@echo "make plugin         the kubectl-tether wheel and krew archive in dist/, with dist/tether.yaml (krew manifest)"
@@ -106,6 +107,10 @@ conformance: install control-plane $(SDK_TS)/node_modules/.installed
 DOCS_SITE ?= $(or $(TETHER_CACHE),/tmp)/tether-site
 docs: install
 	$(PY) hack/check_docs.py --site-dir $(DOCS_SITE)
+
+# spec.template's schema in crds/ and the chart's copy, from the pinned kube-apiserver's OpenAPI (started here).
+crd-schema: install control-plane
+	$(PY) hack/template_schema.py
 
 unit: install
 	$(PY) -m pytest -m unit -p no:cacheprovider -q tests/unit

@@ -29,10 +29,12 @@ from typing import Any
 import httpx
 
 from tether import __version__, orphans
+from tether.api.conditions import headline
 from tether.console.actions import CONTROLS, ActionError, control, record_decision
 from tether.kube import config as kubeconfig
 from tether.kube.client import ApiError, KubeClient, server_says
 from tether.kube.paths import lease_path, run_path
+from tether.protocol import holder_renewed
 
 
 # What each control command reports once the API server accepted it.
@@ -49,13 +51,18 @@ def _age(ts: str | None, now: dt.datetime) -> str:
 def status_lines(run: dict[str, Any], lease: dict[str, Any] | None, now: dt.datetime) -> list[str]:
     s = run.get("status") or {}
     meta = run["metadata"]
-    lines = [f"{meta['namespace']}/{meta['name']}: {s.get('phase', 'Pending')}  attempt {s.get('attempt', 0)}  "
-             f"fence {s.get('fence', 0)}  holder {s.get('holder') or '-'}"]
+    why = headline(s)
+    lines = [f"{meta['namespace']}/{meta['name']}: {s.get('phase', 'Pending')}{f' ({why[0]})' if why else ''}  "
+             f"attempt {s.get('attempt', 0)}  fence {s.get('fence', 0)}  holder {s.get('holder') or '-'}"]
+    if why:
+        lines.append(f"  {why[0]}: {why[1]}")  # what to fix comes before what the run holds
     if lease is not None:
         spec = lease.get("spec") or {}
-        # Only a held Lease says anything about a worker's liveness; an ended run's is released.
+        # Only a holder's own renewal says anything about a worker's liveness: an ended run's Lease
+        # is released, and a grant's renewTime is the operator's (a refused pod's worker never ran).
+        granted = f" (granted {_age(spec['acquireTime'], now)} ago)" if spec.get("acquireTime") else ""
         renewed = "not held" if not spec.get("holderIdentity") else \
-            "never renewed" if not spec.get("renewTime") else \
+            f"never renewed{granted}" if not holder_renewed(lease) else \
             f"renewed {_age(spec.get('renewTime'), now)} ago (worker clock)"
         lines.append(f"  lease: holder {spec.get('holderIdentity') or '-'}  fence {spec.get('leaseTransitions')}  "
                      f"{renewed}  duration {spec.get('leaseDurationSeconds')}s")

@@ -109,6 +109,17 @@ def lease_holder(lease: Mapping[str, Any] | None) -> tuple[str | None, int | Non
     return spec.get("holderIdentity"), spec.get("leaseTransitions")
 
 
+def holder_renewed(lease: Mapping[str, Any] | None) -> str | None:
+    """When the holder last renewed the Lease (its renewTime, on the worker's clock). None when
+    nobody holds it, or when its holder never renewed: a grant writes renewTime as its acquireTime,
+    and that is no sign of a worker (one whose pod was refused never ran)."""
+    spec = (lease or {}).get("spec") or {}
+    renewed = spec.get("renewTime")
+    if not spec.get("holderIdentity") or not renewed or renewed == spec.get("acquireTime"):
+        return None
+    return str(renewed)
+
+
 def controller_uid(obj: Mapping[str, Any] | None) -> str | None:
     """The UID of the WorkerRun that controls this object (its Lease, pod or Secret), if any."""
     for ref in ((obj or {}).get("metadata") or {}).get("ownerReferences") or []:

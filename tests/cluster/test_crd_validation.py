@@ -177,8 +177,8 @@ EDITS = {
         "value type": {"n": "1"},
     },
     "template": {
-        "key renamed": {"metadata": None, "metadatA": {"labels": {"app": "w"}}},
-        "key added": {"extra": {}},
+        "key renamed": {"metadata": {"labels": {"app": None, "App": "w"}}},
+        "key added": {"spec": {"nodeSelector": {"disk": "ssd"}}},  # (a key the pod's schema lacks is refused at apply)
         "key removed": {"metadata": None},
         "nested change": {"spec": {"containers": [{"name": "w", "image": "w:2", "command": ["w"]}]}},
     },
@@ -252,10 +252,11 @@ _NO_WORKER = "spec.template is required for executor Pod"
     {},  # executor defaults to Pod
     {"executor": "Pod", "template": {"metadata": {"labels": {"a": "b"}}}},
     {"executor": "Pod", "template": {"spec": {}}},
+    {"executor": "Pod", "template": {"spec": {"containers": []}}},  # (the pod's schema admits it)
     {"executor": "Pod", "template": {"spec": None}},
-], ids=["no-template", "default-executor", "no-spec", "no-containers", "null-spec"])
+], ids=["no-template", "default-executor", "no-spec", "no-containers", "empty-containers", "null-spec"])
 def test_a_pod_run_without_a_container_is_refused_at_apply(kube: Kube, namespace: str, spec: dict[str, Any]) -> None:
-    """Else it is accepted and sits in Starting forever, Stalled with the pod refused."""
+    """Else it is accepted, and every attempt's pod is refused (PodRefused)."""
     run = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": "r"},
            "spec": {"payload": {"n": 1}, **spec}}
     refused(kube.post(Kube.wr_path(namespace), run), _NO_WORKER, "executor External")
@@ -266,3 +267,67 @@ def test_a_pod_run_with_a_container_and_an_external_run_without_template_are_adm
     pod = {"containers": [{"name": "w", "image": "worker:1"}]}
     kube.ok(kube.post(Kube.wr_path(namespace), _run("pod", executor="Pod", template={"spec": pod})))
     kube.ok(kube.post(Kube.wr_path(namespace), _run("ext")))
+
+
+# --- issue 34: spec.template has the pod template's schema -------------------------------------------
+
+
+def _pod_run(name: str, pod: dict[str, Any]) -> dict[str, Any]:
+    return _run(name, executor="Pod", template={"spec": pod})
+
+
+def test_a_typo_in_the_template_is_refused_at_kubectl_apply(kube: Kube, namespace: str, bin_dir: Path,
+                                                           tmp_path: Path) -> None:
+    """The template was a map of any JSON: `contianers` was stored, and the pod API dropped it unsaid."""
+    import subprocess
+
+    manifest = tmp_path / "typo.yaml"
+    manifest.write_text(f"""apiVersion: tether.dev/v1alpha1
+kind: WorkerRun
+metadata: {{name: typo, namespace: {namespace}}}
+spec:
+  template:
+    spec:
+      containers: [{{name: w, image: "w:1"}}]
+      contianers: [{{name: w, image: "w:1"}}]
+""")
+    applied = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", kube.kubeconfig_path, "apply", "-f",
+                              str(manifest)], capture_output=True, text=True)
+    assert applied.returncode == 1, applied.stdout + applied.stderr
+    assert 'unknown field "spec.template.spec.contianers"' in applied.stderr, applied.stderr
+    assert kube.get(Kube.wr_path(namespace, "typo")).status_code == 404
+    # A client that does not ask for strict field validation: the unknown field is dropped (with a
+    # warning), and a template left without containers is refused for that.
+    resp = kube.post(Kube.wr_path(namespace), _pod_run("lax", {"contianers": [{"name": "w", "image": "w:1"}]}))
+    _refused(resp, _NO_WORKER)
+    warning = resp.headers.get("warning", "")
+    assert "unknown field" in warning and "spec.template.spec.contianers" in warning, resp.headers
+
+
+@pytest.mark.parametrize(("pod", "said"), [
+    ({"containers": [{"name": "w", "image": "w:1", "ports": [{"containerPort": "eighty"}]}]},
+     "spec.template.spec.containers[0].ports[0].containerPort"),
+    ({"containers": [{"name": "w", "image": "w:1", "imagePullPolicy": "Sometimes"}]},
+     "spec.template.spec.containers[0].imagePullPolicy"),
+    ({"containers": [{"name": "w", "image": "w:1", "resources": {"requests": {"cpu": "lots"}}}]},
+     "spec.template.spec.containers[0].resources.requests.cpu"),
+], ids=["type", "enum", "quantity"])
+def test_a_template_the_pod_schema_refuses_is_refused_at_apply(kube: Kube, namespace: str, pod: dict[str, Any],
+                                                              said: str) -> None:
+    _refused(kube.post(Kube.wr_path(namespace), _pod_run("r", pod)), said)
+
+
+def test_the_pod_schema_admits_what_a_pod_admits(kube: Kube, namespace: str) -> None:
+    """Numbers and strings for quantities (cpu: 0.5), names for ports, and the nulls Helm renders for
+    empty values (dropped, as a pod drops them)."""
+    container = {"name": "w", "image": "w:1", "env": None,
+                 "resources": {"requests": {"cpu": 0.5, "memory": "1Gi"}, "limits": {"cpu": 2}},
+                 "ports": [{"name": "http", "containerPort": 8080}],
+                 "readinessProbe": {"httpGet": {"port": "http", "path": "/"}}}
+    run = kube.ok(kube.post(Kube.wr_path(namespace), {**_pod_run("r", {"containers": [container]}),
+                                                      "metadata": {"name": "r"}}))
+    stored = run["spec"]["template"]["spec"]["containers"][0]
+    assert stored["resources"] == {"requests": {"cpu": 0.5, "memory": "1Gi"}, "limits": {"cpu": 2}}
+    assert stored["readinessProbe"]["httpGet"]["port"] == "http" and "env" not in stored
+    # No defaults are added: the template is stored as written (its digest pins a started run).
+    assert stored["ports"] == [{"name": "http", "containerPort": 8080}]

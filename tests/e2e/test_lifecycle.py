@@ -77,6 +77,51 @@ def test_exit_code_rule_fails_the_run(kube: Kube, namespace: str, operator) -> N
 
 
 @pytest.mark.local_cluster
+def test_a_refused_pod_backs_off_then_fails_the_run_pod_refused(kube: Kube, namespace: str,  # type: ignore[no-untyped-def]
+                                                                 operator) -> None:
+    """Issue 34: a template the CRD admits and the API server refuses at pod create (a container name
+    that is no DNS label: the pod's schema has no pattern for it, its validation does) used to leave
+    the run Starting, its lease held, until the startup grace passed. Each attempt now ends
+    PodRefused at once (fenced like any ended attempt), backs off, and the run fails PodRefused when
+    its attempts are used up, with no attempt ever shown as running or renewed."""
+    body = runs.example("short-job.yaml", lease={"startupGraceSeconds": 300},
+                        retry={"maxAttempts": 2, "backoff": {"initialSeconds": 3, "maxSeconds": 3, "factor": 1}})
+    body["spec"]["template"]["spec"]["containers"][0]["name"] = "Worker_1"
+    runs.create(kube, namespace, body)
+    seen: list[tuple[str, str]] = []
+
+    def finished() -> dict | None:
+        run = runs.get(kube, namespace, "short-job")
+        ready = runs.condition(run, "Ready") or {}
+        seen.append(((run.get("status") or {}).get("phase", ""), ready.get("reason", "")))
+        return run if seen[-1][0] == "Failed" else None
+
+    # Well within the startup grace (300 s): no lapse is what ended these attempts.
+    run = eventually(finished, timeout=60, interval=0.1, what="the run Failed")
+    s = run["status"]
+    assert ("Backoff", "PodRefused") in seen, seen  # the REASON column said why while it waited
+    assert "Running" not in {phase for phase, _ in seen}, seen
+    ready = runs.condition(run, "Ready")
+    refusal = 'spec.containers[0].name: Invalid value: "Worker_1"'
+    assert ready["reason"] == "PodRefused" and refusal in ready["message"], ready
+    assert runs.condition(run, "Failed")["reason"] == "PodRefused"
+    assert s["error"]["code"] == "PodRefused"
+    assert [a["outcome"] for a in s["attempts"]] == ["PodRefused", "PodRefused"]
+    assert all(refusal in a["message"] for a in s["attempts"]), s["attempts"]
+    assert (s["fence"], s.get("holder"), s.get("lastRenewTime")) == (4, None, None)  # granted and fenced twice
+    # The Lease is cleared right after the status write that ended the attempt (revocation order).
+    lease = eventually(lambda: (l := kube.ok(kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
+                                                      "short-job"))["spec"]).get("holderIdentity") is None and l,
+                       timeout=10, what="the lease cleared")
+    assert lease["leaseTransitions"] == 4
+    for pod in ("short-job-a1", "short-job-a2"):
+        assert kube.get(f"/api/v1/namespaces/{namespace}/pods/{pod}").status_code == 404
+    eventually(lambda: {"PodRefused", "BackoffStarted", "Failed"} <= set(runs.events(kube, namespace, "short-job")),
+               timeout=10, what="events")
+    assert sorted({e["pod"] for e in operator.events("pod_refused")}) == ["short-job-a1", "short-job-a2"]
+
+
+@pytest.mark.local_cluster
 def test_stop_is_signalled_and_cancels(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     runs.create(kube, namespace, runs.example("long-job.yaml"))
     runs.wait_phase(kube, namespace, "long-job", "Running", timeout=30)

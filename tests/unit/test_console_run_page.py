@@ -106,6 +106,42 @@ def test_stuck_runs_are_badged_on_the_runs_page() -> None:
     assert "stuck" not in views.run_row("", over) and "stuck" not in views.run_row("", done)
 
 
+# --- a refused pod (issue 34) ------------------------------------------------------------------------
+
+REFUSED = 'the API server refused pod job-a1: Pod "job-a1" is invalid: spec.containers: Required value'
+
+
+def test_a_grant_never_renewed_claims_no_liveness() -> None:
+    """The console said "lease renewed 103s ago" of a worker whose pod was refused: the grant's own
+    renewTime (its acquireTime) is no renewal."""
+    run = _run(phase="Starting", holder="job-a1", attempt=1, fence=1)
+    granted = _lease(renewed=103)
+    granted["spec"]["acquireTime"] = granted["spec"]["renewTime"]
+    row = views.run_row("", run, granted)
+    assert '<td class="lease">never renewed</td>' in row and "data-since" not in row
+    summary = views.run_fragments("", run, [], [], NOW, granted)["summary"]
+    assert "lease never renewed" in summary and "lease renewed" not in summary
+    assert _ts(103) not in summary
+
+
+def test_a_refused_pod_leads_the_run_page_and_is_badged() -> None:
+    run = _run(phase="Backoff", attempt=1, fence=2,
+               attempts=[{"attempt": 1, "fence": 1, "holder": "job-a1", "pod": "job-a1", "startedAt": _ts(20),
+                          "endedAt": _ts(20), "outcome": "PodRefused", "message": REFUSED}],
+               conditions=[_cond("Ready", "False", "PodRefused", f"attempt 2 in 10s after PodRefused: {REFUSED}"),
+                           _cond("Stalled", "False", "PodRefused")])
+    summary = views.run_fragments("", run, [], [], NOW, None)["summary"]
+    assert summary.startswith('<span class="why"><b>PodRefused</b>: attempt 2 in 10s after PodRefused: '
+                              'the API server refused pod job-a1: Pod &quot;job-a1&quot; is invalid'), summary
+    assert summary.index("PodRefused") < summary.index('id="phase"')
+    assert '>pod refused<' in views.run_row("", run)
+    assert "PodRefused" in details.attempts_table("", run, []) and "running" not in details.attempts_table("", run, [])
+    done = _run(phase="Failed", conditions=[_cond("Ready", "False", "PodRefused", f"2 of 2 attempts used; {REFUSED}")])
+    assert views.run_fragments("", done, [], [], NOW, None)["summary"].startswith('<span class="why"><b>PodRefused</b>')
+    quiet = _run(phase="Running", conditions=[_cond("Ready", "False", "Running", "job-a1 renewed its lease")])
+    assert 'class="why"' not in views.run_fragments("", quiet, [], [], NOW, None)["summary"]
+
+
 # --- the run page ------------------------------------------------------------------------------------
 
 

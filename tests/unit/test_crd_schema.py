@@ -21,12 +21,24 @@ def _walk(schema: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, An
         yield from _walk(schema["additionalProperties"], f"{path}{{}}")
 
 
+# spec.template is the pod template's own schema (hack/template_schema.py): its numbers are bounded by
+# the pod's validation when the attempt's pod is created (out of range: PodRefused), and the operator
+# does no arithmetic on them; its OpenAPI describes fields, not the items of their lists and maps.
+POD_TEMPLATE = ".spec.template."
+
+
+def _item_of_the_pods_own(path: str) -> bool:
+    """A list item or map value in the pod's schema: `kubectl explain` shows its field's description."""
+    return path.startswith(POD_TEMPLATE) and path.endswith(("[]", "{}"))
+
+
 @pytest.mark.parametrize("crd_file", CRDS, ids=[p.name for p in CRDS])
 def test_every_field_has_a_description(crd_file: Path) -> None:
     crd = yaml.safe_load(crd_file.read_text())
     for version in crd["spec"]["versions"]:
         root = version["schema"]["openAPIV3Schema"]
-        missing = [p for p, s in _walk(root, "") if p not in (".metadata",) and p and not s.get("description")]
+        missing = [p for p, s in _walk(root, "") if p not in (".metadata",) and p and not s.get("description")
+                   and not _item_of_the_pods_own(p)]
         assert not missing, f"{crd_file.name}: fields without description: {missing}"
 
 
@@ -53,7 +65,7 @@ def _numeric_fields(crd_file: Path) -> list[tuple[str, dict[str, Any]]]:
     crd = yaml.safe_load(crd_file.read_text())
     return [(p, s) for version in crd["spec"]["versions"]
             for p, s in _walk(version["schema"]["openAPIV3Schema"], "")
-            if s.get("type") in ("integer", "number")]
+            if s.get("type") in ("integer", "number") and not p.startswith(POD_TEMPLATE)]
 
 
 def _mentions(description: str, bound: int | float) -> bool:

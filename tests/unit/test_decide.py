@@ -23,6 +23,7 @@ from tether.core.decide import (
     LeaseObservation,
     Observed,
     PodObservation,
+    PodRefusal,
     ReleasePod,
     Revoke,
     WriteStatus,
@@ -221,6 +222,80 @@ def test_failed_attempts_follow_retry_rules(rules: list[dict[str, Any]], pod_obs
         assert s.error is not None and s.error.code == "Boom"
     if phase == Phase.BACKOFF:
         assert s.error is None
+
+
+# --- a refused pod (issue 34): an attempt that did not start ------------------------------
+
+REFUSED = 'Pod "job-a{n}" is invalid: spec.containers: Required value'
+
+
+def refusal(attempt: int = 1, fence: int | None = None) -> PodRefusal:
+    return PodRefusal(fence=fence if fence is not None else 2 * attempt - 1, pod=f"job-a{attempt}",
+                      message=REFUSED.format(n=attempt))
+
+
+@pytest.mark.parametrize(
+    ("attempt", "rules", "phase", "reason", "wake"),
+    [
+        (1, [], Phase.BACKOFF, "PodRefused", 10.0),  # backoff as after any ended attempt
+        (2, [], Phase.BACKOFF, "PodRefused", 20.0),
+        (3, [], Phase.FAILED, "PodRefused", None),  # maxAttempts 3 used up
+        (1, [{"action": "FailRun", "onReasons": ["PodRefused"]}], Phase.FAILED, "PodRefused", None),
+        (1, [{"action": "FailRun", "onReasons": ["PodFailed"]}], Phase.BACKOFF, "PodRefused", 10.0),
+    ],
+)
+def test_a_refused_pod_ends_its_attempt_at_once(attempt: int, rules: list[dict[str, Any]], phase: Phase,
+                                                reason: str, wake: float | None) -> None:
+    """Not after the startup grace, and not as LeaseLost: the holder never renewed, no pod exists."""
+    r = run({"retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 10, "maxSeconds": 60, "factor": 2},
+                       "rules": rules}}, status=held(attempt=attempt, phase="Starting"))
+    d = decide(replace(observe(r, lease(attempt=attempt, renewed=False), ()), pod_refusal=refusal(attempt)))
+    assert kinds(d.actions) == ["Revoke"] and d.actions[0].pods_to_delete == ()
+    s = status_of(d.actions)
+    assert (s.phase, s.holder, s.fence) == (phase, None, 2 * attempt)  # fenced as any ended attempt
+    record = s.attempts[-1]
+    assert record.outcome == Outcome.POD_REFUSED and record.ended_at == T0
+    assert REFUSED.format(n=attempt) in (record.message or "")
+    assert s.last_renew_time is None and s.lease_expires_at is None  # no liveness claimed
+    ready = next(c for c in s.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", reason) and REFUSED.format(n=attempt) in ready.message
+    assert cond(s, "LeaseHeld") == ("False", "PodRefused")
+    write = d.actions[0].status_write
+    assert write.ended == Outcome.POD_REFUSED
+    assert ("Warning", "PodRefused") in [(e.type, e.reason) for e in write.events]
+    if phase == Phase.FAILED:
+        assert cond(s, "Stalled") == ("True", "PodRefused") and cond(s, "Failed") == ("True", "PodRefused")
+        assert s.error is not None and s.error.code == "PodRefused" and s.next_attempt_at is None
+    else:
+        assert cond(s, "Stalled") == ("False", "PodRefused") and s.error is None
+        assert s.next_attempt_at == T0 + dt.timedelta(seconds=wake or 0) and d.requeue_after == wake
+
+
+@pytest.mark.parametrize(
+    ("status", "pods", "heard"),
+    [
+        # A refusal of an earlier grant says nothing of this one: its pod is created.
+        (held(attempt=2, phase="Starting"), (), refusal(attempt=1)),
+        # The pod exists after all (created by a later try): it speaks for the attempt.
+        (held(phase="Starting"), (pod(phase="Pending"),), refusal()),
+    ],
+    ids=["earlier-grant", "pod-exists"],
+)
+def test_a_refusal_ends_only_the_attempt_it_was_for(status: dict[str, Any], pods: tuple[PodObservation, ...],
+                                                   heard: PodRefusal) -> None:
+    attempt = int(status["attempt"])
+    d = decide(replace(observe(run(status=status), lease(attempt=attempt, renewed=False), pods), pod_refusal=heard))
+    assert "Revoke" not in kinds(d.actions)
+    assert kinds(d.actions) == ([] if pods else ["EnsurePod"])
+
+
+def test_a_stop_told_to_an_attempt_whose_pod_was_refused_ends_it_at_once() -> None:
+    """Nobody is there to stop: no stopGraceSeconds to wait out."""
+    asked = held(phase="Starting", stopRequestedAt=T0.isoformat())
+    d = decide(replace(observe(run({"stop": True, "stopGraceSeconds": 60}, status=asked), lease(renewed=False), (),
+                               now=T0 + dt.timedelta(seconds=1)), pod_refusal=refusal()))
+    s = status_of(d.actions)
+    assert s.phase == Phase.CANCELLED and s.attempts[-1].outcome == Outcome.CANCELLED
 
 
 def test_pod_exit_code_is_recorded() -> None:

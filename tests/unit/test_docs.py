@@ -7,27 +7,16 @@ link to nothing.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.support.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _checker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("check_docs", ROOT / "hack" / "check_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-check_docs = _checker()
+check_docs = load_script("hack/check_docs.py")
 
 
 @pytest.fixture(scope="module")

@@ -144,6 +144,40 @@ def test_status_claims_no_liveness_for_a_lease_nobody_holds_or_renewed() -> None
     assert not any(" - ago" in line for line in plugin.status_lines(_run({}), released, NOW))
 
 
+REFUSED = 'the API server refused pod job-a1: Pod "job-a1" is invalid: spec.containers: Required value'
+
+
+def _cond(type_: str, status: str, reason: str, message: str) -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": message}
+
+
+def test_status_leads_with_a_refused_pod_and_its_message() -> None:
+    """Issue 34: the run said `Starting` and only a condition at the bottom told why."""
+    status = {"phase": "Backoff", "attempt": 1, "fence": 2,
+              "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "PodRefused",
+                            "startedAt": "2026-12-06T11:59:50Z", "endedAt": "2026-12-06T11:59:50Z"}],
+              "conditions": [_cond("Ready", "False", "PodRefused", f"attempt 2 in 10s after PodRefused: {REFUSED}"),
+                             _cond("Stalled", "False", "PodRefused", "")]}
+    lines = plugin.status_lines(_run(status), None, NOW)
+    assert lines[:2] == ["ns/job: Backoff (PodRefused)  attempt 1  fence 2  holder -",
+                         f"  PodRefused: attempt 2 in 10s after PodRefused: {REFUSED}"]
+    failed = {"phase": "Failed", "conditions": [_cond("Ready", "False", "PodRefused", f"2 of 2 attempts used; {REFUSED}")]}
+    assert plugin.status_lines(_run(failed), None, NOW)[1] == f"  PodRefused: 2 of 2 attempts used; {REFUSED}"
+    # A phase that says it all gets no second line.
+    running = {"phase": "Running", "conditions": [_cond("Ready", "False", "Running", "job-a1 renewed its lease")]}
+    assert plugin.status_lines(_run(running), None, NOW)[1].startswith("  ATTEMPT")
+
+
+def test_a_grant_is_no_renewal() -> None:
+    """The grant writes renewTime (as its acquireTime): a worker whose pod never started did not renew."""
+    granted_at = (NOW - dt.timedelta(seconds=103)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {"spec": {"holderIdentity": "job-a1", "leaseTransitions": 1, "leaseDurationSeconds": 90,
+                      "acquireTime": granted_at, "renewTime": granted_at}}
+    lines = plugin.status_lines(_run({"phase": "Starting"}), lease, NOW)
+    assert "  lease: holder job-a1  fence 1  never renewed (granted 103.0s ago)  duration 90s" in lines, lines
+    assert not any("renewed 103" in line for line in lines)
+
+
 def test_status_shows_what_waits_for_a_person_and_the_result() -> None:
     status = {"phase": "AwaitingReview", "attempt": 2, "result": {"rows": 12},
               "review": {"requests": [

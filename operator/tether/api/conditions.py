@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from tether.api import constants as c
 from tether.api.models import Condition, Phase
@@ -71,3 +71,18 @@ def phase_conditions(conditions: list[Condition], phase: Phase, holder: str | No
         conds = set_condition(conds, c.COND_LEASE_HELD, "False", lease_reason or "NoHolder",
                               "nobody may execute the run now", generation, now)
     return conds
+
+
+def headline(status: Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """What a run's phase alone does not say, as (reason, message), for the places users look
+    first (kubectl tether status, the console's run page): Ready's reason when it is more telling
+    than the phase (PodRefused, WorkerPaused, BudgetNotFound, SpecChanged), else the reason of a
+    Stalled=True condition that is not the phase's (an object built from the spec was refused)."""
+    status = status or {}
+    phase = status.get("phase") or Phase.PENDING.value
+    conditions = [cd for cd in status.get("conditions") or [] if isinstance(cd, Mapping)]
+    for type_, wanted in ((c.COND_READY, None), (c.COND_STALLED, "True")):
+        cd = next((x for x in conditions if x.get("type") == type_), None)
+        if cd is not None and cd.get("reason") not in (None, "", phase) and wanted in (None, cd.get("status")):
+            return str(cd["reason"]), str(cd.get("message") or "")
+    return None

@@ -75,6 +75,7 @@ EV_BUDGET_EXCEEDED = "BudgetExceeded"
 EV_STOP_REQUESTED = "StopRequested"
 EV_STOP_WITHDRAWN = "StopWithdrawn"
 EV_PREEMPTED = "Preempted"
+EV_POD_REFUSED = "PodRefused"
 EV_STALLED = "Stalled"
 # The run's own review gates (spec.review); a worker's requests have lower-case names.
 GATE_START = "Start"

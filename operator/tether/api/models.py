@@ -76,6 +76,8 @@ class Outcome(str, Enum):
     # Kueue evicted the run's Workload (preemption, PodsReady timeout, a stopped queue): the worker
     # was told to yield and fenced; the run is queued again and this attempt uses up no retry.
     PREEMPTED = "Preempted"
+    # The API server refused the attempt's pod (an invalid template, a policy): it never started.
+    POD_REFUSED = "PodRefused"
 
 
 # --- spec -------------------------------------------------------------------

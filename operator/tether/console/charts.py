@@ -20,12 +20,13 @@ from tether.console.state import Point
 OUTCOME_COLOURS = {
     "Succeeded": "#2e7d32", "WorkerFailed": "#c62828", "PodFailed": "#ad1457", "PodVanished": "#6a1b9a",
     "LeaseLost": "#ef6c00", "Stalled": "#8d6e63", "Cancelled": "#757575", "BudgetExceeded": "#f9a825",
-    "DeadlineExceeded": "#4e342e", "ResultRejected": "#d81b60", "Preempted": "#00838f",
+    "DeadlineExceeded": "#4e342e", "ResultRejected": "#d81b60", "Preempted": "#00838f", "PodRefused": "#9e9d24",
 }
 RUNNING_COLOUR = "#1565c0"
 # Event reasons marked on the timeline: a write refused as stale, a refusal by the API server, a Lease
 # moved by someone else.
-EVENT_MARKS = {c.EV_RESULT_REJECTED: "stale result", c.EV_STALLED: "refused", c.REASON_LEASE_TAMPERED: "tampered"}
+EVENT_MARKS = {c.EV_RESULT_REJECTED: "stale result", c.EV_STALLED: "refused", c.EV_POD_REFUSED: "refused",
+               c.REASON_LEASE_TAMPERED: "tampered"}
 
 WIDTH, LEFT, RIGHT, ROW, TOP, AXIS = 760.0, 90.0, 20.0, 22.0, 8.0, 26.0
 

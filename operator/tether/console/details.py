@@ -10,7 +10,8 @@ from urllib.parse import quote, urlencode
 
 import yaml
 
-from tether.api.constants import COND_ADMITTED, COND_STALLED, LABEL_ATTEMPT
+from tether.api.constants import COND_ADMITTED, COND_READY, COND_STALLED, EV_POD_REFUSED, LABEL_ATTEMPT
+from tether.protocol import holder_renewed
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
 YAML_CHARS = 20_000  # of a spec or result shown whole: a page stays a page
@@ -22,15 +23,12 @@ def since(ts: str | None) -> str:
     return f'<span data-since="{escape(ts)}">{escape(ts)}</span>' if ts else "-"
 
 
-def lease_renewed(lease: dict[str, Any] | None) -> str | None:
-    """When the holder last renewed (the Lease's renewTime, the worker's clock); None when nobody holds it."""
-    spec = (lease or {}).get("spec") or {}
-    return spec.get("renewTime") if spec.get("holderIdentity") else None
-
-
 def lease_age(lease: dict[str, Any] | None) -> str:
-    renewed = lease_renewed(lease)
-    return f'<span class="lease-age" data-since="{escape(renewed)}">{escape(renewed)}</span>' if renewed else "-"
+    """How long ago the holder renewed, ticking; "never renewed" for a holder that has not (yet)."""
+    renewed = holder_renewed(lease)
+    if renewed is None:
+        return "never renewed" if ((lease or {}).get("spec") or {}).get("holderIdentity") else "-"
+    return f'<span class="lease-age" data-since="{escape(renewed)}">{escape(renewed)}</span>'
 
 
 def _phase(run: dict[str, Any]) -> str:
@@ -38,14 +36,17 @@ def _phase(run: dict[str, Any]) -> str:
 
 
 def stuck(run: dict[str, Any]) -> tuple[str, str] | None:
-    """(badge, why) for a run that will not move on by itself: Stalled=True, or waiting on a
-    WorkerBudget that does not exist."""
+    """(badge, why) for a run that will not move on by itself: Stalled=True, its attempts' pods
+    refused (it retries, but the same template is refused again), or waiting on a WorkerBudget
+    that does not exist."""
     if _phase(run) in TERMINAL:
         return None
     for cd in (run.get("status") or {}).get("conditions") or []:
         why = f'{cd.get("reason", "")}: {cd.get("message") or ""}'
         if cd.get("type") == COND_STALLED and cd.get("status") == "True":
             return "stalled", why
+        if cd.get("type") == COND_READY and cd.get("reason") == EV_POD_REFUSED:
+            return "pod refused", why
         if cd.get("type") == COND_ADMITTED and cd.get("status") == "False" and cd.get("reason") == "BudgetNotFound":
             return "no budget", why
     return None

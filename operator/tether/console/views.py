@@ -13,9 +13,11 @@ from urllib.parse import quote, urlencode
 
 from tether.console import charts
 from tether.console.actions import pending_requests
-from tether.console.details import (TERMINAL, attempts_table, lease_age, lease_renewed, result_view, since,
-                                    stuck_badge, what_starts, yaml_block)
+from tether.api.conditions import headline
+from tether.console.details import (TERMINAL, attempts_table, lease_age, result_view, since, stuck_badge, what_starts,
+                                    yaml_block)
 from tether.console.state import Point
+from tether.protocol import holder_renewed
 
 LeaseOf = Callable[[dict[str, Any]], "dict[str, Any] | None"]  # a run's Lease, as the scope sees it
 
@@ -157,10 +159,14 @@ def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], ev
     meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
     usage = status.get("usage") or {}
     phase = phase_of(run)
-    summary = (f'<span class="phase p-{escape(phase)}" id="phase">{escape(phase)}</span> attempt '
+    why = headline(status)
+    # Why it is where it is comes first (a refused pod, a missing budget), then what it holds.
+    summary = ((f'<span class="why"><b>{escape(why[0])}</b>: {escape(why[1])}</span><br>' if why else "")
+               + f'<span class="phase p-{escape(phase)}" id="phase">{escape(phase)}</span> attempt '
                f'{int(status.get("attempt") or 0)} · fence {int(status.get("fence") or 0)} · holder '
                f'{escape(status.get("holder") or "-")} · '
-               + (f'lease renewed {lease_age(lease)} · ' if lease_renewed(lease) else "")
+               + (f'lease renewed {lease_age(lease)} · ' if holder_renewed(lease) else
+                  'lease never renewed · ' if lease_age(lease) != "-" else "")
                + f'{int(usage.get("cents") or 0)} cents, {int(usage.get("tokens") or 0)} tokens'
                + (f' · budget {escape(budget_of(run))}' if budget_of(run) else "")
                + (f' · queue {escape(queue_of(run))}' if queue_of(run) else "")

@@ -20,7 +20,7 @@ from tether.controller.stamps import Stamps
 from tether.controller.snapshot import Snapshot, foreign_pod, lean_pod, lean_run, pod_observation
 from tether.controller.views import BudgetKey, PodView, RunKey, RunView
 from tether.core.actions import UsageAlarm
-from tether.core.observe import ForeignPod
+from tether.core.observe import ForeignPod, PodRefusal
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class RunCache:
         self.alarms: dict[RunKey, UsageAlarm] = {}  # usage at which a held run must be decided at once
         # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
         self.tool_claims_cleared: dict[str, int] = {}
+        # Run UID -> the API server's last refusal of one of its attempts' pods (decide ends that attempt).
+        self.pod_refusals: dict[str, PodRefusal] = {}
         # Run UID -> monotonic time this operator last saw its progress held (suspended, or asking).
         self.progress_held_at: dict[str, float] = {}
         self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen being deleted
@@ -205,6 +207,7 @@ class RunCache:
         """Everything kept of a run by its UID (the run itself is dropped by drop_run)."""
         self.leases.forget(uid)
         self.tool_claims_cleared.pop(uid, None)
+        self.pod_refusals.pop(uid, None)
         self.progress_held_at.pop(uid, None)
 
     def forget_key(self, key: RunKey) -> None:

@@ -21,6 +21,7 @@ from tether.controller.rbac import WorkerRbac
 from tether.controller.snapshot import Snapshot
 from tether.controller.sweeper import Feed
 from tether.controller.views import RunKey
+from tether.core.observe import PodRefusal
 from tether.core.actions import (
     Action,
     AnswerBudgetCheck,
@@ -248,9 +249,15 @@ class Executor:
         try:
             created = await self.refusable(self.kube.create_pod(pod), "PodRefused", ns)
             log_run("pod created", run, "pod_created", pod=action.name)
-        except SpecError:
+        except SpecError as exc:
             self.rbac.forget_namespace(ns)  # e.g. its worker ServiceAccount was deleted: made again next time
-            raise
+            if isinstance(exc.api_error, Forbidden) and exc.api_error.passing:
+                raise  # recorded (Stalled) and tried again: the same pod may be admitted later
+            # The attempt did not start: told to the core, whose next decision ends it (PodRefused).
+            message = exc.api_error.message[:1024]
+            self.cache.pod_refusals[snap.uid] = PodRefusal(fence=action.fence, pod=action.name, message=message)
+            log_run("pod refused", run, "pod_refused", logging.WARNING, pod=action.name, error=message)
+            raise Again("the attempt's pod was refused") from None
         except Conflict:
             # Same deterministic name: the pod from before a crash. Adopt it, if it is this run's.
             existing = await self.kube.get_pod(ns, action.name)

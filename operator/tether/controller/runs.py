@@ -115,6 +115,7 @@ class RunReconciler:
                         budget_checks=self.executor.queues.budget_checks,
                         run=run, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
                         tool_claims_cleared=self.cache.tool_claims_cleared.get(uid) == run.status.fence,
+                        pod_refusal=self.cache.pod_refusals.get(uid),
                         now=now, mono=mono, budget=await self.budgets.observe(run, now),
                         fold_interval=self.fold_interval, attempt_history=self.attempt_history,
                         api_available_since=self.kube.health.available_since,

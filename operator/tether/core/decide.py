@@ -80,14 +80,15 @@ from tether.core.observe import (
     LeaseObservation,
     Observed,
     PodObservation,
+    PodRefusal,
     current_lease,
 )
 
 __all__ = [
     "MAX_REQUEUE_SECONDS", "Action", "BudgetObservation", "Change", "ChargeBudget", "ClearLease", "Decision",
     "DeletePod", "DeleteRun", "EnsureLease", "EnsurePod", "EnsureSignals", "Event", "ForeignPod", "LeaseObservation",
-    "Observed", "PodObservation", "ReleaseCharge", "ReleasePod", "RemoveFinalizer", "Revoke", "UsageAlarm", "WriteStatus",
-    "after", "backoff_seconds", "decide", "desired_signals",
+    "Observed", "PodObservation", "PodRefusal", "ReleaseCharge", "ReleasePod", "RemoveFinalizer", "Revoke", "UsageAlarm",
+    "WriteStatus", "after", "backoff_seconds", "decide", "desired_signals",
 ]
 
 

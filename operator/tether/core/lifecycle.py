@@ -46,6 +46,7 @@ _TERMINAL_OUTCOMES = {
 }
 
 _OUTCOME_EVENT = {
+    Outcome.POD_REFUSED: c.EV_POD_REFUSED,
     Outcome.LEASE_LOST: c.EV_LEASE_LOST,
     Outcome.SUCCEEDED: c.EV_SUCCEEDED,
     Outcome.CANCELLED: c.EV_CANCELLED,
@@ -143,15 +144,22 @@ class Ending:
 
 def attempt_end(o: Observed, pod: PodObservation | None, stop: Stop | None) -> Ending | None:
     """What ended the current attempt, other than its lease: a result, a stop that was told and
-    is over (the worker stopped, or stopGraceSeconds passed), an error, or its pod."""
+    is over (the worker stopped, or stopGraceSeconds passed), an error, or its pod (refused by the
+    API server, deleted or exited)."""
     s = o.run.status
     if s.result is not None:
         return Ending(Outcome.SUCCEEDED, "the holder published its result")
+    # A refusal of this grant's pod (a pod that exists after all speaks for itself).
+    refusal = o.pod_refusal if pod is None and o.pod_refusal is not None and o.pod_refusal.fence == s.fence else None
     if stop is not None and s.stop_requested_at is not None and (
-            s.error is not None or (pod is not None and (pod.terminated or pod.deleting)) or o.now >= stop_due(o)):
+            s.error is not None or refusal is not None or (pod is not None and (pod.terminated or pod.deleting))
+            or o.now >= stop_due(o)):
         return Ending(stop.outcome, stop.reason, pod.exit_code if pod is not None else None)
     if s.error is not None:
         return Ending(Outcome.WORKER_FAILED, f"{s.error.code or 'error'}: {s.error.message or ''}".strip())
+    if refusal is not None:
+        # No worker ever ran: waiting out its startup grace would only claim a liveness nobody had.
+        return Ending(Outcome.POD_REFUSED, f"the API server refused pod {refusal.pod}: {refusal.message}")
     if pod is not None and pod.deleting:
         return Ending(Outcome.POD_VANISHED, f"pod {pod.name} was deleted")
     if pod is not None and pod.terminated:
@@ -336,8 +344,12 @@ class StatusBuilder:
             elif s.error is None:
                 s.error = ErrorInfo(code=outcome.value, message=message)
             return
+        # A refused pod is the template's fault, not the worker's: Ready's reason (the REASON
+        # column) says so through backoff and failure alike, with the API server's words.
+        shown = outcome.value if outcome == Outcome.POD_REFUSED else ""
         if not retry_allowed(run, outcome, exit_code):
-            self.fail(Phase.FAILED, f"retry rules end the run after {outcome.value}: {message}", outcome.value)
+            self.fail(Phase.FAILED, f"retry rules end the run after {outcome.value}: {message}", outcome.value,
+                      shown)
             return
         if outcome == Outcome.PREEMPTED:
             # Not a failure: back in the queue at once (Kueue's own requeue backoff applies).
@@ -351,12 +363,12 @@ class StatusBuilder:
         if used >= run.spec.retry.max_attempts:
             phase = Phase.LOST if outcome == Outcome.LEASE_LOST else Phase.FAILED
             self.fail(phase, f"{used} of {run.spec.retry.max_attempts} attempts used; last: "
-                             f"{outcome.value}: {message}", outcome.value)
+                             f"{outcome.value}: {message}", outcome.value, shown)
             return
         delay = backoff_seconds(run, used)
         s.next_attempt_at = after(self.o.now, delay)
-        self.set_phase(Phase.BACKOFF, f"attempt {s.attempt + 1} in {delay:g}s after {outcome.value}",
-                       lease_reason=outcome.value)
+        self.set_phase(Phase.BACKOFF, f"attempt {s.attempt + 1} in {delay:g}s after {outcome.value}: {message}",
+                       lease_reason=outcome.value, reason=shown)
         self.events.append(Event("Normal", c.EV_BACKOFF, f"next attempt in {delay:g}s"))
 
     def open_result_review(self) -> ReviewRequest | None:
@@ -389,11 +401,11 @@ class StatusBuilder:
             # that ends the run at the same time is in the phase and the attempt record).
             self.status.error = error
 
-    def fail(self, phase: Phase, message: str, code: str) -> None:
+    def fail(self, phase: Phase, message: str, code: str, reason: str = "") -> None:
         s = self.status
         if s.error is None:
             s.error = ErrorInfo(code=code, message=message)
-        self.set_phase(phase, message, lease_reason=code)
+        self.set_phase(phase, message, lease_reason=code, reason=reason)
         self.events.append(Event("Warning", phase.value, message))
 
     def exhaust_fences(self, message: str) -> None:

@@ -89,6 +89,16 @@ class PodObservation:
 
 
 @dataclass(frozen=True)
+class PodRefusal:
+    """The API server refused to create the pod of the grant at `fence` (422, or 403 by a policy):
+    that attempt never started. Its answer, as this operator last heard it."""
+
+    fence: int
+    pod: str
+    message: str
+
+
+@dataclass(frozen=True)
 class ApprovalObservation:
     """A WorkerRunApproval naming this run (by name; `run_uid` when it also names the UID)."""
 
@@ -139,6 +149,8 @@ class Observed:
     # Pods labelled for this run's name that another run controls: a deleted namesake's. Its
     # worker would own a holder of the same name while its token is accepted.
     foreign_pods: tuple["ForeignPod", ...] = ()
+    # The API server refused the pod of a grant (None: no refusal heard since this operator started).
+    pod_refusal: PodRefusal | None = None
     # This operator deleted the tool-claim Secrets of the run's ended attempts at its current fence.
     tool_claims_cleared: bool = False
     # WorkerRunApprovals in the namespace that name this run (review gates); None when they could

@@ -71,6 +71,13 @@ class Forbidden(ApiError):
     def namespace_terminating(self) -> bool:
         return "being terminated" in self.message
 
+    @property
+    def passing(self) -> bool:
+        """A refusal of the moment, not of the object: its namespace is being deleted, or a
+        ResourceQuota is used up (it frees as other pods end; kube-apiserver's quota admission
+        says "exceeded quota")."""
+        return self.namespace_terminating or "exceeded quota" in self.message
+
 
 class Unavailable(ApiError):
     """The API server did not answer usefully (transport error, timeout, 429, 5xx): try later."""
