@@ -86,13 +86,16 @@ def _store(blobs: Path, data: bytes) -> Blob:
 
 
 def _clamp_member(member: tarfile.TarInfo, epoch: int) -> tarfile.TarInfo:
-    member.mtime = min(int(member.mtime), epoch)
+    # Every time, earlier ones too: files copied from a checkout carry its times, which differ
+    # between two clones of one commit.
+    member.mtime = epoch
     member.pax_headers = {k: v for k, v in member.pax_headers.items() if k not in _TIME_PAX_KEYS}
     return member
 
 
 def _normalized_layer(source: BinaryIO, blobs: Path, epoch: int) -> tuple[Blob, str]:
-    """A layer with every time clamped to the epoch, gzipped without a timestamp: (blob, diff_id)."""
+    """A layer with every time set to the epoch, gzipped without a timestamp: (blob, diff_id). (The
+    gzip bytes are those of this Python's zlib: the same build host gives the same bytes.)"""
     with tempfile.TemporaryFile(dir=blobs) as raw:
         with tarfile.open(fileobj=source, mode="r|*") as src, \
                 tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as dst:

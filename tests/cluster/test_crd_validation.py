@@ -299,7 +299,7 @@ spec:
     # A client that does not ask for strict field validation: the unknown field is dropped (with a
     # warning), and a template left without containers is refused for that.
     resp = kube.post(Kube.wr_path(namespace), _pod_run("lax", {"contianers": [{"name": "w", "image": "w:1"}]}))
-    _refused(resp, _NO_WORKER)
+    refused(resp, _NO_WORKER)
     warning = resp.headers.get("warning", "")
     assert "unknown field" in warning and "spec.template.spec.contianers" in warning, resp.headers
 
@@ -314,7 +314,7 @@ spec:
 ], ids=["type", "enum", "quantity"])
 def test_a_template_the_pod_schema_refuses_is_refused_at_apply(kube: Kube, namespace: str, pod: dict[str, Any],
                                                               said: str) -> None:
-    _refused(kube.post(Kube.wr_path(namespace), _pod_run("r", pod)), said)
+    refused(kube.post(Kube.wr_path(namespace), _pod_run("r", pod)), said)
 
 
 def test_the_pod_schema_admits_what_a_pod_admits(kube: Kube, namespace: str) -> None:

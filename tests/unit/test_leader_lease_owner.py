@@ -43,3 +43,34 @@ def test_a_new_lease_is_created_owned() -> None:
 def test_outside_a_cluster_the_lease_has_no_owner() -> None:
     assert "ownerReferences" not in _elector(None)._body(None, 0)["metadata"]
     assert "ownerReferences" not in _elector(None)._body(_lease(None), 1)["metadata"]
+
+
+class _Leases:
+    """Enough of the client for one Lease that can be deleted under the elector (its owner deleted)."""
+
+    def __init__(self) -> None:
+        self.lease: dict | None = None
+        self.created = 0
+
+    async def get_lease(self, ns: str, name: str) -> dict | None:
+        return self.lease
+
+    async def create_lease(self, body: dict) -> dict:
+        self.created += 1
+        self.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": str(self.created)}}
+        return self.lease
+
+    async def replace_lease(self, body: dict) -> dict:
+        self.lease = body
+        return body
+
+
+def test_a_lease_deleted_while_held_ends_the_leadership_instead_of_being_made_again() -> None:
+    import asyncio
+
+    leases = _Leases()
+    elector = LeaderElector(leases, "tether-system", "tether-operator-leader", "pod-a_1", owner=OWNER)  # type: ignore[arg-type]
+    assert asyncio.run(elector.try_acquire_or_renew()) and elector.is_leader and leases.created == 1
+    leases.lease = None  # garbage-collected with the ServiceAccount: a new install's replica may lead now
+    assert not asyncio.run(elector.try_acquire_or_renew())
+    assert not elector.is_leader and leases.created == 1

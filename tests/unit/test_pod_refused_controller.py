@@ -69,7 +69,10 @@ def _passes(refusal: ApiError, count: int) -> tuple[RunController, RefusingKube,
 @pytest.mark.parametrize("refusal", [
     Invalid(422, _status(422, INVALID), "create pod"),
     Forbidden(403, _status(403, 'pods "job-a1" is forbidden: violates PodSecurity "restricted:latest"'), "create pod"),
-], ids=["invalid", "pod-security"])
+    Forbidden(403, _status(403, 'admission webhook "pods.example.com" denied the request: no latest tags'), "create pod"),
+    Forbidden(403, _status(403, 'pods "job-a1" is forbidden: ValidatingAdmissionPolicy \'no-hostpath\' with binding '
+                                '\'no-hostpath\' denied request: hostPath volumes are not allowed'), "create pod"),
+], ids=["invalid", "pod-security", "webhook", "policy"])
 def test_a_refused_pod_is_told_to_the_core_which_ends_its_attempt(refusal: ApiError) -> None:
     ctl, kube, ended = _passes(refusal, 2)
     # The grant's pass: refused, recorded, decided again at once; the next pass ends the attempt.
@@ -84,14 +87,21 @@ def test_a_refused_pod_is_told_to_the_core_which_ends_its_attempt(refusal: ApiEr
     assert "replace_lease None 2" in kube.calls  # revoked: the Lease cleared at the new fence
 
 
-def test_a_used_up_quota_is_no_refusal_of_the_attempt() -> None:
-    """It frees as other pods end: recorded (Stalled) and the pod tried again, as before."""
-    refusal = Forbidden(403, _status(403, 'pods "job-a1" is forbidden: exceeded quota: q, requested: pods=1, '
-                                          'used: pods=4, limited: pods=4'), "create pod")
+@pytest.mark.parametrize("message", [
+    'pods "job-a1" is forbidden: exceeded quota: q, requested: pods=1, used: pods=4, limited: pods=4',
+    'pods "job-a1" is forbidden: status unknown for quota: q, resources: pods',  # a quota not yet counted
+    'pods "job-a1" is forbidden: quota usage is negative for resource(s): [pods]',
+    'pods "job-a1" is forbidden: error looking up service account ns/tether-worker: serviceaccount "tether-worker" not found',
+    'pods is forbidden: User "system:serviceaccount:tether-system:tether" cannot create resource "pods"',
+], ids=["quota-used-up", "quota-unknown", "quota-negative", "account-missing", "operator-rbac"])
+def test_a_refusal_that_passes_on_its_own_is_no_refusal_of_the_attempt(message: str) -> None:
+    """Recorded (Stalled) and the pod tried again, as before: the quota frees as other pods end, the
+    worker account is made again, the operator's RBAC comes back. Only the pod itself refused ends it."""
+    refusal = Forbidden(403, _status(403, message), "create pod")
     ctl, kube, ended = _passes(refusal, 2)
     assert ended == [SpecError, SpecError] and "run-NEW" not in ctl.cache.pod_refusals
     status = ctl.cache.runs[KEY]["status"]
     assert status["holder"] == "job-a1" and status["attempts"][-1].get("outcome") is None
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
-    assert (stalled["status"], stalled["reason"]) == ("True", "PodRefused") and "exceeded quota" in stalled["message"]
+    assert (stalled["status"], stalled["reason"]) == ("True", "PodRefused") and message in stalled["message"]
     assert kube.calls.count("create_pod job-a1") == 2

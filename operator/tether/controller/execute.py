@@ -251,7 +251,7 @@ class Executor:
             log_run("pod created", run, "pod_created", pod=action.name)
         except SpecError as exc:
             self.rbac.forget_namespace(ns)  # e.g. its worker ServiceAccount was deleted: made again next time
-            if isinstance(exc.api_error, Forbidden) and exc.api_error.passing:
+            if isinstance(exc.api_error, Forbidden) and not exc.api_error.refuses_the_object:
                 raise  # recorded (Stalled) and tried again: the same pod may be admitted later
             # The attempt did not start: told to the core, whose next decision ends it (PodRefused).
             message = exc.api_error.message[:1024]

@@ -75,6 +75,12 @@ class LeaderElector:
         read_at = self.mono()  # after the answer: see _expired
         try:
             if current is None:
+                if self._renewed_at > float("-inf"):
+                    # Deleted while this replica led (its owner, the chart's ServiceAccount, was
+                    # deleted): another may have made it anew. Stop leading rather than make a second.
+                    self._renewed_at = float("-inf")
+                    log.warning("leader Lease deleted while held", extra={"event": "leader_lease_deleted"})
+                    return False
                 return await self._lead_by(self.kube.create_lease(self._body(None, 0)))
             spec = current.get("spec") or {}
             holder = spec.get("holderIdentity")

@@ -72,11 +72,14 @@ class Forbidden(ApiError):
         return "being terminated" in self.message
 
     @property
-    def passing(self) -> bool:
-        """A refusal of the moment, not of the object: its namespace is being deleted, or a
-        ResourceQuota is used up (it frees as other pods end; kube-apiserver's quota admission
-        says "exceeded quota")."""
-        return self.namespace_terminating or "exceeded quota" in self.message
+    def refuses_the_object(self) -> bool:
+        """The object itself is not allowed, whenever it is sent: Pod Security, an admission webhook or
+        a ValidatingAdmissionPolicy denied it. Any other 403 may pass on its own and is tried again: a
+        namespace being deleted, a used-up or not yet counted ResourceQuota, a ServiceAccount being
+        made again, the operator's own RBAC during an upgrade."""
+        m = self.message
+        return ("violates PodSecurity" in m or ("admission webhook" in m and "denied the request" in m)
+                or "ValidatingAdmissionPolicy" in m)
 
 
 class Unavailable(ApiError):
