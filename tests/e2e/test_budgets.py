@@ -235,7 +235,12 @@ def test_suspend_pauses_the_worker_and_resume_continues(kube: Kube, namespace: s
     lease = LEASES.format(ns=namespace) + "/long-job"
     cursor = lambda: (kube.ok(kube.get(lease))["metadata"].get("annotations") or {}).get("tether.dev/checkpoint")  # noqa: E731
     eventually(lambda: '"worker_paused"' in pod_log(namespace, "long-job-a1"), timeout=10, what="worker paused")
-    paused_at = cursor()
+    # The worker paused before step N, with steps up to N checkpointed; the last of them reaches the
+    # Lease on the next heartbeat, which may come after the log line. From then on, no progress.
+    paused = next(json.loads(line) for line in pod_log(namespace, "long-job-a1").splitlines()
+                  if '"worker_paused"' in line)
+    paused_at = eventually(lambda: (c := cursor()) == str(paused["step"]) and c, timeout=10,
+                           what=f"checkpoint {paused['step']} on the Lease")
     samples = []
     for _ in range(10):
         samples.append(cursor())
