@@ -282,8 +282,10 @@ class Case:
         (or, `direct`, on a path of its own to the gateway)."""
         url = self.gateway if direct else self.gateway_proxy.url
         # Like a worker pool that claims what is open: an attempt to claim exists (the operator
-        # admitted the run and granted it), so a refused claim is the worker's business.
-        self.wait(lambda: bool((self.run(name).get("status") or {}).get("holder")), 60, f"an open attempt of {name}")
+        # granted it: the status names a holder and the Lease, written after the status, names it
+        # too), so a refused claim is the worker's business. Between the two writes the gateway
+        # answers NotClaimable, which a compiled worker that starts in milliseconds would meet.
+        self.wait(lambda: self._claimable(name), 60, f"an open attempt of {name}")
         env = {**os.environ, "TETHER_GATEWAY_URL": url, "TETHER_GATEWAY_TOKEN_FILE":
                str(self.token_file), "TETHER_NAMESPACE": self.ns, "TETHER_RUN": name, "TETHER_WORKER_ID": worker_id}
         env.pop("KUBECONFIG", None)
@@ -347,10 +349,19 @@ class Case:
                 else None
         return self.wait(held, timeout, f"attempt {attempt} of {name} holding and renewing")
 
-    def _renewed(self, name: str, holder: str) -> bool:
+    def _lease_spec(self, name: str) -> dict[str, Any]:
         resp = self.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{self.ns}/leases/{name}")
-        spec = resp.json().get("spec", {}) if resp.status_code == 200 else {}
-        return spec.get("holderIdentity") == holder and bool(spec.get("renewTime"))
+        return resp.json().get("spec", {}) if resp.status_code == 200 else {}
+
+    def _claimable(self, name: str) -> bool:
+        holder = (self.run(name).get("status") or {}).get("holder")
+        return bool(holder) and self._lease_spec(name).get("holderIdentity") == holder
+
+    def _renewed(self, name: str, holder: str) -> bool:
+        """The holder's worker renewed: a grant writes renewTime equal to acquireTime."""
+        spec = self._lease_spec(name)
+        return spec.get("holderIdentity") == holder and bool(spec.get("renewTime")) \
+            and spec.get("renewTime") != spec.get("acquireTime")
 
     def worker_requests(self, holder: str) -> list[Sent]:
         """What the holder's worker sent through its proxy, oldest first (external: every worker

@@ -43,6 +43,17 @@ def run_cell(cluster: Cluster, cell: Cell) -> Cell:
         cell.reason = f"harness error: {exc!r}"
         (cell.workdir / "traceback.txt").write_text(traceback.format_exc())
     cell.seconds = time.monotonic() - started
+    if not cell.passed:
+        cell.reason += _log_tails(cell.workdir)
     print(f"{'pass' if cell.passed else 'FAIL'} {cell.worker.name:<10} {cell.scenario.name} ({cell.transport}) "
           f"{cell.seconds:.0f}s: {cell.reason}", flush=True)
     return cell
+
+
+def _log_tails(workdir: Path, lines: int = 8) -> str:
+    """The end of each worker's log: a CI run keeps the failure message, not the case's folder."""
+    tails = []
+    for log in sorted(workdir.glob("worker-*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        tails.append(f"\n--- {log.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "".join(tails)
