@@ -219,7 +219,8 @@ class LocalCluster:
             # the endpoint reconciler refuses; nothing here needs them.
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
-            "--profiling=false",
+            # TETHER_APISERVER_PROFILING=1: /debug/pprof for the admin (where a test run's CPU goes).
+            f"--profiling={'true' if os.environ.get('TETHER_APISERVER_PROFILING') == '1' else 'false'}",
             "--v=1",
             *audit_flags,
         ])

@@ -181,6 +181,8 @@ export class KubeTransport implements Transport {
     kc: KubeConfig,
     private readonly timeoutSeconds: number,
     private readonly log: (message: string, fields: Record<string, unknown>) => void = () => {},
+    // TP (protocol §3): a publication may take longer than the other calls; a test shortens it.
+    private readonly publicationTimeoutSeconds: number = PUBLICATION_TIMEOUT_SECONDS,
   ) {
     this.leases = kc.makeApiClient(CoordinationV1Api);
     this.objects = kc.makeApiClient(CustomObjectsApi);
@@ -313,7 +315,7 @@ export class KubeTransport implements Transport {
     const patch = fencedPatch(this.holder, this.fence, field, value, this.runUid);
     const answer = await this.call("PATCH status", () => this.objects.patchNamespacedCustomObjectStatus(
       { ...this.runRequest(), body: patch },
-      this.options({ contentType: PatchStrategy.JsonPatch, timeoutSeconds: PUBLICATION_TIMEOUT_SECONDS })));
+      this.options({ contentType: PatchStrategy.JsonPatch, timeoutSeconds: this.publicationTimeoutSeconds })));
     if (answer.ok) return true;
     if (tooLarge(answer.status, answer.text)) { // 413, or etcd's 500: never stored, however often sent
       throw new ResultInvalid(`the ${field} is too large: ${statusMessage(answer.text)}`);
@@ -332,7 +334,7 @@ export class KubeTransport implements Transport {
 
   async recorded(field: PublishField, value: unknown): Promise<boolean> {
     const answer = await this.call("GET run", () => this.objects.getNamespacedCustomObject(this.runRequest(),
-      this.options({ timeoutSeconds: PUBLICATION_TIMEOUT_SECONDS })));
+      this.options({ timeoutSeconds: this.publicationTimeoutSeconds })));
     if (!answer.ok) {
       if (answer.status === 404) return false;
       throw new Unanswered(`GET run answered ${answer.status}`, answer.status, retryAfterSeconds(answer.headers["retry-after"]));

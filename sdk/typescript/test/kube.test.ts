@@ -87,7 +87,8 @@ function writeToken(token: string): void {
 
 function transport(timeoutSeconds = 2): KubeTransport {
   const kc = loadKubeConfig({ env: { KUBECONFIG: path.join(dir, "kubeconfig") } });
-  return new KubeTransport("ns", "job", "job-a1", 1, "uid-1", kc, timeoutSeconds);
+  // The publication's own timeout (TP, 30 s) shortened alike: "no answer" waits it out.
+  return new KubeTransport("ns", "job", "job-a1", 1, "uid-1", kc, timeoutSeconds, () => {}, timeoutSeconds);
 }
 
 const puts = (): Seen[] => server.seen.filter((s) => s.method === "PUT");
