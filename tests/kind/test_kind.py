@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 import uuid
@@ -71,6 +72,11 @@ def kind() -> Iterator[Kind]:
         yield Kind(Kube(kubeconfig), f"{name}-control-plane", image, Path(release))
     finally:
         subprocess.run([str(kind_bin), "delete", "cluster", "--name", name], check=False)
+        # What the script keeps for this cluster in the cache (its release alone is 200 MB).
+        kind_cache = kind_bin.parent.parent.parent
+        for leftover in (f"{name}-release", f"{name}-audit"):
+            shutil.rmtree(kind_cache / leftover, ignore_errors=True)
+        (kind_cache / f"{name}.kubeconfig").unlink(missing_ok=True)
 
 
 @pytest.fixture
