@@ -70,6 +70,10 @@ class GatewayProxy:
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
+        # One client for every forwarded request: a one-shot httpx.post builds an SSL context (the
+        # system's CA bundle) per request, which was a conformance cell's largest CPU cost. No
+        # keep-alive, so each request still reaches the gateway on a connection of its own.
+        self._upstream = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
         self._open = threading.Event()
         self._open.set()
         self._fault: tuple[int, int] | None = None  # (status, retry-after)
@@ -107,7 +111,7 @@ class GatewayProxy:
                     status, content, headers = answer[1], answer[2], {"Content-Type": answer[3]}
                 else:
                     try:
-                        resp = httpx.post(outer.upstream + self.path, content=body, timeout=30, headers={
+                        resp = outer._upstream.post(outer.upstream + self.path, content=body, headers={
                             k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")})
                     except httpx.HTTPError:
                         self.close_connection = True
@@ -175,6 +179,7 @@ class GatewayProxy:
         self.heal()
         self.server.shutdown()
         self.server.server_close()
+        self._upstream.close()
 
 
 @dataclass
@@ -220,7 +225,11 @@ class Case:
                                         extra_env={"TETHER_FOLD_INTERVAL_SECONDS": "1"},
                                         extra_args=[f"--gateway-port={port}", "--gateway-host=127.0.0.1"]).start()
         self._cleanup.append(self.operator.stop)
-        eventually(self._gateway_up, timeout=60, what="the operator's gateway")
+        probe = httpx.Client(timeout=2)  # (one SSL context for the polls, not one per poll)
+        try:
+            eventually(lambda: self._gateway_up(probe), timeout=60, what="the operator's gateway")
+        finally:
+            probe.close()
         if self.transport == GATEWAY:
             self.gateway_proxy = GatewayProxy(self.gateway)
             self._cleanup.append(self.gateway_proxy.close)
@@ -229,9 +238,9 @@ class Case:
             self.token_file.write_text(token)
         return self
 
-    def _gateway_up(self) -> bool:
+    def _gateway_up(self, probe: httpx.Client) -> bool:
         try:
-            return httpx.get(self.gateway + "/healthz", timeout=2).status_code < 500
+            return probe.get(self.gateway + "/healthz").status_code < 500
         except httpx.HTTPError:
             return False
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
-import yaml
 
 from tests.cluster.test_approvals import APPROVALS
 from tests.support.kube import Kube, refused
+from tether.devcluster.crds import read_crd
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 BUDGETS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerbudgets"
@@ -29,7 +29,7 @@ def _rules(schema: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def crd_rules() -> list[str]:
     """The message of every CEL rule in crds/, folded to one line."""
     return [" ".join(rule["message"].split()) for path in sorted(CRDS.glob("*.yaml"))
-            for version in yaml.safe_load(path.read_text())["spec"]["versions"]
+            for version in read_crd(path)["spec"]["versions"]
             for rule in _rules(version["schema"]["openAPIV3Schema"])]
 
 

@@ -7,14 +7,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hypothesis import strategies as st
+
+from tether.devcluster.crds import read_crd
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
 
 def openapi_schema(crd_file: str) -> dict[str, Any]:
-    crd = yaml.safe_load((CRDS / crd_file).read_text())
+    crd = read_crd(CRDS / crd_file)
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 

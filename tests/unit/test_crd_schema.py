@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import yaml
+
+from tether.devcluster.crds import read_crd
 
 CRDS = sorted((Path(__file__).parents[2] / "crds").glob("*.yaml"))
 
@@ -34,7 +35,7 @@ def _item_of_the_pods_own(path: str) -> bool:
 
 @pytest.mark.parametrize("crd_file", CRDS, ids=[p.name for p in CRDS])
 def test_every_field_has_a_description(crd_file: Path) -> None:
-    crd = yaml.safe_load(crd_file.read_text())
+    crd = read_crd(crd_file)
     for version in crd["spec"]["versions"]:
         root = version["schema"]["openAPIV3Schema"]
         missing = [p for p, s in _walk(root, "") if p not in (".metadata",) and p and not s.get("description")
@@ -50,7 +51,7 @@ def test_every_schema_says_only_what_a_schema_can_hold(crd_file: Path) -> None:
     from kubernetes.client import V1JSONSchemaProps
 
     allowed = set(V1JSONSchemaProps.attribute_map.values())
-    crd = yaml.safe_load(crd_file.read_text())
+    crd = read_crd(crd_file)
     for version in crd["spec"]["versions"]:
         unknown = {p: sorted(set(s) - allowed) for p, s in _walk(version["schema"]["openAPIV3Schema"], "")
                    if set(s) - allowed}
@@ -62,7 +63,7 @@ def test_crds_exist() -> None:
 
 
 def _numeric_fields(crd_file: Path) -> list[tuple[str, dict[str, Any]]]:
-    crd = yaml.safe_load(crd_file.read_text())
+    crd = read_crd(crd_file)
     return [(p, s) for version in crd["spec"]["versions"]
             for p, s in _walk(version["schema"]["openAPIV3Schema"], "")
             if s.get("type") in ("integer", "number") and not p.startswith(POD_TEMPLATE)]
@@ -102,7 +103,7 @@ def _shown(value: Any) -> str:
 def test_every_default_is_said_where_kubectl_explain_shows_it(crd_file: Path) -> None:
     """`kubectl explain` prints descriptions, not the schema's `default`: a field's default must be
     in its description, or the user never learns that the lease is 90/30/120 unless set."""
-    crd = yaml.safe_load(crd_file.read_text())
+    crd = read_crd(crd_file)
     unsaid = [p for version in crd["spec"]["versions"]
               for p, s in _walk(version["schema"]["openAPIV3Schema"], "")
               if "default" in s and not isinstance(s["default"], dict)

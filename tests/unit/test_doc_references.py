@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tether.devcluster.crds import read_crd
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +34,7 @@ def test_every_readme_section_and_docs_page_named_exists() -> None:
 
 def test_sample_kubectl_get_output_has_the_crds_columns() -> None:
     """A README or docs sample of `kubectl get wr` shows the columns kubectl prints (it lacked QUEUE)."""
-    import yaml
-    crd = yaml.safe_load((ROOT / "crds" / "workerruns.tether.dev.yaml").read_text())
+    crd = read_crd(ROOT / "crds" / "workerruns.tether.dev.yaml")
     columns = ["NAME", *[c["name"].upper() for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]
                          if not c.get("priority")]]
     samples = [(path, line.split()) for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -6,12 +6,12 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
 from tether.api.models import WorkerRunSpec, WorkerRunStatus
+from tether.devcluster.crds import read_crd
 
-CRD = yaml.safe_load((Path(__file__).parents[2] / "crds" / "workerruns.tether.dev.yaml").read_text())
+CRD = read_crd(Path(__file__).parents[2] / "crds" / "workerruns.tether.dev.yaml")
 SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
 
 
