@@ -13,17 +13,26 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 _VALIDITY = dt.timedelta(days=7)
+
+
+PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
 
 
 def _key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
+def _leaf_key() -> ec.EllipticCurvePrivateKey:
+    """Leaf keys are P-256: an RSA key took 50-200 ms of CPU to generate, and the tests issue one
+    for every proxy and user they make (a conformance cell: several)."""
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem_key(key: PrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.TraditionalOpenSSL,
@@ -90,7 +99,7 @@ class CertificateAuthority:
         self.pair = pair
         return self
 
-    def _write(self, stem: str, cert: x509.Certificate, key: rsa.RSAPrivateKey) -> CertPair:
+    def _write(self, stem: str, cert: x509.Certificate, key: PrivateKey) -> CertPair:
         cert_path = self.directory / f"{stem}.crt"
         key_path = self.directory / f"{stem}.key"
         cert_path.write_bytes(_pem_cert(cert))
@@ -107,7 +116,7 @@ class CertificateAuthority:
         ips: tuple[str, ...] = (),
     ) -> CertPair:
         """A leaf certificate; a server's names loopback, the in-cluster DNS names and `ips`."""
-        key = _key()
+        key = _leaf_key()
         now = dt.datetime.now(dt.timezone.utc)
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
