@@ -149,7 +149,8 @@ def test_the_pod_lands_where_the_flavor_says(kube: Kube, namespace: str, operato
     assert attempt["admission"]["flavors"] == {"cpu": flavor}
     assert attempt["admission"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
     # The pod as the API server stored it (the audit log), not as the operator remembers it.
-    pods = [r for r in AuditLog.from_env().read() if r.verb == "create" and r.accepted and r.about("pods", namespace)]
+    pods = [r for r in AuditLog.from_env(namespace=namespace).read()
+            if r.verb == "create" and r.accepted and r.about("pods", namespace)]
     assert pods, "no pod creation in the audit log"
     for r in pods:
         assert r.response_object is not None
@@ -203,7 +204,7 @@ def test_a_higher_priority_run_preempts_a_running_one_that_yields_and_resumes(  
     # Judged from the audit log: no write of the evicted attempt accepted after its fence moved,
     # one pod per attempt, nothing stuck.
     final = [runs.get(kube, namespace, n) for n in ("low", "high")]
-    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=final))
+    verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=final))
     assert verdict.ok, verdict.violations
 
 
@@ -307,7 +308,7 @@ def test_among_equal_priorities_kueue_evicts_the_run_that_checkpointed_last(  # 
     assert _evictions(by_run["recent"]) >= 1 and _evictions(by_run["stale"]) == 0, by_run
     assert done["recent"]["status"]["attempts"][0]["outcome"] == "Preempted"
     assert [a.get("outcome") for a in done["stale"]["status"]["attempts"]] == ["Cancelled"]
-    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=list(done.values())))
+    verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=list(done.values())))
     assert verdict.ok, verdict.violations
 
 
@@ -455,7 +456,7 @@ def test_a_run_past_its_maximum_execution_time_yields_and_stays_queued_deactivat
     runs.wait_phase(kube, namespace, "next", "Succeeded", timeout=120)
     assert runs.get(kube, namespace, "capped")["status"]["attempt"] == 1  # and it did not start again
     final = [runs.get(kube, namespace, n) for n in ("capped", "next")]
-    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=final))
+    verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=final))
     assert verdict.ok, verdict.violations
 
 
@@ -513,7 +514,7 @@ def test_a_tenant_borrows_idle_quota_from_its_cohort_and_gives_it_back_by_yieldi
     assert b["admission"]["clusterQueue"] == cq_b
     assert _time(first["endedAt"]) <= _time(b["startedAt"])  # b ran on its own quota, given back
     assert {done_a[n]["status"]["attempts"][-1]["admission"]["clusterQueue"] for n in done_a} == {cq_a}
-    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=[
+    verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=[
         *done_a.values(), done_b]))
     assert verdict.ok, verdict.violations
 
@@ -555,7 +556,7 @@ def test_a_worker_that_ignores_the_yield_is_fenced_and_killed_after_its_grace(  
         assert second["fence"] > first["fence"]
         assert [(e.attempt, e.fence) for e in receiver.accepted()] == [(2, second["fence"])]
         assert all(e.fence == first["fence"] for e in receiver.refused())
-        verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=[
+        verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=[
             done, runs.get(kube, namespace, "high")]))
         assert verdict.ok, verdict.violations
     finally:
@@ -603,7 +604,7 @@ def test_with_kueue_down_and_restarted_running_runs_go_on_and_queued_ones_wait( 
     assert [a["outcome"] for a in done["running"]["status"]["attempts"]] == ["Succeeded"]
     spans = sorted((_started(r), _time(r["status"]["attempts"][0]["endedAt"])) for r in done.values())
     assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), spans  # one at a time
-    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=list(done.values())))
+    verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=list(done.values())))
     assert verdict.ok, verdict.violations
 
 
@@ -724,7 +725,7 @@ def test_kueue_evicts_a_run_whose_worker_never_renews_and_never_one_whose_worker
             kube.ok(kube.patch(Kube.wr_path(namespace, name), {"spec": {"stop": True}}))
         final = [runs.wait_phase(kube, namespace, name, "Cancelled", timeout=60) for name in ("silent", "crasher")]
         final.append(done)
-        verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=final))
+        verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=final))
         assert verdict.ok, verdict.violations
     finally:
         _start_kueue(kube, kueue, argv)
@@ -754,5 +755,5 @@ def test_fair_sharing_gives_a_tenant_its_share_of_a_pool_another_filled(  # type
     assert "Fair Sharing within the cohort" in done_a[preempted[0]]["status"]["attempts"][0]["message"]
     first = done_a[preempted[0]]["status"]["attempts"][0]
     assert _time(first["endedAt"]) <= _started(done_b)
-    verdict = judge(AuditLog.from_env().read(), TrialFacts(namespace=namespace, runs=[*done_a.values(), done_b]))
+    verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=[*done_a.values(), done_b]))
     assert verdict.ok, verdict.violations

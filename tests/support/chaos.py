@@ -51,7 +51,7 @@ import yaml
 from tether.devcluster import pki
 from tests.support import chaos_models, chaos_queues
 from tests.support.apiproxy import ApiProxy, Gate
-from tests.support.audit import AuditRecord
+from tests.support.audit import AuditRecord, parse_lines
 from tests.support.kube import Kube
 from tests.support.operator_process import OperatorProcess
 from tests.support.oracle import LEADERSHIP_SLACK, TERMINAL, TrialFacts, Verdict, judge
@@ -354,18 +354,9 @@ def read_audit_to_end(path: Path, offset: int, namespace: str) -> tuple[list[Aud
         f.seek(offset)
         data = f.read()
     data = data[: data.rfind(b"\n") + 1]  # the API server may be writing the last line
-    needle = f'"namespace":"{namespace}"'.encode()
-    records, raw = [], []
-    for line in data.splitlines():
-        if needle not in line:
-            continue  # cheap: most of a shared cluster's log is about other namespaces
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue  # a line cut by the offset: written before the trial's namespace existed
-        if doc.get("stage") == "ResponseComplete" and (doc.get("objectRef") or {}).get("namespace") == namespace:
-            records.append(AuditRecord.parse(doc))
-            raw.append(line.decode())
+    # (cut: a line cut by the offset was written before the trial's namespace existed)
+    parsed = list(parse_lines(data, namespace, cut=True))
+    records, raw = [r for r, _ in parsed], [line.decode() for _, line in parsed]
     return records, raw, offset + len(data)
 
 
