@@ -8,11 +8,15 @@ WORKDIR /src
 # Reproducible bytes (make release): with SOURCE_DATE_EPOCH set, pip compiles hash-checked .pyc files
 # instead of ones stamped with the install's time.
 ENV SOURCE_DATE_EPOCH=315532800
-RUN python -m venv /opt/tether
-COPY pyproject.toml README.md ./
+RUN python -m venv /opt/tether && /opt/tether/bin/pip install --no-cache-dir --upgrade pip
+# The dependencies first, named by pyproject.toml alone: a build after a source change reuses this layer.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['otel']))" > /tmp/requirements.txt \
+ && /opt/tether/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+COPY README.md ./
 COPY operator ./operator
-RUN /opt/tether/bin/pip install --no-cache-dir --upgrade pip \
- && /opt/tether/bin/pip install --no-cache-dir '.[otel]'
+RUN /opt/tether/bin/pip install --no-cache-dir --no-deps .
 
 FROM ${BASE}
 # (useradd stamps /etc/shadow with the day it ran unless SOURCE_DATE_EPOCH says otherwise.)

@@ -81,8 +81,15 @@ OLDEST_TESTS ?= tests/cluster/test_admission_policy.py tests/cluster/test_approv
 # main pass's): the main pass spends most of its time waiting on leases and intervals, not on the CPU.
 OLDEST_WORKERS ?= 2
 OLDEST_LOG := .tether/test-oldest.log
-test: install browser control-plane tools node kueue kind-image sdk-test layers
+# The SDKs' own tests run beside the installs and builds (mostly one core each: pip, docker build),
+# and their output is printed once those are done.
+SDK_LOG := .tether/sdk-test.log
+test:
 	@mkdir -p .tether; \
+	$(MAKE) --no-print-directory sdk-test > $(SDK_LOG) 2>&1 & sdk=$$!; \
+	$(MAKE) --no-print-directory install browser control-plane tools node kueue kind-image layers; built=$$?; \
+	wait $$sdk; sdk=$$?; echo "=== make sdk-test"; cat $(SDK_LOG); \
+	test $$built = 0 && test $$sdk = 0 || exit 1; \
 	TETHER_TEST_KUBERNETES=oldest $(PY) -m pytest -n $(OLDEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra \
 		--durations=10 $(OLDEST_TESTS) > $(OLDEST_LOG) 2>&1 & oldest=$$!; \
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra; main=$$?; \
