@@ -91,7 +91,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
     own_signals()
     tracing.configure()  # OTEL_* environment; off (no SDK loaded) unless an exporter is configured
     # tether_leader: 0 from the first scrape until this replica holds the Lease (with an election).
-    metrics.STATE.is_leader = not args.leader_elect
+    metrics.LEADER.set(0 if args.leader_elect else 1)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     # Liveness from the first moment, not kopf's (it starts with kopf, after leadership): a
@@ -117,7 +117,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
                 await gateway.stop()
             log.info("stopped before leadership", extra={"event": "operator_stopped"})
             return 0
-        metrics.STATE.is_leader = True
+        metrics.LEADER.set(1)
     settings = handlers.Settings(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles,
                                  event_qps=args.event_qps, event_burst=2 * max(1, int(args.event_qps)),
                                  worker_identity=args.worker_identity, attempt_history=args.attempt_history)
@@ -131,13 +131,14 @@ async def _run_operator(args: argparse.Namespace) -> int:
     # Created before kopf starts, so kopf's shutdown leaves it to us (it waits on tasks born later).
     holding = asyncio.create_task(elector.hold()) if elector is not None else None
     ready = asyncio.Event()
+    memo = handlers.memo(settings)
     operator = asyncio.create_task(kopf.operator(
         standalone=True,  # HA is the Lease-based election above, not kopf peering
         clusterwide=not namespaces,
         namespaces=namespaces,
         stop_flag=stopping,
         ready_flag=ready,
-        memo=handlers.memo(settings),
+        memo=memo,
     ))
 
     async def until_first(*tasks: "asyncio.Future[Any]") -> None:
@@ -165,8 +166,8 @@ async def _run_operator(args: argparse.Namespace) -> int:
         if elector is not None:
             # kopf has stopped every handler: hand the Lease over now rather than after it lapses.
             await elector.release()
-        # Leading no more: tether_leader 0, and no fleet gauges from a controller that stopped.
-        metrics.STATE.is_leader, metrics.STATE.controller = False, None
+        metrics.LEADER.set(0)  # leading no more
+        handlers.stop_exporting(memo)
         if gateway is not None:
             await gateway.stop()
         if liveness is not None:
@@ -261,6 +262,9 @@ class _Gateway:
 
         import uvicorn
 
+        from starlette.routing import Mount
+
+        from tether.console.app import build_gateway_console
         from tether.gateway.app import build_app
         from tether.kube import config as kubeconfig
         from tether.kube.client import KubeClient
@@ -271,7 +275,11 @@ class _Gateway:
                 yield  # uvicorn would re-raise SIGTERM on exit, which PID 1 ignores
 
         # A short timeout: a caller waiting on an unreachable API server gets 503 + Retry-After soon.
-        app = build_app(KubeClient(kubeconfig.load(), timeout=5.0), audience=args.gateway_audience or None)
+        kube = KubeClient(kubeconfig.load(), timeout=5.0)
+        # The shared web console (docs/console.md): each user signs in with their own bearer token,
+        # and the console calls the API server with that token only.
+        app = build_app(kube, audience=args.gateway_audience or None,
+                        mounts=[Mount("/console", build_gateway_console(kube))])
         config = uvicorn.Config(app, host=args.gateway_host, port=args.gateway_port, log_level="warning",
                                 lifespan="off", ssl_certfile=args.gateway_tls_cert or None,
                                 ssl_keyfile=args.gateway_tls_key or None,

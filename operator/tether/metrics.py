@@ -9,15 +9,12 @@ between scrapes.
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from prometheus_client import (GCCollector, CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
                                ProcessCollector, start_http_server)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from tether.controller.controller import RunController
 
 REGISTRY = CollectorRegistry()
 # What every Prometheus exporter has: process_* (RSS is the first limit the benchmarks reach),
@@ -104,52 +101,56 @@ WORKQUEUE_WORK_DURATION = Histogram("workqueue_work_duration_seconds", "How long
                                     ["name"], registry=REGISTRY, buckets=_QUEUE_BUCKETS)
 
 
-class _Queue(Protocol):
-    def __len__(self) -> int: ...
+# tether_leader: 1 while this replica is the active leader (the operator sets it as leadership changes).
+LEADER = Gauge("tether_leader", "1 while this replica is the active leader.", registry=REGISTRY)
 
-    def in_progress(self) -> list[float]: ...
-
-
-class _State:
-    """What the computed gauges read: the controller (None until it starts), leadership, and
-    the work queues by name."""
-
-    def __init__(self) -> None:
-        self.controller: RunController | None = None
-        self.is_leader: bool = False  # the operator sets it: at once without an election, else once leading
-        self.queues: dict[str, _Queue] = {}
+# client-go's workqueue gauges, computed at scrape time from each queue (workqueue.py binds them).
+WORKQUEUE_DEPTH = Gauge("workqueue_depth", "Keys waiting in the work queue.", ["name"], registry=REGISTRY)
+WORKQUEUE_UNFINISHED = Gauge("workqueue_unfinished_work_seconds", "Seconds of work in progress not yet done, "
+                             "summed over the keys being processed.", ["name"], registry=REGISTRY)
+WORKQUEUE_LONGEST = Gauge("workqueue_longest_running_processor_seconds", "Seconds the longest-running key has "
+                          "been in process.", ["name"], registry=REGISTRY)
 
 
-STATE = _State()
+class Fleet(Protocol):
+    """What the fleet gauges read from a running controller, at scrape time."""
+
+    def phase_counts(self) -> dict[tuple[str, str], int]: ...
+
+    def pending_approvals(self) -> dict[tuple[str, str], tuple[int, float | None]]: ...
+
+    def heartbeat_ages(self) -> list[tuple[str, str, float]]: ...
+
+    def api_available(self) -> bool: ...
+
+    def budget_bodies(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """A snapshot of the cached WorkerBudgets, taken in one step."""
+        ...
+
 
 Samples = Iterable[tuple[list[str], float]]
 
 
 class _Computed(Collector):
-    """One gauge family computed from the controller at scrape time. It is described, so a scrape
-    that asks for other names (`/metrics?name[]=...`) does not compute it: the per-run family is
-    5,000 series at 5,000 runs."""
+    """One gauge family computed from the fleet at scrape time. It is described, so a scrape that
+    asks for other names (`/metrics?name[]=...`) does not compute it: the per-run family is 5,000
+    series at 5,000 runs."""
 
-    def __init__(self, name: str, doc: str, labels: list[str], samples: Callable[[RunController], Samples],
-                 always: Callable[[], Samples] | None = None) -> None:
-        self.name, self.doc, self.labels, self.samples, self.always = name, doc, labels, samples, always
+    def __init__(self, name: str, doc: str, labels: list[str], samples: Callable[[], Samples]) -> None:
+        self.name, self.doc, self.labels, self.samples = name, doc, labels, samples
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(self.name, self.doc, labels=self.labels)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(self.name, self.doc, labels=self.labels)
-        ctl = STATE.controller
-        samples = self.always() if self.always is not None else (self.samples(ctl) if ctl is not None else None)
-        if samples is None:
-            return
-        for labels, value in samples:
+        for labels, value in self.samples():
             family.add_metric(labels, value)
         yield family
 
 
-def _runs_by_phase(ctl: RunController) -> Samples:
-    counts = sorted(ctl.phase_counts().items())
+def _runs_by_phase(fleet: Fleet) -> Samples:
+    counts = sorted(fleet.phase_counts().items())
     # A namespace's counters are exported at 0 from the first scrape that sees runs there: increase() and
     # rate() need a sample before the first lapse (after a restart too, when no lapse is judged for a
     # full lease duration), or a wave of first lapses in many namespaces would count as none.
@@ -159,52 +160,57 @@ def _runs_by_phase(ctl: RunController) -> Samples:
     return [([ns, phase], float(n)) for (ns, phase), n in counts]
 
 
-def _budget_limits(ctl: RunController, field: str) -> Samples:
+def _budget_limits(fleet: Fleet, field: str) -> Samples:
     out = []
-    for (ns, name), body in ctl.budgets.cache.copy().items():
+    for (ns, name), body in fleet.budget_bodies().items():
         limit = (body.get("spec") or {}).get(field)
         if isinstance(limit, (int, float)) and not isinstance(limit, bool):
             out.append(([ns, name], float(limit)))
     return out
 
 
-for _collector in (
-    _Computed("tether_leader", "1 while this replica is the active leader.", [], lambda _: [],
-              always=lambda: [([], 1.0 if STATE.is_leader else 0.0)]),
-    _Computed("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"], _runs_by_phase),
-    _Computed("tether_approvals_pending", "Gates waiting for a person's decision, by the run's namespace and gate "
-              "(Start, Result, Request: a worker's).", ["namespace", "gate"],
-              lambda ctl: [([ns, gate], float(n)) for (ns, gate), (n, _) in sorted(ctl.pending_approvals().items())]),
-    _Computed("tether_approval_oldest_pending_timestamp_seconds", "When the longest-waiting gate of the namespace "
-              "started waiting (its request's requestedAt, Unix seconds); only for gates with one waiting.",
-              ["namespace", "gate"],
-              lambda ctl: [([ns, gate], oldest) for (ns, gate), (n, oldest) in sorted(ctl.pending_approvals().items())
+def _budget_spent(fleet: Fleet, field: str) -> Samples:
+    return [([ns, name], float(((body.get("status") or {}).get("spent") or {}).get(field, 0)))
+            for (ns, name), body in fleet.budget_bodies().items()]
+
+
+def export(fleet: Fleet) -> Callable[[], None]:
+    """Exports the fleet gauges of `fleet` (the controller, while it runs); returns what stops
+    exporting them. A standby replica exports none: only the active one holds the fleet."""
+    collectors = [
+        _Computed("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"],
+                  lambda: _runs_by_phase(fleet)),
+        _Computed("tether_approvals_pending", "Gates waiting for a person's decision, by the run's namespace and "
+                  "gate (Start, Result, Request: a worker's).", ["namespace", "gate"],
+                  lambda: [([ns, gate], float(n)) for (ns, gate), (n, _) in sorted(fleet.pending_approvals().items())]),
+        _Computed("tether_approval_oldest_pending_timestamp_seconds", "When the longest-waiting gate of the "
+                  "namespace started waiting (its request's requestedAt, Unix seconds); only for gates with one "
+                  "waiting.", ["namespace", "gate"],
+                  lambda: [([ns, gate], oldest) for (ns, gate), (n, oldest) in sorted(fleet.pending_approvals().items())
                            if n and oldest is not None]),
-    _Computed("tether_heartbeat_age_seconds", "Seconds since the operator last observed a renewal of the run's lease.",
-              ["namespace", "workerrun"], lambda ctl: [([ns, name], age) for ns, name, age in ctl.heartbeat_ages()]),
-    _Computed("tether_budget_spent_cents", "Cents spent in the budget's current period.", ["namespace", "budget"],
-              lambda ctl: [([ns, name], float(((body.get("status") or {}).get("spent") or {}).get("cents", 0)))
-                           for (ns, name), body in ctl.budgets.cache.copy().items()]),  # a snapshot in one step
-    _Computed("tether_budget_spent_tokens", "Tokens spent in the budget's current period.", ["namespace", "budget"],
-              lambda ctl: [([ns, name], float(((body.get("status") or {}).get("spent") or {}).get("tokens", 0)))
-                           for (ns, name), body in ctl.budgets.cache.copy().items()]),
-    _Computed("tether_budget_limit_cents", "The budget's limitCents; only for budgets that set one.",
-              ["namespace", "budget"], lambda ctl: _budget_limits(ctl, "limitCents")),
-    _Computed("tether_budget_limit_tokens", "The budget's limitTokens; only for budgets that set one.",
-              ["namespace", "budget"], lambda ctl: _budget_limits(ctl, "limitTokens")),
-    _Computed("tether_apiserver_available", "1 while the API server answers the active replica's readiness probe "
-              "in time (every second), 0 from the first failed or slow answer until it answers again.", [],
-              lambda ctl: [([], 1.0 if ctl.api_available() else 0.0)]),
-    _Computed("workqueue_depth", "Keys waiting in the work queue.", ["name"], lambda _: [],
-              always=lambda: [([n], float(len(q))) for n, q in STATE.queues.copy().items()]),
-    _Computed("workqueue_unfinished_work_seconds", "Seconds of work in progress not yet done, summed over "
-              "the keys being processed.", ["name"], lambda _: [],
-              always=lambda: [([n], sum(q.in_progress())) for n, q in STATE.queues.copy().items()]),
-    _Computed("workqueue_longest_running_processor_seconds", "Seconds the longest-running key has been in "
-              "process.", ["name"], lambda _: [],
-              always=lambda: [([n], max(q.in_progress(), default=0.0)) for n, q in STATE.queues.copy().items()]),
-):
-    REGISTRY.register(_collector)
+        _Computed("tether_heartbeat_age_seconds", "Seconds since the operator last observed a renewal of the run's "
+                  "lease.", ["namespace", "workerrun"],
+                  lambda: [([ns, name], age) for ns, name, age in fleet.heartbeat_ages()]),
+        _Computed("tether_budget_spent_cents", "Cents spent in the budget's current period.", ["namespace", "budget"],
+                  lambda: _budget_spent(fleet, "cents")),
+        _Computed("tether_budget_spent_tokens", "Tokens spent in the budget's current period.",
+                  ["namespace", "budget"], lambda: _budget_spent(fleet, "tokens")),
+        _Computed("tether_budget_limit_cents", "The budget's limitCents; only for budgets that set one.",
+                  ["namespace", "budget"], lambda: _budget_limits(fleet, "limitCents")),
+        _Computed("tether_budget_limit_tokens", "The budget's limitTokens; only for budgets that set one.",
+                  ["namespace", "budget"], lambda: _budget_limits(fleet, "limitTokens")),
+        _Computed("tether_apiserver_available", "1 while the API server answers the active replica's readiness "
+                  "probe in time (every second), 0 from the first failed or slow answer until it answers again.",
+                  [], lambda: [([], 1.0 if fleet.api_available() else 0.0)]),
+    ]
+    for collector in collectors:
+        REGISTRY.register(collector)
+
+    def stop() -> None:
+        for collector in collectors:
+            REGISTRY.unregister(collector)
+
+    return stop
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from tether import __version__, orphans
+from tether import __version__, release_finalizers
 from tether.api.conditions import headline
 from tether.console.actions import CONTROLS, ActionError, control, record_decision
 from tether.kube import config as kubeconfig
@@ -119,7 +119,7 @@ async def _control(cfg: kubeconfig.KubeConfig, ns: str, name: str, command: str)
 async def _refusal(kube: KubeClient, operator_ns: str | None) -> str | None:
     """Why release-finalizers must not act: an operator alive, or no way to tell."""
     try:
-        alive = await orphans.live_operators(kube, operator_ns, dt.datetime.now(dt.timezone.utc))
+        alive = await release_finalizers.live_operators(kube, operator_ns, dt.datetime.now(dt.timezone.utc))
     except ApiError as exc:
         return (f"cannot tell whether an operator is alive ({exc}); --operator-namespace NS looks only there, "
                 "--force skips the check")
@@ -137,10 +137,10 @@ async def _release(cfg: kubeconfig.KubeConfig, ns: str | None, name: str | None,
         if refusal:
             print(f"error: {refusal}", file=sys.stderr)
             return 1
-        done = await orphans.release_finalizers(kube, ns, name)
+        done = await release_finalizers.release_finalizers(kube, ns, name)
     finally:
         await kube.close()
-    print("\n".join(orphans.report(done)))
+    print("\n".join(release_finalizers.report(done)))
     return 1 if done.failed else 0
 
 

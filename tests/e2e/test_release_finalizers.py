@@ -14,7 +14,7 @@ from tests.support import runs
 from tests.support.kube import Kube, eventually
 from tests.support.operator_process import OperatorProcess
 from tether.api import constants as c
-from tether.orphans import LEADER_LEASE
+from tether.release_finalizers import LEADER_LEASE
 
 pytestmark = pytest.mark.local_cluster  # stops its own operator process
 

@@ -119,8 +119,10 @@ def test_a_namesakes_pod_stuck_terminating_does_not_block_the_new_run(kube: Kube
                                  timeout=20, what="B says why it waits")
             assert "x-a1" in waiting["message"] and "terminating" in waiting["message"]
             assert runs.get(kube, namespace, "x")["status"]["phase"] == "Pending"
-            events = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
-            assert any(e["reason"] == "NamesakePodTerminating" and "x-a1" in e["message"] for e in events)
+            # The Event follows the status write that set the condition (the executor posts it after).
+            eventually(lambda: any(e["reason"] == "NamesakePodTerminating" and "x-a1" in e["message"] for e in
+                                   kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]),
+                       timeout=10, what="an Event naming the namesake's pod")
         wait = (token_dead_at - dt.datetime.now(dt.timezone.utc)).total_seconds()
         b = eventually(lambda: (r := runs.get(kube, namespace, "x")).get("status", {}).get("holder") and r,
                        timeout=max(wait, 0) + 40, what="B granted while A's pod is still terminating")

@@ -39,12 +39,7 @@ def test_runs_are_counted_by_namespace_and_phase() -> None:
         ("a", "r2"): {"metadata": {"name": "r2", "namespace": "a", "uid": "2"}, "status": {"phase": "Running"}},
         ("b", "r1"): {"metadata": {"name": "r1", "namespace": "b", "uid": "3"}, "status": {}},
     })
-    before = metrics.STATE.controller
-    metrics.STATE.controller = ctl
-    try:
-        text = _scrape()
-    finally:
-        metrics.STATE.controller = before
+    text = _scrape_with(ctl)
     assert 'tether_workerruns{namespace="a",phase="Running"} 2.0' in text
     assert 'tether_workerruns{namespace="b",phase="Pending"} 1.0' in text
     # Its namespaces' counters are there at 0 by the next scrape: increase() counts their first lapse.
@@ -56,12 +51,11 @@ def test_runs_are_counted_by_namespace_and_phase() -> None:
 
 
 def _scrape_with(ctl: RunController) -> str:
-    before = metrics.STATE.controller
-    metrics.STATE.controller = ctl
+    stop = metrics.export(ctl)
     try:
         return _scrape()
     finally:
-        metrics.STATE.controller = before
+        stop()
 
 
 def test_budgets_export_spent_and_limit_of_what_they_limit() -> None:
@@ -155,7 +149,8 @@ def _run_operator(monkeypatch: pytest.MonkeyPatch, leader_elect: bool) -> dict[s
 
     async def operator(**kw: object) -> None:
         seen["leading"] = _leader_gauge()
-        metrics.STATE.controller = object()  # type: ignore[assignment]  # handlers' startup sets it
+        # As handlers' startup: the controller's fleet gauges, until the operator stops.
+        kw["memo"].unexport = metrics.export(RunController(types.SimpleNamespace(health=ApiHealth())))  # type: ignore[attr-defined, arg-type]
 
     monkeypatch.setattr(kopf, "operator", operator)
     monkeypatch.setattr(leader, "LeaderElector", Elector)
@@ -163,8 +158,6 @@ def _run_operator(monkeypatch: pytest.MonkeyPatch, leader_elect: bool) -> dict[s
     monkeypatch.setattr(kubeconfig, "load", lambda: types.SimpleNamespace(namespace="tether-system"))
     monkeypatch.setattr(gcpause, "install", lambda: None)
     monkeypatch.setattr(metrics, "serve", lambda port: seen.setdefault("serving", _leader_gauge()))
-    monkeypatch.setattr(metrics.STATE, "is_leader", metrics.STATE.is_leader)
-    monkeypatch.setattr(metrics.STATE, "controller", metrics.STATE.controller)
     args = argparse.Namespace(metrics_port=8080, gateway_port=0, leader_elect=leader_elect,
                               leader_election_namespace="ns", leader_election_id="tether-operator-leader",
                               leader_lease_seconds=15.0, kube_qps=1.0, kube_burst=1, max_concurrent_reconciles=1,
@@ -176,12 +169,12 @@ def _run_operator(monkeypatch: pytest.MonkeyPatch, leader_elect: bool) -> dict[s
         signal.signal(signal.SIGTERM, previous[0])
         signal.signal(signal.SIGINT, previous[1])
     seen["stopped"] = _leader_gauge()
-    assert metrics.STATE.controller is None, "a stopped operator's controller still feeds the fleet gauges"
+    assert "tether_workerruns" not in _scrape(), "a stopped operator's controller still feeds the fleet gauges"
     return seen
 
 
 def test_tether_leader_is_1_only_while_leading(monkeypatch: pytest.MonkeyPatch) -> None:
-    """It said 1 from a standby: STATE.is_leader started True and metrics were served before the
+    """It said 1 from a standby: the gauge started at 1 and metrics were served before the
     election set it False; and a replica that released the Lease still said 1."""
     assert _run_operator(monkeypatch, leader_elect=True) == {"serving": 0.0, "standby": 0.0, "leading": 1.0,
                                                              "stopped": 0.0}

@@ -227,7 +227,6 @@ def test_a_charge_wakes_only_the_runs_waiting_for_admission_and_running_out_wake
 
     async def go() -> list[list[Any]]:
         ctl = RunController(types.SimpleNamespace(), clock=Clock(now=lambda: T0))  # type: ignore[arg-type]
-        ctl.budgets._refresh_soon = lambda key: None  # type: ignore[method-assign]  # no API here
         for body in (run("held", "team", "held-a1"), run("waiting", "team", None), run("other", "else", None)):
             ctl.on_run("ADDED", body)
         seen = []

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tether import orphans, plugin
+from tether import plugin, release_finalizers
 from tether.devcluster import demo
 
 pytestmark = pytest.mark.unit
@@ -117,10 +117,10 @@ def test_a_leader_lease_is_a_sign_of_life_only_while_held_and_fresh() -> None:
         stamp = (now - dt.timedelta(seconds=renewed_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         return {"spec": {"holderIdentity": holder, "renewTime": stamp, "leaseDurationSeconds": 15}}
 
-    assert orphans.lease_alive(lease("op_1", 3), now)
-    assert orphans.lease_alive(lease("op_1", 18), now)  # within the skew allowance
-    assert not orphans.lease_alive(lease("op_1", 60), now)
-    assert not orphans.lease_alive(lease("", 1), now)  # released on a clean stop (ReleaseOnCancel)
+    assert release_finalizers.lease_alive(lease("op_1", 3), now)
+    assert release_finalizers.lease_alive(lease("op_1", 18), now)  # within the skew allowance
+    assert not release_finalizers.lease_alive(lease("op_1", 60), now)
+    assert not release_finalizers.lease_alive(lease("", 1), now)  # released on a clean stop (ReleaseOnCancel)
 
 
 NOW = dt.datetime(2026, 12, 6, 12, tzinfo=dt.timezone.utc)

@@ -31,7 +31,7 @@ spec.loader.exec_module(build)
 pytestmark = pytest.mark.unit
 
 # What the plugin's commands import: each has to work with only the wheel's requirements.
-PLUGIN_MODULES = ["tether.plugin", "tether.orphans", "tether.console.local"]
+PLUGIN_MODULES = ["tether.plugin", "tether.release_finalizers", "tether.console.local"]
 
 
 def _requirement_closure(names: list[str]) -> set[str]:
@@ -145,7 +145,7 @@ def test_the_wheel_is_kubectl_tether_with_the_plugins_requirements(built: Any) -
                       if line.startswith("Requires-Dist: "))
     assert {build._requirement_name(r) for r in requires} == set(build.PLUGIN_DEPENDENCIES)
     assert entry_points.splitlines() == ["[console_scripts]", "kubectl-tether = tether.plugin:main"]
-    assert {"tether/plugin.py", "tether/orphans.py", "tether/console/static/console.js"} <= set(names)
+    assert {"tether/plugin.py", "tether/release_finalizers.py", "tether/console/static/console.js"} <= set(names)
 
 
 def test_the_krew_launcher_installs_itself_once(built: Any, tmp_path: Path) -> None:

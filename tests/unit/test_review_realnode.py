@@ -52,7 +52,7 @@ def test_sigterm_right_after_leadership_stops_the_operator(monkeypatch: pytest.M
     never handed over. kopf must be told (stop_flag=stopping) or not started at all."""
     import kopf
 
-    from tether import cli, gcpause, metrics
+    from tether import cli, gcpause
     from tether.controller import leader
     from tether.kube import client as kube_client
     from tether.kube import config as kubeconfig
@@ -90,7 +90,6 @@ def test_sigterm_right_after_leadership_stops_the_operator(monkeypatch: pytest.M
     monkeypatch.setattr(kube_client, "KubeClient", lambda *a, **kw: object())
     monkeypatch.setattr(kubeconfig, "load", lambda: types.SimpleNamespace(namespace="tether-system"))
     monkeypatch.setattr(gcpause, "install", lambda: None)
-    monkeypatch.setattr(metrics.STATE, "is_leader", metrics.STATE.is_leader)
     args = argparse.Namespace(metrics_port=0, gateway_port=0, leader_elect=True, leader_election_namespace="ns",
                               leader_election_id="tether-operator-leader", leader_lease_seconds=15.0,
                               kube_qps=1.0, kube_burst=1, max_concurrent_reconciles=1, event_qps=1.0,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
@@ -20,8 +19,6 @@ from tether.controller.errors import NotLeader
 from tether.controller.leader import Leadership
 from tether.controller.stamps import Stamps
 from tether.kube.client import Conflict, KubeClient, NotFound
-
-log = logging.getLogger("tether.budgets")
 
 BudgetKey = tuple[str, str]  # (namespace, name)
 
@@ -45,26 +42,25 @@ class BudgetBook:
         # The validated model of each cached body, by resourceVersion: a budget shared by
         # thousands of runs is parsed once per change, not once per reconcile.
         self._models: dict[BudgetKey, tuple[str, WorkerBudget]] = {}
-        self._refreshing: set[BudgetKey] = set()
+        # Wakes the budget's refresh (budget_refresh.py, a reconciler of its own); set by its registration.
+        self.wake_refresh: Callable[[BudgetKey], None] = lambda key: None
         self._queued: dict[BudgetKey, list[_Queued]] = {}
         self._writers: dict[BudgetKey, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
 
-    def on_event(self, event_type: str | None, body: dict[str, Any]) -> BudgetKey:
+    def on_event(self, event_type: str | None, body: dict[str, Any]) -> tuple[BudgetKey, bool]:
+        """Stores a budget's event; returns its key and whether its status is due a refresh."""
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
             self._drop(key)
-        else:
-            self.cache[key] = body
-            self.stamps.stamp(key)
-            try:
-                due = budgets.needs_refresh(self._model(key, body), self.now())
-            except ValidationError:
-                due = True  # the refresh reads it again and says what is wrong
-            if due:
-                self._refresh_soon(key)
-        return key
+            return key, False
+        self.cache[key] = body
+        self.stamps.stamp(key)
+        try:
+            return key, budgets.needs_refresh(self._model(key, body), self.now())
+        except ValidationError:
+            return key, True  # the refresh reads it again and says what is wrong
 
     def _drop(self, key: BudgetKey) -> None:
         self.cache.pop(key, None)
@@ -77,45 +73,30 @@ class BudgetBook:
         if self.stamps.before(key, mark):
             if body is None:
                 self._drop(key)
-            else:
-                self.on_event("MODIFIED", body)
+            elif self.on_event("MODIFIED", body)[1]:
+                self.wake_refresh(key)
         return self.cache.get(key)
-
-    def _refresh_soon(self, key: BudgetKey) -> None:
-        if key in self._refreshing:
-            return
-        self._refreshing.add(key)
-        task = asyncio.create_task(self._refresh(key))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     async def stop(self) -> None:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    async def _refresh(self, key: BudgetKey) -> None:
-        """Keeps a budget's status current (remaining, period, Exhausted) when nothing is charged."""
-        ns, name = key
-        try:
-            body = await self.kube.get_budget(ns, name)
-            if body is None:
-                return
-            budget = WorkerBudget.model_validate(body)
-            status = budgets.refresh(budget, self.now())
-            if status.dump() == budget.status.dump():
-                return
-            written = await self.kube.replace_budget_status({**body, "status": status.dump()})
-            self._store_written(key, {body["metadata"].get("resourceVersion")}, written)
-            problem = budgets.time_zone_problem(budget.spec)
-            if problem is not None and not any(c.type == budgets.COND_TIME_ZONE for c in budget.status.conditions):
-                await self.kube.post_event(written, "Warning", budgets.REASON_UNKNOWN_TIME_ZONE, problem)
-        except (Conflict, NotFound):
-            pass  # a newer version arrives by watch and triggers another refresh
-        except Exception as exc:  # noqa: BLE001 - best effort; charges refresh it too
-            log.warning("budget refresh failed", extra={"budget": f"{ns}/{name}", "error": str(exc)})
-        finally:
-            self._refreshing.discard(key)
+    async def refresh(self, key: BudgetKey) -> None:
+        """Brings a budget's status up to date (remaining, period, Exhausted) when nothing is charged,
+        from a fresh read; a conflict or a failure is raised to its reconcile loop, which retries."""
+        body = await self.kube.get_budget(*key)
+        if body is None:
+            return
+        budget = WorkerBudget.model_validate(body)
+        status = budgets.refresh(budget, self.now())
+        if status.dump() == budget.status.dump():
+            return
+        written = await self.kube.replace_budget_status({**body, "status": status.dump()})
+        self._store_written(key, {body["metadata"].get("resourceVersion")}, written)
+        problem = budgets.time_zone_problem(budget.spec)
+        if problem is not None and not any(c.type == budgets.COND_TIME_ZONE for c in budget.status.conditions):
+            await self.kube.post_event(written, "Warning", budgets.REASON_UNKNOWN_TIME_ZONE, problem)
 
     async def observe(self, run: WorkerRun, now: dt.datetime) -> BudgetObservation | None:
         ref = run.spec.budget.budget_ref if run.spec.budget else None
@@ -132,7 +113,7 @@ class BudgetBook:
         budget = self._model(key, body)
         status = budgets.refresh(budget, now)
         if status.period_start != budget.status.period_start:
-            self._refresh_soon(key)
+            self.wake_refresh(key)
         reset = budgets.next_period_start(now, budget.spec)
         next_reset = None if reset is None else (reset - now).total_seconds()
         return BudgetObservation(

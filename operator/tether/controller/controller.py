@@ -1,7 +1,8 @@
-"""The WorkerRun controller, assembled: the cache, its wakes, two work queues (runs, and pods
-of deleted runs) each with its reconcile loop, the executor and the confirmer, the namespace
-sweeper. Watch events come in through the on_* methods (from kopf's handlers and the sweeper's
-relists); they only update the cache and queue the keys that wakes.py names.
+"""The WorkerRun controller, assembled: the cache and its observers, a manager of three named
+reconcilers (runs; pods of deleted runs; WorkerBudget refreshes), each with its own work queue and
+declared watches (wakes.py), the executor and the confirmer, the namespace sweeper. Watch events
+come in through `feed` (from kopf's handlers, the sweeper's relists and the operator's own reads);
+they only update the cache and queue the keys that the watches name.
 """
 
 from __future__ import annotations
@@ -12,24 +13,26 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tether.controller import budget_refresh
+from tether.controller.budget_refresh import BudgetRefresher
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.confirm import Confirmer
 from tether.controller.execute import Executor
 from tether.controller.leader import Leadership
-from tether.controller.loop import ReconcileLoop
+from tether.controller.manager import Manager, Wake
 from tether.controller.queues import QueueBook
 from tether.controller.rbac import WorkerRbac
 from tether.controller.runs import RunReconciler
-from tether.controller.strays import StrayReconciler
+from tether.controller.pods_of_deleted_runs import StrayReconciler
 from tether.controller.sweeper import NamespaceSweeper
-from tether.controller.views import RunKey
-from tether.controller.wakes import Wake, Wakes
-from tether.controller.workqueue import ExponentialBackoff, WorkQueue
+from tether.controller.wakes import Observers, run_watches, stray_watches
 from tether.api.models import MAX_ATTEMPT_HISTORY
 from tether.core.observe import BOOST_SECONDS
 from tether.kube.client import KubeClient
 
+# The reconcilers' names: their work queues' and their metrics' label.
+RUNS, STRAYS = "workerrun", "workerrun_strays"
 # Workers releasing stray pods: rare, and each release is two writes.
 STRAY_WORKERS = 2
 
@@ -54,21 +57,26 @@ class RunController:
         self.budgets = BudgetBook(kube, self.clock.now, self.leadership)
         self.rbac = WorkerRbac(kube, shared=namespace_identity)
         self.queues = QueueBook(kube, self.clock.now, boost_seconds)
-        self.wakes = Wakes(self.cache, self.budgets, self.queues, fold_interval, self.rbac.forget)
+        self.observers = Observers(self.cache, self.budgets, self.queues, self.rbac.forget)
         kube.write_gate = self.leadership.check  # every write, after its rate-limit wait too
-        self.queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0), self.clock.mono, "workerrun")
-        self.stray_queue: WorkQueue[RunKey] = WorkQueue(ExponentialBackoff(base=0.05, cap=300.0), self.clock.mono,
-                                                        "workerrun_strays")
+        self.manager = Manager(self.clock.mono)
+        self.observers.register(self.manager)
         self.sweeper = NamespaceSweeper(kube, self.cache, self.budgets, self.feed, self.rbac.forget_namespace)
         self.executor = Executor(kube, self.cache, self.budgets, self.rbac, self.leadership, self.sweeper.mark,
                                  self.feed, self.queues)
         confirmer = Confirmer(kube, self.cache, self.executor, self._report, self.sweeper.mark, self.feed)
         self.reconciler = RunReconciler(kube, self.cache, self.budgets, self.executor, confirmer, self.sweeper,
-                                        self.leadership, fold_interval, self._report, self.stray_queue.add,
-                                        attempt_history)
-        self.loop = ReconcileLoop("workerrun", self.reconciler, self.queue, workers)
-        strays = StrayReconciler(kube, self.cache, self.leadership, lambda body: self.on_run("MODIFIED", body))
-        self.stray_loop = ReconcileLoop("workerrun_strays", strays, self.stray_queue, STRAY_WORKERS)
+                                        self.leadership, fold_interval, self._report,
+                                        lambda key: self.manager.wake(STRAYS, [Wake(key)]), attempt_history)
+        runs = self.manager.register(RUNS, self.reconciler, workers, run_watches(fold_interval))
+        strays = self.manager.register(
+            STRAYS, StrayReconciler(kube, self.cache, self.leadership, lambda body: self.feed("run", "MODIFIED", body)),
+            STRAY_WORKERS, stray_watches())
+        self.manager.register(budget_refresh.NAME, BudgetRefresher(self.budgets), budget_refresh.WORKERS,
+                              budget_refresh.watches())
+        self.budgets.wake_refresh = lambda key: self.manager.wake(budget_refresh.NAME, [Wake(key)])
+        self.queue, self.loop = runs.queue, runs.loop
+        self.stray_queue, self.stray_loop = strays.queue, strays.loop
         self._tasks: list[asyncio.Task[None]] = []
 
     def _report(self, *args: Any, **kwargs: Any) -> None:
@@ -80,8 +88,7 @@ class RunController:
         """Starts the loops and the API health probe (in the running event loop)."""
         if self._tasks:
             return
-        self.loop.start()
-        self.stray_loop.start()
+        self.manager.start()
         self._tasks.append(asyncio.create_task(self.kube.health.probe_forever(self.kube.ready), name="api probe"))
         self._tasks.append(asyncio.create_task(self._mark_checks_forever(), name="admission checks"))
 
@@ -97,8 +104,7 @@ class RunController:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.loop.stop()
-        await self.stray_loop.stop()
+        await self.manager.stop()
         await self.sweeper.stop()
         await self.executor.stop()
         await self.budgets.stop()
@@ -106,49 +112,26 @@ class RunController:
     # --- watch events: cache and queue, nothing else -----------------------------------
 
     def on_run(self, event_type: str | None, body: dict[str, Any]) -> None:
-        self._wake(self.wakes.on_run(event_type, body))
+        self.feed("run", event_type, body)
 
     def on_lease(self, event_type: str | None, body: dict[str, Any]) -> None:
-        self._wake(self.wakes.on_lease(event_type, body))
+        self.feed("lease", event_type, body)
 
     def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
-        self._wake(self.wakes.on_pod(event_type, body))
+        self.feed("pod", event_type, body)
 
     def on_budget(self, event_type: str | None, body: dict[str, Any]) -> None:
-        self._wake(self.wakes.on_budget(event_type, body))
-
-    def on_approval(self, event_type: str | None, body: dict[str, Any]) -> None:
-        self._wake(self.wakes.on_approval(event_type, body))
-
-    def on_workload(self, event_type: str | None, body: dict[str, Any]) -> None:
-        self._wake(self.wakes.on_workload(event_type, body))
-
-    def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> None:
-        self._wake(self.wakes.on_local_queue(event_type, body))
+        self.feed("budget", event_type, body)
 
     async def on_admission_check(self, event_type: str | None, body: dict[str, Any]) -> None:
         if await self.queues.on_admission_check(event_type, body, self.leadership.may_act()):
-            self._wake(self.wakes.queued())
+            self.manager.wake(RUNS, [Wake(key) for key in self.observers.queued()])
 
-    def feed(self, kind: str, event_type: str, body: dict[str, Any]) -> None:
-        """An object read by the operator itself, as a watch event of its kind: the namespace
-        sweeper's relists, and a run's fresh GET ("run-read": newer than anything cached)."""
-        if kind == "run-read":
-            self._wake(self.wakes.on_run(event_type, body, read=True))
-            return
-        {"run": self.on_run, "lease": self.on_lease, "pod": self.on_pod, "budget": self.on_budget}[kind](event_type, body)
-
-    def _wake(self, wakes: list[Wake]) -> None:
-        for w in wakes:
-            queue = self.stray_queue if w.strays else self.queue
-            if w.new_spec:
-                queue.forget(w.key)  # an error backoff of the old spec no longer applies
-            if w.fold and queue.backoff.failures(w.key):
-                continue  # never cut an error backoff short
-            if w.after > 0:
-                queue.add_after(w.key, w.after)
-            else:
-                queue.add(w.key)
+    def feed(self, kind: str, event_type: str | None, body: dict[str, Any]) -> None:
+        """An event of `kind` (wakes.Observers.register names them), from a watch or read by the
+        operator itself: the namespace sweeper's relists, and a run's fresh GET ("run-read":
+        newer than anything cached)."""
+        self.manager.feed(kind, event_type, body)
 
     # --- views for metrics -----------------------------------------------------------
 
@@ -163,3 +146,6 @@ class RunController:
 
     def heartbeat_ages(self) -> list[tuple[str, str, float]]:
         return self.cache.heartbeat_ages()
+
+    def budget_bodies(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.budgets.cache.copy()

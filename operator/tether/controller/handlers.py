@@ -1,4 +1,4 @@
-"""Thin kopf handlers: they feed watch events to the RunController and nothing else.
+"""Thin kopf handlers: they feed watch events to the controller's manager and nothing else.
 
 kopf only watches here: no handler stores progress on objects, so kopf writes
 nothing to WorkerRuns (ownership-dependent writes go through tether.kube). Settings and the
@@ -43,7 +43,16 @@ class Settings:
 
 def memo(settings: Settings) -> kopf.Memo:
     """What kopf hands every handler: the settings, and the controller once it is started."""
-    return kopf.Memo(settings=settings, controller=None)
+    return kopf.Memo(settings=settings, controller=None, unexport=None)
+
+
+def stop_exporting(memo: kopf.Memo) -> None:
+    """No fleet gauges from a controller that stopped: kopf's cleanup, and the operator's exit in
+    case kopf failed before its cleanup ran."""
+    unexport: Callable[[], None] | None = memo.get("unexport")
+    memo.unexport = None
+    if unexport is not None:
+        unexport()
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):
@@ -83,7 +92,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
                         attempt_history=ours.attempt_history)
     ctl.start()
     memo.controller = ctl
-    metrics.STATE.controller = ctl
+    memo.unexport = metrics.export(ctl)
     logging.getLogger("tether.operator").info("tether operator started", extra={"event": "operator_started"})
 
 
@@ -91,6 +100,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     ctl: RunController | None = memo.get("controller")
     memo.controller = None
+    stop_exporting(memo)
     if ctl is not None:
         await ctl.stop()
         await ctl.kube.close()
@@ -98,27 +108,27 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def run_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.on_run(event.get("type"), event["object"])
+    memo.controller.feed("run", event.get("type"), event["object"])
 
 
 @kopf.on.event("coordination.k8s.io", "v1", "leases", labels={c.LABEL_RUN: kopf.PRESENT})
 async def lease_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.on_lease(event.get("type"), event["object"])
+    memo.controller.feed("lease", event.get("type"), event["object"])
 
 
 @kopf.on.event(GROUP, VERSION, "workerrunapprovals")
 async def approval_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.on_approval(event.get("type"), event["object"])
+    memo.controller.feed("approval", event.get("type"), event["object"])
 
 
 @kopf.on.event("", "v1", "pods", labels={c.LABEL_RUN: kopf.PRESENT})
 async def pod_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.on_pod(event.get("type"), event["object"])
+    memo.controller.feed("pod", event.get("type"), event["object"])
 
 
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL)
 async def workload_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.on_workload(event.get("type"), event["object"])
+    memo.controller.feed("workload", event.get("type"), event["object"])
 
 
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks")
@@ -128,9 +138,9 @@ async def admission_check_event(event: dict[str, Any], memo: kopf.Memo, **_: Any
 
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "localqueues")
 async def local_queue_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.on_local_queue(event.get("type"), event["object"])
+    memo.controller.feed("localqueue", event.get("type"), event["object"])
 
 
 @kopf.on.event(GROUP, VERSION, BUDGET_PLURAL)
 async def budget_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.on_budget(event.get("type"), event["object"])
+    memo.controller.feed("budget", event.get("type"), event["object"])

@@ -1,11 +1,13 @@
-"""What wakes what: each watch event updates the cache and names the keys to reconcile.
+"""What wakes what: each event updates the cache once (an observer, returning what changed), and
+each reconciler's declared watches map that change to its keys.
 
 The one place where it is written down which change concerns which run: a run's own events; a
 Lease's new holder, first renewal or request (at once), new progress or spending (within one
 fold interval), a cap or the budget reached (at once, by the usage alarm); a pod's change; a
 budget's new limit, period or exhaustion (all its runs) or a charge (the runs waiting to be
-admitted); an approval (the run it names); a stray pod (the stray queue); a Kueue Workload (the
-run that controls it), a LocalQueue (its queued runs not holding yet).
+admitted); an approval (the run it names); a Kueue Workload (the run that controls it), a
+LocalQueue (its queued runs not holding yet). The stray queue is woken by a run's deletion (or
+its replacement by a namesake) and by pods left of deleted runs.
 """
 
 from __future__ import annotations
@@ -16,49 +18,78 @@ from typing import Any, Callable
 from tether import metrics, protocol
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
+from tether.controller.manager import Manager, Wake, Watch
 from tether.controller.queues import QueueBook
-from tether.controller.views import ApprovalView, BudgetView, LeaseView, PodView, RunKey, RunView
+from tether.controller.views import ApprovalView, BudgetKey, BudgetView, LeaseView, PodView, RunKey, RunView
 
 
 @dataclass(frozen=True)
-class Wake:
+class RunChange:
     key: RunKey
-    after: float = 0.0  # seconds from now (0: at once)
-    strays: bool = False  # the stray-pod queue rather than the run's
-    # A fold timer: one per run however many heartbeats, and never cutting an error backoff short.
-    fold: bool = False
-    new_spec: bool = False  # the run's generation moved: its error backoff starts over
+    deleted: bool = False
+    new_spec: bool = False  # its generation moved, or a namesake replaced it
+    replaced: bool = False  # a namesake replaced it without a DELETED event (a relist)
 
 
-class Wakes:
-    def __init__(self, cache: RunCache, budgets: BudgetBook, queues: QueueBook, fold_interval: float,
+@dataclass(frozen=True)
+class LeaseChange:
+    key: RunKey
+    urgent: bool  # a new holder, renewal or request, or a cap or the budget reached
+    progressed: bool  # new progress or spending only
+
+
+@dataclass(frozen=True)
+class PodChange:
+    key: RunKey
+    changed: bool
+    strays: bool  # the key holds pods of a deleted run
+
+
+@dataclass(frozen=True)
+class BudgetChange:
+    key: BudgetKey
+    runs: list[RunKey]  # the runs the change concerns
+    refresh_due: bool
+
+
+class Observers:
+    """The cache's side of every event: store it, and say what changed (None: nothing did)."""
+
+    def __init__(self, cache: RunCache, budgets: BudgetBook, queues: QueueBook,
                  forgotten: Callable[[str], None]) -> None:
-        self.cache, self.budgets, self.queues, self.fold_interval = cache, budgets, queues, fold_interval
+        self.cache, self.budgets, self.queues = cache, budgets, queues
         self.forgotten = forgotten  # a run's UID is gone: what others keep of it goes too (its RBAC)
 
-    def on_run(self, event_type: str | None, body: dict[str, Any], read: bool = False) -> list[Wake]:
+    def register(self, manager: Manager) -> None:
+        manager.observe("run", self.on_run)
+        manager.observe("run-read", lambda t, body: self.on_run(t, body, read=True), watched_as="run")
+        manager.observe("lease", self.on_lease)
+        manager.observe("pod", self.on_pod)
+        manager.observe("budget", self.on_budget)
+        manager.observe("approval", lambda t, body: ApprovalView(body).run_key)
+        manager.observe("workload", self.on_workload)
+        manager.observe("localqueue", self.on_local_queue)
+
+    def on_run(self, event_type: str | None, body: dict[str, Any], read: bool = False) -> RunChange | None:
         """A run's event (`read`: our own GET's answer, the newest there is)."""
         run = RunView(body)
         if event_type == "DELETED":
             self.cache.drop_run(body)
             self.forgotten(run.uid)
-            # What is left of it (pods) is released by the stray queue; the run's own pass drops its state.
-            return [Wake(run.key), Wake(run.key, strays=True)]
+            return RunChange(run.key, deleted=True)
         stored = self.cache.read_run(body) if read else self.cache.put_run(body)
         if not stored.stored:
-            return []
-        wakes = [Wake(run.key, new_spec=stored.new_spec or stored.replaced is not None)]
+            return None
         if stored.replaced is not None:
-            # A namesake replaced it without a DELETED event (a relist): the old run's pods are strays.
             self.forgotten(stored.replaced)
-            wakes.append(Wake(run.key, strays=True))
-        return wakes
+        return RunChange(run.key, new_spec=stored.new_spec or stored.replaced is not None,
+                         replaced=stored.replaced is not None)
 
-    def on_lease(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+    def on_lease(self, event_type: str | None, body: dict[str, Any]) -> LeaseChange | None:
         lease = LeaseView(body)
         key, uid = lease.run_key, lease.controller_uid
         if key is None or uid is None:
-            return []
+            return None
         tracker = self.cache.leases
         before = tracker.get(uid)
         if event_type == "DELETED":
@@ -74,64 +105,81 @@ class Wakes:
                 lag = self.cache.now() - protocol.parse_time(renewed)  # type: ignore[operator]  # renewed is set here
                 metrics.WATCH_LAG.observe(max(0.0, lag.total_seconds()))
         if key not in self.cache.runs:
-            return []
+            return None
         after = tracker.get(uid)
         alarm = self.cache.alarms.get(key)
         if alarm is not None and after is not None and after.usage is not None and alarm.reached(after.usage):
-            return [Wake(key)]  # a cap or the budget is reached: act now, not at the next fold
-        if changed:
-            return [Wake(key)]
-        if before is not None and after is not None and \
-                (before.usage, before.checkpoint) != (after.usage, after.checkpoint):
-            # New progress or spending reaches the status within one fold interval, not only at
-            # the next lapse check a lease later.
-            return [Wake(key, after=self.fold_interval, fold=True)]
-        return []
+            return LeaseChange(key, urgent=True, progressed=False)  # act now, not at the next fold
+        progressed = before is not None and after is not None and \
+            (before.usage, before.checkpoint) != (after.usage, after.checkpoint)
+        return LeaseChange(key, urgent=changed, progressed=progressed)
 
-    def on_pod(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
-        pod = PodView(body)
-        key = pod.run_key
+    def on_pod(self, event_type: str | None, body: dict[str, Any]) -> PodChange | None:
+        key = PodView(body).run_key
         if key is None:
-            return []
+            return None
         if event_type == "DELETED":
             self.cache.drop_pod(body)
             changed = True
         else:
             changed = self.cache.put_pod(body)
-        wakes = [Wake(key)] if changed else []
-        if self.cache.strays(key):
-            wakes.append(Wake(key, strays=True))
-        return wakes
+        return PodChange(key, changed, bool(self.cache.strays(key)))
 
-    def on_budget(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+    def on_budget(self, event_type: str | None, body: dict[str, Any]) -> BudgetChange:
         meta = body["metadata"]
         before = self.budgets.cache.get((meta["namespace"], meta["name"]))
-        budget = self.budgets.on_event(event_type, body)
+        key, due = self.budgets.on_event(event_type, body)
         # A charge (every fold of every run on it) concerns only runs waiting to be admitted; a
         # new limit or period, or the budget running out or coming back, concerns all its runs.
         # Held runs see the spending of others at their own next pass (at most a fold interval).
         everyone = event_type == "DELETED" or before is None or BudgetView(before).gate != BudgetView(body).gate
-        return [Wake(key) for key in list(self.cache.budget_runs.get(budget, ()))
-                if (run := self.cache.run(key)) is not None and (everyone or run.holder is None)]
+        runs = [k for k in list(self.cache.budget_runs.get(key, ()))
+                if (run := self.cache.run(k)) is not None and (everyone or run.holder is None)]
+        return BudgetChange(key, runs, due)
 
-    def on_approval(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
-        """An approval was made (or removed): decide again for the run it names."""
-        key = ApprovalView(body).run_key
-        return [Wake(key)] if key is not None else []
-
-    def on_workload(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
-        """A run's Workload changed (admitted, evicted, finished): decide again for that run."""
+    def on_workload(self, event_type: str | None, body: dict[str, Any]) -> RunKey | None:
+        """A run's Workload changed (admitted, evicted, finished): that run."""
         key = self.queues.on_workload(event_type, body)
-        return [Wake(key)] if key is not None and key in self.cache.runs else []
+        return key if key is not None and key in self.cache.runs else None
 
-    def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> list[Wake]:
+    def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> list[RunKey]:
         """A LocalQueue's ClusterQueue is named in its runs' Queued message."""
         self.queues.on_local_queue(event_type, body)
         return self.queued((body.get("metadata") or {}).get("namespace"))
 
-    def queued(self, namespace: str | None = None) -> list[Wake]:
+    def queued(self, namespace: str | None = None) -> list[RunKey]:
         """The runs waiting for Kueue (in `namespace`, or everywhere): a check they may wait on
         changed, or where they wait."""
-        return [Wake(key) for key in list(self.cache.runs) if namespace in (None, key[0])
+        return [key for key in list(self.cache.runs) if namespace in (None, key[0])
                 and (run := self.cache.run(key)) is not None and run.holder is None
                 and run.phase in ("Queued", "Pending")]
+
+
+def run_watches(fold_interval: float) -> list[Watch[Any]]:
+    """The run reconciler's watches: its runs (For), their Leases and pods (Owns), and the budgets,
+    approvals, Workloads and LocalQueues that concern them (Watches, mapped)."""
+
+    def lease(change: LeaseChange) -> list[Wake[RunKey]]:
+        if change.urgent:
+            return [Wake(change.key)]
+        # New progress or spending reaches the status within one fold interval, not only at the
+        # next lapse check a lease later.
+        return [Wake(change.key, after=fold_interval, fold=True)] if change.progressed else []
+
+    return [
+        Watch("run", lambda ch: [Wake(ch.key, new_spec=ch.new_spec)]),
+        Watch("lease", lease),
+        Watch("pod", lambda ch: [Wake(ch.key)] if ch.changed else []),
+        Watch("budget", lambda ch: [Wake(k) for k in ch.runs]),
+        Watch("approval", lambda key: [Wake(key)]),
+        Watch("workload", lambda key: [Wake(key)]),
+        Watch("localqueue", lambda keys: [Wake(k) for k in keys]),
+    ]
+
+
+def stray_watches() -> list[Watch[Any]]:
+    """The stray queue's: a deleted (or replaced) run leaves its pods to it, as do pods found left."""
+    return [
+        Watch("run", lambda ch: [Wake(ch.key)] if ch.deleted or ch.replaced else []),
+        Watch("pod", lambda ch: [Wake(ch.key)] if ch.strays else []),
+    ]

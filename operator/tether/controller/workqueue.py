@@ -56,8 +56,10 @@ class WorkQueue(Generic[K]):
         self._retries = metrics.WORKQUEUE_RETRIES.labels(name)
         self._waited = metrics.WORKQUEUE_QUEUE_DURATION.labels(name)
         self._worked = metrics.WORKQUEUE_WORK_DURATION.labels(name)
-        if name:
-            metrics.STATE.queues[name] = self
+        if name:  # the gauges read the newest queue of each name at scrape time
+            metrics.WORKQUEUE_DEPTH.labels(name).set_function(lambda: float(len(self)))
+            metrics.WORKQUEUE_UNFINISHED.labels(name).set_function(lambda: sum(self.in_progress()))
+            metrics.WORKQUEUE_LONGEST.labels(name).set_function(lambda: max(self.in_progress(), default=0.0))
         self._timers: dict[K, tuple[float, asyncio.TimerHandle]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._shutdown = False

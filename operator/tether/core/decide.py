@@ -57,7 +57,7 @@ from tether.core.enforcement import (
     usage_alarm,
     yield_by,
 )
-from tether.core.execution import execution_allowed
+from tether.core.execution_gate import execution_allowed
 from tether.core.lifecycle import (
     Ending,
     StatusBuilder,

@@ -436,7 +436,7 @@ class StatusBuilder:
         if s.started_at is None:
             s.started_at = o.now
             s.ends_at = run_ends_at(run.spec, s.started_at)
-        # Every later grant must run these fields (execution.execution_allowed checked this one).
+        # Every later grant must run these fields (execution_gate.execution_allowed checked this one).
         s.execution_digest = s.execution_digest or execution_digest(run.spec)
         pod = holder if run.spec.executor == "Pod" else None
         s.attempts.append(AttemptRecord(attempt=attempt, fence=s.fence, holder=holder, pod=pod,

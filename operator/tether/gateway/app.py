@@ -23,7 +23,7 @@ import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -41,6 +41,7 @@ from tether.gateway.auth import AuthError, Authenticator, Caller
 from tether.gateway.openapi import openapi_document
 from tether.kube import resources
 from tether.kube.client import ApiError, Conflict, Invalid, KubeClient, NotFound
+from tether.kube.paths import secret_path, service_account_path, token_request_path
 
 log = logging.getLogger("tether.gateway")
 
@@ -284,14 +285,14 @@ class Gateway:
         try:
             uid = self._secrets.get(key)
             if uid is None:
-                account = await self.kube.get_object(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}")
+                account = await self.kube.get_object(service_account_path(ns, sa))
                 if account is None or not any(ref.get("uid") == run.metadata.uid for ref in
                                               (account.get("metadata") or {}).get("ownerReferences") or []):
                     # Not the account Tether made for this run (someone's own of that name): no tokens of it.
                     log.warning("tool claim withheld: the account is not the run's", extra={
                         "event": "tool_claim_foreign_account", "run": f"{ns}/{name}", "serviceAccount": sa})
                     return None
-                created = await self.kube.apply(f"/api/v1/namespaces/{ns}/secrets", {
+                created = await self.kube.apply(secret_path(ns), {
                     "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                     "metadata": {"name": secret, "namespace": ns, "labels": resources.run_labels(run),
                                  "ownerReferences": [resources.owner_ref(run)]}})
@@ -308,7 +309,7 @@ class Gateway:
                 self._secrets[key] = uid
                 while len(self._secrets) > SECRET_CACHE:
                     self._secrets.popitem(last=False)
-            resp = await self.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", {
+            resp = await self.kube.create(token_request_path(ns, sa), {
                 "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
                 "spec": {"expirationSeconds": TOOL_CLAIM_SECONDS,
                          "boundObjectRef": {"kind": "Secret", "apiVersion": "v1", "name": secret, "uid": uid}}})
@@ -580,7 +581,10 @@ async def _bug(request: Request, exc: Exception) -> Response:
     return _error(500, "InternalError", "the gateway failed; the error is logged")
 
 
-def build_app(kube: KubeClient, audience: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+def build_app(kube: KubeClient, audience: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+              mounts: Sequence[Mount] = ()) -> Starlette:
+    """The gateway's routes, and `mounts` beside them (the operator mounts the web console at
+    /console: the console builds on the gateway's sign-in, so the gateway does not import it)."""
     gateway = Gateway(kube, audience, max_body_bytes)
 
     async def openapi(_: Request) -> JSONResponse:
@@ -592,12 +596,7 @@ def build_app(kube: KubeClient, audience: str | None = None, max_body_bytes: int
     routes = [Route(f"/api/v1/namespaces/{{namespace}}/workerruns/{{name}}/{op}", _answer(op, getattr(gateway, op)),
                     methods=["POST"]) for op in OPERATIONS]
     routes += [Route("/openapi.json", openapi, methods=["GET"]), Route("/healthz", healthz, methods=["GET"])]
-    # The shared web console (docs/console.md): each user signs in with their own bearer token,
-    # and the console calls the API server with that token only.
-    # Imported here: the console reads its forms with read_body, from this module.
-    from tether.console.app import build_gateway_console
-
-    routes.append(Mount("/console", build_gateway_console(kube)))
+    routes += mounts
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error, Exception: _bug})
     app.state.gateway = gateway  # for tests and introspection
     return app

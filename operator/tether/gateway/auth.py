@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Hashable, TypeVar
 
 from tether.kube.client import KubeClient
+from tether.kube.paths import SUBJECT_ACCESS_REVIEWS, TOKEN_REVIEWS
 
 CACHE_SECONDS = 10.0
 # Entries each cache holds at most: anyone may present tokens, so their number must not grow memory.
@@ -74,7 +75,7 @@ class Authenticator:
         spec: dict[str, Any] = {"token": token}
         if self.audience:
             spec["audiences"] = [self.audience]
-        review = await self.kube.create("/apis/authentication.k8s.io/v1/tokenreviews",
+        review = await self.kube.create(TOKEN_REVIEWS,
                                         {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec})
         status = review.get("status") or {}
         refusal = None
@@ -97,7 +98,7 @@ class Authenticator:
         if cached is not None:
             allowed = cached
         else:
-            review = await self.kube.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+            review = await self.kube.create(SUBJECT_ACCESS_REVIEWS, {
                 "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
                 "spec": {"user": caller.username, "uid": caller.uid, "groups": list(caller.groups),
                          "extra": caller.extra,

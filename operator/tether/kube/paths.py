@@ -16,6 +16,11 @@ def run_path(ns: str, name: str = "") -> str:
     return _named(f"/apis/{API_VERSION}/namespaces/{ns}/{PLURAL}", name)
 
 
+def all_runs_path() -> str:
+    """WorkerRuns of every namespace."""
+    return f"/apis/{API_VERSION}/{PLURAL}"
+
+
 def budget_path(ns: str, name: str = "") -> str:
     return _named(f"/apis/{API_VERSION}/namespaces/{ns}/{BUDGET_PLURAL}", name)
 
@@ -34,6 +39,26 @@ def pod_path(ns: str, name: str = "") -> str:
 
 def secret_path(ns: str, name: str = "") -> str:
     return _named(f"/api/v1/namespaces/{ns}/secrets", name)
+
+
+def service_account_path(ns: str, name: str = "") -> str:
+    return _named(f"/api/v1/namespaces/{ns}/serviceaccounts", name)
+
+
+def token_request_path(ns: str, service_account: str) -> str:
+    return f"{service_account_path(ns, service_account)}/token"
+
+
+def role_path(ns: str, name: str = "") -> str:
+    return _named(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", name)
+
+
+def role_binding_path(ns: str, name: str = "") -> str:
+    return _named(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", name)
+
+
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 
 
 def event_path(ns: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from tether.api import constants as c
 from tether import tracecontext
 from tether.api.models import API_VERSION, GROUP, PLURAL, WorkerRun
+from tether.kube.paths import role_binding_path, role_path, service_account_path
 from tether.protocol import micro_time  # noqa: F401  (Lease times; callers use resources.micro_time)
 
 
@@ -117,15 +118,15 @@ def build_namespace_worker_rbac(ns: str) -> list[tuple[str, dict[str, Any]]]:
     from the pod its token names. Owned by no run: deleting one must not take it from the rest."""
     meta = {"name": NAMESPACE_WORKER, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "tether"}}
     return [
-        (f"/api/v1/namespaces/{ns}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}),
-        (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
+        (service_account_path(ns), {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}),
+        (role_path(ns), {
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
             "rules": [
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update", "patch"]},
                 {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get"]},
                 {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
             ]}),
-        (f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
+        (role_binding_path(ns), {
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAMESPACE_WORKER},
             "subjects": [{"kind": "ServiceAccount", "name": NAMESPACE_WORKER, "namespace": ns}]}),
@@ -142,9 +143,9 @@ def build_worker_rbac(run: WorkerRun) -> list[tuple[str, dict[str, Any]]]:
     role_name = f"tether-worker-{name}"
     objects: list[tuple[str, dict[str, Any]]] = []
     if sa == run_service_account(run):
-        objects.append((f"/api/v1/namespaces/{ns}/serviceaccounts",
+        objects.append((service_account_path(ns),
                         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(sa)}))
-    objects.append((f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
+    objects.append((role_path(ns), {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(role_name),
         "rules": [
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [name],
@@ -155,7 +156,7 @@ def build_worker_rbac(run: WorkerRun) -> list[tuple[str, dict[str, Any]]]:
              "verbs": ["get", "patch"]},
         ],
     }))
-    objects.append((f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
+    objects.append((role_binding_path(ns), {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(role_name),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],

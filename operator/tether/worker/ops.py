@@ -13,7 +13,7 @@ from typing import Any, Generator, Mapping, TypeVar
 import httpx
 
 from tether.api import constants as c
-from tether.api.models import GROUP, PLURAL, VERSION
+from tether.kube.paths import run_path
 from tether.tracecontext import ENV_TRACEPARENT
 from tether.worker.errors import LeaseLost
 from tether.worker.steps import Call
@@ -120,7 +120,7 @@ def inline_payload(env: Mapping[str, str]) -> dict[str, Any] | None:
 def payload_steps(env: Mapping[str, str], attempts: int = 3,
                   backoff: float = 1.0) -> Generator[Call | Sleep, Any, dict[str, Any]]:
     """Reads the payload from the pod's own WorkerRun, with its own credentials (docs/protocol.md §4.1)."""
-    path = f"/apis/{GROUP}/{VERSION}/namespaces/{env[c.ENV_NAMESPACE]}/{PLURAL}/{env[c.ENV_RUN]}"
+    path = run_path(env[c.ENV_NAMESPACE], env[c.ENV_RUN])
     for attempt in range(attempts):
         try:
             resp = yield Call("GET", path)

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.api import constants as c
-from tether.api.models import API_VERSION, PLURAL
 from tether.kube.client import ApiError, Conflict, KubeClient
-from tether.kube.paths import pod_path, run_path
+from tether.kube.paths import all_runs_path, pod_path, run_path
 from tether.protocol import JSON_PATCH
 
 # `tether operator --leader-election-id`'s default: the chart leaves it so.
@@ -130,7 +129,7 @@ async def release_finalizers(kube: KubeClient, ns: str | None, name: str | None)
         resp = await kube.http.get(run_path(ns or "default", name))
         runs = [resp.json()] if resp.status_code == 200 else []
     else:
-        runs = await kube.list_objects(run_path(ns) if ns else f"/apis/{API_VERSION}/{PLURAL}")
+        runs = await kube.list_objects(run_path(ns) if ns else all_runs_path())
     done = Released()
     for run in runs:
         meta = run["metadata"]
