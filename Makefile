@@ -119,7 +119,7 @@ conformance: install control-plane $(SDK_TS)/node_modules/.installed
 	$(PY) -m conformance $(CONFORMANCE_ARGS)
 
 # The docs site (mkdocs.yml, docs/): built outside the tree; internal links and README's checked, external
-# ones listed (not fetched). tests/unit/test_docs.py runs the same check, so make test does not run this.
+# ones listed (not fetched). tests/unit/docs/test_docs.py runs the same check, so make test does not run this.
 DOCS_SITE ?= $(or $(TETHER_CACHE),/tmp)/tether-site
 docs: install
 	$(PY) hack/check_docs.py --site-dir $(DOCS_SITE)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.unit.test_decide import held, lease, observe, pod, run  # noqa: E402
+from tests.unit.core.test_decide import held, lease, observe, pod, run  # noqa: E402
 from tether.core.decide import decide  # noqa: E402
 
 T0 = dt.datetime(2026, 11, 29, 12, tzinfo=dt.timezone.utc)

@@ -2,7 +2,7 @@
 # Builds promtool (github.com/prometheus/prometheus/cmd/promtool) and hack/promql-names (the metric
 # names a PromQL expression reads, from Prometheus's own parser) from Go modules, cached like the
 # other tools: `promtool check rules` and `promtool test rules` check the alerts in deploy/prometheus
-# (tests/unit/test_alerts.py), promql-names the dashboards' and alerts' metrics against a live
+# (tests/unit/chart/test_alerts.py), promql-names the dashboards' and alerts' metrics against a live
 # operator (tests/e2e/test_observability.py). Prints the directory holding them.
 set -euo pipefail
 

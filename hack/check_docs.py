@@ -8,7 +8,7 @@ checkout; a link into docs/*.md#anchor names a heading of that page as the site 
 fetched: the build needs no network. Also checked: the user docs (README, docs/, CHANGELOG,
 SECURITY, the examples' READMEs) speak to users, not in the project's internal voice (no issue
 numbers, no "this project's machines" or "the test machine"; see VOICE). `make docs` runs this;
-tests/unit/test_docs.py imports it.
+tests/unit/docs/test_docs.py imports it.
 """
 
 from __future__ import annotations

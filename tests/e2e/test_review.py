@@ -17,7 +17,7 @@ from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_appro
 from tests.support import runs
 from tests.support.audit import AuditLog
 from tests.support.kube import Kube, eventually, refused
-from tests.unit.test_argocd_health import health
+from tests.unit.chart.test_argocd_health import health
 
 
 def _gated(timeout: int | None = None) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from tests.support import runs
 from tests.support.audit import AuditLog
 from tests.support.kube import Kube, eventually, worker_identity
 from tests.support.scenario import app_run, wait_line, watch_last_renewal
-from tests.unit.test_argocd_health import health
+from tests.unit.chart.test_argocd_health import health
 
 
 def _reviewed(timeout: int | None = None, **payload: Any) -> dict[str, Any]:

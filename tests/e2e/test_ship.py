@@ -23,7 +23,7 @@ from tests.support import runs
 from tests.support.kube import Kube, eventually
 from tests.support.operator_process import OperatorProcess
 from tests.support.scenario import app_run, record_measurement
-from tests.unit.test_argocd_health import health
+from tests.unit.chart.test_argocd_health import health
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"

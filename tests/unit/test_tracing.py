@@ -157,7 +157,7 @@ def test_the_worker_pod_carries_its_attempts_traceparent() -> None:
 
 
 def test_the_gateway_claim_reply_carries_the_attempts_traceparent() -> None:
-    from tests.unit.test_gateway_envelope import AUTH, OP, HeldKube, _call
+    from tests.unit.gateway.test_gateway_envelope import AUTH, OP, HeldKube, _call
     from tether.gateway.app import build_app
     from tether.gateway.openapi import openapi_document
 

@@ -1,6 +1,6 @@
 """pydantic models of the WorkerRun API; they mirror crds/workerruns.tether.dev.yaml.
 
-tests/unit/test_models_match_crd.py proves that both describe the same fields.
+tests/unit/api/test_models_match_crd.py proves that both describe the same fields.
 """
 
 from __future__ import annotations
