@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/chaos.py --replay 17          # the one trial of seed 17, again
 
 Trial i of a campaign has seed S+i; each draws its runs and faults from its seed alone
-(tests/support/chaos.py) and is judged by the oracle (tests/support/oracle.py) from the API
+(testkit/chaos.py) and is judged by the oracle (testkit/oracle.py) from the API
 server's audit log and the final objects. One control plane with an audit log serves every
 trial (a namespace each); trials that draw an API server pause run on a second, private one,
 started when first needed and reused, because pausing the API server must not disturb the
@@ -33,12 +33,12 @@ sys.path.insert(0, str(ROOT))
 from tether.devcluster.controlplane import LocalCluster, resolve_binaries  # noqa: E402
 from tether.devcluster.crds import install_crds, install_policies  # noqa: E402
 from tether.devcluster.kubelet import POD_PYTHONPATH  # noqa: E402
-from tests.support.chaos import ClusterHandle, Tally, Trial, draw_plan, timeline  # noqa: E402
+from testkit.chaos import ClusterHandle, Tally, Trial, draw_plan, timeline  # noqa: E402
 
 
 def _start(stack: contextlib.ExitStack, label: str, pausable: bool) -> ClusterHandle:
     began = time.monotonic()
-    # With Kueue: plans that queue runs queue them, and preempt them (tests/support/chaos_queues.py).
+    # With Kueue: plans that queue runs queue them, and preempt them (testkit/chaos_queues.py).
     cluster = stack.enter_context(LocalCluster(bin_dir=resolve_binaries(), audit=True, with_kueue=True,
                                                state_dir=Path(tempfile.mkdtemp(prefix=f"tether-chaos-{label}-"))))
     with cluster.client() as client:
@@ -102,7 +102,7 @@ def main() -> int:
     source = None
     if args.source:
         source, package = _snapshot(args.source)
-        # The operator (tests/support/operator_process.py) and every worker pod (the process kubelet puts it
+        # The operator (testkit/operator_process.py) and every worker pod (the process kubelet puts it
         # on their PYTHONPATH) import tether from there; the harness and the cluster it starts stay this tree's.
         os.environ["TETHER_TEST_OPERATOR_SRC"] = str(package)
         os.environ[POD_PYTHONPATH] = str(package)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tether.devcluster.controlplane import LocalCluster, resolve_binaries  # noqa: E402
 from tether.devcluster.crds import install_crds, install_policies  # noqa: E402
 from tether.devcluster.processes import wait_for  # noqa: E402
-from tests.support.operator_process import OperatorProcess  # noqa: E402
+from testkit.operator_process import OperatorProcess  # noqa: E402
 
 NS = "herd"
 WR = f"/apis/tether.dev/v1alpha1/namespaces/{NS}/workerruns"
@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     with LocalCluster(bin_dir=resolve_binaries(), with_kubelet=False) as cluster:
         os.environ["TETHER_TEST_STATE_DIR"] = str(cluster.state_dir)  # the proxy's certificate from the cluster CA
-        from tests.support.apiproxy import ApiProxy  # noqa: PLC0415 - needs the state dir above
+        from testkit.apiproxy import ApiProxy  # noqa: PLC0415 - needs the state dir above
 
         kube = cluster.client(timeout=30)
         install_crds(kube)

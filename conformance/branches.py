@@ -16,7 +16,7 @@ from typing import Any, Callable
 from conformance.harness import GATEWAY, POD, Case, Fail
 from conformance.scenarios import (ENDED, SCENARIOS, MARGIN, SLACK, L, R, Scenario, _exactly_once, _exit_code, _expect,
                                    _is_publication, _start, _status, _succeeded, _wait_effects)
-from tests.support.kube import Kube
+from testkit.kube import Kube
 
 CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
 # Runs the worker as a container sees its credentials: the pod's token, ca.crt and namespace files

@@ -25,13 +25,13 @@ import httpx
 
 from tether.devcluster.kubelet import API_SERVER_ANNOTATION
 from tether.devcluster.processes import free_port, spawn, terminate
-from tests.support.apiproxy import ApiProxy
-from tests.support.audit import AuditRecord
-from tests.support.chaos import read_audit_to_end
-from tests.support.kube import Kube, eventually, worker_identity
-from tests.support.receiver import Effect, Receiver
-from tests.support.operator_process import OperatorProcess
-from tests.support.oracle import TrialFacts, judge
+from testkit.apiproxy import ApiProxy
+from testkit.audit import AuditRecord
+from testkit.chaos import read_audit_to_end
+from testkit.kube import Kube, eventually, worker_identity
+from testkit.receiver import Effect, Receiver
+from testkit.operator_process import OperatorProcess
+from testkit.oracle import TrialFacts, judge
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from conformance.harness import GATEWAY, LEASE, POD, Case, Fail, Sent
-from tests.support.kube import Kube
+from testkit.kube import Kube
 
 L, R = float(LEASE["durationSeconds"]), float(LEASE["renewIntervalSeconds"])
 MARGIN = max(1.0, L / 10)

@@ -18,10 +18,10 @@ from typing import Iterator
 
 import pytest
 
-from tests.support.kube import Kube, eventually
+from testkit.kube import Kube, eventually
 
 if False:  # typing only
-    from tests.support.operator_process import OperatorProcess  # noqa: F401
+    from testkit.operator_process import OperatorProcess  # noqa: F401
     from tests.support.realnode import RealNodeHandle  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def operator(namespace: str, tmp_path: Path) -> Iterator["OperatorProcess"]:
 
     With TETHER_TEST_EXTERNAL_OPERATOR (make e2e-kind) the chart's operator in the cluster
     does the work instead; tests that need this process are marked local_cluster."""
-    from tests.support.operator_process import OperatorProcess
+    from testkit.operator_process import OperatorProcess
 
     if os.environ.get("TETHER_TEST_EXTERNAL_OPERATOR"):
         yield None  # type: ignore[misc]

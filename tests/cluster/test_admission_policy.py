@@ -24,10 +24,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.support import runs
-from tests.support.audit import AuditLog, AuditRecord
-from tests.support.kube import Kube, eventually
-from tests.support.scenario import app_run
+from testkit import runs
+from testkit.audit import AuditLog, AuditRecord
+from testkit.kube import Kube, eventually
+from testkit.scenario import app_run
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 BUDGETS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerbudgets"

@@ -1,4 +1,4 @@
-"""The fault-injecting API proxy (tests/support/apiproxy.py) against the real kube-apiserver.
+"""The fault-injecting API proxy (testkit/apiproxy.py) against the real kube-apiserver.
 
 Each test proves one fault as a client of the proxy sees it, and checks with admin
 credentials on the real API (not through the proxy) what the API server itself saw.
@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from tests.support.apiproxy import ApiProxy, RequestRecord
-from tests.support.audit import AuditLog
-from tests.support.kube import Kube, eventually
+from testkit.apiproxy import ApiProxy, RequestRecord
+from testkit.audit import AuditLog
+from testkit.kube import Kube, eventually
 from tether.kube import config as kubeconfig
 
 CMS = "/api/v1/namespaces/{ns}/configmaps"
@@ -443,7 +443,7 @@ def test_close_ends_streams_and_held_requests_and_leaves_no_thread(kube: Kube, n
 
 def test_the_operator_runs_through_the_proxy_and_relists_on_an_expired_watch(
         proxy: ApiProxy, namespace: str, tmp_path: Path) -> None:
-    from tests.support.operator_process import OperatorProcess
+    from testkit.operator_process import OperatorProcess
 
     def on_runs(r: RequestRecord) -> bool:
         return r.method == "GET" and r.path.endswith(f"/namespaces/{namespace}/workerruns")

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.kube import Kube, eventually, refused
+from testkit.kube import Kube, eventually, refused
 
 APPROVALS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunapprovals"
 

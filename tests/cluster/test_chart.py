@@ -11,8 +11,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.support import runs
-from tests.support.kube import Kube, eventually
+from testkit import runs
+from testkit.kube import Kube, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "tether"

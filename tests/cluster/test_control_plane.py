@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import pod_log
-from tests.support.kube import Kube, eventually
+from testkit.kube import Kube, eventually
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 

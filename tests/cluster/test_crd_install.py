@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.kube import Kube, eventually
+from testkit.kube import Kube, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "workerruns.tether.dev.yaml"

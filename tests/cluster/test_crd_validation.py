@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube import Kube, refused
+from testkit.kube import Kube, refused
 
 
 def _run(name: str = "r", **spec: object) -> dict:

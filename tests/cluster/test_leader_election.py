@@ -9,7 +9,7 @@ import os
 from tether.controller.leader import LeaderElector
 from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
-from tests.support.kube import Kube
+from testkit.kube import Kube
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/leader"
 

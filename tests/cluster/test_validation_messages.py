@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from tests.cluster.test_approvals import APPROVALS
-from tests.support.kube import Kube, refused
+from testkit.kube import Kube, refused
 from tether.devcluster.crds import read_crd
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"

@@ -24,10 +24,10 @@ import yaml
 from tests.cluster.test_approvals import _grant_approver
 from tests.e2e.test_budgets import BUDGETS, get_budget
 from tests.e2e.test_review_gates import _decide, _pending
-from tests.support import runs
+from testkit import runs
 from tether.devcluster.fake_model import FakeModel
-from tests.support.kube import Kube, eventually
-from tests.support.receiver import Receiver
+from testkit.kube import Kube, eventually
+from testkit.receiver import Receiver
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agent-loop"

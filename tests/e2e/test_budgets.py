@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import pod_log
-from tests.support import runs
-from tests.support.kube import Kube, eventually
-from tests.support.scenario import app_run, lines, record_measurement, wait_line
+from testkit import runs
+from testkit.kube import Kube, eventually
+from testkit.scenario import app_run, lines, record_measurement, wait_line
 
 BUDGETS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerbudgets"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"

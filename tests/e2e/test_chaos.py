@@ -1,7 +1,7 @@
 """A fixed set of seeded fault trials, so CI guards the oracle's invariants (`make chaos` runs hundreds).
 
-Each seed draws its runs and faults (tests/support/chaos.py) and is judged by the oracle
-(tests/support/oracle.py) from the API server's audit log and the final objects. They run on
+Each seed draws its runs and faults (testkit/chaos.py) and is judged by the oracle
+(testkit/oracle.py) from the API server's audit log and the final objects. They run on
 the session's shared control plane, so none of them draws the API server pause: pausing it
 would stall every other test (tests/e2e/test_outage.py covers that fault on a private one).
 A failure prints the violated invariant, its evidence and the command that replays the seed.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chaos import API_PAUSE, FAULT_KINDS, ClusterHandle, Trial, draw_plan
-from tests.support.kube import Kube
+from testkit.chaos import API_PAUSE, FAULT_KINDS, ClusterHandle, Trial, draw_plan
+from testkit.kube import Kube
 
 pytestmark = pytest.mark.local_cluster  # it signals worker processes of the process kubelet
 

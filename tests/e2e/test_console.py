@@ -27,10 +27,10 @@ from tests.cluster.test_approvals import APPROVALS
 from tests.e2e.test_gateway import _up
 from tests.e2e.test_review import _gated
 from tests.e2e.test_review_gates import _asking, _reviewed
-from tests.support import runs
-from tests.support.kube import Kube, eventually
+from testkit import runs
+from testkit.kube import Kube, eventually
 from tests.support.users import console_user
-from tests.support.scenario import app_run, lease
+from testkit.scenario import app_run, lease
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -326,7 +326,7 @@ def test_the_timeline_of_a_frozen_and_lost_worker(kube: Kube, namespace: str, op
 
 def _gateway(namespace: str, tmp_path: Path) -> Any:
     from tests.e2e.test_ship import _free_port
-    from tests.support.operator_process import OperatorProcess
+    from testkit.operator_process import OperatorProcess
 
     port = _free_port()
     op = OperatorProcess(namespace, os.environ["TETHER_TEST_KUBECONFIG"], tmp_path / "op.log",

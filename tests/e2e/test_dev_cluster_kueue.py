@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_quickstart import _stop_group
-from tests.support.kube import Kube, eventually
+from testkit.kube import Kube, eventually
 
 pytestmark = pytest.mark.local_cluster  # a control plane and a Kueue manager of its own
 ROOT = Path(__file__).resolve().parents[2]

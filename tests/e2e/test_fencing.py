@@ -11,11 +11,11 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.support import runs
-from tests.support.kube import Kube
+from testkit import runs
+from testkit.kube import Kube
 from tests.support.netcut import CutProxy
-from tests.support.receiver import Receiver
-from tests.support.scenario import app_run, lease, lines, record_measurement, wait_line, watch_last_renewal
+from testkit.receiver import Receiver
+from testkit.scenario import app_run, lease, lines, record_measurement, wait_line, watch_last_renewal
 
 SKEW_DIR = Path(__file__).resolve().parents[1] / "support" / "clockskew"
 

@@ -15,10 +15,10 @@ import yaml
 
 from tether.devcluster.processes import free_port
 from tether.worker import ClaimRefused, LeaseLost, WorkerRun
-from tests.support import runs
-from tests.support.kube import Kube, eventually, worker_identity
+from testkit import runs
+from testkit.kube import Kube, eventually, worker_identity
 from tests.support.netcut import CutProxy
-from tests.support.operator_process import OperatorProcess
+from testkit.operator_process import OperatorProcess
 
 
 

@@ -23,8 +23,8 @@ from tether.kube import resources
 from tether.kube.client import KubeClient
 from tether.kube.paths import lease_path, run_path
 from tests.e2e.test_gateway import ca_only, external_run
-from tests.support.kube import AUDIENCE, Kube, worker_identity
-from tests.support import runs
+from testkit.kube import AUDIENCE, Kube, worker_identity
+from testkit import runs
 
 pytestmark = pytest.mark.local_cluster
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tests.e2e.test_gateway import call, ca_only, external_run, gateway, open_attempt  # noqa: F401 (fixture)
-from tests.support import runs
-from tests.support.kube import Kube, eventually, worker_identity
+from testkit import runs
+from testkit.kube import Kube, eventually, worker_identity
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "tether"
 RBAC = "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/{kind}"

@@ -12,7 +12,7 @@ import pytest
 from tether.api import constants as c
 from tether.kube import config as kubeconfig
 from tether.kube.client import Conflict, KubeClient
-from tests.support.kube import Kube
+from testkit.kube import Kube
 
 pytestmark = pytest.mark.local_cluster
 

@@ -1,5 +1,5 @@
 """Any kubeconfig kubectl accepts, for the plugin, the console and the SDK's out-of-cluster path:
-an exec credential plugin (tests/support/exec_credential.py prints ServiceAccount tokens of the test
+an exec credential plugin (testkit/exec_credential.py prints ServiceAccount tokens of the test
 cluster, as EKS's or GKE's plugin prints theirs), one whose credential expires or is revoked while
 a command runs, KUBECONFIG naming two files, --context, and impersonation. Judged by what the API
 server recorded (the approvals' approver, the audit log's credential IDs), not by Tether's view."""
@@ -23,15 +23,15 @@ import yaml
 from tests.cluster.test_approvals import APPROVALS
 from tests.conftest import pod_log
 from tests.e2e.test_review import _gated
-from tests.support import runs
-from tests.support.audit import AuditLog
-from tests.support.kube import Kube, eventually
-from tests.support.scenario import app_run
+from testkit import runs
+from testkit.audit import AuditLog
+from testkit.kube import Kube, eventually
+from testkit.scenario import app_run
 from tests.support.users import console_user
 from tether.kube import config as kubeconfig
 from tether.worker.run import load_payload
 
-EXEC_PLUGIN = Path(__file__).resolve().parent.parent / "support" / "exec_credential.py"
+EXEC_PLUGIN = Path(__file__).resolve().parents[2] / "testkit" / "exec_credential.py"
 CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
 
 

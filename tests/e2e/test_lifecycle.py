@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import pod_log
-from tests.support import runs
-from tests.support.kube import Kube, eventually
+from testkit import runs
+from testkit.kube import Kube, eventually
 
 
 @pytest.mark.local_cluster
@@ -137,7 +137,7 @@ def test_stop_is_signalled_and_cancels(kube: Kube, namespace: str, operator) -> 
 @pytest.mark.local_cluster
 def test_stop_without_cooperation_deletes_the_pod_after_grace(kube: Kube, namespace: str, operator,  # type: ignore[no-untyped-def]
                                                               tmp_path) -> None:
-    from tests.support.scenario import app_run
+    from testkit.scenario import app_run
 
     body = app_run("deaf", {"holdAttempts": [1], "outFile": str(tmp_path / "out.jsonl")})
     body["spec"]["stopGraceSeconds"] = 2

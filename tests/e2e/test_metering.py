@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_budgets import budget, get_budget
-from tests.support import runs
+from testkit import runs
 from tether.devcluster.fake_model import FakeModel
-from tests.support.kube import Kube, eventually
-from tests.support.scenario import app_run, lines
+from testkit.kube import Kube, eventually
+from testkit.scenario import app_run, lines
 
 PRICES = {"gpt-x": {"input": 2.5, "output": 10}, "claude-x": {"input": 3, "output": 15}}
 # What one answer of 10,000 input and 1,000 output tokens costs, in 1e-12 USD (a cent is 1e10).

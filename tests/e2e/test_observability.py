@@ -11,9 +11,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import promql, runs
-from tests.support.kube import Kube, eventually
-from tests.support.operator_process import OperatorProcess
+from testkit import runs
+from tests.support import promql
+from testkit.kube import Kube, eventually
+from testkit.operator_process import OperatorProcess
 
 # Series Prometheus makes itself for every target.
 SYNTHETIC = {"up"}

@@ -9,9 +9,9 @@ from collections import defaultdict
 
 import pytest
 
-from tests.support import runs
-from tests.support.kube import Kube, eventually
-from tests.support.scenario import record_measurement
+from testkit import runs
+from testkit.kube import Kube, eventually
+from testkit.scenario import record_measurement
 
 KILLS = 22
 RUNS = 8

@@ -15,10 +15,10 @@ from typing import Iterator
 
 import pytest
 
-from tests.support import runs
-from tests.support.kube import Kube, eventually
-from tests.support.operator_process import OperatorProcess
-from tests.support.scenario import app_run
+from testkit import runs
+from testkit.kube import Kube, eventually
+from testkit.operator_process import OperatorProcess
+from testkit.scenario import app_run
 
 pytestmark = pytest.mark.local_cluster
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import runs
-from tests.support.kube import Kube
+from testkit import runs
+from testkit.kube import Kube
 from tests.support.payload_worker import digest
 
 

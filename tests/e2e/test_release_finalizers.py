@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import runs
-from tests.support.kube import Kube, eventually
-from tests.support.operator_process import OperatorProcess
+from testkit import runs
+from testkit.kube import Kube, eventually
+from testkit.operator_process import OperatorProcess
 from tether.api import constants as c
 from tether.release_finalizers import LEADER_LEASE
 

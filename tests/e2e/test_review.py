@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
-from tests.support import runs
-from tests.support.audit import AuditLog
-from tests.support.kube import Kube, eventually, refused
+from testkit import runs
+from testkit.audit import AuditLog
+from testkit.kube import Kube, eventually, refused
 from tests.unit.chart.test_argocd_health import health
 
 
@@ -124,7 +124,7 @@ def test_metrics_count_the_waiting_and_time_the_decision(kube: Kube, namespace: 
     from prometheus_client.parser import text_string_to_metric_families
 
     from tests.e2e.test_ship import _free_port, _kubeconfig
-    from tests.support.operator_process import OperatorProcess
+    from testkit.operator_process import OperatorProcess
 
     port = _free_port()
     op = OperatorProcess(namespace, _kubeconfig(), tmp_path / "op.log", extra_args=[f"--metrics-port={port}"]).start()

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from tether.api import constants as c
-from tests.support import runs
-from tests.support.apiproxy import ApiProxy
-from tests.support.kube import Kube, eventually
-from tests.support.operator_process import OperatorProcess
-from tests.support.scenario import lease, fenced_result, held_by
+from testkit import runs
+from testkit.apiproxy import ApiProxy
+from testkit.kube import Kube, eventually
+from testkit.operator_process import OperatorProcess
+from testkit.scenario import lease, fenced_result, held_by
 
 pytestmark = pytest.mark.local_cluster
 

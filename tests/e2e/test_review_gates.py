@@ -20,10 +20,10 @@ from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_appro
 from tests.e2e.test_budgets import _table
 from tests.e2e.test_gateway import call, external_run, gateway, open_attempt  # noqa: F401 (gateway: a fixture)
 from tests.e2e.test_review import after_creation_second
-from tests.support import runs
-from tests.support.audit import AuditLog
-from tests.support.kube import Kube, eventually, worker_identity
-from tests.support.scenario import app_run, wait_line, watch_last_renewal
+from testkit import runs
+from testkit.audit import AuditLog
+from testkit.kube import Kube, eventually, worker_identity
+from testkit.scenario import app_run, wait_line, watch_last_renewal
 from tests.unit.chart.test_argocd_health import health
 
 

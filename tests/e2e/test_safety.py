@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.support import runs
-from tests.support.apiproxy import ApiProxy
-from tests.support.kube import Kube, eventually
-from tests.support.operator_process import OperatorProcess
-from tests.support.scenario import app_run, lease, lines, wait_line, fenced_result, held_by
+from testkit import runs
+from testkit.apiproxy import ApiProxy
+from testkit.kube import Kube, eventually
+from testkit.operator_process import OperatorProcess
+from testkit.scenario import app_run, lease, lines, wait_line, fenced_result, held_by
 
 pytestmark = pytest.mark.local_cluster
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import scale
-from tests.support.audit import AuditLog
+from testkit.audit import AuditLog
 
 pytestmark = pytest.mark.local_cluster
 

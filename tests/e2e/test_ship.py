@@ -19,10 +19,10 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import runs
-from tests.support.kube import Kube, eventually
-from tests.support.operator_process import OperatorProcess
-from tests.support.scenario import app_run, record_measurement
+from testkit import runs
+from testkit.kube import Kube, eventually
+from testkit.operator_process import OperatorProcess
+from testkit.scenario import app_run, record_measurement
 from tests.unit.chart.test_argocd_health import health
 
 ROOT = Path(__file__).resolve().parents[2]

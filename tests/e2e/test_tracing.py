@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import runs
-from tests.support.kube import Kube
-from tests.support.operator_process import OperatorProcess
+from testkit import runs
+from testkit.kube import Kube
+from testkit.operator_process import OperatorProcess
 from tests.support.otlp import OtlpReceiver, Span
-from tests.support.receiver import Receiver
-from tests.support.scenario import app_run
+from testkit.receiver import Receiver
+from testkit.scenario import app_run
 from tether.tracecontext import attempt_context, parse_traceparent
 
 # Export every 200 ms rather than every 5 s: the test polls the receiver with a deadline.

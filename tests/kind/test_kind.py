@@ -25,8 +25,8 @@ import pytest
 
 from tests.e2e.test_gateway import external_run, open_attempt
 from tests.kueue.test_queues import _time, queued_run, tenancy
-from tests.support import runs
-from tests.support.kube import Kube, eventually, worker_identity
+from testkit import runs
+from testkit.kube import Kube, eventually, worker_identity
 
 pytestmark = pytest.mark.xdist_group("kind")
 

@@ -23,13 +23,13 @@ from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_appro
 from tests.e2e.test_budgets import budget
 from tests.e2e.test_review import after_creation_second
 from tether.devcluster.processes import spawn
-from tests.support import runs
-from tests.support.receiver import Receiver
-from tests.support.scenario import app_run, lines, wait_line
-from tests.support.audit import AuditLog
-from tests.support.chaos_queues import KUEUE, create_object
-from tests.support.kube import Kube, eventually
-from tests.support.oracle import TrialFacts, judge
+from testkit import runs
+from testkit.receiver import Receiver
+from testkit.scenario import app_run, lines, wait_line
+from testkit.audit import AuditLog
+from testkit.chaos_queues import KUEUE, create_object
+from testkit.kube import Kube, eventually
+from testkit.oracle import TrialFacts, judge
 
 # One worker runs them all, one after the other: they share one Kueue, which one of them stops.
 pytestmark = pytest.mark.xdist_group("kueue")

@@ -23,12 +23,12 @@ import httpx
 import pytest
 
 from tether.devcluster.realnode import KUBERNETES_SERVICE_IP, REAL_NODE_LABEL, REAL_NODE_NAME, REAL_NODE_TAINT
-from tests.support import runs
-from tests.support.audit import AuditLog, AuditRecord
-from tests.support.kube import Kube, eventually
+from testkit import runs
+from testkit.audit import AuditLog, AuditRecord
+from testkit.kube import Kube, eventually
 from tests.support.realnode import RealNodeHandle
-from tests.support.receiver import Receiver
-from tests.support.scenario import app_run, record_measurement
+from testkit.receiver import Receiver
+from testkit.scenario import app_run, record_measurement
 
 ROOT = Path(__file__).resolve().parents[2]
 HELM_NODE_LABEL = REAL_NODE_LABEL.replace(".", "\\.")  # --set takes dots as nesting

@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from tests.support.kube import eventually
+from testkit.kube import eventually
 
 
 @dataclass(frozen=True)

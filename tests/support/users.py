@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from tests.cluster.test_approvals import APPROVALS
-from tests.support.kube import Kube, eventually
+from testkit.kube import Kube, eventually
 
 
 def console_user(kube: Kube, ns: str, tmp_path: Path, name: str = "alice") -> tuple[str, str, Path]:

@@ -8,7 +8,7 @@ With `audit=True` the API server writes an audit log (JSON lines, one event per
 completed request) to `audit_log`: full request and response bodies for every
 write to Leases, WorkerRun status and WorkerBudget status, metadata for the rest
 of Tether's resources and for pod creation and deletion. It is the independent
-record the fault-trial oracle checks (tests/support/audit.py reads it).
+record the fault-trial oracle checks (testkit/audit.py reads it).
 """
 
 from __future__ import annotations

@@ -216,12 +216,12 @@ def test_an_approval_decides_its_attempt_whatever_second_it_was_made_in() -> Non
 
 
 def test_the_oracle_accepts_a_denied_result_and_its_retry() -> None:
-    """Invariant 2 of tests/support/oracle.py ("no accepted result erased or replaced; a run with
+    """Invariant 2 of testkit/oracle.py ("no accepted result erased or replaced; a run with
     a result is never granted again; a published result never ends other than Succeeded") knows
     nothing of the result gate, whose documented behaviour is exactly that: a denied result is
     cleared and the attempt retried; an unreviewed one ends Rejected with its result kept. A fault
     trial with spec.review.result would report Tether's correct behaviour as a safety violation."""
-    from tests.support.oracle import judge
+    from testkit.oracle import judge
     from tests.unit.oracle.test_oracle import facts, invariants
     from tests.unit.oracle.test_oracle_reviews import approve, under_review
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.audit import AuditRecord
-from tests.support.oracle import ANY_POD, TrialFacts, Verdict, judge
+from testkit.audit import AuditRecord
+from testkit.oracle import ANY_POD, TrialFacts, Verdict, judge
 
 NS = "trial"
 T0 = dt.datetime(2026, 11, 30, 12, tzinfo=dt.timezone.utc)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.audit import AuditRecord, ProxyStamp
-from tests.support.oracle import LEADERSHIP_SLACK, judge
+from testkit.audit import AuditRecord, ProxyStamp
+from testkit.oracle import LEADERSHIP_SLACK, judge
 from tests.unit.oracle.test_oracle import NS, OPERATOR, Log, Run, facts, invariants
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.support.oracle import ModelAnswer, judge
+from testkit.oracle import ModelAnswer, judge
 from tests.unit.oracle.test_oracle import Log, Run, facts, invariants
 
 pytestmark = pytest.mark.unit

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.oracle import judge
+from testkit.oracle import judge
 from tests.unit.oracle.test_oracle import NS, Log, Run, facts
 
 pytestmark = pytest.mark.unit

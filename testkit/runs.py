@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from tests.support.kube import Kube, eventually
+from testkit.kube import Kube, eventually
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def example(name: str, **spec_overrides: Any) -> dict[str, Any]:

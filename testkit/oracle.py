@@ -89,7 +89,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from tests.support.audit import AuditRecord
+from testkit.audit import AuditRecord
 
 INVARIANTS: dict[int, str] = {
     1: "no worker write accepted after its fence was superseded",

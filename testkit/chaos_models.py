@@ -1,4 +1,4 @@
-"""The fault trials' model API (tests/support/chaos.py): runs drawn `metered` spend through the SDK's
+"""The fault trials' model API (testkit/chaos.py): runs drawn `metered` spend through the SDK's
 meter on a fake model API of the trial's own, which cuts some answers before their usage arrives
 (a whole answer mid-body, a streamed one in any event before its final usage, or after it), as a network or a provider does. The
 model's log is the oracle's record of what was spent (invariant 12), kept apart from Tether's view.
@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from tether.devcluster.fake_model import WORDS, FakeModel
-from tests.support.oracle import ModelAnswer
+from testkit.oracle import ModelAnswer
 
 MODEL = "claude-x"
 PATH = "/v1/messages"

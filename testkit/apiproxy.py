@@ -88,7 +88,7 @@ from yarl import URL
 
 from tether.devcluster import pki
 from tether.kube import config as kubeconfig
-from tests.support.audit import ProxyStamp
+from testkit.audit import ProxyStamp
 
 Phase = Literal["request", "response"]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from tether import protocol
-from tests.support import runs
-from tests.support.kube import Kube, eventually
+from testkit import runs
+from testkit.kube import Kube, eventually
 
-MEASUREMENTS = Path(__file__).resolve().parents[2] / ".tether" / "measurements.jsonl"
+MEASUREMENTS = Path(__file__).resolve().parents[1] / ".tether" / "measurements.jsonl"
 
 
 def app_run(name: str, payload: dict[str, Any], duration: int = 8, renew: int = 1,

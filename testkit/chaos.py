@@ -1,4 +1,4 @@
-"""Randomized, seeded fault trials on a real control plane, judged by tests/support/oracle.py.
+"""Randomized, seeded fault trials on a real control plane, judged by testkit/oracle.py.
 
 One trial, in its own namespace:
 
@@ -8,7 +8,7 @@ One trial, in its own namespace:
    deadlineSeconds or progressDeadlineSeconds (suspended, or asking a person, for longer), and
    3-6 faults at random times in an 18 s window (plus, where allowed, an API server pause);
 2. the operator (one replica, or two with leader election) talks to the API server through
-   one fault-injecting proxy (tests/support/apiproxy.py), every worker pod through another,
+   one fault-injecting proxy (testkit/apiproxy.py), every worker pod through another,
    so faults can be aimed at the operator or at one worker (by the pod its token names); each
    operator process has a token of its own there, so its requests (and, through the User-Agent,
    the audit log) name the process;
@@ -49,13 +49,13 @@ import httpx
 import yaml
 
 from tether.devcluster import pki
-from tests.support import chaos_models, chaos_queues
-from tests.support.apiproxy import ApiProxy, Gate
-from tests.support.audit import AuditRecord, parse_lines
-from tests.support.kube import Kube
-from tests.support.operator_process import OperatorProcess
-from tests.support.oracle import LEADERSHIP_SLACK, TERMINAL, TrialFacts, Verdict, judge
-from tests.support.scenario import app_run
+from testkit import chaos_models, chaos_queues
+from testkit.apiproxy import ApiProxy, Gate
+from testkit.audit import AuditRecord, parse_lines
+from testkit.kube import Kube
+from testkit.operator_process import OperatorProcess
+from testkit.oracle import LEADERSHIP_SLACK, TERMINAL, TrialFacts, Verdict, judge
+from testkit.scenario import app_run
 
 LEASE_SECONDS = 8  # the CRD wants durationSeconds > 2 * renewIntervalSeconds + 5
 RENEW_SECONDS = 1
@@ -139,7 +139,7 @@ class RunPlan:
     # Queued: told to yield, its worker publishes an error (a publication during a yield, invariant 2).
     fail_on_yield: bool = False
     # "stream" | "whole": its workers spend through the SDK's meter on the trial's model API, which cuts
-    # some answers before their usage (tests/support/chaos_models.py, invariant 12), not usagePerSecond.
+    # some answers before their usage (testkit/chaos_models.py, invariant 12), not usagePerSecond.
     metered: str | None = None
 
 
@@ -554,7 +554,7 @@ class Trial:
 
     def _exec_kubeconfig(self, rp: RunPlan) -> Path:
         """The worker proxy as its server (the faults still apply), and as its user an exec plugin
-        (tests/support/exec_credential.py) minting the pod's own bound tokens, each said to expire
+        (testkit/exec_credential.py) minting the pod's own bound tokens, each said to expire
         in EXEC_CREDENTIAL_SECONDS: the SDK fetches credentials again and again through the faults."""
         path = self.worker_proxy.write_kubeconfig(self.workdir / f"{rp.name}.kubeconfig", namespace=self.ns)
         doc = yaml.safe_load(path.read_text())
@@ -1343,7 +1343,7 @@ class Tally:
             self.failed.append(record["seed"])
 
     def report(self) -> str:
-        from tests.support.oracle import INVARIANTS
+        from testkit.oracle import INVARIANTS
 
         lines = [f"{self.trials} trials in {self.seconds / 60:.1f} min, {len(self.failed)} failed "
                  f"({self.harness_errors} of them by a harness error)"]

@@ -27,7 +27,7 @@ _STAMP = re.compile(r"tether-apiproxy\(client=(?P<client>[^;()]+);sent=(?P<sent>
 
 @dataclass(frozen=True)
 class ProxyStamp:
-    """What the test API proxy (tests/support/apiproxy.py) appends to the User-Agent of a client it
+    """What the test API proxy (testkit/apiproxy.py) appends to the User-Agent of a client it
     knows by name: which client sent the request and when the proxy received it. The audit log
     keeps the User-Agent, so it tells the operator's replicas (one proxy, one identity) apart, and
     says when a request was sent even if a fault held it up before it reached the API server."""

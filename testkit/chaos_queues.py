@@ -1,4 +1,4 @@
-"""The fault trials' queues (tests/support/chaos.py): runs queued through the real Kueue, and the
+"""The fault trials' queues (testkit/chaos.py): runs queued through the real Kueue, and the
 fault that preempts them. A queued trial gets a ClusterQueue of its own with room for all its
 queued runs (so only the fault contends for it) and a LocalQueue in its namespace; the preemption
 fault submits a higher-priority run asking for the whole quota, so Kueue evicts every admitted
@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tests.support.kube import Kube
+from testkit.kube import Kube
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 LOCAL_QUEUE = "trial"
