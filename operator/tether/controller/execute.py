@@ -155,7 +155,7 @@ class Executor:
         event = log_event(action)
         if event:
             log_run(f"run {snap.run.status.phase.value if snap.run.status.phase else ''}", snap.run, event,
-                    **dict(action.details))
+                    **action.details.log_fields())
         for ev in action.events:
             self.post_event(written, ev.type, ev.reason, ev.message)
         return snap
@@ -374,15 +374,14 @@ def _count(action: WriteStatus, written: WorkerRun) -> None:
         ended = [a for a in written.status.attempts if a.outcome is not None]
         if ended:
             metrics.ATTEMPTS_ENDED.labels(ns, ended[-1].outcome.value).inc()  # type: ignore[union-attr]
-    for gate, decision, seconds in dict(action.details).get("approvals") or ():  # type: ignore[attr-defined]
+    details = action.details
+    for gate, decision, seconds in details.approvals:
         metrics.APPROVAL_DECISION.labels(ns, gate, decision).observe(seconds)
-    details = dict(action.details)
-    if isinstance(details.get("evictionReason"), str):
-        metrics.KUEUE_EVICTIONS.labels(details["evictionReason"]).inc()
-    if isinstance(details.get("queuedSeconds"), (int, float)):
-        metrics.KUEUE_QUEUED.observe(float(details["queuedSeconds"]))  # type: ignore[arg-type]
+    if details.eviction_reason is not None:
+        metrics.KUEUE_EVICTIONS.labels(details.eviction_reason).inc()
+    if details.queued_seconds is not None:
+        metrics.KUEUE_QUEUED.observe(details.queued_seconds)
     if action.lapse:
         metrics.LEASE_LAPSES.labels(ns).inc()
-        silence = dict(action.details).get("silenceSeconds")
-        if isinstance(silence, (int, float)):
-            metrics.LAPSE_DETECTION.labels(ns).observe(float(silence))
+        if details.silence_seconds is not None:
+            metrics.LAPSE_DETECTION.labels(ns).observe(details.silence_seconds)

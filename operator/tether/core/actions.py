@@ -74,14 +74,32 @@ class Event:
 
 
 @dataclass(frozen=True)
+class WriteDetails:
+    """Facts about a status write that its log line and the metrics carry (unset: not this write's)."""
+
+    silence_seconds: float | None = None  # a lapse: how long no renewal was observed
+    eviction_reason: str | None = None  # Kueue evicted the attempt this write ends
+    queued_seconds: float | None = None  # a queued run's grant: how long it waited for admission
+    reason: str | None = None  # a stop told to the worker: why
+    lease_fence: int | None = None  # a Lease carrying a fence the run never issued: that fence
+    approvals: tuple[tuple[str, str, float], ...] = ()  # gate decisions: (gate, decision, seconds waited)
+
+    def log_fields(self) -> dict[str, object]:
+        """The set facts, under the log's field names."""
+        fields: dict[str, object] = {"silenceSeconds": self.silence_seconds, "evictionReason": self.eviction_reason,
+                                     "queuedSeconds": self.queued_seconds, "reason": self.reason,
+                                     "leaseFence": self.lease_fence, "approvals": list(self.approvals) or None}
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+@dataclass(frozen=True)
 class WriteStatus:
     """Replace status with a resourceVersion precondition (compare-and-swap)."""
 
     status: WorkerRunStatus
     events: tuple[Event, ...] = ()
     change: Change | None = None
-    # Facts about the change worth a log field, e.g. ("silenceSeconds", 21.3).
-    details: tuple[tuple[str, object], ...] = ()
+    details: WriteDetails = WriteDetails()
     ended: Outcome | None = None  # the attempt this write ends, and how
     lapse: bool = False  # ends the attempt for silence: the executor confirms it with a timely read
     grants: bool = False  # starts an attempt (bumps the fence and names a holder)

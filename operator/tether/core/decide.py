@@ -240,7 +240,7 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord)
                                               f"{run.spec.lease.duration_seconds}s since")
             else:
                 ending = Ending(Outcome.LEASE_LOST, f"no renewal observed for {run.spec.lease.duration_seconds}s")
-            b.details["silenceSeconds"] = round(verdict.silence, 3)
+            b.note(silence_seconds=round(verdict.silence, 3))
             b.lapse = True
         elif verdict.stalled:
             ending = Ending(Outcome.STALLED,
@@ -264,7 +264,7 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord)
             ending = Ending(ending.outcome, f"{ending.message}; overspend {stop.overspend.cents} cents, "
                                             f"{stop.overspend.tokens} tokens", ending.exit_code)
         if ending.outcome == Outcome.PREEMPTED and stop is not None and stop.eviction is not None:
-            b.details["evictionReason"] = stop.eviction
+            b.note(eviction_reason=stop.eviction)
         b.conclude(ending)
         d.actions.append(revoke(o, b, cur, keep_pod=ending.outcome == Outcome.SUCCEEDED))
         d.add(charge_due(o, b.status.usage))
@@ -299,7 +299,8 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
         b.events.append(Event("Warning", told.get(stop.outcome, c.EV_STOP_REQUESTED),
                               f"{s.holder} told to {'yield' if stop.outcome == Outcome.PREEMPTED else 'stop'}: "
                               f"{stop.reason}"))
-        b.change, b.details["reason"] = Change.STOP_REQUESTED, stop.reason
+        b.change = Change.STOP_REQUESTED
+        b.note(reason=stop.reason)
     if stop is not None:
         d.wake((stop_due(o) - o.now).total_seconds())
     elif s.stop_requested_at is not None:

@@ -7,7 +7,8 @@ it is a revocation past that fence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from tether.api import constants as c
 from tether.api.conditions import get_condition, phase_conditions, set_condition
@@ -25,7 +26,7 @@ from tether.api.models import (
     WorkerRunStatus,
 )
 from tether.core.accounting import attempts_usage, keep_history, reported_cursor, settle_usage
-from tether.core.actions import Change, ClearLease, Decision, Event, Revoke, WriteStatus
+from tether.core.actions import Change, ClearLease, Decision, Event, Revoke, WriteDetails, WriteStatus
 from tether.core.clock import after
 from tether.core.enforcement import Stop, admission_refusal, over_limit, run_ends_at, stop_due
 from tether.core.execution import execution_digest
@@ -184,7 +185,7 @@ class StatusBuilder:
         self.status = o.run.status.model_copy(deep=True)
         self.events: list[Event] = []
         self.change: Change | None = None
-        self.details: dict[str, object] = {}
+        self.details = WriteDetails()
         self.ended: Outcome | None = None
         self.lapse = False
         self.grants = False
@@ -264,13 +265,17 @@ class StatusBuilder:
             s.conditions = set_condition(s.conditions, c.COND_READY, ready.status, reason, message,
                                          self.generation, self.o.now)
 
+    def note(self, **facts: Any) -> None:
+        """Facts for the write's log line and metrics (WriteDetails' fields)."""
+        self.details = replace(self.details, **facts)
+
     def write(self) -> WriteStatus:
         """The write of the status as built so far: a copy, so what is built after it (another
         write of the same decision) never changes an action already handed out. Whatever wrote it,
         the status says whether the run is suspended."""
         self.mark_suspension()
         return WriteStatus(status=self.status.model_copy(deep=True), events=tuple(self.events), change=self.change,
-                           details=tuple(self.details.items()), ended=self.ended, lapse=self.lapse,
+                           details=self.details, ended=self.ended, lapse=self.lapse,
                            grants=self.grants)
 
     def changed(self) -> bool:
@@ -540,7 +545,7 @@ def decide_foreign_fence(o: Observed, d: Decision, lease_fence: int) -> None:
     b.status.conditions = set_condition(b.status.conditions, c.COND_LEASE_HELD, "False", c.REASON_LEASE_TAMPERED,
                                         message, o.run.metadata.generation, o.now)
     b.events.append(Event("Warning", c.REASON_LEASE_TAMPERED, message))
-    b.details["leaseFence"] = lease_fence
+    b.note(lease_fence=lease_fence)
     if active:
         d.actions.append(revoke(o, b, cur, keep_pod=ending.outcome == Outcome.SUCCEEDED))
     else:

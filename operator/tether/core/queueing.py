@@ -231,7 +231,7 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     last = o.run.status.current()
     since = last.ended_at if last is not None else o.run.metadata.creation_timestamp
     if since is not None:
-        b.details["queuedSeconds"] = round(max(0.0, (o.now - since).total_seconds()), 3)
+        b.note(queued_seconds=round(max(0.0, (o.now - since).total_seconds()), 3))
     b.status.queue = QueueStatus(name=queue_name(o.run) or "", workload=wl.metadata.name,
                                  cluster_queue=admission.cluster_queue)
     b.status.conditions = set_condition(b.status.conditions, c.COND_ADMITTED, "True", c.REASON_ADMITTED,

@@ -99,9 +99,7 @@ def _apply(o: Observed, b: StatusBuilder, req: ReviewRequest, decided: ApprovalO
 
 def _metric(b: StatusBuilder, gate: str, decision: str, seconds: float) -> None:
     """For tether_approval_decision_seconds{gate,decision}, observed once the write lands."""
-    decided = b.details.setdefault("approvals", [])
-    assert isinstance(decided, list)
-    decided.append((gate, decision, max(0.0, seconds)))
+    b.note(approvals=(*b.details.approvals, (gate, decision, max(0.0, seconds))))
 
 
 # --- Start ------------------------------------------------------------------------

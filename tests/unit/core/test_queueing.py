@@ -239,7 +239,7 @@ def test_a_yielded_or_overdue_attempt_ends_preempted_and_the_run_is_queued_again
     assert s.phase == Phase.QUEUED and s.next_attempt_at is None  # maxAttempts 1, and not used up
     assert _cond(s, "Admitted")[:2] == ("False", "Preempted") and _cond(s, "Ready")[1] == "Preempted"
     assert revoke.pods_to_delete == (() if pods[0].terminated else ("job-a1",))
-    assert dict(revoke.status_write.details)["evictionReason"] == "Preempted"  # tether_kueue_evictions_total
+    assert revoke.status_write.details.eviction_reason == "Preempted"  # tether_kueue_evictions_total
 
 
 def test_a_retry_rule_can_fail_the_run_on_preemption() -> None:
@@ -274,7 +274,7 @@ def test_readmitted_it_resumes_from_its_checkpoint_under_the_new_admission() -> 
     s = write.status
     assert (s.attempt, s.fence, s.holder) == (2, 3, "job-a2")
     assert s.current().admission.evictions == 3  # type: ignore[union-attr]
-    assert dict(write.details)["queuedSeconds"] == 0.0  # since the eviction ended attempt 1 (at T0)
+    assert write.details.queued_seconds == 0.0  # since the eviction ended attempt 1 (at T0)
     env = {e["name"]: e["value"] for e in build_pod(run(status=s.dump(), labels=QUEUE), "job-a2", 2, 3, "job-a2")
            ["spec"]["containers"][0]["env"]}
     assert env["TETHER_CHECKPOINT"] == "step-3"

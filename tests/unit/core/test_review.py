@@ -66,7 +66,7 @@ def test_the_start_gate(approvals: tuple[ApprovalObservation, ...], phase: Phase
         assert cond(s, "Stalled")[0] == "True" and s.finished_at == T0 and s.attempt == 0
     # What the time-to-decision metric observes: the decision, once, with the wait since creation.
     write = next(a for a in d.actions if type(a).__name__ == "WriteStatus")
-    details = dict(write.details)
+    details = write.details.log_fields()
     if phase == Phase.AWAITING_APPROVAL:
         assert "approvals" not in details
     else:
