@@ -136,15 +136,19 @@ class _Computed(Collector):
     asks for other names (`/metrics?name[]=...`) does not compute it: the per-run family is 5,000
     series at 5,000 runs."""
 
-    def __init__(self, name: str, doc: str, labels: list[str], samples: Callable[[], Samples]) -> None:
-        self.name, self.doc, self.labels, self.samples = name, doc, labels, samples
+    def __init__(self, name: str, doc: str, labels: list[str], samples: Callable[[], Samples],
+                 live: Callable[[], bool]) -> None:
+        self.name, self.doc, self.labels, self.samples, self.live = name, doc, labels, samples, live
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily(self.name, self.doc, labels=self.labels)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(self.name, self.doc, labels=self.labels)
-        for labels, value in self.samples():
+        samples = list(self.samples())
+        if not self.live():
+            return  # the controller stopped while this scrape read it: nothing read since is exported
+        for labels, value in samples:
             family.add_metric(labels, value)
         yield family
 
@@ -177,29 +181,34 @@ def _budget_spent(fleet: Fleet, field: str) -> Samples:
 def export(fleet: Fleet) -> Callable[[], None]:
     """Exports the fleet gauges of `fleet` (the controller, while it runs); returns what stops
     exporting them. A standby replica exports none: only the active one holds the fleet."""
+    live = [True]
+
+    def gauge(name: str, doc: str, labels: list[str], samples: Callable[[], Samples]) -> _Computed:
+        return _Computed(name, doc, labels, samples, lambda: live[0])
+
     collectors = [
-        _Computed("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"],
+        gauge("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"],
                   lambda: _runs_by_phase(fleet)),
-        _Computed("tether_approvals_pending", "Gates waiting for a person's decision, by the run's namespace and "
+        gauge("tether_approvals_pending", "Gates waiting for a person's decision, by the run's namespace and "
                   "gate (Start, Result, Request: a worker's).", ["namespace", "gate"],
                   lambda: [([ns, gate], float(n)) for (ns, gate), (n, _) in sorted(fleet.pending_approvals().items())]),
-        _Computed("tether_approval_oldest_pending_timestamp_seconds", "When the longest-waiting gate of the "
+        gauge("tether_approval_oldest_pending_timestamp_seconds", "When the longest-waiting gate of the "
                   "namespace started waiting (its request's requestedAt, Unix seconds); only for gates with one "
                   "waiting.", ["namespace", "gate"],
                   lambda: [([ns, gate], oldest) for (ns, gate), (n, oldest) in sorted(fleet.pending_approvals().items())
                            if n and oldest is not None]),
-        _Computed("tether_heartbeat_age_seconds", "Seconds since the operator last observed a renewal of the run's "
+        gauge("tether_heartbeat_age_seconds", "Seconds since the operator last observed a renewal of the run's "
                   "lease.", ["namespace", "workerrun"],
                   lambda: [([ns, name], age) for ns, name, age in fleet.heartbeat_ages()]),
-        _Computed("tether_budget_spent_cents", "Cents spent in the budget's current period.", ["namespace", "budget"],
+        gauge("tether_budget_spent_cents", "Cents spent in the budget's current period.", ["namespace", "budget"],
                   lambda: _budget_spent(fleet, "cents")),
-        _Computed("tether_budget_spent_tokens", "Tokens spent in the budget's current period.",
+        gauge("tether_budget_spent_tokens", "Tokens spent in the budget's current period.",
                   ["namespace", "budget"], lambda: _budget_spent(fleet, "tokens")),
-        _Computed("tether_budget_limit_cents", "The budget's limitCents; only for budgets that set one.",
+        gauge("tether_budget_limit_cents", "The budget's limitCents; only for budgets that set one.",
                   ["namespace", "budget"], lambda: _budget_limits(fleet, "limitCents")),
-        _Computed("tether_budget_limit_tokens", "The budget's limitTokens; only for budgets that set one.",
+        gauge("tether_budget_limit_tokens", "The budget's limitTokens; only for budgets that set one.",
                   ["namespace", "budget"], lambda: _budget_limits(fleet, "limitTokens")),
-        _Computed("tether_apiserver_available", "1 while the API server answers the active replica's readiness "
+        gauge("tether_apiserver_available", "1 while the API server answers the active replica's readiness "
                   "probe in time (every second), 0 from the first failed or slow answer until it answers again.",
                   [], lambda: [([], 1.0 if fleet.api_available() else 0.0)]),
     ]
@@ -207,6 +216,7 @@ def export(fleet: Fleet) -> Callable[[], None]:
         REGISTRY.register(collector)
 
     def stop() -> None:
+        live[0] = False  # first: a scrape already under way yields nothing more of this fleet
         for collector in collectors:
             REGISTRY.unregister(collector)
 

@@ -73,7 +73,7 @@ class RunController:
             STRAYS, StrayReconciler(kube, self.cache, self.leadership, lambda body: self.feed("run", "MODIFIED", body)),
             STRAY_WORKERS, stray_watches())
         self.manager.register(budget_refresh.NAME, BudgetRefresher(self.budgets), budget_refresh.WORKERS,
-                              budget_refresh.watches())
+                              budget_refresh.watches(), key_field="budget")
         self.budgets.wake_refresh = lambda key: self.manager.wake(budget_refresh.NAME, [Wake(key)])
         self.queue, self.loop = runs.queue, runs.loop
         self.stray_queue, self.stray_loop = strays.queue, strays.loop

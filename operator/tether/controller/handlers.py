@@ -90,9 +90,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ctl = RunController(kube, fold_interval=fold, may_act=ours.may_act, workers=ours.workers,
                         namespace_identity=ours.worker_identity == "namespace", boost_seconds=boost,
                         attempt_history=ours.attempt_history)
+    # Exported before it starts: an export that failed would otherwise leave a started controller
+    # behind each time kopf retried the startup.
+    memo.unexport = metrics.export(ctl)
     ctl.start()
     memo.controller = ctl
-    memo.unexport = metrics.export(ctl)
     logging.getLogger("tether.operator").info("tether operator started", extra={"event": "operator_started"})
 
 

@@ -48,8 +48,10 @@ def key_name(key: Hashable) -> str:
 
 
 class ReconcileLoop(Generic[K]):
-    def __init__(self, name: str, reconciler: Reconciler[K], queue: WorkQueue[K], workers: int) -> None:
+    def __init__(self, name: str, reconciler: Reconciler[K], queue: WorkQueue[K], workers: int,
+                 key_field: str = "run") -> None:
         self.name, self.reconciler, self.queue, self.workers = name, reconciler, queue, workers
+        self.key_field = key_field  # the log field that names a key ("run", "budget")
         self._streak: dict[K, int] = {}
         self._problem: dict[K, str] = {}  # the last problem logged per key: each is logged once
         self._tasks: list[asyncio.Task[None]] = []
@@ -77,7 +79,7 @@ class ReconcileLoop(Generic[K]):
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - a worker must outlive any bug in error handling
-                log.exception("reconcile worker caught an error", extra={"run": key_name(key), "event": "reconcile_bug"})
+                log.exception("reconcile worker caught an error", extra={self.key_field: key_name(key), "event": "reconcile_bug"})
                 self.queue.add_rate_limited(key)
             finally:
                 self.queue.done(key)
@@ -95,10 +97,10 @@ class ReconcileLoop(Generic[K]):
         except Again as exc:
             self._count("requeue")
             delay = self.queue.add_rate_limited(key)
-            log.debug("deciding again", extra={"run": key_name(key), "event": "reconcile_again",
+            log.debug("deciding again", extra={self.key_field: key_name(key), "event": "reconcile_again",
                                                "reason": str(exc), "retryIn": round(delay, 3)})
             if self.queue.backoff.failures(key) == MAX_ACTING_STREAK:
-                self.report(key, "the run's state keeps moving under its reconciles", "reconcile_churn",
+                self.report(key, "the state keeps moving under its reconciles", "reconcile_churn",
                             str(exc), logging.WARNING)
         except Inconclusive as exc:
             self._count("requeue")
@@ -117,7 +119,7 @@ class ReconcileLoop(Generic[K]):
             if self._problem.get(key) != f"bug:{exc}":
                 self._problem[key] = f"bug:{exc}"
                 log.exception("reconcile failed unexpectedly; retrying",
-                              extra={"run": key_name(key), "retryIn": round(delay, 3), "event": "reconcile_bug"})
+                              extra={self.key_field: key_name(key), "retryIn": round(delay, 3), "event": "reconcile_bug"})
         else:
             self._succeeded(key, result)
 
@@ -132,7 +134,7 @@ class ReconcileLoop(Generic[K]):
     def _succeeded(self, key: K, result: Result) -> None:
         self._count("success" if result.requeue_after is None else "requeue")
         if self._problem.pop(key, None):
-            log.info("reconcile succeeded again", extra={"run": key_name(key), "event": "reconcile_recovered"})
+            log.info("reconcile succeeded again", extra={self.key_field: key_name(key), "event": "reconcile_recovered"})
         if result.acted:
             streak = self._streak[key] = self._streak.get(key, 0) + 1
             if streak > MAX_ACTING_STREAK:
@@ -153,4 +155,4 @@ class ReconcileLoop(Generic[K]):
         if self._problem.get(key) == f"{event}:{detail}":
             return
         self._problem[key] = f"{event}:{detail}"
-        log.log(level, msg, extra={"run": key_name(key), "event": event, "error": detail[:500], **extra})
+        log.log(level, msg, extra={self.key_field: key_name(key), "event": event, "error": detail[:500], **extra})

@@ -73,15 +73,18 @@ class Manager:
         self._observers[kind] = (watched_as or kind, observer)
 
     def register(self, name: str, reconciler: Reconciler[K], workers: int, watches: Sequence[Watch[Any]],
-                 backoff: ExponentialBackoff[K] | None = None) -> Registered[K]:
-        """A reconciler under `name` (its queue's and its metrics' label), woken by `watches`."""
+                 backoff: ExponentialBackoff[K] | None = None, key_field: str = "run") -> Registered[K]:
+        """A reconciler under `name` (its queue's and its metrics' label), woken by `watches`;
+        `key_field`: the log field naming its keys."""
         if name in self._registered:
             raise ValueError(f"a reconciler named {name} is registered already")
-        queue: WorkQueue[K] = WorkQueue(backoff or ExponentialBackoff(base=0.05, cap=300.0), self.mono, name)
-        registered = Registered(name, queue, ReconcileLoop(name, reconciler, queue, workers))
-        for watch in watches:
-            if watch.kind not in {watched for watched, _ in self._observers.values()}:
+        observed = {watched for watched, _ in self._observers.values()}
+        for watch in watches:  # all checked before anything exists: a refusal leaves nothing behind
+            if watch.kind not in observed:
                 raise ValueError(f"{name} watches {watch.kind}, which nothing observes")
+        queue: WorkQueue[K] = WorkQueue(backoff or ExponentialBackoff(base=0.05, cap=300.0), self.mono, name)
+        registered = Registered(name, queue, ReconcileLoop(name, reconciler, queue, workers, key_field))
+        for watch in watches:
             self._watches.setdefault(watch.kind, []).append((registered, watch))
         self._registered[name] = registered
         return registered

@@ -14,11 +14,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Any, Callable, Generic, Hashable, TypeVar
 
 from tether import metrics
 
 K = TypeVar("K", bound=Hashable)
+
+_GAUGES = (metrics.WORKQUEUE_DEPTH, metrics.WORKQUEUE_UNFINISHED, metrics.WORKQUEUE_LONGEST)
+# Which queue each name's gauges read now (the newest of that name), so that a queue shutting down
+# removes its gauges only while they are still its own.
+_gauged: "dict[str, WorkQueue[Any]]" = {}
 
 
 class ExponentialBackoff(Generic[K]):
@@ -56,7 +61,8 @@ class WorkQueue(Generic[K]):
         self._retries = metrics.WORKQUEUE_RETRIES.labels(name)
         self._waited = metrics.WORKQUEUE_QUEUE_DURATION.labels(name)
         self._worked = metrics.WORKQUEUE_WORK_DURATION.labels(name)
-        if name:  # the gauges read the newest queue of each name at scrape time
+        if name:  # the gauges read the newest queue of each name at scrape time, until it shuts down
+            _gauged[name] = self
             metrics.WORKQUEUE_DEPTH.labels(name).set_function(lambda: float(len(self)))
             metrics.WORKQUEUE_UNFINISHED.labels(name).set_function(lambda: sum(self.in_progress()))
             metrics.WORKQUEUE_LONGEST.labels(name).set_function(lambda: max(self.in_progress(), default=0.0))
@@ -159,6 +165,10 @@ class WorkQueue(Generic[K]):
 
     def shutdown(self) -> None:
         self._shutdown = True
+        if self.name and _gauged.get(self.name) is self:
+            del _gauged[self.name]
+            for gauge in _GAUGES:
+                gauge.remove(self.name)  # no gauges of a stopped controller's queue
         for _, handle in self._timers.values():
             handle.cancel()
         self._timers.clear()

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tether import metrics
 from tether.controller import budget_refresh
 from tether.controller.controller import RUNS, STRAYS, Clock, RunController
 from tether.controller.loop import Result
@@ -115,12 +116,6 @@ def test_the_operator_runs_three_reconcilers_each_woken_by_its_own_watches() -> 
     assert _keys(m, budget_refresh.NAME) == [("ns", "team")]
 
 
-def test_a_budget_whose_period_rolled_over_is_woken_for_a_refresh_by_the_run_that_noticed() -> None:
-    ctl = RunController(types.SimpleNamespace(), clock=Clock(now=lambda: T0, mono=lambda: 0.0))  # type: ignore[arg-type]
-    ctl.budgets.wake_refresh(("ns", "team"))
-    assert _keys(ctl.manager, budget_refresh.NAME) == [("ns", "team")]
-
-
 @pytest.mark.parametrize("raised, outcome", [
     (None, "done"),
     ("conflict", "again"),  # a charge wrote first: a race, decided again from a fresh read, not an error
@@ -152,3 +147,23 @@ def test_the_budget_refresh_reconciler_treats_a_lost_race_as_a_reason_to_look_ag
         return "done"
 
     assert asyncio.run(go()) == outcome and calls == [("ns", "team")]
+
+
+def test_a_refused_registration_leaves_nothing_behind() -> None:
+    """A registration refused for a watch nothing observes leaves no queue that feed() fills and
+    nothing drains, and does not take over the gauges of the queue of that name."""
+    m = Manager(mono=lambda: 0.0)
+    m.observe("thing", lambda t, body: body["name"])
+    good = m.register("refused-test", _Nothing(), 1, [Watch("thing", lambda name: [Wake(name)])])
+    m2 = Manager(mono=lambda: 0.0)
+    m2.observe("thing", lambda t, body: body["name"])
+    with pytest.raises(ValueError, match="nothing observes"):
+        m2.register("refused-test", _Nothing(), 1,
+                    [Watch("thing", lambda name: [Wake(name)]), Watch("pods", lambda c: [])])
+    for i in range(5):
+        m2.feed("thing", "ADDED", {"name": f"k{i}"})
+    assert "refused-test" not in m2.queues()
+    attached = [r.name for r, _ in m2._watches.get("thing", ())]
+    good.queue.add("x")  # the real queue of that name holds one key
+    depth = metrics.REGISTRY.get_sample_value("workqueue_depth", {"name": "refused-test"})
+    assert (attached, depth) == ([], 1.0), f"orphan watch {attached}, depth gauge reads {depth}"
