@@ -94,6 +94,9 @@ REASON_NAMESAKE_POD = "NamesakePodTerminating"
 REASON_LEASE_TAMPERED = "LeaseTampered"
 # Condition and Event reason when the execution fields differ from those approved or first run.
 REASON_SPEC_CHANGED = "SpecChanged"
+# Pending before its first attempt: its WorkerClass does not exist, or it breaks a bound of it.
+REASON_CLASS_NOT_FOUND = "ClassNotFound"
+REASON_CLASS_BOUNDS_EXCEEDED = "ClassBoundsExceeded"
 # Admitted's reasons for a run queued through Kueue (kueue.x-k8s.io/queue-name).
 REASON_QUEUED = "Queued"
 REASON_ADMITTED = "Admitted"

@@ -131,6 +131,8 @@ class ReviewSpec(_Model):
 
 class WorkerRunSpec(_Model):
     executor: Literal["Pod", "External"] = "Pod"
+    # A WorkerClass (api/workerclass.py); None: the default class, if there is one.
+    class_name: str | None = None
     template: dict[str, Any] | None = None
     payload: dict[str, Any] | None = None
     idempotency_key: str | None = None
@@ -228,6 +230,14 @@ class QueueStatus(_Model):
     cluster_queue: str | None = None
 
 
+class RunClassStatus(_Model):
+    """status.class: the WorkerClass a run took (name None: none) and what it took from it, as
+    spec fields (api/workerclass.py)."""
+
+    name: str | None = None
+    applied: dict[str, Any] = Field(default_factory=dict)
+
+
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
@@ -266,6 +276,7 @@ class WorkerRunStatus(_Model):
     # The digest of the execution fields as approved or first granted; every grant must match it.
     execution_digest: str | None = None
     queue: QueueStatus | None = None
+    class_: RunClassStatus | None = Field(default=None, alias="class")
     # Attempts Kueue preempted: they use up none of spec.retry.maxAttempts (a counter, because the
     # attempt history keeps only the last MAX_ATTEMPT_HISTORY).
     preemptions: int = 0

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from tether import protocol
 from tether.api import constants as c
 from tether.api.models import Phase, WorkerRun
+from tether.controller.classes import ClassBook
 from tether.controller.leases import LeaseTracker
 from tether.controller.stamps import Stamps
 from tether.controller.snapshot import Snapshot, foreign_pod, lean_pod, lean_run, pod_observation
@@ -50,6 +51,7 @@ class RunCache:
         self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
         self.stamps = Stamps(mono)  # runs by key, pods by (key, name): stamps.py
         self.leases = LeaseTracker()  # keyed by the owning run's UID
+        self.classes = ClassBook()  # the WorkerClasses, by name
         # Pods that were deleted, by (run key, name). A namesake's pod can still act for a few
         # seconds after it is gone (see foreign_pod), and a late answer about it must not revive it.
         self.tombstones: dict[tuple[RunKey, str], Tombstone] = {}
@@ -104,8 +106,9 @@ class RunCache:
         cached = self.run(snap.key)
         if cached is not None and cached.resource_version == snap.resource_version:
             self._store(snap.key, written)  # (never re-adds a run whose deletion was seen meanwhile)
-        return Snapshot(key=snap.key, body=written, run=WorkerRun.model_validate(written), lease=snap.lease,
-                        pods=snap.pods, foreign_pods=snap.foreign_pods, lease_read=snap.lease_read)
+        effective, run_class = self.classes.effective(written)
+        return Snapshot(key=snap.key, body=written, run=WorkerRun.model_validate(effective), lease=snap.lease,
+                        pods=snap.pods, foreign_pods=snap.foreign_pods, lease_read=snap.lease_read, run_class=run_class)
 
     def drop_run(self, body: dict[str, Any]) -> None:
         """The run was deleted: forget it and what is kept of it by UID (its pods stay until they go)."""
@@ -221,14 +224,16 @@ class RunCache:
         body = self.runs.get(key)
         if body is None:
             return None
-        run = WorkerRun.model_validate(body)
+        effective, run_class = self.classes.effective(body)
+        run = WorkerRun.model_validate(effective)
         uid = run.metadata.uid
         live = self.pods.get(key, {})
         mine = {n: b for n, b in live.items() if protocol.controller_uid(b) == uid}
         pods = tuple(p for p in map(pod_observation, mine.values()) if p is not None)
         foreign = tuple(foreign_pod(b) for n, b in live.items() if n not in mine) + tuple(
             tomb.foreign for (k, n), tomb in self.tombstones.items() if k == key and n not in live and tomb.owner_uid != uid)
-        return Snapshot(key=key, body=body, run=run, lease=self.leases.get(uid), pods=pods, foreign_pods=foreign)
+        return Snapshot(key=key, body=body, run=run, lease=self.leases.get(uid), pods=pods, foreign_pods=foreign,
+                        run_class=run_class)
 
     def overdue(self, mono: float) -> tuple[int, int]:
         """(overdue, active) leases, counted at most once a second: a scan of every run per lapse

@@ -19,6 +19,7 @@ from tether import metrics
 from tether.api import constants as c
 from tether.api.kueue import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
 from tether.api.models import BUDGET_PLURAL, GROUP, MAX_ATTEMPT_HISTORY, PLURAL, VERSION
+from tether.api.workerclass import CLASS_PLURAL
 from tether.controller.controller import RunController
 from tether.core.observe import BOOST_SECONDS
 from tether.kube import config as kubeconfig
@@ -141,6 +142,11 @@ async def admission_check_event(event: dict[str, Any], memo: kopf.Memo, **_: Any
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "localqueues")
 async def local_queue_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
     memo.controller.feed("localqueue", event.get("type"), event["object"])
+
+
+@kopf.on.event(GROUP, VERSION, CLASS_PLURAL)
+async def class_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.feed("workerclass", event.get("type"), event["object"])
 
 
 @kopf.on.event(GROUP, VERSION, BUDGET_PLURAL)

@@ -113,7 +113,7 @@ class RunReconciler:
         return Observed(workload=workload, workload_gone=workload_gone, cluster_queue=cluster_queue, flavors=flavors,
                         boost_seconds=self.executor.queues.boost_seconds,
                         budget_checks=self.executor.queues.budget_checks,
-                        run=run, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
+                        run=run, run_class=snap.run_class, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
                         tool_claims_cleared=self.cache.tool_claims_cleared.get(uid) == run.status.fence,
                         pod_refusal=self.cache.pod_refusals.get(uid),
                         now=now, mono=mono, budget=await self.budgets.observe(run, now),

@@ -11,6 +11,7 @@ from tether import protocol
 from tether.api import constants as c
 from tether.api.models import WorkerRun
 from tether.controller.views import RunKey
+from tether.core.classes import ClassResolution
 from tether.core.observe import ApprovalObservation, ForeignPod, LeaseObservation, PodObservation
 
 
@@ -29,6 +30,8 @@ class Snapshot:
     # The Lease as this pass last read it ((None,): absent); None: not read. A write based on it
     # is still a compare-and-swap, so a stale read costs a conflict and a re-read, nothing more.
     lease_read: tuple[dict[str, Any] | None] | None = None
+    # What the run takes from its WorkerClass while unpinned (`run` has it applied); None: pinned.
+    run_class: ClassResolution | None = None
 
     @property
     def uid(self) -> str:

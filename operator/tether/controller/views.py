@@ -8,6 +8,7 @@ from typing import Any
 
 from tether import protocol
 from tether.api import constants as c
+from tether.api.models import LeaseSpec
 
 RunKey = tuple[str, str]  # (namespace, name)
 BudgetKey = tuple[str, str]  # (namespace, name)
@@ -94,14 +95,21 @@ class RunView(ObjectView):
         return self.status.get("phase") or None
 
     @property
+    def applied(self) -> dict[str, Any]:
+        """What it took from its WorkerClass, as recorded (status.class.applied)."""
+        return _dict(_dict(self.status.get("class")).get("applied"))
+
+    @property
     def budget(self) -> BudgetKey:
-        """The WorkerBudget it draws on ("" for none); a budgetRef never changes."""
-        ref = _dict(_dict(self.spec.get("budget")).get("budgetRef"))
+        """The WorkerBudget it draws on ("" for none), its own or its class's; a budgetRef never changes."""
+        ref = _dict(_dict(self.spec.get("budget")).get("budgetRef")) or \
+            _dict(_dict(self.applied.get("budget")).get("budgetRef"))
         return self.namespace, str(ref.get("name") or "")
 
     @property
     def lease_seconds(self) -> float:
-        return float(_dict(self.spec.get("lease")).get("durationSeconds") or 0)
+        lease = _dict(self.spec.get("lease")) or _dict(self.applied.get("lease"))
+        return float(lease.get("durationSeconds") or LeaseSpec().duration_seconds)
 
     @property
     def suspended(self) -> bool:

@@ -6,7 +6,7 @@ Lease's new holder, first renewal or request (at once), new progress or spending
 fold interval), a cap or the budget reached (at once, by the usage alarm); a pod's change; a
 budget's new limit, period or exhaustion (all its runs) or a charge (the runs waiting to be
 admitted); an approval (the run it names); a Kueue Workload (the run that controls it), a
-LocalQueue (its queued runs not holding yet). The stray queue is woken by a run's deletion (or
+LocalQueue (its queued runs not holding yet); a WorkerClass (the runs not pinned to it yet). The stray queue is woken by a run's deletion (or
 its replacement by a namesake) and by pods left of deleted runs.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tether import metrics, protocol
+from tether.api.workerclass import pinned
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.manager import Manager, Wake, Watch
@@ -69,6 +70,7 @@ class Observers:
         manager.observe("approval", lambda t, body: ApprovalView(body).run_key)
         manager.observe("workload", self.on_workload)
         manager.observe("localqueue", self.on_local_queue)
+        manager.observe("workerclass", self.on_class)
 
     def on_run(self, event_type: str | None, body: dict[str, Any], read: bool = False) -> RunChange | None:
         """A run's event (`read`: our own GET's answer, the newest there is)."""
@@ -147,6 +149,15 @@ class Observers:
         self.queues.on_local_queue(event_type, body)
         return self.queued((body.get("metadata") or {}).get("namespace"))
 
+    def on_class(self, event_type: str | None, body: dict[str, Any]) -> list[RunKey]:
+        """A WorkerClass changed: the runs not pinned yet that name it, or name none (it may be, or
+        have been, the default class)."""
+        name = self.cache.classes.on_event(event_type, body)
+        if name is None:
+            return []
+        return [key for key, run_body in list(self.cache.runs.items())
+                if not pinned(run_body) and RunView(run_body).spec.get("className") in (name, None, "")]
+
     def queued(self, namespace: str | None = None) -> list[RunKey]:
         """The runs waiting for Kueue (in `namespace`, or everywhere): a check they may wait on
         changed, or where they wait."""
@@ -157,7 +168,7 @@ class Observers:
 
 def run_watches(fold_interval: float) -> list[Watch[Any]]:
     """The run reconciler's watches: its runs (For), their Leases and pods (Owns), and the budgets,
-    approvals, Workloads and LocalQueues that concern them (Watches, mapped)."""
+    approvals, Workloads, LocalQueues and WorkerClasses that concern them (Watches, mapped)."""
 
     def lease(change: LeaseChange) -> list[Wake[RunKey]]:
         if change.urgent:
@@ -174,6 +185,7 @@ def run_watches(fold_interval: float) -> list[Watch[Any]]:
         Watch("approval", lambda key: [Wake(key)]),
         Watch("workload", lambda key: [Wake(key)]),
         Watch("localqueue", lambda keys: [Wake(k) for k in keys]),
+        Watch("workerclass", lambda keys: [Wake(k) for k in keys]),
     ]
 
 

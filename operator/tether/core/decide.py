@@ -46,6 +46,7 @@ from tether.core.cleanup import (
     record_exit_codes,
     revocation_unfinished,
 )
+from tether.core.class_gate import class_allows
 from tether.core.clock import after
 from tether.core.enforcement import (
     Stop,
@@ -187,6 +188,8 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
         return
     if o.namespace_terminating:
         d.wake(30.0)  # its runs are about to be deleted: starting attempts there only fails
+        return
+    if not class_allows(o, b, d):
         return
     if not enter_queue(o, b, d):
         return

@@ -16,6 +16,7 @@ from typing import Mapping
 from tether import protocol
 from tether.api.kueue import Workload
 from tether.api.models import MAX_ATTEMPT_HISTORY, Remaining, Usage, WorkerRun
+from tether.core.classes import ClassResolution
 
 # Progress reported on heartbeats reaches the run's status at most this often.
 FOLD_INTERVAL_SECONDS = 10.0
@@ -171,6 +172,9 @@ class Observed:
     boost_seconds: float = BOOST_SECONDS
     # The AdmissionChecks (by name) whose controller is Tether's budget check.
     budget_checks: frozenset[str] = frozenset()
+    # What an unpinned run takes from its WorkerClass (`run` has it applied already); None once
+    # pinned (api/workerclass.py): a class edit no longer concerns the run.
+    run_class: ClassResolution | None = None
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

@@ -36,6 +36,7 @@ from starlette.routing import Mount, Route
 from tether import protocol, tracecontext
 from tether.api import constants as c
 from tether.api.models import Signals, Usage, WorkerRun
+from tether.api.workerclass import effective_body
 from tether.gateway import models as m
 from tether.gateway.auth import AuthError, Authenticator, Caller
 from tether.gateway.openapi import openapi_document
@@ -233,7 +234,8 @@ class Gateway:
 
     async def _run(self, ns: str, name: str) -> WorkerRun:
         try:
-            return WorkerRun.model_validate(await self.kube.get_run(ns, name))
+            # The lease it was granted under may be its class's (api/workerclass.py).
+            return WorkerRun.model_validate(effective_body(await self.kube.get_run(ns, name)))
         except NotFound as exc:
             raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
 

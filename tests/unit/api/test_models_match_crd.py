@@ -65,9 +65,8 @@ def test_enums_match() -> None:
 def test_defaults_match() -> None:
     lease = SCHEMA["spec"]["properties"]["lease"]
     spec = WorkerRunSpec()
-    assert lease["default"] == spec.lease.dump()
     for name, prop in lease["properties"].items():
-        assert prop["default"] == lease["default"][name]
+        assert prop["default"] == spec.lease.dump()[name]
     retry = SCHEMA["spec"]["properties"]["retry"]["properties"]
     assert retry["maxAttempts"]["default"] == spec.retry.max_attempts
     backoff = retry["backoff"]["properties"]
@@ -76,3 +75,22 @@ def test_defaults_match() -> None:
     assert backoff["factor"]["default"] == spec.retry.backoff.factor
 
 
+
+
+def test_what_a_class_may_default_has_no_default_of_the_crds() -> None:
+    """A run takes its WorkerClass's default for what it leaves out; a CRD default would fill it in first."""
+    from tether.api.workerclass import BY_KEY_FIELDS, WHOLE_FIELDS
+
+    spec = SCHEMA["spec"]["properties"]
+    assert [n for n in WHOLE_FIELDS + BY_KEY_FIELDS if "default" in spec[n]] == []
+    assert [f"{n}.{k}" for n in BY_KEY_FIELDS for k, p in spec[n]["properties"].items() if "default" in p] == []
+
+
+def test_workerclass_model_matches_its_crd() -> None:
+    from tether.api.workerclass import WorkerClassSpec
+
+    crd = read_crd(Path(__file__).parents[3] / "crds" / "workerclasses.tether.dev.yaml")
+    problems: list[str] = []
+    _compare(WorkerClassSpec, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec",
+             problems)
+    assert not problems, problems
