@@ -243,7 +243,7 @@ crd = {
                             "metadata": {"type": "object"},
                             "spec": {
                                 "type": "object",
-                                "default": {},
+                                "default": {"defaults": {}, "bounds": {}},
                                 "description": "Defaults, bounds and metric labels of the class.",
                                 "x-kubernetes-validations": rules,
                                 "properties": {
