@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from prometheus_client import (GCCollector, CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
                                ProcessCollector, start_http_server)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry()
@@ -41,23 +41,24 @@ RECONCILE_ERRORS = Counter("controller_runtime_reconcile_errors_total", "Reconci
 RECONCILE_TIME = Histogram("controller_runtime_reconcile_time_seconds", "Time per reconciliation.",
                            ["controller"], registry=REGISTRY,
                            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-ATTEMPTS_STARTED = Counter("tether_attempts_started_total", "Attempts granted, by the run's namespace.", ["namespace"],
-                           registry=REGISTRY)
-ATTEMPTS_ENDED = Counter("tether_attempts_ended_total", "Attempts ended, by the run's namespace and outcome.",
-                         ["namespace", "outcome"], registry=REGISTRY)
+# `class`: the run's WorkerClass ("" for none); tether_workerclass_info{class} says what each class is.
+ATTEMPTS_STARTED = Counter("tether_attempts_started_total", "Attempts granted, by the run's namespace and class.",
+                           ["namespace", "class"], registry=REGISTRY)
+ATTEMPTS_ENDED = Counter("tether_attempts_ended_total", "Attempts ended, by the run's namespace, class and outcome.",
+                         ["namespace", "class", "outcome"], registry=REGISTRY)
 KUEUE_EVICTIONS = Counter("tether_kueue_evictions_total", "Attempts Kueue evicted (told to yield, then fenced), "
                           "by Kueue's reason (Preempted, PodsReadyTimeout, ClusterQueueStopped, ...).", ["reason"],
                           registry=REGISTRY)
 KUEUE_QUEUED = Histogram("tether_kueue_queued_to_admitted_seconds", "From a queued run's creation (or its last "
                          "eviction) to the grant Kueue's admission allowed.",
                          buckets=(0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400), registry=REGISTRY)
-LEASE_LAPSES = Counter("tether_lease_lapses_total", "Leases declared lapsed (attempts lost), by the run's namespace.",
-                       ["namespace"], registry=REGISTRY)
+LEASE_LAPSES = Counter("tether_lease_lapses_total", "Leases declared lapsed (attempts lost), by the run's namespace "
+                       "and class.", ["namespace", "class"], registry=REGISTRY)
 REGRANTS = Counter("tether_lease_regrants_total", "Grants that follow an ended attempt of the same run, by the run's "
-                   "namespace.", ["namespace"], registry=REGISTRY)
+                   "namespace and class.", ["namespace", "class"], registry=REGISTRY)
 LAPSE_DETECTION = Histogram("tether_lease_lapse_detection_seconds",
-                            "Time from the last observed renewal to the attempt being marked lost, by the run's namespace.",
-                            ["namespace"], registry=REGISTRY,
+                            "Time from the last observed renewal to the attempt being marked lost, by the run's "
+                            "namespace and class.", ["namespace", "class"], registry=REGISTRY,
                             buckets=(5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600))
 GC_PAUSE = Histogram("tether_gc_full_collection_seconds", "Pauses of the operator's full (generation 2) "
                      "garbage collections: the event loop stands still meanwhile.", registry=REGISTRY,
@@ -115,7 +116,13 @@ WORKQUEUE_LONGEST = Gauge("workqueue_longest_running_processor_seconds", "Second
 class Fleet(Protocol):
     """What the fleet gauges read from a running controller, at scrape time."""
 
-    def phase_counts(self) -> dict[tuple[str, str], int]: ...
+    def phase_counts(self) -> dict[tuple[str, str, str], int]:
+        """Runs by (namespace, phase, class)."""
+        ...
+
+    def class_labels(self) -> dict[str, dict[str, str]]:
+        """Each known WorkerClass's spec.labels, by class name."""
+        ...
 
     def pending_approvals(self) -> dict[tuple[str, str], tuple[int, float | None]]: ...
 
@@ -155,13 +162,36 @@ class _Computed(Collector):
 
 def _runs_by_phase(fleet: Fleet) -> Samples:
     counts = sorted(fleet.phase_counts().items())
-    # A namespace's counters are exported at 0 from the first scrape that sees runs there: increase() and
-    # rate() need a sample before the first lapse (after a restart too, when no lapse is judged for a
-    # full lease duration), or a wave of first lapses in many namespaces would count as none.
-    for ns in {ns for (ns, _), _ in counts}:
+    # A namespace's (and class's) counters are exported at 0 from the first scrape that sees runs there:
+    # increase() and rate() need a sample before the first lapse (after a restart too, when no lapse is
+    # judged for a full lease duration), or a wave of first lapses in many namespaces would count as none.
+    for ns, cls in {(ns, cls) for (ns, _, cls), _ in counts}:
         for family in (ATTEMPTS_STARTED, REGRANTS, LEASE_LAPSES, LAPSE_DETECTION):
-            family.labels(ns)
-    return [([ns, phase], float(n)) for (ns, phase), n in counts]
+            family.labels(ns, cls)
+    return [([ns, phase, cls], float(n)) for (ns, phase, cls), n in counts]
+
+
+class _ClassInfo(Collector):
+    """tether_workerclass_info{class, <the class's spec.labels>} 1: each class's own label names, as
+    kube-state-metrics' *_labels families have (joined in queries with `* on (class) group_left`)."""
+
+    NAME = "tether_workerclass_info"
+
+    def __init__(self, fleet: Fleet, live: Callable[[], bool]) -> None:
+        self.fleet, self.live = fleet, live
+
+    def describe(self) -> Iterator[Metric]:
+        yield Metric(self.NAME, "Always 1 for each WorkerClass; its labels say what the class is (tool, model, "
+                                "provider...).", "gauge")
+
+    def collect(self) -> Iterator[Metric]:
+        family = next(self.describe())
+        classes = self.fleet.class_labels()
+        if not self.live():
+            return
+        for name, labels in sorted(classes.items()):
+            family.add_sample(self.NAME, {**labels, "class": name}, 1.0)
+        yield family
 
 
 def _budget_limits(fleet: Fleet, field: str) -> Samples:
@@ -186,8 +216,8 @@ def export(fleet: Fleet) -> Callable[[], None]:
     def gauge(name: str, doc: str, labels: list[str], samples: Callable[[], Samples]) -> _Computed:
         return _Computed(name, doc, labels, samples, lambda: live[0])
 
-    collectors = [
-        gauge("tether_workerruns", "WorkerRuns by namespace and phase.", ["namespace", "phase"],
+    collectors: list[Collector] = [
+        gauge("tether_workerruns", "WorkerRuns by namespace, phase and WorkerClass.", ["namespace", "phase", "class"],
                   lambda: _runs_by_phase(fleet)),
         gauge("tether_approvals_pending", "Gates waiting for a person's decision, by the run's namespace and "
                   "gate (Start, Result, Request: a worker's).", ["namespace", "gate"],
@@ -212,6 +242,7 @@ def export(fleet: Fleet) -> Callable[[], None]:
                   "probe in time (every second), 0 from the first failed or slow answer until it answers again.",
                   [], lambda: [([], 1.0 if fleet.api_available() else 0.0)]),
     ]
+    collectors.append(_ClassInfo(fleet, lambda: live[0]))
     for collector in collectors:
         REGISTRY.register(collector)
 

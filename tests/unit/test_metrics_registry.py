@@ -32,22 +32,42 @@ def test_build_info_says_which_tether_runs() -> None:
     assert f'tether_build_info{{version="{version("tether-operator")}"}} 1.0' in _scrape()
 
 
-def test_runs_are_counted_by_namespace_and_phase() -> None:
+def test_runs_are_counted_by_namespace_phase_and_class() -> None:
     ctl = RunController(types.SimpleNamespace(health=ApiHealth()))  # type: ignore[arg-type]  # no I/O here
     ctl.cache.runs.update({
         ("a", "r1"): {"metadata": {"name": "r1", "namespace": "a", "uid": "1"}, "status": {"phase": "Running"}},
         ("a", "r2"): {"metadata": {"name": "r2", "namespace": "a", "uid": "2"}, "status": {"phase": "Running"}},
         ("b", "r1"): {"metadata": {"name": "r1", "namespace": "b", "uid": "3"}, "status": {}},
+        # The class it took, else the one it names.
+        ("b", "r2"): {"metadata": {"name": "r2", "namespace": "b", "uid": "4"},
+                      "status": {"phase": "Running", "class": {"name": "tool-call", "applied": {}}}},
+        ("b", "r3"): {"metadata": {"name": "r3", "namespace": "b", "uid": "5"}, "spec": {"className": "later"}},
     })
     text = _scrape_with(ctl)
-    assert 'tether_workerruns{namespace="a",phase="Running"} 2.0' in text
-    assert 'tether_workerruns{namespace="b",phase="Pending"} 1.0' in text
-    # Its namespaces' counters are there at 0 by the next scrape: increase() counts their first lapse.
+    assert 'tether_workerruns{class="",namespace="a",phase="Running"} 2.0' in text
+    assert 'tether_workerruns{class="",namespace="b",phase="Pending"} 1.0' in text
+    assert 'tether_workerruns{class="tool-call",namespace="b",phase="Running"} 1.0' in text
+    assert 'tether_workerruns{class="later",namespace="b",phase="Pending"} 1.0' in text
+    # Its namespaces' (and classes') counters are there at 0 by the next scrape: increase() counts their
+    # first lapse.
     again = _scrape_with(ctl)
-    for ns in ("a", "b"):
-        assert f'tether_lease_lapses_total{{namespace="{ns}"}} 0.0' in again
-        assert f'tether_attempts_started_total{{namespace="{ns}"}} 0.0' in again
-        assert f'tether_lease_lapse_detection_seconds_count{{namespace="{ns}"}} 0.0' in again
+    for ns, cls in (("a", ""), ("b", ""), ("b", "tool-call")):
+        assert f'tether_lease_lapses_total{{class="{cls}",namespace="{ns}"}} 0.0' in again
+        assert f'tether_attempts_started_total{{class="{cls}",namespace="{ns}"}} 0.0' in again
+        assert f'tether_lease_lapse_detection_seconds_count{{class="{cls}",namespace="{ns}"}} 0.0' in again
+
+
+def test_each_class_is_described_by_its_own_labels() -> None:
+    ctl = RunController(types.SimpleNamespace(health=ApiHealth()))  # type: ignore[arg-type]
+    for name, labels in (("tool-call", {"tool": "search", "provider": "acme"}), ("agent-session", {})):
+        ctl.cache.classes.on_event("ADDED", {"metadata": {"name": name}, "spec": {"labels": labels}})
+    text = _scrape_with(ctl)
+    assert 'tether_workerclass_info{class="tool-call",provider="acme",tool="search"} 1.0' in text
+    assert 'tether_workerclass_info{class="agent-session"} 1.0' in text
+    parsed = {f.name for f in text_string_to_metric_families(text)}
+    assert "tether_workerclass_info" in parsed
+    ctl.cache.classes.on_event("DELETED", {"metadata": {"name": "tool-call"}})
+    assert 'tether_workerclass_info{class="tool-call"' not in _scrape_with(ctl)
 
 
 def _scrape_with(ctl: RunController) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from tether.api.kueue import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
-from tether.api.models import BudgetSpec, LeaseSpec, RetrySpec, ReviewSpec, RunClassStatus, _Model
+from tether.api.models import BudgetSpec, LeaseSpec, RetrySpec, ReviewSpec, RunClassStatus, WorkerRun, _Model
 
 CLASS_PLURAL = "workerclasses"
 # On the class a run uses when it names none (as storageclass.kubernetes.io/is-default-class).
@@ -153,3 +153,9 @@ def effective_body(body: dict[str, Any]) -> dict[str, Any]:
     the operator resolves unpinned runs against the current class)."""
     taken = recorded(body)
     return with_applied(body, taken.applied) if taken is not None else body
+
+
+def class_name(run: WorkerRun) -> str:
+    """The class a run took, else the one it names ("" for none): the metrics' `class` label."""
+    taken = run.status.class_
+    return (taken.name if taken is not None else run.spec.class_name) or ""

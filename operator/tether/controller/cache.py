@@ -256,11 +256,11 @@ class RunCache:
     # The three below are read by the metrics thread. dict.copy() takes the snapshot in one step;
     # list(d.items()) iterates, and a garbage collection inside it runs Python code (gc callbacks)
     # during which the event loop's thread can change the dict: "changed size during iteration".
-    def phase_counts(self) -> dict[tuple[str, str], int]:
-        """Runs by (namespace, phase)."""
-        counts: dict[tuple[str, str], int] = {}
+    def phase_counts(self) -> dict[tuple[str, str, str], int]:
+        """Runs by (namespace, phase, class)."""
+        counts: dict[tuple[str, str, str], int] = {}
         for run in map(RunView, self.runs.copy().values()):
-            key = (run.namespace, run.phase or Phase.PENDING.value)
+            key = (run.namespace, run.phase or Phase.PENDING.value, run.class_name)
             counts[key] = counts.get(key, 0) + 1
         return counts
 

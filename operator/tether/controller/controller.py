@@ -135,8 +135,11 @@ class RunController:
 
     # --- views for metrics -----------------------------------------------------------
 
-    def phase_counts(self) -> dict[tuple[str, str], int]:
+    def phase_counts(self) -> dict[tuple[str, str, str], int]:
         return self.cache.phase_counts()
+
+    def class_labels(self) -> dict[str, dict[str, str]]:
+        return {name: dict(known.model.spec.labels) for name, known in self.cache.classes.classes.copy().items()}
 
     def pending_approvals(self) -> dict[tuple[str, str], tuple[int, float | None]]:
         return self.cache.pending_approvals()

@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from tether import metrics, tracing
 from tether.api import constants as c
 from tether.api.models import Usage, WorkerRun
+from tether.api.workerclass import class_name
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.errors import Again, SpecError
@@ -366,14 +367,15 @@ def _then(step: Callable[[Snapshot, Any], Awaitable[None]]) -> Callable[[Snapsho
 
 def _count(action: WriteStatus, written: WorkerRun) -> None:
     ns = written.metadata.namespace or ""
+    cls = class_name(written)
     if action.grants:
-        metrics.ATTEMPTS_STARTED.labels(ns).inc()
+        metrics.ATTEMPTS_STARTED.labels(ns, cls).inc()
         if written.status.attempt > 1:
-            metrics.REGRANTS.labels(ns).inc()
+            metrics.REGRANTS.labels(ns, cls).inc()
     if action.ends_attempt:
         ended = [a for a in written.status.attempts if a.outcome is not None]
         if ended:
-            metrics.ATTEMPTS_ENDED.labels(ns, ended[-1].outcome.value).inc()  # type: ignore[union-attr]
+            metrics.ATTEMPTS_ENDED.labels(ns, cls, ended[-1].outcome.value).inc()  # type: ignore[union-attr]
     details = action.details
     for gate, decision, seconds in details.approvals:
         metrics.APPROVAL_DECISION.labels(ns, gate, decision).observe(seconds)
@@ -382,6 +384,6 @@ def _count(action: WriteStatus, written: WorkerRun) -> None:
     if details.queued_seconds is not None:
         metrics.KUEUE_QUEUED.observe(details.queued_seconds)
     if action.lapse:
-        metrics.LEASE_LAPSES.labels(ns).inc()
+        metrics.LEASE_LAPSES.labels(ns, cls).inc()
         if details.silence_seconds is not None:
-            metrics.LAPSE_DETECTION.labels(ns).observe(details.silence_seconds)
+            metrics.LAPSE_DETECTION.labels(ns, cls).observe(details.silence_seconds)

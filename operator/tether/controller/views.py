@@ -95,6 +95,11 @@ class RunView(ObjectView):
         return self.status.get("phase") or None
 
     @property
+    def class_name(self) -> str:
+        """The class it took, else the one it names ("" for none): api/workerclass.class_name."""
+        return str(_dict(self.status.get("class")).get("name") or self.spec.get("className") or "")
+
+    @property
     def applied(self) -> dict[str, Any]:
         """What it took from its WorkerClass, as recorded (status.class.applied)."""
         return _dict(_dict(self.status.get("class")).get("applied"))

@@ -22,10 +22,13 @@ class _Fleet:
         self.entered, self.release = threading.Event(), threading.Event()
         self.stopped = False
 
-    def phase_counts(self) -> dict[tuple[str, str], int]:
+    def phase_counts(self) -> dict[tuple[str, str, str], int]:
         self.entered.set()
         self.release.wait(5)
-        return {("review-ns", "Running"): 1}
+        return {("review-ns", "Running", ""): 1}
+
+    def class_labels(self) -> dict[str, dict[str, str]]:
+        return {"tool-call": {"tool": "search"}}
 
     def pending_approvals(self) -> dict[tuple[str, str], tuple[int, float | None]]:
         return {}
@@ -95,8 +98,8 @@ def test_export_twice_raises_before_registering_anything_and_stop_is_clean() -> 
 def test_export_and_unexport_while_scrapes_run_never_fail_a_scrape() -> None:
     """Exporting and stopping while scrapes run never fails a scrape."""
     class Quick(_Fleet):
-        def phase_counts(self) -> dict[tuple[str, str], int]:
-            return {("review-ns", "Running"): 1}
+        def phase_counts(self) -> dict[tuple[str, str, str], int]:
+            return {("review-ns", "Running", ""): 1}
 
     errors: list[BaseException] = []
     done = threading.Event()

@@ -48,5 +48,5 @@ def test_the_scrape_reads_survive_a_dict_changing_under_them(meddling_collector:
     counts = ctl.phase_counts()
     ages = ctl.heartbeat_ages()
     assert len(ctl.cache.runs) > before  # the collections did run, and changed the dict meanwhile
-    assert counts["ns", "Running"] >= before
+    assert counts["ns", "Running", ""] >= before
     assert ages == []  # no Lease observed for any of them
