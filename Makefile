@@ -74,6 +74,7 @@ KUEUE_ON_OLDEST := test_a_cluster_queue_quota_caps_running_runs_and_the_rest_wai
 	test_a_higher_priority_run_preempts_a_running_one_that_yields_and_resumes \
 	test_a_worker_that_ignores_the_yield_is_fenced_and_killed_after_its_grace test_a_run_waiting_for_its_start_review_holds_no_quota
 OLDEST_TESTS ?= tests/cluster/test_admission_policy.py tests/cluster/test_approvals.py tests/cluster/test_crd_validation.py \
+	tests/cluster/test_workerclass.py \
 	tests/e2e/test_fencing.py tests/e2e/test_review_gates.py tests/e2e/test_identity.py \
 	$(addprefix tests/kueue/test_queues.py::,$(KUEUE_ON_OLDEST))
 
@@ -92,7 +93,7 @@ test:
 	test $$built = 0 && test $$sdk = 0 || exit 1; \
 	TETHER_TEST_KUBERNETES=oldest $(PY) -m pytest -n $(OLDEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra \
 		--durations=10 $(OLDEST_TESTS) > $(OLDEST_LOG) 2>&1 & oldest=$$!; \
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra; main=$$?; \
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -p no:cacheprovider -ra --durations=40; main=$$?; \
 	wait $$oldest; old=$$?; \
 	echo "=== the same tests on the oldest supported Kubernetes (1.34): $(OLDEST_TESTS)"; cat $(OLDEST_LOG); \
 	test $$main = 0 && test $$old = 0

@@ -8,6 +8,7 @@ after its namespace, and the one default class a test makes bounds only what no 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
@@ -161,3 +162,25 @@ def test_the_default_class_bounds_runs_that_name_none(kube: Kube, namespace: str
             f"WorkerClass {name} bounds spec.lease.durationSeconds at 86399s")
     # A run that names a class is judged by that class alone.
     kube.ok(kube.post(Kube.wr_path(namespace), _run("named", f"{namespace}-absent", lease=long_lease)))
+
+
+def test_the_example_classes_and_their_runs_are_admitted(kube: Kube, namespace: str, classes: list[str]) -> None:
+    import yaml
+
+    folder = Path(__file__).resolve().parents[2] / "examples" / "classes"
+    examples = [d for p in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    kinds = sorted(d["kind"] for d in examples)
+    assert kinds == ["WorkerClass", "WorkerClass", "WorkerRun", "WorkerRun"], kinds
+    renamed: dict[str, str] = {}
+    for doc in (d for d in examples if d["kind"] == "WorkerClass"):
+        # As shipped (a default class among them), judged by the CRD without being stored...
+        kube.ok(kube.post(CLASSES + "?dryRun=All", doc))
+        # ...and stored under this test's name, not the default (other tests' runs name no class).
+        renamed[doc["metadata"]["name"]] = _make(kube, classes, {**doc, "metadata": {"name": f"{namespace}-{doc['metadata']['name']}"}})
+    for doc in (d for d in examples if d["kind"] == "WorkerRun"):
+        doc["spec"]["className"] = renamed[doc["spec"]["className"]]
+        kube.ok(kube.post(Kube.wr_path(namespace), doc))
+    # The classes are enforced: the shipped tool-call class refuses a run that asks for a long lease.
+    greedy = _run("greedy", renamed["tool-call"], lease={"durationSeconds": 600, "renewIntervalSeconds": 30})
+    eventually(lambda: kube.post(Kube.wr_path(namespace), greedy).status_code == 422, timeout=30,
+               what="the example class enforced")
