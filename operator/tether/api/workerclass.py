@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import Field
 
@@ -85,19 +85,20 @@ class WorkerClass(_Model):
         return self.metadata.annotations.get(ANN_DEFAULT_CLASS) == "true"
 
 
-def _dict(value: Any) -> dict[str, Any]:
+def as_dict(value: Any) -> dict[str, Any]:
+    """`value` if it is an object, else an empty one (bodies as served may lack any key)."""
     return value if isinstance(value, dict) else {}
 
 
-def applied_defaults(spec: dict[str, Any], labels: dict[str, str], defaults: dict[str, Any]) -> dict[str, Any]:
+def applied_defaults(spec: Mapping[str, Any], labels: Mapping[str, str], defaults: Mapping[str, Any]) -> dict[str, Any]:
     """What a run whose spec and labels are these takes from a class's `spec.defaults` (both as served)."""
     out: dict[str, Any] = {}
     for name in WHOLE_FIELDS:
         if name in defaults and name not in spec:
             out[name] = copy.deepcopy(defaults[name])
     for name in BY_KEY_FIELDS:
-        given = _dict(spec.get(name))
-        taken = {k: copy.deepcopy(v) for k, v in _dict(defaults.get(name)).items() if k not in given}
+        given = as_dict(spec.get(name))
+        taken = {k: copy.deepcopy(v) for k, v in as_dict(defaults.get(name)).items() if k not in given}
         if taken:
             out[name] = taken
     for name, label in LABEL_FIELDS.items():
@@ -111,14 +112,14 @@ def with_applied(body: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any
     itself is left as it is (its resourceVersion is what writes are conditional on)."""
     if not applied:
         return body
-    spec = dict(_dict(body.get("spec")))
-    meta = dict(_dict(body.get("metadata")))
-    labels = dict(_dict(meta.get("labels")))
+    spec = dict(as_dict(body.get("spec")))
+    meta = dict(as_dict(body.get("metadata")))
+    labels = dict(as_dict(meta.get("labels")))
     for name, value in applied.items():
         if name in LABEL_FIELDS:
             labels.setdefault(LABEL_FIELDS[name], value)
         elif name in BY_KEY_FIELDS:
-            spec[name] = {**_dict(value), **_dict(spec.get(name))}
+            spec[name] = {**as_dict(value), **as_dict(spec.get(name))}
         else:
             spec.setdefault(name, value)
     meta["labels"] = labels
@@ -127,7 +128,7 @@ def with_applied(body: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any
 
 def recorded(body: dict[str, Any]) -> RunClassStatus | None:
     """status.class as written (None: none yet, or one this version cannot read)."""
-    raw = _dict(body.get("status")).get("class")
+    raw = as_dict(body.get("status")).get("class")
     if not isinstance(raw, dict):
         return None
     try:
@@ -140,11 +141,11 @@ def pinned(body: dict[str, Any]) -> bool:
     """Whether what the run took from its class is fixed: its first attempt was granted, or its
     start approval asked for (what a person approves is what runs). A run that started before
     classes existed is pinned with nothing taken."""
-    status = _dict(body.get("status"))
+    status = as_dict(body.get("status"))
     if int(status.get("attempt") or 0) > 0 or status.get("executionDigest"):
         return True
-    requests = _dict(status.get("review")).get("requests")
-    return any(_dict(r).get("gate") == "Start" and _dict(r).get("executionDigest")
+    requests = as_dict(status.get("review")).get("requests")
+    return any(as_dict(r).get("gate") == "Start" and as_dict(r).get("executionDigest")
                for r in (requests if isinstance(requests, list) else []))
 
 

@@ -25,9 +25,7 @@ class KnownClass:
 
     @staticmethod
     def of(body: dict[str, Any]) -> "KnownClass":
-        spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
-        defaults = spec.get("defaults") if isinstance(spec.get("defaults"), dict) else {}
-        return KnownClass(WorkerClass.model_validate(body), dict(defaults))
+        return KnownClass(WorkerClass.model_validate(body), wc.as_dict(wc.as_dict(body.get("spec")).get("defaults")))
 
 
 @dataclass(frozen=True)
@@ -52,7 +50,7 @@ def default_class(classes: Mapping[str, KnownClass]) -> KnownClass | None:
 
 def resolve(body: dict[str, Any], classes: Mapping[str, KnownClass]) -> ClassResolution:
     """The class of an unpinned run (its body as served) and what it takes from it."""
-    spec = body.get("spec") if isinstance(body.get("spec"), dict) else {}
+    spec = wc.as_dict(body.get("spec"))
     named = spec.get("className")
     if isinstance(named, str) and named:
         known = classes.get(named)
@@ -62,7 +60,7 @@ def resolve(body: dict[str, Any], classes: Mapping[str, KnownClass]) -> ClassRes
         known = default_class(classes)
         if known is None:
             return ClassResolution(None)
-    labels = (body.get("metadata") or {}).get("labels") or {}
+    labels = wc.as_dict(wc.as_dict(body.get("metadata")).get("labels"))
     applied = wc.applied_defaults(spec, labels, known.defaults)
     run = WorkerRun.model_validate(wc.with_applied(body, applied))
     return ClassResolution(known.model.metadata.name, applied, violations=violations(run, known.model))
