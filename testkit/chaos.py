@@ -78,11 +78,15 @@ FAULT_WEIGHTS: dict[str, int] = {
     "worker-kill": 2, "worker-complete-while-revoked": 4,
     "run-delete": 2, "run-stop": 2, "run-suspend": 2, "run-recreate": 2,
 }
+# The trial's WorkerClass's defaults edited while its runs run (skipped when no run is classed).
+CLASS_EDIT = "class-edit"
+CLASSES = "/apis/tether.dev/v1alpha1/workerclasses"
 # Kinds drawn apart, each from a generator of its own so that the plans of seeds drawn before them
 # stay as they were: the chance a plan draws it, and whether only plans with HA operators do.
 APART: dict[str, tuple[float, bool]] = {"operator-kill-mid-grant-lease": (0.3, False),
                                         "operator-leader-lost": (0.6, True),
-                                        "operator-standby-slow-get": (0.5, True)}
+                                        "operator-standby-slow-get": (0.5, True),
+                                        CLASS_EDIT: (0.6, False)}
 API_PAUSE = "api-pause"
 # A higher-priority run asking for the whole quota of a trial's ClusterQueue: Kueue evicts every
 # admitted queued run (drawn only for plans with queued runs, from a generator of its own).
@@ -141,6 +145,9 @@ class RunPlan:
     # "stream" | "whole": its workers spend through the SDK's meter on the trial's model API, which cuts
     # some answers before their usage (testkit/chaos_models.py, invariant 12), not usagePerSecond.
     metered: str | None = None
+    # Its lease, retry policy and stop grace come from the trial's WorkerClass, which a class-edit fault
+    # changes while it runs (invariant 13: what a run took is fixed from its first grant).
+    classed: bool = False
 
 
 @dataclass
@@ -201,6 +208,7 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
     faults += _draw_preemptions_again(random.Random(f"{seed}/preempt-again"), runs, window)
     for i, rp in enumerate(runs):
         rp.fail_on_yield = rp.queued and random.Random(f"{seed}/yield-error/{i}").random() < 0.5
+        rp.classed = random.Random(f"{seed}/class/{i}").random() < 0.4
     faults.sort(key=lambda f: f.at)
     return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults)
 
@@ -541,6 +549,9 @@ class Trial:
         self.queue: chaos_queues.TrialQueue | None = None
         self.preemptors: list[str] = []  # runs the preemption faults made
         self.model: chaos_models.TrialModel | None = None  # the model API of runs drawn metered
+        # The trial's WorkerClass (cluster-scoped: named after the namespace) and its defaults, once a run is classed.
+        self.class_name = f"{self.ns}-class"
+        self.class_defaults: dict[str, Any] = {}
         self.suspended: set[str] = set()
         self.frozen: dict[int, str] = {}  # pid -> pod, continued when the faults end
         self.lock = threading.Lock()
@@ -596,6 +607,10 @@ class Trial:
         spec = body["spec"]
         spec["lease"]["startupGraceSeconds"] = STARTUP_GRACE_SECONDS
         spec["stopGraceSeconds"] = 3
+        if rp.classed:
+            # The same values, from the class: a class-edit fault then changes what a run not started yet takes.
+            self.class_defaults = {name: spec.pop(name) for name in ("lease", "retry", "stopGraceSeconds")}
+            spec["className"] = self.class_name
         spec["template"]["spec"]["terminationGracePeriodSeconds"] = 2
         budget: dict[str, Any] = {}
         if rp.budget:
@@ -638,6 +653,9 @@ class Trial:
         if any(rp.metered for rp in self.plan.runs):
             self.model = chaos_models.TrialModel(seed)
         self.bodies = {rp.name: self._body(rp) for rp in self.plan.runs}
+        if self.class_defaults:
+            kube.ok(kube.post(CLASSES, {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerClass",
+                                        "metadata": {"name": self.class_name}, "spec": {"defaults": self.class_defaults}}))
         for body in self.bodies.values():
             kube.ok(kube.post(Kube.wr_path(ns), body))
 
@@ -1018,6 +1036,17 @@ class Trial:
 
     _f_run_preempt_again = _f_run_preempt
 
+    def _f_class_edit(self, f: FaultPlan, _: str) -> bool:
+        """A longer lease and stop grace for the runs of the trial's class that have not started yet."""
+        if not self.class_defaults:
+            return False
+        path = f"{CLASSES}/{self.class_name}"
+        edited = self.kube.ok(self.kube.get(path))
+        edited["spec"]["defaults"]["lease"] = {**self.class_defaults["lease"], "durationSeconds": LEASE_SECONDS + 4}
+        edited["spec"]["defaults"]["stopGraceSeconds"] = 5
+        self.kube.ok(self.kube.put(path, edited))
+        return True
+
     def _f_run_delete(self, f: FaultPlan, name: str) -> bool:
         if self.kube.delete(Kube.wr_path(self.ns, name)).status_code != 200:
             return False
@@ -1308,6 +1337,8 @@ class Trial:
                 if proxy is not None:
                     proxy.close()
             self.kube.delete(f"/api/v1/namespaces/{self.ns}")
+            if self.class_defaults:
+                self.kube.delete(f"{CLASSES}/{self.class_name}")
             if self.queue is not None:
                 chaos_queues.tear_down(self.kube, self.queue)
             if self.model is not None:

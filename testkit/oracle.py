@@ -1,7 +1,7 @@
 """The fault trials' oracle: Tether's safety promise judged from the API server's audit log and
 the final objects, never from Tether's logs or the status it claims.
 
-Twelve invariants (`INVARIANTS`), checked by `judge()` over one namespace:
+Thirteen invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 
 1. No write by a worker is accepted after its fence was superseded. Who held which fence, and
    when that ended, is rebuilt from the accepted WorkerRun status writes (the operator's
@@ -65,6 +65,10 @@ Twelve invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    worker was cut before its final usage, the model receives no further request from that worker
    (its meter refuses to spend on blind); an ended attempt's recorded tokens are never more than
    the model billed it (invariant 4 holds them to the worker's last accepted report).
+13. What a run took from its WorkerClass is fixed from its first grant: every accepted status write
+   from the first one that granted an attempt on carries the same status.class, and every Lease the
+   operator wrote for the run from then on has the lease duration the run had at that grant (its
+   own, else its class's, else 90 s), however the class was edited meanwhile.
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -104,6 +108,7 @@ INVARIANTS: dict[int, str] = {
     10: "a run says it is suspended exactly when spec.suspend is set, and a finished one never",
     11: "Kueue's quota never held by more live pods than it admits",
     12: "no model answer spent unmetered: a cut one stops the worker's spending, none counted beyond its bill",
+    13: "what a run took from its class is fixed from its first grant",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
@@ -426,6 +431,7 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
     _reviews(history, verdict)
     _stalls(history, verdict)
     _suspension_shown(facts, verdict)
+    _classes_pinned(history, verdict)
     if facts.leader_lease is not None:
         _leadership(records, facts, verdict)
     if facts.queue_quota_milli is not None:
@@ -437,6 +443,31 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
         verdict.stats[f"worker writes refused ({what})"] += n
     verdict.stats["pods created"] += len(history.pod_creates)
     return verdict
+
+
+def _classes_pinned(history: _History, verdict: Verdict) -> None:
+    """Invariant 13."""
+    for uid, writes in history.run_writes.items():
+        first = next((w for w in writes if int(w.status.get("attempt") or 0) > 0 and w.pod is None), None)
+        if first is None:
+            continue
+        taken = first.status.get("class")
+        for w in writes:
+            if w.rv > first.rv and w.status.get("class") != taken:
+                verdict.violations.append(Violation(13, history.name(uid), f"status.class {_short(taken)} at the first "
+                                                    f"grant ({first.describe()}), {_short(w.status.get('class'))} "
+                                                    f"after {w.describe()}"))
+                break
+        lease = first.spec.get("lease") or ((taken or {}).get("defaults") or {}).get("lease") or {}
+        duration = int(lease.get("durationSeconds") or 90)
+        if taken is not None:
+            verdict.stats["runs granted with a class"] += 1
+        for lw in history.lease_writes.get(uid, ()):
+            seconds = lw.spec.get("leaseDurationSeconds")
+            if lw.pod is None and lw.rv > first.rv and seconds is not None and int(seconds) != duration:
+                verdict.violations.append(Violation(13, history.name(uid), f"Lease written with leaseDurationSeconds "
+                                                    f"{seconds} by {lw.describe()}; the run was granted with {duration}"))
+                break
 
 
 def _reviews(history: _History, verdict: Verdict) -> None:

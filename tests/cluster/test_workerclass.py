@@ -37,6 +37,12 @@ def _class(name: str, defaults: dict[str, Any] | None = None, bounds: dict[str, 
             "spec": {"defaults": defaults or {}, "bounds": bounds or {}}}
 
 
+def _probe(namespace: str) -> str:
+    """Where a run is posted to learn whether the policy judges it yet: a dry run, so that a run the
+    policy's informer admitted before it saw the class is not stored (every later post would be 409)."""
+    return Kube.wr_path(namespace) + "?dryRun=All"
+
+
 def _denied(resp: httpx.Response, *fragments: str) -> str:
     """A write the bounds policy refused: 422 Invalid, its message saying each fragment."""
     assert resp.status_code == 422, f"{resp.status_code} {resp.text}"
@@ -92,7 +98,7 @@ def test_a_run_that_breaks_a_bound_of_its_class_is_refused_naming_both(
     body = _run(class_name=name, **spec)
     body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
     # The policy sees a new class once its informer has: until then nothing of it is judged.
-    message = eventually(lambda: (r := kube.post(Kube.wr_path(namespace), body)).status_code == 422 and _denied(
+    message = eventually(lambda: (r := kube.post(_probe(namespace), body)).status_code == 422 and _denied(
         r, f"WorkerClass {name} ", *fragments), timeout=30, what="the class's bounds enforced")
     assert "another class" in message
     assert kube.get(Kube.wr_path(namespace, "r")).status_code == 404
@@ -101,7 +107,7 @@ def test_a_run_that_breaks_a_bound_of_its_class_is_refused_naming_both(
 def test_a_run_within_its_bounds_or_leaving_them_to_the_class_is_admitted(
         kube: Kube, namespace: str, classes: list[str]) -> None:
     name = _make(kube, classes, _class(f"{namespace}-c", DEFAULTS, BOUNDS))
-    eventually(lambda: kube.post(Kube.wr_path(namespace), _run("probe", name, deadlineSeconds=7200)).status_code == 422,
+    eventually(lambda: kube.post(_probe(namespace), _run("probe", name, deadlineSeconds=7200)).status_code == 422,
                timeout=30, what="the class's bounds enforced")
     kube.ok(kube.post(Kube.wr_path(namespace), _run("plain", name)))
     kube.ok(kube.post(Kube.wr_path(namespace), _run("within", name, deadlineSeconds=3600, budget={"capCents": 100},
@@ -120,7 +126,7 @@ def test_an_update_is_judged_only_for_what_it_changes(kube: Kube, namespace: str
     current["spec"]["bounds"]["maxCapCents"] = 100
     kube.ok(kube.put(path, current))
     run_path = Kube.wr_path(namespace, "r")
-    eventually(lambda: kube.patch(run_path, {"spec": {"budget": {"capCents": 450}}}).status_code == 422,
+    eventually(lambda: kube.patch(run_path + "?dryRun=All", {"spec": {"budget": {"capCents": 450}}}).status_code == 422,
                timeout=30, what="the tightened bound enforced")
     _denied(kube.patch(run_path, {"spec": {"budget": {"capCents": 450}}}), "at 100 (maxCapCents)")
     assert kube.ok(kube.patch(run_path, {"spec": {"stop": True}}))["spec"]["budget"]["capCents"] == 400
@@ -150,13 +156,43 @@ def test_class_name_is_immutable_once_the_run_started(kube: Kube, namespace: str
     refused(kube.patch(path, {"spec": {"className": f"{namespace}-a"}}), "spec.className are immutable once the run has started")
 
 
+def test_once_a_start_approval_is_asked_for_the_class_and_what_runs_are_frozen(kube: Kube, namespace: str) -> None:
+    """A start gate may come from the run's class (its spec says nothing of it): from the request on,
+    what a person approves is what runs, class included."""
+    kube.ok(kube.post(Kube.wr_path(namespace), _run("r", f"{namespace}-a")))
+    path = Kube.wr_path(namespace, "r")
+    kube.ok(kube.patch(path + "/status", {"status": {"phase": "AwaitingApproval", "review": {"requests": [
+        {"gate": "Start", "attempt": 0, "requestedAt": "2026-12-07T00:00:00Z", "executionDigest": "sha256:" + "0" * 64}]}}}))
+    refused(kube.patch(path, {"spec": {"className": f"{namespace}-b"}}), "immutable once the run has started")
+    refused(kube.patch(path, {"spec": {"lease": {"durationSeconds": 70}}}), "immutable once the run has started")
+    assert kube.ok(kube.patch(path, {"spec": {"suspend": True}}))["spec"]["suspend"]
+
+
+def test_a_run_that_took_its_classes_budget_cannot_name_another_once_started(kube: Kube, namespace: str) -> None:
+    """It has charged its class's WorkerBudget: a budgetRef of its own, added later, would move its books."""
+    kube.ok(kube.post(Kube.wr_path(namespace), _run("s", f"{namespace}-c", budget={"capCents": 50})))
+    started = Kube.wr_path(namespace, "s")
+    taken = {"name": f"{namespace}-c", "defaults": {"budget": {"budgetRef": {"name": "pool"}}}}
+    stored = kube.ok(kube.patch(started + "/status", {"status": {"attempt": 1, "fence": 1, "holder": "s-a1",
+                                                                 "phase": "Running", "class": taken}}))
+    assert stored["status"]["class"] == taken, stored["status"]
+    refused(kube.patch(started, {"spec": {"budget": {"budgetRef": {"name": "team"}}}}),
+            "spec.budget.budgetRef cannot be added once the run has started")
+    # One that took none from its class may (the operator charges the budget everything it spent).
+    kube.ok(kube.post(Kube.wr_path(namespace), _run("r", None, budget={"capCents": 50})))
+    path = Kube.wr_path(namespace, "r")
+    kube.ok(kube.patch(path + "/status", {"status": {"attempt": 1, "fence": 1, "holder": "r-a1", "phase": "Running"}}))
+    kube.ok(kube.patch(path, {"spec": {"budget": {"budgetRef": {"name": "team"}}}}))
+    assert kube.ok(kube.patch(started, {"spec": {"budget": {"capCents": 70}}}))["spec"]["budget"] == {"capCents": 70}
+
+
 def test_the_default_class_bounds_runs_that_name_none(kube: Kube, namespace: str, classes: list[str]) -> None:
     # Its one bound is one no other test's run comes near (a lease of a day), and it has no defaults,
     # so the other tests running meanwhile are not changed by it.
     name = _make(kube, classes, _class(f"{namespace}-default", bounds={"maxLeaseDurationSeconds": 86399},
                                        default=True))
     long_lease = {"durationSeconds": 86400, "renewIntervalSeconds": 30}
-    eventually(lambda: kube.post(Kube.wr_path(namespace), _run("r", None, lease=long_lease)).status_code == 422,
+    eventually(lambda: kube.post(_probe(namespace), _run("r", None, lease=long_lease)).status_code == 422,
                timeout=30, what="the default class's bounds enforced")
     _denied(kube.post(Kube.wr_path(namespace), _run("r", None, lease=long_lease)),
             f"WorkerClass {name} bounds spec.lease.durationSeconds at 86399s")
@@ -182,5 +218,5 @@ def test_the_example_classes_and_their_runs_are_admitted(kube: Kube, namespace: 
         kube.ok(kube.post(Kube.wr_path(namespace), doc))
     # The classes are enforced: the shipped tool-call class refuses a run that asks for a long lease.
     greedy = _run("greedy", renamed["tool-call"], lease={"durationSeconds": 600, "renewIntervalSeconds": 30})
-    eventually(lambda: kube.post(Kube.wr_path(namespace), greedy).status_code == 422, timeout=30,
+    eventually(lambda: kube.post(_probe(namespace), greedy).status_code == 422, timeout=30,
                what="the example class enforced")

@@ -42,7 +42,7 @@ def test_a_class_default_reaches_the_pod_and_a_class_edit_leaves_a_started_run_a
     try:
         runs.create(kube, namespace, _classless_job("job", name, steps=16))
         run = runs.wait_phase(kube, namespace, "job", "Running", timeout=60)
-        assert run["status"]["class"] == {"name": name, "applied": {"lease": CLASS_LEASE, "stopGraceSeconds": 3}}
+        assert run["status"]["class"] == {"name": name, "defaults": {"lease": CLASS_LEASE, "stopGraceSeconds": 3}}
         assert "lease" not in run["spec"]  # the spec stays the user's
         env = _env(kube, namespace, "job-a1")
         assert (env["TETHER_LEASE_DURATION_SECONDS"], env["TETHER_RENEW_INTERVAL_SECONDS"]) == ("13", "2")
@@ -55,13 +55,13 @@ def test_a_class_default_reaches_the_pod_and_a_class_edit_leaves_a_started_run_a
         # The edit wakes the class's unpinned runs only; this one keeps what it started with to the end.
         done = runs.wait_phase(kube, namespace, "job", ("Succeeded", "Failed", "Lost"), timeout=60)
         assert done["status"]["phase"] == "Succeeded", done["status"]
-        assert done["status"]["class"]["applied"]["lease"] == CLASS_LEASE
+        assert done["status"]["class"]["defaults"]["lease"] == CLASS_LEASE
         assert _lease_seconds(kube, namespace, "job") == 13
 
         # A run created after the edit takes the class as it is now.
         runs.create(kube, namespace, _classless_job("later", name, steps=1))
         later = runs.wait_phase(kube, namespace, "later", ("Succeeded", "Failed", "Lost"), timeout=60)
-        assert later["status"]["class"]["applied"]["lease"]["durationSeconds"] == 60
+        assert later["status"]["class"]["defaults"]["lease"]["durationSeconds"] == 60
     finally:
         kube.delete(f"{CLASSES}/{name}")
 
@@ -83,7 +83,7 @@ def test_a_run_of_a_missing_class_waits_pending_until_the_class_exists(
         # The class's creation wakes the run (no timer: it waited without one).
         done = runs.wait_phase(kube, namespace, "job", ("Succeeded", "Failed", "Lost"), timeout=60)
         assert done["status"]["phase"] == "Succeeded", done["status"]
-        assert done["status"]["class"] == {"name": name, "applied": {"lease": CLASS_LEASE}}
+        assert done["status"]["class"] == {"name": name, "defaults": {"lease": CLASS_LEASE}}
         assert runs.condition(done, "Stalled")["status"] == "False"
     finally:
         kube.delete(f"{CLASSES}/{name}")

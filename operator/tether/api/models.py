@@ -231,11 +231,11 @@ class QueueStatus(_Model):
 
 
 class RunClassStatus(_Model):
-    """status.class: the WorkerClass a run took (name None: none) and what it took from it, as
-    spec fields (api/workerclass.py)."""
+    """status.class: the WorkerClass a run took (name None: none) and that class's spec.defaults
+    as the run has them: it takes from them whatever its spec leaves out (api/workerclass.py)."""
 
     name: str | None = None
-    applied: dict[str, Any] = Field(default_factory=dict)
+    defaults: dict[str, Any] = Field(default_factory=dict)
 
 
 class Condition(_Model):

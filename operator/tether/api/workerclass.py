@@ -10,8 +10,10 @@ them, because "left out" is a key that is absent, which a parsed model no longer
 - budget and review field by field (a run that sets its own cap keeps the class's WorkerBudget);
 - the Kueue queue and priority class as the run's `kueue.x-k8s.io/*` labels, unless it has them.
 
-What a run took is recorded in `status.class` and fixed once its first attempt is granted or its
-start approval is asked for (`pinned`): a class edited later never changes a run that started.
+The class's defaults are recorded in `status.class` and fixed once the run's first attempt is
+granted or its start approval is asked for (`pinned`): a class edited later never changes a run that
+started, and a field the run removes from its spec later falls back to the class's default as it
+was (never to no bound at all).
 """
 
 from __future__ import annotations
@@ -149,11 +151,17 @@ def pinned(body: dict[str, Any]) -> bool:
                for r in (requests if isinstance(requests, list) else []))
 
 
+def with_defaults(body: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's body with a class's `spec.defaults` taken for what it leaves out."""
+    spec, meta = as_dict(body.get("spec")), as_dict(body.get("metadata"))
+    return with_applied(body, applied_defaults(spec, as_dict(meta.get("labels")), defaults))
+
+
 def effective_body(body: dict[str, Any]) -> dict[str, Any]:
-    """A pinned run's body with what it took from its class (the gateway's and the metrics' view;
-    the operator resolves unpinned runs against the current class)."""
+    """A run's body with the class defaults it recorded (for a pinned run, what it has for good: the
+    gateway's and the console's view; the operator resolves unpinned runs against the current class)."""
     taken = recorded(body)
-    return with_applied(body, taken.applied) if taken is not None else body
+    return with_defaults(body, taken.defaults) if taken is not None else body
 
 
 def class_name(run: WorkerRun) -> str:

@@ -10,6 +10,7 @@ from urllib.parse import quote, urlencode
 
 import yaml
 
+from tether.api.workerclass import effective_body
 from tether.api.constants import COND_ADMITTED, COND_READY, COND_STALLED, EV_POD_REFUSED, LABEL_ATTEMPT
 from tether.protocol import holder_renewed
 
@@ -130,8 +131,9 @@ def images(run: dict[str, Any]) -> list[str]:
 
 
 def what_starts(run: dict[str, Any]) -> str:
-    """A start gate's details: what the approver lets run (its image, payload, caps and budget)."""
-    spec = run.get("spec") or {}
+    """A start gate's details: what the approver lets run (its image, payload, caps and budget, its
+    class's included: the gate is asked for once they are recorded)."""
+    spec = effective_body(run).get("spec") or {}
     budget = spec.get("budget") or {}
     limits = ["" if budget else "no cap or budget",
               f"cap {budget['capCents']} cents" if budget.get("capCents") is not None else "",

@@ -11,6 +11,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from tether.api.workerclass import effective_body
 from tether.console import charts
 from tether.console.actions import pending_requests
 from tether.api.conditions import headline
@@ -54,7 +55,9 @@ def phase_of(run: dict[str, Any]) -> str:
 
 
 def budget_of(run: dict[str, Any]) -> str:
-    return (((run.get("spec") or {}).get("budget") or {}).get("budgetRef") or {}).get("name") or ""
+    """Its WorkerBudget, its own or its class's."""
+    spec = effective_body(run).get("spec") or {}
+    return ((spec.get("budget") or {}).get("budgetRef") or {}).get("name") or ""
 
 
 def run_href(base: str, run: dict[str, Any]) -> str:

@@ -4,12 +4,13 @@ read it: with what it took from its class applied (core/classes.py decides which
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
 
 from tether.api import workerclass as wc
 from tether.core.classes import ClassResolution, KnownClass, resolve
+from tether.kube.client import NotFound
 
 log = logging.getLogger("tether.controller")
 
@@ -17,12 +18,32 @@ log = logging.getLogger("tether.controller")
 class ClassBook:
     def __init__(self) -> None:
         self.classes: dict[str, KnownClass] = {}
+        # Whether every class is known: the watch may deliver runs before classes (after a restart or
+        # a failover), and a run decided meanwhile would be granted without its class for good.
+        self.synced = False
+        self._watched: set[str] | None = None  # the names the watch told of while a sync's list ran
+
+    async def sync(self, list_classes: Callable[[], Awaitable[list[dict[str, Any]]]]) -> None:
+        """Lists every class once; what the watch told of meanwhile is newer than the list."""
+        self._watched = set()
+        try:
+            items = await list_classes()
+        except NotFound:
+            items = []  # no WorkerClass CRD: no class can exist
+        finally:
+            watched, self._watched = self._watched, None
+        for body in items:
+            if str((body.get("metadata") or {}).get("name") or "") not in watched:
+                self.on_event("ADDED", body)
+        self.synced = True
 
     def on_event(self, event_type: str | None, body: dict[str, Any]) -> str | None:
         """A WorkerClass's event; returns its name when what runs take from it may have changed."""
         name = str((body.get("metadata") or {}).get("name") or "")
         if not name:
             return None
+        if self._watched is not None:
+            self._watched.add(name)
         if event_type == "DELETED":
             return name if self.classes.pop(name, None) is not None else None
         try:
@@ -42,4 +63,4 @@ class ClassBook:
         if wc.pinned(body):
             return wc.effective_body(body), None
         resolution = resolve(body, self.classes)
-        return wc.with_applied(body, dict(resolution.applied)), resolution
+        return wc.with_defaults(body, resolution.defaults), resolution

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from tether import tracing
 from tether.api import constants as c
 from tether.api.conditions import get_condition, set_condition
+from tether.api.workerclass import pinned
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.confirm import Confirmer
@@ -37,7 +38,7 @@ from tether.core.observe import ApprovalObservation
 from tether.core.review import needs_approvals
 from tether.kube import support
 from tether.kube.client import ApiError, KubeClient
-from tether.kube.paths import approval_path
+from tether.kube.paths import approval_path, class_path
 
 log = logging.getLogger("tether.controller")
 
@@ -67,6 +68,9 @@ class RunReconciler:
             return result
 
     async def _reconcile(self, key: RunKey) -> Result:
+        body = self.cache.runs.get(key)
+        if not self.cache.classes.synced and body is not None and not pinned(body):
+            await self.cache.classes.sync(lambda: self.kube.list_objects(class_path()))
         try:
             snap = self.cache.snapshot(key)
         except ValidationError as exc:

@@ -100,20 +100,20 @@ class RunView(ObjectView):
         return str(_dict(self.status.get("class")).get("name") or self.spec.get("className") or "")
 
     @property
-    def applied(self) -> dict[str, Any]:
-        """What it took from its WorkerClass, as recorded (status.class.applied)."""
-        return _dict(_dict(self.status.get("class")).get("applied"))
+    def class_defaults(self) -> dict[str, Any]:
+        """Its WorkerClass's defaults as last recorded (status.class.defaults): what it leaves out."""
+        return _dict(_dict(self.status.get("class")).get("defaults"))
 
     @property
     def budget(self) -> BudgetKey:
         """The WorkerBudget it draws on ("" for none), its own or its class's; a budgetRef never changes."""
         ref = _dict(_dict(self.spec.get("budget")).get("budgetRef")) or \
-            _dict(_dict(self.applied.get("budget")).get("budgetRef"))
+            _dict(_dict(self.class_defaults.get("budget")).get("budgetRef"))
         return self.namespace, str(ref.get("name") or "")
 
     @property
     def lease_seconds(self) -> float:
-        lease = _dict(self.spec.get("lease")) or _dict(self.applied.get("lease"))
+        lease = _dict(self.spec.get("lease")) or _dict(self.class_defaults.get("lease"))
         return float(lease.get("durationSeconds") or LeaseSpec().duration_seconds)
 
     @property

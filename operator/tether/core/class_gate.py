@@ -17,7 +17,7 @@ def class_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     r = o.run_class
     if r is None:
         return True
-    taken = RunClassStatus(name=r.name, applied=dict(r.applied))
+    taken = RunClassStatus(name=r.name, defaults=dict(r.defaults))
     if b.status.class_ != taken:
         b.status.class_ = taken
     if r.missing:

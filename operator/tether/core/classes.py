@@ -30,11 +30,11 @@ class KnownClass:
 
 @dataclass(frozen=True)
 class ClassResolution:
-    """What an unpinned run takes: the class (None: it names none and there is no default), what
-    it took from it, and why it may not start yet (the class is missing, or a bound is broken)."""
+    """What an unpinned run takes: the class (None: it names none and there is no default), its
+    defaults, and why the run may not start yet (the class is missing, or a bound is broken)."""
 
     name: str | None
-    applied: Mapping[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # the class's spec.defaults
     missing: bool = False
     violations: tuple[str, ...] = ()
 
@@ -56,14 +56,16 @@ def resolve(body: dict[str, Any], classes: Mapping[str, KnownClass]) -> ClassRes
         known = classes.get(named)
         if known is None:
             return ClassResolution(named, missing=True)
+        judges = [known]
     else:
         known = default_class(classes)
         if known is None:
             return ClassResolution(None)
-    labels = wc.as_dict(wc.as_dict(body.get("metadata")).get("labels"))
-    applied = wc.applied_defaults(spec, labels, known.defaults)
-    run = WorkerRun.model_validate(wc.with_applied(body, applied))
-    return ClassResolution(known.model.metadata.name, applied, violations=violations(run, known.model))
+        # Every default class's bounds, as the admission policy judges them; the newest's defaults.
+        judges = [k for k in classes.values() if k.model.is_default]
+    run = WorkerRun.model_validate(wc.with_defaults(body, known.defaults))
+    broken = tuple(v for judge in judges for v in violations(run, judge.model))
+    return ClassResolution(known.model.metadata.name, known.defaults, violations=broken)
 
 
 def violations(run: WorkerRun, cls: WorkerClass) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """What runs is what was approved, or what the first attempt ran.
 
-A run's execution fields (executor, template, payload, idempotencyKey, lease, retry) are frozen by
+A run's execution fields (executor, template, payload, idempotencyKey, lease, retry, className) are frozen by
 the CRD once the run started, and from its creation under a start gate. This is the second line
 of defence, which does not depend on that CEL rule (it once let a renamed payload key through: the
 API server compared schemaless objects by the keys both had). Their digest is recorded with the
@@ -18,8 +18,9 @@ from tether.api import constants as c
 from tether.api.models import WorkerRunSpec, WorkerRunStatus
 
 # The fields the digest covers, by their names in WorkerRunSpec.
-EXECUTION_FIELDS = frozenset({"executor", "template", "payload", "idempotency_key", "lease", "retry"})
-FIELD_NAMES = "spec.executor, template, payload, idempotencyKey, lease or retry"
+# className: a run approved (or started) as one class runs as that class (its defaults fill the rest).
+EXECUTION_FIELDS = frozenset({"executor", "template", "payload", "idempotency_key", "lease", "retry", "class_name"})
+FIELD_NAMES = "spec.executor, template, payload, idempotencyKey, lease, retry or className"
 
 
 def execution_digest(spec: WorkerRunSpec) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tether.api.kueue import KUEUE_API_VERSION, WORKLOAD_PLURAL
 from tether.api.models import API_VERSION, BUDGET_PLURAL, PLURAL
+from tether.api.workerclass import CLASS_PLURAL
 
 APPROVAL_PLURAL = "workerrunapprovals"
 
@@ -19,6 +20,11 @@ def run_path(ns: str, name: str = "") -> str:
 def all_runs_path() -> str:
     """WorkerRuns of every namespace."""
     return f"/apis/{API_VERSION}/{PLURAL}"
+
+
+def class_path(name: str = "") -> str:
+    """WorkerClasses (cluster-scoped)."""
+    return _named(f"/apis/{API_VERSION}/{CLASS_PLURAL}", name)
 
 
 def budget_path(ns: str, name: str = "") -> str:

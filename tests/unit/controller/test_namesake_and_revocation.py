@@ -50,6 +50,9 @@ class FakeKube:
     async def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
         return self.lease
 
+    async def list_objects(self, path: str, *a: Any, **k: Any) -> list[dict[str, Any]]:
+        return []  # no WorkerClass (the operator lists them once before deciding a run that is not pinned)
+
     async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(f"replace_lease {lease['spec']['holderIdentity']} {lease['spec']['leaseTransitions']}")
         self.lease = self._stored(lease)

@@ -59,10 +59,10 @@ def test_a_run_takes_what_it_leaves_out(spec: dict[str, Any], labels: dict[str, 
     assert wc.applied_defaults(spec, labels, TOOL) == applied
 
 
-def test_the_applied_defaults_reach_the_parsed_run_and_leave_the_body_alone() -> None:
+def test_the_class_defaults_reach_the_parsed_run_and_leave_the_body_alone() -> None:
     b = body({"budget": {"capCents": 20}, "className": "tool-call"})
     r = resolve(b, {"tool-call": klass(defaults=TOOL)})
-    run = WorkerRun.model_validate(wc.with_applied(b, dict(r.applied)))
+    run = WorkerRun.model_validate(wc.with_defaults(b, r.defaults))
     assert (run.spec.lease.duration_seconds, run.spec.retry.max_attempts, run.spec.stop_grace_seconds) == (20, 5, 10)
     assert run.spec.budget is not None and run.spec.budget.cap_cents == 20 and run.spec.budget.budget_ref.name == "team"
     assert run.spec.review.result and not run.spec.review.start
@@ -82,7 +82,19 @@ def test_the_applied_defaults_reach_the_parsed_run_and_leave_the_body_alone() ->
 ])
 def test_which_class_a_run_takes(classes: dict[str, KnownClass], named: str | None,
                                  expected: ClassResolution) -> None:
-    assert resolve(body({"className": named} if named else {}), classes) == expected
+    got = resolve(body({"className": named} if named else {}), classes)
+    assert (got.name, got.missing, got.violations) == (expected.name, expected.missing, expected.violations)
+
+
+def test_of_two_default_classes_every_ones_bounds_judge_a_run_that_names_none() -> None:
+    """As the admission policy does (it checks every default class): the newest's defaults, all bounds."""
+    older = klass("older", bounds={"maxLeaseDurationSeconds": 60}, default=True, created="2026-12-01T00:00:00Z")
+    newer = klass("newer", defaults={"lease": {"durationSeconds": 3600, "renewIntervalSeconds": 30}},
+                  default=True, created="2026-12-02T00:00:00Z")
+    r = resolve(body(), {"older": older, "newer": newer})
+    assert r.name == "newer"
+    assert r.violations == ("WorkerClass older bounds spec.lease.durationSeconds at 60s (maxLeaseDurationSeconds); "
+                            "this run asks for 3600s",)
 
 
 def test_default_class_none_without_a_marked_one() -> None:
@@ -143,9 +155,19 @@ def test_pinned_from_the_first_grant_or_the_start_approval_request(status: dict[
 
 
 def test_a_pinned_run_reads_what_it_recorded_not_the_class() -> None:
-    b = body(status={"attempt": 1, "class": {"name": "tool-call", "applied": {"stopGraceSeconds": 7}}})
+    b = body(status={"attempt": 1, "class": {"name": "tool-call", "defaults": {"stopGraceSeconds": 7}}})
     assert WorkerRun.model_validate(wc.effective_body(b)).spec.stop_grace_seconds == 7
     assert WorkerRun.model_validate(wc.effective_body(body(status={"attempt": 1}))).spec.stop_grace_seconds == 30
+
+
+def test_a_field_removed_after_the_pin_falls_back_to_the_class_default_not_to_none() -> None:
+    """A run that set its own cap (within the class's bound) and removes it once started is capped by
+    the class's default as pinned, never by nothing."""
+    recorded = {"attempt": 1, "class": {"name": "c", "defaults": {"budget": {"capCents": 25}, "deadlineSeconds": 900}}}
+    own = WorkerRun.model_validate(wc.effective_body(body({"budget": {"capCents": 80}, "deadlineSeconds": 60}, recorded)))
+    assert (own.spec.budget.cap_cents, own.spec.deadline_seconds) == (80, 60)  # type: ignore[union-attr]
+    removed = WorkerRun.model_validate(wc.effective_body(body({}, recorded)))
+    assert (removed.spec.budget.cap_cents, removed.spec.deadline_seconds) == (25, 900)  # type: ignore[union-attr]
 
 
 # --- the gate in decide ---------------------------------------------------------------------
@@ -153,7 +175,7 @@ def test_a_pinned_run_reads_what_it_recorded_not_the_class() -> None:
 
 def observed(b: dict[str, Any], classes: dict[str, KnownClass]) -> Observed:
     r = resolve(b, classes)
-    return Observed(run=WorkerRun.model_validate(wc.with_applied(b, dict(r.applied))), lease=None, pods=(),
+    return Observed(run=WorkerRun.model_validate(wc.with_defaults(b, r.defaults)), lease=None, pods=(),
                     now=T0, mono=100.0, run_class=r)
 
 
@@ -166,7 +188,7 @@ def test_a_run_of_a_missing_class_waits_pending_and_says_why() -> None:
     stalled = next(c for c in s.conditions if c.type == "Stalled")
     assert (stalled.status, stalled.reason) == ("True", "ClassNotFound")
     assert "WorkerClass nope does not exist" in (stalled.message or "")
-    assert s.class_ is not None and s.class_.name == "nope" and s.class_.applied == {}
+    assert s.class_ is not None and s.class_.name == "nope" and s.class_.defaults == {}
     assert [e.reason for e in write.events] == ["ClassNotFound"]
 
 
@@ -193,7 +215,7 @@ def test_the_grant_pins_what_the_run_took_and_uses_it() -> None:
     writes = [a for a in d.actions if isinstance(a, WriteStatus)]
     assert writes and writes[-1].status.attempt == 1
     assert writes[-1].status.class_ is not None and writes[-1].status.class_.name == "c"
-    assert writes[-1].status.class_.applied["lease"]["durationSeconds"] == 20
+    assert writes[-1].status.class_.defaults["lease"]["durationSeconds"] == 20
     [ensure] = [a for a in d.actions if isinstance(a, EnsureLease)]
     assert ensure.duration_seconds == 20
     assert any(isinstance(a, EnsurePod) for a in d.actions)
