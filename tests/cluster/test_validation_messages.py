@@ -16,6 +16,7 @@ from tether.devcluster.crds import read_crd
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 BUDGETS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerbudgets"
+CLASSES = "/apis/tether.dev/v1alpha1/workerclasses"
 DIGEST = "sha256:" + "a" * 64
 
 
@@ -27,10 +28,11 @@ def _rules(schema: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def crd_rules() -> list[str]:
-    """The message of every CEL rule in crds/, folded to one line."""
-    return [" ".join(rule["message"].split()) for path in sorted(CRDS.glob("*.yaml"))
-            for version in read_crd(path)["spec"]["versions"]
-            for rule in _rules(version["schema"]["openAPIV3Schema"])]
+    """The message of every CEL rule in crds/, folded to one line: once each (the WorkerClass CRD's
+    defaults carry the WorkerRun CRD's own lease and retry rules, judged there)."""
+    return sorted({" ".join(rule["message"].split()) for path in sorted(CRDS.glob("*.yaml"))
+                   for version in read_crd(path)["spec"]["versions"]
+                   for rule in _rules(version["schema"]["openAPIV3Schema"])})
 
 
 def _run(name: str = "r", **spec: Any) -> dict[str, Any]:
@@ -54,6 +56,18 @@ def _approval(kube: Kube, **spec: Any) -> dict[str, Any]:
 def _started(kube: Kube, ns: str, name: str) -> str:
     return _created(kube, ns, _run(name, payload={"n": 1}),
                     {"attempt": 1, "fence": 3, "holder": f"{name}-a1", "executionDigest": DIGEST})
+
+
+def _class(ns: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerClass", "metadata": {"name": f"{ns}-c"}, "spec": spec}
+
+
+def _rebudgeted(kube: Kube, ns: str) -> httpx.Response:
+    """A started run that took its class's WorkerBudget, given one of its own."""
+    taken = {"name": "c", "defaults": {"budget": {"budgetRef": {"name": "pool"}}}}
+    path = _created(kube, ns, _run("pooled", payload={"n": 1}),
+                    {"attempt": 1, "fence": 1, "holder": "pooled-a1", "executionDigest": DIGEST, "class": taken})
+    return kube.patch(path, {"spec": {"budget": {"budgetRef": {"name": "mine"}}}})
 
 
 def _rewritten_approval(kube: Kube, ns: str) -> httpx.Response:
@@ -90,6 +104,19 @@ CASES: list[tuple[str, str, Callable[[Kube, str], httpx.Response]]] = [
      lambda kube, ns: kube.post(Kube.wr_path(ns), _run("retry", retry={"rules": [{"action": "Retry"}]}))),
     ("status.fence never decreases", "status.fence",
      lambda kube, ns: kube.patch(_started(kube, ns, "fenced") + "/status", {"status": {"fence": 2}})),
+    ("spec.budget.budgetRef cannot be added once the run has started", "spec.budget", _rebudgeted),
+    ("defaults.lease.durationSeconds (90 when defaults.lease is unset)", "spec.bounds.maxLeaseDurationSeconds",
+     lambda kube, ns: kube.post(CLASSES, _class(ns, bounds={"maxLeaseDurationSeconds": 60}))),
+    ("bounds.maxDeadlineSeconds needs defaults.deadlineSeconds", "spec.bounds.maxDeadlineSeconds",
+     lambda kube, ns: kube.post(CLASSES, _class(ns, bounds={"maxDeadlineSeconds": 60}))),
+    ("bounds.maxCapCents needs defaults.budget.capCents", "spec.bounds.maxCapCents",
+     lambda kube, ns: kube.post(CLASSES, _class(ns, bounds={"maxCapCents": 60}))),
+    ("bounds.maxTokens needs defaults.budget.maxTokens", "spec.bounds.maxTokens",
+     lambda kube, ns: kube.post(CLASSES, _class(ns, bounds={"maxTokens": 60}))),
+    ("defaults.retry.maxAttempts (3 when defaults.retry is unset)", "spec.bounds.maxAttempts",
+     lambda kube, ns: kube.post(CLASSES, _class(ns, bounds={"maxAttempts": 2}))),
+    ("labels keys must be Prometheus label names", "spec.labels",
+     lambda kube, ns: kube.post(CLASSES, _class(ns, labels={"Bad-Key": "x"}))),
     ("status.executionDigest never changes once set", "status.executionDigest",
      lambda kube, ns: kube.patch(_started(kube, ns, "digested") + "/status",
                                  {"status": {"executionDigest": "sha256:" + "b" * 64}})),

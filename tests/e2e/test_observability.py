@@ -74,8 +74,9 @@ def test_dashboard_and_alert_queries_read_only_metrics_a_live_operator_exports(k
     samples = {(s.name, tuple(sorted(s.labels.items())), s.value)
                for f in text_string_to_metric_families(text) for s in f.samples}
     # The new series, live: the fleet by namespace, the budget's limit, the API server reachable.
-    assert ("tether_attempts_ended_total", (("namespace", namespace), ("outcome", "PodFailed")), 1.0) in samples
-    assert ("tether_lease_regrants_total", (("namespace", namespace),), 1.0) in samples
+    assert ("tether_attempts_ended_total", (("class", ""), ("namespace", namespace), ("outcome", "PodFailed")),
+            1.0) in samples
+    assert ("tether_lease_regrants_total", (("class", ""), ("namespace", namespace)), 1.0) in samples
     assert ("tether_budget_limit_cents", (("budget", "team"), ("namespace", namespace)), 1000.0) in samples
     assert ("tether_budget_limit_tokens", (("budget", "team"), ("namespace", namespace)), 5000.0) in samples
     assert ("tether_apiserver_available", (), 1.0) in samples
