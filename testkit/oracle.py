@@ -460,7 +460,7 @@ def _classes_pinned(history: _History, verdict: Verdict) -> None:
                 break
         lease = first.spec.get("lease") or ((taken or {}).get("defaults") or {}).get("lease") or {}
         duration = int(lease.get("durationSeconds") or 90)
-        if taken is not None:
+        if (taken or {}).get("name"):
             verdict.stats["runs granted with a class"] += 1
         for lw in history.lease_writes.get(uid, ()):
             seconds = lw.spec.get("leaseDurationSeconds")

@@ -17,7 +17,8 @@ def class_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     r = o.run_class
     if r is None:
         return True
-    taken = RunClassStatus(name=r.name, defaults=dict(r.defaults))
+    # A run of no class records none (a class made default later still applies until it starts).
+    taken = RunClassStatus(name=r.name, defaults=dict(r.defaults)) if r.name is not None else None
     if b.status.class_ != taken:
         b.status.class_ = taken
     if r.missing:

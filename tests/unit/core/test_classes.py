@@ -223,3 +223,10 @@ def test_the_grant_pins_what_the_run_took_and_uses_it() -> None:
     pinned = body({"className": "c"}, status=writes[-1].status.dump())
     assert wc.pinned(pinned)
     assert WorkerRun.model_validate(wc.effective_body(pinned)).spec.lease.duration_seconds == 20
+
+
+def test_a_run_of_no_class_records_none() -> None:
+    d = decide(observed(body(), {}))
+    writes = [a for a in d.actions if isinstance(a, WriteStatus)]
+    assert writes and writes[-1].status.attempt == 1 and writes[-1].status.class_ is None
+    assert "class" not in writes[-1].status.dump()
