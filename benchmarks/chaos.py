@@ -39,7 +39,7 @@ from testkit.chaos import ClusterHandle, Tally, Trial, draw_plan, timeline  # no
 def _start(stack: contextlib.ExitStack, label: str, pausable: bool) -> ClusterHandle:
     began = time.monotonic()
     # With Kueue: plans that queue runs queue them, and preempt them (testkit/chaos_queues.py).
-    cluster = stack.enter_context(LocalCluster(bin_dir=resolve_binaries(), audit=True, with_kueue=True,
+    cluster = stack.enter_context(LocalCluster(bin_dir=resolve_binaries(), audit=True, with_kueue=True, lean=True,
                                                state_dir=Path(tempfile.mkdtemp(prefix=f"tether-chaos-{label}-"))))
     with cluster.client() as client:
         install_crds(client)

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from testkit.kube import Kube, eventually
+from testkit.kube import Kube
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -49,12 +49,8 @@ def get(kube: Kube, ns: str, name: str) -> dict[str, Any]:
 
 def wait_phase(kube: Kube, ns: str, name: str, phases: str | tuple[str, ...], timeout: float = 90) -> dict[str, Any]:
     wanted = (phases,) if isinstance(phases, str) else phases
-
-    def check() -> dict[str, Any] | None:
-        run = get(kube, ns, name)
-        return run if (run.get("status") or {}).get("phase") in wanted else None
-
-    return eventually(check, timeout=timeout, interval=0.1, what=f"{ns}/{name} in {wanted}")
+    return kube.wait_for(Kube.wr_path(ns), name, lambda run: (run.get("status") or {}).get("phase") in wanted,
+                         timeout, f"{ns}/{name} in {wanted}")
 
 
 def condition(run: dict[str, Any], type_: str) -> dict[str, Any] | None:

@@ -62,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # The audit log is the fault trials' independent oracle; it costs one JSON line per write.
     # Two kwok nodes (tainted: only pods that ask land there) keep the scale harness from rotting.
     # The real node (kubelet + containerd, tests/node) and Kueue (tests/kueue) when the whole suite or their tests run.
-    _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")), audit=True,
+    _cluster = LocalCluster(bin_dir=bin_dir, keep_state=bool(os.environ.get("TETHER_KEEP_CLUSTER")), audit=True, lean=True,
                             kwok_nodes=2, real_node=_runs_tests_under(config, "node", "TETHER_REAL_NODE"),
                             with_kueue=_runs_tests_under(config, "kueue", "TETHER_KUEUE_TESTS"))
     _cluster.__enter__()

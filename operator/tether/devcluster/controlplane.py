@@ -79,6 +79,21 @@ AUDIT_POLICY = {
 }
 
 
+# kube-controller-manager for the test suite: all on-by-default controllers but those of workloads,
+# volumes, quotas, Services' endpoints and certificates, which no test uses and which watch (the
+# quota controller and the endpoint controllers) or resync on their own. Kept: the garbage collector,
+# namespaces, ServiceAccounts and their tokens, the root CA ConfigMap, node lifecycle and taint
+# eviction, pod GC, cluster role aggregation, ServiceCIDRs and the admission policies' status.
+TEST_CONTROLLERS = ",".join(["*"] + [f"-{name}-controller" for name in (
+    "deployment", "replicaset", "statefulset", "daemonset", "job", "cronjob", "ttl-after-finished",
+    "horizontal-pod-autoscaler", "disruption", "replicationcontroller", "resourcequota", "endpoints",
+    "endpointslice", "endpointslice-mirroring", "persistentvolume-binder", "persistentvolume-attach-detach",
+    "persistentvolume-expander", "persistentvolume-protection", "persistentvolumeclaim-protection",
+    "ephemeral-volume", "ttl", "certificatesigningrequest-signing", "certificatesigningrequest-approving",
+    "certificatesigningrequest-cleaner", "legacy-serviceaccount-token-cleaner", "storageversion-garbage-collector",
+    "resourceclaim")])
+
+
 def repo_root() -> Path | None:
     """The source checkout, when running from one (the build script lives there)."""
     here = Path(__file__).resolve()
@@ -138,6 +153,9 @@ class LocalCluster:
     kueue: LocalKueue | None = None
     # Write the API server's audit log (see AUDIT_POLICY) to `audit_log`.
     audit: bool = False
+    # Only the controllers Tether's tests rely on (TEST_CONTROLLERS); else all of them, as a user's
+    # cluster has (the demo, the benchmarks' Job controller anchor).
+    lean: bool = False
     audit_log: Path | None = None
     server: str = ""
     kubeconfig: Path = Path()
@@ -238,7 +256,7 @@ class LocalCluster:
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",
             f"--cert-dir={pki_dir / 'kcm'}",
-            "--controllers=*",
+            f"--controllers={TEST_CONTROLLERS if self.lean else '*'}",
             "--use-service-account-credentials=true",
             f"--root-ca-file={self.ca.cert}",
             f"--service-account-private-key-file={sa_key}",
