@@ -97,12 +97,27 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _cluster = None
 
 
+# The longest work first (a worker's xdist group runs one test after another; the rest take
+# minutes each: a kind cluster, the scale smoke run, a namesake's token dying, private control
+# planes): xdist hands out work in collection order, and a long test handed out last is the run's tail.
+LONGEST_FIRST = ("tests/kind/", "tests/kueue/", "tests/e2e/test_scale_smoke.py", "tests/e2e/test_chaos.py",
+                 "tests/e2e/test_review_findings.py::test_a_namesakes_pod_stuck_terminating",
+                 "tests/e2e/test_quickstart.py", "tests/e2e/test_outage.py", "tests/e2e/test_dev_cluster_kueue.py",
+                 "tests/node/", "tests/e2e/test_ship.py", "tests/e2e/test_agent_loop.py", "tests/e2e/test_safety.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "unit" in Path(str(item.fspath)).relative_to(ROOT).parts:
             item.add_marker(pytest.mark.unit)
         else:
             item.add_marker(pytest.mark.cluster)
+
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if item.nodeid.startswith(prefix)),
+                    len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: within a rank, as collected
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

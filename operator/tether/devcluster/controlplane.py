@@ -83,10 +83,11 @@ AUDIT_POLICY = {
 # volumes, quotas, Services' endpoints and certificates, which no test uses and which watch (the
 # quota controller and the endpoint controllers) or resync on their own. Kept: the garbage collector,
 # namespaces, ServiceAccounts and their tokens, the root CA ConfigMap, node lifecycle and taint
-# eviction, pod GC, cluster role aggregation, ServiceCIDRs, the admission policies' status, and the
-# Job controller (the scale smoke test launches Jobs beside runs, as the benchmark's anchor).
+# eviction, pod GC, cluster role aggregation, ServiceCIDRs, the admission policies' status, the Job
+# controller (the scale smoke test launches Jobs beside runs, as the benchmark's anchor), and
+# Deployments and ReplicaSets (the chart's operator, which `helm install --wait` waits for).
 TEST_CONTROLLERS = ",".join(["*"] + [f"-{name}-controller" for name in (
-    "deployment", "replicaset", "statefulset", "daemonset", "cronjob", "ttl-after-finished",
+    "statefulset", "daemonset", "cronjob", "ttl-after-finished",
     "horizontal-pod-autoscaler", "disruption", "replicationcontroller", "resourcequota", "endpoints",
     "endpointslice", "endpointslice-mirroring", "persistentvolume-binder", "persistentvolume-attach-detach",
     "persistentvolume-expander", "persistentvolume-protection", "persistentvolumeclaim-protection",
