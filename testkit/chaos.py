@@ -1037,12 +1037,13 @@ class Trial:
     _f_run_preempt_again = _f_run_preempt
 
     def _f_class_edit(self, f: FaultPlan, _: str) -> bool:
-        """A longer lease and stop grace for the runs of the trial's class that have not started yet."""
+        """A longer lease and stop grace for the runs of the trial's class that have not started yet (one
+        second longer: a worker-freeze or -partition, drawn past LEASE_SECONDS, still outlasts it)."""
         if not self.class_defaults:
             return False
         path = f"{CLASSES}/{self.class_name}"
         edited = self.kube.ok(self.kube.get(path))
-        edited["spec"]["defaults"]["lease"] = {**self.class_defaults["lease"], "durationSeconds": LEASE_SECONDS + 4}
+        edited["spec"]["defaults"]["lease"] = {**self.class_defaults["lease"], "durationSeconds": LEASE_SECONDS + 1}
         edited["spec"]["defaults"]["stopGraceSeconds"] = 5
         self.kube.ok(self.kube.put(path, edited))
         return True

@@ -65,7 +65,8 @@ Thirteen invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    worker was cut before its final usage, the model receives no further request from that worker
    (its meter refuses to spend on blind); an ended attempt's recorded tokens are never more than
    the model billed it (invariant 4 holds them to the worker's last accepted report).
-13. What a run took from its WorkerClass is fixed from its first grant: every accepted status write
+13. What a run took from its WorkerClass is fixed from its first grant: the first grant of a run that
+   names a class records that class, every accepted status write
    from the first one that granted an attempt on carries the same status.class, and every Lease the
    operator wrote for the run from then on has the lease duration the run had at that grant (its
    own, else its class's, else 90 s), however the class was edited meanwhile.
@@ -452,6 +453,10 @@ def _classes_pinned(history: _History, verdict: Verdict) -> None:
         if first is None:
             continue
         taken = first.status.get("class")
+        named = first.spec.get("className")
+        if named and (taken or {}).get("name") != named:
+            verdict.violations.append(Violation(13, history.name(uid), f"granted by {first.describe()} with status.class "
+                                                f"{_short(taken)}, though it names class {named}"))
         for w in writes:
             if w.rv > first.rv and w.status.get("class") != taken:
                 verdict.violations.append(Violation(13, history.name(uid), f"status.class {_short(taken)} at the first "

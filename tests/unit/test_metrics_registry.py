@@ -38,16 +38,16 @@ def test_runs_are_counted_by_namespace_phase_and_class() -> None:
         ("a", "r1"): {"metadata": {"name": "r1", "namespace": "a", "uid": "1"}, "status": {"phase": "Running"}},
         ("a", "r2"): {"metadata": {"name": "r2", "namespace": "a", "uid": "2"}, "status": {"phase": "Running"}},
         ("b", "r1"): {"metadata": {"name": "r1", "namespace": "b", "uid": "3"}, "status": {}},
-        # The class it took, else the one it names.
+        # The class it took; one it only names (maybe made up) makes no series.
         ("b", "r2"): {"metadata": {"name": "r2", "namespace": "b", "uid": "4"},
-                      "status": {"phase": "Running", "class": {"name": "tool-call", "applied": {}}}},
-        ("b", "r3"): {"metadata": {"name": "r3", "namespace": "b", "uid": "5"}, "spec": {"className": "later"}},
+                      "status": {"phase": "Running", "class": {"name": "tool-call", "defaults": {}}}},
+        ("b", "r3"): {"metadata": {"name": "r3", "namespace": "b", "uid": "5"}, "spec": {"className": "made-up"}},
     })
     text = _scrape_with(ctl)
     assert 'tether_workerruns{class="",namespace="a",phase="Running"} 2.0' in text
-    assert 'tether_workerruns{class="",namespace="b",phase="Pending"} 1.0' in text
+    assert 'tether_workerruns{class="",namespace="b",phase="Pending"} 2.0' in text
     assert 'tether_workerruns{class="tool-call",namespace="b",phase="Running"} 1.0' in text
-    assert 'tether_workerruns{class="later",namespace="b",phase="Pending"} 1.0' in text
+    assert 'class="made-up"' not in text
     # Its namespaces' (and classes') counters are there at 0 by the next scrape: increase() counts their
     # first lapse.
     again = _scrape_with(ctl)

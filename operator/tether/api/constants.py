@@ -97,6 +97,7 @@ REASON_SPEC_CHANGED = "SpecChanged"
 # Pending before its first attempt: its WorkerClass does not exist, or it breaks a bound of it.
 REASON_CLASS_NOT_FOUND = "ClassNotFound"
 REASON_CLASS_BOUNDS_EXCEEDED = "ClassBoundsExceeded"
+REASON_CLASSES_UNKNOWN = "ClassesUnknown"
 # Admitted's reasons for a run queued through Kueue (kueue.x-k8s.io/queue-name).
 REASON_QUEUED = "Queued"
 REASON_ADMITTED = "Admitted"

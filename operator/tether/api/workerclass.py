@@ -165,6 +165,7 @@ def effective_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def class_name(run: WorkerRun) -> str:
-    """The class a run took, else the one it names ("" for none): the metrics' `class` label."""
+    """The class a run took ("" for none yet): the metrics' `class` label. Only classes that existed
+    are recorded, so a run naming made-up classes makes no series."""
     taken = run.status.class_
-    return (taken.name if taken is not None else run.spec.class_name) or ""
+    return (taken.name if taken is not None else None) or ""

@@ -3,6 +3,7 @@ read it: with what it took from its class applied (core/classes.py decides which
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 
@@ -10,7 +11,7 @@ from pydantic import ValidationError
 
 from tether.api import workerclass as wc
 from tether.core.classes import ClassResolution, KnownClass, resolve
-from tether.kube.client import NotFound
+from tether.kube.client import ApiError, NotFound
 
 log = logging.getLogger("tether.controller")
 
@@ -21,21 +22,30 @@ class ClassBook:
         # Whether every class is known: the watch may deliver runs before classes (after a restart or
         # a failover), and a run decided meanwhile would be granted without its class for good.
         self.synced = False
+        self.unlisted: str | None = None  # why the last list failed (None: none failed)
         self._watched: set[str] | None = None  # the names the watch told of while a sync's list ran
+        self._lock = asyncio.Lock()  # one list at a time (runs are reconciled concurrently)
 
     async def sync(self, list_classes: Callable[[], Awaitable[list[dict[str, Any]]]]) -> None:
-        """Lists every class once; what the watch told of meanwhile is newer than the list."""
-        self._watched = set()
-        try:
-            items = await list_classes()
-        except NotFound:
-            items = []  # no WorkerClass CRD: no class can exist
-        finally:
-            watched, self._watched = self._watched, None
-        for body in items:
-            if str((body.get("metadata") or {}).get("name") or "") not in watched:
-                self.on_event("ADDED", body)
-        self.synced = True
+        """Lists every class once; what the watch told of meanwhile is newer than the list. A list
+        that fails leaves the book unsynced (unpinned runs wait: ClassesUnknown) and is tried again."""
+        async with self._lock:
+            if self.synced:
+                return
+            self._watched = set()
+            try:
+                items = await list_classes()
+            except NotFound:
+                items = []  # no WorkerClass CRD: no class can exist
+            except ApiError as exc:
+                self.unlisted = f"{exc.status} {exc.message}"[:200]
+                return
+            finally:
+                watched, self._watched = self._watched, None
+            for body in items:
+                if str((body.get("metadata") or {}).get("name") or "") not in watched:
+                    self.on_event("ADDED", body)
+            self.synced, self.unlisted = True, None
 
     def on_event(self, event_type: str | None, body: dict[str, Any]) -> str | None:
         """A WorkerClass's event; returns its name when what runs take from it may have changed."""
@@ -62,5 +72,7 @@ class ClassBook:
         """The run's body with its class applied, and what an unpinned run takes (None: pinned)."""
         if wc.pinned(body):
             return wc.effective_body(body), None
+        if not self.synced:
+            return body, ClassResolution(None, unknown=self.unlisted or "not listed yet")
         resolution = resolve(body, self.classes)
         return wc.with_defaults(body, resolution.defaults), resolution

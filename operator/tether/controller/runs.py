@@ -71,6 +71,9 @@ class RunReconciler:
         body = self.cache.runs.get(key)
         if not self.cache.classes.synced and body is not None and not pinned(body):
             await self.cache.classes.sync(lambda: self.kube.list_objects(class_path()))
+            if self.cache.classes.unlisted is not None:  # the run waits (ClassesUnknown); said once
+                self.report(key, "WorkerClasses not listed; runs not started yet wait", "classes_unlisted",
+                            self.cache.classes.unlisted, logging.WARNING)
         try:
             snap = self.cache.snapshot(key)
         except ValidationError as exc:

@@ -96,8 +96,8 @@ class RunView(ObjectView):
 
     @property
     def class_name(self) -> str:
-        """The class it took, else the one it names ("" for none): api/workerclass.class_name."""
-        return str(_dict(self.status.get("class")).get("name") or self.spec.get("className") or "")
+        """The class it took ("" for none yet): api/workerclass.class_name."""
+        return str(_dict(self.status.get("class")).get("name") or "")
 
     @property
     def class_defaults(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tether import metrics, protocol
+from tether.api.models import TERMINAL_PHASES
 from tether.api.workerclass import pinned
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
@@ -156,7 +157,8 @@ class Observers:
         if name is None:
             return []
         return [key for key, run_body in list(self.cache.runs.items())
-                if not pinned(run_body) and RunView(run_body).spec.get("className") in (name, None, "")]
+                if not pinned(run_body) and (run := RunView(run_body)).spec.get("className") in (name, None, "")
+                and run.phase not in TERMINAL_PHASES]
 
     def queued(self, namespace: str | None = None) -> list[RunKey]:
         """The runs waiting for Kueue (in `namespace`, or everywhere): a check they may wait on

@@ -17,11 +17,19 @@ def class_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     r = o.run_class
     if r is None:
         return True
-    # A run of no class records none (a class made default later still applies until it starts).
-    taken = RunClassStatus(name=r.name, defaults=dict(r.defaults)) if r.name is not None else None
-    if b.status.class_ != taken:
-        b.status.class_ = taken
-    if r.missing:
+    if r.unknown is None:
+        # What it takes, from a class that exists (a run of no class, or naming a missing one, records
+        # none: a class made default or created later still applies until it starts).
+        taken = RunClassStatus(name=r.name, defaults=dict(r.defaults)) if r.name is not None and not r.missing \
+            else None
+        if b.status.class_ != taken:
+            b.status.class_ = taken
+    if r.unknown is not None:
+        reason = c.REASON_CLASSES_UNKNOWN
+        message = (f"the operator could not list the WorkerClasses ({r.unknown}): no attempt starts until it "
+                   "can (its RBAC needs list and watch on workerclasses)")
+        d.wake(10.0)  # the list is tried again on the next pass
+    elif r.missing:
         reason = c.REASON_CLASS_NOT_FOUND
         message = (f"WorkerClass {r.name} does not exist: no attempt starts until it does "
                    "(kubectl get workerclasses), or name another class in spec.className")

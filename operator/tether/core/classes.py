@@ -37,6 +37,23 @@ class ClassResolution:
     defaults: Mapping[str, Any] = field(default_factory=dict)  # the class's spec.defaults
     missing: bool = False
     violations: tuple[str, ...] = ()
+    # The operator could not list the classes yet (unknown: nothing may start that a class would
+    # have shaped; deletion and finished runs go on).
+    unknown: str | None = None
+
+
+def class_holds(r: ClassResolution | None) -> str | None:
+    """Why the run's class keeps it from starting (None: it does not): also why its Kueue Workload
+    must hold no quota meanwhile."""
+    if r is None:
+        return None
+    if r.unknown is not None:
+        return f"the WorkerClasses could not be listed ({r.unknown})"
+    if r.missing:
+        return f"its WorkerClass {r.name} does not exist"
+    if r.violations:
+        return "; ".join(r.violations)
+    return None
 
 
 def default_class(classes: Mapping[str, KnownClass]) -> KnownClass | None:

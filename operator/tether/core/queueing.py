@@ -19,6 +19,7 @@ from tether.api import kueue as k
 from tether.api.conditions import get_condition, set_condition
 from tether.api.kueue import Workload
 from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
+from tether.core.classes import class_holds
 from tether.core.actions import (Action, AnswerBudgetCheck, Decision, DeleteWorkload, EnsureWorkload,
                                  FinishWorkload, MarkPodsReady, ReleaseQuota, SetPriorityBoost, SetWorkloadActive,
                                  UngateWorkload)
@@ -153,6 +154,9 @@ def held_back(o: Observed) -> str | None:
         return "its result waits for a person's review"
     if not start_approved(o):
         return "its start review is not approved"
+    held = class_holds(o.run_class)
+    if held is not None:
+        return held
     pinned = pinned_digest(run.status)
     if pinned is not None and pinned != execution_digest(run.spec):
         return "its execution fields changed since they were approved or ran"

@@ -77,10 +77,52 @@ def test_a_failed_list_leaves_it_unsynced() -> None:
 
 def test_effective_resolves_unpinned_runs_against_the_classes_and_pinned_ones_against_their_record() -> None:
     book = ClassBook()
-    book.on_event("ADDED", klass("a", lease=20))
+
+    async def listed() -> list[dict[str, Any]]:
+        return [klass("a", lease=20)]
+
+    asyncio.run(book.sync(listed))
     body, resolution = book.effective(run("a"))
     assert resolution is not None and resolution.name == "a"
     assert body["spec"]["lease"]["durationSeconds"] == 20
     pinned = run("a", attempt=1, **{"class": {"name": "a", "defaults": {"lease": {"durationSeconds": 40}}}})
     body, resolution = book.effective(pinned)
     assert resolution is None and body["spec"]["lease"]["durationSeconds"] == 40
+
+
+def test_a_refused_list_leaves_unpinned_runs_waiting_with_the_reason_and_is_tried_again() -> None:
+    from tether.kube.client import Forbidden
+
+    book = ClassBook()
+
+    async def refused() -> list[dict[str, Any]]:
+        raise Forbidden(403, '{"message": "workerclasses is forbidden"}', "list workerclasses")
+
+    asyncio.run(book.sync(refused))
+    assert not book.synced and book.unlisted is not None and "403" in book.unlisted
+    body, resolution = book.effective(run("a"))
+    assert resolution is not None and resolution.unknown is not None and "forbidden" in resolution.unknown
+    # A pinned run is not held by it.
+    assert book.effective(run("a", attempt=1))[1] is None
+
+    async def listed() -> list[dict[str, Any]]:
+        return [klass("a")]
+
+    asyncio.run(book.sync(listed))
+    assert book.synced and book.unlisted is None and book.effective(run("a"))[1].unknown is None  # type: ignore[union-attr]
+
+
+def test_concurrent_syncs_list_once() -> None:
+    book = ClassBook()
+    calls = []
+
+    async def listed() -> list[dict[str, Any]]:
+        calls.append(1)
+        await asyncio.sleep(0.01)
+        return [klass("a")]
+
+    async def both() -> None:
+        await asyncio.gather(book.sync(listed), book.sync(listed))
+
+    asyncio.run(both())
+    assert calls == [1] and set(book.classes) == {"a"}

@@ -159,6 +159,7 @@ def test_a_pod_of_the_holders_name_that_no_run_of_this_name_owns_is_refused_visi
                                                                  "resourceVersion": "2"}, "status": {}}
         ctl = RunController(Kube({"job-a1": pod}), clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
         ctl.on_run("ADDED", _new_run())
+        await ctl.cache.classes.sync(lambda: ctl.kube.list_objects("/apis/tether.dev/v1alpha1/workerclasses"))
         snap = ctl.cache.snapshot(KEY)
         assert snap is not None
         with pytest.raises(SpecError, match="not this run's"):

@@ -188,7 +188,7 @@ def test_a_run_of_a_missing_class_waits_pending_and_says_why() -> None:
     stalled = next(c for c in s.conditions if c.type == "Stalled")
     assert (stalled.status, stalled.reason) == ("True", "ClassNotFound")
     assert "WorkerClass nope does not exist" in (stalled.message or "")
-    assert s.class_ is not None and s.class_.name == "nope" and s.class_.defaults == {}
+    assert s.class_ is None  # a made-up name is recorded nowhere (nor becomes a metrics label)
     assert [e.reason for e in write.events] == ["ClassNotFound"]
 
 
@@ -230,3 +230,29 @@ def test_a_run_of_no_class_records_none() -> None:
     writes = [a for a in d.actions if isinstance(a, WriteStatus)]
     assert writes and writes[-1].status.attempt == 1 and writes[-1].status.class_ is None
     assert "class" not in writes[-1].status.dump()
+
+
+def test_a_run_whose_class_holds_it_keeps_no_kueue_quota() -> None:
+    from tether.core.queueing import held_back
+
+    o = observed(body({"className": "nope"}), {})
+    assert held_back(o) == "its WorkerClass nope does not exist"
+    c = klass("c", defaults=BOUNDED, bounds=BOUNDS)
+    assert "maxDeadlineSeconds" in (held_back(observed(body({"className": "c", "deadlineSeconds": 7200}), {"c": c})) or "")
+    assert held_back(observed(body({"className": "c"}), {"c": c})) is None
+
+
+def test_classes_unknown_hold_a_run_that_is_not_pinned_and_record_nothing() -> None:
+    r = ClassResolution(None, unknown="403 forbidden")
+    o = Observed(run=WorkerRun.model_validate(body()), lease=None, pods=(), now=T0, mono=100.0, run_class=r)
+    d = decide(o)
+    [write] = d.actions
+    assert isinstance(write, WriteStatus) and write.status.attempt == 0 and write.status.class_ is None
+    stalled = next(x for x in write.status.conditions if x.type == "Stalled")
+    assert stalled.reason == "ClassesUnknown" and "403 forbidden" in (stalled.message or "")
+    assert d.requeue_after is not None and d.requeue_after <= 10
+
+
+def test_a_run_naming_a_missing_class_records_no_class() -> None:
+    [write] = decide(observed(body({"className": "made-up"}), {})).actions
+    assert isinstance(write, WriteStatus) and write.status.class_ is None

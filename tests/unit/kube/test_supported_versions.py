@@ -81,6 +81,7 @@ def test_a_server_without_crd_field_selectors_still_decides_gates() -> None:
         body = _new_run()
         body["spec"]["review"] = {"start": True}
         ctl.on_run("ADDED", body)
+        await ctl.cache.classes.sync(lambda: ctl.kube.list_objects("/apis/tether.dev/v1alpha1/workerclasses"))
         snap = ctl.cache.snapshot(KEY)
         assert snap is not None
         await ctl.reconciler._pass(snap)

@@ -51,3 +51,11 @@ def test_a_lease_granted_with_another_duration_is_caught() -> None:
     # The same history with the second grant's Lease written for a 12 s lease (the class as edited).
     lease["spec"]["leaseDurationSeconds"] = 12
     assert 13 in invariants(judge(log.records, facts(run)))
+
+
+def test_a_run_granted_with_another_class_than_it_names_is_caught() -> None:
+    log = Log()
+    run = Run(log)
+    run.spec = {"className": "tools"}
+    run.grant()  # granted with no status.class at all, though it names one
+    assert 13 in invariants(judge(log.records, facts(run)))
