@@ -71,6 +71,7 @@ async def _run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from tether import gcpause, metrics, tracing
+    from tether.capabilities import CAPABILITIES
     from tether.controller import handlers
     from tether.controller.leader import LeaderElector
     from tether.kube import config as kubeconfig
@@ -120,7 +121,9 @@ async def _run_operator(args: argparse.Namespace) -> int:
         metrics.LEADER.set(1)
     settings = handlers.Settings(qps=args.kube_qps, burst=args.kube_burst, workers=args.max_concurrent_reconciles,
                                  event_qps=args.event_qps, event_burst=2 * max(1, int(args.event_qps)),
-                                 worker_identity=args.worker_identity, attempt_history=args.attempt_history)
+                                 worker_identity=args.worker_identity, attempt_history=args.attempt_history,
+                                 capabilities=CAPABILITIES)
+    handlers.watch(settings.capabilities)
     if elector is not None:
         settings.may_act = lambda: elector.is_leader
 

@@ -46,12 +46,6 @@ ATTEMPTS_STARTED = Counter("tether_attempts_started_total", "Attempts granted, b
                            ["namespace", "class"], registry=REGISTRY)
 ATTEMPTS_ENDED = Counter("tether_attempts_ended_total", "Attempts ended, by the run's namespace, class and outcome.",
                          ["namespace", "class", "outcome"], registry=REGISTRY)
-KUEUE_EVICTIONS = Counter("tether_kueue_evictions_total", "Attempts Kueue evicted (told to yield, then fenced), "
-                          "by Kueue's reason (Preempted, PodsReadyTimeout, ClusterQueueStopped, ...).", ["reason"],
-                          registry=REGISTRY)
-KUEUE_QUEUED = Histogram("tether_kueue_queued_to_admitted_seconds", "From a queued run's creation (or its last "
-                         "eviction) to the grant Kueue's admission allowed.",
-                         buckets=(0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400), registry=REGISTRY)
 LEASE_LAPSES = Counter("tether_lease_lapses_total", "Leases declared lapsed (attempts lost), by the run's namespace "
                        "and class.", ["namespace", "class"], registry=REGISTRY)
 REGRANTS = Counter("tether_lease_regrants_total", "Grants that follow an ended attempt of the same run, by the run's "

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 PREFIX = "tether.dev"
 
+# Kueue's own labels a user puts on a WorkerRun to queue it (a WorkerClass may default them); the
+# Kueue package (tether.kueue) reads them.
+LABEL_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
+
 # Labels on Leases and Pods that belong to a run.
 LABEL_RUN = f"{PREFIX}/run"
 LABEL_ATTEMPT = f"{PREFIX}/attempt"

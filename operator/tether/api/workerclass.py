@@ -24,7 +24,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import Field
 
-from tether.api.kueue import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
+from tether.api.constants import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME
 from tether.api.models import BudgetSpec, LeaseSpec, RetrySpec, ReviewSpec, RunClassStatus, WorkerRun, _Model
 
 CLASS_PLURAL = "workerclasses"

@@ -4,6 +4,7 @@ the cache updated from the read); one that cannot judge a lapse in time is `Inco
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
@@ -11,6 +12,7 @@ from typing import Any, Awaitable, Callable
 from tether import protocol
 from tether.api import constants as c
 from tether.controller.cache import RunCache
+from tether.controller.capability import Attached, Check
 from tether.controller.errors import Again, Inconclusive, SpecError
 from tether.controller.execute import Executor
 from tether.controller.snapshot import Snapshot, pod_observation
@@ -41,12 +43,19 @@ class Confirmer:
                  mark_terminating: Callable[[str], None], feed: Feed) -> None:
         self.kube, self.cache, self.executor, self.report = kube, cache, executor, report
         self.mark_terminating, self.feed = mark_terminating, feed
-        self._checks: dict[Confirm, Callable[[Snapshot, Pass], Awaitable[Snapshot]]] = {
+        self._checks: dict[enum.Enum, Callable[[Snapshot, Pass], Awaitable[Snapshot]]] = {
             Confirm.LEASE_FINAL: self.lease_final, Confirm.LAPSE: self.lapse,
             Confirm.LEASE_FOR_GRANT: self.lease_for_grant, Confirm.HOLDER_NAME_FREE: self.holder_name_free,
             Confirm.NAMESPACE_LIVE: self.namespace_live, Confirm.BOOKS: self.books, Confirm.LEDGER: self.ledger,
-            Confirm.RUN_UNMOVED: self.run_unmoved, Confirm.ADMITTED: self.admitted, Confirm.PODS_GONE: self.pods_gone,
+            Confirm.RUN_UNMOVED: self.run_unmoved, Confirm.PODS_GONE: self.pods_gone,
         }
+
+    def add(self, attached: Attached) -> None:
+        """A capability's fresh reads (controller.capability)."""
+        for need, check in attached.checks.items():
+            if need in self._checks:
+                raise ValueError(f"{need} is confirmed twice")
+            self._checks[need] = _checked(check)
 
     async def confirm(self, snap: Snapshot, decision: Decision) -> Snapshot:
         this = Pass(decision)
@@ -164,15 +173,6 @@ class Confirmer:
             raise Again("the run's mark is still in the budget's ledger")
         return snap
 
-    async def admitted(self, snap: Snapshot, this: Pass) -> Snapshot:
-        """A queued run's grant: Kueue admits its Workload now, and has not evicted it since the
-        admission the attempt records (a cached admission may be one Kueue took back)."""
-        cur = _grant(this.decision).status.current()
-        assert cur is not None and cur.admission is not None  # Confirm.ADMITTED is asked for exactly then
-        if not await self.executor.queues.confirm_admitted(snap, cur.admission.evictions):
-            raise Again("the Workload is not admitted as the grant saw it")
-        return snap
-
     async def pods_gone(self, snap: Snapshot, this: Pass) -> Snapshot:
         """Before a queued run's quota is released (evicted, or the run ended): none of its pods
         may still run, read fresh and judged by the decision's own rule."""
@@ -199,3 +199,10 @@ class Confirmer:
 
 def _grant(decision: Decision) -> WriteStatus:
     return next(a for a in decision.actions if isinstance(a, WriteStatus) and a.grants)
+
+
+def _checked(check: Check) -> Callable[[Snapshot, Pass], Awaitable[Snapshot]]:
+    async def confirm(snap: Snapshot, this: Pass) -> Snapshot:
+        await check(snap, this.decision)
+        return snap
+    return confirm

@@ -1,6 +1,7 @@
-"""The WorkerRun controller, assembled: the cache and its observers, a manager of three named
-reconcilers (runs; pods of deleted runs; WorkerBudget refreshes), each with its own work queue and
-declared watches (wakes.py), the executor and the confirmer, the namespace sweeper. Watch events
+"""The WorkerRun controller, assembled: the cache and its observers, a manager of named reconcilers
+(runs; pods of deleted runs; WorkerBudget refreshes; and those of each capability), each with its
+own work queue and declared watches (wakes.py), the executor and the confirmer, the namespace
+sweeper, and the capabilities handed in (controller.capability: Kueue's is one). Watch events
 come in through `feed` (from kopf's handlers, the sweeper's relists and the operator's own reads);
 they only update the cache and queue the keys that the watches name.
 """
@@ -11,24 +12,23 @@ import asyncio
 import datetime as dt
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tether.controller import budget_refresh
 from tether.controller.budget_refresh import BudgetRefresher
 from tether.controller.budgets import BudgetBook
+from tether.controller.capability import Attached, Capability, Context
 from tether.controller.cache import RunCache
 from tether.controller.confirm import Confirmer
 from tether.controller.execute import Executor
 from tether.controller.leader import Leadership
 from tether.controller.manager import Manager, Wake
-from tether.controller.queues import QueueBook
 from tether.controller.rbac import WorkerRbac
 from tether.controller.runs import RunReconciler
 from tether.controller.pods_of_deleted_runs import StrayReconciler
 from tether.controller.sweeper import NamespaceSweeper
 from tether.controller.wakes import Observers, run_watches, stray_watches
 from tether.api.models import MAX_ATTEMPT_HISTORY
-from tether.core.observe import BOOST_SECONDS
 from tether.kube.client import KubeClient
 
 # The reconcilers' names: their work queues' and their metrics' label.
@@ -48,27 +48,36 @@ class Clock:
 class RunController:
     def __init__(self, kube: KubeClient, clock: Clock | None = None, fold_interval: float = 10.0,
                  may_act: Callable[[], bool] = lambda: True, workers: int = 16,
-                 namespace_identity: bool = True, boost_seconds: float = BOOST_SECONDS,
-                 attempt_history: int = MAX_ATTEMPT_HISTORY) -> None:
+                 namespace_identity: bool = True, attempt_history: int = MAX_ATTEMPT_HISTORY,
+                 capabilities: Sequence[Capability] = ()) -> None:
         self.kube = kube
         self.clock = clock or Clock()
         self.cache = RunCache(self.clock.now, self.clock.mono)
         self.leadership = Leadership(may_act)
         self.budgets = BudgetBook(kube, self.clock.now, self.leadership)
         self.rbac = WorkerRbac(kube, shared=namespace_identity)
-        self.queues = QueueBook(kube, self.clock.now, boost_seconds)
-        self.observers = Observers(self.cache, self.budgets, self.queues, self.rbac.forget)
+        self.observers = Observers(self.cache, self.budgets, self.rbac.forget)
         kube.write_gate = self.leadership.check  # every write, after its rate-limit wait too
         self.manager = Manager(self.clock.mono)
         self.observers.register(self.manager)
         self.sweeper = NamespaceSweeper(kube, self.cache, self.budgets, self.feed, self.rbac.forget_namespace)
         self.executor = Executor(kube, self.cache, self.budgets, self.rbac, self.leadership, self.sweeper.mark,
-                                 self.feed, self.queues)
+                                 self.feed)
         confirmer = Confirmer(kube, self.cache, self.executor, self._report, self.sweeper.mark, self.feed)
+        # Each capability attaches before the run reconciler is registered: its watches are declared.
+        context = Context(kube, self.cache, self.manager, self.leadership, self.clock.now, self.executor.refusable)
+        self.capabilities: list[tuple[Capability, Attached]] = []
+        for capability in capabilities:
+            attached = capability.attach(context)
+            self.executor.add(attached)
+            confirmer.add(attached)
+            self.capabilities.append((capability, attached))
         self.reconciler = RunReconciler(kube, self.cache, self.budgets, self.executor, confirmer, self.sweeper,
                                         self.leadership, fold_interval, self._report,
-                                        lambda key: self.manager.wake(STRAYS, [Wake(key)]), attempt_history)
-        runs = self.manager.register(RUNS, self.reconciler, workers, run_watches(fold_interval))
+                                        lambda key: self.manager.wake(STRAYS, [Wake(key)]), attempt_history,
+                                        [(c.rules, a.observe) for c, a in self.capabilities])
+        runs = self.manager.register(RUNS, self.reconciler, workers,
+                                     [*run_watches(fold_interval), *(w for _, a in self.capabilities for w in a.run_watches)])
         strays = self.manager.register(
             STRAYS, StrayReconciler(kube, self.cache, self.leadership, lambda body: self.feed("run", "MODIFIED", body)),
             STRAY_WORKERS, stray_watches())
@@ -90,21 +99,15 @@ class RunController:
             return
         self.manager.start()
         self._tasks.append(asyncio.create_task(self.kube.health.probe_forever(self.kube.ready), name="api probe"))
-        self._tasks.append(asyncio.create_task(self._mark_checks_forever(), name="admission checks"))
-
-    async def _mark_checks_forever(self, every: float = 5.0) -> None:
-        """Tether's AdmissionChecks not yet Active are marked by whichever replica leads, also one
-        that came to lead after their last event (or whose first try failed)."""
-        while True:
-            await asyncio.sleep(every)
-            if self.queues.unmarked and self.leadership.may_act():
-                await self.queues.mark_active()
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.manager.stop()
+        for _, attached in self.capabilities:
+            if attached.stop is not None:
+                await attached.stop()
         await self.sweeper.stop()
         await self.executor.stop()
         await self.budgets.stop()
@@ -122,10 +125,6 @@ class RunController:
 
     def on_budget(self, event_type: str | None, body: dict[str, Any]) -> None:
         self.feed("budget", event_type, body)
-
-    async def on_admission_check(self, event_type: str | None, body: dict[str, Any]) -> None:
-        if await self.queues.on_admission_check(event_type, body, self.leadership.may_act()):
-            self.manager.wake(RUNS, [Wake(key) for key in self.observers.queued()])
 
     def feed(self, kind: str, event_type: str | None, body: dict[str, Any]) -> None:
         """An event of `kind` (wakes.Observers.register names them), from a watch or read by the

@@ -13,11 +13,11 @@ from tether.api import constants as c
 from tether.api.models import Usage, WorkerRun
 from tether.api.workerclass import class_name
 from tether.controller.budgets import BudgetBook
+from tether.controller.capability import Attached
 from tether.controller.cache import RunCache
 from tether.controller.errors import Again, SpecError
 from tether.controller.leader import Leadership
 from tether.controller.lease_writer import LeaseWriter
-from tether.controller.queues import QueueBook
 from tether.controller.rbac import WorkerRbac
 from tether.controller.snapshot import Snapshot
 from tether.controller.sweeper import Feed
@@ -25,24 +25,15 @@ from tether.controller.views import RunKey
 from tether.core.observe import PodRefusal
 from tether.core.actions import (
     Action,
-    AnswerBudgetCheck,
     Change,
     ChargeBudget,
-    DeleteWorkload,
     ClearLease,
     DeletePod,
     DeleteRun,
     EnsureLease,
     EnsurePod,
     EnsureSignals,
-    EnsureWorkload,
-    FinishWorkload,
-    MarkPodsReady,
     ReleaseCharge,
-    ReleaseQuota,
-    SetPriorityBoost,
-    SetWorkloadActive,
-    UngateWorkload,
     ReleasePod,
     RemoveFinalizer,
     Revoke,
@@ -100,9 +91,8 @@ async def cas(write: Awaitable[T], refresh: Callable[[], Awaitable[object]], wha
 
 class Executor:
     def __init__(self, kube: KubeClient, cache: RunCache, budgets: BudgetBook, rbac: WorkerRbac,
-                 leadership: Leadership, mark_terminating: Callable[[str], None], feed: Feed,
-                 queues: QueueBook) -> None:
-        self.kube, self.cache, self.budgets, self.rbac, self.queues = kube, cache, budgets, rbac, queues
+                 leadership: Leadership, mark_terminating: Callable[[str], None], feed: Feed) -> None:
+        self.kube, self.cache, self.budgets, self.rbac = kube, cache, budgets, rbac
         self.leadership, self.mark_terminating, self.feed = leadership, mark_terminating, feed
         self.leases = LeaseWriter(kube, cache, leadership, self.refusable)
         self._background: set[asyncio.Task[Any]] = set()
@@ -111,12 +101,17 @@ class Executor:
             ClearLease: self.clear_lease, EnsurePod: self.ensure_pod, DeletePod: self.delete_pod,
             ReleasePod: self.release_pod, EnsureSignals: self.ensure_signals, ChargeBudget: self.charge,
             ReleaseCharge: self.release_charge, DeleteRun: self.delete_run, RemoveFinalizer: self.remove_finalizer,
-            EnsureWorkload: self.ensure_workload, MarkPodsReady: _then(queues.mark_pods_ready),
-            ReleaseQuota: _then(queues.release_quota), DeleteWorkload: _then(queues.delete_workload),
-            FinishWorkload: _then(queues.finish_workload), SetPriorityBoost: _then(queues.set_priority_boost),
-            UngateWorkload: _then(queues.ungate), AnswerBudgetCheck: _then(queues.answer_budget_check),
-            SetWorkloadActive: _then(queues.set_active),
         }
+        # What each capability hears of a status write it made (its metrics).
+        self._written: list[Callable[[WriteStatus, WorkerRun], None]] = []
+
+    def add(self, attached: Attached) -> None:
+        """A capability's executors (controller.capability)."""
+        clash = set(attached.steps) & set(self._steps)
+        if clash:
+            raise ValueError(f"actions executed twice: {sorted(t.__name__ for t in clash)}")
+        self._steps.update(attached.steps)
+        self._written.append(attached.written)
 
     async def run(self, snap: Snapshot, action: Action) -> Snapshot:
         self.leadership.check()
@@ -152,6 +147,8 @@ class Executor:
                             lambda: self.refresh(snap.key), "status write")
         snap = self.cache.written_run(snap, written)
         _count(action, snap.run)
+        for written_by in self._written:
+            written_by(action, snap.run)
         tracing.on_status_written(snap.run, action.grants, action.ends_attempt)
         event = log_event(action)
         if event:
@@ -307,18 +304,6 @@ class Executor:
                 self.mark_terminating(ns)
             raise SpecError(reason, exc) from None
 
-    # --- Kueue ---------------------------------------------------------------------
-
-    async def ensure_workload(self, snap: Snapshot, action: EnsureWorkload) -> Snapshot:
-        """Refused (the Workload webhook, a missing WorkloadPriorityClass, Kueue not installed):
-        said on the run."""
-        ns = snap.run.metadata.namespace
-        try:
-            await self.refusable(self.queues.ensure_workload(snap, action), "WorkloadRefused", ns)
-        except NotFound as exc:
-            raise SpecError("KueueNotFound", exc) from None
-        return snap
-
     # --- budgets -------------------------------------------------------------------
 
     async def charge(self, snap: Snapshot, action: ChargeBudget) -> Snapshot:
@@ -357,14 +342,6 @@ class Executor:
         task.add_done_callback(self._background.discard)
 
 
-def _then(step: Callable[[Snapshot, Any], Awaitable[None]]) -> Callable[[Snapshot, Any], Awaitable[Snapshot]]:
-    """A step that leaves the run's snapshot as it was (the Workload writes)."""
-    async def run(snap: Snapshot, action: Any) -> Snapshot:
-        await step(snap, action)
-        return snap
-    return run
-
-
 def _count(action: WriteStatus, written: WorkerRun) -> None:
     ns = written.metadata.namespace or ""
     cls = class_name(written)
@@ -379,10 +356,6 @@ def _count(action: WriteStatus, written: WorkerRun) -> None:
     details = action.details
     for gate, decision, seconds in details.approvals:
         metrics.APPROVAL_DECISION.labels(ns, gate, decision).observe(seconds)
-    if details.eviction_reason is not None:
-        metrics.KUEUE_EVICTIONS.labels(details.eviction_reason).inc()
-    if details.queued_seconds is not None:
-        metrics.KUEUE_QUEUED.observe(details.queued_seconds)
     if action.lapse:
         metrics.LEASE_LAPSES.labels(ns, cls).inc()
         if details.silence_seconds is not None:

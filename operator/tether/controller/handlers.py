@@ -11,17 +11,16 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import kopf
 
 from tether import metrics
 from tether.api import constants as c
-from tether.api.kueue import KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL
 from tether.api.models import BUDGET_PLURAL, GROUP, MAX_ATTEMPT_HISTORY, PLURAL, VERSION
 from tether.api.workerclass import CLASS_PLURAL
+from tether.controller.capability import Capability
 from tether.controller.controller import RunController
-from tether.core.observe import BOOST_SECONDS
 from tether.kube import config as kubeconfig
 from tether.kube.client import KubeClient
 from tether.kube.ratelimit import TokenBucket
@@ -30,7 +29,8 @@ from tether.kube.ratelimit import TokenBucket
 @dataclass
 class Settings:
     """The operator's settings: `may_act` (with leader election, only the leader acts), the
-    client-side rate limits, concurrent reconciles, the worker identity, and the attempt records kept."""
+    client-side rate limits, concurrent reconciles, the worker identity, the attempt records kept,
+    and the capabilities the operator runs with (tether/capabilities.py; `watch` their sources)."""
 
     may_act: Callable[[], bool] = lambda: True
     qps: float = 100.0
@@ -40,6 +40,7 @@ class Settings:
     workers: int = 16
     worker_identity: str = "namespace"
     attempt_history: int = MAX_ATTEMPT_HISTORY
+    capabilities: Sequence[Capability] = ()
 
 
 def memo(settings: Settings) -> kopf.Memo:
@@ -84,13 +85,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 60
     ours: Settings = memo.get("settings") or Settings()
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
-    boost = float(os.environ.get("TETHER_KUEUE_BOOST_SECONDS", str(BOOST_SECONDS)))
     # (Off the event loop: loading may run a kubeconfig's exec credential plugin.)
     kube = KubeClient(await asyncio.to_thread(kubeconfig.load), limiter=TokenBucket(ours.qps, ours.burst),
                       event_limiter=TokenBucket(ours.event_qps, ours.event_burst))
     ctl = RunController(kube, fold_interval=fold, may_act=ours.may_act, workers=ours.workers,
-                        namespace_identity=ours.worker_identity == "namespace", boost_seconds=boost,
-                        attempt_history=ours.attempt_history)
+                        namespace_identity=ours.worker_identity == "namespace",
+                        attempt_history=ours.attempt_history, capabilities=ours.capabilities)
     # Exported before it starts: an export that failed would otherwise leave a started controller
     # behind each time kopf retried the startup.
     memo.unexport = metrics.export(ctl)
@@ -129,21 +129,6 @@ async def pod_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
     memo.controller.feed("pod", event.get("type"), event["object"])
 
 
-@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, WORKLOAD_PLURAL)
-async def workload_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.feed("workload", event.get("type"), event["object"])
-
-
-@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "admissionchecks")
-async def admission_check_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    await memo.controller.on_admission_check(event.get("type"), event["object"])
-
-
-@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "localqueues")
-async def local_queue_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.feed("localqueue", event.get("type"), event["object"])
-
-
 @kopf.on.event(GROUP, VERSION, CLASS_PLURAL)
 async def class_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
     memo.controller.feed("workerclass", event.get("type"), event["object"])
@@ -152,3 +137,14 @@ async def class_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event(GROUP, VERSION, BUDGET_PLURAL)
 async def budget_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None:
     memo.controller.feed("budget", event.get("type"), event["object"])
+
+
+def watch(capabilities: Sequence[Capability]) -> None:
+    """kopf handlers for the kinds the capabilities watch, each feeding the manager (called before
+    kopf starts: its registry is read as it starts)."""
+    for capability in capabilities:
+        for source in capability.sources:
+            async def feed(event: dict[str, Any], memo: kopf.Memo, kind: str = source.kind, **_: Any) -> None:
+                memo.controller.feed(kind, event.get("type"), event["object"])
+
+            kopf.on.event(source.group, source.version, source.plural, id=f"{capability.name}/{source.kind}")(feed)

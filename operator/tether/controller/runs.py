@@ -14,7 +14,7 @@ confirm -> execute.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Awaitable, Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -32,6 +32,8 @@ from tether.controller.loop import Result
 from tether.controller.snapshot import Snapshot, approval_observation
 from tether.controller.sweeper import NamespaceSweeper
 from tether.controller.views import ApprovalView, RunKey
+from tether.api.models import WorkerRun
+from tether.core.capability import Rules
 from tether.core.decide import Observed, decide
 from tether.core.liveness import progress_held
 from tether.core.observe import ApprovalObservation
@@ -44,16 +46,21 @@ log = logging.getLogger("tether.controller")
 
 # The loop's once-per-change problem log (ReconcileLoop.report).
 Report = Callable[..., None]
+Observe = Callable[[WorkerRun], Awaitable[object | None]]
 
 
 class RunReconciler:
     def __init__(self, kube: KubeClient, cache: RunCache, budgets: BudgetBook, executor: Executor,
                  confirmer: Confirmer, sweeper: NamespaceSweeper, leadership: Leadership, fold_interval: float,
-                 report: Report, wake_strays: Callable[[RunKey], None], attempt_history: int) -> None:
+                 report: Report, wake_strays: Callable[[RunKey], None], attempt_history: int,
+                 capabilities: Sequence[tuple[Rules, Observe]] = ()) -> None:
         self.kube, self.cache, self.budgets = kube, cache, budgets
         self.executor, self.confirmer, self.sweeper = executor, confirmer, sweeper
         self.leadership, self.fold_interval, self.report = leadership, fold_interval, report
         self.wake_strays, self.attempt_history = wake_strays, attempt_history
+        # Each capability's say in the decision and its slice of the observation (controller.capability).
+        self.rules = tuple(rules for rules, _ in capabilities)
+        self.observers = tuple(observe for _, observe in capabilities)
         self._whole_approval_lists = False  # the server refused a field selector once (said once)
 
     def exists(self, key: RunKey) -> bool:
@@ -95,7 +102,7 @@ class RunReconciler:
         if snap.run.metadata.deletion_timestamp is None and c.RUN_FINALIZER not in snap.run.metadata.finalizers:
             await self.executor.add_finalizer(snap)
             return Result(acted=True)
-        decision = decide(await self._gather(snap))
+        decision = decide(await self._gather(snap), self.rules)
         tracing.on_decision(decision.actions)
         log.debug("decided", extra={"run": "/".join(snap.key), "event": "decided",
                                     "requeueAfter": decision.requeue_after,
@@ -116,11 +123,8 @@ class RunReconciler:
         run, uid = snap.run, snap.uid
         if progress_held(run):
             self.cache.progress_held_at[uid] = mono
-        workload, workload_gone, cluster_queue, flavors = await self.executor.queues.observe(run)
-        return Observed(workload=workload, workload_gone=workload_gone, cluster_queue=cluster_queue, flavors=flavors,
-                        boost_seconds=self.executor.queues.boost_seconds,
-                        budget_checks=self.executor.queues.budget_checks,
-                        run=run, run_class=snap.run_class, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
+        parts = {type(part): part for observe in self.observers if (part := await observe(run)) is not None}
+        return Observed(parts=parts, run=run, run_class=snap.run_class, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
                         tool_claims_cleared=self.cache.tool_claims_cleared.get(uid) == run.status.fence,
                         pod_refusal=self.cache.pod_refusals.get(uid),
                         now=now, mono=mono, budget=await self.budgets.observe(run, now),

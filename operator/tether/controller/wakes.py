@@ -5,9 +5,9 @@ The one place where it is written down which change concerns which run: a run's 
 Lease's new holder, first renewal or request (at once), new progress or spending (within one
 fold interval), a cap or the budget reached (at once, by the usage alarm); a pod's change; a
 budget's new limit, period or exhaustion (all its runs) or a charge (the runs waiting to be
-admitted); an approval (the run it names); a Kueue Workload (the run that controls it), a
-LocalQueue (its queued runs not holding yet); a WorkerClass (the runs not pinned to it yet). The stray queue is woken by a run's deletion (or
-its replacement by a namesake) and by pods left of deleted runs.
+admitted); an approval (the run it names); a WorkerClass (the runs not pinned to it yet); and
+what each capability declares (Kueue's: tether/kueue/capability.py). The stray queue is woken by
+a run's deletion (or its replacement by a namesake) and by pods left of deleted runs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from tether.api.workerclass import pinned
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.manager import Manager, Wake, Watch
-from tether.controller.queues import QueueBook
 from tether.controller.views import ApprovalView, BudgetKey, BudgetView, LeaseView, PodView, RunKey, RunView
 
 
@@ -57,9 +56,8 @@ class BudgetChange:
 class Observers:
     """The cache's side of every event: store it, and say what changed (None: nothing did)."""
 
-    def __init__(self, cache: RunCache, budgets: BudgetBook, queues: QueueBook,
-                 forgotten: Callable[[str], None]) -> None:
-        self.cache, self.budgets, self.queues = cache, budgets, queues
+    def __init__(self, cache: RunCache, budgets: BudgetBook, forgotten: Callable[[str], None]) -> None:
+        self.cache, self.budgets = cache, budgets
         self.forgotten = forgotten  # a run's UID is gone: what others keep of it goes too (its RBAC)
 
     def register(self, manager: Manager) -> None:
@@ -69,8 +67,6 @@ class Observers:
         manager.observe("pod", self.on_pod)
         manager.observe("budget", self.on_budget)
         manager.observe("approval", lambda t, body: ApprovalView(body).run_key)
-        manager.observe("workload", self.on_workload)
-        manager.observe("localqueue", self.on_local_queue)
         manager.observe("workerclass", self.on_class)
 
     def on_run(self, event_type: str | None, body: dict[str, Any], read: bool = False) -> RunChange | None:
@@ -140,16 +136,6 @@ class Observers:
                 if (run := self.cache.run(k)) is not None and (everyone or run.holder is None)]
         return BudgetChange(key, runs, due)
 
-    def on_workload(self, event_type: str | None, body: dict[str, Any]) -> RunKey | None:
-        """A run's Workload changed (admitted, evicted, finished): that run."""
-        key = self.queues.on_workload(event_type, body)
-        return key if key is not None and key in self.cache.runs else None
-
-    def on_local_queue(self, event_type: str | None, body: dict[str, Any]) -> list[RunKey]:
-        """A LocalQueue's ClusterQueue is named in its runs' Queued message."""
-        self.queues.on_local_queue(event_type, body)
-        return self.queued((body.get("metadata") or {}).get("namespace"))
-
     def on_class(self, event_type: str | None, body: dict[str, Any]) -> list[RunKey]:
         """A WorkerClass changed: the runs not pinned yet that name it, or name none (it may be, or
         have been, the default class)."""
@@ -160,17 +146,10 @@ class Observers:
                 if not pinned(run_body) and (run := RunView(run_body)).spec.get("className") in (name, None, "")
                 and run.phase not in TERMINAL_PHASES]
 
-    def queued(self, namespace: str | None = None) -> list[RunKey]:
-        """The runs waiting for Kueue (in `namespace`, or everywhere): a check they may wait on
-        changed, or where they wait."""
-        return [key for key in list(self.cache.runs) if namespace in (None, key[0])
-                and (run := self.cache.run(key)) is not None and run.holder is None
-                and run.phase in ("Queued", "Pending")]
-
 
 def run_watches(fold_interval: float) -> list[Watch[Any]]:
     """The run reconciler's watches: its runs (For), their Leases and pods (Owns), and the budgets,
-    approvals, Workloads, LocalQueues and WorkerClasses that concern them (Watches, mapped)."""
+    approvals and WorkerClasses that concern them (Watches, mapped); a capability adds its own."""
 
     def lease(change: LeaseChange) -> list[Wake[RunKey]]:
         if change.urgent:
@@ -185,8 +164,6 @@ def run_watches(fold_interval: float) -> list[Watch[Any]]:
         Watch("pod", lambda ch: [Wake(ch.key)] if ch.changed else []),
         Watch("budget", lambda ch: [Wake(k) for k in ch.runs]),
         Watch("approval", lambda key: [Wake(key)]),
-        Watch("workload", lambda key: [Wake(key)]),
-        Watch("localqueue", lambda keys: [Wake(k) for k in keys]),
         Watch("workerclass", lambda keys: [Wake(k) for k in keys]),
     ]
 

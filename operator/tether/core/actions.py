@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from tether.api.models import Outcome, Usage, WorkerRunStatus
 
@@ -54,9 +54,6 @@ class Confirm(enum.Enum):
     BOOKS = "books"
     # The run is let go: its mark has left the budget's ledger.
     LEDGER = "ledger"
-    # A queued run's grant: a fresh read of its Workload shows it admitted, under the admission
-    # (eviction count) the attempt records. A cached admission may be one Kueue took back.
-    ADMITTED = "admitted"
     # The run's quota is given back or used again (released, finished, its Workload deleted or
     # deactivated, its budget check told Retry, a retry granted under the admission it keeps): a
     # fresh list shows none of its pods may still run (the pod cache may not list them yet).
@@ -103,6 +100,8 @@ class WriteStatus:
     ended: Outcome | None = None  # the attempt this write ends, and how
     lapse: bool = False  # ends the attempt for silence: the executor confirms it with a timely read
     grants: bool = False  # starts an attempt (bumps the fence and names a holder)
+    # A grant's own reads, asked for by a capability's gate (Kueue: its Workload still admitted).
+    rests_on: tuple[enum.Enum, ...] = ()
 
     pins_run: ClassVar[bool] = True  # a compare-and-swap against the snapshot
 
@@ -111,15 +110,10 @@ class WriteStatus:
         return self.ended is not None
 
     @property
-    def requires(self) -> tuple[Confirm, ...]:
+    def requires(self) -> tuple[enum.Enum, ...]:
         if self.grants:
             retry = (Confirm.NAMESPACE_LIVE,) if self.status.attempt > 1 else ()
-            cur = self.status.current()
-            # A retry under an admission, which Kueue keeps across retries, is for one pod: none of
-            # the earlier attempts' may still run on it (the pod cache may not list them yet).
-            queued = () if cur is None or cur.admission is None else \
-                (Confirm.ADMITTED, Confirm.PODS_GONE) if retry else (Confirm.ADMITTED,)
-            return (Confirm.LEASE_FOR_GRANT, Confirm.HOLDER_NAME_FREE, *retry, *queued)
+            return (Confirm.LEASE_FOR_GRANT, Confirm.HOLDER_NAME_FREE, *retry, *self.rests_on)
         return (Confirm.BOOKS,) if self.change == Change.BUDGET_CHARGED else ()
 
 
@@ -251,149 +245,19 @@ class Revoke:
         return (Confirm.LEASE_FINAL, Confirm.LAPSE) if self.status_write.lapse else (Confirm.LEASE_FINAL,)
 
 
-@dataclass(frozen=True)
-class EnsureWorkload:
-    """Create the queued run's Kueue Workload (owned by the run; its pod set from the template),
-    gated by what holds the run back now (a start review, a budget): it reserves no quota then."""
-
-    name: str
-    gates: tuple[str, ...] = ()
-    inactive_reason: str | None = None  # made deactivated (spec.active false), saying why
-
-    pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED,)
-
-
-@dataclass(frozen=True)
-class MarkPodsReady:
-    """Tell Kueue whether the run's worker is up (Workload condition PodsReady, with the job
-    framework's reason): True at an attempt's first renewal, False once that attempt ended and
-    the next one's worker is awaited. Each Workload write is conditional on the resourceVersion
-    the decision saw."""
-
-    name: str
-    message: str
-    resource_version: str
-    ready: bool = True
-    reason: str = "Started"
-
-    pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = ()
-
-
-@dataclass(frozen=True)
-class ReleaseQuota:
-    """An evicted run has stopped (fenced, its pod gone): clear its Workload's quota reservation,
-    as Kueue's job framework does, so Kueue queues it again."""
-
-    name: str
-    resource_version: str
-
-    pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED, Confirm.PODS_GONE)
-
-
-@dataclass(frozen=True)
-class DeleteWorkload:
-    """The run's spec (or its time limit) no longer matches its Workload: delete it (UID
-    precondition); the next pass makes it again from the spec. Deleting gives its quota back, so
-    none of the run's pods may still run (read fresh)."""
-
-    name: str
-    uid: str
-
-    pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.RUN_UNMOVED, Confirm.PODS_GONE)
-
-
-@dataclass(frozen=True)
-class SetPriorityBoost:
-    """Keep the running run's Workload annotated with how much work its preemption would lose
-    (`kueue.x-k8s.io/priority-boost`; None removes it), so Kueue evicts the one that loses least."""
-
-    name: str
-    boost: int | None
-    resource_version: str
-
-    pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = ()
-
-
-@dataclass(frozen=True)
-class UngateWorkload:
-    """What gated the Workload no longer holds the run back: remove Tether's gates (`keep` are the
-    gates that stay, others' or Tether's still closed)."""
-
-    name: str
-    keep: tuple[str, ...]
-    resource_version: str
-
-    pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = ()
-
-
-@dataclass(frozen=True)
-class SetWorkloadActive:
-    """Deactivate the Workload of a run that would not start if admitted (`reason`: why; Kueue frees
-    its quota and does not queue it), or activate again one Tether deactivated (reason None)."""
-
-    name: str
-    active: bool
-    reason: str | None
-    resource_version: str
-
-    pins_run: ClassVar[bool] = False
+class Extra(Protocol):
+    """An action of a capability: its package defines it, executes it and confirms what it
+    requires (core.capability)."""
 
     @property
-    def gives_quota_back(self) -> bool:
-        return not self.active
+    def pins_run(self) -> bool: ...
 
     @property
-    def requires(self) -> tuple[Confirm, ...]:
-        return (Confirm.PODS_GONE,) if self.gives_quota_back else ()
-
-
-@dataclass(frozen=True)
-class AnswerBudgetCheck:
-    """Tether's budget AdmissionCheck on a Workload holding quota: Ready when the run's budget and
-    caps can pay, else Retry (Kueue frees the quota and requeues it after `requeue_after_seconds`)."""
-
-    name: str
-    check: str
-    state: str
-    message: str
-    requeue_after_seconds: int | None
-    resource_version: str
-
-    pins_run: ClassVar[bool] = False
-
-    @property
-    def gives_quota_back(self) -> bool:
-        return self.state == "Retry"
-
-    @property
-    def requires(self) -> tuple[Confirm, ...]:
-        return (Confirm.PODS_GONE,) if self.gives_quota_back else ()
-
-
-@dataclass(frozen=True)
-class FinishWorkload:
-    """Tell Kueue the run ended (Workload condition Finished): its quota is released at once, so
-    only once none of its pods still runs (read fresh)."""
-
-    name: str
-    succeeded: bool
-    message: str
-    resource_version: str
-
-    pins_run: ClassVar[bool] = False
-    requires: ClassVar[tuple[Confirm, ...]] = (Confirm.PODS_GONE,)
+    def requires(self) -> tuple[enum.Enum, ...]: ...
 
 
 Action = (WriteStatus | Revoke | EnsureLease | ClearLease | EnsurePod | DeletePod | ReleasePod | DeleteRun
-          | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer | EnsureWorkload | MarkPodsReady
-          | ReleaseQuota | DeleteWorkload | FinishWorkload | SetPriorityBoost | UngateWorkload | AnswerBudgetCheck
-          | SetWorkloadActive)
+          | EnsureSignals | ChargeBudget | ReleaseCharge | RemoveFinalizer | Extra)
 
 
 @dataclass(frozen=True)
@@ -431,10 +295,10 @@ class Decision:
         if action is not None:
             self.actions.append(action)
 
-    def confirmations(self) -> tuple[Confirm, ...]:
+    def confirmations(self) -> tuple[enum.Enum, ...]:
         """What the actions require, in order, each once. RUN_UNMOVED is met for the actions after
         a compare-and-swap of the run (it fails if the run moved)."""
-        out: list[Confirm] = []
+        out: list[enum.Enum] = []
         pinned = False
         for action in self.actions:
             for need in action.requires:

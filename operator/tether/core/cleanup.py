@@ -4,11 +4,10 @@ are closed), a finished run (charge, then TTL), and pods of attempts that ended.
 
 from __future__ import annotations
 
-from tether.api import kueue as k
-from tether.api.models import AttemptRecord, Outcome, Phase
+from tether.api.models import AttemptRecord, Outcome
 from tether.core.accounting import charge_finished, release_due
-from tether.core.actions import (ClearLease, Decision, DeletePod, DeleteRun, FinishWorkload, ReleasePod,
-                                 RemoveFinalizer)
+from tether.core.actions import ClearLease, Decision, DeletePod, DeleteRun, ReleasePod, RemoveFinalizer
+from tether.core.capability import Rules
 from tether.core.lifecycle import StatusBuilder, revoke
 from tether.core.observe import Observed, PodObservation
 
@@ -46,9 +45,9 @@ def pods_may_run(o: Observed, d: Decision) -> bool:
 POD_EXIT_GRACE_SECONDS = 30.0
 
 
-def decide_deleting(o: Observed, d: Decision) -> None:
+def decide_deleting(o: Observed, d: Decision, capabilities: tuple[Rules, ...] = ()) -> None:
     """A deleted run (held by Tether's finalizer) ends its attempt, settles and charges its usage,
-    releases its pods, and only then lets go."""
+    releases its pods, lets each capability finish what it holds, and only then lets go."""
     s = o.run.status
     b = StatusBuilder(o)
     if s.holder is not None:
@@ -79,14 +78,7 @@ def decide_deleting(o: Observed, d: Decision) -> None:
             d.actions.append(ReleasePod(pod.name))
     if d.actions:
         return
-    wl = o.workload
-    if wl is not None and wl.is_true(k.WL_QUOTA_RESERVED) and not wl.is_true(k.WL_FINISHED):
-        # The Workload (the run's) and its quota would go with the run: finish it first, once no pod
-        # runs, confirmed by a fresh list (a cache after a restart may not hold the pods yet).
-        if not pods_may_run(o, d):
-            d.actions.append(FinishWorkload(name=wl.metadata.name, succeeded=s.phase == Phase.SUCCEEDED,
-                                            message="the WorkerRun was deleted",
-                                            resource_version=wl.metadata.resource_version))
+    if any(rules.deleting(o, d) for rules in capabilities):
         return
     d.actions.append(RemoveFinalizer())
 

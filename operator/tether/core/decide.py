@@ -7,7 +7,9 @@ composes the concerns, each in its own module:
 - observe.py: what a decision sees;          actions.py: what it asks for;
 - lifecycle.py: grant, end, retry, finish;    liveness.py: lapse and progress deadlines;
 - accounting.py: usage, folds, charges;       enforcement.py: deadline, caps, budget, signals;
-- cleanup.py: deleted and finished runs, pods of ended attempts.
+- cleanup.py: deleted and finished runs, pods of ended attempts;
+- capability.py: what a capability's package (Kueue's: tether/kueue) adds: its gates, its stop,
+  what it hears of every pass, what a deleted run waits for.
 
 The names other modules import from here are re-exported below.
 """
@@ -15,6 +17,7 @@ The names other modules import from here are re-exported below.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Callable
 
 from tether.api import constants as c
 from tether.api.models import AttemptRecord, Checkpoint, Outcome, Phase, Usage
@@ -46,6 +49,7 @@ from tether.core.cleanup import (
     record_exit_codes,
     revocation_unfinished,
 )
+from tether.core.capability import Rules
 from tether.core.class_gate import class_allows
 from tether.core.clock import after
 from tether.core.enforcement import (
@@ -73,7 +77,6 @@ from tether.core.lifecycle import (
     wait_for_namesake,
 )
 from tether.core.liveness import judge, never_leased_wait
-from tether.core.queueing import enter_queue, queue_allows, tell_kueue
 from tether.core.review import decide_result_review, start_allowed, track_requests
 from tether.core.observe import (
     BudgetObservation,
@@ -93,24 +96,36 @@ __all__ = [
 ]
 
 
-def decide(o: Observed) -> Decision:
+Gate = Callable[[Observed, StatusBuilder, Decision], bool]
+
+
+def gates(capabilities: tuple[Rules, ...]) -> tuple[Gate, ...]:
+    """What a run nobody holds passes before its grant, in order; each gate that holds it back
+    says why (in the status and the decision) and ends the pass. A queue's place comes first
+    (a queued run waits in line whatever else holds it), its admission last."""
+    return (class_allows, *(r.enter for r in capabilities), start_allowed, execution_allowed, admit,
+            *(r.admit for r in capabilities))
+
+
+def decide(o: Observed, capabilities: tuple[Rules, ...] = ()) -> Decision:
     d = Decision()
     ahead = foreign_fence(o)
     if ahead is not None:
         decide_foreign_fence(o, d, ahead)
     elif o.run.metadata.deletion_timestamp is not None:
-        decide_deleting(o, d)
+        decide_deleting(o, d, capabilities)
     elif not record_exit_codes(o, d):
         housekeep_pods(o, d)
         if o.run.status.phase is not None and o.run.status.phase.terminal:
             decide_finished(o, d)
         else:
-            _decide_unfinished(o, d)
-        tell_kueue(o, d)
+            _decide_unfinished(o, d, capabilities)
+        for rules in capabilities:
+            rules.after(o, d)
     return d
 
 
-def _decide_unfinished(o: Observed, d: Decision) -> None:
+def _decide_unfinished(o: Observed, d: Decision, capabilities: tuple[Rules, ...]) -> None:
     run, s = o.run, o.run.status
     b = StatusBuilder(o)
     active = s.holder is not None
@@ -147,12 +162,12 @@ def _decide_unfinished(o: Observed, d: Decision) -> None:
         d.wake((ends_at - o.now).total_seconds())
 
     if active and cur is not None:
-        _decide_held(o, b, d, cur)
+        _decide_held(o, b, d, cur, capabilities)
     else:
-        _decide_unheld(o, b, d)
+        _decide_unheld(o, b, d, capabilities)
 
 
-def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
+def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision, capabilities: tuple[Rules, ...]) -> None:
     """Nobody holds the run: finish an interrupted revocation (the lease still names the old
     holder), settle the last attempt's books, then start an attempt unless held back."""
     run, s = o.run, o.run.status
@@ -189,17 +204,7 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
     if o.namespace_terminating:
         d.wake(30.0)  # its runs are about to be deleted: starting attempts there only fails
         return
-    if not class_allows(o, b, d):
-        return
-    if not enter_queue(o, b, d):
-        return
-    if not start_allowed(o, b, d):
-        return
-    if not execution_allowed(o, b, d):
-        return
-    if not admit(o, b, d):
-        return
-    if not queue_allows(o, b, d):
+    if not all(gate(o, b, d) for gate in gates(capabilities)):
         return
     blocker = next((p for p in o.foreign_pods if p.name == holder_name(run, s.attempt + 1)), None)
     if blocker is not None and (blocker.token_dead_at is None or o.now < blocker.token_dead_at):
@@ -220,7 +225,8 @@ def _decide_unheld(o: Observed, b: StatusBuilder, d: Decision) -> None:
     d.wake(max(run.spec.lease.startup_grace_seconds, run.spec.lease.duration_seconds))
 
 
-def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord) -> None:
+def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord,
+                 capabilities: tuple[Rules, ...]) -> None:
     """The run has a holder: end its attempt if something ended it, else repair an interrupted
     grant, or keep the status and the worker's signals up to date."""
     run, s = o.run, o.run.status
@@ -230,7 +236,7 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord)
     d.usage_alarm = usage_alarm(o)
     # A stop (spec.stop, or a cap or budget crossed) is first told to the worker; its
     # attempt ends when it stops, or when stopGraceSeconds have passed.
-    stop = stop_for(o, total)
+    stop = stop_for(o, total) or next((told for r in capabilities if (told := r.stop(o)) is not None), None)
     ending = attempt_end(o, pod, stop)
     lease = current_lease(o)
     if ending is None and lease is not None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from tether import protocol
 from tether.api import constants as c
-from tether.api import kueue as k
 from tether.api.models import GateDecision, Outcome, Signals, Usage, WorkerRunSpec, WorkerRunStatus
 from tether.core.accounting import earlier_usage, run_usage
 from tether.core.actions import UsageAlarm
@@ -63,40 +62,19 @@ def _over(uncharged: int, left: int | None) -> int | None:
 class Stop:
     """Why the holder must stop: first told on its Lease, then revoked after stopGraceSeconds."""
 
-    outcome: Outcome  # Cancelled (spec.stop), BudgetExceeded, or Preempted (Kueue evicted the run)
+    outcome: Outcome  # Cancelled (spec.stop), BudgetExceeded, or Preempted (a queue took the run's place back)
     reason: str
     overspend: Usage | None = None  # beyond the cap or budget, for BudgetExceeded
-    eviction: str | None = None  # Kueue's reason, for Preempted
+    eviction: str | None = None  # the queue's reason, for Preempted
 
 
 def stop_for(o: Observed, total: Usage) -> Stop | None:
+    """spec.stop, else a cap or the budget crossed (a capability's own stop comes after these)."""
     if o.run.spec.stop:
         return Stop(Outcome.CANCELLED, "spec.stop is set")
     over = over_limit(o, total)
     if over is not None:
         return Stop(Outcome.BUDGET_EXCEEDED, over[0], over[1])
-    return eviction(o)
-
-
-def eviction(o: Observed) -> Stop | None:
-    """Kueue took back the admission the held attempt runs under: evicted now, or evicted since
-    the grant (the Workload's eviction count moved past the one the attempt records), or no
-    quota reserved any more. A Workload not seen at all says nothing (a cache that has not
-    listed it yet, after a restart): the attempt goes on; one seen deleted ends its admission."""
-    s, wl = o.run.status, o.workload
-    cur = s.current()
-    if s.holder is None or cur is None or cur.admission is None:
-        return None
-    if wl is None:
-        # Seen deleted (a person, or a namespace's cleanup): its quota is free, so nothing may run.
-        return Stop(Outcome.PREEMPTED, "its Kueue Workload was deleted", eviction="WorkloadDeleted") \
-            if o.workload_gone else None
-    evicted = wl.condition(k.WL_EVICTED)
-    if evicted is not None and evicted.status == "True":
-        return Stop(Outcome.PREEMPTED, f"evicted by Kueue ({evicted.reason}): {evicted.message or ''}".rstrip(": "),
-                    eviction=evicted.reason)
-    if wl.evictions > cur.admission.evictions or not wl.is_true(k.WL_QUOTA_RESERVED):
-        return Stop(Outcome.PREEMPTED, "evicted by Kueue: the admission it started under ended", eviction="Evicted")
     return None
 
 

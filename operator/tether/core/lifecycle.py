@@ -6,6 +6,7 @@ it is a revocation past that fence.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -189,8 +190,10 @@ class StatusBuilder:
         self.ended: Outcome | None = None
         self.lapse = False
         self.grants = False
-        # The Kueue admission the next grant runs under (queueing.queue_allows), if queued.
+        # The admission the next grant runs under, set by a queue's gate (tether/kueue), and the
+        # fresh reads that gate rests the grant on (core.capability).
         self.admission: AttemptAdmission | None = None
+        self.rests_on: tuple[enum.Enum, ...] = ()
 
     @property
     def generation(self) -> int:
@@ -276,7 +279,7 @@ class StatusBuilder:
         self.mark_suspension()
         return WriteStatus(status=self.status.model_copy(deep=True), events=tuple(self.events), change=self.change,
                            details=self.details, ended=self.ended, lapse=self.lapse,
-                           grants=self.grants)
+                           grants=self.grants, rests_on=self.rests_on if self.grants else ())
 
     def changed(self) -> bool:
         """Whether there is anything to write: an Event, or a status other than the observed one

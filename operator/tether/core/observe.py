@@ -11,16 +11,16 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 from tether import protocol
-from tether.api.kueue import Workload
 from tether.api.models import MAX_ATTEMPT_HISTORY, Remaining, Usage, WorkerRun
 from tether.core.classes import ClassResolution
 
 # Progress reported on heartbeats reaches the run's status at most this often.
 FOLD_INTERVAL_SECONDS = 10.0
-BOOST_SECONDS = 60.0
+
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -122,14 +122,6 @@ class ForeignPod:
 
 
 @dataclass(frozen=True)
-class FlavorPlacement:
-    """What a Kueue ResourceFlavor asks of the pods admitted to it."""
-
-    node_labels: Mapping[str, str]
-    tolerations: tuple[Mapping[str, object], ...] = ()
-
-
-@dataclass(frozen=True)
 class Observed:
     run: WorkerRun
     lease: LeaseObservation | None
@@ -160,21 +152,16 @@ class Observed:
     # Monotonic time this operator last saw the run's progress held (liveness.progress_held): the
     # progress deadline counts from then at the earliest. None: never seen held.
     progress_held_at: float | None = None
-    # A queued run's Kueue Workload as last seen (None: none seen), the ResourceFlavors known by
-    # name, and the ClusterQueue its LocalQueue points at (None: unknown).
-    workload: Workload | None = None
-    # This operator saw the run's Workload deleted (not merely not listed yet).
-    workload_gone: bool = False
-    flavors: Mapping[str, FlavorPlacement] = field(default_factory=dict)
-    cluster_queue: str | None = None
-    # A running queued run's priority boost rises by one each time the work since its last
-    # checkpoint doubles, starting at this many seconds (queueing.priority_boost).
-    boost_seconds: float = BOOST_SECONDS
-    # The AdmissionChecks (by name) whose controller is Tether's budget check.
-    budget_checks: frozenset[str] = frozenset()
     # What an unpinned run takes from its WorkerClass (`run` has it applied already); None once
     # pinned (api/workerclass.py): a class edit no longer concerns the run.
     run_class: ClassResolution | None = None
+    # The capabilities' slices of this observation, by type (core.capability; Kueue's: a queued
+    # run's Workload and where it waits).
+    parts: Mapping[type, object] = field(default_factory=dict)
+
+    def part(self, kind: type[P]) -> P | None:
+        found = self.parts.get(kind)
+        return found if isinstance(found, kind) else None
 
     def pod_of(self, attempt: int) -> PodObservation | None:
         return next((p for p in self.pods if p.attempt == attempt), None)

@@ -14,10 +14,9 @@ from typing import Any, Callable
 import httpx
 
 from tether import gcpause, metrics
-from tether.api.kueue import KUEUE_API_VERSION
 from tether.api.models import API_VERSION
 from tether.kube.config import KubeConfig
-from tether.kube.paths import budget_path, event_path, lease_path, pod_path, run_path, secret_path, workload_path
+from tether.kube.paths import budget_path, event_path, lease_path, pod_path, run_path, secret_path
 from tether.protocol import JSON_PATCH, rfc3339
 from tether.kube.health import ApiHealth
 from tether.kube.ratelimit import TokenBucket
@@ -292,37 +291,20 @@ class KubeClient:
             params["fieldSelector"] = field_selector
         return list((await self._call("GET", path, f"list {path}", params=params)).get("items") or [])
 
-    # --- Kueue Workloads -----------------------------------------------------
+    # --- other kinds (a capability's: Kueue's Workloads and AdmissionChecks) ---------
 
-    async def apply_workload_status(self, ns: str, name: str, status: dict[str, Any], resource_version: str,
-                                    manager: str) -> dict[str, Any]:
-        """Server-side apply of a Workload's status as field manager `manager` (forced, as Kueue's
-        job framework does), conditional on `resource_version`: a compare-and-swap."""
-        return await self._apply_status(workload_path(ns, name), "Workload",
-                                        {"name": name, "namespace": ns, "resourceVersion": resource_version},
-                                        status, manager)
-
-    async def apply_admission_check_status(self, name: str, status: dict[str, Any], manager: str) -> dict[str, Any]:
-        return await self._apply_status(f"/apis/{KUEUE_API_VERSION}/admissionchecks/{name}", "AdmissionCheck",
-                                        {"name": name}, status, manager)
-
-    async def _apply_status(self, path: str, kind: str, meta: dict[str, str], status: dict[str, Any],
-                            manager: str) -> dict[str, Any]:
-        body = {"apiVersion": KUEUE_API_VERSION, "kind": kind, "metadata": meta, "status": status}
+    async def apply_status(self, path: str, api_version: str, kind: str, meta: dict[str, str],
+                           status: dict[str, Any], manager: str) -> dict[str, Any]:
+        """Server-side apply of an object's status as field manager `manager` (forced, as Kueue's
+        job framework does); a `resourceVersion` in `meta` makes it a compare-and-swap."""
+        body = {"apiVersion": api_version, "kind": kind, "metadata": meta, "status": status}
         return await self._call("PATCH", f"{path}/status", f"apply {kind} {meta['name']} status",
                                 params={"fieldManager": manager, "force": "true"}, content=json.dumps(body),
                                 headers={"Content-Type": "application/apply-patch+yaml"})
 
-    async def annotate_workload(self, ns: str, name: str, key: str, value: str | None,
-                                resource_version: str) -> dict[str, Any]:
-        """Sets (None: removes) one annotation of a Workload, conditional on `resource_version`."""
-        return await self.patch_workload(ns, name, {"metadata": {"resourceVersion": resource_version,
-                                                                 "annotations": {key: value}}})
-
-    async def patch_workload(self, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        """A merge patch of a Workload; its metadata.resourceVersion makes it conditional."""
-        return await self._call("PATCH", workload_path(ns, name), f"patch workload {ns}/{name}", json=patch,
-                                headers=MERGE_PATCH)
+    async def merge_patch(self, path: str, patch: dict[str, Any], what: str) -> dict[str, Any]:
+        """A merge patch; a metadata.resourceVersion in it makes it conditional."""
+        return await self._call("PATCH", path, what, json=patch, headers=MERGE_PATCH)
 
     # --- RBAC and service accounts for workers -------------------------------
 

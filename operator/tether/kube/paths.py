@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tether.api.kueue import KUEUE_API_VERSION, WORKLOAD_PLURAL
 from tether.api.models import API_VERSION, BUDGET_PLURAL, PLURAL
 from tether.api.workerclass import CLASS_PLURAL
 
@@ -75,5 +74,7 @@ def namespace_path(ns: str) -> str:
     return f"/api/v1/namespaces/{ns}"
 
 
-def workload_path(ns: str, name: str = "") -> str:
-    return _named(f"/apis/{KUEUE_API_VERSION}/namespaces/{ns}/{WORKLOAD_PLURAL}", name)
+def object_path(api_version: str, plural: str, ns: str | None = None, name: str = "") -> str:
+    """Any kind's objects (a capability's: Kueue's), namespaced when `ns` is given."""
+    where = f"/namespaces/{ns}" if ns is not None else ""
+    return _named(f"/apis/{api_version}{where}/{plural}", name)

@@ -233,7 +233,7 @@ def test_a_run_of_no_class_records_none() -> None:
 
 
 def test_a_run_whose_class_holds_it_keeps_no_kueue_quota() -> None:
-    from tether.core.queueing import held_back
+    from tether.kueue.decide import held_back
 
     o = observed(body({"className": "nope"}), {})
     assert held_back(o) == "its WorkerClass nope does not exist"

@@ -1,28 +1,48 @@
-"""Table tests of queueing through Kueue (core.queueing): a queued run waits for its Workload's
+"""Table tests of queueing through Kueue (kueue.decide): a queued run waits for its Workload's
 admission, starts under it with the flavor's placement, and tells Kueue PodsReady and Finished."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import dataclasses
 import datetime as dt
 import json
 from typing import Any
 
 import pytest
 
-from tether.api.kueue import ANN_ADMISSION_GATED_BY, ANN_DEACTIVATED, ANN_EXECUTION_DIGEST, ANN_PRIORITY_BOOST, Workload
+from tether.kueue.api import ANN_ADMISSION_GATED_BY, ANN_DEACTIVATED, ANN_EXECUTION_DIGEST, ANN_PRIORITY_BOOST, Workload
 from tether.core.execution import execution_digest
 from tether.api.models import Checkpoint, Phase
 from tether.api.models import Outcome
-from tether.core.actions import (AnswerBudgetCheck, Confirm, DeleteWorkload, UngateWorkload, EnsureSignals, EnsureWorkload, FinishWorkload, MarkPodsReady,
-                                  ReleaseQuota, Revoke, SetPriorityBoost, SetWorkloadActive, WriteStatus)
-from tether.core.decide import decide
-from tether.core.observe import ApprovalObservation, BudgetObservation, FlavorPlacement
-from tether.core.queueing import MAX_BOOST, admission_of, priority_boost, waiting_message, workload_name
+from tether.core.actions import Confirm, Decision, EnsureSignals, Revoke, WriteStatus
+from tether.core.decide import decide as decide_with
+from tether.core.observe import ApprovalObservation, BudgetObservation, Observed
+from tether.kueue.actions import (AnswerBudgetCheck, DeleteWorkload, EnsureWorkload, FinishWorkload, KueueConfirm,
+                                  MarkPodsReady, ReleaseQuota, SetPriorityBoost, SetWorkloadActive, UngateWorkload)
+from tether.kueue.decide import (MAX_BOOST, RULES, FlavorPlacement, QueueSlice, admission_of, priority_boost,
+                                 waiting_message, workload_name)
 from tether.kube.resources import build_pod
 from tests.unit.core.test_decide import T0, held, kinds, lease, observe, pod, run
 
 QUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
+SLICE = {f.name for f in dataclasses.fields(QueueSlice)}
+
+
+def decide(o: Observed) -> Decision:
+    """The decision with Kueue's capability, as the operator registers it."""
+    return decide_with(o, (RULES,))
+
+
+def replace(obj: Any, **changes: Any) -> Any:
+    """dataclasses.replace, where an Observed takes Kueue's slice fields (workload, flavors, ...) as
+    if they were its own: they go to its QueueSlice part."""
+    if not isinstance(obj, Observed):
+        return dataclasses.replace(obj, **changes)
+    queued = {k: changes.pop(k) for k in list(changes) if k in SLICE}
+    if queued:
+        part = dataclasses.replace(obj.part(QueueSlice) or QueueSlice(), **queued)
+        changes["parts"] = {**obj.parts, QueueSlice: part}
+    return dataclasses.replace(obj, **changes)
 DIGEST = execution_digest(run().spec)
 OWNER = [{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "name": "job", "uid": "u-1", "controller": True}]
 
@@ -115,7 +135,7 @@ def test_an_admitted_run_is_granted_under_its_admission_with_the_flavors_placeme
     d = decide(queued_observe(ADMITTED))
     assert kinds(d.actions) == ["WriteStatus", "EnsureLease", "EnsurePod"]
     write = d.actions[0]
-    assert isinstance(write, WriteStatus) and write.grants and Confirm.ADMITTED in write.requires
+    assert isinstance(write, WriteStatus) and write.grants and KueueConfirm.ADMITTED in write.requires
     s = write.status
     assert s.phase == Phase.STARTING and s.holder == "job-a1"
     adm = s.current().admission  # type: ignore[union-attr]
@@ -129,7 +149,7 @@ def test_an_admitted_run_is_granted_under_its_admission_with_the_flavors_placeme
 
 def test_an_unqueued_grant_asks_no_admission_read() -> None:
     write = decide(observe(run())).actions[0]
-    assert isinstance(write, WriteStatus) and Confirm.ADMITTED not in write.requires
+    assert isinstance(write, WriteStatus) and KueueConfirm.ADMITTED not in write.requires
 
 
 def test_an_admission_whose_flavor_is_unknown_waits() -> None:
@@ -782,9 +802,9 @@ def test_a_retry_granted_under_a_kept_admission_reads_the_pods_fresh_first() -> 
     fresh list that none may still run, as releasing the quota does. A first attempt need not."""
     (retry,) = [a for a in decide(queued_observe(ADMITTED, status=_retry_due())).actions
                 if isinstance(a, WriteStatus) and a.grants]
-    assert Confirm.PODS_GONE in retry.requires and Confirm.ADMITTED in retry.requires
+    assert Confirm.PODS_GONE in retry.requires and KueueConfirm.ADMITTED in retry.requires
     (first,) = [a for a in decide(queued_observe(ADMITTED)).actions if isinstance(a, WriteStatus) and a.grants]
-    assert Confirm.ADMITTED in first.requires and Confirm.PODS_GONE not in first.requires
+    assert KueueConfirm.ADMITTED in first.requires and Confirm.PODS_GONE not in first.requires
 
 
 def test_a_workload_remade_for_a_changed_time_limit_waits_for_the_earlier_attempts_pod() -> None:

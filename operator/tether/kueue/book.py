@@ -14,29 +14,30 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
 
-from tether.api import kueue as k
-from tether.api.kueue import ResourceFlavor, Workload
 from tether.api.models import WorkerRun
 from tether.controller.errors import Again, NotLeader, SpecError
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
-from tether.core.actions import (AnswerBudgetCheck, DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady,
-                                 ReleaseQuota, SetPriorityBoost, SetWorkloadActive, UngateWorkload)
 from tether.core.execution import execution_digest
-from tether.core.observe import FlavorPlacement
-from tether.core.queueing import admitted, queue_name, workload_name
-from tether.kube import workloads
 from tether.kube.client import ApiError, Conflict, KubeClient, NotFound
-from tether.kube.paths import workload_path
+from tether.kube.paths import object_path
+from tether.kueue import api as k
+from tether.kueue import workloads
+from tether.kueue.actions import (AnswerBudgetCheck, DeleteWorkload, EnsureWorkload, FinishWorkload, MarkPodsReady,
+                                  ReleaseQuota, SetPriorityBoost, SetWorkloadActive, UngateWorkload)
+from tether.kueue.api import ResourceFlavor, Workload
+from tether.kueue.decide import BOOST_SECONDS, FlavorPlacement, QueueSlice, admitted, queue_name, workload_name
 
 log = logging.getLogger("tether.queues")
 
-PRIORITY_CLASS_PATH = f"/apis/{k.KUEUE_API_VERSION}/workloadpriorityclasses"
-FLAVOR_PATH = f"/apis/{k.KUEUE_API_VERSION}/resourceflavors"
+
+
+def workload_path(ns: str, name: str = "") -> str:
+    return object_path(k.KUEUE_API_VERSION, k.WORKLOAD_PLURAL, ns, name)
 
 
 class QueueBook:
-    def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime], boost_seconds: float) -> None:
+    def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime], boost_seconds: float = BOOST_SECONDS) -> None:
         self.kube, self.now, self.boost_seconds = kube, now, boost_seconds
         self.workloads: dict[tuple[str, str], dict[str, Any]] = {}  # by (namespace, Workload name)
         self.deleted: set[tuple[str, str]] = set()  # Workloads seen deleted (and not made again since)
@@ -73,11 +74,11 @@ class QueueBook:
         elif spec.get("clusterQueue"):
             self.local_queues[key] = str(spec["clusterQueue"])
 
-    async def on_admission_check(self, event_type: str | None, body: dict[str, Any], may_act: bool) -> bool:
+    def on_admission_check(self, event_type: str | None, body: dict[str, Any]) -> tuple[str, bool]:
         """Tracks the AdmissionChecks Tether answers (controllerName tether.dev/budget) and those
-        not Active yet (a ClusterQueue listing an inactive check admits nothing), marked at once
-        when this replica may act, else by `mark_active` later. True when the set of checks
-        changed (queued runs may have a check to answer)."""
+        not Active yet (a ClusterQueue listing an inactive check admits nothing: `mark_active`).
+        Returns the check's name, and whether the set of Tether's checks changed (queued runs may
+        have a check to answer)."""
         meta, spec = body.get("metadata") or {}, body.get("spec") or {}
         name = str(meta.get("name", ""))
         ours = event_type != "DELETED" and spec.get("controllerName") == k.BUDGET_CHECK_CONTROLLER
@@ -88,34 +89,36 @@ class QueueBook:
             self.unmarked[name] = int(meta.get("generation") or 1)
         else:
             self.unmarked.pop(name, None)
-        if may_act:
-            await self.mark_active()
-        return self.budget_checks != before
+        return name, self.budget_checks != before
 
-    async def mark_active(self) -> None:
-        """Marks Tether's checks Active; what fails stays for the next call (the controller calls
-        this every few seconds while it leads)."""
-        for name, generation in list(self.unmarked.items()):
-            try:
-                await self.kube.apply_admission_check_status(
-                    name, workloads.check_active_status(generation, self.now()), k.BUDGET_CHECK_CONTROLLER)
-            except (ApiError, NotLeader) as exc:  # tried again later (by whichever replica leads)
-                log.warning("admission check not marked active", extra={"event": "admission_check_unmarked",
-                                                                        "check": name, "error": repr(exc)})
-                continue
-            if self.unmarked.get(name) == generation:
-                self.unmarked.pop(name, None)
+    async def mark_active(self, name: str) -> None:
+        """Marks one of Tether's checks Active (if it still is not); a refusal is raised (the
+        check's reconciler tries again)."""
+        generation = self.unmarked.get(name)
+        if generation is None:
+            return
+        try:
+            await self.kube.apply_status(object_path(k.KUEUE_API_VERSION, "admissionchecks", None, name),
+                                         k.KUEUE_API_VERSION, "AdmissionCheck", {"name": name},
+                                         workloads.check_active_status(generation, self.now()),
+                                         k.BUDGET_CHECK_CONTROLLER)
+        except (ApiError, NotLeader) as exc:
+            log.warning("admission check not marked active", extra={"event": "admission_check_unmarked",
+                                                                    "check": name, "error": repr(exc)})
+            raise
+        if self.unmarked.get(name) == generation:
+            self.unmarked.pop(name, None)
 
     # --- what a decision sees ------------------------------------------------------------
 
-    async def observe(self, run: WorkerRun) -> tuple[Workload | None, bool, str | None, dict[str, FlavorPlacement]]:
+    async def observe(self, run: WorkerRun) -> QueueSlice | None:
         """The run's own Workload (by UID: a namesake's is not its), its LocalQueue's ClusterQueue,
         and, when it is admitted and nobody holds the run, the ResourceFlavors the admission names,
         read fresh: they place the pod the grant makes (they are cluster-scoped and rarely read, so
         they are not watched)."""
         queue = queue_name(run)
         if queue is None:
-            return None, False, None, {}
+            return None
         ns = run.metadata.namespace
         key = (ns, workload_name(run))
         body = self.workloads.get(key)
@@ -123,18 +126,20 @@ class QueueBook:
         if wl is not None and not wl.owned_by(run.metadata.uid):
             wl = None
         if (ns, queue) not in self.local_queues:
-            lq = await self._read(f"/apis/{k.KUEUE_API_VERSION}/namespaces/{ns}/localqueues/{queue}")
+            lq = await self._read(object_path(k.KUEUE_API_VERSION, "localqueues", ns, queue))
             if lq is not None:
                 self.on_local_queue("MODIFIED", lq)
         flavors: dict[str, FlavorPlacement] = {}
         if wl is not None and run.status.holder is None and admitted(wl) and wl.status.admission is not None:
             for a in wl.status.admission.pod_set_assignments:
                 for name in set(a.flavors.values()):
-                    read = await self._read(f"{FLAVOR_PATH}/{name}")
+                    read = await self._read(object_path(k.KUEUE_API_VERSION, "resourceflavors", None, name))
                     flavor = _flavor(read) if read is not None else None
                     if flavor is not None:
                         flavors[name] = flavor
-        return wl, body is None and key in self.deleted, self.local_queues.get((ns, queue)), flavors
+        return QueueSlice(workload=wl, workload_gone=body is None and key in self.deleted, flavors=flavors,
+                          cluster_queue=self.local_queues.get((ns, queue)), boost_seconds=self.boost_seconds,
+                          budget_checks=self.budget_checks)
 
     async def _read(self, path: str) -> dict[str, Any] | None:
         try:
@@ -165,7 +170,7 @@ class QueueBook:
         name = run.metadata.labels.get(k.LABEL_PRIORITY_CLASS)
         if not name:
             return None
-        wpc = await self.kube.get_object(f"{PRIORITY_CLASS_PATH}/{name}")
+        wpc = await self.kube.get_object(object_path(k.KUEUE_API_VERSION, "workloadpriorityclasses", None, name))
         if wpc is None:
             raise SpecError("WorkloadPriorityClassNotFound",
                             NotFound(404, f"WorkloadPriorityClass {name} not found", "get workloadpriorityclass"))
@@ -197,20 +202,22 @@ class QueueBook:
     async def set_priority_boost(self, snap: Snapshot, action: SetPriorityBoost) -> None:
         ns = snap.run.metadata.namespace
         value = str(action.boost) if action.boost is not None else None
-        await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.annotate_workload(
+        await self._conditional(snap, action.name, action.resource_version, lambda _: self._annotate(
             ns, action.name, k.ANN_PRIORITY_BOOST, value, action.resource_version))
 
     async def ungate(self, snap: Snapshot, action: UngateWorkload) -> None:
         ns = snap.run.metadata.namespace
         value = ",".join(action.keep) or None
-        await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.annotate_workload(
+        await self._conditional(snap, action.name, action.resource_version, lambda _: self._annotate(
             ns, action.name, k.ANN_ADMISSION_GATED_BY, value, action.resource_version))
         log.info("workload ungated", extra={"run": snap.run.key, "event": "workload_ungated", "workload": action.name})
 
     async def set_active(self, snap: Snapshot, action: SetWorkloadActive) -> None:
         ns = snap.run.metadata.namespace
-        await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.patch_workload(
-            ns, action.name, workloads.activation_patch(action.active, action.reason, action.resource_version)))
+        await self._conditional(snap, action.name, action.resource_version, lambda _: self.kube.merge_patch(
+            workload_path(ns, action.name), workloads.activation_patch(action.active, action.reason,
+                                                                       action.resource_version),
+            f"patch workload {ns}/{action.name}"))
         log.info("workload activated" if action.active else "workload deactivated",
                  extra={"run": snap.run.key, "event": "workload_active" if action.active else "workload_inactive",
                         "workload": action.name, "reason": action.reason})
@@ -231,8 +238,15 @@ class QueueBook:
                       status: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any] | None:
         """A status apply built from the Workload as decided on."""
         ns = snap.run.metadata.namespace
-        return await self._conditional(snap, name, resource_version, lambda current: self.kube.apply_workload_status(
-            ns, name, status(current), resource_version, manager))
+        return await self._conditional(snap, name, resource_version, lambda current: self.kube.apply_status(
+            workload_path(ns, name), k.KUEUE_API_VERSION, "Workload",
+            {"name": name, "namespace": ns, "resourceVersion": resource_version}, status(current), manager))
+
+    async def _annotate(self, ns: str, name: str, key: str, value: str | None,
+                        resource_version: str) -> dict[str, Any]:
+        """Sets (None: removes) one annotation of a Workload, conditional on `resource_version`."""
+        return await self.kube.merge_patch(workload_path(ns, name), {"metadata": {
+            "resourceVersion": resource_version, "annotations": {key: value}}}, f"annotate workload {ns}/{name}")
 
     async def _conditional(self, snap: Snapshot, name: str, resource_version: str,
                            write: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> dict[str, Any] | None:

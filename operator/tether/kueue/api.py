@@ -12,14 +12,13 @@ from typing import Any
 
 from pydantic import Field
 
+from tether.api.constants import LABEL_PRIORITY_CLASS, LABEL_QUEUE_NAME  # noqa: F401 - re-exported: the labels Kueue reads
 from tether.api.models import Condition, _Model
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
 KUEUE_API_VERSION = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 WORKLOAD_PLURAL = "workloads"
-LABEL_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
-LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
 LABEL_JOB_UID = "kueue.x-k8s.io/job-uid"
 # Copied onto the Workload as spec.maximumExecutionTimeSeconds (policies/workerrun-kueue-labels.yaml
 # checks it): past it, Kueue deactivates the Workload, and the run yields and waits, as a Job stays suspended.

@@ -12,30 +12,66 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from tether.api import constants as c
-from tether.api import kueue as k
+from tether.kueue import api as k
 from tether.api.conditions import get_condition, set_condition
-from tether.api.kueue import Workload
-from tether.api.models import AttemptAdmission, Phase, QueueStatus, WorkerRun
+from tether.kueue.api import Workload
+from tether.api.models import AttemptAdmission, Outcome, Phase, QueueStatus, WorkerRun
 from tether.core.classes import class_holds
-from tether.core.actions import (Action, AnswerBudgetCheck, Decision, DeleteWorkload, EnsureWorkload,
-                                 FinishWorkload, MarkPodsReady, ReleaseQuota, SetPriorityBoost, SetWorkloadActive,
-                                 UngateWorkload)
+from tether.core.actions import Confirm, Decision
+from tether.core.capability import Rules
 from tether.core.cleanup import pods_may_run
-from tether.core.enforcement import admission_refusal
+from tether.core.enforcement import Stop, admission_refusal
 from tether.core.execution import execution_digest, pinned_digest
 from tether.core.lifecycle import StatusBuilder
-from tether.core.observe import FlavorPlacement, Observed, current_lease
+from tether.core.observe import Observed, current_lease
 from tether.core.review import start_approved
+from tether.kueue.actions import (AnswerBudgetCheck, DeleteWorkload, EnsureWorkload, FinishWorkload, KueueConfirm,
+                                  MarkPodsReady, ReleaseQuota, SetPriorityBoost, SetWorkloadActive, UngateWorkload,
+                                  WorkloadAction)
 
+# A running queued run's priority boost rises by one each time the work since its last checkpoint
+# doubles, starting at this many seconds (priority_boost).
+BOOST_SECONDS = 60.0
 # The most Tether adds to a Workload's priority: it reorders runs of one priority, never runs whose
 # WorkloadPriorityClasses are further apart than this.
 MAX_BOOST = 10
 # A budget check answered Retry asks Kueue to try again after this long at most (sooner when the
 # budget's period rolls over): a raised limit is noticed within it.
 BUDGET_RETRY_SECONDS = 15
+
+
+@dataclass(frozen=True)
+class FlavorPlacement:
+    """What a Kueue ResourceFlavor asks of the pods admitted to it."""
+
+    node_labels: Mapping[str, str]
+    tolerations: tuple[Mapping[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class QueueSlice:
+    """Kueue's slice of a run's observation (Observed.part): its Workload as last seen (None: none
+    seen), whether this operator saw it deleted (not merely not listed yet), the ResourceFlavors
+    known by name, and the ClusterQueue its LocalQueue points at (None: unknown)."""
+
+    workload: Workload | None = None
+    workload_gone: bool = False
+    flavors: Mapping[str, FlavorPlacement] = field(default_factory=dict)
+    cluster_queue: str | None = None
+    boost_seconds: float = BOOST_SECONDS
+    # The AdmissionChecks (by name) whose controller is Tether's budget check.
+    budget_checks: frozenset[str] = frozenset()
+
+
+_NONE = QueueSlice()
+
+
+def slice_of(o: Observed) -> QueueSlice:
+    return o.part(QueueSlice) or _NONE
 
 
 def queue_name(run: WorkerRun) -> str | None:
@@ -110,7 +146,8 @@ def _queued(o: Observed, b: StatusBuilder, d: Decision, message: str) -> None:
     """Phase Queued, Admitted=False (reason Queued) saying where and why it waits; written only
     when that is news (admission, decided before this, may have set Admitted=True meanwhile)."""
     s, gen = b.status, b.generation
-    s.queue = QueueStatus(name=queue_name(o.run) or "", workload=workload_name(o.run), cluster_queue=o.cluster_queue)
+    s.queue = QueueStatus(name=queue_name(o.run) or "", workload=workload_name(o.run),
+                          cluster_queue=slice_of(o).cluster_queue)
     seen = get_condition(o.run.status.conditions, c.COND_ADMITTED)
     if s.phase == Phase.QUEUED and seen is not None and (seen.status, seen.reason, seen.message) == \
             ("False", c.REASON_QUEUED, message) and s.observed_generation == gen:
@@ -124,7 +161,8 @@ def _queued(o: Observed, b: StatusBuilder, d: Decision, message: str) -> None:
 
 def waiting_message(o: Observed, wl: Workload | None) -> str:
     """Where the run waits (its LocalQueue and the ClusterQueue behind it) and, from Kueue, why."""
-    where = f"LocalQueue {queue_name(o.run)}" + (f" (ClusterQueue {o.cluster_queue})" if o.cluster_queue else "")
+    cluster_queue = slice_of(o).cluster_queue
+    where = f"LocalQueue {queue_name(o.run)}" + (f" (ClusterQueue {cluster_queue})" if cluster_queue else "")
     if wl is None:
         return f"queued in {where}; its Workload is being created"
     pending = [f"{a.name} is {a.state}" + (f" ({a.message})" if a.message else "")
@@ -167,7 +205,7 @@ def held_back(o: Observed) -> str | None:
 def enter_queue(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     """A queued run takes its place in the queue before anything else may hold it back: its
     Workload is made first, gated by whatever holds the run now (a person, money)."""
-    if queue_name(o.run) is None or o.workload is not None:
+    if queue_name(o.run) is None or slice_of(o).workload is not None:
         return True
     gates = holding_gates(o)
     why = held_back(o) if not gates and o.approvals is not None else None
@@ -186,7 +224,7 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
     it), and records the admission the attempt will run under."""
     if queue_name(o.run) is None:
         return True
-    wl = o.workload
+    wl = slice_of(o).workload
     if wl is None:
         return False
     if evicted_and_reserved(wl):
@@ -216,7 +254,7 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
                          + (f"by Kueue ({why})" if why else "(spec.active is false)")
                          + "; Kueue admits it again only once spec.active is true")
         return False
-    admission = admission_of(wl, o.flavors) if admitted(wl) else None
+    admission = admission_of(wl, slice_of(o).flavors) if admitted(wl) else None
     if admission is None:
         if admitted(wl):
             d.wake(5.0)  # a flavor read failed or is not made yet: look again
@@ -232,6 +270,9 @@ def queue_allows(o: Observed, b: StatusBuilder, d: Decision) -> bool:
                          f"{', '.join(_busy(o))} of an earlier attempt to exit (the admission is for one pod)")
         return False
     b.admission = admission
+    # The grant rests on a fresh read of the Workload; a retry's also on none of the earlier
+    # attempts' pods still running (Kueue keeps its admission, for one pod, across retries).
+    b.rests_on = (KueueConfirm.ADMITTED, Confirm.PODS_GONE) if o.run.status.attempt >= 1 else (KueueConfirm.ADMITTED,)
     last = o.run.status.current()
     since = last.ended_at if last is not None else o.run.metadata.creation_timestamp
     if since is not None:
@@ -250,7 +291,7 @@ def evicted_and_reserved(wl: Workload) -> bool:
 def tell_kueue(o: Observed, d: Decision) -> None:
     """What Kueue hears of a queued run, on every pass whatever its phase (backoff, suspended,
     waiting for a person): one write per pass, each conditional on the Workload as seen."""
-    wl = o.workload
+    wl = slice_of(o).workload
     if wl is None or wl.is_true(k.WL_FINISHED) or any(isinstance(a, DeleteWorkload) for a in d.actions):
         return
     write = _workload_write(o, wl, d)
@@ -261,7 +302,7 @@ def tell_kueue(o: Observed, d: Decision) -> None:
         _keep_boost(o, wl, d, write is None)
 
 
-def _workload_write(o: Observed, wl: Workload, d: Decision) -> Action | None:
+def _workload_write(o: Observed, wl: Workload, d: Decision) -> WorkloadAction | None:
     """The run's end (Finished); that an evicted attempt is over (the quota released: the
     preemptor waits for it); its worker's first renewal (PodsReady); gates that no longer hold;
     Tether's budget check answered."""
@@ -338,7 +379,7 @@ def _budget_answer(o: Observed, wl: Workload) -> AnswerBudgetCheck | None:
     if not wl.is_true(k.WL_QUOTA_RESERVED) or wl.is_true(k.WL_EVICTED):
         return None
     for check in wl.status.admission_checks:
-        if check.name not in o.budget_checks:
+        if check.name not in slice_of(o).budget_checks:
             continue
         # Whatever holds the run back (money, a person, a suspension) would waste what Kueue reserved.
         why = held_back(o) if o.run.status.holder is None and o.approvals is not None else None
@@ -385,10 +426,72 @@ def _keep_boost(o: Observed, wl: Workload, d: Decision, may_write: bool) -> None
     """The boost, and a wake when it next steps up; written only when no other write is due this
     pass (they are all conditional on the same resourceVersion)."""
     at_risk = work_at_risk(o, wl)
-    boost = priority_boost(at_risk, o.boost_seconds) if at_risk is not None else 0
-    if at_risk is not None and boost < MAX_BOOST and o.boost_seconds > 0:
-        d.wake(max(0.05, o.boost_seconds * (2 ** (boost + 1) - 1) - at_risk + 0.01))
+    boost = priority_boost(at_risk, slice_of(o).boost_seconds) if at_risk is not None else 0
+    if at_risk is not None and boost < MAX_BOOST and slice_of(o).boost_seconds > 0:
+        d.wake(max(0.05, slice_of(o).boost_seconds * (2 ** (boost + 1) - 1) - at_risk + 0.01))
     want = str(boost) if boost else None
     if may_write and wl.metadata.annotations.get(k.ANN_PRIORITY_BOOST) != want:
         d.actions.append(SetPriorityBoost(name=wl.metadata.name, boost=boost or None,
                                           resource_version=wl.metadata.resource_version))
+
+
+def eviction(o: Observed) -> Stop | None:
+    """Kueue took back the admission the held attempt runs under: evicted now, or evicted since
+    the grant (the Workload's eviction count moved past the one the attempt records), or no
+    quota reserved any more. A Workload not seen at all says nothing (a cache that has not
+    listed it yet, after a restart): the attempt goes on; one seen deleted ends its admission."""
+    s, wl = o.run.status, slice_of(o).workload
+    cur = s.current()
+    if s.holder is None or cur is None or cur.admission is None:
+        return None
+    if wl is None:
+        # Seen deleted (a person, or a namespace's cleanup): its quota is free, so nothing may run.
+        return Stop(Outcome.PREEMPTED, "its Kueue Workload was deleted", eviction="WorkloadDeleted") \
+            if slice_of(o).workload_gone else None
+    evicted = wl.condition(k.WL_EVICTED)
+    if evicted is not None and evicted.status == "True":
+        return Stop(Outcome.PREEMPTED, f"evicted by Kueue ({evicted.reason}): {evicted.message or ''}".rstrip(": "),
+                    eviction=evicted.reason)
+    if wl.evictions > cur.admission.evictions or not wl.is_true(k.WL_QUOTA_RESERVED):
+        return Stop(Outcome.PREEMPTED, "evicted by Kueue: the admission it started under ended", eviction="Evicted")
+    return None
+
+
+def finish_deleted(o: Observed, d: Decision) -> bool:
+    """A deleted run's Workload (the run's own) and its quota would go with the run: it is told
+    Finished first, once no pod runs, confirmed by a fresh list (a cache after a restart may not
+    hold the pods yet). True while that holds the run's finalizer."""
+    wl = slice_of(o).workload
+    if wl is None or not wl.is_true(k.WL_QUOTA_RESERVED) or wl.is_true(k.WL_FINISHED):
+        return False
+    if not pods_may_run(o, d):
+        d.actions.append(FinishWorkload(name=wl.metadata.name, succeeded=o.run.status.phase == Phase.SUCCEEDED,
+                                        message="the WorkerRun was deleted",
+                                        resource_version=wl.metadata.resource_version))
+    return True
+
+
+class KueueRules(Rules):
+    """Queueing's say in the decision: a queued run takes its place in line first and starts only
+    under Kueue's admission; an eviction stops the held attempt; Kueue hears of every pass; a
+    deleted run's Workload is finished before the run goes."""
+
+    name = "kueue"
+
+    def enter(self, o: Observed, b: StatusBuilder, d: Decision) -> bool:
+        return enter_queue(o, b, d)
+
+    def admit(self, o: Observed, b: StatusBuilder, d: Decision) -> bool:
+        return queue_allows(o, b, d)
+
+    def stop(self, o: Observed) -> Stop | None:
+        return eviction(o)
+
+    def after(self, o: Observed, d: Decision) -> None:
+        tell_kueue(o, d)
+
+    def deleting(self, o: Observed, d: Decision) -> bool:
+        return finish_deleted(o, d)
+
+
+RULES = KueueRules()

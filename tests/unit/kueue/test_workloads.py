@@ -1,4 +1,4 @@
-"""The Workload of a queued run and the writes Kueue expects on it (kube.workloads): what goes into
+"""The Workload of a queued run and the writes Kueue expects on it (kueue.workloads): what goes into
 the Workload from the run's labels, and what a quota release leaves for Kueue's own bookkeeping."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from tether.api.kueue import LABEL_MAX_EXEC_TIME, max_exec_seconds
+from tether.kueue.api import LABEL_MAX_EXEC_TIME, max_exec_seconds
 from tests.unit.core.test_decide import T0, run
-from tests.unit.core.test_queueing import ADMISSION, QUEUE, cond
-from tether.kube.workloads import released_status, workload_body
+from tests.unit.kueue.test_decide import ADMISSION, QUEUE, cond
+from tether.kueue.workloads import released_status, workload_body
 
 
 @pytest.mark.parametrize(("value", "seconds"), [

@@ -15,7 +15,7 @@ import copy
 import datetime as dt
 from typing import Any
 
-from tether.api import kueue as k
+from tether.kueue import api as k
 from tether.api.models import WorkerRun
 from tether.kube.resources import owner_ref
 from tether.protocol import parse_time, rfc3339
@@ -91,7 +91,7 @@ def _set(conditions: list[dict[str, Any]], new: dict[str, Any]) -> list[dict[str
 def pods_ready_status(workload: dict[str, Any], ready: bool, reason: str, message: str,
                       now: dt.datetime) -> dict[str, Any]:
     """What `kueue-job-controller-PodsReady` applies: the one condition it owns, with the job
-    framework's reason (see api.kueue's PODS_* reasons)."""
+    framework's reason (see kueue.api's PODS_* reasons)."""
     gen = int(workload["metadata"].get("generation") or 1)
     return {"conditions": [_condition(k.WL_PODS_READY, "True" if ready else "False", reason, message, gen, now)]}
 

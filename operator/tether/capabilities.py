@@ -1,0 +1,11 @@
+"""The capabilities the operator runs with (controller.capability): each is one package, and
+registered here by one line. Without a line, the operator runs as if its capability did not exist."""
+
+from __future__ import annotations
+
+from tether.controller.capability import Capability
+from tether.kueue.capability import CAPABILITY as KUEUE
+
+CAPABILITIES: tuple[Capability, ...] = (
+    KUEUE,  # queueing through Kueue: tether/kueue
+)
