@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import types
+from typing import Any
 
 import pytest
 from importlib.metadata import version
@@ -34,7 +35,7 @@ def test_build_info_says_which_tether_runs() -> None:
 
 def test_runs_are_counted_by_namespace_phase_and_class() -> None:
     ctl = RunController(types.SimpleNamespace(health=ApiHealth()))  # type: ignore[arg-type]  # no I/O here
-    ctl.cache.runs.update({
+    _hold(ctl, {
         ("a", "r1"): {"metadata": {"name": "r1", "namespace": "a", "uid": "1"}, "status": {"phase": "Running"}},
         ("a", "r2"): {"metadata": {"name": "r2", "namespace": "a", "uid": "2"}, "status": {"phase": "Running"}},
         ("b", "r1"): {"metadata": {"name": "r1", "namespace": "b", "uid": "3"}, "status": {}},
@@ -80,7 +81,7 @@ def _scrape_with(ctl: RunController) -> str:
 
 def test_budgets_export_spent_and_limit_of_what_they_limit() -> None:
     ctl = RunController(types.SimpleNamespace(health=ApiHealth()))  # type: ignore[arg-type]
-    ctl.budgets.cache.update({
+    _hold_budgets(ctl, {
         ("a", "capped"): {"spec": {"limitCents": 500, "limitTokens": 10000},
                           "status": {"spent": {"cents": 450, "tokens": 20}}},
         ("b", "tokens-only"): {"spec": {"limitTokens": 7}, "status": {}},
@@ -99,7 +100,7 @@ def test_pending_approvals_by_namespace_and_gate_with_the_oldest_wait() -> None:
         return {"metadata": {"name": name, "namespace": ns, "uid": name},
                 "status": {"review": {"requests": list(requests)}}}
     ctl = RunController(types.SimpleNamespace(health=ApiHealth()))  # type: ignore[arg-type]
-    ctl.cache.runs.update({
+    _hold(ctl, {
         ("a", "r1"): run("a", "r1", {"gate": "Start", "requestedAt": "2030-01-01T00:00:10Z"}),
         ("a", "r2"): run("a", "r2", {"gate": "Start", "requestedAt": "2030-01-01T00:00:00Z"},
                          {"gate": "deploy", "attempt": 1, "requestedAt": "2030-01-01T00:01:00Z"}),
@@ -200,3 +201,14 @@ def test_tether_leader_is_1_only_while_leading(monkeypatch: pytest.MonkeyPatch) 
                                                              "stopped": 0.0}
     # Without an election the one replica leads from the start.
     assert _run_operator(monkeypatch, leader_elect=False) == {"serving": 1.0, "leading": 1.0, "stopped": 0.0}
+
+
+def _hold(ctl: RunController, runs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Runs held in the controller's store, as if the watch had brought them."""
+    for key, body in runs.items():
+        ctl.cache.runs.store(key, body)
+
+
+def _hold_budgets(ctl: RunController, budgets: dict[tuple[str, str], dict[str, Any]]) -> None:
+    for key, body in budgets.items():
+        ctl.budgets.cache.store(key, body)

@@ -17,7 +17,7 @@ from tether.core import budget as budgets
 from tether.core.decide import BudgetObservation
 from tether.controller.errors import NotLeader
 from tether.controller.leader import Leadership
-from tether.controller.stamps import Stamps
+from tether.controller.store import Store
 from tether.kube.client import Conflict, KubeClient, NotFound
 
 BudgetKey = tuple[str, str]  # (namespace, name)
@@ -37,8 +37,8 @@ class BudgetBook:
         self.kube = kube
         self.now = now
         self.leadership = leadership or Leadership()
-        self.cache: dict[BudgetKey, dict[str, Any]] = {}
-        self.stamps = Stamps(time.monotonic)  # when each cached budget changed: stamps.py
+        self.cache: Store[BudgetKey] = Store(time.monotonic)
+        self.stamps = self.cache.stamps  # when each cached budget changed: stamps.py
         # The validated model of each cached body, by resourceVersion: a budget shared by
         # thousands of runs is parsed once per change, not once per reconcile.
         self._models: dict[BudgetKey, tuple[str, WorkerBudget]] = {}
@@ -53,27 +53,25 @@ class BudgetBook:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
-            self._drop(key)
+            self.cache.remove(key)
+            self._models.pop(key, None)
             return key, False
-        self.cache[key] = body
-        self.stamps.stamp(key)
-        try:
-            return key, budgets.needs_refresh(self._model(key, body), self.now())
-        except ValidationError:
-            return key, True  # the refresh reads it again and says what is wrong
+        self.cache.store(key, body)
+        return key, self._due(key, body)
 
-    def _drop(self, key: BudgetKey) -> None:
-        self.cache.pop(key, None)
-        self._models.pop(key, None)
-        self.stamps.drop(key)
+    def _due(self, key: BudgetKey, body: dict[str, Any]) -> bool:
+        try:
+            return budgets.needs_refresh(self._model(key, body), self.now())
+        except ValidationError:
+            return True  # the refresh reads it again and says what is wrong
 
     def read(self, key: BudgetKey, body: dict[str, Any] | None, mark: int) -> dict[str, Any] | None:
         """Our own GET's answer (`mark` taken before it was sent), kept unless the watch stored or
         removed the budget since: then what the watch says stands. Returns what is cached now."""
-        if self.stamps.before(key, mark):
+        if self.cache.read(key, body, mark):
             if body is None:
-                self._drop(key)
-            elif self.on_event("MODIFIED", body)[1]:
+                self._models.pop(key, None)
+            elif self._due(key, body):
                 self.wake_refresh(key)
         return self.cache.get(key)
 
@@ -125,9 +123,7 @@ class BudgetBook:
         """Caches our write's answer only while the cache still holds a version it replaced (in
         `over`): an event that arrived during the write (a newer write, the deletion, a namesake
         re-created) stays, and the watch brings our write in its turn."""
-        cached = self.cache.get(key)
-        if cached is not None and cached["metadata"].get("resourceVersion") in over:
-            self.cache[key] = written
+        self.cache.written(key, written, *over)
 
     def _model(self, key: BudgetKey, body: dict[str, Any]) -> WorkerBudget:
         rv = body["metadata"].get("resourceVersion", "")

@@ -1,6 +1,7 @@
 """Everything the operator keeps in memory of the cluster, in one object with one forget().
 
-Runs, pods and tombstones by run key; Lease observations, tool-claim bookkeeping and progress
+Runs and pods in stores (store.py: the newer-than rules and the indexes, runs by budget and
+pods by run); tombstones by run key; Lease observations, tool-claim bookkeeping and progress
 holds by run UID (a namesake re-created under the same key starts afresh); namespaces being
 deleted. Watch events and the answers to the operator's own reads and writes update it; the
 reconciler reads one Snapshot of it per pass. It decides nothing and wakes nothing (wakes.py).
@@ -18,10 +19,15 @@ from tether.api.models import Phase, WorkerRun
 from tether.controller.classes import ClassBook
 from tether.controller.leases import LeaseTracker
 from tether.controller.stamps import Stamps
+from tether.controller.store import Store
 from tether.controller.snapshot import Snapshot, foreign_pod, lean_pod, lean_run, pod_observation
 from tether.controller.views import BudgetKey, PodView, RunKey, RunView
 from tether.core.actions import UsageAlarm
 from tether.core.observe import ForeignPod, PodRefusal
+
+
+# The stores' indexes: runs by the budget they draw on, pods by the run name they are labelled for.
+BUDGET, RUN = "budget", "run"
 
 
 @dataclass(frozen=True)
@@ -47,16 +53,18 @@ class Tombstone:
 class RunCache:
     def __init__(self, now: Callable[[], dt.datetime], mono: Callable[[], float]) -> None:
         self.now, self.mono = now, mono
-        self.runs: dict[RunKey, dict[str, Any]] = {}
-        self.pods: dict[RunKey, dict[str, dict[str, Any]]] = {}
-        self.stamps = Stamps(mono)  # runs by key, pods by (key, name): stamps.py
+        self.stamps = Stamps(mono)  # runs by key, pods by (key, name): one order for both (stamps.py)
+        self.runs: Store[RunKey] = Store(mono, keep=lean_run, stamps=self.stamps,
+                                         indexes={BUDGET: lambda body: RunView(body).budget})
+        self.pods: Store[tuple[RunKey, str]] = Store(mono, keep=lean_pod, stamps=self.stamps,
+                                                     indexes={RUN: lambda body: PodView(body).run_key})
         self.leases = LeaseTracker()  # keyed by the owning run's UID
         self.classes = ClassBook()  # the WorkerClasses, by name
         # Pods that were deleted, by (run key, name). A namesake's pod can still act for a few
         # seconds after it is gone (see foreign_pod), and a late answer about it must not revive it.
         self.tombstones: dict[tuple[RunKey, str], Tombstone] = {}
-        self.budget_runs: dict[BudgetKey, set[RunKey]] = {}  # the runs that draw on each budget
-        self.alarms: dict[RunKey, UsageAlarm] = {}  # usage at which a held run must be decided at once
+        # Decision state, not the cluster's: the usage at which a held run must be decided at once.
+        self.alarms: dict[RunKey, UsageAlarm] = {}
         # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
         self.tool_claims_cleared: dict[str, int] = {}
         # Run UID -> the API server's last refusal of one of its attempts' pods (decide ends that attempt).
@@ -65,6 +73,14 @@ class RunCache:
         self.progress_held_at: dict[str, float] = {}
         self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen being deleted
         self._overdue_counted: tuple[float | None, tuple[int, int]] = (None, (0, 0))
+
+    def budget_runs(self, budget: BudgetKey) -> frozenset[RunKey]:
+        """The runs that draw on a budget."""
+        return self.runs.by(BUDGET, budget)
+
+    def pods_of(self, key: RunKey) -> dict[str, dict[str, Any]]:
+        """The pods labelled for a run's name (its own and a deleted namesake's), by name."""
+        return {name: self.pods[(k, name)] for k, name in self.pods.by(RUN, key)}
 
     def run(self, key: RunKey) -> RunView | None:
         body = self.runs.get(key)
@@ -92,20 +108,17 @@ class RunCache:
             new_spec = new.generation != cached.generation
             if new.uid != cached.uid:
                 replaced = cached.uid
-                self.budget_runs.get(cached.budget, set()).discard(new.key)
                 self.alarms.pop(new.key, None)
                 self.forget(cached.uid)
             elif cached.suspended and not new.suspended:
                 self.progress_held_at[new.uid] = self.mono()  # resumed: the progress clock starts now
-        self._store(new.key, body)
+        self.runs.store(new.key, body)
         return RunStored(True, new_spec, replaced)
 
     def written_run(self, snap: Snapshot, written: dict[str, Any]) -> Snapshot:
         """Our write succeeded against the snapshot, so nothing came between the two: cache the
         answer unless the watch already brought it (or something newer), and decide on from it."""
-        cached = self.run(snap.key)
-        if cached is not None and cached.resource_version == snap.resource_version:
-            self._store(snap.key, written)  # (never re-adds a run whose deletion was seen meanwhile)
+        self.runs.written(snap.key, written, snap.resource_version)
         effective, run_class = self.classes.effective(written)
         return Snapshot(key=snap.key, body=written, run=WorkerRun.model_validate(effective), lease=snap.lease,
                         pods=snap.pods, foreign_pods=snap.foreign_pods, lease_read=snap.lease_read, run_class=run_class)
@@ -115,16 +128,9 @@ class RunCache:
         gone = RunView(body)
         cached = self.run(gone.key)
         if cached is not None and cached.uid == gone.uid:
-            del self.runs[gone.key]
-            self.stamps.drop(gone.key)
-            self.budget_runs.get(cached.budget, set()).discard(gone.key)
+            self.runs.remove(gone.key)
             self.alarms.pop(gone.key, None)
         self.forget(gone.uid)
-
-    def _store(self, key: RunKey, body: dict[str, Any]) -> None:
-        self.runs[key] = lean_run(body)
-        self.stamps.stamp(key)
-        self.budget_runs.setdefault(RunView(body).budget, set()).add(key)
 
     # --- pods ------------------------------------------------------------------
 
@@ -133,10 +139,7 @@ class RunCache:
         pod = PodView(body)
         key = pod.run_key
         assert key is not None
-        pods = self.pods.setdefault(key, {})
-        before = pods.get(pod.name)
-        pods[pod.name] = lean_pod(body)
-        self.stamps.stamp((key, pod.name))
+        before = self.pods.store((key, pod.name), body)
         return before is None or pod_observation(before) != pod_observation(body)
 
     def drop_pod(self, body: dict[str, Any]) -> None:
@@ -144,7 +147,7 @@ class RunCache:
         pod = PodView(body)
         key = pod.run_key
         assert key is not None
-        self._remove_pod(key, pod.name)
+        self.pods.remove((key, pod.name))
         self._bury(key, body)
 
     def _bury(self, key: RunKey, body: dict[str, Any]) -> None:
@@ -162,8 +165,7 @@ class RunCache:
             if tomb is None or tomb.pod_uid != PodView(body).uid:
                 self.put_pod(body)
             return
-        cached = self.pods.get(key, {}).get(name)
-        self._remove_pod(key, name)
+        cached = self.pods.remove((key, name))
         if cached is not None and tomb is None:
             self._bury(key, cached)  # gone: its name stays taken while its token may be accepted
 
@@ -183,25 +185,18 @@ class RunCache:
         return body if body is not None and self.stamps.before(key, mark) else None
 
     def pods_cached_before(self, key: RunKey, mark: int) -> list[dict[str, Any]]:
-        return [b for name, b in self.pods.get(key, {}).items() if self.stamps.before((key, name), mark)]
+        return [b for name, b in self.pods_of(key).items() if self.stamps.before((key, name), mark)]
 
     def pod_uid(self, key: RunKey, name: str) -> str | None:
-        cached = self.pods.get(key, {}).get(name)
+        cached = self.pods.get((key, name))
         return PodView(cached).uid if cached is not None else None
-
-    def _remove_pod(self, key: RunKey, name: str) -> None:
-        pods = self.pods.get(key, {})
-        pods.pop(name, None)
-        self.stamps.drop((key, name))
-        if not pods:
-            self.pods.pop(key, None)
 
     def strays(self, key: RunKey) -> list[PodView]:
         """Pods labelled for this run name that another (deleted) run controls and that still need
         Tether: a pod already deleting without Tether's finalizer is the kubelet's business."""
         run = self.run(key)
         uid = run.uid if run is not None else None
-        return [p for p in map(PodView, self.pods.get(key, {}).values())
+        return [p for p in map(PodView, self.pods_of(key).values())
                 if p.controller_uid not in (None, uid) and (not p.deleting or p.held_by_tether)]
 
     # --- by UID ------------------------------------------------------------------
@@ -215,8 +210,12 @@ class RunCache:
 
     def forget_key(self, key: RunKey) -> None:
         """Nothing is left under the key (no run, no pods): drop its per-key bookkeeping."""
-        if key not in self.runs and key not in self.pods:
+        if not self.holds(key):
             self.alarms.pop(key, None)
+
+    def holds(self, key: RunKey) -> bool:
+        """A run or a pod labelled for it is held under the key."""
+        return key in self.runs or bool(self.pods.by(RUN, key))
 
     # --- reads ---------------------------------------------------------------------
 
@@ -227,7 +226,7 @@ class RunCache:
         effective, run_class = self.classes.effective(body)
         run = WorkerRun.model_validate(effective)
         uid = run.metadata.uid
-        live = self.pods.get(key, {})
+        live = self.pods_of(key)
         mine = {n: b for n, b in live.items() if protocol.controller_uid(b) == uid}
         pods = tuple(p for p in map(pod_observation, mine.values()) if p is not None)
         foreign = tuple(foreign_pod(b) for n, b in live.items() if n not in mine) + tuple(

@@ -122,7 +122,7 @@ class Confirmer:
         """A deleted namesake's pod of the holder's name that the pod watch has not delivered
         (after a restart the run may be listed first): its worker would take the grant."""
         holder = _grant(this.decision).status.holder
-        if not holder or holder in self.cache.pods.get(snap.key, {}):
+        if not holder or (snap.key, holder) in self.cache.pods:
             return snap
         ns = snap.run.metadata.namespace
         mark = self.cache.stamps.mark()

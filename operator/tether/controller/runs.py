@@ -65,7 +65,7 @@ class RunReconciler:
 
     def exists(self, key: RunKey) -> bool:
         self.cache.forget_key(key)
-        return key in self.cache.runs or key in self.cache.pods
+        return self.cache.holds(key)
 
     async def reconcile(self, key: RunKey) -> Result:
         # Ended on every path: a result, a retry the loop schedules (Again...), an error, a cancel.

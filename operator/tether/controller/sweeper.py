@@ -113,7 +113,7 @@ class NamespaceSweeper:
             if self.cache.pod_read_current(body, cached):
                 self.feed("pod", "MODIFIED", body)
         listed = {PodView(p).name for p in pods}
-        for body in [b for key in list(self.cache.pods) if key[0] == ns
+        for body in [b for key in {run_key for run_key, _ in self.cache.pods} if key[0] == ns
                      for b in self.cache.pods_cached_before(key, cached) if PodView(b).name not in listed]:
             self.feed("pod", "DELETED", body)
         listed = {b["metadata"]["name"] for b in budgets}

@@ -132,7 +132,7 @@ class Observers:
         # new limit or period, or the budget running out or coming back, concerns all its runs.
         # Held runs see the spending of others at their own next pass (at most a fold interval).
         everyone = event_type == "DELETED" or before is None or BudgetView(before).gate != BudgetView(body).gate
-        runs = [k for k in list(self.cache.budget_runs.get(key, ()))
+        runs = [k for k in self.cache.budget_runs(key)
                 if (run := self.cache.run(k)) is not None and (everyone or run.holder is None)]
         return BudgetChange(key, runs, due)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from typing import Any, Awaitable, Callable
 
 from pydantic import ValidationError
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 from tether.api.models import WorkerRun
 from tether.controller.errors import Again, NotLeader, SpecError
 from tether.controller.snapshot import Snapshot
+from tether.controller.store import Store
 from tether.controller.views import RunKey
 from tether.core.execution import execution_digest
 from tether.kube.client import ApiError, Conflict, KubeClient, NotFound
@@ -39,7 +41,7 @@ def workload_path(ns: str, name: str = "") -> str:
 class QueueBook:
     def __init__(self, kube: KubeClient, now: Callable[[], dt.datetime], boost_seconds: float = BOOST_SECONDS) -> None:
         self.kube, self.now, self.boost_seconds = kube, now, boost_seconds
-        self.workloads: dict[tuple[str, str], dict[str, Any]] = {}  # by (namespace, Workload name)
+        self.workloads: Store[tuple[str, str]] = Store(time.monotonic)  # by (namespace, Workload name)
         self.deleted: set[tuple[str, str]] = set()  # Workloads seen deleted (and not made again since)
         self.local_queues: dict[tuple[str, str], str] = {}  # (namespace, LocalQueue) -> ClusterQueue
         self.budget_checks: frozenset[str] = frozenset()  # AdmissionChecks of Tether's budget controller
@@ -59,10 +61,9 @@ class QueueBook:
         current = self.workloads.get(key)
         if event_type == "DELETED":
             if current is None or current["metadata"].get("uid") == meta.get("uid"):
-                self.workloads.pop(key, None)
+                self.workloads.remove(key)
                 self.deleted.add(key)
-        elif current is None or _newer(body, current):
-            self.workloads[key] = body
+        elif self.workloads.put(key, body):
             self.deleted.discard(key)
         return (meta["namespace"], owner["name"])
 
@@ -302,13 +303,3 @@ def _flavor(body: dict[str, Any]) -> FlavorPlacement | None:
         log.warning("unreadable ResourceFlavor ignored", extra={"event": "flavor_unreadable"})
         return None
     return FlavorPlacement(node_labels=dict(flavor.spec.node_labels), tolerations=tuple(flavor.spec.tolerations))
-
-
-def _newer(body: dict[str, Any], current: dict[str, Any]) -> bool:
-    """A different object (a new UID), or the same one at a later resourceVersion."""
-    if body["metadata"].get("uid") != current["metadata"].get("uid"):
-        return True
-    try:
-        return int(body["metadata"]["resourceVersion"]) >= int(current["metadata"]["resourceVersion"])
-    except (KeyError, ValueError):
-        return True

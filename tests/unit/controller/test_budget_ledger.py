@@ -264,7 +264,7 @@ def test_a_write_answered_after_a_newer_event_does_not_roll_the_cache_back() -> 
     our answer would hide the newer budget from every observation until its next change."""
     kube = _Racing(charges={}, spent=0)
     book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
-    book.cache[("ns", "team")] = kube.body
+    book.cache.store(("ns", "team"), kube.body)
 
     def other_replica(k: _Racing) -> None:
         theirs = WorkerBudget.model_validate(k.body)
@@ -280,7 +280,7 @@ def test_a_write_answered_after_a_newer_event_does_not_roll_the_cache_back() -> 
 def test_a_write_answered_after_the_budget_was_recreated_does_not_bring_the_old_one_back() -> None:
     kube = _Racing(charges={}, spent=0)
     book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
-    book.cache[("ns", "team")] = kube.body
+    book.cache.store(("ns", "team"), kube.body)
 
     def recreated(k: _Racing) -> None:
         old = k.body
@@ -297,7 +297,7 @@ def test_a_write_answered_after_the_budget_was_recreated_does_not_bring_the_old_
 def test_a_refresh_answered_after_the_budget_was_deleted_or_changed_does_not_roll_the_cache_back(deleted: bool) -> None:
     kube = _Racing(charges={}, spent=0)  # never refreshed: remaining is missing
     book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
-    book.cache[("ns", "team")] = kube.body
+    book.cache.store(("ns", "team"), kube.body)
 
     def moved(k: _Racing) -> None:
         if deleted:

@@ -76,7 +76,7 @@ def test_a_run_that_notices_the_period_rolled_over_gets_the_budget_refreshed() -
         kube = _Kube(_budget("5", period_start=YESTERDAY))
         ctl = RunController(kube, clock=Clock(now=lambda: NOW))  # type: ignore[arg-type]
         refresh = ctl.manager.queues()[budget_refresh.NAME]
-        ctl.budgets.cache[("ns", "team")] = copy.deepcopy(kube.body)  # cached, not via an event
+        ctl.budgets.cache.store(("ns", "team"), copy.deepcopy(kube.body))  # cached, not via an event
         assert len(refresh) == 0
         await ctl.budgets.observe(_run(), NOW)
         assert list(refresh._queue) == [("ns", "team")], "the run's observe did not wake the refresh"

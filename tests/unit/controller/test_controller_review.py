@@ -91,7 +91,7 @@ def test_a_late_answer_never_revives_a_pod_the_watch_saw_deleted() -> None:
     ctl.on_pod("ADDED", pod)
     ctl.on_pod("DELETED", pod)  # the watch: gone
     ctl.cache.pod_written(KEY, "job-a1", pod)  # then the answer to our finalizer removal
-    assert KEY not in ctl.cache.pods and not ctl.reconciler.exists(KEY)
+    assert not ctl.cache.pods_of(KEY) and not ctl.reconciler.exists(KEY)
 
 
 def test_a_pod_gone_by_our_own_write_keeps_its_name_taken() -> None:

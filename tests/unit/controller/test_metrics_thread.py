@@ -24,13 +24,13 @@ def _run(i: int) -> dict[str, Any]:
 def meddling_collector() -> Any:
     """Every collection adds a run: what the loop's thread may do while the scrape is inside one."""
     ctl = RunController(types.SimpleNamespace())  # type: ignore[arg-type]  # no I/O here
-    ctl.cache.runs.update({("ns", f"r{i}"): _run(i) for i in range(200)})
+    _hold(ctl, {("ns", f"r{i}"): _run(i) for i in range(200)})
     added = iter(range(200, 10**6))
 
     def meddle(phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             i = next(added)
-            ctl.cache.runs[("ns", f"r{i}")] = _run(i)
+            ctl.cache.runs.store(("ns", f"r{i}"), _run(i))
 
     thresholds = gc.get_threshold()
     gc.callbacks.append(meddle)
@@ -50,3 +50,9 @@ def test_the_scrape_reads_survive_a_dict_changing_under_them(meddling_collector:
     assert len(ctl.cache.runs) > before  # the collections did run, and changed the dict meanwhile
     assert counts["ns", "Running", ""] >= before
     assert ages == []  # no Lease observed for any of them
+
+
+def _hold(ctl: RunController, runs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Runs held in the controller's store, as if the watch had brought them."""
+    for key, body in runs.items():
+        ctl.cache.runs.store(key, body)

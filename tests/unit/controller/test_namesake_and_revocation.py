@@ -133,7 +133,7 @@ def test_a_namesakes_pod_the_watch_has_not_delivered_holds_the_grant() -> None:
     kube, ctl = asyncio.run(go())
     # No Lease, no pod: only the status that says why the run waits (pod not deleted, then terminating).
     assert kube.calls == ["get_pod job-a1", "status", "delete_pod job-a1", "status"], kube.calls
-    assert "job-a1" in ctl.cache.pods[("ns", "job")]
+    assert "job-a1" in ctl.cache.pods_of(("ns", "job"))
 
 
 def test_a_deleted_namesakes_pod_holds_the_grant_for_the_token_cache_after_it_is_gone() -> None:
@@ -193,7 +193,7 @@ def test_a_report_is_folded_within_a_fold_interval_but_never_cuts_an_error_backo
     async def go() -> tuple[float, float, float]:
         ctl = RunController(types.SimpleNamespace(), clock=Clock(now=lambda: T0), fold_interval=10.0)  # type: ignore[arg-type]
         key = ("ns", "job")
-        ctl.cache.runs[key] = _new_run()
+        ctl.cache.runs.store(key, _new_run())
         ctl.on_lease("MODIFIED", _lease('{"cents":1,"tokens":1}', "1"))
         ctl.on_lease("MODIFIED", _lease('{"cents":1,"tokens":1}', "2"))  # the first renewal
         ctl.queue._timers.clear()
@@ -321,8 +321,8 @@ def test_the_books_close_only_against_a_fresh_lease_and_budget() -> None:
         settled = ctl.cache.runs[("ns", "job")]["status"]
         assert settled["usage"]["cents"] == 10 and not settled.get("budgetCharged")
         # The run is charged in full and released; then a stale budget event brings the mark back.
-        ctl.cache.runs[("ns", "job")] = {**ctl.cache.runs[("ns", "job")], "status": {
-            **settled, "budgetCharged": True, "charged": {"cents": 10, "tokens": 0}}}
+        ctl.cache.runs.store(("ns", "job"), {**ctl.cache.runs[("ns", "job")], "status": {
+            **settled, "budgetCharged": True, "charged": {"cents": 10, "tokens": 0}}})
         budget["status"] = {"spent": {"cents": 10, "tokens": 0}, "charges": {"run-NEW": {"run": "job", "cents": 10}}}
         ctl.on_budget("MODIFIED", {**budget, "metadata": {**budget["metadata"], "resourceVersion": "5"},
                                    "status": {"spent": {"cents": 10, "tokens": 0}, "charges": {}}})

@@ -84,7 +84,7 @@ def test_a_sweep_relist_drops_only_what_was_cached_before_it_listed() -> None:
         await sweep._relist_now("ns")
 
     asyncio.run(go())
-    assert cache.run(KEY) is not None and "job-a1" in cache.pods.get(KEY, {}), fed
+    assert cache.run(KEY) is not None and "job-a1" in cache.pods_of(KEY), fed
 
 
 # --- found by a review of the first fix: the same class at every read ------------------
@@ -225,7 +225,7 @@ def test_sweeper_relist_revives_a_pod_the_watch_saw_deleted() -> None:
         sw = sweeper.NamespaceSweeper(K(), cache, BudgetBook(K(), lambda: T0), feed, lambda ns: None)  # type: ignore[arg-type]
         await sw._relist_now("ns")
     asyncio.run(go())
-    assert "job-a1" not in cache.pods.get(KEY, {})
+    assert "job-a1" not in cache.pods_of(KEY)
 
 
 def test_sweeper_started_for_a_namespace_that_is_not_being_deleted_drops_its_runs() -> None:

@@ -1,0 +1,62 @@
+"""The one store type (controller.store): a watch event is kept only when newer, a read's answer
+neither overwrites nor revives what the watch brought meanwhile, our own write's answer is kept
+only over the version it replaced, and the named indexes follow every change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether.controller.store import Store
+
+
+def _obj(name: str, rv: str, uid: str = "u", group: str | None = "g") -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": uid, "resourceVersion": rv}, "group": group}
+
+
+def _store() -> Store[str]:
+    return Store(lambda: 0.0, indexes={"group": lambda body: body["group"]})
+
+
+def test_a_watch_event_is_kept_only_when_not_older() -> None:
+    s = _store()
+    assert s.put("a", _obj("a", "5"))
+    assert not s.put("a", _obj("a", "4"))  # an older event after a newer one (a relist's)
+    assert s["a"]["metadata"]["resourceVersion"] == "5"
+    assert s.put("a", _obj("a", "3", uid="namesake"))  # another object of the name
+    assert s["a"]["metadata"]["uid"] == "namesake"
+
+
+def test_a_reads_answer_yields_to_what_the_watch_did_since_it_was_sent() -> None:
+    s = _store()
+    s.put("a", _obj("a", "5"))
+    mark = s.stamps.mark()
+    s.put("a", _obj("a", "6"))  # the watch, while the read was on its way
+    assert not s.read("a", _obj("a", "5"), mark) and s["a"]["metadata"]["resourceVersion"] == "6"
+    assert not s.read("a", None, mark) and "a" in s  # a 404 sent before does not drop it
+    mark = s.stamps.mark()
+    s.remove("a")  # deleted by the watch: a late answer never revives it
+    assert not s.read("a", _obj("a", "6"), mark) and "a" not in s
+    mark = s.stamps.mark()
+    assert s.read("b", _obj("b", "1"), mark) and s.read("b", None, s.stamps.mark()) and "b" not in s
+
+
+def test_our_writes_answer_is_kept_only_over_the_version_it_replaced() -> None:
+    s = _store()
+    s.put("a", _obj("a", "5"))
+    assert s.written("a", _obj("a", "7"), "5") and s["a"]["metadata"]["resourceVersion"] == "7"
+    s.put("a", _obj("a", "9"))  # another writer's, brought by the watch before our next answer
+    assert not s.written("a", _obj("a", "8"), "7") and s["a"]["metadata"]["resourceVersion"] == "9"
+    s.remove("a")
+    assert not s.written("a", _obj("a", "10"), "9") and "a" not in s  # a deletion seen is never undone
+
+
+def test_indexes_follow_every_change() -> None:
+    s = _store()
+    s.put("a", _obj("a", "1", group="x"))
+    s.put("b", _obj("b", "1", group="x"))
+    assert s.by("group", "x") == {"a", "b"}
+    s.put("a", _obj("a", "2", group="y"))
+    assert (s.by("group", "x"), s.by("group", "y")) == ({"b"}, {"a"})
+    s.remove("b")
+    s.put("c", _obj("c", "1", group=None))  # indexed under nothing
+    assert s.by("group", "x") == frozenset() and len(s) == 2 and s.copy().keys() == {"a", "c"}
