@@ -23,6 +23,7 @@ from tether.controller.store import Store
 from tether.controller.snapshot import Snapshot, foreign_pod, lean_pod, lean_run, pod_observation
 from tether.controller.views import BudgetKey, PodView, RunKey, RunView
 from tether.core.actions import UsageAlarm
+from tether.core.classes import ClassResolution
 from tether.core.observe import ForeignPod, PodRefusal
 
 
@@ -39,6 +40,14 @@ class RunStored:
     # The UID of a run it replaced under the same key without a DELETED event (a relist after a
     # watch gap): that run was deleted, and what is kept of it must go, its pods released.
     replaced: str | None = None
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    held: dict[str, Any]  # the body the store holds (the same object: nothing replaced it since)
+    classes: int  # ClassBook.generation when it was parsed
+    run: WorkerRun
+    run_class: ClassResolution | None
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,8 @@ class RunCache:
         self.progress_held_at: dict[str, float] = {}
         self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen being deleted
         self._overdue_counted: tuple[float | None, tuple[int, int]] = (None, (0, 0))
+        # Our last write's answer of each run, parsed, until the next pass takes it (_parse).
+        self._parsed: dict[RunKey, _Parsed] = {}
 
     def budget_runs(self, budget: BudgetKey) -> frozenset[RunKey]:
         """The runs that draw on a budget."""
@@ -118,9 +129,11 @@ class RunCache:
     def written_run(self, snap: Snapshot, written: dict[str, Any]) -> Snapshot:
         """Our write succeeded against the snapshot, so nothing came between the two: cache the
         answer unless the watch already brought it (or something newer), and decide on from it."""
-        self.runs.written(snap.key, written, snap.resource_version)
-        effective, run_class = self.classes.effective(written)
-        return Snapshot(key=snap.key, body=written, run=WorkerRun.model_validate(effective), lease=snap.lease,
+        run, run_class = self.classes.run_of(written)
+        if self.runs.written(snap.key, written, snap.resource_version):
+            # The pass that follows a write decides from this resourceVersion: parsed once.
+            self._parsed[snap.key] = _Parsed(self.runs[snap.key], self.classes.generation, run, run_class)
+        return Snapshot(key=snap.key, body=written, run=run, lease=snap.lease,
                         pods=snap.pods, foreign_pods=snap.foreign_pods, lease_read=snap.lease_read, run_class=run_class)
 
     def drop_run(self, body: dict[str, Any]) -> None:
@@ -130,6 +143,7 @@ class RunCache:
         if cached is not None and cached.uid == gone.uid:
             self.runs.remove(gone.key)
             self.alarms.pop(gone.key, None)
+            self._parsed.pop(gone.key, None)
         self.forget(gone.uid)
 
     # --- pods ------------------------------------------------------------------
@@ -223,8 +237,7 @@ class RunCache:
         body = self.runs.get(key)
         if body is None:
             return None
-        effective, run_class = self.classes.effective(body)
-        run = WorkerRun.model_validate(effective)
+        run, run_class = self._parse(key, body)
         uid = run.metadata.uid
         live = self.pods_of(key)
         mine = {n: b for n, b in live.items() if protocol.controller_uid(b) == uid}
@@ -233,6 +246,15 @@ class RunCache:
             tomb.foreign for (k, n), tomb in self.tombstones.items() if k == key and n not in live and tomb.owner_uid != uid)
         return Snapshot(key=key, body=body, run=run, lease=self.leases.get(uid), pods=pods, foreign_pods=foreign,
                         run_class=run_class)
+
+    def _parse(self, key: RunKey, body: dict[str, Any]) -> tuple[WorkerRun, ClassResolution | None]:
+        """The run as its decisions read it: the parse of our own write's answer when that is what
+        is held (and the classes have not moved since, for a run they still shape), else parsed now."""
+        parsed = self._parsed.pop(key, None)
+        if parsed is not None and parsed.held is body and (
+                parsed.run_class is None or parsed.classes == self.classes.generation):
+            return parsed.run, parsed.run_class
+        return self.classes.run_of(body)
 
     def overdue(self, mono: float) -> tuple[int, int]:
         """(overdue, active) leases, counted at most once a second: a scan of every run per lapse

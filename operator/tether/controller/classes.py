@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 from pydantic import ValidationError
 
 from tether.api import workerclass as wc
+from tether.api.models import WorkerRun
 from tether.core.classes import ClassResolution, KnownClass, resolve
 from tether.kube.client import ApiError, NotFound
 
@@ -25,6 +26,7 @@ class ClassBook:
         self.unlisted: str | None = None  # why the last list failed (None: none failed)
         self._watched: set[str] | None = None  # the names the watch told of while a sync's list ran
         self._lock = asyncio.Lock()  # one list at a time (runs are reconciled concurrently)
+        self.generation = 0  # moves whenever what an unpinned run takes may have changed
 
     async def sync(self, list_classes: Callable[[], Awaitable[list[dict[str, Any]]]]) -> None:
         """Lists every class once; what the watch told of meanwhile is newer than the list. A list
@@ -46,6 +48,7 @@ class ClassBook:
                 if str((body.get("metadata") or {}).get("name") or "") not in watched:
                     self.on_event("ADDED", body)
             self.synced, self.unlisted = True, None
+            self.generation += 1
 
     def on_event(self, event_type: str | None, body: dict[str, Any]) -> str | None:
         """A WorkerClass's event; returns its name when what runs take from it may have changed."""
@@ -54,6 +57,7 @@ class ClassBook:
             return None
         if self._watched is not None:
             self._watched.add(name)
+        self.generation += 1
         if event_type == "DELETED":
             return name if self.classes.pop(name, None) is not None else None
         try:
@@ -68,11 +72,12 @@ class ClassBook:
         self.classes[name] = known
         return name if before is None or before != known else None
 
-    def effective(self, body: dict[str, Any]) -> tuple[dict[str, Any], ClassResolution | None]:
-        """The run's body with its class applied, and what an unpinned run takes (None: pinned)."""
+    def run_of(self, body: dict[str, Any]) -> tuple[WorkerRun, ClassResolution | None]:
+        """The run as its decisions read it (parsed once, with its class applied), and what an
+        unpinned run takes (None: pinned)."""
         if wc.pinned(body):
-            return wc.effective_body(body), None
+            return WorkerRun.model_validate(wc.effective_body(body)), None
         if not self.synced:
-            return body, ClassResolution(None, unknown=self.unlisted or "not listed yet")
-        resolution = resolve(body, self.classes)
-        return wc.with_defaults(body, resolution.defaults), resolution
+            return WorkerRun.model_validate(body), ClassResolution(None, unknown=self.unlisted or "not listed yet")
+        resolution, run = resolve(body, self.classes)
+        return run, resolution

@@ -65,24 +65,25 @@ def default_class(classes: Mapping[str, KnownClass]) -> KnownClass | None:
                                       k.model.metadata.creation_timestamp, k.model.metadata.name))
 
 
-def resolve(body: dict[str, Any], classes: Mapping[str, KnownClass]) -> ClassResolution:
-    """The class of an unpinned run (its body as served) and what it takes from it."""
+def resolve(body: dict[str, Any], classes: Mapping[str, KnownClass]) -> tuple[ClassResolution, WorkerRun]:
+    """The class of an unpinned run (its body as served), what it takes from it, and the run as its
+    decisions read it (those defaults applied; parsed once, here)."""
     spec = wc.as_dict(body.get("spec"))
     named = spec.get("className")
     if isinstance(named, str) and named:
         known = classes.get(named)
         if known is None:
-            return ClassResolution(named, missing=True)
+            return ClassResolution(named, missing=True), WorkerRun.model_validate(body)
         judges = [known]
     else:
         known = default_class(classes)
         if known is None:
-            return ClassResolution(None)
+            return ClassResolution(None), WorkerRun.model_validate(body)
         # Every default class's bounds, as the admission policy judges them; the newest's defaults.
         judges = [k for k in classes.values() if k.model.is_default]
     run = WorkerRun.model_validate(wc.with_defaults(body, known.defaults))
     broken = tuple(v for judge in judges for v in violations(run, judge.model))
-    return ClassResolution(known.model.metadata.name, known.defaults, violations=broken)
+    return ClassResolution(known.model.metadata.name, known.defaults, violations=broken), run
 
 
 def violations(run: WorkerRun, cls: WorkerClass) -> tuple[str, ...]:

@@ -75,19 +75,19 @@ def test_a_failed_list_leaves_it_unsynced() -> None:
     assert set(book.classes) == {"a"}
 
 
-def test_effective_resolves_unpinned_runs_against_the_classes_and_pinned_ones_against_their_record() -> None:
+def test_run_of_resolves_unpinned_runs_against_the_classes_and_pinned_ones_against_their_record() -> None:
     book = ClassBook()
 
     async def listed() -> list[dict[str, Any]]:
         return [klass("a", lease=20)]
 
     asyncio.run(book.sync(listed))
-    body, resolution = book.effective(run("a"))
+    parsed, resolution = book.run_of(run("a"))
     assert resolution is not None and resolution.name == "a"
-    assert body["spec"]["lease"]["durationSeconds"] == 20
+    assert parsed.spec.lease.duration_seconds == 20
     pinned = run("a", attempt=1, **{"class": {"name": "a", "defaults": {"lease": {"durationSeconds": 40}}}})
-    body, resolution = book.effective(pinned)
-    assert resolution is None and body["spec"]["lease"]["durationSeconds"] == 40
+    parsed, resolution = book.run_of(pinned)
+    assert resolution is None and parsed.spec.lease.duration_seconds == 40
 
 
 def test_a_refused_list_leaves_unpinned_runs_waiting_with_the_reason_and_is_tried_again() -> None:
@@ -100,16 +100,16 @@ def test_a_refused_list_leaves_unpinned_runs_waiting_with_the_reason_and_is_trie
 
     asyncio.run(book.sync(refused))
     assert not book.synced and book.unlisted is not None and "403" in book.unlisted
-    body, resolution = book.effective(run("a"))
+    _, resolution = book.run_of(run("a"))
     assert resolution is not None and resolution.unknown is not None and "forbidden" in resolution.unknown
     # A pinned run is not held by it.
-    assert book.effective(run("a", attempt=1))[1] is None
+    assert book.run_of(run("a", attempt=1))[1] is None
 
     async def listed() -> list[dict[str, Any]]:
         return [klass("a")]
 
     asyncio.run(book.sync(listed))
-    assert book.synced and book.unlisted is None and book.effective(run("a"))[1].unknown is None  # type: ignore[union-attr]
+    assert book.synced and book.unlisted is None and book.run_of(run("a"))[1].unknown is None  # type: ignore[union-attr]
 
 
 def test_concurrent_syncs_list_once() -> None:

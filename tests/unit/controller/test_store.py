@@ -60,3 +60,32 @@ def test_indexes_follow_every_change() -> None:
     s.remove("b")
     s.put("c", _obj("c", "1", group=None))  # indexed under nothing
     assert s.by("group", "x") == frozenset() and len(s) == 2 and s.copy().keys() == {"a", "c"}
+
+
+def test_a_run_is_parsed_once_per_resource_version_our_write_produced() -> None:
+    """The pass after our own write decides from the parse of its answer; a class change (for a run
+    its class still shapes) or another body under the key is parsed afresh."""
+    import asyncio
+    import datetime as dt
+
+    from tether.controller.cache import RunCache
+
+    cache = RunCache(lambda: dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), lambda: 0.0)
+
+    async def no_classes() -> list[dict[str, Any]]:
+        return []
+
+    asyncio.run(cache.classes.sync(no_classes))
+    body = {"metadata": {"name": "r", "namespace": "ns", "uid": "u", "resourceVersion": "1", "generation": 1},
+            "spec": {"executor": "External"}, "status": {}}
+    cache.put_run(body)
+    first = cache.snapshot(("ns", "r"))
+    assert first is not None
+    written = {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}, "status": {"phase": "Pending"}}
+    after_write = cache.written_run(first, written)
+    again = cache.snapshot(("ns", "r"))
+    assert again is not None and again.run is after_write.run  # not parsed again
+    assert cache.snapshot(("ns", "r")).run is not after_write.run  # type: ignore[union-attr]  # taken once
+    third = cache.written_run(again, {**written, "metadata": {**written["metadata"], "resourceVersion": "3"}})
+    cache.classes.on_event("ADDED", {"metadata": {"name": "c"}, "spec": {}})  # the classes moved
+    assert cache.snapshot(("ns", "r")).run is not third.run  # type: ignore[union-attr]

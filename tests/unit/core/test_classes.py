@@ -61,7 +61,7 @@ def test_a_run_takes_what_it_leaves_out(spec: dict[str, Any], labels: dict[str, 
 
 def test_the_class_defaults_reach_the_parsed_run_and_leave_the_body_alone() -> None:
     b = body({"budget": {"capCents": 20}, "className": "tool-call"})
-    r = resolve(b, {"tool-call": klass(defaults=TOOL)})
+    r, _ = resolve(b, {"tool-call": klass(defaults=TOOL)})
     run = WorkerRun.model_validate(wc.with_defaults(b, r.defaults))
     assert (run.spec.lease.duration_seconds, run.spec.retry.max_attempts, run.spec.stop_grace_seconds) == (20, 5, 10)
     assert run.spec.budget is not None and run.spec.budget.cap_cents == 20 and run.spec.budget.budget_ref.name == "team"
@@ -82,7 +82,7 @@ def test_the_class_defaults_reach_the_parsed_run_and_leave_the_body_alone() -> N
 ])
 def test_which_class_a_run_takes(classes: dict[str, KnownClass], named: str | None,
                                  expected: ClassResolution) -> None:
-    got = resolve(body({"className": named} if named else {}), classes)
+    got, _ = resolve(body({"className": named} if named else {}), classes)
     assert (got.name, got.missing, got.violations) == (expected.name, expected.missing, expected.violations)
 
 
@@ -91,7 +91,7 @@ def test_of_two_default_classes_every_ones_bounds_judge_a_run_that_names_none() 
     older = klass("older", bounds={"maxLeaseDurationSeconds": 60}, default=True, created="2026-12-01T00:00:00Z")
     newer = klass("newer", defaults={"lease": {"durationSeconds": 3600, "renewIntervalSeconds": 30}},
                   default=True, created="2026-12-02T00:00:00Z")
-    r = resolve(body(), {"older": older, "newer": newer})
+    r, _ = resolve(body(), {"older": older, "newer": newer})
     assert r.name == "newer"
     assert r.violations == ("WorkerClass older bounds spec.lease.durationSeconds at 60s (maxLeaseDurationSeconds); "
                             "this run asks for 3600s",)
@@ -128,14 +128,14 @@ BOUNDED = {"lease": {"durationSeconds": 30, "renewIntervalSeconds": 5}, "deadlin
 ])
 def test_bounds(spec: dict[str, Any], broken: list[str]) -> None:
     c = klass("c", defaults=BOUNDED, bounds=BOUNDS)
-    r = resolve(body({"className": "c", **spec}), {"c": c})
+    r, _ = resolve(body({"className": "c", **spec}), {"c": c})
     assert list(r.violations) == broken
 
 
 def test_violations_judge_the_values_taken_from_the_class_too() -> None:
     # A class edited so that its own default breaks its bound (its CRD refuses that; an older one did not).
     c = klass("c", defaults={"deadlineSeconds": 9000}, bounds={"maxDeadlineSeconds": 3600})
-    r = resolve(body({"className": "c"}), {"c": c})
+    r, _ = resolve(body({"className": "c"}), {"c": c})
     assert r.violations == ("WorkerClass c bounds spec.deadlineSeconds at 3600s (maxDeadlineSeconds); "
                             "this run asks for 9000s",)
     assert violations(WorkerRun.model_validate(body()), c.model) == ()
@@ -174,7 +174,7 @@ def test_a_field_removed_after_the_pin_falls_back_to_the_class_default_not_to_no
 
 
 def observed(b: dict[str, Any], classes: dict[str, KnownClass]) -> Observed:
-    r = resolve(b, classes)
+    r, _ = resolve(b, classes)
     return Observed(run=WorkerRun.model_validate(wc.with_defaults(b, r.defaults)), lease=None, pods=(),
                     now=T0, mono=100.0, run_class=r)
 
