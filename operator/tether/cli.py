@@ -123,7 +123,6 @@ async def _run_operator(args: argparse.Namespace) -> int:
                                  event_qps=args.event_qps, event_burst=2 * max(1, int(args.event_qps)),
                                  worker_identity=args.worker_identity, attempt_history=args.attempt_history,
                                  capabilities=CAPABILITIES)
-    handlers.watch(settings.capabilities)
     if elector is not None:
         settings.may_act = lambda: elector.is_leader
 

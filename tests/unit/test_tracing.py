@@ -157,11 +157,11 @@ def test_the_worker_pod_carries_its_attempts_traceparent() -> None:
 
 
 def test_the_gateway_claim_reply_carries_the_attempts_traceparent() -> None:
-    from tests.unit.gateway.test_gateway_envelope import AUTH, OP, HeldKube, _call
+    from tests.unit.gateway.test_gateway_envelope import AUTH, OP, _call, held_api
     from tether.gateway.app import build_app
     from tether.gateway.openapi import openapi_document
 
-    resp = _call(build_app(HeldKube(), "tether-gateway"), "POST", f"{OP}/claim", json={"workerId": "w1"},  # type: ignore[arg-type]
+    resp = _call(build_app(held_api().client(), "tether-gateway"), "POST", f"{OP}/claim", json={"workerId": "w1"},
                  headers=AUTH)
     assert resp.status_code == 200, resp.text
     assert resp.json()["traceparent"] == attempt_traceparent("run-1", 1, 1)

@@ -44,7 +44,9 @@ class Settings:
 
 
 def memo(settings: Settings) -> kopf.Memo:
-    """What kopf hands every handler: the settings, and the controller once it is started."""
+    """What kopf hands every handler: the settings, and the controller once it is started. The
+    capabilities' kinds are watched from here, so what is watched and what is attached are one list."""
+    watch(settings.capabilities)
     return kopf.Memo(settings=settings, controller=None, unexport=None)
 
 
@@ -83,7 +85,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    ours: Settings = memo.get("settings") or Settings()
+    ours: Settings | None = memo.get("settings")
+    if ours is None:
+        # Started some other way than `tether operator` (kopf run): without its settings the
+        # operator would run without its capabilities (a queued run granted without Kueue).
+        raise kopf.PermanentError("start the operator with `tether operator` (its settings are missing)")
     fold = float(os.environ.get("TETHER_FOLD_INTERVAL_SECONDS", "10"))
     # (Off the event loop: loading may run a kubeconfig's exec credential plugin.)
     kube = KubeClient(await asyncio.to_thread(kubeconfig.load), limiter=TokenBucket(ours.qps, ours.burst),
@@ -141,10 +147,19 @@ async def budget_event(event: dict[str, Any], memo: kopf.Memo, **_: Any) -> None
 
 def watch(capabilities: Sequence[Capability]) -> None:
     """kopf handlers for the kinds the capabilities watch, each feeding the manager (called before
-    kopf starts: its registry is read as it starts)."""
+    kopf starts: its registry is read as it starts); each once per process, however many operators
+    it starts (kopf's registry outlives them)."""
     for capability in capabilities:
         for source in capability.sources:
+            handler_id = f"{capability.name}/{source.kind}"
+            if handler_id in _WATCHED:
+                continue
+            _WATCHED.add(handler_id)
+
             async def feed(event: dict[str, Any], memo: kopf.Memo, kind: str = source.kind, **_: Any) -> None:
                 memo.controller.feed(kind, event.get("type"), event["object"])
 
-            kopf.on.event(source.group, source.version, source.plural, id=f"{capability.name}/{source.kind}")(feed)
+            kopf.on.event(source.group, source.version, source.plural, id=handler_id)(feed)
+
+
+_WATCHED: set[str] = set()  # the handler ids registered in kopf's registry

@@ -277,6 +277,10 @@ class StatusBuilder:
         write of the same decision) never changes an action already handed out. Whatever wrote it,
         the status says whether the run is suspended."""
         self.mark_suspension()
+        if self.grants and self.admission is not None and not self.rests_on:
+            # The gate that set the admission must rest the grant on a fresh read of it (a cached
+            # admission may be one its queue took back): a grant without one is a bug, not a run.
+            raise AssertionError("a grant under an admission must rest on a fresh read of it (rests_on)")
         return WriteStatus(status=self.status.model_copy(deep=True), events=tuple(self.events), change=self.change,
                            details=self.details, ended=self.ended, lapse=self.lapse,
                            grants=self.grants, rests_on=self.rests_on if self.grants else ())

@@ -157,12 +157,15 @@ class QueueBook:
         priority = await self._priority(run)
         body = workloads.workload_body(run, action.name, queue_name(run) or "", priority, execution_digest(run.spec),
                                        action.gates, action.inactive_reason)
+        key = (run.metadata.namespace, action.name)
+        mark = self.workloads.stamps.mark()
         try:
             created = await self.kube.create(workload_path(run.metadata.namespace), body)
         except Conflict:
+            mark = self.workloads.stamps.mark()
             created = await self.kube.get_object(workload_path(run.metadata.namespace, action.name)) or {}
         if created:
-            self.on_workload("MODIFIED", created)
+            self._answered(key, created, mark)
             log.info("workload created", extra={"run": run.key, "event": "workload_created", "workload": action.name})
         return created
 
@@ -263,26 +266,35 @@ class QueueBook:
         try:
             written = await write(current)
         except Conflict:
-            fresh = await self.kube.get_object(workload_path(ns, name))
-            if fresh is not None:
-                self.on_workload("MODIFIED", fresh)
+            mark = self.workloads.stamps.mark()
+            self._answered((ns, name), await self.kube.get_object(workload_path(ns, name)), mark)
             raise Again(f"workload {ns}/{name} moved") from None
         except NotFound:
             return None
-        self.on_workload("MODIFIED", written)
+        self.workloads.written((ns, name), written, resource_version)
         return written
+
+    def _answered(self, key: tuple[str, str], body: dict[str, Any] | None, mark: int) -> None:
+        """The answer to our own read (`mark` taken before it was sent; None: 404): a fact of that
+        moment, which neither overwrites nor revives what the watch brought or removed since."""
+        if self.workloads.read(key, body, mark):
+            if body is None:
+                self.deleted.add(key)
+            else:
+                self.deleted.discard(key)
 
     async def confirm_admitted(self, snap: Snapshot, evictions: int) -> bool:
         """A fresh read: the run's Workload is admitted now, with no eviction since the one the
         grant records (the count only grows)."""
         name = workload_name(snap.run)
+        mark = self.workloads.stamps.mark()
         try:
             fresh = await self.kube.get_object(workload_path(snap.run.metadata.namespace, name))
         except ApiError:
             return False
+        self._answered((snap.run.metadata.namespace, name), fresh, mark)
         if fresh is None:
             return False
-        self.on_workload("MODIFIED", fresh)
         wl = _parse(fresh)
         return wl is not None and wl.owned_by(snap.uid) and admitted(wl) and wl.evictions == evictions
 

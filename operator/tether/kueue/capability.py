@@ -37,8 +37,10 @@ QUEUED = Histogram("tether_kueue_queued_to_admitted_seconds", "From a queued run
 
 # The AdmissionChecks' reconciler: few checks, one write each.
 CHECKS = "kueue_admissioncheck"
-# A replica that does not lead looks again this often: it marks what is left once it leads.
-NOT_LEADING_RETRY_SECONDS = 5.0
+# A check not marked yet is looked at again this often: by a replica that does not lead (it marks
+# what is left once it leads), and after a refused mark (no backoff to minutes: a ClusterQueue
+# listing an inactive check admits nothing meanwhile).
+RETRY_SECONDS = 5.0
 
 
 class Kueue:
@@ -127,11 +129,11 @@ class _CheckMarker:
 
     async def reconcile(self, key: str) -> Result:
         if not self.may_act():
-            return Result(requeue_after=NOT_LEADING_RETRY_SECONDS)
+            return Result(requeue_after=RETRY_SECONDS)
         try:
             await self.book.mark_active(key)
-        except (ApiError, NotLeader) as exc:
-            raise Again(f"admission check {key} not marked active: {exc!r}") from None
+        except (ApiError, NotLeader):
+            return Result(requeue_after=RETRY_SECONDS)  # said in the log by mark_active
         return Result()
 
 

@@ -14,7 +14,8 @@ from tether.api.models import ObjectMeta, Usage, WorkerBudget, WorkerBudgetSpec,
 from tether.controller.budgets import BudgetBook
 from tether.core import budget as b
 from tether.core.decide import BudgetObservation, ChargeBudget, Observed, ReleaseCharge, WriteStatus, decide
-from tether.kube.client import Conflict
+from tether.kube.paths import budget_path
+from tests.support.fakeapi import FakeApi, Request
 
 T0 = dt.datetime(2026, 11, 30, 12, tzinfo=dt.timezone.utc)
 
@@ -57,31 +58,53 @@ def test_release_drops_the_mark_and_keeps_what_was_spent() -> None:
     assert released.remaining is not None and released.remaining.cents == 88
 
 
+PATH = budget_path("ns", "team")
+WRITE = f"PUT {PATH}/status"
+
+
 class _Kube:
-    """The budget as the API server holds it. `before_put` runs before each status write lands:
-    another party's write in between makes ours conflict."""
+    """The budget as the unit tests' fake API holds it, and the operator's client to it (`client`).
+    `before_put` runs before our next status write is served (another party's write in between
+    makes ours conflict); `after_put` once it has landed, before its answer reaches us (the watch
+    may deliver newer events, or a deletion, first)."""
 
     def __init__(self, charges: dict[str, Any], spent: int = 7) -> None:
-        self.body = {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget",
-                     "metadata": {"name": "team", "namespace": "ns", "resourceVersion": "1"},
-                     "spec": {"limitCents": 100},
-                     "status": {"spent": {"cents": spent, "tokens": 0}, "charges": charges}}
-        self.writes = 0
+        self.api = FakeApi(now=lambda: T0)
+        self.api.put(PATH, {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget",
+                            "metadata": {"name": "team", "namespace": "ns", "uid": "a", "generation": 1},
+                            "spec": {"limitCents": 100},
+                            "status": {"spent": {"cents": spent, "tokens": 0}, "charges": charges}})
+        self.client = self.api.client()
         self.before_put: Any = None
+        self.after_put: Any = None
+        self.api.before(self._before)
+        self.api.after(self._after)
 
-    async def get_budget(self, ns: str, name: str) -> dict[str, Any]:
-        return self.body
+    @property
+    def body(self) -> dict[str, Any]:
+        held = self.api.get(PATH)
+        assert held is not None
+        return held
 
-    async def replace_budget_status(self, body: dict[str, Any]) -> dict[str, Any]:
-        if self.before_put is not None:
+    @body.setter
+    def body(self, body: dict[str, Any]) -> None:
+        """Another party's write (the API gives it its resourceVersion)."""
+        self.api.put(PATH, body)
+
+    @property
+    def writes(self) -> int:
+        return self.api.landed(WRITE)
+
+    def _before(self, req: Request) -> None:
+        if req.call == WRITE and self.before_put is not None:
             hook, self.before_put = self.before_put, None
             hook(self)
-        if body["metadata"]["resourceVersion"] != self.body["metadata"]["resourceVersion"]:
-            raise Conflict(409, "", "budget")
-        self.writes += 1
-        self.body = {**body, "metadata": {**body["metadata"], "resourceVersion": str(int(
-            self.body["metadata"]["resourceVersion"]) + 1)}}
-        return self.body
+        return None
+
+    def _after(self, req: Request, code: int) -> None:
+        if req.call == WRITE and code < 300 and self.after_put is not None:
+            hook, self.after_put = self.after_put, None
+            hook(self)
 
 
 def _charge(kube: _Kube, total: int, recorded: list[Usage | None]) -> Usage | None:
@@ -91,7 +114,7 @@ def _charge(kube: _Kube, total: int, recorded: list[Usage | None]) -> Usage | No
     async def baseline() -> Usage | None:
         return next(reads)
 
-    return asyncio.run(BudgetBook(kube, lambda: T0).charge(  # type: ignore[arg-type]
+    return asyncio.run(BudgetBook(kube.client, lambda: T0).charge(
         _run({}), "team", Usage(cents=total), baseline))
 
 
@@ -116,8 +139,7 @@ def test_the_baseline_is_read_again_after_a_conflict() -> None:
     kube = _Kube(charges={}, spent=0)
 
     def other_replica(k: _Kube) -> None:
-        k.body = {**k.body, "metadata": {**k.body["metadata"], "resourceVersion": "9"},
-                  "status": {**k.body["status"], "spent": {"cents": 7, "tokens": 0}, "charges": {}}}
+        k.body = {**k.body, "status": {**k.body["status"], "spent": {"cents": 7, "tokens": 0}, "charges": {}}}
 
     kube.before_put = other_replica
     assert _charge(kube, 7, [Usage(), Usage(cents=7)]) == Usage()
@@ -137,7 +159,7 @@ def test_runs_charging_one_budget_at_once_share_one_write() -> None:
     """A thousand runs on one budget: whatever they ask while a write is in flight rides on the
     next write, not on a write (and a conflict) each."""
     kube = _Kube(charges={}, spent=0)
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
 
     async def base() -> Usage:
         return Usage()
@@ -155,11 +177,10 @@ def test_runs_charging_one_budget_at_once_share_one_write() -> None:
 
 def test_a_batch_that_conflicts_is_applied_again_from_a_fresh_read_and_charges_once() -> None:
     kube = _Kube(charges={"u-0": {"run": "r0", "cents": 5, "tokens": 0}}, spent=5)
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
 
     def someone_else(k: _Kube) -> None:  # another replica charges r0 further in between
-        k.body = {**k.body, "metadata": {**k.body["metadata"], "resourceVersion": "9"},
-                  "status": {**k.body["status"], "spent": {"cents": 8, "tokens": 0},
+        k.body = {**k.body, "status": {**k.body["status"], "spent": {"cents": 8, "tokens": 0},
                              "charges": {"u-0": {"run": "r0", "cents": 8, "tokens": 0}}}}
 
     async def base() -> Usage:
@@ -190,7 +211,7 @@ def test_one_runs_failing_baseline_fails_that_run_alone() -> None:
     fail every other run that happens to share its write: each would retry with backoff and,
     while the broken run keeps coming back, keep failing with it."""
     kube = _Kube(charges={}, spent=0)
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
 
     async def broken() -> Usage:
         raise RuntimeError("cannot read r0")
@@ -212,7 +233,7 @@ def test_a_release_and_a_charge_of_one_run_in_one_write_count_from_its_record() 
     (late usage settled: 10 cents, 7 recorded as charged) rides on the same write. Its charge comes
     after the release, when the run has no mark, so it counts from the record, not from zero."""
     kube = _Kube(charges={"u-0": {"run": "r0", "cents": 7, "tokens": 0}}, spent=7)
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
 
     async def recorded() -> Usage:
         return Usage(cents=7)
@@ -229,21 +250,7 @@ def test_a_release_and_a_charge_of_one_run_in_one_write_count_from_its_record() 
     assert kube.body["status"]["spent"]["cents"] == 10  # not 17
 
 
-class _Racing(_Kube):
-    """`after_put` runs once our write has landed, before its answer reaches us: the watch may
-    deliver newer events (or a deletion) first."""
-
-    def __init__(self, charges: dict[str, Any], spent: int = 7) -> None:
-        super().__init__(charges, spent)
-        self.body["metadata"].update(uid="a", generation=1)
-        self.after_put: Any = None
-
-    async def replace_budget_status(self, body: dict[str, Any]) -> dict[str, Any]:
-        written = await super().replace_budget_status(body)
-        if self.after_put is not None:
-            hook, self.after_put = self.after_put, None
-            hook(self)
-        return written
+_Racing = _Kube
 
 
 def _consistent(body: dict[str, Any], **meta: Any) -> dict[str, Any]:
@@ -263,28 +270,31 @@ def test_a_write_answered_after_a_newer_event_does_not_roll_the_cache_back() -> 
     """Another replica writes right after us and the watch brings that before our answer: caching
     our answer would hide the newer budget from every observation until its next change."""
     kube = _Racing(charges={}, spent=0)
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
     book.cache.store(("ns", "team"), kube.body)
 
     def other_replica(k: _Racing) -> None:
         theirs = WorkerBudget.model_validate(k.body)
         status, _ = b.settle(theirs, [b.LedgerOp("u-9", "r9", Usage(cents=90))], T0)
-        k.body = {**k.body, "metadata": {**k.body["metadata"], "resourceVersion": "3"}, "status": status.dump()}
+        k.body = {**k.body, "status": status.dump()}
+        theirs_at.append(k.body["metadata"]["resourceVersion"])
         book.on_event("MODIFIED", k.body)
 
+    theirs_at: list[str] = []
     kube.after_put = other_replica
     assert _charge_once(kube, book) == Usage(cents=5)
-    assert book.cache[("ns", "team")]["metadata"]["resourceVersion"] == "3"
+    assert [book.cache[("ns", "team")]["metadata"]["resourceVersion"]] == theirs_at
 
 
 def test_a_write_answered_after_the_budget_was_recreated_does_not_bring_the_old_one_back() -> None:
     kube = _Racing(charges={}, spent=0)
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
     book.cache.store(("ns", "team"), kube.body)
 
     def recreated(k: _Racing) -> None:
         old = k.body
-        k.body = _consistent({**old, "status": {}}, uid="b", resourceVersion="5")
+        del k.api.objects[PATH]
+        k.body = _consistent({**old, "status": {}}, uid="b")
         book.on_event("DELETED", old)
         book.on_event("ADDED", k.body)
 
@@ -296,14 +306,17 @@ def test_a_write_answered_after_the_budget_was_recreated_does_not_bring_the_old_
 @pytest.mark.parametrize("deleted", [True, False])
 def test_a_refresh_answered_after_the_budget_was_deleted_or_changed_does_not_roll_the_cache_back(deleted: bool) -> None:
     kube = _Racing(charges={}, spent=0)  # never refreshed: remaining is missing
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
     book.cache.store(("ns", "team"), kube.body)
+
+    edited_at: list[str] = []
 
     def moved(k: _Racing) -> None:
         if deleted:
             book.on_event("DELETED", k.body)
             return
-        k.body = _consistent(k.body, resourceVersion="7", generation=2)  # the limit was edited
+        k.body = _consistent(k.body, generation=2)  # the limit was edited
+        edited_at.append(k.body["metadata"]["resourceVersion"])
         book.on_event("MODIFIED", k.body)
 
     kube.after_put = moved
@@ -312,13 +325,13 @@ def test_a_refresh_answered_after_the_budget_was_deleted_or_changed_does_not_rol
     if deleted:
         assert ("ns", "team") not in book.cache
     else:
-        assert book.cache[("ns", "team")]["metadata"]["resourceVersion"] == "7"
+        assert [book.cache[("ns", "team")]["metadata"]["resourceVersion"]] == edited_at
 
 
 def test_stop_before_a_writer_ran_leaves_no_charge_waiting_forever() -> None:
     """A task cancelled before its first step never enters its `try`: its `finally` does not run."""
     kube = _Kube(charges={}, spent=0)
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
 
     async def stop_early() -> Usage | None:
         run = _runs(1)[0]
@@ -337,14 +350,13 @@ def test_a_time_zone_that_is_no_iana_zone_is_said_in_a_condition_and_a_warning_e
     operator says it: condition TimeZoneValid=False (UnknownTimeZone) and one Warning Event; a fixed
     zone drops the condition."""
     kube = _Kube(charges={}, spent=0)
-    kube.body["spec"]["timeZone"] = "Mars/Olympus"
-    events: list[tuple[str, str, str]] = []
+    kube.body = {**kube.body, "spec": {**kube.body["spec"], "timeZone": "Mars/Olympus"}}
 
-    async def post_event(obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        events.append((type_, reason, message))
+    def events() -> list[tuple[str, str, str]]:
+        return [(e["type"], e["reason"], e["message"]) for req in kube.api.requests
+                if req.method == "POST" and req.path.endswith("/events") for e in [req.body]]
 
-    kube.post_event = post_event  # type: ignore[attr-defined]
-    book = BudgetBook(kube, lambda: T0)  # type: ignore[arg-type]
+    book = BudgetBook(kube.client, lambda: T0)
 
     async def refresh_twice() -> None:
         for _ in range(2):
@@ -355,9 +367,8 @@ def test_a_time_zone_that_is_no_iana_zone_is_said_in_a_condition_and_a_warning_e
     asyncio.run(refresh_twice())
     (zone,) = [c for c in kube.body["status"]["conditions"] if c["type"] == "TimeZoneValid"]
     assert (zone["status"], zone["reason"]) == ("False", "UnknownTimeZone") and "'Mars/Olympus'" in zone["message"]
-    assert events == [("Warning", "UnknownTimeZone", zone["message"])]  # once, not on every refresh
-    kube.body = {**kube.body, "spec": {**kube.body["spec"], "timeZone": "Europe/Berlin"},  # edited: a new version
-                 "metadata": {**kube.body["metadata"], "resourceVersion": "9"}}
+    assert events() == [("Warning", "UnknownTimeZone", zone["message"])]  # once, not on every refresh
+    kube.body = {**kube.body, "spec": {**kube.body["spec"], "timeZone": "Europe/Berlin"}}  # edited: a new version
     asyncio.run(refresh_twice())
     assert not any(c["type"] == "TimeZoneValid" for c in kube.body["status"]["conditions"])
-    assert len(events) == 1
+    assert len(events()) == 1

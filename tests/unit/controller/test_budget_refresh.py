@@ -4,16 +4,15 @@ loop: what wakes it, how it rests after a lost race, and what it keeps of a dele
 from __future__ import annotations
 
 import asyncio
-import copy
 import datetime as dt
-import types
 from typing import Any
 
 from tether import metrics
 from tether.api.models import WorkerRun
 from tether.controller import budget_refresh
 from tether.controller.controller import Clock, RunController
-from tether.kube.client import Conflict
+from tether.kube.paths import budget_path
+from tests.support.fakeapi import FakeApi, Request
 
 NOW = dt.datetime(2026, 3, 2, 12, tzinfo=dt.timezone.utc)
 YESTERDAY = "2026-03-01T00:00:00Z"
@@ -30,30 +29,27 @@ def _budget(rv: str, period_start: str = "2026-03-02T00:00:00Z") -> dict[str, An
                                        "lastTransitionTime": "2026-03-01T00:00:00Z"}]}}
 
 
-class _Kube:
-    def __init__(self, body: dict[str, Any], conflicts: int = 0) -> None:
-        self.body, self.conflicts, self.gets, self.puts = body, conflicts, 0, []  # type: ignore[var-annotated]
-        self.health = types.SimpleNamespace()
+PATH = budget_path("ns", "team")
+WRITE = f"PUT {PATH}/status"
 
-    async def get_budget(self, ns: str, name: str) -> dict[str, Any] | None:
-        self.gets += 1
-        return copy.deepcopy(self.body) if self.body is not None else None
 
-    async def replace_budget_status(self, body: dict[str, Any]) -> dict[str, Any]:
-        if body["metadata"]["resourceVersion"] != self.body["metadata"]["resourceVersion"]:
-            raise Conflict(409, "Conflict", "stale")
-        if self.conflicts:
-            self.conflicts -= 1
-            # a charge lands between the refresh's GET and its PUT: a new version, same period
-            self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
-            raise Conflict(409, "Conflict", "the object has been modified")
-        self.body = copy.deepcopy(body)
-        self.body["metadata"]["resourceVersion"] = str(int(body["metadata"]["resourceVersion"]) + 1)
-        self.puts.append(self.body)
-        return copy.deepcopy(self.body)
+def _api(body: dict[str, Any], conflicts: int = 0) -> FakeApi:
+    """The budget in the fake API; the first `conflicts` status writes meet a charge that landed
+    between the refresh's read and its write (a new version, the same period)."""
+    api = FakeApi(now=lambda: NOW)
+    api.put(PATH, body)
+    left = [conflicts]
 
-    async def post_event(self, *a: Any) -> None:
+    def charge_lands(req: Request) -> None:
+        if req.call == WRITE and left[0]:
+            left[0] -= 1
+            held = api.get(PATH)
+            assert held is not None
+            api.put(PATH, held)
         return None
+
+    api.before(charge_lands)
+    return api
 
 
 def _run() -> WorkerRun:
@@ -72,24 +68,25 @@ def _errors() -> float:
 def test_a_run_that_notices_the_period_rolled_over_gets_the_budget_refreshed() -> None:
     """BudgetBook.observe (a run's pass) notices the budget's period rolled over: it wakes the
     refresh reconciler, whose loop writes the new period (with no run charging the budget)."""
-    async def go() -> _Kube:
-        kube = _Kube(_budget("5", period_start=YESTERDAY))
-        ctl = RunController(kube, clock=Clock(now=lambda: NOW))  # type: ignore[arg-type]
+    api = _api(_budget("5", period_start=YESTERDAY))
+
+    async def go() -> None:
+        ctl = RunController(api.client(), clock=Clock(now=lambda: NOW))
         refresh = ctl.manager.queues()[budget_refresh.NAME]
-        ctl.budgets.cache.store(("ns", "team"), copy.deepcopy(kube.body))  # cached, not via an event
+        ctl.budgets.cache.store(("ns", "team"), api.get(PATH))  # type: ignore[arg-type]  # cached, not via an event
         assert len(refresh) == 0
         await ctl.budgets.observe(_run(), NOW)
         assert list(refresh._queue) == [("ns", "team")], "the run's observe did not wake the refresh"
         ctl.manager._registered[budget_refresh.NAME].loop.start()
         for _ in range(100):
-            if kube.puts:
+            if api.landed(WRITE):
                 break
             await asyncio.sleep(0.01)
         await ctl.manager.stop()
-        return kube
 
-    kube = asyncio.run(go())
-    assert [p["status"]["periodStart"] for p in kube.puts] == ["2026-03-02T00:00:00Z"]
+    asyncio.run(go())
+    held = api.get(PATH)
+    assert api.landed(WRITE) == 1 and held is not None and held["status"]["periodStart"] == "2026-03-02T00:00:00Z"
 
 
 async def _settled(queue: Any) -> None:
@@ -105,44 +102,48 @@ def test_a_refresh_that_loses_a_race_is_retried_without_counting_an_error_and_th
     """A Conflict (a charge wrote between the refresh's GET and PUT) is a race, not a failure: the
     loop retries from a fresh read without counting a reconcile error (an alert reads that counter),
     writes by compare-and-swap once, and the watch bringing that write wakes nothing more."""
-    async def go() -> tuple[_Kube, int, int]:
-        kube = _Kube(_budget("5", period_start=YESTERDAY), conflicts=2)
-        ctl = RunController(kube, clock=Clock(now=lambda: NOW))  # type: ignore[arg-type]
+    api = _api(_budget("5", period_start=YESTERDAY), conflicts=2)
+
+    async def go() -> int:
+        ctl = RunController(api.client(), clock=Clock(now=lambda: NOW))
         reg = ctl.manager._registered[budget_refresh.NAME]
         reg.loop.start()
-        ctl.feed("budget", "ADDED", copy.deepcopy(kube.body))  # due: a new period
+        ctl.feed("budget", "ADDED", api.get(PATH))  # type: ignore[arg-type]  # due: a new period
         for _ in range(300):
-            if kube.puts:
+            if api.landed(WRITE):
                 break
             await asyncio.sleep(0.01)
         await _settled(reg.queue)
-        ctl.feed("budget", "MODIFIED", copy.deepcopy(kube.puts[-1]))  # the watch brings our write
+        ctl.feed("budget", "MODIFIED", api.get(PATH))  # type: ignore[arg-type]  # the watch brings our write
         woken = len(reg.queue) + reg.queue.pending_timers()
-        gets = kube.gets
         await ctl.manager.stop()
-        return kube, gets, woken
+        return woken
 
     errors = _errors()
-    kube, gets, woken = asyncio.run(go())
+    woken = asyncio.run(go())
     assert _errors() == errors, "a lost race counted as a reconcile error"
-    assert (len(kube.puts), gets, woken) == (1, 3, 0)  # two conflicts, one write, then nothing more
+    # Two conflicts, one write, then nothing more.
+    assert (api.asked("workerbudgets", writes=True).count("PUT workerbudgets/team/status"), api.landed(WRITE),
+            api.calls.count(f"GET {PATH}"), woken) == (3, 1, 3, 0), api.calls
 
 
 def test_a_deleted_budget_leaves_no_state_in_its_reconciler() -> None:
     """exists() is the cache: a refresh after the deletion finds nothing and drops the key's timers
     and backoff."""
     async def go() -> tuple[int, int]:
-        kube = _Kube(_budget("5", period_start=YESTERDAY), conflicts=1)
-        ctl = RunController(kube, clock=Clock(now=lambda: NOW))  # type: ignore[arg-type]
+        api = _api(_budget("5", period_start=YESTERDAY), conflicts=1)
+        ctl = RunController(api.client(), clock=Clock(now=lambda: NOW))
         reg = ctl.manager._registered[budget_refresh.NAME]
         reg.loop.start()
-        ctl.feed("budget", "ADDED", copy.deepcopy(kube.body))
+        body = api.get(PATH)
+        assert body is not None
+        ctl.feed("budget", "ADDED", body)
         for _ in range(100):
             if reg.queue.pending_timers():
                 break  # the conflict's retry is scheduled
             await asyncio.sleep(0.005)
-        ctl.feed("budget", "DELETED", copy.deepcopy(kube.body))
-        kube.body = None  # type: ignore[assignment]
+        ctl.feed("budget", "DELETED", body)
+        del api.objects[PATH]
         await _settled(reg.queue)
         state = reg.queue.pending_timers() + reg.queue.backoff.failures(("ns", "team"))
         problems = len(reg.loop._problem) + len(reg.loop._streak)

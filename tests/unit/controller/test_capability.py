@@ -105,3 +105,36 @@ def test_a_capability_may_not_take_over_an_action_or_a_confirmation_already_hand
 
     with pytest.raises(ValueError, match="executed twice"):
         _controller(KUEUE, Twice())
+
+
+def test_a_grant_under_an_admission_without_a_fresh_read_is_refused_as_a_bug() -> None:
+    """Whatever gate sets the admission the next attempt runs under must rest the grant on a fresh
+    read of it: a grant that would not is an error, never a write."""
+    from tether.api.models import AttemptAdmission
+    from tether.core.lifecycle import StatusBuilder
+
+    b = StatusBuilder(observe(run()))
+    b.admission = AttemptAdmission(cluster_queue="shared", flavors={}, evictions=0)
+    b.grant()
+    with pytest.raises(AssertionError, match="rests_on"):
+        b.write()
+    b.rests_on = (KueueConfirm.ADMITTED,)
+    assert KueueConfirm.ADMITTED in b.write().requires
+
+
+def test_the_kinds_a_capability_watches_are_registered_with_kopf_once_per_process() -> None:
+    """Operators started one after another in one process (the tests do) share kopf's registry: a
+    second registration would feed every event twice."""
+    import kopf
+
+    from tether.controller import handlers
+
+    def registered() -> int:
+        return sum(1 for h in kopf.get_default_registry()._watching.get_all_handlers()
+                   if str(h.id).startswith("kueue/"))
+
+    handlers.watch([KUEUE])
+    once = registered()
+    handlers.watch([KUEUE])
+    handlers.memo(handlers.Settings(capabilities=[KUEUE]))
+    assert once == len(KUEUE.sources) and registered() == once

@@ -5,7 +5,6 @@ deleted pod, a sweep that never ended, a charge lost after its fold, a name Teth
 from __future__ import annotations
 
 import asyncio
-import copy
 import datetime as dt
 import time
 import types
@@ -21,22 +20,11 @@ from tether.controller.controller import Clock, RunController
 from tether.controller.errors import SpecError
 from tether.core.decide import ChargeBudget, WriteStatus, decide
 from tests.unit.core.test_decide import held, lease, observe, run
-from tests.unit.controller.test_namesake_and_revocation import T0, FakeKube, _new_run, _old_pod
+from tests.unit.controller.test_namesake_and_revocation import T0, _held, _new_run, _old_pod, controller, fake_api
 from tether.core.observe import BudgetObservation
 from tether.api.models import Remaining, Usage
 
 KEY = ("ns", "job")
-
-
-class Kube(FakeKube):
-    async def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    async def list_objects(self, *a: Any, **k: Any) -> list[dict[str, Any]]:
-        return []
-
-    async def get_object(self, path: str) -> dict[str, Any]:
-        return {"metadata": {"name": "ns"}}
 
 
 def _run_a() -> dict[str, Any]:
@@ -48,36 +36,31 @@ def _run_a() -> dict[str, Any]:
 def test_a_namesake_listed_in_place_of_a_run_makes_the_old_runs_pods_strays() -> None:
     """After a watch gap kopf relists without DELETED events: the cache sees namesake B replace A
     under the same key. A's pod must be released (it blocked B forever) and A's UID forgotten."""
-    async def go() -> tuple[int, bool, list[str]]:
-        pod = _old_pod()
-        pod["metadata"]["finalizers"] = [c.POD_FINALIZER]
-        kube = Kube({"job-a1": pod})
-        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+    pod = _old_pod()
+    pod["metadata"]["finalizers"] = [c.POD_FINALIZER]
+    api = fake_api(_new_run(), pod)
+
+    async def go() -> tuple[int, bool]:
+        ctl = controller(api)
         ctl.on_run("ADDED", _run_a())
         ctl.cache.tool_claims_cleared["run-OLD"] = 2
-        ctl.on_pod("ADDED", copy.deepcopy(pod))
-        ctl.on_run(None, _new_run())  # the relist: B, and never a DELETED for A
+        ctl.on_pod("ADDED", _held(api, pod))
+        ctl.on_run(None, _held(api, _new_run()))  # the relist: B, and never a DELETED for A
         queued = len(ctl.stray_queue)
         await ctl.stray_loop.reconciler.reconcile(KEY)
-        return queued, "run-OLD" in ctl.cache.tool_claims_cleared, kube.calls
+        return queued, "run-OLD" in ctl.cache.tool_claims_cleared
 
-    queued, remembered, calls = asyncio.run(go())
+    queued, remembered = asyncio.run(go())
     assert queued == 1 and not remembered
-    assert "delete_pod job-a1" in calls
+    assert "DELETE pods/job-a1" in api.asked("pods", writes=True)
 
 
 def test_a_refresh_that_finds_the_run_gone_releases_its_pods() -> None:
     async def go() -> int:
-        ctl = RunController(Kube({}), clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+        ctl = controller(fake_api())  # the API no longer has the run
         ctl.on_run("ADDED", _run_a())
         ctl.on_pod("ADDED", _old_pod())
         assert len(ctl.stray_queue) == 0  # its own run's pod
-
-        async def gone(*_: Any) -> dict[str, Any]:
-            from tether.kube.client import NotFound
-            raise NotFound(404, "gone", "get run")
-
-        ctl.kube.get_run = gone  # type: ignore[attr-defined]
         await ctl.executor.refresh(KEY)
         return len(ctl.stray_queue)
 
@@ -155,10 +138,11 @@ def test_a_pod_of_the_holders_name_that_no_run_of_this_name_owns_is_refused_visi
     """A pod named <run>-a1 that Tether did not make (no run label): the grant waits and says so
     (a SpecError: Stalled with the reason, an Event), instead of retrying silently forever."""
     async def go() -> None:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "job-a1", "namespace": "ns", "uid": "x",
-                                                                 "resourceVersion": "2"}, "status": {}}
-        ctl = RunController(Kube({"job-a1": pod}), clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
-        ctl.on_run("ADDED", _new_run())
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "job-a1", "namespace": "ns", "uid": "x"},
+               "status": {}}
+        api = fake_api(_new_run(), pod)
+        ctl = controller(api)
+        ctl.on_run("ADDED", _held(api, _new_run()))
         await ctl.cache.classes.sync(lambda: ctl.kube.list_objects("/apis/tether.dev/v1alpha1/workerclasses"))
         snap = ctl.cache.snapshot(KEY)
         assert snap is not None

@@ -19,72 +19,36 @@ from tether.controller.errors import Again
 from tether.controller.snapshot import foreign_pod
 from tether.core.cleanup import revocation_unfinished
 from tether.core.decide import EnsureLease, LeaseObservation, Observed, decide
-from tether.kube.client import Conflict
+from tether.kube.paths import budget_path, lease_path, pod_path, run_path
+from tests.support.fakeapi import FakeApi, Request
 
 T0 = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.timezone.utc)
 
 
-class _Health:
-    available_since = float("-inf")
+def fake_api(*objects: dict[str, Any], now: dt.datetime = T0) -> FakeApi:
+    """The unit tests' fake API holding `objects` (runs, pods, Leases, budgets) as created."""
+    api = FakeApi(now=lambda: now)
+    for obj in objects:
+        api.put(object_path(obj), obj)
+    return api
 
 
-class FakeKube:
-    """Records the writes; holds the pods that exist in the API (whatever the watch delivered)."""
+def object_path(obj: dict[str, Any]) -> str:
+    meta, kind = obj["metadata"], obj.get("kind", "WorkerRun")
+    return {"WorkerRun": run_path, "Pod": pod_path, "Lease": lease_path, "WorkerBudget": budget_path}[kind](
+        meta["namespace"], meta["name"])
 
-    def __init__(self, pods: dict[str, dict[str, Any]]) -> None:
-        self.health = _Health()
-        self.pods = pods
-        self.calls: list[str] = []
-        self.rv = 10
-        self.lease: dict[str, Any] | None = None
 
-    def _stored(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.rv += 1
-        meta = {**obj["metadata"], "resourceVersion": str(self.rv), "uid": obj["metadata"].get("uid", f"x{self.rv}")}
-        return {**obj, "metadata": meta}
+def controller(api: FakeApi, **kw: Any) -> RunController:
+    """The controller on the fake API, through the operator's own client."""
+    return RunController(api.client(), clock=Clock(now=lambda: T0, mono=lambda: 100.0), **kw)
 
-    async def replace_run_status(self, run: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append("status")
-        return self._stored(run)
 
-    async def get_lease(self, ns: str, name: str) -> dict[str, Any] | None:
-        return self.lease
-
-    async def list_objects(self, path: str, *a: Any, **k: Any) -> list[dict[str, Any]]:
-        return []  # no WorkerClass (the operator lists them once before deciding a run that is not pinned)
-
-    async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"replace_lease {lease['spec']['holderIdentity']} {lease['spec']['leaseTransitions']}")
-        self.lease = self._stored(lease)
-        return self.lease
-
-    async def create_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"create_lease {lease['spec']['holderIdentity']}")
-        return self._stored(lease)
-
-    async def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        return self._stored(obj)
-
-    async def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
-        if pod["metadata"]["name"] in self.pods:
-            raise Conflict(409, "exists", "create pod")
-        return self._stored(pod)
-
-    async def get_pod(self, ns: str, name: str) -> dict[str, Any] | None:
-        self.calls.append(f"get_pod {name}")
-        return self.pods.get(name)
-
-    async def delete_pod(self, ns: str, name: str, uid: str | None = None) -> dict[str, Any] | None:
-        self.calls.append(f"delete_pod {name}")
-        pod = self.pods[name]
-        pod["metadata"]["deletionTimestamp"] = T0.strftime("%Y-%m-%dT%H:%M:%SZ")
-        return pod
-
-    async def remove_finalizer(self, ns: str, name: str, finalizer: str, uid: str | None = None) -> dict[str, Any] | None:
-        return self.pods.get(name)
-
-    async def post_event(self, *a: Any) -> None:
-        pass
+def _held(api: FakeApi, obj: dict[str, Any]) -> dict[str, Any]:
+    """The object as the API holds it (its resourceVersion and UID), as a watch would bring it."""
+    held = api.get(object_path(obj))
+    assert held is not None
+    return held
 
 
 async def reconcile(ctl: RunController, key: tuple[str, str]) -> tuple[float | None, bool]:
@@ -115,24 +79,29 @@ def _new_run() -> dict[str, Any]:
 def test_a_namesakes_pod_the_watch_has_not_delivered_holds_the_grant() -> None:
     """After a restart the run watch may list the re-created run before the pod watch lists the
     old run's pod job-a1: the grant must look for that pod itself before it writes anything."""
-    async def go() -> tuple[FakeKube, RunController]:
-        kube = FakeKube({"job-a1": _old_pod()})
-        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
-        ctl.on_run("ADDED", _new_run())
+    api = fake_api(_new_run(), _old_pod())
+
+    async def go() -> RunController:
+        ctl = controller(api)
+        ctl.on_run("ADDED", _held(api, _new_run()))
         with pytest.raises(Again):
             await reconcile(ctl, ("ns", "job"))
+        assert api.asked("workerruns", "pods", "leases", writes=True) == []  # the pod read came first, and nothing was written
         # Now it knows the pod: it waits until the pod's token is dead; the stray queue deletes it.
         requeue, _ = await reconcile(ctl, ("ns", "job"))
         assert requeue == 1.0  # not being deleted yet
         assert len(ctl.stray_queue) == 1  # the pod of a deleted run waits on the stray queue
         await ctl.stray_loop.reconciler.reconcile(("ns", "job"))
         requeue, _ = await reconcile(ctl, ("ns", "job"))
-        assert requeue == pytest.approx(85.0)
-        return kube, ctl
+        # Deleted with the default 30 s grace period: its token is accepted until 85 s past that.
+        assert requeue == pytest.approx(30.0 + 85.0)
+        return ctl
 
-    kube, ctl = asyncio.run(go())
+    ctl = asyncio.run(go())
     # No Lease, no pod: only the status that says why the run waits (pod not deleted, then terminating).
-    assert kube.calls == ["get_pod job-a1", "status", "delete_pod job-a1", "status"], kube.calls
+    assert api.asked("workerruns", "pods", "leases", writes=True) == ["PUT workerruns/job/status", "DELETE pods/job-a1",
+                                      "PUT workerruns/job/status"], api.calls
+    assert "GET pods/job-a1" in api.asked("pods")
     assert "job-a1" in ctl.cache.pods_of(("ns", "job"))
 
 
@@ -140,23 +109,24 @@ def test_a_deleted_namesakes_pod_holds_the_grant_for_the_token_cache_after_it_is
     """The pod's DELETED event: its token may still authenticate from the API server's 10 s
     cache and lister lag, so the name stays taken for 20 s; after that the run is granted."""
     now = [T0]
+    api = fake_api(_new_run())
 
-    async def go() -> list[str]:
-        kube = FakeKube({})
-        ctl = RunController(kube, clock=Clock(now=lambda: now[0], mono=lambda: 100.0))  # type: ignore[arg-type]
+    async def go() -> None:
+        ctl = RunController(api.client(), clock=Clock(now=lambda: now[0], mono=lambda: 100.0))
         ctl.on_pod("ADDED", _old_pod())
         ctl.on_pod("DELETED", _old_pod(deleting=T0))
-        ctl.on_run("ADDED", _new_run())
+        ctl.on_run("ADDED", _held(api, _new_run()))
         requeue, acted = await reconcile(ctl, ("ns", "job"))
         assert acted and requeue == pytest.approx(20.0)  # acted: it said why it waits
         status = ctl.cache.runs[("ns", "job")]["status"]
         assert status["phase"] == "Pending" and "job-a1" in status["conditions"][-1]["message"]
         now[0] = T0 + dt.timedelta(seconds=21)
         await reconcile(ctl, ("ns", "job"))
-        return kube.calls
 
-    calls = asyncio.run(go())
-    assert calls[:4] == ["status", "get_pod job-a1", "status", "create_lease job-a1"], calls
+    asyncio.run(go())
+    writes = api.asked("workerruns", "pods", "leases", writes=True)
+    assert writes[:3] == ["PUT workerruns/job/status", "PUT workerruns/job/status", "POST leases/job"], api.calls
+    assert "GET pods/job-a1" in api.asked("pods")  # the grant looked for the name itself
 
 
 def test_the_grant_waits_past_the_token_leeway_and_the_auth_cache() -> None:
@@ -263,20 +233,21 @@ def test_a_grant_never_overwrites_a_lease_that_still_names_an_ended_attempt() ->
                                                    "controller": True}]},
                  "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1, "leaseDurationSeconds": 20}}
 
-    async def go() -> FakeKube:
-        kube = FakeKube({})
-        kube.lease = uncleared
-        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
-        ctl.on_run("ADDED", run)  # the Lease is not in this operator's cache
+    api = fake_api(run, uncleared)
+
+    async def go() -> None:
+        ctl = controller(api)
+        ctl.on_run("ADDED", _held(api, run))  # the Lease is not in this operator's cache
         with pytest.raises(Again):
             await reconcile(ctl, ("ns", "job"))
-        assert kube.calls == []  # nothing granted
+        assert api.asked("workerruns", "pods", "leases", writes=True) == []  # nothing granted
         await reconcile(ctl, ("ns", "job"))  # now it sees the Lease: clear it first
-        return kube
 
-    kube = asyncio.run(go())
-    assert kube.calls[0] == "replace_lease None 2", kube.calls
-    assert kube.lease is not None and kube.lease["metadata"]["annotations"][c.ANN_USAGE] == '{"cents":2,"tokens":0}'
+    asyncio.run(go())
+    assert api.asked("workerruns", "pods", "leases", writes=True)[0] == "PUT leases/job", api.calls
+    lease = _held(api, uncleared)
+    assert (lease["spec"]["holderIdentity"], lease["spec"]["leaseTransitions"]) == (None, 2)  # cleared, fence 2
+    assert lease["metadata"]["annotations"][c.ANN_USAGE] == '{"cents":2,"tokens":0}'  # the report kept
 
 
 def test_the_books_close_only_against_a_fresh_lease_and_budget() -> None:
@@ -304,34 +275,33 @@ def test_the_books_close_only_against_a_fresh_lease_and_budget() -> None:
               "spec": {"limitCents": 100},
               "status": {"spent": {"cents": 7, "tokens": 0}, "charges": {"run-NEW": {"run": "job", "cents": 7}}}}
 
-    class Kube(FakeKube):
-        async def get_budget(self, ns: str, name: str) -> dict[str, Any]:
-            return budget
+    api = fake_api(finished, cleared, budget)
 
-    async def go() -> list[str]:
-        kube = Kube({})
-        kube.lease = cleared
-        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
-        ctl.on_budget("ADDED", budget)
-        ctl.on_run("ADDED", finished)  # no Lease in the cache yet
+    async def go() -> None:
+        ctl = controller(api)
+        ctl.on_budget("ADDED", _held(api, budget))
+        ctl.on_run("ADDED", _held(api, finished))  # no Lease in the cache yet
         with pytest.raises(Again):
             await reconcile(ctl, ("ns", "job"))  # about to record budgetCharged on 7 cents: read first
-        assert kube.calls == []
+        assert api.asked("workerruns", "leases", "workerbudgets", writes=True) == []
         await reconcile(ctl, ("ns", "job"))  # the 10 cents are settled into the status
         settled = ctl.cache.runs[("ns", "job")]["status"]
         assert settled["usage"]["cents"] == 10 and not settled.get("budgetCharged")
         # The run is charged in full and released; then a stale budget event brings the mark back.
-        ctl.cache.runs.store(("ns", "job"), {**ctl.cache.runs[("ns", "job")], "status": {
-            **settled, "budgetCharged": True, "charged": {"cents": 10, "tokens": 0}}})
-        budget["status"] = {"spent": {"cents": 10, "tokens": 0}, "charges": {"run-NEW": {"run": "job", "cents": 10}}}
-        ctl.on_budget("MODIFIED", {**budget, "metadata": {**budget["metadata"], "resourceVersion": "5"},
+        charged = _held(api, finished)
+        charged["status"] = {**settled, "budgetCharged": True, "charged": {"cents": 10, "tokens": 0}}
+        ctl.on_run("MODIFIED", _held(api, api.put(run_path("ns", "job"), charged)))
+        now_held = _held(api, budget)
+        now_held["status"] = {"spent": {"cents": 10, "tokens": 0}, "charges": {"run-NEW": {"run": "job", "cents": 10}}}
+        api.put(budget_path("ns", "team"), now_held)  # the API's budget still holds the mark
+        ctl.on_budget("MODIFIED", {**now_held, "metadata": {**now_held["metadata"], "resourceVersion": "1"},
                                    "status": {"spent": {"cents": 10, "tokens": 0}, "charges": {}}})
         with pytest.raises(Again):
             await reconcile(ctl, ("ns", "job"))  # TTL due, but the fresh budget still holds its mark
-        return kube.calls
 
-    calls = asyncio.run(go())
-    assert calls == ["status"], calls  # the settle; no deletion while the mark is in the ledger
+    asyncio.run(go())
+    # The settle; no deletion while the mark is in the ledger.
+    assert api.asked("workerruns", "leases", "workerbudgets", writes=True) == ["PUT workerruns/job/status"], api.calls
 
 
 def test_a_deposed_leader_stops_writing_in_the_middle_of_a_pass() -> None:
@@ -341,22 +311,23 @@ def test_a_deposed_leader_stops_writing_in_the_middle_of_a_pass() -> None:
     leadership is gone, and nothing after it is written."""
     leader = [True]
 
-    class Kube(FakeKube):
-        async def replace_run_status(self, run: dict[str, Any]) -> dict[str, Any]:
-            written = await super().replace_run_status(run)
-            leader[0] = False  # deposed while the status write was in flight
-            return written
+    api = fake_api(_new_run())
 
-    async def go() -> tuple[list[str], Any]:
-        kube = Kube({})
-        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0),  # type: ignore[arg-type]
-                            may_act=lambda: leader[0])
-        ctl.on_run("ADDED", _new_run())
+    def depose(req: Request) -> None:
+        if req.method == "PUT" and req.path.endswith("/status"):
+            leader[0] = False  # deposed while the status write was in flight (it lands)
+        return None
+
+    api.before(depose)
+
+    async def go() -> Any:
+        ctl = controller(api, may_act=lambda: leader[0])
+        ctl.on_run("ADDED", _held(api, _new_run()))
         key = ("ns", "job")
         await ctl.loop.process(key)
-        return kube.calls, ctl.queue
+        return ctl.queue
 
-    calls, queue = asyncio.run(go())
-    writes = [call for call in calls if not call.startswith("get_")]
-    assert writes == ["status"], calls  # no Lease written, no pod created by a replica that is not the leader
+    queue = asyncio.run(go())
+    writes = api.asked("workerruns", "pods", "leases", writes=True)
+    assert writes == ["PUT workerruns/job/status"], api.calls  # no Lease, no pod by a replica no longer leading
     assert queue.pending_timers() == 1  # the key comes back once this replica may act again (or it exits)

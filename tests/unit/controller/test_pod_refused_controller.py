@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-from tether.controller.controller import Clock, RunController
+from tether.controller.controller import RunController
 from tether.controller.errors import Again, SpecError
 from tether.kube.client import ApiError, Forbidden, Invalid
-from tests.unit.controller.test_namesake_and_revocation import T0, FakeKube, _new_run
+from tether.kube.paths import lease_path
+from tests.support.fakeapi import FakeApi, Request
+from tests.unit.controller.test_namesake_and_revocation import _held, _new_run, controller, fake_api
 
 KEY = ("ns", "job")
 INVALID = 'Pod "job-a1" is invalid: spec.containers[0].name: Invalid value: "Worker_1": a lowercase RFC 1123 label'
@@ -24,36 +26,18 @@ def _status(code: int, message: str) -> str:
     return json.dumps({"kind": "Status", "code": code, "message": message})
 
 
-class RefusingKube(FakeKube):
-    def __init__(self, refusal: ApiError) -> None:
-        super().__init__({})
-        self.refusal = refusal
-        self.run = _new_run()
+def _passes(refusal: ApiError, count: int) -> tuple[RunController, FakeApi, list[type[Exception] | None]]:
+    """`count` passes over a run whose attempts' pods the API server refuses with `refusal`."""
+    api = fake_api(_new_run())
 
-    async def replace_run_status(self, run: dict[str, Any]) -> dict[str, Any]:
-        self.run = await super().replace_run_status(run)
-        return self.run
+    def refuse(req: Request) -> tuple[int, dict[str, Any]] | None:
+        return (refusal.status, json.loads(refusal.body)) if req.method == "POST" and req.path.endswith("/pods") else None
 
-    async def get_run(self, ns: str, name: str) -> dict[str, Any]:
-        return self.run
+    api.before(refuse)
 
-    async def timed_get(self, path: str, what: str) -> tuple[dict[str, Any] | None, float]:
-        return self.lease, 0.01  # the Lease, read back as written
-
-    async def create_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
-        self.lease = await super().create_lease(lease)
-        return self.lease
-
-    async def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"create_pod {pod['metadata']['name']}")
-        raise self.refusal
-
-
-def _passes(refusal: ApiError, count: int) -> tuple[RunController, RefusingKube, list[type[Exception] | None]]:
-    async def go() -> tuple[RunController, RefusingKube, list[type[Exception] | None]]:
-        kube = RefusingKube(refusal)
-        ctl = RunController(kube, clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
-        ctl.on_run("ADDED", _new_run())
+    async def go() -> tuple[RunController, FakeApi, list[type[Exception] | None]]:
+        ctl = controller(api)
+        ctl.on_run("ADDED", _held(api, _new_run()))
         ended: list[type[Exception] | None] = []
         for _ in range(count):
             try:
@@ -61,7 +45,7 @@ def _passes(refusal: ApiError, count: int) -> tuple[RunController, RefusingKube,
                 ended.append(None)
             except (Again, SpecError) as exc:
                 ended.append(type(exc))
-        return ctl, kube, ended
+        return ctl, api, ended
 
     return asyncio.run(go())
 
@@ -74,7 +58,7 @@ def _passes(refusal: ApiError, count: int) -> tuple[RunController, RefusingKube,
                                 '\'no-hostpath\' denied request: hostPath volumes are not allowed'), "create pod"),
 ], ids=["invalid", "pod-security", "webhook", "policy"])
 def test_a_refused_pod_is_told_to_the_core_which_ends_its_attempt(refusal: ApiError) -> None:
-    ctl, kube, ended = _passes(refusal, 2)
+    ctl, api, ended = _passes(refusal, 2)
     # The grant's pass: refused, recorded, decided again at once; the next pass ends the attempt.
     assert ended == [Again, None], ended
     assert ctl.cache.pod_refusals["run-NEW"].fence == 1
@@ -83,8 +67,9 @@ def test_a_refused_pod_is_told_to_the_core_which_ends_its_attempt(refusal: ApiEr
     assert status["attempts"][-1]["outcome"] == "PodRefused" and refusal.message in status["attempts"][-1]["message"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "PodRefused" and refusal.message in ready["message"]
-    assert kube.calls.count("create_pod job-a1") == 1  # not tried again: the attempt is over
-    assert "replace_lease None 2" in kube.calls  # revoked: the Lease cleared at the new fence
+    assert api.asked("pods", writes=True) == ["POST pods/job-a1"]  # not tried again: the attempt is over
+    lease = api.get(lease_path("ns", "job"))
+    assert lease is not None and (lease["spec"]["holderIdentity"], lease["spec"]["leaseTransitions"]) == (None, 2)
 
 
 @pytest.mark.parametrize("message", [
@@ -98,10 +83,10 @@ def test_a_refusal_that_passes_on_its_own_is_no_refusal_of_the_attempt(message: 
     """Recorded (Stalled) and the pod tried again, as before: the quota frees as other pods end, the
     worker account is made again, the operator's RBAC comes back. Only the pod itself refused ends it."""
     refusal = Forbidden(403, _status(403, message), "create pod")
-    ctl, kube, ended = _passes(refusal, 2)
+    ctl, api, ended = _passes(refusal, 2)
     assert ended == [SpecError, SpecError] and "run-NEW" not in ctl.cache.pod_refusals
     status = ctl.cache.runs[KEY]["status"]
     assert status["holder"] == "job-a1" and status["attempts"][-1].get("outcome") is None
     stalled = next(c for c in status["conditions"] if c["type"] == "Stalled")
     assert (stalled["status"], stalled["reason"]) == ("True", "PodRefused") and message in stalled["message"]
-    assert kube.calls.count("create_pod job-a1") == 2
+    assert api.asked("pods", writes=True) == ["POST pods/job-a1", "POST pods/job-a1"]

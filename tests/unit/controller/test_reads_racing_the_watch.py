@@ -9,28 +9,56 @@ import asyncio
 import copy
 import datetime as dt
 import time
-from typing import Any
+from typing import Any, Callable
 
 from tether.controller import sweeper
 from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
-from tether.controller.controller import Clock, RunController
-from tether.kube.client import NotFound
-from tests.unit.controller.test_controller_review import KEY, Kube, _run_a
-from tests.unit.controller.test_namesake_and_revocation import T0, _new_run, _old_pod
+from tether.controller.controller import RunController
+from tether.kube.paths import budget_path, run_path
+from tests.support.fakeapi import FakeApi, Request
+from tests.unit.controller.test_controller_review import KEY, _run_a
+from tests.unit.controller.test_namesake_and_revocation import T0, _new_run, _old_pod, controller
+
+GONE = (404, {"kind": "Status", "code": 404, "reason": "NotFound", "message": "gone"})
+Answer = tuple[int, dict[str, Any]]
+
+
+def _while_asked(api: FakeApi, method: str, path: str, race: Callable[[], Answer | None]) -> None:
+    """The first time the API is asked `method path`, `race` runs while the request is on its way
+    (what the watch delivers meanwhile) and may answer for the server."""
+    def hook(req: Request) -> Answer | None:
+        if (req.method, req.path) != (method, path):
+            return None
+        api.hooks.remove(hook)
+        return race()
+
+    api.before(hook)
+
+
+def _lists(api: FakeApi, answers: Callable[[str], list[dict[str, Any]] | None]) -> None:
+    """Every list the API is asked for is answered by `answers(path)` (None: as the API holds it)."""
+    def hook(req: Request) -> Answer | None:
+        if req.method != "GET" or req.path.rsplit("/", 1)[-1] not in ("workerruns", "pods", "leases", "workerbudgets"):
+            return None
+        items = answers(req.path)
+        return None if items is None else (200, {"kind": "List", "metadata": {}, "items": items})
+
+    api.before(hook)
 
 
 def test_a_run_re_created_while_a_read_of_the_old_one_was_answered_404_is_kept() -> None:
     async def go() -> RunController:
-        ctl = RunController(Kube({}), clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+        api = FakeApi()
+        ctl = controller(api)
         ctl.on_run("ADDED", _run_a())
 
-        async def gone_then_recreated(*_: Any) -> dict[str, Any]:
+        def gone_then_recreated() -> Answer:
             ctl.on_run("DELETED", _run_a())  # the old run goes ...
             ctl.on_run("ADDED", _new_run())  # ... and its namesake's ADDED lands before our 404 is handled
-            raise NotFound(404, "gone", "get run")
+            return GONE
 
-        ctl.kube.get_run = gone_then_recreated  # type: ignore[attr-defined]
+        _while_asked(api, "GET", run_path(*KEY), gone_then_recreated)
         await ctl.executor.refresh(KEY)
         return ctl
 
@@ -41,13 +69,8 @@ def test_a_run_re_created_while_a_read_of_the_old_one_was_answered_404_is_kept()
 
 def test_a_run_the_404_was_about_is_still_dropped() -> None:
     async def go() -> RunController:
-        ctl = RunController(Kube({}), clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+        ctl = controller(FakeApi())  # the API holds no such run
         ctl.on_run("ADDED", _run_a())
-
-        async def gone(*_: Any) -> dict[str, Any]:
-            raise NotFound(404, "gone", "get run")
-
-        ctl.kube.get_run = gone  # type: ignore[attr-defined]
         await ctl.executor.refresh(KEY)
         return ctl
 
@@ -67,20 +90,23 @@ def test_a_sweep_relist_drops_only_what_was_cached_before_it_listed() -> None:
         elif kind == "pod":
             cache.drop_pod(body) if event_type == "DELETED" else cache.put_pod(body)
 
-    class ListKube:
-        async def list_objects(self, path: str, *a: Any, **k: Any) -> list[dict[str, Any]]:
-            if "workerruns" in path:
-                # Answered without the run; the watch brings it (and its pod) right after.
-                cache.put_run(copy.deepcopy(_new_run()))
-                pod = _old_pod()
-                pod["metadata"].update(uid="pod-new", ownerReferences=[{**pod["metadata"]["ownerReferences"][0],
-                                                                        "uid": "run-NEW"}])
-                cache.put_pod(pod)
-            return []
+    api = FakeApi()
+
+    def answered_then_watched(path: str) -> list[dict[str, Any]] | None:
+        if path.endswith("workerruns"):
+            # Answered without the run; the watch brings it (and its pod) right after.
+            cache.put_run(copy.deepcopy(_new_run()))
+            pod = _old_pod()
+            pod["metadata"].update(uid="pod-new", ownerReferences=[{**pod["metadata"]["ownerReferences"][0],
+                                                                    "uid": "run-NEW"}])
+            cache.put_pod(pod)
+        return None
+
+    _lists(api, answered_then_watched)
 
     async def go() -> None:
-        sweep = sweeper.NamespaceSweeper(ListKube(), cache, BudgetBook(ListKube(), lambda: T0),  # type: ignore[arg-type]
-                                         feed, lambda ns: None)
+        kube = api.client()
+        sweep = sweeper.NamespaceSweeper(kube, cache, BudgetBook(kube, lambda: T0), feed, lambda ns: None)
         await sweep._relist_now("ns")
 
     asyncio.run(go())
@@ -90,21 +116,23 @@ def test_a_sweep_relist_drops_only_what_was_cached_before_it_listed() -> None:
 # --- found by a review of the first fix: the same class at every read ------------------
 
 
-def _ctl() -> RunController:
-    return RunController(Kube({}), clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
+def _ctl(api: FakeApi) -> RunController:
+    return controller(api)
 
 
 def test_get_answer_older_than_the_watch_overwrites_it() -> None:
     """GET answered with rv 3; the watch then brings rv 4 (spec.suspend set); the GET's answer is handled last."""
     async def go() -> RunController:
-        ctl = _ctl()
+        api = FakeApi()
+        ctl = _ctl(api)
         ctl.on_run("ADDED", _run_a())
-        old = copy.deepcopy(ctl.cache.runs[KEY]); old = _run_a()
-        async def racing(*_: Any) -> dict[str, Any]:
+
+        def racing() -> Answer:
             newer = _run_a(); newer["metadata"].update(resourceVersion="4", generation=2); newer["spec"]["suspend"] = True
             ctl.on_run("MODIFIED", newer)
-            return old
-        ctl.kube.get_run = racing  # type: ignore[attr-defined]
+            return 200, _run_a()  # the GET was answered before that change
+
+        _while_asked(api, "GET", run_path(*KEY), racing)
         await ctl.executor.refresh(KEY)
         return ctl
     ctl = asyncio.run(go())
@@ -113,12 +141,15 @@ def test_get_answer_older_than_the_watch_overwrites_it() -> None:
 
 def test_get_answer_revives_a_run_the_watch_saw_deleted() -> None:
     async def go() -> RunController:
-        ctl = _ctl()
+        api = FakeApi()
+        ctl = _ctl(api)
         ctl.on_run("ADDED", _run_a())
-        async def racing(*_: Any) -> dict[str, Any]:
+
+        def racing() -> Answer:
             ctl.on_run("DELETED", _run_a())
-            return _run_a()
-        ctl.kube.get_run = racing  # type: ignore[attr-defined]
+            return 200, _run_a()
+
+        _while_asked(api, "GET", run_path(*KEY), racing)
         await ctl.executor.refresh(KEY)
         return ctl
     assert asyncio.run(go()).cache.run(KEY) is None
@@ -126,12 +157,15 @@ def test_get_answer_revives_a_run_the_watch_saw_deleted() -> None:
 
 def test_get_of_old_run_replaces_the_namesake_the_watch_brought() -> None:
     async def go() -> RunController:
-        ctl = _ctl()
+        api = FakeApi()
+        ctl = _ctl(api)
         ctl.on_run("ADDED", _run_a())
-        async def racing(*_: Any) -> dict[str, Any]:
+
+        def racing() -> Answer:
             ctl.on_run("DELETED", _run_a()); ctl.on_run("ADDED", _new_run())
-            return _run_a()  # answered before the deletion
-        ctl.kube.get_run = racing  # type: ignore[attr-defined]
+            return 200, _run_a()  # answered before the deletion
+
+        _while_asked(api, "GET", run_path(*KEY), racing)
         await ctl.executor.refresh(KEY)
         return ctl
     kept = asyncio.run(go()).cache.run(KEY)
@@ -148,17 +182,15 @@ def test_budget_get_revives_a_budget_deleted_meanwhile() -> None:
     from tether.api.models import WorkerRun
     run = _new_run(); run["spec"]["budget"] = {"budgetRef": {"name": "b"}}
     wr = WorkerRun.model_validate(run)
-    class K:
-        raced = False
-        async def get_budget(self, ns: str, name: str) -> dict[str, Any] | None:
-            if K.raced:
-                return None
-            K.raced = True
-            book.on_event("ADDED", _budget()); book.on_event("DELETED", _budget())
-            return _budget()
-    book = BudgetBook(K(), lambda: T0)  # type: ignore[arg-type]
-    async def go() -> Any:
-        return await book.observe(wr, T0)
+    api = FakeApi()  # the budget is gone by the time anyone asks again
+
+    def racing() -> Answer:
+        book.on_event("ADDED", _budget()); book.on_event("DELETED", _budget())
+        return 200, _budget()  # answered before the deletion
+
+    _while_asked(api, "GET", budget_path("ns", "b"), racing)
+    book = BudgetBook(api.client(), lambda: T0)
+
     async def go2() -> Any:
         obs = await book.observe(wr, T0)
         return obs, dict(book.cache)
@@ -179,18 +211,23 @@ def test_sweeper_final_relist_drops_runs_of_a_recreated_namespace() -> None:
         fed.append((kind, event_type))
         if kind == "run":
             (cache.drop_run if event_type == "DELETED" else cache.put_run)(body)
-    calls = {"n": 0}
-    class K:
-        async def get_object(self, path: str) -> dict[str, Any]:
-            calls["n"] += 1
-            if calls["n"] == 1:
-                return {"metadata": {"name": "ns", "uid": "ns-1", "deletionTimestamp": "2026-11-29T12:00:00Z"}}
-            return {"metadata": {"name": "ns", "uid": "ns-2"}}  # re-created, watched by kopf again
-        async def list_objects(self, path: str, *a: Any, **k: Any) -> list[dict[str, Any]]:
-            # The re-created namespace holds its new run (what a real list answers).
-            return [_new_run()] if "workerruns" in path and calls["n"] >= 2 else []
+    api = FakeApi()
+    api.put("/api/v1/namespaces/ns", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": "ns", "uid": "ns-1", "deletionTimestamp": "2026-11-29T12:00:00Z", "finalizers": ["kubernetes"]}})
+
+    def recreated() -> None:
+        # Gone and created again (watched by kopf again), holding its new run (what a real list answers).
+        api.put("/api/v1/namespaces/ns", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns", "uid": "ns-2"}})
+        api.put(run_path(*KEY), _new_run())
+        return None
+
+    _while_asked(api, "GET", "/api/v1/namespaces/ns", lambda: None)  # the first read: being deleted
+    api.before(lambda req: recreated() if api.calls.count("GET /api/v1/namespaces/ns") == 2 and
+               req.call == "GET /api/v1/namespaces/ns" else None)
+
     async def go() -> None:
-        sw = sweeper.NamespaceSweeper(K(), cache, BudgetBook(K(), lambda: T0), feed, lambda ns: None)  # type: ignore[arg-type]
+        kube = api.client()
+        sw = sweeper.NamespaceSweeper(kube, cache, BudgetBook(kube, lambda: T0), feed, lambda ns: None)
         orig = asyncio.sleep
         async def quick(_: float) -> None:
             cache.put_run(copy.deepcopy(_new_run()))  # the watch on the new namespace delivers its run
@@ -213,16 +250,19 @@ def test_sweeper_relist_revives_a_pod_the_watch_saw_deleted() -> None:
             cache.drop_pod(body) if event_type == "DELETED" else cache.put_pod(body)
         elif kind == "run":
             (cache.drop_run if event_type == "DELETED" else cache.put_run)(body)
-    class K:
-        async def list_objects(self, path: str, *a: Any, **k: Any) -> list[dict[str, Any]]:
-            if "pods" in path:
-                cache.drop_pod(_old_pod())  # listed, then deleted: the DELETED is handled first
-                return [_old_pod()]
-            if "workerruns" in path:
-                return [_run_a()]
-            return []
+    api = FakeApi()
+
+    def listed(path: str) -> list[dict[str, Any]]:
+        if path.endswith("pods"):
+            cache.drop_pod(_old_pod())  # listed, then deleted: the DELETED is handled first
+            return [_old_pod()]
+        return [_run_a()] if path.endswith("workerruns") else []
+
+    _lists(api, listed)
+
     async def go() -> None:
-        sw = sweeper.NamespaceSweeper(K(), cache, BudgetBook(K(), lambda: T0), feed, lambda ns: None)  # type: ignore[arg-type]
+        kube = api.client()
+        sw = sweeper.NamespaceSweeper(kube, cache, BudgetBook(kube, lambda: T0), feed, lambda ns: None)
         await sw._relist_now("ns")
     asyncio.run(go())
     assert "job-a1" not in cache.pods_of(KEY)
@@ -236,13 +276,13 @@ def test_sweeper_started_for_a_namespace_that_is_not_being_deleted_drops_its_run
     def feed(kind: str, event_type: str, body: dict[str, Any]) -> None:
         if kind == "run":
             (cache.drop_run if event_type == "DELETED" else cache.put_run)(body)
-    class K:
-        async def get_object(self, path: str) -> dict[str, Any]:
-            return {"metadata": {"name": "ns", "uid": "ns-2"}}
-        async def list_objects(self, path: str, *a: Any, **k: Any) -> list[dict[str, Any]]:
-            return [_new_run()] if "workerruns" in path else []
+    api = FakeApi()
+    api.put("/api/v1/namespaces/ns", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns", "uid": "ns-2"}})
+    api.put(run_path(*KEY), _new_run())
+
     async def go() -> None:
-        sw = sweeper.NamespaceSweeper(K(), cache, BudgetBook(K(), lambda: T0), feed, lambda ns: None)  # type: ignore[arg-type]
+        kube = api.client()
+        sw = sweeper.NamespaceSweeper(kube, cache, BudgetBook(kube, lambda: T0), feed, lambda ns: None)
         await sw._sweep_until_gone("ns")
     asyncio.run(go())
     assert cache.run(KEY) is not None

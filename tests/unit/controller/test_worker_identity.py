@@ -11,6 +11,7 @@ import pytest
 from tether.api.models import WorkerRun
 from tether.controller.rbac import WorkerRbac
 from tether.kube import resources
+from tests.support.fakeapi import FakeApi
 
 
 def _run(name: str, executor: str = "Pod", sa: str | None = None, ns: str = "ns") -> WorkerRun:
@@ -22,24 +23,20 @@ def _run(name: str, executor: str = "Pod", sa: str | None = None, ns: str = "ns"
         "spec": {"executor": executor, "template": {"spec": spec} if executor == "Pod" else None}})
 
 
-class _Kube:
-    def __init__(self) -> None:
-        self.created: list[str] = []
-
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.created.append(f"{path.rsplit('/', 1)[-1]}/{body['metadata']['name']}")
-        return body
+def _created(api: FakeApi) -> list[str]:
+    """What the API was asked to create, as "plural/name"."""
+    return [call.split(" ", 1)[1] for call in api.asked(writes=True) if call.startswith("POST ")]
 
 
 def test_pod_runs_of_a_namespace_share_one_identity_created_once() -> None:
-    kube = _Kube()
-    rbac = WorkerRbac(kube, shared=True)  # type: ignore[arg-type]
+    api = FakeApi()
+    rbac = WorkerRbac(api.client(), shared=True)
 
     async def go() -> None:
         for run in (_run("a"), _run("b"), _run("c", ns="other")):
             await rbac.ensure(run)
     asyncio.run(go())
-    assert kube.created == ["serviceaccounts/tether-worker", "roles/tether-worker", "rolebindings/tether-worker"] * 2
+    assert _created(api) == ["serviceaccounts/tether-worker", "roles/tether-worker", "rolebindings/tether-worker"] * 2
     pod = resources.build_pod(_run("a"), "a-a1", 1, 1, "a-a1", shared=True)
     assert pod["spec"]["serviceAccountName"] == "tether-worker"
     role = dict(resources.build_namespace_worker_rbac("ns"))["/apis/rbac.authorization.k8s.io/v1/namespaces/ns/roles"]
@@ -50,24 +47,26 @@ def test_external_runs_own_accounts_and_per_run_mode_keep_one_identity_per_run()
     for shared, run, expected_sa in ((True, _run("x", executor="External"), "x-worker"),
                                      (True, _run("y", sa="mine"), "mine"),
                                      (False, _run("z"), "z-worker")):
-        kube = _Kube()
-        asyncio.run(WorkerRbac(kube, shared=shared).ensure(run))  # type: ignore[arg-type]
-        name = run.metadata.name
-        assert f"roles/tether-worker-{name}" in kube.created and f"rolebindings/tether-worker-{name}" in kube.created
+        api = FakeApi()
+        asyncio.run(WorkerRbac(api.client(), shared=shared).ensure(run))
+        name, created = run.metadata.name, _created(api)
+        assert f"roles/tether-worker-{name}" in created and f"rolebindings/tether-worker-{name}" in created
         assert resources.worker_service_account(run, shared) == expected_sa
 
 
 def test_the_namespace_identity_is_made_again_once_forgotten() -> None:
     """Review finding: deleted by someone, or the namespace re-created, the objects are missing;
     a pod refusal (or the namespace going away) makes the next ensure create them again."""
-    kube = _Kube()
-    rbac = WorkerRbac(kube, shared=True)  # type: ignore[arg-type]
+    api = FakeApi()
+    rbac = WorkerRbac(api.client(), shared=True)
     asyncio.run(rbac.ensure(_run("a")))
     asyncio.run(rbac.ensure(_run("b")))
-    assert len(kube.created) == 3
+    assert len(_created(api)) == 3
+    for path in list(api.objects):
+        del api.objects[path]  # deleted by someone
     rbac.forget_namespace("ns")
     asyncio.run(rbac.ensure(_run("c")))
-    assert kube.created[3:] == ["serviceaccounts/tether-worker", "roles/tether-worker", "rolebindings/tether-worker"]
+    assert _created(api)[3:] == ["serviceaccounts/tether-worker", "roles/tether-worker", "rolebindings/tether-worker"]
 
 
 def test_an_external_run_is_never_given_an_account_it_names() -> None:
@@ -84,24 +83,13 @@ def test_an_external_run_is_never_given_an_account_it_names() -> None:
         == ["ext-worker"]
 
 
-class _Existing(_Kube):
-    """The API server already holds `ci-worker`, made by someone (owner references as given)."""
-
-    def __init__(self, owners: list[dict[str, Any]]) -> None:
-        super().__init__()
-        self.owners, self.deleted = owners, []  # type: list[str]
-
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if body["metadata"]["name"] == "ci-worker" and "ci-worker" not in self.deleted:
-            from tether.kube.client import Conflict
-            raise Conflict(409, "exists", "create")
-        return await super().create(path, body)
-
-    async def get_object(self, path: str) -> dict[str, Any] | None:
-        return {"metadata": {"name": "ci-worker", "uid": "sa-1", "ownerReferences": self.owners}}
-
-    async def delete_object(self, path: str, uid: str) -> None:
-        self.deleted.append(path.rsplit("/", 1)[-1])
+def _existing(owners: list[dict[str, Any]]) -> FakeApi:
+    """The API server already holds ServiceAccount `ci-worker`, made by someone (owner references as given)."""
+    api = FakeApi()
+    api.put("/api/v1/namespaces/ns/serviceaccounts/ci-worker", {
+        "apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "ci-worker", "namespace": "ns", "ownerReferences": owners}})
+    return api
 
 
 @pytest.mark.parametrize("shared, executor", [(True, "External"), (False, "Pod")])
@@ -109,12 +97,14 @@ def test_someone_elses_account_of_the_runs_name_is_never_adopted(shared: bool, e
     """Review finding: an admin's ServiceAccount `ci-worker` and a run named `ci` (External, or a
     pod run in per-run mode): the run must not act as that account, nor get its tokens."""
     from tether.controller.errors import SpecError
-    kube = _Existing(owners=[])
+    api = _existing(owners=[])
     with pytest.raises(SpecError) as refused:
-        asyncio.run(WorkerRbac(kube, shared=shared).ensure(_run("ci", executor=executor)))  # type: ignore[arg-type]
+        asyncio.run(WorkerRbac(api.client(), shared=shared).ensure(_run("ci", executor=executor)))
     assert refused.value.reason == "WorkerIdentityTaken" and "was not made for this run" in refused.value.api_error.message
-    assert kube.deleted == [] and not [c for c in kube.created if c.startswith("rolebindings/")]
+    assert not [c for c in api.asked(writes=True) if c.startswith(("DELETE", "POST rolebindings"))], api.calls
     # One a deleted run of that name left (garbage collection's to take) is replaced.
-    left = _Existing(owners=[{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "name": "ci", "uid": "old"}])
-    asyncio.run(WorkerRbac(left, shared=shared).ensure(_run("ci", executor=executor)))  # type: ignore[arg-type]
-    assert left.deleted == ["ci-worker"] and "serviceaccounts/ci-worker" in left.created
+    left = _existing(owners=[{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "name": "ci", "uid": "old"}])
+    asyncio.run(WorkerRbac(left.client(), shared=shared).ensure(_run("ci", executor=executor)))
+    assert "DELETE serviceaccounts/ci-worker" in left.asked(writes=True)
+    account = left.get("/api/v1/namespaces/ns/serviceaccounts/ci-worker")
+    assert account is not None and account["metadata"]["ownerReferences"][0]["uid"] == "uid-ci"  # made again, for this run

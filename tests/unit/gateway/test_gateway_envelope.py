@@ -1,7 +1,7 @@
 """The gateway answers every request with JSON in its error envelope, bounds what it reads, and
 says 503 + Retry-After when the Kubernetes API cannot be reached. No cluster needed: the
-Kubernetes side is either unreachable for real (a closed port) or a stub that fails the test
-when the gateway forwards anything it should have refused."""
+Kubernetes side is either unreachable for real (a closed port) or the unit tests' fake API, which
+records what the gateway forwarded."""
 
 from __future__ import annotations
 
@@ -17,32 +17,45 @@ import pytest
 from tether.gateway.app import MAX_DEPTH, build_app
 from tether.kube.client import KubeClient
 from tether.kube.config import KubeConfig
+from tether.kube.paths import lease_path, run_path, service_account_path
+from tests.support.fakeapi import FakeApi, Request
 
 OP = "/api/v1/namespaces/ns/workerruns/job"
 AUTH = {"Authorization": "Bearer t0ken"}
 
 
-class AuthOnlyKube:
-    """Answers TokenReview and SubjectAccessReview (the caller is allowed); anything else means
-    the gateway forwarded a request it should have refused."""
+REVIEWS = ("tokenreviews", "subjectaccessreviews")
 
-    def __init__(self) -> None:
-        self.forwarded: list[str] = []
 
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if path.endswith("/tokenreviews"):
-            return {"status": {"authenticated": True, "audiences": ["tether-gateway"],
-                               "user": {"username": "system:serviceaccount:ns:ext", "uid": "u1"}}}
-        if path.endswith("/subjectaccessreviews"):
-            return {"status": {"allowed": True}}
-        self.forwarded.append(path)
-        raise AssertionError(f"forwarded to the API server: POST {path}")
+def gateway_api(*objects: dict[str, Any]) -> FakeApi:
+    """The unit tests' fake API as the gateway meets it: it authenticates the caller (TokenReview:
+    system:serviceaccount:ns:ext; SubjectAccessReview: allowed), mints tokens (TokenRequest), and
+    holds `objects` (the run, its Lease, the run's ServiceAccount)."""
+    api = FakeApi()
 
-    def __getattr__(self, name: str) -> Any:
-        async def forwarded(*args: Any, **kw: Any) -> Any:
-            self.forwarded.append(name)
-            raise AssertionError(f"forwarded to the API server: {name}")
-        return forwarded
+    def reviews(req: Request) -> tuple[int, dict[str, Any]] | None:
+        if req.method != "POST":
+            return None
+        if req.path.endswith("/tokenreviews"):
+            return 201, {"status": {"authenticated": True, "audiences": ["tether-gateway"],
+                                    "user": {"username": "system:serviceaccount:ns:ext", "uid": "u1"}}}
+        if req.path.endswith("/subjectaccessreviews"):
+            return 201, {"status": {"allowed": True}}
+        if req.path.endswith("/token"):
+            return 201, {"status": {"token": "tool-1", "expirationTimestamp": "2026-11-30T16:10:00Z"}}
+        return None
+
+    api.before(reviews)
+    for obj in objects:
+        meta = obj["metadata"]
+        path = {"WorkerRun": run_path, "Lease": lease_path, "ServiceAccount": service_account_path}[obj["kind"]]
+        api.put(path(meta["namespace"], meta["name"]), obj)
+    return api
+
+
+def forwarded(api: FakeApi) -> list[str]:
+    """What the gateway asked of the API server beyond authenticating the caller."""
+    return [call for call in api.asked() if call.split(" ", 1)[1].split("/", 1)[0] not in REVIEWS]
 
 
 def _call(app: Any, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -61,7 +74,7 @@ def _envelope(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
 
 
 def test_unknown_routes_and_methods_answer_in_the_envelope() -> None:
-    app = build_app(AuthOnlyKube(), "tether-gateway")  # type: ignore[arg-type]
+    app = build_app(gateway_api().client(), "tether-gateway")
     _envelope(_call(app, "POST", f"{OP}/explode", json={}), 404, "NotFound")
     _envelope(_call(app, "GET", "/nothing-here"), 404, "NotFound")
     wrong = _call(app, "GET", f"{OP}/claim")
@@ -70,17 +83,17 @@ def test_unknown_routes_and_methods_answer_in_the_envelope() -> None:
 
 
 def test_a_10_mb_body_is_refused_before_it_is_read_or_forwarded() -> None:
-    kube = AuthOnlyKube()
-    app = build_app(kube, "tether-gateway")  # type: ignore[arg-type]
+    api = gateway_api()
+    app = build_app(api.client(), "tether-gateway")
     big = json.dumps({"holder": "job-a1", "fence": 1, "result": {"blob": "x" * 10_000_000}})
     error = _envelope(_call(app, "POST", f"{OP}/complete", content=big, headers=AUTH), 413, "BodyTooLarge")
     assert "1048576" in error["message"]
-    assert kube.forwarded == []
+    assert forwarded(api) == []
 
 
 def test_a_streamed_body_without_length_is_cut_off_at_the_limit() -> None:
-    kube = AuthOnlyKube()
-    app = build_app(kube, "tether-gateway", max_body_bytes=64 * 1024)  # type: ignore[arg-type]
+    api = gateway_api()
+    app = build_app(api.client(), "tether-gateway", max_body_bytes=64 * 1024)
     sent = [0]
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -89,27 +102,27 @@ def test_a_streamed_body_without_length_is_cut_off_at_the_limit() -> None:
             yield b" " * 16384
 
     _envelope(_call(app, "POST", f"{OP}/heartbeat", content=chunks(), headers=AUTH), 413, "BodyTooLarge")
-    assert sent[0] < 10 and kube.forwarded == []
+    assert sent[0] < 10 and forwarded(api) == []
 
 
 @pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 100_000], ids=["just-too-deep", "recursion-bomb"])
 def test_deeply_nested_json_is_a_422(depth: int) -> None:
-    kube = AuthOnlyKube()
-    app = build_app(kube, "tether-gateway")  # type: ignore[arg-type]
+    api = gateway_api()
+    app = build_app(api.client(), "tether-gateway")
     nested = '{"holder":"job-a1","fence":1,"result":' + '{"a":' * (depth - 1) + "1" + "}" * (depth - 1) + "}"
     error = _envelope(_call(app, "POST", f"{OP}/complete", content=nested, headers=AUTH), 422, "MalformedBody")
-    assert "nested deeper" in error["message"] and kube.forwarded == []
+    assert "nested deeper" in error["message"] and forwarded(api) == []
 
 
 def test_reasonable_nesting_is_accepted_by_the_body_parser() -> None:
     """The limit leaves room for real results: depth MAX_DEPTH passes the parser and reaches the
-    next step (here the stub API, which the test turns into a marker)."""
-    kube = AuthOnlyKube()
-    app = build_app(kube, "tether-gateway")  # type: ignore[arg-type]
+    next step: the run's Lease is read (the API holds none here: the attempt is not current)."""
+    api = gateway_api()
+    app = build_app(api.client(), "tether-gateway")
     nested = '{"holder":"job-a1","fence":1,"result":' + '{"a":' * (MAX_DEPTH - 2) + "1" + "}" * (MAX_DEPTH - 2) + "}"
     resp = _call(app, "POST", f"{OP}/complete", content=nested, headers=AUTH)
-    _envelope(resp, 500, "InternalError")  # the stub's AssertionError: the body got through
-    assert kube.forwarded == ["get_lease"]
+    assert resp.status_code != 422, resp.text  # the body got through the parser
+    assert forwarded(api)[0] == "GET leases/job"
 
 
 def _closed_port() -> int:
@@ -138,11 +151,13 @@ def test_an_api_server_that_answers_errors_is_a_503(status: int) -> None:
 
 
 def test_a_bug_is_a_500_in_the_envelope(caplog: pytest.LogCaptureFixture) -> None:
-    class Broken(AuthOnlyKube):
-        async def get_run(self, ns: str, name: str) -> dict[str, Any]:
-            raise KeyError("metadata")
+    kube = gateway_api().client()
 
-    resp = _call(build_app(Broken(), "tether-gateway"), "POST", f"{OP}/claim", json={}, headers=AUTH)  # type: ignore[arg-type]
+    async def broken(ns: str, name: str) -> dict[str, Any]:
+        raise KeyError("metadata")
+
+    kube.get_run = broken  # type: ignore[method-assign]  # a bug in the gateway's own code
+    resp = _call(build_app(kube, "tether-gateway"), "POST", f"{OP}/claim", json={}, headers=AUTH)
     _envelope(resp, 500, "InternalError")
     assert any(getattr(r, "event", None) == "gateway_bug" and r.exc_info for r in caplog.records)
 
@@ -166,21 +181,24 @@ def test_claimant_record_round_trip_and_claims_written_before_it_was_json() -> N
     assert Claimant.parse(None) is None and Claimant.parse("") is None
 
 
-class RevokedKube(AuthOnlyKube):
-    """The revocation window: the run's status already names the next fence, the Lease still
-    names the old holder (its clear is the next step). Reading is allowed; any write or token
-    mint is forwarded and fails the test."""
+def _run(status: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+            "metadata": {"name": "job", "namespace": "ns", "uid": "run-1"},
+            "spec": {"executor": "External", "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5}},
+            "status": status}
 
-    async def get_run(self, ns: str, name: str) -> dict[str, Any]:
-        return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
-                "metadata": {"name": "job", "namespace": "ns", "uid": "run-1", "resourceVersion": "8"},
-                "spec": {"executor": "External", "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5}},
-                "status": {"phase": "Backoff", "attempt": 1, "fence": 2, "holder": None}}
 
-    async def get_lease(self, ns: str, name: str) -> dict[str, Any]:
-        return {"metadata": {"name": "job", "namespace": "ns", "resourceVersion": "7",
-                             "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1", "controller": True}]},
-                "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1}}
+def _lease(holder: str | None, transitions: int, **annotations: str) -> dict[str, Any]:
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "job", "namespace": "ns", "annotations": annotations,
+                         "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1", "controller": True}]},
+            "spec": {"holderIdentity": holder, "leaseTransitions": transitions, "leaseDurationSeconds": 20}}
+
+
+def revoked_api() -> FakeApi:
+    """The revocation window: the run's status already names the next fence, the Lease still names
+    the old holder (its clear is the next step)."""
+    return gateway_api(_run({"phase": "Backoff", "attempt": 1, "fence": 2, "holder": None}), _lease("job-a1", 1))
 
 
 @pytest.mark.parametrize("op, extra", [("heartbeat", {}), ("checkpoint", {"cursor": "row-1"})])
@@ -189,31 +207,23 @@ def test_a_revoked_attempt_renews_nothing_and_gets_no_tool_credential_before_its
     """Revocation moves the run's fence first and clears the Lease second. In between, the
     gateway used to renew the old attempt's Lease (it still named it) and mint it a fresh tool
     credential. It checks the run's status first now."""
-    kube = RevokedKube()
-    app = build_app(kube, "tether-gateway")  # type: ignore[arg-type]
+    api = revoked_api()
+    app = build_app(api.client(), "tether-gateway")
     error = _envelope(_call(app, "POST", f"{OP}/{op}", json={"holder": "job-a1", "fence": 1, **extra},
                             headers=AUTH), 410, "StaleFence")
-    assert "no longer current" in error["message"] and kube.forwarded == []
+    assert "no longer current" in error["message"]
+    assert [call for call in forwarded(api) if not call.startswith("GET ")] == []  # no renewal, no token
 
 
-class ConcludedKube(AuthOnlyKube):
+def concluded_api() -> FakeApi:
     """The attempt's result was accepted and the run concluded (fence moved, Lease cleared)."""
-
-    async def get_run(self, ns: str, name: str) -> dict[str, Any]:
-        return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
-                "metadata": {"name": "job", "namespace": "ns", "uid": "run-1", "resourceVersion": "9"},
-                "spec": {"executor": "External", "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5}},
-                "status": {"phase": "Succeeded", "attempt": 1, "fence": 2, "holder": None, "result": {"ok": 1},
-                           "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "Succeeded"}]}}
-
-    async def get_lease(self, ns: str, name: str) -> dict[str, Any]:
-        return {"metadata": {"name": "job", "namespace": "ns", "resourceVersion": "8",
-                             "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1", "controller": True}]},
-                "spec": {"holderIdentity": None, "leaseTransitions": 2}}
+    return gateway_api(_run({"phase": "Succeeded", "attempt": 1, "fence": 2, "holder": None, "result": {"ok": 1},
+                             "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "Succeeded"}]}),
+                       _lease(None, 2))
 
 
 def test_a_repeated_complete_whose_first_answer_was_lost_is_answered_200_only_for_the_same_result() -> None:
-    app = build_app(ConcludedKube(), "tether-gateway")  # type: ignore[arg-type]
+    app = build_app(concluded_api().client(), "tether-gateway")
     fenced = {"holder": "job-a1", "fence": 1, "runUid": "run-1"}
     same = _call(app, "POST", f"{OP}/complete", json={**fenced, "result": {"ok": 1}}, headers=AUTH)
     assert same.status_code == 200, same.text
@@ -227,55 +237,25 @@ def test_a_repeated_complete_whose_first_answer_was_lost_says_the_runs_phase() -
     """docs/protocol.md §6.2: a publication's reply carries `status`, the run's phase as the gateway
     last read or wrote it. A retry after a lost answer, once the operator has concluded the run,
     used to answer `"status": ""`, which names no phase."""
-    app = build_app(ConcludedKube(), "tether-gateway")  # type: ignore[arg-type]
+    app = build_app(concluded_api().client(), "tether-gateway")
     fenced = {"holder": "job-a1", "fence": 1, "runUid": "run-1"}
     same = _call(app, "POST", f"{OP}/complete", json={**fenced, "result": {"ok": 1}}, headers=AUTH)
     assert same.status_code == 200, same.text
     assert same.json() == {"status": "Succeeded", "fence": 1}
 
 
-class HeldKube(AuthOnlyKube):
+def held_api(account_owners: list[dict[str, Any]] | None = None) -> FakeApi:
     """Attempt job-a1 (fence 1) of run run-1, claimed by the caller as worker w1: every renewal lands
-    (resourceVersion compare-and-swap) and mints a tool credential."""
+    (resourceVersion compare-and-swap) and mints a tool credential for the run's own account."""
+    from tether.gateway.app import Claimant
+    from tether.gateway.auth import Caller
 
-    def __init__(self) -> None:
-        super().__init__()
-        from tether.gateway.app import Claimant
-        from tether.gateway.auth import Caller
-
-        claimant = Claimant.of(Caller("system:serviceaccount:ns:ext", "u1", (), {}), "w1").encode()
-        self.lease: dict[str, Any] = {
-            "metadata": {"name": "job", "namespace": "ns", "resourceVersion": "7",
-                         "annotations": {"tether.dev/claimed-by": claimant},
-                         "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1", "controller": True}]},
-            "spec": {"holderIdentity": "job-a1", "leaseTransitions": 1, "leaseDurationSeconds": 20}}
-
-    async def get_run(self, ns: str, name: str) -> dict[str, Any]:
-        return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
-                "metadata": {"name": "job", "namespace": "ns", "uid": "run-1", "resourceVersion": "8"},
-                "spec": {"executor": "External", "lease": {"durationSeconds": 20, "renewIntervalSeconds": 5}},
-                "status": {"phase": "Running", "attempt": 1, "fence": 1, "holder": "job-a1"}}
-
-    async def get_lease(self, ns: str, name: str) -> dict[str, Any]:
-        return json.loads(json.dumps(self.lease))
-
-    async def replace_lease(self, lease: dict[str, Any]) -> dict[str, Any]:
-        assert lease["metadata"]["resourceVersion"] == self.lease["metadata"]["resourceVersion"]
-        self.lease = {**lease, "metadata": {**lease["metadata"],
-                                            "resourceVersion": str(int(lease["metadata"]["resourceVersion"]) + 1)}}
-        return await self.get_lease("ns", "job")
-
-    async def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return {**body, "metadata": {**body["metadata"], "uid": "secret-1"}}
-
-    async def get_object(self, path: str) -> dict[str, Any] | None:
-        assert path == "/api/v1/namespaces/ns/serviceaccounts/job-worker", path  # the run's own, as the operator made it
-        return {"metadata": {"name": "job-worker", "ownerReferences": [{"kind": "WorkerRun", "uid": "run-1"}]}}
-
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        if path.endswith("/token"):
-            return {"status": {"token": "tool-1", "expirationTimestamp": "2026-11-30T16:10:00Z"}}
-        return await super().create(path, body)
+    claimant = Claimant.of(Caller("system:serviceaccount:ns:ext", "u1", (), {}), "w1").encode()
+    owners = [{"kind": "WorkerRun", "uid": "run-1"}] if account_owners is None else account_owners
+    return gateway_api(_run({"phase": "Running", "attempt": 1, "fence": 1, "holder": "job-a1"}),
+                       _lease("job-a1", 1, **{"tether.dev/claimed-by": claimant}),
+                       {"apiVersion": "v1", "kind": "ServiceAccount",
+                        "metadata": {"name": "job-worker", "namespace": "ns", "ownerReferences": owners}})
 
 
 @pytest.mark.parametrize("op, extra, schema", [
@@ -292,8 +272,7 @@ def test_every_renewal_reply_names_its_attempt_as_the_sdks_and_the_openapi_docum
 
     body = {"workerId": "w1"} if extra is None else {"holder": "job-a1", "fence": 1, "runUid": "run-1",
                                                       "workerId": "w1", **extra}
-    resp = _call(build_app(HeldKube(), "tether-gateway"), "POST", f"{OP}/{op}", json=body,  # type: ignore[arg-type]
-                 headers=AUTH)
+    resp = _call(build_app(held_api().client(), "tether-gateway"), "POST", f"{OP}/{op}", json=body, headers=AUTH)
     assert resp.status_code == 200, resp.text
     if op == "claim":
         assert protocol.claim_reply(resp.content) is not None, resp.text
@@ -307,13 +286,8 @@ def test_every_renewal_reply_names_its_attempt_as_the_sdks_and_the_openapi_docum
 def test_no_tool_claim_for_an_account_the_run_does_not_own() -> None:
     """Review finding: `job-worker` exists but no run made it (an admin's account of that name):
     the claim goes through, its tool claim is withheld, and no Secret is made to bind a token to."""
-    class ForeignAccount(HeldKube):
-        async def get_object(self, path: str) -> dict[str, Any] | None:
-            return {"metadata": {"name": "job-worker"}}
-
-        async def apply(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-            raise AssertionError(f"made {path}")
-
-    resp = _call(build_app(ForeignAccount(), "tether-gateway"), "POST", f"{OP}/claim",  # type: ignore[arg-type]
-                 json={"workerId": "w1"}, headers=AUTH)
+    api = held_api(account_owners=[])
+    resp = _call(build_app(api.client(), "tether-gateway"), "POST", f"{OP}/claim", json={"workerId": "w1"},
+                 headers=AUTH)
     assert resp.status_code == 200 and resp.json()["toolClaim"] is None, resp.text
+    assert not [call for call in api.asked(writes=True) if call.startswith(("POST secrets", "POST serviceaccounts"))]

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from tether.gateway.app import build_app
-from tether.kube.client import Unavailable
-from tests.unit.gateway.test_gateway_envelope import AUTH, OP, HeldKube, _call, _envelope
+from tests.support.fakeapi import FakeApi
+from tests.unit.gateway.test_gateway_envelope import AUTH, OP, _call, _envelope, held_api
 
 
 def _status(message: str) -> str:
@@ -20,22 +20,17 @@ def _status(message: str) -> str:
                        "message": message, "code": 500})
 
 
-class RefusingKube(HeldKube):
-    """The attempt is the caller's; the status patch is answered 500 with `body`."""
-
-    def __init__(self, body: str) -> None:
-        super().__init__()
-        self.body, self.patches = body, 0
-
-    async def patch_run_status(self, ns: str, name: str, patch: list[dict[str, Any]],
-                               timeout: float | None = None) -> dict[str, Any]:
-        self.patches += 1
-        raise Unavailable(500, self.body, f"patch status of {ns}/{name}")
+def refusing_api(body: str) -> FakeApi:
+    """The attempt is the caller's; the run's status patch is answered 500 with `body`."""
+    api = held_api()
+    api.before(lambda req: (500, json.loads(body)) if req.method == "PATCH" and req.path.endswith("/status")
+               and "/workerruns/" in req.path else None)
+    return api
 
 
-def _complete(kube: RefusingKube) -> Any:
+def _complete(api: FakeApi) -> Any:
     fenced = {"holder": "job-a1", "fence": 1, "runUid": "run-1", "workerId": "w1"}
-    return _call(build_app(kube, "tether-gateway"), "POST", f"{OP}/complete",  # type: ignore[arg-type]
+    return _call(build_app(api.client(), "tether-gateway"), "POST", f"{OP}/complete",
                  json={**fenced, "result": {"pad": "x" * 1000}}, headers=AUTH)
 
 
@@ -43,15 +38,15 @@ def _complete(kube: RefusingKube) -> Any:
     "etcdserver: request is too large",
     "rpc error: code = ResourceExhausted desc = trying to send message larger than max (2097843 vs. 2097152)"])
 def test_a_result_the_api_server_cannot_store_is_a_413_bad_result_not_a_503(message: str) -> None:
-    kube = RefusingKube(_status(message))
-    resp = _complete(kube)
+    api = refusing_api(_status(message))
+    resp = _complete(api)
     error = _envelope(resp, 413, "ResultTooLarge")
     assert message in error["message"] and error["field"] == "status.result"
     assert "retry-after" not in resp.headers
-    assert kube.patches == 1  # refused once; trying again changes nothing
+    assert sum(1 for r in api.requests if r.method == "PATCH" and "/workerruns/" in r.path) == 1  # refused once
 
 
 def test_another_500_from_the_api_server_is_still_a_503_to_retry() -> None:
-    resp = _complete(RefusingKube(_status("Internal error occurred: resource quota evaluation timed out")))
+    resp = _complete(refusing_api(_status("Internal error occurred: resource quota evaluation timed out")))
     _envelope(resp, 503, "Unavailable")
     assert resp.headers["retry-after"]

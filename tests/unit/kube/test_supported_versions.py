@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tether.controller.controller import Clock, RunController
 from tether.kube import support
-from tether.kube.client import ApiError
-from tests.unit.controller.test_controller_review import KEY, Kube
-from tests.unit.controller.test_namesake_and_revocation import T0, _new_run
+from tether.kube.paths import approval_path
+from tests.unit.controller.test_controller_review import KEY
+from tests.unit.controller.test_namesake_and_revocation import _held, _new_run, controller, fake_api
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -68,19 +67,18 @@ def test_a_server_without_crd_field_selectors_still_decides_gates() -> None:
     other = {**approval, "metadata": {**approval["metadata"], "name": "other", "uid": "ap-2"},
              "spec": {**approval["spec"], "runRef": {"name": "another"}, "decision": "Deny"}}
 
-    class OldServer(Kube):
-        async def list_objects(self, path: str, label_selector: str = "", field_selector: str = "") -> list[Any]:
-            if "workerrunapprovals" in path:
-                if field_selector:
-                    raise ApiError(400, '{"message": "field label not supported: spec.runRef.name"}', "list")
-                return [approval, other]
-            return []
+    body = _new_run()
+    body["spec"]["review"] = {"start": True}
+    api = fake_api(body)
+    for obj in (approval, other):
+        api.put(approval_path("ns", obj["metadata"]["name"]), obj)
+    # An API server older than CRD field selectors refuses them with 400.
+    api.before(lambda req: (400, {"kind": "Status", "code": 400, "message": "field label not supported: spec.runRef.name"})
+               if req.path.endswith("/workerrunapprovals") and req.params.get("fieldSelector") else None)
 
     async def go() -> dict[str, Any]:
-        ctl = RunController(OldServer({}), clock=Clock(now=lambda: T0, mono=lambda: 100.0))  # type: ignore[arg-type]
-        body = _new_run()
-        body["spec"]["review"] = {"start": True}
-        ctl.on_run("ADDED", body)
+        ctl = controller(api)
+        ctl.on_run("ADDED", _held(api, body))
         await ctl.cache.classes.sync(lambda: ctl.kube.list_objects("/apis/tether.dev/v1alpha1/workerclasses"))
         snap = ctl.cache.snapshot(KEY)
         assert snap is not None
