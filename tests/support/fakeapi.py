@@ -15,6 +15,7 @@ import copy
 import datetime as dt
 import json
 import re
+import ssl
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,6 +23,7 @@ from typing import Any, Callable
 import httpx
 
 from tether.kube.client import KubeClient
+from tether.kube.config import KubeConfig
 
 Body = dict[str, Any]
 # (method, path, body) -> an answer (status, body) for the server to give, or None to serve it.
@@ -60,15 +62,10 @@ class FakeApi:
 
     def client(self) -> KubeClient:
         """The operator's own client, talking to this server."""
-        api = self
-
-        class _Config:
-            server = "https://fake-api"
-
-            def async_client(self, timeout: float = 10.0, limits: Any = None) -> httpx.AsyncClient:
-                return httpx.AsyncClient(base_url=self.server, transport=httpx.MockTransport(api.handle))
-
-        return KubeClient(_Config())  # type: ignore[arg-type]
+        # A context without CA certificates: nothing is verified (and loading a bundle costs CPU).
+        kube = KubeClient(KubeConfig(server="https://fake-api", ssl_context=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)))
+        kube.http = httpx.AsyncClient(base_url="https://fake-api", transport=httpx.MockTransport(self.handle))
+        return kube
 
     def before(self, hook: Hook) -> None:
         self.hooks.append(hook)
@@ -209,6 +206,10 @@ class FakeApi:
             wanted = (patch.get("metadata") or {}).get("resourceVersion")
             if wanted and wanted != held["metadata"]["resourceVersion"]:
                 return _status(409, "Conflict", "the object has been modified")
+            uid = (patch.get("metadata") or {}).get("uid")
+            if uid and uid != held["metadata"]["uid"]:
+                return _status(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                                                f"UID in object meta: {held['metadata']['uid']}")
             if sub == "status":
                 patch = {"status": patch.get("status") or {}}
             new = _merge(copy.deepcopy(held), patch)

@@ -1,11 +1,10 @@
 """Adversarial review of the web console: each test is a defect the console has now (they fail
-until it is fixed). No cluster: the Kubernetes API is an httpx.MockTransport stub."""
+until it is fixed). No cluster: the Kubernetes API is the unit tests' fake API (tests/support/fakeapi.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import re
 import ssl
 import time
@@ -21,6 +20,7 @@ from tether.console.app import build_gateway_console, build_local_app
 from tether.console.state import Scope, Watch
 from tether.gateway import auth as gateway_auth
 from tether.kube.config import KubeConfig
+from tests.support.fakeapi import FakeApi, Request
 
 PORT = 8123
 HOST = security.local_host(PORT)
@@ -32,41 +32,37 @@ def _run(name: str = "job", uid: str = "uid-old", **status: Any) -> dict[str, An
                          "creationTimestamp": "2026-12-01T12:00:00Z"}, "spec": {}, "status": status}
 
 
-class FakeApi:
-    """The API server as the console's user sees it. `current` is the run named job *now* (a
-    namesake may have replaced the one a page showed)."""
+def console_api(listed: list[dict[str, Any]], current: dict[str, Any] | None = None) -> FakeApi:
+    """The API server as the console's user sees it: it lists `listed`, and holds `current` as the
+    run named job *now* (a namesake may have replaced the one a page showed). It refuses watches
+    (the console lists again), and says who the user is."""
+    api = FakeApi()
+    if current is not None:
+        api.put(f"{RUNS}/{current['metadata']['name']}", current)
 
-    def __init__(self, listed: list[dict[str, Any]], current: dict[str, Any] | None = None) -> None:
-        self.listed, self.current = listed, current
-        self.writes: list[tuple[str, str, Any]] = []
+    def user(req: Request) -> tuple[int, dict[str, Any]] | None:
+        if req.method == "GET" and req.params.get("watch"):
+            return 403, {"kind": "Status", "code": 403, "message": "watch refused"}
+        if req.method == "GET" and req.path == RUNS:
+            return 200, {"kind": "List", "metadata": {"resourceVersion": "1"}, "items": listed}
+        if req.path.endswith("/selfsubjectreviews"):
+            return 201, {"status": {"userInfo": {"username": "alice"}}}
+        return None
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        path, method = request.url.path, request.method
-        if method == "GET" and request.url.params.get("watch"):
-            return httpx.Response(403, json={"message": "watch refused (stub)"})
-        if method == "GET" and path.endswith(("/workerruns", "/workerbudgets", "/events")):
-            items = self.listed if path.endswith("/workerruns") else []
-            return httpx.Response(200, json={"metadata": {"resourceVersion": "1"}, "items": items})
-        if method == "GET" and path == f"{RUNS}/job":
-            return httpx.Response(200, json=self.current)
-        if path.endswith("/selfsubjectreviews"):
-            return httpx.Response(201, json={"status": {"userInfo": {"username": "alice"}}})
-        if method == "POST" and path.endswith("/workerrunapprovals"):
-            body = json.loads(request.content)
-            self.writes.append((method, path, body))
-            return httpx.Response(201, json={**body, "metadata": {"name": "job-start-abcde"}})
-        if method == "PATCH":
-            self.writes.append((method, path, json.loads(request.content)))
-            return httpx.Response(200, json=self.current)
-        return httpx.Response(404, json={"message": f"stub: no {method} {path}"})
+    api.before(user)
+    return api
+
+
+def _writes(api: FakeApi, method: str, plural: str) -> list[Any]:
+    return [r.body for r in api.requests if r.method == method and f"/{plural}" in r.path]
 
 
 def _local(api: FakeApi) -> tuple[Any, str]:
     cfg = KubeConfig(server="https://api", ssl_context=ssl.create_default_context())
     secret = security.new_secret()
     app = build_local_app(cfg, "agents", HOST, secret)
-    app.state.backend.scope = Scope(httpx.AsyncClient(base_url="https://api", transport=httpx.MockTransport(api)),
-                                    "agents")
+    app.state.backend.scope = Scope(httpx.AsyncClient(base_url="https://api",
+                                                      transport=httpx.MockTransport(api.handle)), "agents")
     return app, secret
 
 
@@ -91,13 +87,13 @@ def test_a_decision_for_a_run_that_was_replaced_by_a_namesake_is_refused() -> No
     """The reviewer looked at run uid-old (its image, its result) and clicked Approve; meanwhile
     job was deleted and re-created (uid-new, also AwaitingApproval at attempt 0). The console
     must not approve uid-new's start: the reviewer never saw it."""
-    api = FakeApi([_run(phase="AwaitingApproval")], current=_run(uid="uid-new", phase="AwaitingApproval"))
+    api = console_api([_run(phase="AwaitingApproval")], current=_run(uid="uid-new", phase="AwaitingApproval"))
     app, secret = _local(api)
     with _signed_in(app, secret) as client:
         resp = client.post("/api/runs/agents/job/decide", headers=WRITE,
                            json={"gate": "Start", "attempt": 0, "decision": "Approve", "reason": "ok",
                                  "uid": "uid-old"})
-    approvals = [body for method, _, body in api.writes if method == "POST"]
+    approvals = _writes(api, "POST", "workerrunapprovals")
     assert not approvals, f"approved a run the page never showed: {approvals} ({resp.status_code} {resp.text})"
     assert resp.status_code in (409, 412, 400)
 
@@ -107,12 +103,14 @@ def test_stop_names_the_run_uid_the_page_showed() -> None:
     stopped. The patch must carry the UID as a precondition (metadata.uid: the API server then
     answers 409 for another object)."""
     run = _run(phase="Running")
-    api = FakeApi([run], current=_run(uid="uid-new", phase="Running"))
+    api = console_api([run], current=_run(uid="uid-new", phase="Running"))
     app, secret = _local(api)
     with _signed_in(app, secret) as client:
         client.post("/api/runs/agents/job/stop", headers=WRITE, json={"uid": "uid-old"})
-    (patch,) = [body for method, _, body in api.writes if method == "PATCH"]
+    (patch,) = _writes(api, "PATCH", "workerruns")
     assert (patch.get("metadata") or {}).get("uid") == "uid-old", f"patched by name only: {patch}"
+    held = api.get(f"{RUNS}/job")
+    assert held is not None and not (held.get("spec") or {}).get("stop"), "the namesake was stopped"
     controls = views.run_fragments("", run, [], [], dt.datetime.now(dt.UTC))["controls"]
     assert "uid-old" in controls, f"the Stop button does not say which run it stops: {controls}"
 
@@ -148,7 +146,7 @@ def test_pages_may_not_be_framed() -> None:
     """No X-Frame-Options / CSP frame-ancestors: a page on the same site (another port of
     127.0.0.1, a sibling host behind the gateway: SameSite=Strict cookies are sent) can frame the
     console and have the user click Suspend/Resume or Approve."""
-    api = FakeApi([_run(phase="Running")], current=_run(phase="Running"))
+    api = console_api([_run(phase="Running")], current=_run(phase="Running"))
     app, secret = _local(api)
     with _signed_in(app, secret) as client:
         resp = client.get("/runs/agents/job")
@@ -193,23 +191,23 @@ def test_the_local_session_cookie_is_not_sent_to_other_ports() -> None:
 # --- 5. behind the gateway: sign-in, scopes and tokens ---------------------------------------------
 
 
-class TokenKube:
-    """The operator's client: only TokenReview. `valid` maps token -> user name."""
+def token_api(valid: dict[str, str]) -> FakeApi:
+    """The operator's side of the API as the console behind the gateway uses it: TokenReview, by
+    `valid` (token -> user name; a token removed from it has expired)."""
+    api = FakeApi()
 
-    def __init__(self, valid: dict[str, str]) -> None:
-        self.valid = valid
-        self.cfg = KubeConfig(server="https://api", ssl_context=ssl.create_default_context())
-        self.reviews = 0
+    def review(req: Request) -> tuple[int, dict[str, Any]] | None:
+        if not req.path.endswith("/tokenreviews"):
+            return None
+        user = valid.get(req.body["spec"]["token"])
+        return 201, {"status": {"authenticated": user is not None, "user": {"username": user or "", "uid": user or ""}}}
 
-    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        assert path.endswith("/tokenreviews"), path
-        self.reviews += 1
-        user = self.valid.get(body["spec"]["token"])
-        return {"status": {"authenticated": user is not None, "user": {"username": user or "", "uid": user or ""}}}
+    api.before(review)
+    return api
 
 
 @pytest.fixture
-def gateway(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, TokenKube]:
+def gateway(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, str]]:
     """The /console app; every user's pass-through client answers from a stub refusing everything
     (the sign-in and scope bookkeeping is what is under test)."""
     real = httpx.AsyncClient
@@ -222,8 +220,8 @@ def gateway(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, TokenKube]:
 
     monkeypatch.setattr(console_app.httpx, "AsyncClient", client)
     monkeypatch.setattr(gateway_auth, "CACHE_SECONDS", 0.0)  # every request reviews the token again
-    kube = TokenKube({"alice-token": "alice", "mallory-token": "mallory"})
-    return build_gateway_console(kube), kube  # type: ignore[arg-type]
+    valid = {"alice-token": "alice", "mallory-token": "mallory"}
+    return build_gateway_console(token_api(valid).client()), valid
 
 
 def _as(app: Any, token: str, namespace: str = "") -> TestClient:
@@ -233,7 +231,7 @@ def _as(app: Any, token: str, namespace: str = "") -> TestClient:
     return client
 
 
-def test_one_user_cannot_take_every_console_slot(gateway: tuple[Any, TokenKube],
+def test_one_user_cannot_take_every_console_slot(gateway: tuple[Any, dict[str, str]],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Scopes are keyed by (token, namespace cookie) and capped at MAX_SCOPES for the whole
     gateway: any valid token (any service account's, no RBAC needed) forging N namespace cookies
@@ -251,22 +249,22 @@ def test_one_user_cannot_take_every_console_slot(gateway: tuple[Any, TokenKube],
     assert resp.status_code == 200, f"alice locked out by mallory: {resp.status_code} {resp.text}"
 
 
-def test_an_expired_token_stops_its_watches(gateway: tuple[Any, TokenKube]) -> None:
+def test_an_expired_token_stops_its_watches(gateway: tuple[Any, dict[str, str]]) -> None:
     """alice's token expires (or is revoked): the next request sends her to the login page, but
     her scope stays registered and its three watches keep calling the API server with the dead
     token (retrying forever), until some *other* user signs in after 5 idle minutes."""
-    app, kube = gateway
+    app, valid = gateway
     backend = app.state.backend
     with TestClient(app, base_url="https://gw.example", follow_redirects=False) as portal:
         portal.cookies.set(console_app.TOKEN_COOKIE, "alice-token")
         assert portal.get("/budgets").status_code == 200
         assert len(backend.scopes) == 1
-        del kube.valid["alice-token"]
+        del valid["alice-token"]
         assert portal.get("/budgets").status_code == 303  # to the login page
     assert not backend.scopes, "the expired token's watches still run"
 
 
-def test_logout_ends_every_watch_made_with_the_token(gateway: tuple[Any, TokenKube]) -> None:
+def test_logout_ends_every_watch_made_with_the_token(gateway: tuple[Any, dict[str, str]]) -> None:
     """alice signed in for namespace a, then again for namespace b (the login form, or another
     tab): log out closes only the (token, b) scope; the gateway keeps watching namespace a with
     her token after she logged out."""
@@ -281,7 +279,7 @@ def test_logout_ends_every_watch_made_with_the_token(gateway: tuple[Any, TokenKu
     assert not backend.scopes, f"still watching with a logged-out token: {list(backend.scopes)}"
 
 
-def test_an_oversized_login_is_refused_before_it_is_read(gateway: tuple[Any, TokenKube]) -> None:
+def test_an_oversized_login_is_refused_before_it_is_read(gateway: tuple[Any, dict[str, str]]) -> None:
     """/console/login is reachable without signing in (curl sets the X-Tether-Console header), and
     it reads the whole body into memory before comparing it with MAX_FORM_BYTES: a 1 GB POST is
     buffered by the process that is also every external worker's gateway."""
@@ -346,16 +344,16 @@ def test_a_refused_list_forgets_what_was_listed_before() -> None:
 # --- the fixes' own guarantees beyond the findings -------------------------------------------------
 
 
-def test_held_tokens_are_reviewed_again_without_a_request(gateway: tuple[Any, TokenKube],
+def test_held_tokens_are_reviewed_again_without_a_request(gateway: tuple[Any, dict[str, str]],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """alice's tab is closed (no further request): her token's expiry still ends her watches."""
-    app, kube = gateway
+    app, valid = gateway
     backend = app.state.backend
     monkeypatch.setattr(console_app, "SWEEP_SECONDS", 0.05)
     with TestClient(app, base_url="https://gw.example", follow_redirects=False) as portal:
         portal.cookies.set(console_app.TOKEN_COOKIE, "alice-token")
         assert portal.get("/budgets").status_code == 200
-        del kube.valid["alice-token"]
+        del valid["alice-token"]
         deadline = time.monotonic() + 3.0
         while backend.scopes and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -366,7 +364,7 @@ def test_a_closed_scope_ends_its_open_streams() -> None:
     """Logout or an expired token closes the scope: a page's event stream must end with it, not
     stay live (the browser reconnects and is sent to sign in)."""
     async def go() -> list[str]:
-        http = httpx.AsyncClient(base_url="https://api", transport=httpx.MockTransport(FakeApi([])))
+        http = httpx.AsyncClient(base_url="https://api", transport=httpx.MockTransport(console_api([]).handle))
         scope = Scope(http, "agents")
         session = console_app.Session(scope, "alice")
         stream = console_app._stream(session, scope.listen(), lambda keys: [], 0.0)
@@ -385,7 +383,7 @@ def test_a_closed_scope_ends_its_open_streams() -> None:
     assert asyncio.run(go()) == ["retry: 1000\n\n"]
 
 
-def test_one_user_holds_at_most_a_few_scopes(gateway: tuple[Any, TokenKube]) -> None:
+def test_one_user_holds_at_most_a_few_scopes(gateway: tuple[Any, dict[str, str]]) -> None:
     app, _ = gateway
     backend = app.state.backend
     with TestClient(app, base_url="https://gw.example", follow_redirects=False) as portal:
@@ -400,7 +398,7 @@ def test_one_user_holds_at_most_a_few_scopes(gateway: tuple[Any, TokenKube]) -> 
 
 
 def test_an_oversized_decision_is_refused_and_refusals_carry_the_guards() -> None:
-    app, secret = _local(FakeApi([_run(phase="AwaitingApproval")], current=_run(phase="AwaitingApproval")))
+    app, secret = _local(console_api([_run(phase="AwaitingApproval")], current=_run(phase="AwaitingApproval")))
     with _signed_in(app, secret) as client:
         resp = client.post("/api/runs/agents/job/decide", headers=WRITE, content=b"{" + b" " * 70_000 + b"}")
         assert resp.status_code == 413

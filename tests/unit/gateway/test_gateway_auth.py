@@ -16,15 +16,18 @@ def test_the_gateways_token_caches_are_bounded_and_remember_refusals() -> None:
 
     from tether.gateway import auth
 
+    from tests.support.fakeapi import FakeApi, Request
+
     reviews: list[str] = []
 
-    class Kube:
-        async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-            reviews.append(body["spec"]["token"])
-            ok = body["spec"]["token"].startswith("good")
-            return {"status": {"authenticated": ok, "user": {"username": "u"}}}
+    def review(req: Request) -> tuple[int, dict[str, Any]]:
+        reviews.append(req.body["spec"]["token"])
+        ok = req.body["spec"]["token"].startswith("good")
+        return 201, {"status": {"authenticated": ok, "user": {"username": "u"}}}
 
-    a = auth.Authenticator(Kube(), audience=None)  # type: ignore[arg-type]
+    api = FakeApi()
+    api.before(review)
+    a = auth.Authenticator(api.client(), audience=None)
 
     async def go() -> None:
         for _ in range(3):
