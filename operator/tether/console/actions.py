@@ -15,11 +15,10 @@ from typing import Any
 import httpx
 
 from tether.kube.client import MERGE_PATCH, server_says
-from tether.kube.paths import run_path
+from tether.kube.paths import approval_path, run_path, self_subject_review_path
 
 CONTROLS: dict[str, dict[str, bool]] = {"stop": {"stop": True}, "suspend": {"suspend": True},
                                         "resume": {"suspend": False}}
-APPROVALS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunapprovals"
 
 
 class ActionError(Exception):
@@ -91,7 +90,7 @@ async def control(http: httpx.AsyncClient, ns: str, name: str, command: str, uid
 
 
 async def whoami(http: httpx.AsyncClient) -> str:
-    me = await http.post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+    me = await http.post(self_subject_review_path(),
                          json={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
     if me.status_code >= 400:
         raise ActionError.refused(me, "who am I: ")
@@ -133,7 +132,7 @@ async def record_decision(http: httpx.AsyncClient, ns: str, name: str, gate: str
                          "ownerReferences": [{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
                                               "name": name, "uid": uid}]},
             "spec": spec}
-    created = await http.post(APPROVALS.format(ns=ns), json=body)
+    created = await http.post(approval_path(ns), json=body)
     if created.status_code >= 400:
         raise ActionError.refused(created)
     return Recorded(name=created.json()["metadata"]["name"], run=run, gate=gate, decision=decision,

@@ -20,23 +20,24 @@ import httpx
 
 from tether import protocol
 from tether.api.constants import LABEL_RUN
+from tether.api.models import API_VERSION
+from tether.kube.paths import object_path
 
 log = logging.getLogger("tether.console")
 
-GROUP = "/apis/tether.dev/v1alpha1"
 # The API server ends each watch after this long; the next resumes from the last resourceVersion.
 WATCH_SECONDS = 290
 SERIES_POINTS = 720  # per run: a point per status change, so hours of a run's folds
 RETRY_MAX_SECONDS = 30.0
 REFUSALS = frozenset({401, 403, 404})  # answers a retry will not change soon (unlike 429 or 5xx)
-LEASES, CORE = "/apis/coordination.k8s.io/v1", "/api/v1"
+LEASES, CORE = "coordination.k8s.io/v1", "v1"
 RUN_OBJECTS = {"labelSelector": LABEL_RUN}  # the Leases and pods the operator made for runs, nothing else
 
 Changed = Callable[[str, "dict[str, Any] | None"], None]
 
 
-def scoped_path(namespace: str | None, plural: str, group: str = GROUP) -> str:
-    return f"{group}/namespaces/{namespace}/{plural}" if namespace else f"{group}/{plural}"
+def scoped_path(namespace: str | None, plural: str, api_version: str = API_VERSION) -> str:
+    return object_path(api_version, plural, namespace or None)
 
 
 def object_key(obj: dict[str, Any]) -> str:
@@ -225,12 +226,12 @@ class Scope:
         self.budgets = Watch(self.http, scoped_path(self.namespace, "workerbudgets"),
                              lambda key, _: self._notify(f"budget:{key}"))
         # Only WorkerRuns' events: the refusals, stale results and lapses a timeline marks.
-        self.events = Watch(self.http, scoped_path(self.namespace, "events", group="/api/v1"), self._event_changed,
+        self.events = Watch(self.http, scoped_path(self.namespace, "events", api_version=CORE), self._event_changed,
                             params={"fieldSelector": "involvedObject.kind=WorkerRun"})
         # Liveness is the Lease's renewTime (status.lastRenewTime is folded only when progress moves).
-        self.leases = Watch(self.http, scoped_path(self.namespace, "leases", group=LEASES), self._owned_changed,
+        self.leases = Watch(self.http, scoped_path(self.namespace, "leases", api_version=LEASES), self._owned_changed,
                             params=RUN_OBJECTS)
-        self.pods = Watch(self.http, scoped_path(self.namespace, "pods", group=CORE), self._owned_changed,
+        self.pods = Watch(self.http, scoped_path(self.namespace, "pods", api_version=CORE), self._owned_changed,
                           params=RUN_OBJECTS, slim=_slim_pod)
         self._run_of: dict[str, str] = {}  # a Lease's or pod's key: its run's, kept to tell of its deletion
         self._tasks: list[asyncio.Task[None]] = []

@@ -16,7 +16,7 @@ import httpx
 from tether import gcpause, metrics
 from tether.api.models import API_VERSION
 from tether.kube.config import KubeConfig
-from tether.kube.paths import budget_path, event_path, lease_path, pod_path, run_path, secret_path
+from tether.kube.paths import budget_path, event_path, lease_path, pod_path, run_path, secret_path, service_account_path
 from tether.protocol import JSON_PATCH, rfc3339
 from tether.kube.health import ApiHealth
 from tether.kube.ratelimit import TokenBucket
@@ -214,8 +214,7 @@ class KubeClient:
 
     async def get_service_account(self, ns: str, name: str) -> dict[str, Any] | None:
         try:
-            return await self._call("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/{name}",
-                                    f"get serviceaccount {ns}/{name}")
+            return await self._call("GET", service_account_path(ns, name), f"get serviceaccount {ns}/{name}")
         except NotFound:
             return None
 

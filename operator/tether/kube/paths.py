@@ -75,6 +75,12 @@ def namespace_path(ns: str) -> str:
 
 
 def object_path(api_version: str, plural: str, ns: str | None = None, name: str = "") -> str:
-    """Any kind's objects (a capability's: Kueue's), namespaced when `ns` is given."""
+    """Any kind's objects (a capability's, the console's watches), namespaced when `ns` is given;
+    the core group ("v1") is served under /api."""
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     where = f"/namespaces/{ns}" if ns is not None else ""
-    return _named(f"/apis/{api_version}{where}/{plural}", name)
+    return _named(f"{root}{where}/{plural}", name)
+
+
+def self_subject_review_path() -> str:
+    return "/apis/authentication.k8s.io/v1/selfsubjectreviews"
