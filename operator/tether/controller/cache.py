@@ -17,12 +17,12 @@ from tether import protocol
 from tether.api import constants as c
 from tether.api.models import Phase, WorkerRun
 from tether.controller.classes import ClassBook
+from tether.controller.decision_state import DecisionState
 from tether.controller.leases import LeaseTracker
 from tether.controller.stamps import Stamps
 from tether.controller.store import Store
 from tether.controller.snapshot import Snapshot, foreign_pod, lean_pod, lean_run, pod_observation
 from tether.controller.views import BudgetKey, PodView, RunKey, RunView
-from tether.core.actions import UsageAlarm
 from tether.core.classes import ClassResolution
 from tether.core.observe import ForeignPod, PodRefusal
 
@@ -72,14 +72,11 @@ class RunCache:
         # Pods that were deleted, by (run key, name). A namesake's pod can still act for a few
         # seconds after it is gone (see foreign_pod), and a late answer about it must not revive it.
         self.tombstones: dict[tuple[RunKey, str], Tombstone] = {}
-        # Decision state, not the cluster's: the usage at which a held run must be decided at once.
-        self.alarms: dict[RunKey, UsageAlarm] = {}
+        self.decisions = DecisionState()  # the controller's own, apart from the stores; forgotten with the run
         # Run UID -> the run's fence when this operator last deleted its ended attempts' tool claims.
         self.tool_claims_cleared: dict[str, int] = {}
         # Run UID -> the API server's last refusal of one of its attempts' pods (decide ends that attempt).
         self.pod_refusals: dict[str, PodRefusal] = {}
-        # Run UID -> monotonic time this operator last saw its progress held (suspended, or asking).
-        self.progress_held_at: dict[str, float] = {}
         self.terminating: dict[str, float] = {}  # namespace -> monotonic time it was seen being deleted
         self._overdue_counted: tuple[float | None, tuple[int, int]] = (None, (0, 0))
         # Our last write's answer of each run, parsed, until the next pass takes it (_parse).
@@ -119,10 +116,10 @@ class RunCache:
             new_spec = new.generation != cached.generation
             if new.uid != cached.uid:
                 replaced = cached.uid
-                self.alarms.pop(new.key, None)
+                self.decisions.forget_key(new.key)
                 self.forget(cached.uid)
             elif cached.suspended and not new.suspended:
-                self.progress_held_at[new.uid] = self.mono()  # resumed: the progress clock starts now
+                self.decisions.progress_held_at[new.uid] = self.mono()  # resumed: the progress clock starts now
         self.runs.store(new.key, body)
         return RunStored(True, new_spec, replaced)
 
@@ -142,7 +139,7 @@ class RunCache:
         cached = self.run(gone.key)
         if cached is not None and cached.uid == gone.uid:
             self.runs.remove(gone.key)
-            self.alarms.pop(gone.key, None)
+            self.decisions.forget_key(gone.key)
             self._parsed.pop(gone.key, None)
         self.forget(gone.uid)
 
@@ -220,12 +217,12 @@ class RunCache:
         self.leases.forget(uid)
         self.tool_claims_cleared.pop(uid, None)
         self.pod_refusals.pop(uid, None)
-        self.progress_held_at.pop(uid, None)
+        self.decisions.forget_uid(uid)
 
     def forget_key(self, key: RunKey) -> None:
         """Nothing is left under the key (no run, no pods): drop its per-key bookkeeping."""
         if not self.holds(key):
-            self.alarms.pop(key, None)
+            self.decisions.forget_key(key)
 
     def holds(self, key: RunKey) -> bool:
         """A run or a pod labelled for it is held under the key."""

@@ -108,9 +108,9 @@ class RunReconciler:
                                     "requeueAfter": decision.requeue_after,
                                     "actions": [type(a).__name__ for a in decision.actions]})
         if decision.usage_alarm is not None:
-            self.cache.alarms[snap.key] = decision.usage_alarm
+            self.cache.decisions.alarms[snap.key] = decision.usage_alarm
         else:
-            self.cache.alarms.pop(snap.key, None)
+            self.cache.decisions.alarms.pop(snap.key, None)
         if not decision.actions:
             return Result(decision.requeue_after, decision.again_now)
         snap = await self.confirmer.confirm(snap, decision)
@@ -122,7 +122,7 @@ class RunReconciler:
         now, mono = self.cache.now(), self.cache.mono()
         run, uid = snap.run, snap.uid
         if progress_held(run):
-            self.cache.progress_held_at[uid] = mono
+            self.cache.decisions.progress_held_at[uid] = mono
         parts = {type(part): part for observe in self.observers if (part := await observe(run)) is not None}
         return Observed(parts=parts, run=run, run_class=snap.run_class, lease=snap.lease, pods=snap.pods, foreign_pods=snap.foreign_pods,
                         tool_claims_cleared=self.cache.tool_claims_cleared.get(uid) == run.status.fence,
@@ -131,7 +131,7 @@ class RunReconciler:
                         fold_interval=self.fold_interval, attempt_history=self.attempt_history,
                         api_available_since=self.kube.health.available_since,
                         namespace_terminating=self.sweeper.terminating(run.metadata.namespace),
-                        approvals=await self._approvals(snap), progress_held_at=self.cache.progress_held_at.get(uid))
+                        approvals=await self._approvals(snap), progress_held_at=self.cache.decisions.progress_held_at.get(uid))
 
     async def _approvals(self, snap: Snapshot) -> tuple[ApprovalObservation, ...] | None:
         """The approvals naming a run with an open gate (the only state that reads them), read fresh

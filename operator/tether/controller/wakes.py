@@ -106,7 +106,7 @@ class Observers:
         if key not in self.cache.runs:
             return None
         after = tracker.get(uid)
-        alarm = self.cache.alarms.get(key)
+        alarm = self.cache.decisions.alarms.get(key)
         if alarm is not None and after is not None and after.usage is not None and alarm.reached(after.usage):
             return LeaseChange(key, urgent=True, progressed=False)  # act now, not at the next fold
         progressed = before is not None and after is not None and \
