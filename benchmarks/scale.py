@@ -75,6 +75,8 @@ class Env:
     qps: float
     burst: int
     prefix: str = ""  # of every namespace made here (a shared test cluster)
+    # Another checkout whose operator runs instead of this one's (old and new code side by side).
+    operator_source: Path | None = None
 
     def namespace(self, name: str) -> str:
         name = f"{self.prefix}{name}"
@@ -96,13 +98,15 @@ class Env:
 
 
 @contextlib.contextmanager
-def environment(kwok_nodes: int, qps: float, burst: int, kueue: bool = False) -> Iterator[Env]:
+def environment(kwok_nodes: int, qps: float, burst: int, kueue: bool = False,
+                operator_source: Path | None = None) -> Iterator[Env]:
     with LocalCluster(bin_dir=resolve_binaries(), with_kubelet=False, kwok_nodes=kwok_nodes,
                       with_kueue=kueue) as cluster:
         api = cluster.client(timeout=60)
         install_crds(api)
         install_policies(api)
-        yield Env(cluster.kubeconfig, api, kubeconfig.load(str(cluster.kubeconfig)), qps, burst)
+        yield Env(cluster.kubeconfig, api, kubeconfig.load(str(cluster.kubeconfig)), qps, burst,
+                  operator_source=operator_source)
 
 
 def existing(path: Path, qps: float, burst: int, prefix: str) -> Env:
@@ -124,7 +128,11 @@ class Operator:
     def start(self) -> None:
         args = [sys.executable, "-m", "tether.cli", "operator", "-n", self.ns, f"--metrics-port={self.port}",
                 f"--kube-qps={self.env.qps}", f"--kube-burst={self.env.burst}"]
-        self.proc = spawn(args, log_path=self.log, env={**os.environ, "KUBECONFIG": str(self.env.kubeconfig)})
+        env = {**os.environ, "KUBECONFIG": str(self.env.kubeconfig)}
+        if self.env.operator_source is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(self.env.operator_source / "operator"),
+                                                 *filter(None, [os.environ.get("PYTHONPATH")])])
+        self.proc = spawn(args, log_path=self.log, env=env)
         self.ps = psutil.Process(self.proc.pid)
         wait_for(lambda: self._metrics_up(), timeout=60, what="operator /metrics")
 
@@ -725,6 +733,9 @@ def main() -> None:
                         help="most live runs the ceiling tries (2 cores: the machine gives out before)")
     parser.add_argument("--smoke", action="store_true", help="a few dozen runs, short windows (make test)")
     parser.add_argument("--out", default="")
+    parser.add_argument("--operator-source", type=Path, default=None,
+                        help="a checkout whose operator to run instead of this one's (e.g. a git worktree of "
+                             "an older commit: old and new code measured by one harness)")
     args = parser.parse_args()
     if args.smoke:
         args.runs, args.launch_runs, args.lapses, args.window = 30, 20, 3, 45
@@ -739,7 +750,10 @@ def main() -> None:
     def profile(name: str) -> Path | None:
         return None if args.smoke else out.with_name(f"{out.stem}-profile-{name}.txt")
 
-    with environment(args.kwok_nodes, args.qps, args.burst) as env:
+    if args.operator_source is not None:
+        report["operatorSource"] = subprocess.run(["git", "-C", str(args.operator_source), "rev-parse", "--short",
+                                                   "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    with environment(args.kwok_nodes, args.qps, args.burst, operator_source=args.operator_source) as env:
         if "launch" in scenarios:
             report["launch"] = [launch(env, args.launch_runs, 20, "jobs"),
                                 launch(env, args.launch_runs, None, "tether")]
