@@ -1,5 +1,5 @@
 """Adversarial review of the web console: each test is a defect the console has now (they fail
-until it is fixed). No cluster: the Kubernetes API is the unit tests' fake API (tests/support/fakeapi.py)."""
+until it is fixed). No cluster: the Kubernetes API is the unit tests' fake API (testkit/fakeapi.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tether.console.app import build_gateway_console, build_local_app
 from tether.console.state import Scope, Watch
 from tether.gateway import auth as gateway_auth
 from tether.kube.config import KubeConfig
-from tests.support.fakeapi import FakeApi, Request
+from testkit.fakeapi import FakeApi, Request
 
 PORT = 8123
 HOST = security.local_host(PORT)

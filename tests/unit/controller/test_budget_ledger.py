@@ -15,7 +15,7 @@ from tether.controller.budgets import BudgetBook
 from tether.core import budget as b
 from tether.core.decide import BudgetObservation, ChargeBudget, Observed, ReleaseCharge, WriteStatus, decide
 from tether.kube.paths import budget_path
-from tests.support.fakeapi import FakeApi, Request
+from testkit.fakeapi import FakeApi, Request
 
 T0 = dt.datetime(2026, 11, 30, 12, tzinfo=dt.timezone.utc)
 

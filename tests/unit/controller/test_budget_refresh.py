@@ -12,7 +12,7 @@ from tether.api.models import WorkerRun
 from tether.controller import budget_refresh
 from tether.controller.controller import Clock, RunController
 from tether.kube.paths import budget_path
-from tests.support.fakeapi import FakeApi, Request
+from testkit.fakeapi import FakeApi, Request
 
 NOW = dt.datetime(2026, 3, 2, 12, tzinfo=dt.timezone.utc)
 YESTERDAY = "2026-03-01T00:00:00Z"

@@ -20,7 +20,7 @@ from tether.controller.snapshot import foreign_pod
 from tether.core.cleanup import revocation_unfinished
 from tether.core.decide import EnsureLease, LeaseObservation, Observed, decide
 from tether.kube.paths import budget_path, lease_path, pod_path, run_path
-from tests.support.fakeapi import FakeApi, Request
+from testkit.fakeapi import FakeApi, Request
 
 T0 = dt.datetime(2026, 11, 29, 12, 0, 0, tzinfo=dt.timezone.utc)
 

@@ -15,7 +15,7 @@ from tether.controller.controller import RunController
 from tether.controller.errors import Again, SpecError
 from tether.kube.client import ApiError, Forbidden, Invalid
 from tether.kube.paths import lease_path
-from tests.support.fakeapi import FakeApi, Request
+from testkit.fakeapi import FakeApi, Request
 from tests.unit.controller.test_namesake_and_revocation import _held, _new_run, controller, fake_api
 
 KEY = ("ns", "job")

@@ -16,7 +16,7 @@ from tether.controller.budgets import BudgetBook
 from tether.controller.cache import RunCache
 from tether.controller.controller import RunController
 from tether.kube.paths import budget_path, run_path
-from tests.support.fakeapi import FakeApi, Request
+from testkit.fakeapi import FakeApi, Request
 from tests.unit.controller.test_controller_review import KEY, _run_a
 from tests.unit.controller.test_namesake_and_revocation import T0, _new_run, _old_pod, controller
 

@@ -11,7 +11,7 @@ import pytest
 from tether.api.models import WorkerRun
 from tether.controller.rbac import WorkerRbac
 from tether.kube import resources
-from tests.support.fakeapi import FakeApi
+from testkit.fakeapi import FakeApi
 
 
 def _run(name: str, executor: str = "Pod", sa: str | None = None, ns: str = "ns") -> WorkerRun:

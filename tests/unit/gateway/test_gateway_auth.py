@@ -16,7 +16,7 @@ def test_the_gateways_token_caches_are_bounded_and_remember_refusals() -> None:
 
     from tether.gateway import auth
 
-    from tests.support.fakeapi import FakeApi, Request
+    from testkit.fakeapi import FakeApi, Request
 
     reviews: list[str] = []
 

@@ -18,7 +18,7 @@ from tether.gateway.app import MAX_DEPTH, build_app
 from tether.kube.client import KubeClient
 from tether.kube.config import KubeConfig
 from tether.kube.paths import lease_path, run_path, service_account_path
-from tests.support.fakeapi import FakeApi, Request
+from testkit.fakeapi import FakeApi, Request
 
 OP = "/api/v1/namespaces/ns/workerruns/job"
 AUTH = {"Authorization": "Bearer t0ken"}

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tether.gateway.app import build_app
-from tests.support.fakeapi import FakeApi
+from testkit.fakeapi import FakeApi
 from tests.unit.gateway.test_gateway_envelope import AUTH, OP, _call, _envelope, held_api
 
 

@@ -1,4 +1,4 @@
-"""The unit tests' one fake API (tests/support/fakeapi.py) answers the operator's real client as the
+"""The unit tests' one fake API (testkit/fakeapi.py) answers the operator's real client as the
 API server does where safety rests on it: compare-and-swap, preconditions, the status subresource,
 finalizers holding a deletion, a JSON patch's test, selectors."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from tether.kube.client import Conflict, Invalid, NotFound
 from tether.kube.paths import lease_path, pod_path, run_path
-from tests.support.fakeapi import FakeApi
+from testkit.fakeapi import FakeApi
 
 
 def _run() -> dict[str, Any]:

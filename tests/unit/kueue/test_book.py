@@ -16,7 +16,7 @@ from tether.kueue import api as k
 from tether.kueue.book import QueueBook, workload_path
 from tether.kueue.capability import RETRY_SECONDS, _CheckMarker
 from tether.kueue.decide import workload_name
-from tests.support.fakeapi import FakeApi, Request
+from testkit.fakeapi import FakeApi, Request
 
 T0 = dt.datetime(2026, 12, 7, tzinfo=dt.timezone.utc)
 RUN = WorkerRun.model_validate({"metadata": {"name": "job", "namespace": "ns", "uid": "run-1"},
