@@ -1,6 +1,7 @@
 """The heap the run controller keeps per run, in process, against the one fake API (testkit/fakeapi.py):
 N External runs are granted, their writes fed back as the watch would, then each holder renews five
-times and the run is decided again; the heap still held (tracemalloc) is printed by file. Run it
+times and the run is decided again (the watch echoing what was written); the heap still held and its
+peak (tracemalloc) are printed, by file. Run it
 with another checkout's operator first on the path to compare two codes:
 
     PYTHONPATH=<checkout>/operator .venv/bin/python benchmarks/heap_probe.py 400
@@ -64,11 +65,14 @@ async def main(n: int) -> None:
             lease["metadata"].setdefault("annotations", {})["tether.dev/checkpoint"] = f"c{beat}"
             ctl.on_lease("MODIFIED", api.put(lease_path("ns", f"r{i}"), lease))
             await _decide(ctl, i)
+            ctl.on_run("MODIFIED", api.get(run_path("ns", f"r{i}")))  # the watch's echo of what it wrote
     del bodies
     gc.collect()
+    peak = tracemalloc.get_traced_memory()[1]
     stats = tracemalloc.take_snapshot().statistics("filename")
     total = sum(s.size for s in stats)
-    print(f"heap held: {total / 1e6:.1f} MB for {n} runs ({total / n / 1e3:.1f} KB per run, the fake API's own included)")
+    print(f"heap held: {total / 1e6:.1f} MB for {n} runs ({total / n / 1e3:.1f} KB per run, the fake API's own included); "
+          f"peak {peak / 1e6:.1f} MB")
     for s in stats[:12]:
         print(f"{s.size / 1e6:8.2f} MB {s.count:8d} {s.traceback[0].filename}")
 

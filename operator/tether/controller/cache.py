@@ -106,6 +106,9 @@ class RunCache:
 
     def _put_run(self, body: dict[str, Any], read: bool) -> RunStored:
         new = RunView(body)
+        # The watch's echo of our write (or anything newer) ends the parse kept for the pass right
+        # after that write: kept longer, it is a second copy of every quiet run (75 MB at 5,000).
+        self._parsed.pop(new.key, None)
         cached = self.run(new.key)
         new_spec, replaced = False, None
         if cached is not None:
