@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from tether.controller.capability import Capability
 from tether.kueue.capability import CAPABILITY as KUEUE
+from tether.schedules.capability import CAPABILITY as SCHEDULES
 
 CAPABILITIES: tuple[Capability, ...] = (
     KUEUE,  # queueing through Kueue: tether/kueue
+    SCHEDULES,  # WorkerRunSchedule, a run at each slot of a schedule: tether/schedules
 )

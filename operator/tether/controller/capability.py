@@ -23,6 +23,7 @@ from tether.controller.cache import RunCache
 from tether.controller.leader import Leadership
 from tether.controller.manager import Manager, Watch
 from tether.controller.snapshot import Snapshot
+from tether.controller.store import Store
 from tether.core.actions import Decision, WriteStatus
 from tether.core.capability import Rules
 from tether.kube.client import KubeClient
@@ -55,6 +56,7 @@ class Context:
     leadership: Leadership
     now: Callable[[], dt.datetime]
     refusable: Refusable
+    budgets: Store[tuple[str, str]]  # WorkerBudgets, by (namespace, name)
 
 
 async def _nothing(run: WorkerRun) -> object | None:

@@ -65,7 +65,8 @@ class RunController:
                                  self.feed)
         confirmer = Confirmer(kube, self.cache, self.executor, self._report, self.sweeper.mark, self.feed)
         # Each capability attaches before the run reconciler is registered: its watches are declared.
-        context = Context(kube, self.cache, self.manager, self.leadership, self.clock.now, self.executor.refusable)
+        context = Context(kube, self.cache, self.manager, self.leadership, self.clock.now, self.executor.refusable,
+                          self.budgets.cache)
         self.capabilities: list[tuple[Capability, Attached]] = []
         for capability in capabilities:
             attached = capability.attach(context)

@@ -69,6 +69,16 @@ class Store(Mapping[K, Body], Generic[K]):
         """A copy taken in one step (the metrics thread reads it while the event loop writes)."""
         return self._objects.copy()
 
+    def add_index(self, name: str, index_of: Callable[[Body], Hashable | None]) -> None:
+        """A named index more (a capability's, as it attaches), built over what is held already."""
+        if name in self._index_of:
+            raise ValueError(f"an index named {name} exists already")
+        self._index_of[name], self._indexes[name] = index_of, {}
+        for key, body in self._objects.items():
+            value = index_of(body)
+            if value is not None:
+                self._indexes[name].setdefault(value, set()).add(key)
+
     def by(self, index: str, value: Hashable) -> frozenset[K]:
         """The keys whose object `index` maps to `value`."""
         return frozenset(self._indexes[index].get(value, ()))

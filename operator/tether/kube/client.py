@@ -301,6 +301,14 @@ class KubeClient:
                                 params={"fieldManager": manager, "force": "true"}, content=json.dumps(body),
                                 headers={"Content-Type": "application/apply-patch+yaml"})
 
+    async def json_patch(self, path: str, patch: list[dict[str, Any]], what: str) -> dict[str, Any]:
+        """A JSON patch; its `test` operations make it conditional (Invalid when one fails)."""
+        return await self._call("PATCH", path, what, json=patch, headers=JSON_PATCH)
+
+    async def replace_status(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """PUT an object's status with its resourceVersion: a compare-and-swap on the whole status."""
+        return await self._call("PUT", f"{path}/status", f"replace status of {what}", json=body)
+
     async def merge_patch(self, path: str, patch: dict[str, Any], what: str) -> dict[str, Any]:
         """A merge patch; a metadata.resourceVersion in it makes it conditional."""
         return await self._call("PATCH", path, what, json=patch, headers=MERGE_PATCH)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from tether.api import constants as c
 from tether.api.conditions import set_condition
@@ -45,6 +46,7 @@ class ScheduleObserved:
     runs: tuple[ScheduleRun, ...]
     taken: frozenset[str] = frozenset()  # run names held by runs the schedule does not own
     exhausted_budget: str | None = None  # the WorkerBudget its runs would draw on, when it is exhausted
+    refused: Mapping[str, str] = field(default_factory=dict)  # starts the API server refused, by run name
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,8 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
 
     def refusal(name: str) -> Why | None:
         """Why a start is skipped whatever the active runs (None: it may start)."""
+        if name in o.refused:
+            return "RunRefused", f"the API server refused {name}: {o.refused[name]}"
         if name in o.taken:
             return "NameTaken", f"a run named {name} exists and is not this schedule's"
         if o.exhausted_budget is not None:
@@ -130,6 +134,7 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
             return "BufferFull", f"{st.waiting.name} already waits for the active run to end"
         return None
 
+    why: Why | None
     # 1. A start that waited for the active runs to end.
     if st.waiting is not None and not active:
         w, st.waiting = st.waiting, None
@@ -174,7 +179,6 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
                                           "latest is handled"))
             st.skipped_count += missed
         late = (now - slot).total_seconds()
-        why: Why | None
         if spec.suspend:
             why = "Suspended", "the schedule is suspended"
         elif spec.starting_deadline_seconds is not None and late > spec.starting_deadline_seconds:

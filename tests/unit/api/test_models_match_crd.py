@@ -94,3 +94,15 @@ def test_workerclass_model_matches_its_crd() -> None:
     _compare(WorkerClassSpec, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec",
              problems)
     assert not problems, problems
+
+
+def test_the_schedule_models_match_their_crd() -> None:
+    from tether.schedules.api import RunTemplate, WorkerRunScheduleSpec, WorkerRunScheduleStatus
+
+    crd = read_crd(Path(__file__).parents[3] / "crds" / "workerrunschedules.tether.dev.yaml")
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    problems: list[str] = []
+    _compare(WorkerRunScheduleSpec, schema["spec"], "spec", problems)
+    _compare(WorkerRunScheduleStatus, schema["status"], "status", problems)
+    _compare(RunTemplate, schema["spec"]["properties"]["runTemplate"], "spec.runTemplate", problems)
+    assert not problems, problems

@@ -46,8 +46,8 @@ def _run_body(name: str, phase: str = "Queued") -> dict[str, Any]:
                          "labels": QUEUE}, "spec": {}, "status": {"phase": phase}}
 
 
-def test_the_operator_registers_kueue_by_one_line() -> None:
-    assert [c.name for c in CAPABILITIES] == ["kueue"]
+def test_the_operator_registers_each_capability_by_one_line() -> None:
+    assert [c.name for c in CAPABILITIES] == ["kueue", "schedules"]
     assert {s.plural for s in KUEUE.sources} == {"workloads", "localqueues", "admissionchecks"}
 
 

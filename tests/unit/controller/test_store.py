@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tether.controller.store import Store
 
 
@@ -120,3 +122,15 @@ def test_the_watchs_echo_of_our_write_ends_the_parse_kept_for_the_next_pass() ->
     gc.collect()
     assert parsed() is None  # and the parse is gone with it
     assert cache.snapshot(("ns", "r")).run.status.phase == "Pending"  # type: ignore[union-attr]  # parsed afresh
+
+
+def test_an_index_added_later_covers_what_is_held_and_what_comes() -> None:
+    s = _store()
+    s.put("a", _obj("a", "1", group="x"))
+    s.add_index("name", lambda body: body["metadata"]["name"].upper())
+    s.put("b", _obj("b", "1"))
+    assert s.by("name", "A") == {"a"} and s.by("name", "B") == {"b"}
+    s.remove("a")
+    assert s.by("name", "A") == frozenset()
+    with pytest.raises(ValueError):
+        s.add_index("group", lambda body: None)

@@ -1,0 +1,212 @@
+"""The WorkerRunSchedule reconciler: observes the schedule and its runs, asks `decide`, and writes.
+
+The writes of a pass, in this order, each conditional:
+
+1. the runs to start, after a fresh read of the schedule shows the status the decision was made on
+   (a stale cache never starts a slot that was handled meanwhile); a run's name derives from its
+   slot, so a retry, a restart or a second replica finds it created (AlreadyExists, ours) instead of
+   creating another;
+2. `spec.stop` on runs Replace stops (a JSON patch that tests their UID);
+3. the status, against the resourceVersion read (a compare-and-swap): the slot handled;
+4. only then the runs past the history limits, by UID: their slots are recorded as handled, so
+   deleting them can never make a slot look due again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from tether.api.constants import RUN_FINALIZER
+from tether.api.models import API_VERSION, TERMINAL_PHASES, WorkerBudget
+from tether.controller.errors import Again
+from tether.controller.leader import Leadership
+from tether.controller.loop import Result
+from tether.controller.store import Store
+from tether.core import budget as budget_rules
+from tether.kube.client import Conflict, Forbidden, Invalid, KubeClient, NotFound
+from tether.kube.paths import object_path, run_path
+from tether.schedules.api import (ANN_SCHEDULED_AT, LABEL_SCHEDULE, SCHEDULE_KIND, SCHEDULE_PLURAL, WorkerRunSchedule,
+                                  schedule_of_run_name)
+from tether.schedules.decide import CreateRun, ScheduleDecision, ScheduleObserved, ScheduleRun, decide
+
+log = logging.getLogger("tether.schedules")
+
+ScheduleKey = tuple[str, str]
+# Runs by the schedule their name derives from (its own, and namesakes it does not own).
+BY_SCHEDULE = "schedule"
+# A replica that does not lead looks again this often (it takes over what is due once it leads).
+FOLLOWER_RETRY_SECONDS = 5.0
+
+
+def schedule_path(ns: str, name: str = "") -> str:
+    return object_path(API_VERSION, SCHEDULE_PLURAL, ns, name)
+
+
+def run_schedule(body: dict[str, Any]) -> ScheduleKey | None:
+    meta = body.get("metadata") or {}
+    name = schedule_of_run_name(str(meta.get("name") or ""))
+    return (str(meta.get("namespace")), name) if name else None
+
+
+class ScheduleReconciler:
+    def __init__(self, kube: KubeClient, schedules: Store[ScheduleKey], runs: Store[Any],
+                 budgets: Callable[[tuple[str, str]], dict[str, Any] | None],
+                 budget_of: Callable[[str, dict[str, Any]], str | None], leadership: Leadership,
+                 now: Callable[[], dt.datetime]) -> None:
+        self.kube, self.schedules, self.runs = kube, schedules, runs
+        self.budgets, self.budget_of = budgets, budget_of
+        self.leadership, self.now = leadership, now
+        # Starts the API server refused for good (a policy, a class bound), by schedule: the next
+        # pass records them as skipped instead of trying again at every pass.
+        self.refused: dict[ScheduleKey, dict[str, str]] = {}
+
+    def exists(self, key: ScheduleKey) -> bool:
+        return key in self.schedules
+
+    def observe(self, key: ScheduleKey, body: dict[str, Any], schedule: WorkerRunSchedule,
+                now: dt.datetime) -> ScheduleObserved:
+        runs: list[ScheduleRun] = []
+        taken: set[str] = set()
+        for run_key in self.runs.by(BY_SCHEDULE, key):
+            run = self.runs.get(run_key)
+            if run is None:
+                continue
+            meta = run["metadata"]
+            owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
+            if not owners or owners[0].get("uid") != schedule.metadata.uid:
+                taken.add(meta["name"])
+                continue
+            status = run.get("status") or {}
+            phase = str(status.get("phase") or "Pending")
+            at = (meta.get("annotations") or {}).get(ANN_SCHEDULED_AT)
+            runs.append(ScheduleRun(
+                name=meta["name"], uid=meta["uid"], scheduled_time=_time(at), created=_time(meta.get("creationTimestamp")),
+                terminal=phase in {p.value for p in TERMINAL_PHASES}, succeeded=phase == "Succeeded",
+                finished_at=_time(status.get("finishedAt")), phase=phase,
+                stopping=bool((run.get("spec") or {}).get("stop"))))
+        return ScheduleObserved(schedule=schedule, runs=tuple(runs), taken=frozenset(taken),
+                                exhausted_budget=self._exhausted(key[0], body, now),
+                                refused=dict(self.refused.get(key, {})))
+
+    def _exhausted(self, ns: str, body: dict[str, Any], now: dt.datetime) -> str | None:
+        name = self.budget_of(ns, body["spec"]["runTemplate"]["spec"])
+        budget = self.budgets((ns, name)) if name else None
+        if budget is None:
+            return None  # none, or not known yet: the run's own pass says BudgetNotFound
+        try:
+            parsed = WorkerBudget.model_validate(budget)
+        except ValidationError:
+            return None
+        return name if budget_rules.exhausted(parsed.spec, budget_rules.refresh(parsed, now).spent) else None
+
+    async def reconcile(self, key: ScheduleKey) -> Result:
+        if not self.leadership.may_act():
+            return Result(requeue_after=FOLLOWER_RETRY_SECONDS)
+        body = self.schedules.get(key)
+        if body is None:
+            return Result()
+        try:
+            schedule = WorkerRunSchedule.model_validate(body)
+        except ValidationError as exc:
+            log.warning("schedule does not parse", extra={"schedule": "/".join(key), "error": str(exc)[:500],
+                                                          "event": "schedule_invalid"})
+            return Result()
+        now = self.now()
+        d = decide(self.observe(key, body, schedule, now), now)
+        rv = schedule.metadata.resource_version
+        if d.create:
+            await self._fresh(key, rv)
+            for create in d.create:
+                await self._create(key, body, create)
+        for ref in d.stop:
+            await self._stop(key[0], ref.name, ref.uid or "")
+        if d.status is not None:
+            written = await self._write_status(key, body, d)
+            self.refused.pop(key, None)
+            self.schedules.written(key, written, rv)
+        for ref in d.delete:
+            await self.kube.delete_object(run_path(key[0], ref.name), ref.uid or "")
+        for event in d.events:
+            await self.kube.post_event(body, event.type, event.reason, event.message)
+        if d.wake_at is None:
+            return Result(acted=bool(d.create or d.stop or d.status or d.delete))
+        # A moment past the slot: a timer that fires a hair early finds it not due yet.
+        return Result(requeue_after=max(0.0, (d.wake_at - self.now()).total_seconds()) + 0.05,
+                      acted=bool(d.create or d.stop or d.status is not None or d.delete))
+
+    async def _fresh(self, key: ScheduleKey, rv: str) -> None:
+        """The schedule as the API server has it now is the one decided on, or the pass is redone."""
+        mark = self.schedules.stamps.mark()
+        fresh = await self.kube.get_object(schedule_path(*key))
+        if fresh is None or str(fresh["metadata"].get("resourceVersion")) != rv:
+            self.schedules.read(key, fresh, mark)
+            raise Again("the schedule changed since it was decided on")
+
+    async def _create(self, key: ScheduleKey, schedule: dict[str, Any], create: CreateRun) -> None:
+        ns, name = key
+        template = schedule["spec"]["runTemplate"]
+        meta = template.get("metadata") or {}
+        annotations = dict(meta.get("annotations") or {})
+        if create.scheduled_time is not None:
+            annotations[ANN_SCHEDULED_AT] = create.scheduled_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+        run = {
+            "apiVersion": API_VERSION, "kind": "WorkerRun",
+            "metadata": {
+                "name": create.name, "namespace": ns,
+                "labels": {**(meta.get("labels") or {}), LABEL_SCHEDULE: name},
+                "annotations": annotations,
+                # Its own finalizer from the start: no pass is needed to add it.
+                "finalizers": [RUN_FINALIZER],
+                "ownerReferences": [{"apiVersion": API_VERSION, "kind": SCHEDULE_KIND, "name": name,
+                                     "uid": schedule["metadata"]["uid"], "controller": True}],
+            },
+            # The template's spec as written (not a parsed copy): what it leaves out, its class fills in.
+            "spec": template["spec"],
+        }
+        try:
+            await self.kube.create(run_path(ns), run)
+        except Conflict:
+            existing = await self.kube.get_object(run_path(ns, create.name))
+            owners = [o for o in ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
+                      if o.get("controller")]
+            if existing is None or not owners or owners[0].get("uid") != schedule["metadata"]["uid"]:
+                self.refused.setdefault(key, {})[create.name] = "a run of that name exists and is not this schedule's"
+                raise Again(f"{create.name} is taken") from None
+            # Ours already: created by an earlier pass, another replica, or before a restart.
+        except (Invalid, Forbidden) as exc:
+            if isinstance(exc, Forbidden) and not exc.refuses_the_object:
+                raise
+            self.refused.setdefault(key, {})[create.name] = exc.message
+            raise Again(f"{create.name} was refused: {exc.message}") from None
+        log.info("schedule started a run", extra={"schedule": "/".join(key), "run": create.name,
+                                                  "event": "schedule_run_created"})
+
+    async def _stop(self, ns: str, name: str, uid: str) -> None:
+        patch: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid},
+                 {"op": "replace", "path": "/spec/stop", "value": True}]
+        try:
+            await self.kube.json_patch(run_path(ns, name), patch, f"stop workerrun {ns}/{name}")
+        except (NotFound, Invalid):
+            pass  # gone, or a namesake: nothing of ours to stop
+
+    async def _write_status(self, key: ScheduleKey, body: dict[str, Any], d: ScheduleDecision) -> dict[str, Any]:
+        assert d.status is not None
+        new = {**body, "status": d.status.dump()}
+        try:
+            return await self.kube.replace_status(schedule_path(*key), new, f"schedule {'/'.join(key)}")
+        except (Conflict, NotFound) as exc:
+            raise Again(f"the schedule changed under its status write: {exc}") from None
+
+
+def _time(text: Any) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
