@@ -164,7 +164,8 @@ crd = {
                 "properties": {
                     "apiVersion": {"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."},
                     "kind": {"type": "string", "description": "Kind is a string value representing the REST resource this object represents."},
-                    "metadata": {"type": "object"},
+                    "metadata": {"type": "object", "properties": {"name": {
+                        "type": "string", "description": "The schedule's name, at most 47 characters (its runs are named <name>-<ten digits>)."}}},
                     "spec": spec,
                     "status": status,
                 },

@@ -10,6 +10,8 @@
   kubectl tether release-finalizers [NAME] [-n NS | -A] [--operator-namespace NS] [--force]
       after the operator was uninstalled before its runs: removes Tether's finalizers so that
       the runs can be deleted (refused while an operator is alive, unless --force)
+  kubectl tether trigger SCHEDULE   start a WorkerRunSchedule's run now, under its concurrency
+      policy (Forbid refuses it while a run is active), named <schedule>-m<id> (never a slot's name)
   kubectl tether version         this plugin's version (also --version)
 
 kubectl's connection flags work as they do for kubectl, before or after the command:
@@ -23,7 +25,10 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import secrets
+import string
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -35,6 +40,8 @@ from tether.kube import config as kubeconfig
 from tether.kube.client import ApiError, KubeClient, server_says
 from tether.kube.paths import lease_path, run_path
 from tether.protocol import holder_renewed
+from tether.schedules.api import ANN_TRIGGER, TRIGGER_ID_LENGTH
+from tether.schedules.paths import schedule_path
 
 
 # What each control command reports once the API server accepted it.
@@ -144,6 +151,43 @@ async def _release(cfg: kubeconfig.KubeConfig, ns: str | None, name: str | None,
     return 1 if done.failed else 0
 
 
+def _trigger(cfg: kubeconfig.KubeConfig, ns: str, name: str, timeout: float = 30.0) -> int:
+    """Asks the operator for a start now (the schedule's tether.dev/trigger annotation: the
+    operator decides it under the concurrency policy, as it does a slot) and says what it decided."""
+    trigger = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(TRIGGER_ID_LENGTH))
+    path = schedule_path(ns, name)
+    with cfg.sync_client() as http:
+        resp = http.patch(path, json={"metadata": {"annotations": {ANN_TRIGGER: trigger}}},
+                          headers={"Content-Type": "application/merge-patch+json"})
+        if resp.status_code >= 400:
+            raise ApiError(resp.status_code, resp.text, f"trigger workerrunschedule {ns}/{name}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = http.get(path)
+            if got.status_code >= 400:
+                raise ApiError(got.status_code, got.text, f"get workerrunschedule {ns}/{name}")
+            answer = (got.json().get("status") or {}).get("lastTrigger") or {}
+            if answer.get("id") == trigger:
+                return _said(name, answer)
+            time.sleep(0.5)
+    print(f"error: the operator did not answer trigger {trigger} of workerrunschedule.tether.dev/{name} within "
+          f"{timeout:.0f}s (is it running?); it will start the run when it does", file=sys.stderr)
+    return 1
+
+
+def _said(name: str, answer: dict[str, Any]) -> int:
+    outcome, run = answer.get("outcome"), answer.get("run")
+    if outcome == "Started":
+        print(f"workerrunschedule.tether.dev/{name} triggered: workerrun.tether.dev/{run} created")
+        return 0
+    if outcome == "Waiting":
+        print(f"workerrunschedule.tether.dev/{name} triggered: workerrun.tether.dev/{run} starts when the active "
+              "run has ended")
+        return 0
+    print(f"error: workerrunschedule.tether.dev/{name}: trigger refused: {answer.get('message')}", file=sys.stderr)
+    return 1
+
+
 def _status(cfg: kubeconfig.KubeConfig, ns: str, name: str) -> int:
     with cfg.sync_client() as http:
         resp = http.get(run_path(ns, name))
@@ -193,6 +237,8 @@ def _run(args: argparse.Namespace) -> int:
                                    args.reason, args.attempt))
     if args.command == "status":
         return _status(cfg, ns, args.name)
+    if args.command == "trigger":
+        return _trigger(cfg, ns, args.name)
     return asyncio.run(_control(cfg, ns, args.name, args.command))
 
 
@@ -200,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kubectl tether", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kubectl-tether {__version__}")
-    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "ui", "release-finalizers",
-                                            "version"])
-    parser.add_argument("name", nargs="?", help="the WorkerRun (every command but ui; release-finalizers: optional)")
+    parser.add_argument("command", choices=["status", *CONTROLS, "approve", "deny", "trigger", "ui",
+                                            "release-finalizers", "version"])
+    parser.add_argument("name", nargs="?", help="the WorkerRun (every command but ui and trigger; release-finalizers: "
+                                                "optional), or trigger's WorkerRunSchedule")
     _connection_flags(parser)
     parser.add_argument("-A", "--all-namespaces", action="store_true",
                         help="ui, release-finalizers: every namespace you may list")

@@ -28,10 +28,10 @@ from tether.controller.loop import Result
 from tether.controller.store import Store
 from tether.core import budget as budget_rules
 from tether.kube.client import Conflict, Forbidden, Invalid, KubeClient, NotFound
-from tether.kube.paths import object_path, run_path
-from tether.schedules.api import (ANN_SCHEDULED_AT, LABEL_SCHEDULE, SCHEDULE_KIND, SCHEDULE_PLURAL, WorkerRunSchedule,
-                                  schedule_of_run_name)
+from tether.kube.paths import run_path
+from tether.schedules.api import ANN_SCHEDULED_AT, LABEL_SCHEDULE, SCHEDULE_KIND, WorkerRunSchedule, schedule_of_run_name
 from tether.schedules.decide import CreateRun, ScheduleDecision, ScheduleObserved, ScheduleRun, decide
+from tether.schedules.paths import schedule_path
 
 log = logging.getLogger("tether.schedules")
 
@@ -40,10 +40,6 @@ ScheduleKey = tuple[str, str]
 BY_SCHEDULE = "schedule"
 # A replica that does not lead looks again this often (it takes over what is due once it leads).
 FOLLOWER_RETRY_SECONDS = 5.0
-
-
-def schedule_path(ns: str, name: str = "") -> str:
-    return object_path(API_VERSION, SCHEDULE_PLURAL, ns, name)
 
 
 def run_schedule(body: dict[str, Any]) -> ScheduleKey | None:
