@@ -53,7 +53,7 @@ def _ended(kube: Kube, ns: str, name: str) -> dict[str, Any]:
 
 def test_each_slot_starts_one_run_named_for_it(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
     created = _create(kube, namespace, _schedule("sync", failedRunsHistoryLimit=10))
-    runs = eventually(lambda: (r := _runs(kube, namespace, "sync")) if len(r) >= 3 else None, timeout=40,
+    runs = eventually(lambda: r if len(r := _runs(kube, namespace, "sync")) >= 3 else None, timeout=40,
                       what="three slots' runs")
     slots = [_slot(r) for r in runs]
     assert all(s % EVERY == 0 for s in slots)  # at the multiples of the period
