@@ -1,4 +1,5 @@
-"""Argo CD's health check for WorkerRun, run as Lua with the cases in Argo's health_test.yaml format."""
+"""Argo CD's health checks (WorkerRun, WorkerRunSchedule), run as Lua with the cases in Argo's
+health_test.yaml format."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ import pytest
 import yaml
 from lupa import LuaRuntime
 
-HERE = Path(__file__).resolve().parents[3] / "gitops" / "argocd" / "tether.dev" / "WorkerRun"
-CASES = yaml.safe_load((HERE / "health_test.yaml").read_text())["tests"]
+ROOT = Path(__file__).resolve().parents[3] / "gitops" / "argocd" / "tether.dev"
+CASES = [(kind, case) for kind in ("WorkerRun", "WorkerRunSchedule")
+         for case in yaml.safe_load((ROOT / kind / "health_test.yaml").read_text())["tests"]]
 
 
-def health(obj: dict[str, Any]) -> dict[str, str]:
+def health(obj: dict[str, Any], kind: str = "WorkerRun") -> dict[str, str]:
     """Runs health.lua the way Argo CD does: the object as global `obj`, a table returned."""
     lua = LuaRuntime(unpack_returned_tuples=True)
     lua.globals().obj = lua.table_from(obj, recursive=True)
-    result = lua.execute((HERE / "health.lua").read_text())
+    result = lua.execute((ROOT / kind / "health.lua").read_text())
     return {"status": result["status"], "message": result["message"]}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["inputPath"] for c in CASES])
-def test_health_cases(case: dict[str, Any]) -> None:
-    obj = yaml.safe_load((HERE / case["inputPath"]).read_text())
-    assert health(obj) == case["healthStatus"]
+@pytest.mark.parametrize("kind, case", CASES, ids=[f"{k}/{c['inputPath']}" for k, c in CASES])
+def test_health_cases(kind: str, case: dict[str, Any]) -> None:
+    obj = yaml.safe_load((ROOT / kind / case["inputPath"]).read_text())
+    assert health(obj, kind) == case["healthStatus"]
