@@ -88,13 +88,19 @@ APART: dict[str, tuple[float, bool]] = {"operator-kill-mid-grant-lease": (0.3, F
                                         "operator-standby-slow-get": (0.5, True),
                                         CLASS_EDIT: (0.6, False)}
 API_PAUSE = "api-pause"
+# A WorkerRunSchedule beside the runs (drawn apart for half the plans): @every SCHEDULE_EVERY seconds,
+# its runs suspended External ones (nothing to execute: what is judged is one run per slot,
+# invariant 14). Its fault: the acting operator killed with a slot's run creation in flight.
+SCHEDULE = "sched"
+SCHEDULE_EVERY = 5
+SCHEDULE_KILL = "operator-kill-mid-schedule"
 # A higher-priority run asking for the whole quota of a trial's ClusterQueue: Kueue evicts every
 # admitted queued run (drawn only for plans with queued runs, from a generator of its own).
 RUN_PREEMPT = "run-preempt"
 # The same, again and again through the window (drawn apart for half the plans with queued runs):
 # with the operators' short attempt history, queued runs pass its end (invariant 4 counts every cent).
 RUN_PREEMPT_AGAIN = "run-preempt-again"
-FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE, RUN_PREEMPT, RUN_PREEMPT_AGAIN)
+FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE, RUN_PREEMPT, RUN_PREEMPT_AGAIN, SCHEDULE_KILL)
 # What the harness's reviewer did to results under review and to workers' requests (not faults: a
 # person's decisions).
 REVIEW_DECISIONS = ("review-approve", "review-deny")
@@ -166,6 +172,7 @@ class Plan:
     runs: list[RunPlan]
     ha: bool  # two operator replicas with leader election
     faults: list[FaultPlan]
+    schedule: bool = False  # a WorkerRunSchedule beside the runs (SCHEDULE)
 
     @property
     def api_pause(self) -> bool:
@@ -209,8 +216,12 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
     for i, rp in enumerate(runs):
         rp.fail_on_yield = rp.queued and random.Random(f"{seed}/yield-error/{i}").random() < 0.5
         rp.classed = random.Random(f"{seed}/class/{i}").random() < 0.4
+    scheduled = random.Random(f"{seed}/schedule")
+    schedule = scheduled.random() < 0.5
+    if schedule and scheduled.random() < 0.6:
+        faults.append(_draw_fault(scheduled, SCHEDULE_KILL, len(runs), window))
     faults.sort(key=lambda f: f.at)
-    return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults)
+    return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults, schedule=schedule)
 
 
 def _draw_queues(gen: random.Random, runs: list[RunPlan], window: float) -> list[FaultPlan]:
@@ -286,7 +297,7 @@ def _draw_fault(rng: random.Random, kind: str, n_runs: int, window: float) -> Fa
         seconds = some(2, 12)
     elif kind == "operator-kill":
         params = {"down": some(0, 4)}
-    elif kind == "operator-kill-mid-grant":
+    elif kind in ("operator-kill-mid-grant", SCHEDULE_KILL):
         params = {"down": some(0, 3), "late": some(0, 3)}
     elif kind == "operator-kill-mid-revocation":
         params = {"down": some(0, 3), "thaw": some(0, 4), "late": some(0, 3)}
@@ -658,6 +669,11 @@ class Trial:
                                         "metadata": {"name": self.class_name}, "spec": {"defaults": self.class_defaults}}))
         for body in self.bodies.values():
             kube.ok(kube.post(Kube.wr_path(ns), body))
+        if self.plan.schedule:
+            kube.ok(kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunschedules", {
+                "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunSchedule", "metadata": {"name": SCHEDULE},
+                "spec": {"schedule": f"@every {SCHEDULE_EVERY}s", "concurrencyPolicy": "Allow",
+                         "runTemplate": {"spec": {"executor": "External", "suspend": True}}}}))
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -820,6 +836,22 @@ class Trial:
         except TimeoutError:
             gate.release()
             return False  # no grant came along
+        try:
+            self._kill_leader(f.params["down"])
+            self._wait(f.params["late"])
+        finally:
+            gate.release()
+        return True
+
+    def _f_operator_kill_mid_schedule(self, f: FaultPlan, _: str) -> bool:
+        """The operator dies with a slot's run creation in flight; the request still reaches the API
+        server, late, after its successor started (and may have created that slot's run itself)."""
+        gate = self.op_proxy.gate(method="POST", path=rf"/namespaces/{re.escape(self.ns)}/workerruns$")
+        try:
+            gate.wait_arrived(timeout=SCHEDULE_EVERY * 3)
+        except TimeoutError:
+            gate.release()
+            return False  # no slot came along
         try:
             self._kill_leader(f.params["down"])
             self._wait(f.params["late"])
@@ -1097,6 +1129,9 @@ class Trial:
             self._poll(lambda: self._resume(name), 30, f"resume of {name}")
         for rp in self.plan.runs:
             (self.workdir / f"{rp.name}.gate").touch()
+        if self.plan.schedule:  # its slots are recorded as skipped (Suspended) from now on
+            self.kube.ok(self.kube.patch(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerrunschedules/{SCHEDULE}",
+                                         {"spec": {"suspend": True}}))
 
     def _settled(self) -> bool:
         """Every run ended (or deleted as planned), its revocation finished (the Lease cleared), its
@@ -1202,7 +1237,8 @@ class Trial:
                                pods_final=pods, judged_at=judged_at,
                                leader_lease=LEADER_LEASE if self.plan.ha else None, renew_deadline=RENEW_DEADLINE,
                                queue_quota_milli=self.queue.quota_milli if self.queue is not None else None,
-                               model_answers=self.model.answers() if self.model is not None else [])
+                               model_answers=self.model.answers() if self.model is not None else [],
+                               schedules=self._schedules())
             verdict = judge(records, facts, strict_window=self.strict_window)
             self._misinformed(records, verdict)
             sdks = {rp.name: {str(e.get("sdk")) for e in self._worker_records(rp)} for rp in self.plan.runs}
@@ -1227,6 +1263,13 @@ class Trial:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         return TrialResult(self.plan, verdict, self.ns, time.monotonic() - started, self.faults, self.skipped,
                            self.notes, self.workdir if keep else None, error, self.source, sdks)
+
+    def _schedules(self) -> dict[str, tuple[int, dict[str, Any]]]:
+        """The trial's schedule as it ended, with its period (invariant 14)."""
+        if not self.plan.schedule:
+            return {}
+        body = self.kube.ok(self.kube.get(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerrunschedules/{SCHEDULE}"))
+        return {SCHEDULE: (SCHEDULE_EVERY, body)}
 
     def _worker_records(self, rp: RunPlan) -> list[dict[str, Any]]:
         """What the run's workers recorded (tests/support/worker_app.py's outFile)."""

@@ -1,7 +1,7 @@
 """The fault trials' oracle: Tether's safety promise judged from the API server's audit log and
 the final objects, never from Tether's logs or the status it claims.
 
-Thirteen invariants (`INVARIANTS`), checked by `judge()` over one namespace:
+Fourteen invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 
 1. No write by a worker is accepted after its fence was superseded. Who held which fence, and
    when that ended, is rebuilt from the accepted WorkerRun status writes (the operator's
@@ -70,6 +70,8 @@ Thirteen invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    from the first one that granted an attempt on carries the same status.class, and every Lease the
    operator wrote for the run from then on has the lease duration the run had at that grant (its
    own, else its class's, else 90 s), however the class was edited meanwhile.
+14. A WorkerRunSchedule starts at most one run per slot, ever, never handles a slot twice, and
+   accounts for every slot (started, or recorded as skipped): testkit/oracle_schedules.py.
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -95,6 +97,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from testkit.audit import AuditRecord
+from testkit.oracle_schedules import judge_schedules
 
 INVARIANTS: dict[int, str] = {
     1: "no worker write accepted after its fence was superseded",
@@ -110,6 +113,7 @@ INVARIANTS: dict[int, str] = {
     11: "Kueue's quota never held by more live pods than it admits",
     12: "no model answer spent unmetered: a cut one stops the worker's spending, none counted beyond its bill",
     13: "what a run took from its class is fixed from its first grant",
+    14: "a schedule starts at most one run per slot and accounts for every slot",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
@@ -166,6 +170,8 @@ class TrialFacts:
     queue_quota_milli: int | None = None
     # Every answer the trial's model API gave metered workers, in arrival order (invariant 12).
     model_answers: list[ModelAnswer] = field(default_factory=list)
+    # Each WorkerRunSchedule of the trial: its @every period (seconds) and its final object (invariant 14).
+    schedules: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -439,6 +445,10 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
         _quota(records, facts, verdict)
     if facts.model_answers:
         _model_answers(history, final, facts, verdict)
+    if facts.schedules:
+        found: list[tuple[int, str, str]] = []
+        judge_schedules(records, facts.namespace, facts.schedules, found, verdict.stats)
+        verdict.violations += [Violation(*v) for v in found]
     verdict.stats["worker writes accepted"] += len(history.worker_writes)
     for what, n in history.refused_worker_writes.items():
         verdict.stats[f"worker writes refused ({what})"] += n

@@ -175,3 +175,32 @@ def test_a_manual_start_runs_now_and_obeys_forbid(kube: Kube, namespace: str, op
                             20, "the second manual start handled")["status"]["lastTrigger"]
     assert refused["outcome"] == "Refused" and "report-mm1abcdefg is active" in refused["message"]
     assert len(_runs(kube, namespace, "report")) == 1
+
+
+def test_the_same_schedule_gives_the_same_slots_as_a_cronjob(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    """Side by side with the controller-manager's CronJob controller for a few minutes: the same
+    scheduled times (its Jobs are named <cronjob>-<the slot's Unix minutes>)."""
+    schedule = "*/1 * * * *"
+    cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "twin"},
+               "spec": {"schedule": schedule, "timeZone": "Etc/UTC", "concurrencyPolicy": "Allow",
+                        "jobTemplate": {"spec": {"suspend": True, "template": {"spec": {
+                            "restartPolicy": "Never", "containers": [{"name": "c", "image": "none"}]}}}}}}
+    made = kube.ok(kube.post(f"/apis/batch/v1/namespaces/{namespace}/cronjobs", cronjob))
+    ours = _create(kube, namespace, _schedule("twin", schedule=schedule, failedRunsHistoryLimit=10))
+    since = max(dt.datetime.fromisoformat(o["metadata"]["creationTimestamp"].replace("Z", "+00:00")).timestamp()
+                for o in (made, ours))
+
+    def jobs() -> set[int]:
+        items = kube.ok(kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs"))["items"]
+        return {int(j["metadata"]["name"].rsplit("-", 1)[1]) * 60 for j in items}
+
+    def both() -> tuple[set[int], set[int]] | None:
+        theirs = {s for s in jobs() if s > since}
+        mine = {_slot(r) for r in _runs(kube, namespace, "twin") if _slot(r) > since}
+        return (theirs, mine) if len(theirs) >= 3 and len(mine) >= 3 else None
+
+    theirs, mine = eventually(both, timeout=240, interval=2, what="three slots of each")
+    first3 = sorted(theirs)[:3]
+    assert sorted(mine)[:3] == first3, (sorted(theirs), sorted(mine))
+    cj_last = kube.ok(kube.get(f"/apis/batch/v1/namespaces/{namespace}/cronjobs/twin"))["status"]["lastScheduleTime"]
+    assert dt.datetime.fromisoformat(cj_last.replace("Z", "+00:00")).timestamp() in mine

@@ -64,6 +64,11 @@ AUDIT_POLICY = {
          "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
         {"level": "RequestResponse", "verbs": ["update", "patch"],
          "resources": [{"group": "tether.dev", "resources": ["workerruns/status", "workerbudgets/status"]}]},
+        # A schedule's handled slots (lastScheduleTime, skips) and the runs it created, by name (the
+        # fault trials' invariant 14: one run per slot, every slot accounted for).
+        {"level": "RequestResponse", "verbs": ["update", "patch"],
+         "resources": [{"group": "tether.dev", "resources": ["workerrunschedules/status"]}]},
+        {"level": "Request", "verbs": ["create"], "resources": [{"group": "tether.dev", "resources": ["workerruns"]}]},
         # Who decided which gate (the fault trials' invariant 7 reads the approval as stored).
         {"level": "RequestResponse", "verbs": ["create"],
          "resources": [{"group": "tether.dev", "resources": ["workerrunapprovals"]}]},
@@ -85,9 +90,10 @@ AUDIT_POLICY = {
 # namespaces, ServiceAccounts and their tokens, the root CA ConfigMap, node lifecycle and taint
 # eviction, pod GC, cluster role aggregation, ServiceCIDRs, the admission policies' status, the Job
 # controller (the scale smoke test launches Jobs beside runs, as the benchmark's anchor), and
-# Deployments and ReplicaSets (the chart's operator, which `helm install --wait` waits for).
+# Deployments and ReplicaSets (the chart's operator, which `helm install --wait` waits for), and
+# CronJobs (a WorkerRunSchedule's slots are compared with a CronJob's side by side).
 TEST_CONTROLLERS = ",".join(["*"] + [f"-{name}-controller" for name in (
-    "statefulset", "daemonset", "cronjob", "ttl-after-finished",
+    "statefulset", "daemonset", "ttl-after-finished",
     "horizontal-pod-autoscaler", "disruption", "replicationcontroller", "resourcequota", "endpoints",
     "endpointslice", "endpointslice-mirroring", "persistentvolume-binder", "persistentvolume-attach-detach",
     "persistentvolume-expander", "persistentvolume-protection", "persistentvolumeclaim-protection",
