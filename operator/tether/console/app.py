@@ -47,7 +47,7 @@ log = logging.getLogger("tether.console")
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_SECONDS = 15.0
 # A burst of watch events becomes one message per stream: at most one per this many seconds.
-COALESCE_SECONDS = {"runs": 0.25, "run": 0.25, "budgets": 1.0, "review": 0.5}
+COALESCE_SECONDS = {"runs": 0.25, "run": 0.25, "schedules": 1.0, "budgets": 1.0, "review": 0.5}
 # Behind the gateway:
 IDLE_SCOPE_SECONDS = 300.0  # a signed-in user's watches outlive their last tab this long
 MAX_SCOPES = 200  # scopes that list something (a refused one costs a retry a while), for everyone at once
@@ -365,6 +365,11 @@ class Pages:
         body = f'<div id="budgets">{_budgets_fragment(request, session)}</div>'
         return self._shell(request, session, "Budgets", "budgets", "page=budgets", body)
 
+    async def schedules(self, request: Request, session: Session) -> Response:
+        await _synced(session)
+        body = f'<div id="schedules">{_schedules_fragment(request, session)}</div>'
+        return self._shell(request, session, "Schedules", "schedules", "page=schedules", body)
+
     async def review(self, request: Request, session: Session) -> Response:
         await _synced(session)
         body = f'<h2>Review queue <span class="muted">oldest first</span></h2><div id="queue">' \
@@ -452,7 +457,7 @@ def _refused(exc: ActionError) -> Response:
 async def _synced(session: Session) -> None:
     """A page rendered before the first list would show an empty table for a moment; wait briefly
     (a refused list shows its error instead)."""
-    watches = (session.scope.runs, session.scope.budgets)
+    watches = (session.scope.runs, session.scope.budgets, session.scope.schedules)
     pending = [asyncio.ensure_future(w.settled.wait()) for w in watches if not w.settled.is_set()]
     if pending:
         _, late = await asyncio.wait(pending, timeout=5.0)
@@ -466,6 +471,10 @@ def _run_fragments(request: Request, session: Session, ns: str, name: str) -> di
     events = session.scope.run_events(run["metadata"]["uid"]) if run else []
     lease, pods = (session.scope.lease_of(run), session.scope.pods_of(run)) if run else (None, [])
     return views.run_fragments(_base(request), run, session.scope.series.get(key, []), events, _now(), lease, pods)
+
+
+def _schedules_fragment(request: Request, session: Session) -> str:
+    return views.schedules_fragment(_base(request), list(session.scope.schedules.objects.values()), _runs(session))
 
 
 def _budgets_fragment(request: Request, session: Session) -> str:
@@ -517,6 +526,8 @@ def _renderer(request: Request, session: Session, page: str) -> Render:
         return run
     if page == "budgets":
         return lambda keys: with_errors(keys, changed_fragments({"budgets": _budgets_fragment(request, session)}))
+    if page == "schedules":
+        return lambda keys: with_errors(keys, changed_fragments({"schedules": _schedules_fragment(request, session)}))
     return lambda keys: with_errors(keys, changed_fragments({"queue": views.review_fragment(base, _runs(session))}))
 
 
@@ -547,6 +558,7 @@ def _routes(backend: Backend) -> list[Route | Mount]:
         Route("/", _signed_in(backend, pages.runs)),
         Route("/runs/{namespace}/{name}", _signed_in(backend, pages.run)),
         Route("/budgets", _signed_in(backend, pages.budgets)),
+        Route("/schedules", _signed_in(backend, pages.schedules)),
         Route("/review", _signed_in(backend, pages.review)),
         Route("/events", _signed_in(backend, pages.events)),
         Route("/api/runs/{namespace}/{name}/logs", _signed_in(backend, pages.logs)),

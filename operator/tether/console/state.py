@@ -225,6 +225,8 @@ class Scope:
         self.runs = Watch(self.http, scoped_path(self.namespace, "workerruns"), self._run_changed)
         self.budgets = Watch(self.http, scoped_path(self.namespace, "workerbudgets"),
                              lambda key, _: self._notify(f"budget:{key}"))
+        self.schedules = Watch(self.http, scoped_path(self.namespace, "workerrunschedules"),
+                               lambda key, _: self._notify(f"schedule:{key}"))
         # Only WorkerRuns' events: the refusals, stale results and lapses a timeline marks.
         self.events = Watch(self.http, scoped_path(self.namespace, "events", api_version=CORE), self._event_changed,
                             params={"fieldSelector": "involvedObject.kind=WorkerRun"})
@@ -237,8 +239,8 @@ class Scope:
         self._tasks: list[asyncio.Task[None]] = []
 
     def _watches(self) -> tuple[tuple[str, Watch], ...]:
-        return (("runs", self.runs), ("budgets", self.budgets), ("events", self.events), ("leases", self.leases),
-                ("pods", self.pods))
+        return (("runs", self.runs), ("budgets", self.budgets), ("schedules", self.schedules), ("events", self.events),
+                ("leases", self.leases), ("pods", self.pods))
 
     def start(self) -> None:
         if not self._tasks:

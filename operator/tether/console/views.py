@@ -19,6 +19,7 @@ from tether.console.details import (TERMINAL, attempts_table, lease_age, result_
                                     yaml_block)
 from tether.console.state import Point
 from tether.protocol import holder_renewed
+from tether.schedules.api import ANN_SCHEDULED_AT, LABEL_SCHEDULE
 
 LeaseOf = Callable[[dict[str, Any]], "dict[str, Any] | None"]  # a run's Lease, as the scope sees it
 
@@ -280,6 +281,36 @@ def budgets_fragment(base: str, budgets: list[dict[str, Any]], runs: list[dict[s
     return "".join(out)
 
 
+def schedules_fragment(base: str, schedules: list[dict[str, Any]], runs: list[dict[str, Any]]) -> str:
+    """Each WorkerRunSchedule: when it runs, its policy, its last and next slots, why it last skipped
+    one, and its runs (newest first)."""
+    if not schedules:
+        return '<p class="muted">no WorkerRunSchedules in this scope</p>'
+    out = []
+    for sch in sorted(schedules, key=lambda x: (x["metadata"]["namespace"], x["metadata"]["name"])):
+        meta, spec, status = sch["metadata"], sch.get("spec") or {}, sch.get("status") or {}
+        mine = sorted((r for r in runs if r["metadata"]["namespace"] == meta["namespace"]
+                       and (r["metadata"].get("labels") or {}).get(LABEL_SCHEDULE) == meta["name"]),
+                      key=lambda r: r["metadata"]["name"], reverse=True)
+        rows = [[f'<a href="{escape(run_href(base, r))}">{escape(r["metadata"]["name"])}</a>', escape(phase_of(r)),
+                 escape((r["metadata"].get("annotations") or {}).get(ANN_SCHEDULED_AT, "manual start"))]
+                for r in mine]
+        skipped = status.get("lastSkipped") or {}
+        when = " ".join(filter(None, [spec.get("schedule", ""), spec.get("timeZone", "")]))
+        out.append(
+            f'<section class="schedule" data-schedule="{escape(meta["namespace"])}/{escape(meta["name"])}">'
+            f'<h3>{escape(meta["namespace"])}/<b>{escape(meta["name"])}</b> <span class="muted">{escape(when)}, '
+            f'{escape(spec.get("concurrencyPolicy", "Allow"))}</span>'
+            + (' <span class="phase p-Suspended">suspended</span>' if spec.get("suspend") else "") + "</h3>"
+            f'<p>last <span class="last">{escape(status.get("lastScheduleTime") or "-")}</span> · next '
+            f'<span class="next">{escape(status.get("nextScheduleTime") or "-")}</span>'
+            + (f' · skipped {int(status.get("skippedCount") or 0)}, last: {escape(skipped.get("reason", ""))} '
+               f'<span class="muted">{escape(skipped.get("message", ""))}</span>' if skipped else "") + "</p>"
+            + (_table(["run", "phase", "slot"], rows) if rows else '<p class="muted">no runs yet</p>')
+            + "</section>")
+    return "".join(out)
+
+
 def errors_fragment(errors: list[str]) -> str:
     return "".join(f'<p class="error">{escape(e)}</p>' for e in errors)
 
@@ -287,8 +318,8 @@ def errors_fragment(errors: list[str]) -> str:
 def shell(base: str, title: str, page: str, events_url: str, body: str, who: str, errors: list[str],
           logout: bool) -> str:
     nav = "".join(f'<a href="{base}{href}"{" class=here" if name == page else ""}>{label}</a>'
-                  for name, href, label in (("runs", "/", "Runs"), ("budgets", "/budgets", "Budgets"),
-                                            ("review", "/review", "Review queue")))
+                  for name, href, label in (("runs", "/", "Runs"), ("schedules", "/schedules", "Schedules"),
+                                            ("budgets", "/budgets", "Budgets"), ("review", "/review", "Review queue")))
     out = (f'<form method="post" action="{base}/logout" class="logout"><button>log out</button></form>'
            if logout else "")
     return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'

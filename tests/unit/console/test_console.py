@@ -257,6 +257,26 @@ def test_budget_gauges_show_spent_against_each_limit() -> None:
     assert "tokens: 5 spent, no limit" in html and ">a</a>" in html and ">b</a>" not in html
 
 
+def test_schedules_show_their_slots_why_they_skipped_and_their_runs_newest_first() -> None:
+    sched = {"metadata": {"name": "nightly", "namespace": "agents"},
+             "spec": {"schedule": "30 2 * * *", "timeZone": "Europe/Berlin", "concurrencyPolicy": "Forbid"},
+             "status": {"lastScheduleTime": _ts(0), "nextScheduleTime": _ts(86400), "skippedCount": 2,
+                        "lastSkipped": {"reason": "ConcurrencyForbid", "message": "nightly-1 is active"}}}
+    older, newer, manual, other = _run("nightly-1796607000"), _run("nightly-1796693400"), _run("nightly-mabc123xyz"), _run("x")
+    for run, slot in ((older, "2026-12-06T01:30:00Z"), (newer, "2026-12-07T01:30:00Z"), (manual, None)):
+        run["metadata"]["labels"] = {"tether.dev/schedule": "nightly"}
+        if slot:
+            run["metadata"]["annotations"] = {"tether.dev/scheduled-at": slot}
+    html = views.schedules_fragment("", [sched], [older, other, manual, newer])
+    assert "30 2 * * * Europe/Berlin, Forbid" in html and f'class="next">{_ts(86400)}' in html
+    assert "ConcurrencyForbid" in html and "skipped 2" in html and ">x</a>" not in html
+    assert html.index("nightly-mabc123xyz") < html.index("nightly-1796693400") < html.index("nightly-1796607000")
+    assert "manual start" in html
+    suspended = {**sched, "spec": {**sched["spec"], "suspend": True}}
+    assert "suspended" in views.schedules_fragment("", [suspended], [])
+    assert "no WorkerRunSchedules" in views.schedules_fragment("", [], [older])
+
+
 # --- queues -------------------------------------------------------------------------------------
 
 
