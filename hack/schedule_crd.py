@@ -13,7 +13,7 @@ from crdgen import run_spec, without_transition_rules, write  # noqa: E402
 
 FIELD = "^[0-9A-Za-z*?,/#-]+$"
 # Five fields, a macro, or @every with a duration; a TZ= prefix belongs in timeZone.
-SCHEDULE = ("^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every ([0-9]+h)?([0-9]+m)?([0-9]+s)?"
+SCHEDULE = ("^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every ([0-9]{1,4}h)?([0-9]{1,6}m)?([0-9]{1,8}s)?"
             "|[0-9A-Za-z*?,/#-]+( +[0-9A-Za-z*?,/#-]+){4})$")
 
 
@@ -43,7 +43,14 @@ def ref(desc: str) -> dict:
 
 
 template_spec = without_transition_rules(run_spec())
-template_spec["description"] = "The WorkerRun spec each run gets (className included); the same schema as a WorkerRun's."
+template_spec["description"] = ("The WorkerRun spec each run gets (className included); the same schema as a "
+                                 "WorkerRun's, but for idempotencyKey.")
+# One key for every run would make a receiver take each slot's effects for the first slot's again.
+template_spec.setdefault("x-kubernetes-validations", []).append({
+    "rule": "!has(self.idempotencyKey)",
+    "message": "idempotencyKey: each run of a schedule is an operation of its own (its name is its slot's); "
+               "leave it out, or use the run's name (TETHER_RUN) as the key",
+    "fieldPath": ".idempotencyKey"})
 spec = {
     "type": "object",
     "required": ["schedule", "runTemplate"],

@@ -10,7 +10,7 @@ WorkerRunSchedule starts at most one run per slot, ever, and accounts for every 
 - Every slot accounted for: from the first slot handled to the final `lastScheduleTime`, each slot
   has a run created for it, or is named as skipped (`lastSkipped`) by an accepted status write, or
   is one of the missed ones the status counts (`skippedCount` less the skips it names): none is
-  passed over without a record.
+  passed over without a record; and none is both (a pass that did not see its own run).
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ def judge_schedules(records: Iterable[AuditRecord], namespace: str, schedules: M
             skipped = status.get("lastSkipped") or {}
             if (at := _epoch(skipped.get("scheduledTime"))) is not None:
                 named.add(at)
+        both = sorted(slots & named)
+        if both:
+            violations.append((INVARIANT, name, f"slot(s) both started and recorded as skipped: {both[:5]}"))
         fs = final.get("status") or {}
         end = _epoch(fs.get("lastScheduleTime"))
         if end is None or not (slots | named):

@@ -34,6 +34,7 @@ def _schedule(name: str = "s", template: dict[str, Any] | None = None, **spec: A
     ({"catchUpLimit": 2}, ["spec.catchUpLimit", "less than or equal to 1"]),
     ({"successfulRunsHistoryLimit": 101}, ["spec.successfulRunsHistoryLimit"]),
     ({"startingDeadlineSeconds": 0}, ["spec.startingDeadlineSeconds"]),
+    ({"schedule": "@every 99999h"}, ["spec.schedule"]),
 ])
 def test_what_the_crd_refuses_says_the_field(kube: Kube, namespace: str, change: dict[str, Any],
                                             fragments: list[str]) -> None:
@@ -44,6 +45,12 @@ def test_a_template_a_run_would_be_refused_for_is_refused_with_the_runs_rule(kub
     bad_lease = {"executor": "External", "lease": {"durationSeconds": 20, "renewIntervalSeconds": 10}}
     refused(kube.post(SCHEDULES.format(ns=namespace), _schedule(template=bad_lease)),
             "spec.runTemplate.spec.lease", "durationSeconds")
+
+
+def test_one_idempotency_key_for_every_run_is_refused(kube: Kube, namespace: str) -> None:
+    keyed = {"executor": "External", "idempotencyKey": "nightly-report"}
+    refused(kube.post(SCHEDULES.format(ns=namespace), _schedule(template=keyed)),
+            "spec.runTemplate.spec.idempotencyKey", "operation of its own")
 
 
 def test_a_name_too_long_for_its_runs_is_refused(kube: Kube, namespace: str) -> None:
@@ -94,6 +101,14 @@ def test_a_schedule_is_no_way_around_the_service_account_rule(kube: Kube, namesp
                         json={"spec": {"runTemplate": {"spec": {"template": {"spec": {"containers": [
                             {"name": "w", "image": "registry.example.com/tools/w:2"}]}}}}}})
     assert edit.status_code == 403, edit.text
+    # Nor what its runs are told to do as the account (a schedule is a standing order to run as it)...
+    told = kube.request("PATCH", f"{SCHEDULES.format(ns=ns)}/s", headers={**creator, "Content-Type": "application/merge-patch+json"},
+                        json={"spec": {"runTemplate": {"spec": {"payload": {"task": "something else"}}}}})
+    assert told.status_code == 403, told.text
+    # ...while when it runs is theirs to change.
+    timed = kube.request("PATCH", f"{SCHEDULES.format(ns=ns)}/s", headers={**creator, "Content-Type": "application/merge-patch+json"},
+                         json={"spec": {"schedule": "@hourly", "suspend": True}})
+    assert timed.status_code == 200, timed.text
     # The operator's run of a schedule (it may fence runs) is not judged again...
     operator = _bind(kube, ns, "operator", [*people, {"apiGroups": ["tether.dev"], "resources": ["workerruns"],
                                                       "verbs": ["fence"]}])

@@ -7,6 +7,8 @@ needs."""
 from __future__ import annotations
 
 import datetime as dt
+import subprocess
+import sys
 from typing import Any
 
 from testkit.kube import Kube, eventually
@@ -158,6 +160,23 @@ def test_history_limits_keep_the_newest_finished_runs(kube: Kube, namespace: str
         return finished if len(finished) == 1 else None
 
     assert eventually(kept, timeout=20, what="one finished run kept")[0] == run["metadata"]["name"]  # the newest
+
+
+def test_kubectl_tether_trigger_starts_a_run_now_and_says_so(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    _create(kube, namespace, _schedule("audit", schedule="@yearly", concurrencyPolicy="Forbid"))
+
+    def trigger() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tether.plugin", "trigger", "audit", "-n", namespace,
+                               "--kubeconfig", kube.kubeconfig_path],
+                              capture_output=True, text=True, timeout=60)
+
+    started = trigger()
+    assert started.returncode == 0, started.stderr
+    run = started.stdout.split("workerrun.tether.dev/")[1].split()[0]
+    assert run.startswith("audit-m") and [r["metadata"]["name"] for r in _runs(kube, namespace, "audit")] == [run]
+    refused = trigger()  # Forbid, with the first still active
+    assert refused.returncode == 1 and "trigger refused: ConcurrencyForbid" in refused.stderr, refused.stderr
+    assert len(_runs(kube, namespace, "audit")) == 1
 
 
 def test_a_manual_start_runs_now_and_obeys_forbid(kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]

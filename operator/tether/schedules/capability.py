@@ -45,7 +45,7 @@ class Schedules:
             return ref.name if ref is not None else None
 
         reconciler = ScheduleReconciler(ctx.kube, schedules, ctx.cache.runs, ctx.budgets.get, budget_of,
-                                        ctx.leadership, ctx.now)
+                                        ctx.leadership, ctx.now, ctx.manager.feed)
         ctx.manager.observe("schedule", on_schedule)
         ctx.manager.register(NAME, reconciler, WORKERS, [
             Watch("schedule", lambda key: [Wake(key)]),

@@ -38,6 +38,7 @@ class ScheduleRun:
     finished_at: dt.datetime | None
     phase: str
     stopping: bool  # spec.stop is set
+    deleting: bool = False  # its deletion was asked for already (its finalizers still hold it)
 
 
 @dataclass(frozen=True)
@@ -85,16 +86,23 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
     st = old.model_copy(deep=True)
     st.observed_generation = gen
     d = ScheduleDecision()
-    try:
-        timing = Timing.parse(spec.schedule, spec.time_zone)
-    except ScheduleError as exc:
-        st.next_schedule_time = None
-        st.conditions = _conditions(st, gen, now, ready=("False", "InvalidSchedule", str(exc)), stalled=str(exc))
-        d.status = st if st != old else None
-        return d
-
+    # A start whose run exists was made already (a pass whose status write did not land: a crash,
+    # a conflict): it is recorded as made, never held against the policy, never stopped for itself.
+    own = {r.name: r for r in o.runs}
     active = [r for r in o.runs if not r.terminal]
     busy = bool(active)  # a run of the schedule is active, or is started in this pass
+    deleting = s.metadata.deletion_timestamp is not None  # being deleted: it starts and stops nothing
+    try:
+        timing: Timing | None = Timing.parse(spec.schedule, spec.time_zone)
+        invalid = None
+    except ScheduleError as exc:
+        timing, invalid = None, str(exc)
+    # The latest slot handled: the status's, or a later one whose run exists.
+    slots_made = [r.scheduled_time for r in o.runs if r.scheduled_time is not None]
+    since = max([t for t in (old.last_schedule_time or s.metadata.creation_timestamp or now, *slots_made)])
+    due = timing.due(since, now) if timing is not None else None
+    asked = s.metadata.annotations.get(ANN_TRIGGER)
+    new_trigger = bool(asked) and (old.last_trigger is None or old.last_trigger.id != asked)
 
     def skip(reason: str, message: str, slot: dt.datetime | None = None, trigger: str | None = None) -> None:
         st.last_skipped = Skipped(scheduled_time=slot, trigger=trigger, reason=reason, message=message)
@@ -103,14 +111,18 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
 
     def start(name: str, slot: dt.datetime | None, trigger: str | None) -> None:
         nonlocal busy
-        d.create.append(CreateRun(name, slot, trigger))
+        if name not in own:
+            d.create.append(CreateRun(name, slot, trigger))
         busy = True
+
+    def stop_active() -> None:
+        d.stop.extend(RunRef(name=r.name, uid=r.uid, scheduled_time=r.scheduled_time)
+                      for r in active if not r.stopping and all(x.name != r.name for x in d.stop))
 
     def hold(name: str, slot: dt.datetime | None, trigger: str | None) -> None:
         """Replace stops what is active; BufferOne waits for it. One start waits at most."""
         if spec.concurrency_policy == "Replace":
-            d.stop.extend(RunRef(name=r.name, uid=r.uid, scheduled_time=r.scheduled_time)
-                          for r in active if not r.stopping and all(x.name != r.name for x in d.stop))
+            stop_active()
             if st.waiting is not None:  # the newer start replaces the waiting one too
                 skip("Replaced", f"{st.waiting.name} was replaced by {name} before it started",
                      st.waiting.scheduled_time, st.waiting.trigger)
@@ -118,6 +130,8 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
 
     def refusal(name: str) -> Why | None:
         """Why a start is skipped whatever the active runs (None: it may start)."""
+        if deleting:
+            return "Deleting", "the schedule is being deleted"
         if name in o.refused:
             return "RunRefused", f"the API server refused {name}: {o.refused[name]}"
         if name in o.taken:
@@ -134,42 +148,51 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
             return "BufferFull", f"{st.waiting.name} already waits for the active run to end"
         return None
 
-    why: Why | None
-    # 1. A start that waited for the active runs to end.
-    if st.waiting is not None and not active:
-        w, st.waiting = st.waiting, None
+    def start_waiting(w: Waiting) -> None:
         why = refusal(w.name)
         if why is not None:
             skip(why[0], f"{w.name}: {why[1]}", w.scheduled_time, w.trigger)
         else:
             start(w.name, w.scheduled_time, w.trigger)
-    elif st.waiting is not None and spec.concurrency_policy == "Replace":
-        d.stop.extend(RunRef(name=r.name, uid=r.uid, scheduled_time=r.scheduled_time) for r in active if not r.stopping)
+
+    why: Why | None
+    # 1. A start that waited for the active runs to end (or was made already).
+    deferred: Waiting | None = None  # under Replace, until it is known whether a newer start replaces it
+    if st.waiting is not None and st.waiting.name in own:
+        st.waiting = None
+    elif st.waiting is not None and not active and not spec.suspend:
+        w, st.waiting = st.waiting, None
+        if spec.concurrency_policy == "Replace" and (new_trigger or (due is not None and due.latest is not None)):
+            deferred = w
+        else:
+            start_waiting(w)
+    elif st.waiting is not None and spec.concurrency_policy == "Replace" and not deleting:
+        stop_active()
 
     # 2. A manual start asked for (kubectl tether trigger): under the concurrency policy too.
-    asked = s.metadata.annotations.get(ANN_TRIGGER)
-    if asked and (old.last_trigger is None or old.last_trigger.id != asked):
+    if new_trigger and asked:
         name = trigger_run_name(s.metadata.name, asked) if valid_trigger(asked) else ""
-        why = ("Invalid", "a trigger id is nine lowercase letters or digits") if not name else \
-            refusal(name) or crowded()
-        if why is not None:
-            st.last_trigger = TriggerStatus(id=asked, outcome="Refused", message=f"{why[0]}: {why[1]}")
-            d.events.append(ScheduleEvent("Warning", "TriggerRefused", f"manual start {asked}: {why[0]}: {why[1]}"))
-        elif busy and spec.concurrency_policy in ("Replace", "BufferOne"):
-            hold(name, None, asked)
-            st.last_trigger = TriggerStatus(id=asked, outcome="Waiting", run=name,
-                                            message="starts when the active run has ended")
-        else:
-            start(name, None, asked)
+        if name in own:
             st.last_trigger = TriggerStatus(id=asked, outcome="Started", run=name)
+        else:
+            why = ("Invalid", "a trigger id is nine lowercase letters or digits") if not name else \
+                refusal(name) or crowded()
+            if why is not None:
+                st.last_trigger = TriggerStatus(id=asked, outcome="Refused", message=f"{why[0]}: {why[1]}")
+                d.events.append(ScheduleEvent("Warning", "TriggerRefused", f"manual start {asked}: {why[0]}: {why[1]}"))
+            elif busy and spec.concurrency_policy in ("Replace", "BufferOne"):
+                hold(name, None, asked)
+                st.last_trigger = TriggerStatus(id=asked, outcome="Waiting", run=name,
+                                                message="starts when the active run has ended")
+            else:
+                start(name, None, asked)
+                st.last_trigger = TriggerStatus(id=asked, outcome="Started", run=name)
 
     # 3. The latest slot due since the last one handled.
-    since = old.last_schedule_time or s.metadata.creation_timestamp or now
-    due = timing.due(since, now)
-    if due.latest is not None:
+    if due is not None and due.latest is not None:
         slot = due.latest
         name = slot_run_name(s.metadata.name, slot)
-        missed = due.count - 1 + (1 if due.more else 0)
+        missed = due.count - 1
         if missed > 0:
             more = "more than " if due.more else ""
             what = "skipped while suspended" if spec.suspend else "missed (the operator was not running, or " \
@@ -195,6 +218,14 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
         else:
             start(name, slot, None)
         st.last_schedule_time = slot
+    elif slots_made and (old.last_schedule_time is None or since > old.last_schedule_time):
+        st.last_schedule_time = since  # a slot whose run a pass made before its status write landed
+    if deferred is not None:
+        if d.create or st.waiting is not None:  # never started only to be stopped
+            skip("Replaced", f"{deferred.name} was replaced by a newer start before it started",
+                 deferred.scheduled_time, deferred.trigger)
+        else:
+            start_waiting(deferred)
 
     # The status: what is active, the last success, the next slot, the conditions.
     st.active = [RunRef(name=r.name, uid=r.uid, scheduled_time=r.scheduled_time) for r in active]
@@ -202,19 +233,28 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
     successes = [r.finished_at for r in finished if r.succeeded and r.finished_at is not None]
     if successes:
         st.last_successful_time = max([*successes, *([old.last_successful_time] if old.last_successful_time else [])])
-    # A suspended schedule still passes at each slot: the slot is recorded as skipped then, not
-    # run late when the schedule is resumed.
-    upcoming = timing.after(max(since, st.last_schedule_time or since, now))
-    st.next_schedule_time = None if spec.suspend else upcoming
     last = finished[-1] if finished else None
     degraded = ("True", "LastRunFailed", f"{last.name} ended {last.phase}") if last is not None and not last.succeeded \
         else ("False", "LastRunSucceeded" if last is not None else "NoRunEnded", "")
-    ready = ("False", "Suspended", "the schedule is suspended: no slot starts a run") if spec.suspend else \
-        ("True", "Scheduled", f"next run at {_iso(st.next_schedule_time)}" if st.next_schedule_time else "scheduled")
-    st.conditions = _conditions(st, gen, now, ready=ready, degraded=degraded)
-    d.delete = _beyond_history(finished, spec.successful_runs_history_limit, spec.failed_runs_history_limit)
+    if timing is None:
+        st.next_schedule_time = None
+        st.conditions = _conditions(st, gen, now, ready=("False", "InvalidSchedule", invalid or ""), degraded=degraded,
+                                    stalled=invalid)
+    else:
+        # A suspended schedule still passes at each slot: the slot is recorded as skipped then, not
+        # run late when the schedule is resumed.
+        d.wake_at = timing.after(max(since, st.last_schedule_time or since, now))
+        st.next_schedule_time = None if spec.suspend else d.wake_at
+        ready = ("False", "Suspended", "the schedule is suspended: no slot starts a run") if spec.suspend else \
+            ("True", "Scheduled", f"next run at {_iso(st.next_schedule_time)}")
+        st.conditions = _conditions(st, gen, now, ready=ready, degraded=degraded)
+    # Only runs whose slots the status records as handled, and none being deleted already.
+    handled = st.last_schedule_time
+    d.delete = [] if deleting else _beyond_history(
+        [r for r in finished if not r.deleting and (r.scheduled_time is None or
+                                                   (handled is not None and r.scheduled_time <= handled))],
+        spec.successful_runs_history_limit, spec.failed_runs_history_limit)
     d.status = st if st != old else None
-    d.wake_at = upcoming
     return d
 
 

@@ -2,11 +2,14 @@
 
 The writes of a pass, in this order, each conditional:
 
-1. the runs to start, after a fresh read of the schedule shows the status the decision was made on
-   (a stale cache never starts a slot that was handled meanwhile); a run's name derives from its
-   slot, so a retry, a restart or a second replica finds it created (AlreadyExists, ours) instead of
-   creating another;
-2. `spec.stop` on runs Replace stops (a JSON patch that tests their UID);
+1. before it starts or stops anything, fresh reads: the schedule (the status the decision was made
+   on), its runs (a list by label: a cache not yet listed after a restart or a failover, or one
+   that has not seen this reconciler's last start, never makes Forbid or Replace start a second
+   run) and the WorkerBudget its runs draw on; anything else than what was decided on, and the
+   pass is decided again;
+2. the runs to start: a run's name derives from its slot, so a retry, a restart or a second replica
+   finds it created (AlreadyExists, ours) instead of creating another; then `spec.stop` on runs
+   Replace stops (a JSON patch that tests their UID);
 3. the status, against the resourceVersion read (a compare-and-swap): the slot handled;
 4. only then the runs past the history limits, by UID: their slots are recorded as handled, so
    deleting them can never make a slot look due again.
@@ -52,13 +55,14 @@ class ScheduleReconciler:
     def __init__(self, kube: KubeClient, schedules: Store[ScheduleKey], runs: Store[Any],
                  budgets: Callable[[tuple[str, str]], dict[str, Any] | None],
                  budget_of: Callable[[str, dict[str, Any]], str | None], leadership: Leadership,
-                 now: Callable[[], dt.datetime]) -> None:
+                 now: Callable[[], dt.datetime], feed: Callable[[str, str | None, dict[str, Any]], None]) -> None:
         self.kube, self.schedules, self.runs = kube, schedules, runs
         self.budgets, self.budget_of = budgets, budget_of
         self.leadership, self.now = leadership, now
-        # Starts the API server refused for good (a policy, a class bound), by schedule: the next
-        # pass records them as skipped instead of trying again at every pass.
-        self.refused: dict[ScheduleKey, dict[str, str]] = {}
+        self.feed = feed  # what the operator reads itself enters the stores as a watch event would
+        # Starts the API server refused for good (a policy, a class bound), by schedule UID: the
+        # next pass records them as skipped instead of trying again at every pass.
+        self.refused: dict[str, dict[str, str]] = {}
 
     def exists(self, key: ScheduleKey) -> bool:
         return key in self.schedules
@@ -71,33 +75,27 @@ class ScheduleReconciler:
             run = self.runs.get(run_key)
             if run is None:
                 continue
-            meta = run["metadata"]
-            owners = [o for o in meta.get("ownerReferences") or [] if o.get("controller")]
-            if not owners or owners[0].get("uid") != schedule.metadata.uid:
-                taken.add(meta["name"])
-                continue
-            status = run.get("status") or {}
-            phase = str(status.get("phase") or "Pending")
-            at = (meta.get("annotations") or {}).get(ANN_SCHEDULED_AT)
-            runs.append(ScheduleRun(
-                name=meta["name"], uid=meta["uid"], scheduled_time=_time(at), created=_time(meta.get("creationTimestamp")),
-                terminal=phase in {p.value for p in TERMINAL_PHASES}, succeeded=phase == "Succeeded",
-                finished_at=_time(status.get("finishedAt")), phase=phase,
-                stopping=bool((run.get("spec") or {}).get("stop"))))
+            if _owner_uid(run) != schedule.metadata.uid:
+                taken.add(run["metadata"]["name"])
+            else:
+                runs.append(_schedule_run(run))
         return ScheduleObserved(schedule=schedule, runs=tuple(runs), taken=frozenset(taken),
-                                exhausted_budget=self._exhausted(key[0], body, now),
-                                refused=dict(self.refused.get(key, {})))
+                                exhausted_budget=self._exhausted(key[0], self._budget_body(key[0], body), now),
+                                refused=dict(self.refused.get(schedule.metadata.uid, {})))
 
-    def _exhausted(self, ns: str, body: dict[str, Any], now: dt.datetime) -> str | None:
-        name = self.budget_of(ns, body["spec"]["runTemplate"]["spec"])
-        budget = self.budgets((ns, name)) if name else None
-        if budget is None:
-            return None  # none, or not known yet: the run's own pass says BudgetNotFound
+    def _budget_body(self, ns: str, schedule: dict[str, Any]) -> tuple[str, dict[str, Any] | None] | None:
+        name = self.budget_of(ns, schedule["spec"]["runTemplate"]["spec"])
+        return (name, self.budgets((ns, name))) if name else None
+
+    @staticmethod
+    def _exhausted(ns: str, budget: tuple[str, dict[str, Any] | None] | None, now: dt.datetime) -> str | None:
+        if budget is None or budget[1] is None:
+            return None  # none, or none of that name: the run's own pass says BudgetNotFound
         try:
-            parsed = WorkerBudget.model_validate(budget)
+            parsed = WorkerBudget.model_validate(budget[1])
         except ValidationError:
             return None
-        return name if budget_rules.exhausted(parsed.spec, budget_rules.refresh(parsed, now).spent) else None
+        return budget[0] if budget_rules.exhausted(parsed.spec, budget_rules.refresh(parsed, now).spent) else None
 
     async def reconcile(self, key: ScheduleKey) -> Result:
         if not self.leadership.may_act():
@@ -112,41 +110,58 @@ class ScheduleReconciler:
                                                           "event": "schedule_invalid"})
             return Result()
         now = self.now()
-        d = decide(self.observe(key, body, schedule, now), now)
+        observed = self.observe(key, body, schedule, now)
+        d = decide(observed, now)
         rv = schedule.metadata.resource_version
-        if d.create:
-            await self._fresh(key, rv)
-            for create in d.create:
-                await self._create(key, body, create)
+        if d.create or d.stop:
+            await self._fresh(key, body, observed, now)
+        for create in d.create:
+            await self._create(key, body, create)
         for ref in d.stop:
             await self._stop(key[0], ref.name, ref.uid or "")
         if d.status is not None:
             written = await self._write_status(key, body, d)
-            self.refused.pop(key, None)
+            self.refused.pop(schedule.metadata.uid, None)
             self.schedules.written(key, written, rv)
         for ref in d.delete:
             await self.kube.delete_object(run_path(key[0], ref.name), ref.uid or "")
         for event in d.events:
             await self.kube.post_event(body, event.type, event.reason, event.message)
+        acted = bool(d.create or d.stop or d.status is not None or d.delete)
         if d.wake_at is None:
-            return Result(acted=bool(d.create or d.stop or d.status or d.delete))
+            return Result(acted=acted)
         # A moment past the slot: a timer that fires a hair early finds it not due yet.
-        return Result(requeue_after=max(0.0, (d.wake_at - self.now()).total_seconds()) + 0.05,
-                      acted=bool(d.create or d.stop or d.status is not None or d.delete))
+        return Result(requeue_after=max(0.0, (d.wake_at - self.now()).total_seconds()) + 0.05, acted=acted)
 
-    async def _fresh(self, key: ScheduleKey, rv: str) -> None:
-        """The schedule as the API server has it now is the one decided on, or the pass is redone."""
+    async def _fresh(self, key: ScheduleKey, body: dict[str, Any], observed: ScheduleObserved, now: dt.datetime) -> None:
+        """What the decision rests on, read from the API server: the schedule as decided on, its runs
+        as observed, its budget as judged; else the stores learn it and the pass is decided again."""
+        ns, name = key
         mark = self.schedules.stamps.mark()
-        fresh = await self.kube.get_object(schedule_path(*key))
-        if fresh is None or str(fresh["metadata"].get("resourceVersion")) != rv:
+        fresh = await self.kube.get_object(schedule_path(ns, name))
+        if fresh is None or str(fresh["metadata"].get("resourceVersion")) != observed.schedule.metadata.resource_version:
             self.schedules.read(key, fresh, mark)
             raise Again("the schedule changed since it was decided on")
+        listed = await self.kube.list_objects(run_path(ns), label_selector=f"{LABEL_SCHEDULE}={name}")
+        for run in listed:
+            self.feed("run-read", None, run)
+        mine = {_schedule_run(r) for r in listed if _owner_uid(r) == observed.schedule.metadata.uid}
+        if mine != set(observed.runs):
+            raise Again("the schedule's runs are not what the cache showed")
+        budget = self._budget_body(ns, body)
+        if budget is not None:
+            got = await self.kube.get_budget(ns, budget[0])
+            if got is not None:
+                self.feed("budget", "MODIFIED", got)
+            if self._exhausted(ns, (budget[0], got), now) != observed.exhausted_budget:
+                raise Again("the budget is not what the cache showed")
 
     async def _create(self, key: ScheduleKey, schedule: dict[str, Any], create: CreateRun) -> None:
         ns, name = key
         template = schedule["spec"]["runTemplate"]
         meta = template.get("metadata") or {}
-        annotations = dict(meta.get("annotations") or {})
+        # Only a slot's run says it is one (a template's copy would give a manual start a slot).
+        annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != ANN_SCHEDULED_AT}
         if create.scheduled_time is not None:
             annotations[ANN_SCHEDULED_AT] = create.scheduled_time.strftime("%Y-%m-%dT%H:%M:%SZ")
         run = {
@@ -163,20 +178,21 @@ class ScheduleReconciler:
             # The template's spec as written (not a parsed copy): what it leaves out, its class fills in.
             "spec": template["spec"],
         }
+        uid = schedule["metadata"]["uid"]
         try:
-            await self.kube.create(run_path(ns), run)
+            self.feed("run-read", None, await self.kube.create(run_path(ns), run))
         except Conflict:
             existing = await self.kube.get_object(run_path(ns, create.name))
-            owners = [o for o in ((existing or {}).get("metadata") or {}).get("ownerReferences") or []
-                      if o.get("controller")]
-            if existing is None or not owners or owners[0].get("uid") != schedule["metadata"]["uid"]:
-                self.refused.setdefault(key, {})[create.name] = "a run of that name exists and is not this schedule's"
-                raise Again(f"{create.name} is taken") from None
+            if existing is None:
+                raise Again(f"{create.name} existed, and is gone since") from None
+            self.feed("run-read", None, existing)
+            if _owner_uid(existing) != uid:
+                raise Again(f"{create.name} is taken") from None  # the next pass sees it: NameTaken
             # Ours already: created by an earlier pass, another replica, or before a restart.
         except (Invalid, Forbidden) as exc:
             if isinstance(exc, Forbidden) and not exc.refuses_the_object:
                 raise
-            self.refused.setdefault(key, {})[create.name] = exc.message
+            self.refused.setdefault(uid, {})[create.name] = exc.message
             raise Again(f"{create.name} was refused: {exc.message}") from None
         log.info("schedule started a run", extra={"schedule": "/".join(key), "run": create.name,
                                                   "event": "schedule_run_created"})
@@ -194,8 +210,26 @@ class ScheduleReconciler:
         new = {**body, "status": d.status.dump()}
         try:
             return await self.kube.replace_status(schedule_path(*key), new, f"schedule {'/'.join(key)}")
-        except (Conflict, NotFound) as exc:
+        except NotFound:
+            self.schedules.read(key, None, self.schedules.stamps.mark())  # deleted; its DELETED may be lost
+            raise Again("the schedule is gone") from None
+        except Conflict as exc:
             raise Again(f"the schedule changed under its status write: {exc}") from None
+
+
+def _owner_uid(run: dict[str, Any]) -> str | None:
+    owners = [o for o in run["metadata"].get("ownerReferences") or [] if o.get("controller")]
+    return str(owners[0].get("uid")) if owners else None
+
+
+def _schedule_run(run: dict[str, Any]) -> ScheduleRun:
+    meta, status = run["metadata"], run.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    return ScheduleRun(
+        name=meta["name"], uid=meta["uid"], scheduled_time=_time((meta.get("annotations") or {}).get(ANN_SCHEDULED_AT)),
+        created=_time(meta.get("creationTimestamp")), terminal=phase in {p.value for p in TERMINAL_PHASES},
+        succeeded=phase == "Succeeded", finished_at=_time(status.get("finishedAt")), phase=phase,
+        stopping=bool((run.get("spec") or {}).get("stop")), deleting=bool(meta.get("deletionTimestamp")))
 
 
 def _time(text: Any) -> dt.datetime | None:

@@ -23,8 +23,12 @@ MACROS = {
 }
 _UNITS = {"h": 3600, "m": 60, "s": 1}
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-# Fewer would make a slot per pass of a busy operator; the CRD refuses them too.
+# Fewer would make a slot per pass of a busy operator; more than a leap year is what @yearly is for.
 MIN_EVERY_SECONDS = 5
+MAX_EVERY_SECONDS = 366 * 86400
+# How far `after` looks for a slot later than an instant it was handed in a repeated hour (cronsim
+# reads a local time without its fold, so the first answer there may lie before the instant).
+_PAST_FOLD = 1000
 
 
 class ScheduleError(ValueError):
@@ -67,15 +71,21 @@ class Timing:
         if self.every is not None:
             return _epoch((math.floor(t.timestamp() / self.every) + 1) * self.every)
         assert self.cron is not None
-        return next(CronSim(self.cron, t.astimezone(self.zone))).astimezone(UTC)
+        slots = CronSim(self.cron, t.astimezone(self.zone))
+        for _ in range(_PAST_FOLD):
+            slot = next(slots).astimezone(UTC)
+            if slot > t:
+                return slot
+        raise ScheduleError(f"no slot of {self.cron!r} after {t.isoformat()}")
 
     def at_or_before(self, t: dt.datetime) -> dt.datetime | None:
         """The latest slot not after `t` (None: there is none, as for a date that never comes again)."""
         if self.every is not None:
             return _epoch(math.floor(t.timestamp() / self.every) * self.every)
         assert self.cron is not None
-        # cronsim's reverse iteration is strictly before a whole minute; a slot at t itself counts.
-        start = (t + dt.timedelta(seconds=1)).astimezone(self.zone)
+        # cronsim's reverse iteration is strictly before its start: from the second after t's whole
+        # second, a slot at t itself counts and one later in t's second does not.
+        start = (t.replace(microsecond=0) + dt.timedelta(seconds=1)).astimezone(self.zone)
         try:
             return next(CronSim(self.cron, start, reverse=True)).astimezone(UTC)
         except StopIteration:
@@ -88,9 +98,9 @@ class Timing:
         latest = self.at_or_before(now)
         if latest is None or latest <= after:
             return Due(None, 0, False)
-        if self.every is not None:
+        if self.every is not None:  # counted exactly, whatever the limit
             count = math.floor(now.timestamp() / self.every) - math.floor(after.timestamp() / self.every)
-            return Due(latest, min(count, limit), count > limit)
+            return Due(latest, count, False)
         count, t = 0, after
         while count < limit:
             t = self.after(t)
@@ -105,7 +115,7 @@ def _zone(name: str | None) -> dt.tzinfo:
         return UTC
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: a folder of zones (America)
         raise ScheduleError(f"timeZone {name!r} is not a time zone of the IANA database (for example "
                             "Europe/Berlin or America/New_York)") from exc
 
@@ -115,8 +125,8 @@ def _every(text: str) -> int:
     if not text or match is None:
         raise ScheduleError(f"@every {text!r}: a duration such as 30s, 10m or 1h30m")
     seconds = sum(int(v) * _UNITS[u] for v, u in zip(match.groups(), "hms") if v)
-    if seconds < MIN_EVERY_SECONDS:
-        raise ScheduleError(f"@every {text}: at least {MIN_EVERY_SECONDS}s between slots")
+    if not MIN_EVERY_SECONDS <= seconds <= MAX_EVERY_SECONDS:
+        raise ScheduleError(f"@every {text}: from {MIN_EVERY_SECONDS}s to {MAX_EVERY_SECONDS // 86400} days between slots")
     return seconds
 
 

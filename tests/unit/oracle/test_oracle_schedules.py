@@ -77,3 +77,12 @@ def test_a_slot_passed_over_without_a_record_is_caught() -> None:
     final = _status(log, START + 10)  # START + 5: no run, no skip named, nothing counted
     found = _judge(log, final)
     assert len(found) == 1 and "neither started nor recorded" in found[0][2] and str(START + 5) in found[0][2]
+
+
+def test_a_slot_both_started_and_recorded_as_skipped_is_caught() -> None:
+    log = Log()
+    _create(log, START)
+    _status(log, START)
+    _create(log, START + 5)  # its status write lost; the next pass did not see the run: "forbidden by itself"
+    final = _status(log, START + 5, skipped=(START + 5, "ConcurrencyForbid"), count=1)
+    assert any("both started and recorded as skipped" in v[2] for v in _judge(log, final))

@@ -225,3 +225,77 @@ def test_a_schedule_that_does_not_parse_is_stalled_and_starts_nothing() -> None:
 def test_a_clock_that_went_back_starts_nothing_again() -> None:
     d = decide(observe(schedule({"lastScheduleTime": "2026-12-07T12:00:00Z"})), at(-30))
     assert d.create == [] and d.wake_at == at(5)
+
+
+# --- what an interrupted pass left, and what the review found ------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["Allow", "Forbid", "Replace", "BufferOne"])
+def test_a_slots_run_made_before_its_status_write_landed_counts_as_the_slots_start(policy: str) -> None:
+    """The pass that created the slot's run crashed (or its status write conflicted): the next pass
+    sees the run and the old lastScheduleTime. It neither stops it, nor skips the slot for it."""
+    made = run(T0)
+    d = decide(observe(schedule({"lastScheduleTime": "2026-12-07T11:55:00Z"}, concurrencyPolicy=policy), made), at(0.5))
+    assert d.create == [] and d.stop == []
+    assert d.status is not None and d.status.last_schedule_time == T0 and d.status.last_skipped is None
+    assert d.status.waiting is None and d.status.skipped_count == 0
+
+
+def test_a_waiting_or_manual_start_whose_run_exists_is_recorded_as_made() -> None:
+    waiting = {"lastScheduleTime": "2026-12-07T12:00:00Z",
+               "waiting": Waiting(name=slot_run_name("nightly", T0), scheduledTime=T0).dump()}
+    d = decide(observe(schedule(waiting, concurrencyPolicy="Replace"), run(PREVIOUS, "Cancelled"), run(T0)), at(1))
+    assert d.create == [] and d.stop == [] and d.status is not None and d.status.waiting is None
+    manual = run(None, name=trigger_run_name("nightly", "abc123xyz"))
+    s = schedule({"lastScheduleTime": "2026-12-07T12:00:00Z"}, {ANN_TRIGGER: "abc123xyz"}, concurrencyPolicy="Forbid")
+    d = decide(observe(s, manual), at(1))
+    assert d.create == [] and d.status.last_trigger.outcome == "Started"  # type: ignore[union-attr]
+
+
+def test_a_schedule_being_deleted_starts_and_stops_nothing() -> None:
+    s = schedule({"lastScheduleTime": "2026-12-07T11:55:00Z",
+                  "waiting": Waiting(name=slot_run_name("nightly", PREVIOUS), scheduledTime=PREVIOUS).dump()},
+                 {ANN_TRIGGER: "abc123xyz"}, concurrencyPolicy="Replace")
+    s.metadata.deletion_timestamp = at(0)
+    d = decide(observe(s, run(at(-10))), at(0.1))
+    assert d.create == [] and d.stop == [] and d.delete == []
+
+
+def test_history_never_deletes_a_run_whose_slot_the_status_does_not_record_or_one_being_deleted() -> None:
+    unrecorded = run(at(5), "Succeeded")  # made by a pass whose status write did not land, then ended
+    going = ScheduleRun(**{**run(at(-10), "Succeeded").__dict__, "deleting": True})
+    d = decide(observe(schedule({"lastScheduleTime": "2026-12-07T12:00:00Z"}, successfulRunsHistoryLimit=0),
+                       unrecorded, going, run(at(-5), "Succeeded")), at(5.5))
+    assert [r.name for r in d.delete] == [slot_run_name("nightly", at(-5)), slot_run_name("nightly", at(5))]
+    assert d.status is not None and d.status.last_schedule_time == at(5)  # recorded in this very pass
+    early = decide(observe(schedule({"lastScheduleTime": "2026-12-07T12:00:00Z"}, successfulRunsHistoryLimit=0),
+                           run(at(-5), "Succeeded")), at(1))
+    assert [r.name for r in early.delete] == [slot_run_name("nightly", at(-5))]
+
+
+def test_a_suspended_schedule_does_not_start_its_waiting_run() -> None:
+    waiting = {"lastScheduleTime": "2026-12-07T12:00:00Z",
+               "waiting": Waiting(name=slot_run_name("nightly", T0), scheduledTime=T0).dump()}
+    d = decide(observe(schedule(waiting, concurrencyPolicy="BufferOne", suspend=True), run(PREVIOUS, "Succeeded")), at(1))
+    assert d.create == [] and d.status is not None and d.status.waiting is not None
+
+
+def test_under_replace_a_waiting_start_a_newer_one_replaces_in_the_same_pass_is_never_made() -> None:
+    waiting = {"lastScheduleTime": "2026-12-07T12:00:00Z",
+               "waiting": Waiting(name=slot_run_name("nightly", T0), scheduledTime=T0).dump()}
+    d = decide(observe(schedule(waiting, concurrencyPolicy="Replace"), run(PREVIOUS, "Cancelled")), at(5.1))
+    assert [c.name for c in d.create] == [slot_run_name("nightly", at(5))]
+    assert d.status is not None and d.status.waiting is None and d.status.last_skipped.reason == "Replaced"  # type: ignore[union-attr]
+    alone = decide(observe(schedule(waiting, concurrencyPolicy="Replace"), run(PREVIOUS, "Cancelled")), at(1))
+    assert [c.name for c in alone.create] == [slot_run_name("nightly", T0)]
+
+
+def test_a_manual_start_is_answered_while_the_schedule_does_not_parse() -> None:
+    s = schedule({"lastScheduleTime": "2026-12-07T12:00:00Z"}, {ANN_TRIGGER: "abc123xyz"}, schedule="61 * * * *")
+    d = decide(observe(s), at(1))
+    assert [c.name for c in d.create] == [trigger_run_name("nightly", "abc123xyz")] and d.wake_at is None
+
+
+def test_a_long_downtime_on_an_every_schedule_counts_every_missed_slot() -> None:
+    d = decide(observe(schedule({"lastScheduleTime": "2026-12-07T11:00:00Z"}, schedule="@every 5s")), at(0.01))
+    assert d.status is not None and d.status.skipped_count == 719 and len(d.create) == 1

@@ -64,7 +64,7 @@ def test_the_next_slots(schedule: str, zone: str | None, start: dt.datetime, exp
     ("@every 10m", z(2026, 1, 1, 0, 0), z(2026, 1, 1, 1, 0), Due(z(2026, 1, 1, 1, 0), 6, False)),
     # A day of downtime on a per-minute schedule: counted up to the limit, the latest still exact.
     ("* * * * *", z(2026, 1, 1), z(2026, 1, 2, 0, 0, 30), Due(z(2026, 1, 2), 100, True)),
-    ("@every 5s", z(2026, 1, 1), z(2026, 1, 2), Due(z(2026, 1, 2), 100, True)),
+    ("@every 5s", z(2026, 1, 1), z(2026, 1, 2), Due(z(2026, 1, 2), 17280, False)),  # exact, whatever the limit
     # The clock went back behind the last slot handled: nothing is due again.
     ("*/5 * * * *", z(2026, 1, 1, 1, 0), z(2026, 1, 1, 0, 30), Due(None, 0, False)),
     ("@every 10m", z(2026, 1, 1, 1, 0), z(2026, 1, 1, 0, 30), Due(None, 0, False)),
@@ -84,7 +84,9 @@ def test_the_latest_slot_at_or_before_an_instant() -> None:
     ("* * * *", None, "five fields"),
     ("61 * * * *", None, "five fields"),
     ("@fortnightly", None, "unknown macro"),
-    ("@every 2s", None, "at least 5s"),
+    ("@every 2s", None, "from 5s to 366 days"),
+    ("@every 999999999h", None, "from 5s to 366 days"),
+    ("0 * * * *", "America", "IANA"),  # a folder of the zone database, not a zone
     ("@every soon", None, "a duration such as"),
     ("@every", None, "a duration such as"),
     ("0 * * * *", "Mars/Olympus", "IANA"),
@@ -93,3 +95,20 @@ def test_the_latest_slot_at_or_before_an_instant() -> None:
 def test_what_does_not_parse_says_what_to_fix(schedule: str, zone: str | None, message: str) -> None:
     with pytest.raises(ScheduleError, match=message):
         Timing.parse(schedule, zone)
+
+
+def test_in_the_repeated_hour_the_next_slot_is_never_in_the_past() -> None:
+    """Berlin falls back on 2024-10-27 (03:00 CEST -> 02:00 CET): from inside the second 02:xx, the
+    next 02:30 is the next day's, never the 02:30 already passed (cronsim reads no fold)."""
+    t = Timing.parse("30 2 * * *", "Europe/Berlin")
+    for now in (z(2024, 10, 27, 1, 10), z(2024, 10, 27, 1, 29), z(2024, 10, 27, 1, 45)):
+        assert t.after(now) == z(2024, 10, 28, 1, 30)
+    twice = Timing.parse("15,45 2 * * *", "America/New_York")  # New York falls back on 2024-11-03
+    now = z(2024, 11, 3, 6, 20)  # 01:20 EST, the repeated hour's second pass
+    assert twice.after(now) > now
+
+
+def test_a_slot_later_in_the_same_second_is_not_due_yet() -> None:
+    t = Timing.parse("*/5 * * * *")
+    assert t.at_or_before(z(2026, 1, 1, 0, 4, 59).replace(microsecond=500000)) == z(2026, 1, 1, 0, 0)
+    assert t.at_or_before(z(2026, 1, 1, 0, 5, 0).replace(microsecond=500000)) == z(2026, 1, 1, 0, 5)
