@@ -157,19 +157,22 @@ def _trigger(cfg: kubeconfig.KubeConfig, ns: str, name: str, timeout: float = 30
     trigger = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(TRIGGER_ID_LENGTH))
     path = schedule_path(ns, name)
     with cfg.sync_client() as http:
-        got = http.get(path)
-        if got.status_code >= 400:
-            raise ApiError(got.status_code, got.text, f"get workerrunschedule {ns}/{name}")
-        meta = got.json()["metadata"]
-        pending = (meta.get("annotations") or {}).get(ANN_TRIGGER)
-        if pending and pending != ((got.json().get("status") or {}).get("lastTrigger") or {}).get("id"):
-            print(f"error: workerrunschedule.tether.dev/{name}: manual start {pending} is not answered yet; try "
-                  "again once it is (is the operator running?)", file=sys.stderr)
-            return 1
-        # Conditional on what was read: two triggers at once never overwrite each other's request.
-        resp = http.patch(path, json={"metadata": {"resourceVersion": meta["resourceVersion"],
-                                                   "annotations": {ANN_TRIGGER: trigger}}},
-                          headers={"Content-Type": "application/merge-patch+json"})
+        for _ in range(10):  # the operator's status writes move the resourceVersion too: read again
+            got = http.get(path)
+            if got.status_code >= 400:
+                raise ApiError(got.status_code, got.text, f"get workerrunschedule {ns}/{name}")
+            meta = got.json()["metadata"]
+            pending = (meta.get("annotations") or {}).get(ANN_TRIGGER)
+            if pending and pending != ((got.json().get("status") or {}).get("lastTrigger") or {}).get("id"):
+                print(f"error: workerrunschedule.tether.dev/{name}: manual start {pending} is not answered yet; "
+                      "try again once it is (is the operator running?)", file=sys.stderr)
+                return 1
+            # Conditional on what was read: two triggers at once never overwrite each other's request.
+            resp = http.patch(path, json={"metadata": {"resourceVersion": meta["resourceVersion"],
+                                                       "annotations": {ANN_TRIGGER: trigger}}},
+                              headers={"Content-Type": "application/merge-patch+json"})
+            if resp.status_code != 409:
+                break
         if resp.status_code >= 400:
             raise ApiError(resp.status_code, resp.text, f"trigger workerrunschedule {ns}/{name}")
         deadline = time.monotonic() + timeout
