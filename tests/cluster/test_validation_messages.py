@@ -18,6 +18,12 @@ CRDS = Path(__file__).resolve().parents[2] / "crds"
 BUDGETS = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerbudgets"
 CLASSES = "/apis/tether.dev/v1alpha1/workerclasses"
 DIGEST = "sha256:" + "a" * 64
+SCHEDULES = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunschedules"
+
+
+def _schedule(name: str, template: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunSchedule", "metadata": {"name": name},
+            "spec": {"schedule": "@hourly", "runTemplate": {"spec": template}}}
 
 
 def _rules(schema: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -117,6 +123,11 @@ CASES: list[tuple[str, str, Callable[[Kube, str], httpx.Response]]] = [
      lambda kube, ns: kube.post(CLASSES, _class(ns, bounds={"maxAttempts": 2}))),
     ("labels keys must be Prometheus label names", "spec.labels",
      lambda kube, ns: kube.post(CLASSES, _class(ns, labels={"Bad-Key": "x"}))),
+    ("each run is named <schedule>-<ten digits>", "metadata.name",
+     lambda kube, ns: kube.post(SCHEDULES.format(ns=ns), _schedule("s" * 48, {"executor": "External"}))),
+    ("each run of a schedule is an operation of its own", "spec.runTemplate.spec.idempotencyKey",
+     lambda kube, ns: kube.post(SCHEDULES.format(ns=ns), _schedule("keyed", {"executor": "External",
+                                                                              "idempotencyKey": "k"}))),
     ("status.executionDigest never changes once set", "status.executionDigest",
      lambda kube, ns: kube.patch(_started(kube, ns, "digested") + "/status",
                                  {"status": {"executionDigest": "sha256:" + "b" * 64}})),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from testkit.kube import Kube, eventually
@@ -223,3 +224,20 @@ def test_the_same_schedule_gives_the_same_slots_as_a_cronjob(kube: Kube, namespa
     assert sorted(mine)[:3] == first3, (sorted(theirs), sorted(mine))
     cj_last = kube.ok(kube.get(f"/apis/batch/v1/namespaces/{namespace}/cronjobs/twin"))["status"]["lastScheduleTime"]
     assert dt.datetime.fromisoformat(cj_last.replace("Z", "+00:00")).timestamp() in mine
+
+
+def test_kubectl_get_wrs_shows_schedule_suspend_active_last_and_next(kube: Kube, namespace: str, operator,  # type: ignore[no-untyped-def]
+                                                                     bin_dir: Path) -> None:
+    _create(kube, namespace, _schedule("board", concurrencyPolicy="Forbid"))
+    status = kube.wait_for(SCHEDULES.format(ns=namespace), "board", lambda s: bool((s.get("status") or {}).get("active")),
+                           30, "an active run")["status"]
+    table = subprocess.run([str(bin_dir / "kubectl"), "get", "wrs", "-n", namespace,
+                            "--kubeconfig", kube.kubeconfig_path], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    header, row = table.stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "SCHEDULE", "SUSPEND", "ACTIVE", "LAST", "NEXT", "AGE"]
+    assert row.split()[:5] == ["board", "@every", "5s", "false", status["active"][0]["name"]]
+    # kstatus (Flux's and kubectl wait's reading) and explain teach the kind.
+    explain = subprocess.run([str(bin_dir / "kubectl"), "explain", "wrs.spec.concurrencyPolicy",
+                              "--kubeconfig", kube.kubeconfig_path], capture_output=True, text=True, timeout=60)
+    assert explain.returncode == 0 and "BufferOne" in explain.stdout, explain.stderr

@@ -66,6 +66,18 @@ def test_helm_install_runs_under_its_rbac_and_fails_over(kube: Kube, namespace: 
         assert runs.wait_phase(kube, namespace, "short-job", ("Succeeded", "Failed"), timeout=90)["status"]["phase"] == "Succeeded"
         crashed = runs.wait_phase(kube, namespace, "crashing-job", ("Succeeded", "Failed"), timeout=90)
         assert crashed["status"]["phase"] == "Succeeded" and len(crashed["status"]["attempts"]) == 2
+        # A schedule's run, made by the chart's operator under the chart's RBAC (it watches schedules,
+        # creates their runs and writes their status).
+        schedules = f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerrunschedules"
+        kube.ok(kube.post(schedules, {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunSchedule",
+                                      "metadata": {"name": "tick"},
+                                      "spec": {"schedule": "@every 5s", "runTemplate": {"spec": {
+                                          "executor": "External", "suspend": True}}}}))
+        ticked = kube.wait_for(schedules, "tick", lambda s: bool((s.get("status") or {}).get("active")), 60,
+                               "a slot's run made by the chart's operator")
+        made = kube.ok(kube.get(Kube.wr_path(namespace, ticked["status"]["active"][0]["name"])))
+        assert made["metadata"]["labels"]["tether.dev/schedule"] == "tick"
+        kube.ok(kube.patch(f"{schedules}/tick", {"spec": {"suspend": True}}))
         # HA: kill the leader mid-run; the standby takes over; the run is neither lost nor launched twice.
         runs.create(kube, namespace, runs.example("long-job.yaml", payload={"steps": 40, "stepSeconds": 0.25},
                                                   lease={"durationSeconds": 8, "renewIntervalSeconds": 1}))

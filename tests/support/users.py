@@ -17,7 +17,8 @@ def console_user(kube: Kube, ns: str, tmp_path: Path, name: str = "alice") -> tu
     kube.ok(kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
         "metadata": {"name": f"{name}-console"},
         "rules": [{"apiGroups": ["tether.dev"], "resources": ["workerruns"], "verbs": ["get", "list", "watch", "patch"]},
-                  {"apiGroups": ["tether.dev"], "resources": ["workerbudgets"], "verbs": ["get", "list", "watch"]},
+                  {"apiGroups": ["tether.dev"], "resources": ["workerbudgets", "workerrunschedules"],
+                   "verbs": ["get", "list", "watch"]},
                   {"apiGroups": ["tether.dev"], "resources": ["workerrunapprovals"], "verbs": ["create", "get", "list"]},
                   {"apiGroups": [""], "resources": ["events", "pods"], "verbs": ["get", "list", "watch"]},
                   {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
