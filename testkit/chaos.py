@@ -830,28 +830,22 @@ class Trial:
     def _f_operator_kill_mid_grant(self, f: FaultPlan, _: str) -> bool:
         """The operator dies with a pod creation in flight (the grant's status and Lease are written);
         the request still reaches the API server, late, after its successor started: one pod, adopted."""
-        gate = self.op_proxy.gate(method="POST", path=rf"/namespaces/{re.escape(self.ns)}/pods$")
-        try:
-            gate.wait_arrived(timeout=15)
-        except TimeoutError:
-            gate.release()
-            return False  # no grant came along
-        try:
-            self._kill_leader(f.params["down"])
-            self._wait(f.params["late"])
-        finally:
-            gate.release()
-        return True
+        return self._kill_with_creation_in_flight(f, "pods", 15)
 
     def _f_operator_kill_mid_schedule(self, f: FaultPlan, _: str) -> bool:
         """The operator dies with a slot's run creation in flight; the request still reaches the API
         server, late, after its successor started (and may have created that slot's run itself)."""
-        gate = self.op_proxy.gate(method="POST", path=rf"/namespaces/{re.escape(self.ns)}/workerruns$")
+        return self._kill_with_creation_in_flight(f, "workerruns", SCHEDULE_EVERY * 3)
+
+    def _kill_with_creation_in_flight(self, f: FaultPlan, plural: str, wait: float) -> bool:
+        """Holds the operator's next creation of `plural`, kills the leader, and lets the creation
+        land `late` seconds later; False when none came along within `wait` seconds."""
+        gate = self.op_proxy.gate(method="POST", path=rf"/namespaces/{re.escape(self.ns)}/{plural}$")
         try:
-            gate.wait_arrived(timeout=SCHEDULE_EVERY * 3)
+            gate.wait_arrived(timeout=wait)
         except TimeoutError:
             gate.release()
-            return False  # no slot came along
+            return False
         try:
             self._kill_leader(f.params["down"])
             self._wait(f.params["late"])

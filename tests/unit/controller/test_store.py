@@ -64,9 +64,8 @@ def test_indexes_follow_every_change() -> None:
     assert s.by("group", "x") == frozenset() and len(s) == 2 and s.copy().keys() == {"a", "c"}
 
 
-def test_a_run_is_parsed_once_per_resource_version_our_write_produced() -> None:
-    """The pass after our own write decides from the parse of its answer; a class change (for a run
-    its class still shapes) or another body under the key is parsed afresh."""
+def _cached_run() -> tuple[Any, dict[str, Any]]:
+    """A run cache whose classes are listed (none), holding one External run."""
     import asyncio
     import datetime as dt
 
@@ -81,6 +80,13 @@ def test_a_run_is_parsed_once_per_resource_version_our_write_produced() -> None:
     body = {"metadata": {"name": "r", "namespace": "ns", "uid": "u", "resourceVersion": "1", "generation": 1},
             "spec": {"executor": "External"}, "status": {}}
     cache.put_run(body)
+    return cache, body
+
+
+def test_a_run_is_parsed_once_per_resource_version_our_write_produced() -> None:
+    """The pass after our own write decides from the parse of its answer; a class change (for a run
+    its class still shapes) or another body under the key is parsed afresh."""
+    cache, body = _cached_run()
     first = cache.snapshot(("ns", "r"))
     assert first is not None
     written = {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}, "status": {"phase": "Pending"}}
@@ -96,22 +102,10 @@ def test_a_run_is_parsed_once_per_resource_version_our_write_produced() -> None:
 def test_the_watchs_echo_of_our_write_ends_the_parse_kept_for_the_next_pass() -> None:
     """A quiet run (no pass until its next alarm) holds no second copy of itself in parsed form:
     kept until then, that copy cost 75 MB at 5,000 runs (benchmarks/heap_probe.py shows it)."""
-    import asyncio
-    import datetime as dt
     import gc
     import weakref
 
-    from tether.controller.cache import RunCache
-
-    cache = RunCache(lambda: dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), lambda: 0.0)
-
-    async def no_classes() -> list[dict[str, Any]]:
-        return []
-
-    asyncio.run(cache.classes.sync(no_classes))
-    body = {"metadata": {"name": "r", "namespace": "ns", "uid": "u", "resourceVersion": "1", "generation": 1},
-            "spec": {"executor": "External"}, "status": {}}
-    cache.put_run(body)
+    cache, body = _cached_run()
     first = cache.snapshot(("ns", "r"))
     assert first is not None
     written = {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}, "status": {"phase": "Pending"}}
