@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testkit.kube import Kube, refused
+from testkit.kube import Kube, eventually, refused
 
 SCHEDULES = "/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunschedules"
 RBAC = "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/{kind}"
@@ -120,3 +120,28 @@ def test_a_schedule_is_no_way_around_the_service_account_rule(kube: Kube, namesp
     # And the exemption is for runs of a schedule only.
     resp = kube.post(Kube.wr_path(ns), {**_named_run("plain", "x", {}), "metadata": {"name": "plain"}}, headers=operator)
     assert resp.status_code == 403, resp.text
+
+
+def test_a_late_creation_of_a_slot_already_handled_is_refused(kube: Kube, namespace: str) -> None:
+    """policies/schedule-slot-fence.yaml: a dead replica's creation that lands after its successor
+    recorded the slot is refused; the waiting start (made after its slot was recorded) is not."""
+    ns = namespace
+    owner = kube.ok(kube.post(SCHEDULES.format(ns=ns), _schedule("s", template={"executor": "External"})))
+    path = f"{SCHEDULES.format(ns=ns)}/s/status"
+    kube.ok(kube.patch(path, {"status": {"lastScheduleTime": "2026-12-07T12:05:00Z",
+                                         "waiting": {"name": "s-1796645100", "scheduledTime": "2026-12-07T12:05:00Z"}}}))
+
+    def slot_run(name: str, at: str) -> dict[str, Any]:
+        return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+                "metadata": {"name": name, "labels": {"tether.dev/schedule": "s"},
+                             "annotations": {"tether.dev/scheduled-at": at},
+                             "ownerReferences": [{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunSchedule",
+                                                  "name": "s", "uid": owner["metadata"]["uid"], "controller": True}]},
+                "spec": {"executor": "External"}}
+
+    late = slot_run("s-1796644800", "2026-12-07T12:00:00Z")
+    resp = eventually(lambda: r if (r := kube.post(Kube.wr_path(ns) + "?dryRun=All", late)).status_code == 403 else None,
+                      timeout=30, what="the fence in force")
+    assert "handled slot 2026-12-07T12:00:00Z already" in resp.json()["message"], resp.text
+    kube.ok(kube.post(Kube.wr_path(ns), slot_run("s-1796645100", "2026-12-07T12:05:00Z")))  # the waiting start
+    kube.ok(kube.post(Kube.wr_path(ns), slot_run("s-1796645400", "2026-12-07T12:10:00Z")))  # a slot to come

@@ -2,8 +2,8 @@
 
 The writes of a pass, in this order, each conditional:
 
-1. before it starts or stops anything, fresh reads: the schedule (the status the decision was made
-   on), its runs (a list by label: a cache not yet listed after a restart or a failover, or one
+1. before it starts or stops anything or records a slot as handled, fresh reads: the schedule (the
+   status the decision was made on), its runs (a list by label: a cache not yet listed after a restart or a failover, or one
    that has not seen this reconciler's last start, never makes Forbid or Replace start a second
    run) and the WorkerBudget its runs draw on; anything else than what was decided on, and the
    pass is decided again;
@@ -113,7 +113,10 @@ class ScheduleReconciler:
         observed = self.observe(key, body, schedule, now)
         d = decide(observed, now)
         rv = schedule.metadata.resource_version
-        if d.create or d.stop:
+        # Fresh reads before any start or stop, and before a slot is recorded as handled (a skip on a
+        # cache that missed a late creation of that slot would be a false record).
+        handles_a_slot = d.status is not None and d.status.last_schedule_time != schedule.status.last_schedule_time
+        if d.create or d.stop or handles_a_slot:
             await self._fresh(key, body, observed, now)
         for create in d.create:
             await self._create(key, body, create)
