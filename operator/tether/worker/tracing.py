@@ -78,19 +78,24 @@ class AttemptTrace:
                 outcome: Callable[[T], str]) -> Generator[Any, Any, T]:
         """A renewal (`steps`), recorded as a `tether.renew` span only when Renewals says it is news;
         the span is made afterwards with the renewal's start time (it is never current while the
-        renewal waits, like ops())."""
+        renewal waits, like ops()). The tracer is the one of the renewal's start, as ops()'s span's; a
+        renewal abandoned unfinished (its generator closed, maybe by the garbage collector long
+        after) has no outcome to tell, and no span."""
         parent, start, before = self.parent(background=True), time.time_ns(), signals()
+        tracer = _tracer()
         try:
             result = yield from steps
+        except GeneratorExit:
+            raise
         except BaseException as exc:
-            span = _tracer().start_span("tether.renew", context=parent, kind=SpanKind.CLIENT,
-                                        attributes={**self.attributes, **self.renewals.skipped()}, start_time=start)
+            span = tracer.start_span("tether.renew", context=parent, kind=SpanKind.CLIENT,
+                                     attributes={**self.attributes, **self.renewals.skipped()}, start_time=start)
             _record(span, exc)
             span.end()
             raise
         name = outcome(result)
         if self.renewals.news(name, carried, signals() != before):
-            _tracer().start_span("tether.renew", context=parent, kind=SpanKind.CLIENT, start_time=start, attributes={
+            tracer.start_span("tether.renew", context=parent, kind=SpanKind.CLIENT, start_time=start, attributes={
                 **self.attributes, **self.renewals.skipped(), "tether.renewal": name}).end()
         return result
 

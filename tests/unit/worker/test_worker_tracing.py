@@ -12,6 +12,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry import trace as trace_api
 from opentelemetry.trace import StatusCode
 
 from tests.unit.worker.test_worker_aio import Fake
@@ -223,3 +224,30 @@ def test_a_callers_traceparent_in_another_case_is_replaced_not_doubled() -> None
     assert seen[0].headers["traceparent"] == TRACEPARENT
     assert seen[0].headers["x-execution-fence"] == "3" and seen[0].headers["x-other"] == "kept"
     assert seen[0].headers["idempotency-key"].endswith(":charge")
+
+
+def test_an_abandoned_renewal_makes_no_span_in_whatever_tracer_is_current_when_it_is_collected(
+        spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renewal whose generator was dropped unfinished (its thread hung past a test's or a worker's
+    end) made an error span when the garbage collector closed it, with the tracer of that moment: in
+    make test it landed, as a trace of its own, in a later test's exporter."""
+    def steps() -> Any:
+        yield "renew"  # waits for an answer that never comes
+        return True
+
+    attempt = worker_tracing.AttemptTrace(None, {})
+    abandoned = attempt.renewal(steps(), None, lambda: None, outcome=lambda ok: "confirmed")
+    assert next(abandoned) == "renew"
+    later = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(later))
+    monkeypatch.setattr(worker_tracing, "_tracer", lambda: provider.get_tracer(worker_tracing.SCOPE))
+    abandoned.close()
+    assert later.get_finished_spans() == () and spans.get_finished_spans() == ()
+    # One that ends does make its span, in the tracer of its start.
+    ended = attempt.renewal(steps(), None, lambda: None, outcome=lambda ok: "confirmed")
+    assert next(ended) == "renew"
+    monkeypatch.setattr(worker_tracing, "_tracer", lambda: trace_api.NoOpTracer())
+    with pytest.raises(StopIteration):
+        ended.send("answer")
+    assert [s.name for s in later.get_finished_spans()] == ["tether.renew"]
