@@ -220,6 +220,10 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
     schedule = scheduled.random() < 0.5
     if schedule and scheduled.random() < 0.6:
         faults.append(_draw_fault(scheduled, SCHEDULE_KILL, len(runs), window))
+    # The API server (or etcd) paused across slots: a pause outlasts SCHEDULE_EVERY, so every one
+    # does; drawn here too, so that a campaign has schedules paused on purpose, not by chance.
+    if schedule and allow_api_pause and scheduled.random() < 0.3 and not any(f.kind == API_PAUSE for f in faults):
+        faults.append(_draw_fault(scheduled, API_PAUSE, len(runs), window))
     faults.sort(key=lambda f: f.at)
     return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults, schedule=schedule)
 
