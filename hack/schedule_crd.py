@@ -43,8 +43,10 @@ def ref(desc: str) -> dict:
 
 
 template_spec = without_transition_rules(run_spec())
+# A schedule's runs are its own, never children of a run (only a parent's attempt spawns those).
+del template_spec["properties"]["parentRef"]
 template_spec["description"] = ("The WorkerRun spec each run gets (className included); the same schema as a "
-                                 "WorkerRun's, but for idempotencyKey.")
+                                 "WorkerRun's, but for idempotencyKey and parentRef.")
 # One key for every run would make a receiver take each slot's effects for the first slot's again.
 template_spec.setdefault("x-kubernetes-validations", []).append({
     "rule": "!has(self.idempotencyKey)",

@@ -126,7 +126,15 @@ bounds = {
             "type": "array",
             "maxItems": 64,
             "items": {"type": "string", "maxLength": 253, "description": "A WorkerClass name."},
-            "description": "The classes its runs may spawn as child runs. Unset: any.",
+            "description": "The classes its runs may spawn as child runs (each child names its class in spec.className); refused at the child's creation otherwise. Unset: any class. Empty: its runs spawn no children.",
+        },
+        "maxChildren": {
+            "type": "integer", "minimum": 0, "maximum": 1000,
+            "description": "The most child runs one of its runs may spawn, all its attempts together, 0 to 1000; a child past it ends Rejected (TooManyChildren) before it starts. Unset: 100.",
+        },
+        "maxDepth": {
+            "type": "integer", "minimum": 1, "maximum": 8,
+            "description": "The deepest a child of one of its runs may be in its tree (a child of a run that has no parent is at depth 1); refused at the child's creation otherwise. Unset: 8, the most any tree may be.",
         },
     },
 }

@@ -27,6 +27,7 @@ from tests.cluster.test_approvals import APPROVALS
 from tests.e2e.test_gateway import _up
 from tests.e2e.test_review import _gated
 from tests.e2e.test_review_gates import _asking, _reviewed
+from tests.e2e.test_schedules import SCHEDULES, _schedule
 from testkit import runs
 from testkit.kube import Kube, eventually
 from tests.support.users import console_user
@@ -217,6 +218,29 @@ def test_the_run_page_shows_what_the_run_did(kube: Kube, namespace: str, operato
     expect(page.locator("#spec")).to_contain_text("image: ")
     # Recorded by the operator from the pod's containerStatuses (or read from the pod while it exists).
     expect(page.locator('#attempts tr[data-attempt="1"] .exit-code')).to_have_text("0", timeout=30_000)
+
+
+def test_the_schedules_page_shows_a_schedules_slots_skips_and_runs_as_they_happen(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, console: str, page: Page) -> None:
+    """A Forbid schedule on 5 s slots whose first run stays active: the page shows that run, then the
+    slots it skips and why, its next slot moving on, and its suspension, all pushed into one document."""
+    page.goto(console)
+    page.click("nav >> text=Schedules")
+    expect(page.locator("#schedules")).to_contain_text("no WorkerRunSchedules")
+    page.evaluate("window.__sameDocument = true")
+    kube.ok(kube.post(SCHEDULES.format(ns=namespace), _schedule("nightly", concurrencyPolicy="Forbid")))
+    section = page.locator(f'section[data-schedule="{namespace}/nightly"]')
+    expect(section).to_contain_text("@every 5s, Forbid", timeout=30_000)
+    first = eventually(lambda: kube.ok(kube.get(Kube.wr_path(namespace), params={
+        "labelSelector": "tether.dev/schedule=nightly"}))["items"], timeout=30, what="the first slot's run")[0]
+    expect(section.locator("table")).to_contain_text(first["metadata"]["name"], timeout=30_000)
+    expect(section).to_contain_text("last: ConcurrencyForbid", timeout=30_000)
+    shown = section.locator(".next").inner_text()
+    expect(section.locator(".next")).not_to_have_text(shown, timeout=30_000)  # the next slot, pushed
+    assert section.locator(".next").inner_text() > shown  # later, not just different (RFC 3339 UTC sorts)
+    kube.ok(kube.patch(f"{SCHEDULES.format(ns=namespace)}/nightly", {"spec": {"suspend": True}}))
+    expect(section.locator(".p-Suspended")).to_have_text("suspended", timeout=30_000)
+    assert page.evaluate("window.__sameDocument") is True
 
 
 @pytest.mark.parametrize("namespace", ["billing"], indirect=True)  # screenshots: a user's namespace

@@ -22,6 +22,8 @@ import yaml
 from tests.cluster.test_approvals import APPROVALS, _approval, _as, _grant_approver
 from tests.e2e.test_budgets import budget
 from tests.e2e.test_review import after_creation_second
+from tests.e2e.test_schedules import SCHEDULES, _create, _schedule
+from tests.e2e.test_schedules import _runs as _schedule_runs
 from tether.devcluster.processes import spawn
 from testkit import runs
 from testkit.receiver import Receiver
@@ -757,3 +759,34 @@ def test_fair_sharing_gives_a_tenant_its_share_of_a_pool_another_filled(  # type
     assert _time(first["endedAt"]) <= _started(done_b)
     verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=[*done_a.values(), done_b]))
     assert verdict.ok, verdict.violations
+
+
+def test_a_schedules_runs_are_queued_through_kueue_like_any_run(kube: Kube, namespace: str, operator, kueue) -> None:  # type: ignore[no-untyped-def]
+    """A schedule whose runTemplate names a LocalQueue: each slot's run gets a Workload and waits its
+    admission (a quota of one External run: one holds it, the next slot's waits Queued), and gets
+    the quota when the first ends."""
+    _, cq = tenancy(kube, namespace, cpu="1", runs_quota=1)
+    body = _schedule("sync", concurrencyPolicy="Allow", failedRunsHistoryLimit=10)
+    body["spec"]["runTemplate"]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team"
+    _create(kube, namespace, body)
+
+    def one_granted_one_queued() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        made = _schedule_runs(kube, namespace, "sync")
+        granted = [r for r in made if (r.get("status") or {}).get("phase") == "Starting"]
+        queued = [r for r in made if (r.get("status") or {}).get("phase") == "Queued"]
+        return (granted[0], queued[0]) if len(granted) == 1 and queued else None
+
+    granted, queued = eventually(one_granted_one_queued, timeout=60, what="one slot's run admitted, the next Queued")
+    kube.ok(kube.patch(f"{SCHEDULES.format(ns=namespace)}/sync", {"spec": {"suspend": True}}))  # no more slots
+    assert granted["status"]["attempts"][0]["admission"]["clusterQueue"] == cq
+    assert runs.condition(queued, "Admitted")["reason"] == "Queued"  # type: ignore[index]
+    owners = {wl["metadata"]["ownerReferences"][0]["name"] for wl in workloads(kube, namespace)}
+    assert {granted["metadata"]["name"], queued["metadata"]["name"]} <= owners  # each slot's run has its Workload
+
+    # The admitted run ends; a queued slot run is admitted in its place, and never two hold at once.
+    kube.ok(kube.patch(Kube.wr_path(namespace, granted["metadata"]["name"]), {"spec": {"stop": True}}))
+    runs.wait_phase(kube, namespace, granted["metadata"]["name"], "Cancelled", timeout=60)
+    eventually(lambda: any((r.get("status") or {}).get("phase") == "Starting"
+                           for r in _schedule_runs(kube, namespace, "sync")), timeout=60, what="the next slot's run admitted")
+    held = [r for r in _schedule_runs(kube, namespace, "sync") if r["status"].get("attempts")]
+    assert len([r for r in held if r["status"]["phase"] == "Starting"]) == 1

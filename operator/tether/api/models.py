@@ -129,7 +129,20 @@ class ReviewSpec(_Model):
     result_timeout_seconds: int | None = None
 
 
-class WorkerRunSpec(_Model):
+class ParentRef(_Model):
+    """A child run's parent, and the parent's attempt that spawned it (children/api.py)."""
+
+    name: str
+    uid: str
+    holder: str
+    fence: int
+    depth: int = 1
+    class_name: str | None = None
+
+
+class RunSpec(_Model):
+    """What a run is, as a template of runs has it too (a WorkerRunSchedule's)."""
+
     executor: Literal["Pod", "External"] = "Pod"
     # A WorkerClass (api/workerclass.py); None: the default class, if there is one.
     class_name: str | None = None
@@ -146,6 +159,10 @@ class WorkerRunSpec(_Model):
     stop: bool = False
     stop_grace_seconds: int = 30
     ttl_seconds_after_finished: int | None = None
+
+
+class WorkerRunSpec(RunSpec):
+    parent_ref: ParentRef | None = None  # a child run's (children/api.py)
 
 
 # --- status -----------------------------------------------------------------
@@ -238,6 +255,28 @@ class RunClassStatus(_Model):
     defaults: dict[str, Any] = Field(default_factory=dict)
 
 
+class ChildEntry(_Model):
+    """A child the parent's tree admitted and has not settled yet: what it holds of the tree."""
+
+    name: str
+    uid: str
+    reserved_cents: int = 0
+    reserved_tokens: int = 0
+
+
+class ChildrenStatus(_Model):
+    """status.children of a parent: the tree's ledger (children/ledger.py). Each child is admitted
+    once (a compare-and-swap on this status, while the attempt that spawned it holds the parent) and
+    settled once when it ends (its final usage moves from reserved to spent)."""
+
+    admitted: int = 0  # children admitted so far, settled or not (bounds.maxChildren)
+    reserved_cents: int = 0  # what live children hold of the tree (their caps)
+    reserved_tokens: int = 0
+    spent_cents: int = 0  # what settled children spent, all of them
+    spent_tokens: int = 0
+    live: list[ChildEntry] = Field(default_factory=list)
+
+
 class Condition(_Model):
     type: str
     status: Literal["True", "False", "Unknown"]
@@ -280,6 +319,7 @@ class WorkerRunStatus(_Model):
     # Attempts Kueue preempted: they use up none of spec.retry.maxAttempts (a counter, because the
     # attempt history keeps only the last MAX_ATTEMPT_HISTORY).
     preemptions: int = 0
+    children: ChildrenStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
     def current(self) -> AttemptRecord | None:

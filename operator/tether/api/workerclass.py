@@ -59,8 +59,10 @@ class ClassBounds(_Model):
     executors: list[Literal["Pod", "External"]] | None = None
     image_prefixes: list[str] | None = None
     service_account_names: list[str] | None = None
-    # Which classes its runs may spawn as child runs (None: any).
+    # Which classes its runs may spawn as child runs (None: any), how many each, and how deep.
     child_classes: list[str] | None = None
+    max_children: int | None = None
+    max_depth: int | None = None
 
 
 class WorkerClassSpec(_Model):

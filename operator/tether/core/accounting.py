@@ -38,6 +38,16 @@ def attempts_usage(s: WorkerRunStatus) -> Usage:
     return sum_usage([s.trimmed_usage, *(a.usage for a in s.attempts)])
 
 
+def tree_held(s: WorkerRunStatus) -> Usage:
+    """What a parent's children hold of its caps (status.children): the caps of the live ones and
+    what the ended ones spent. The parent's own spending has the rest (docs/children.md)."""
+    t = s.children
+    if t is None:
+        return Usage()
+    return sum_usage([Usage(cents=t.reserved_cents, tokens=t.reserved_tokens),
+                      Usage(cents=t.spent_cents, tokens=t.spent_tokens)])
+
+
 def keep_history(s: WorkerRunStatus, limit: int = MAX_ATTEMPT_HISTORY) -> None:
     """Bounds the attempt history to `limit` records, moving what a dropped attempt spent into
     status.trimmedUsage. Only ended attempts are dropped (the newest, which settling may still

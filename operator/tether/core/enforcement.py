@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from tether import protocol
 from tether.api import constants as c
 from tether.api.models import GateDecision, Outcome, Signals, Usage, WorkerRunSpec, WorkerRunStatus
-from tether.core.accounting import earlier_usage, run_usage
+from tether.core.accounting import earlier_usage, run_usage, sum_usage, tree_held
 from tether.core.actions import UsageAlarm
 from tether.core.clock import after
 from tether.core.observe import Observed
@@ -32,11 +32,15 @@ def over_limit(o: Observed, total: Usage) -> tuple[str, Usage] | None:
     on every heartbeat)."""
     budget = o.run.spec.budget
     if budget is not None:
-        left = protocol.cap_remaining(budget.cap_cents, 0, total.cents)
-        if left is not None and left <= 0:
+        # A parent's cap is its tree's: what its children hold of it is not the parent's to spend.
+        # Held, not spent: a parent whose children hold the rest waits for them, and is stopped
+        # only once its own spending goes past what they leave it.
+        tree = tree_held(o.run.status)
+        left = protocol.cap_remaining(budget.cap_cents, tree.cents, total.cents)
+        if left is not None and (left < 0 or (left == 0 and not tree.cents)):
             return f"cap of {budget.cap_cents} cents reached", Usage(cents=-left, tokens=0)
-        left = protocol.cap_remaining(budget.max_tokens, 0, total.tokens)
-        if left is not None and left <= 0:
+        left = protocol.cap_remaining(budget.max_tokens, tree.tokens, total.tokens)
+        if left is not None and (left < 0 or (left == 0 and not tree.tokens)):
             return f"cap of {budget.max_tokens} tokens reached", Usage(cents=0, tokens=-left)
     b = o.budget
     if b is not None and not b.missing:
@@ -92,15 +96,16 @@ def _least(*limits: int | None) -> int | None:
 def usage_alarm(o: Observed) -> UsageAlarm | None:
     """The current attempt's own usage at which a cap or the budget is reached."""
     earlier = earlier_usage(o.run.status)
+    tree = tree_held(o.run.status)
     budget = o.run.spec.budget
     pool = o.budget if o.budget is not None and not o.budget.missing else None
     # The run's total may reach what the budget has left plus its mark there; a limit the budget
     # does not set raises no alarm.
     pool_cents = pool.remaining.cents + pool.charged.cents if pool and pool.remaining.cents is not None else None
     pool_tokens = pool.remaining.tokens + pool.charged.tokens if pool and pool.remaining.tokens is not None else None
-    cents = _least(protocol.cap_remaining(budget.cap_cents if budget else None, earlier.cents, 0),
+    cents = _least(protocol.cap_remaining(budget.cap_cents if budget else None, earlier.cents + tree.cents, 0),
                    protocol.cap_remaining(pool_cents, earlier.cents, 0))
-    tokens = _least(protocol.cap_remaining(budget.max_tokens if budget else None, earlier.tokens, 0),
+    tokens = _least(protocol.cap_remaining(budget.max_tokens if budget else None, earlier.tokens + tree.tokens, 0),
                     protocol.cap_remaining(pool_tokens, earlier.tokens, 0))
     if cents is None and tokens is None:
         return None
@@ -112,7 +117,8 @@ def signals_for(spec: WorkerRunSpec, status: WorkerRunStatus, stop_reason: str |
     """The signals annotation for the holder of `status`: computed from the status being
     written, so a grant's Lease carries the signals of the attempt it starts."""
     budget = spec.budget
-    earlier = earlier_usage(status)
+    # What the worker may still spend of its cap counts what its children hold of it (the tree's).
+    earlier = sum_usage([earlier_usage(status), tree_held(status)])
     # Decisions on the holder's own requests only: never one made for another attempt.
     decisions = {r.gate: GateDecision(decision=r.decision, reason=r.reason, approver=r.approver)
                  for r in (status.review.requests if status.review is not None else [])

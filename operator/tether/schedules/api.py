@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from tether.api.constants import PREFIX
-from tether.api.models import Condition, ObjectMeta, WorkerRunSpec, _Model
+from tether.api.models import Condition, ObjectMeta, RunSpec, _Model
 
 SCHEDULE_PLURAL = "workerrunschedules"
 SCHEDULE_KIND = "WorkerRunSchedule"
@@ -35,7 +35,7 @@ ConcurrencyPolicy = Literal["Allow", "Forbid", "Replace", "BufferOne"]
 
 class RunTemplate(_Model):
     metadata: dict[str, Any] = Field(default_factory=dict)  # labels and annotations
-    spec: WorkerRunSpec
+    spec: RunSpec
 
 
 class WorkerRunScheduleSpec(_Model):

@@ -47,7 +47,7 @@ def _run_body(name: str, phase: str = "Queued") -> dict[str, Any]:
 
 
 def test_the_operator_registers_each_capability_by_one_line() -> None:
-    assert [c.name for c in CAPABILITIES] == ["kueue", "schedules"]
+    assert [c.name for c in CAPABILITIES] == ["kueue", "schedules", "children"]
     assert {s.plural for s in KUEUE.sources} == {"workloads", "localqueues", "admissionchecks"}
 
 

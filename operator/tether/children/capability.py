@@ -1,0 +1,97 @@
+"""Child runs as a capability (controller.capability): an index of runs by their parent, the parent
+read for each child's pass (fresh before the child is admitted and when it is settled, from the
+cache otherwise), a parent's change waking its children, and the two writes on the parent's ledger.
+Registered by one line in tether/capabilities.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether.api.models import WorkerRun
+from tether.children.actions import AdmitChild, SettleChild
+from tether.children.api import LABEL_PARENT
+from tether.children.decide import RULES, ParentRead
+from tether.children import ledger
+from tether.controller.capability import Attached, Context, Step
+from tether.controller.errors import Again
+from tether.controller.manager import Wake, Watch
+from tether.controller.snapshot import Snapshot
+from tether.controller.views import RunKey
+from tether.kube.client import Invalid, NotFound
+from tether.kube.paths import run_path
+
+BY_PARENT = "parent"
+
+
+def parent_key(body: dict[str, Any]) -> RunKey | None:
+    """The parent a run's label names (children/api.py): the index's value."""
+    meta = body.get("metadata") or {}
+    parent = (meta.get("labels") or {}).get(LABEL_PARENT)
+    return (str(meta.get("namespace", "")), str(parent)) if parent else None
+
+
+class Children:
+    name = "children"
+    rules = RULES
+    sources = ()
+
+    def attach(self, ctx: Context) -> Attached:
+        ctx.cache.runs.add_index(BY_PARENT, parent_key)
+
+        def bounds_of(parent: WorkerRun) -> Any:
+            taken = parent.status.class_.name if parent.status.class_ is not None else None
+            known = ctx.cache.classes.classes.get(taken) if taken else None
+            return known.model.spec.bounds if known is not None else None
+
+        async def observe(run: WorkerRun) -> ParentRead | None:
+            ref = run.spec.parent_ref
+            if ref is None:
+                return None
+            ns = run.metadata.namespace
+            cached = ctx.cache.runs.get((ns, ref.name))
+            phase = run.status.phase
+            ended = phase is not None and phase.terminal
+            cached_parent = _parsed(cached, ref.uid)
+            fresh = (run.status.attempt == 0 and not ended) or (
+                ended and cached_parent is not None and ledger.live_entry(cached_parent, run.metadata.uid) is not None)
+            if not fresh:
+                return ParentRead(parent=cached_parent, body=None, fresh=False)
+            body = await ctx.kube.get_object(run_path(ns, ref.name))
+            if body is not None:
+                ctx.manager.feed("run-read", None, body)
+            parent = _parsed(body, ref.uid)
+            return ParentRead(parent=parent, body=body, fresh=True,
+                              bounds=bounds_of(parent) if parent is not None else None)
+
+        async def write_ledger(snap: Snapshot, action: AdmitChild | SettleChild) -> Snapshot:
+            """The parent's status.children, if the parent is still as read for this decision (a
+            JSON patch whose `test`s hold only then)."""
+            ctx.leadership.check()
+            patch: list[dict[str, Any]] = [
+                {"op": "test", "path": "/metadata/uid", "value": action.parent_uid},
+                {"op": "test", "path": "/metadata/resourceVersion", "value": action.resource_version},
+                {"op": "add", "path": "/status/children", "value": action.children.dump()}]
+            try:
+                written = await ctx.kube.patch_run_status(snap.run.metadata.namespace, action.parent, patch)
+            except (Invalid, NotFound):
+                raise Again(f"parent {action.parent} changed since it was read") from None
+            ctx.manager.feed("run-read", None, written)
+            return snap
+
+        steps: dict[type, Step] = {AdmitChild: write_ledger, SettleChild: write_ledger}
+        return Attached(
+            # The parent changed (a new holder, its ledger, its end): its children decide again.
+            run_watches=[Watch("run", lambda change: [Wake(k) for k in ctx.cache.runs.by(BY_PARENT, change.key)])],
+            observe=observe,
+            steps=steps,
+        )
+
+
+def _parsed(body: dict[str, Any] | None, uid: str) -> WorkerRun | None:
+    """The parent the child names: that name with that UID (a namesake is not it)."""
+    if body is None or (body.get("metadata") or {}).get("uid") != uid:
+        return None
+    return WorkerRun.model_validate(body)
+
+
+CAPABILITY = Children()

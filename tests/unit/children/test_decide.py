@@ -1,0 +1,145 @@
+"""Child runs in the pure decision, by tables: what a child's first pass does with its parent read
+fresh (admitted into the ledger, refused with the reason that says what to fix, or let through
+once admitted), the parent's end reaching its children, the settlement of an ended child, and the
+parent's caps counting what its children hold."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from tether.api.models import Phase, Usage, WorkerRun
+from tether.api.workerclass import ClassBounds
+from tether.children import ledger
+from tether.children.actions import AdmitChild, SettleChild
+from tether.children.decide import RULES, ParentRead
+from tether.core.decide import decide
+from tether.core.enforcement import signals_for
+from tests.unit.core.test_decide import held, kinds, lease, observe, run, status_of
+
+PARENT_UID = "u-parent"
+
+
+def parent(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None, **meta: Any) -> WorkerRun:
+    body = {"metadata": {"name": "planner", "namespace": "ns", "uid": PARENT_UID, "resourceVersion": "41", **meta},
+            "spec": {"executor": "External", **(spec or {})},
+            "status": {**held(2, fence=3), "holder": "planner-a2", **(status or {})}}
+    return WorkerRun.model_validate(body)
+
+
+def child(ref: dict[str, Any] | None = None, spec: dict[str, Any] | None = None,
+          status: dict[str, Any] | None = None) -> WorkerRun:
+    return run({"parentRef": {"name": "planner", "uid": PARENT_UID, "holder": "planner-a2", "fence": 3, "depth": 1,
+                              **(ref or {})}, **(spec or {})}, status, name="planner-0a1b2c3d4e", uid="u-child",
+               labels={"tether.dev/parent": "planner"})
+
+
+def first_pass(c: WorkerRun, p: WorkerRun | None, bounds: ClassBounds | None = None, fresh: bool = True) -> Any:
+    o = dataclasses.replace(observe(c), parts={ParentRead: ParentRead(parent=p, body={} if p else None, fresh=fresh,
+                                                                      bounds=bounds)})
+    return decide(o, (RULES,))
+
+
+def test_a_child_spawned_by_the_parents_holder_is_admitted_into_its_ledger_then_granted() -> None:
+    d = first_pass(child(spec={"budget": {"capCents": 40}}), parent({"budget": {"capCents": 100}}))
+    (admit,) = d.actions
+    assert isinstance(admit, AdmitChild) and admit.resource_version == "41" and d.again_now
+    assert (admit.children.admitted, admit.children.reserved_cents) == (1, 40)
+    assert [(e.uid, e.reserved_cents) for e in admit.children.live] == [("u-child", 40)]
+    # Admitted: the next pass grants it, whatever the parent does meanwhile (a new attempt of it).
+    p = parent({"budget": {"capCents": 100}}, {"children": admit.children.dump(), "holder": "planner-a3", "fence": 5})
+    d = first_pass(child(spec={"budget": {"capCents": 40}}), p)
+    assert kinds(d.actions) == ["WriteStatus", "EnsureLease", "EnsurePod"]
+
+
+@pytest.mark.parametrize("ref, spec, parent_spec, parent_status, bounds, reason", [
+    # The attempt that spawned it no longer holds the parent: revoked (a new holder), or between attempts.
+    ({}, {}, {}, {"holder": "planner-a3", "fence": 5}, None, "StaleParent"),
+    ({}, {}, {}, {"holder": None, "fence": 4, "phase": "Backoff"}, None, "StaleParent"),
+    ({"fence": 1}, {}, {}, {}, None, "StaleParent"),
+    # What it says of its parent is not so: another class (the admission policy judged the one it names), depth.
+    ({"className": "tools"}, {}, {}, {}, None, "ParentMismatch"),
+    ({"depth": 2}, {}, {}, {}, None, "ParentMismatch"),
+    ({"className": "planners"}, {"className": "shell"}, {}, {"class": {"name": "planners"}},
+     ClassBounds(child_classes=["search"]), "ChildClassNotAllowed"),
+    ({}, {}, {}, {"children": {"admitted": 3}}, ClassBounds(max_children=3), "TooManyChildren"),
+    ({}, {}, {}, {"children": {"admitted": 100}}, None, "TooManyChildren"),
+    # The tree's money: a capped parent's child names its share; the share must fit what is left.
+    ({}, {}, {"budget": {"capCents": 100}}, {}, None, "ShareRequired"),
+    ({}, {"budget": {"capCents": 62}}, {"budget": {"capCents": 100}},
+     {"attempts": [{"attempt": 2, "fence": 3, "usage": {"cents": 30}}],
+      "children": {"admitted": 1, "reservedCents": 5, "spentCents": 4}}, None, "TreeBudgetExhausted"),
+    ({}, {"budget": {"capCents": 10}}, {"budget": {"budgetRef": {"name": "team"}}}, {}, None, "BudgetMismatch"),
+])
+def test_a_child_the_parent_may_not_have_ends_rejected_before_anything_of_it_runs(
+        ref: dict[str, Any], spec: dict[str, Any], parent_spec: dict[str, Any], parent_status: dict[str, Any],
+        bounds: ClassBounds | None, reason: str) -> None:
+    d = first_pass(child(ref, spec), parent(parent_spec, parent_status), bounds)
+    s = status_of(d.actions)
+    assert kinds(d.actions) == ["WriteStatus"] and s.phase == Phase.REJECTED and s.attempt == 0
+    assert next(c for c in s.conditions if c.type == "Ready").reason == reason or \
+        any(e.reason == reason for e in d.actions[0].events), d.actions[0].events
+
+
+def test_a_share_that_fits_exactly_is_admitted() -> None:
+    p = parent({"budget": {"capCents": 100}}, {"attempts": [{"attempt": 2, "fence": 3, "usage": {"cents": 30}}],
+                                              "children": {"admitted": 1, "reservedCents": 5, "spentCents": 4}})
+    (admit,) = first_pass(child(spec={"budget": {"capCents": 61}}), p).actions[:1]
+    assert isinstance(admit, AdmitChild) and admit.children.reserved_cents == 66
+
+
+def test_a_child_whose_parent_is_gone_or_ended_never_starts() -> None:
+    for p, reason in ((None, "ParentGone"), (parent(status={"phase": "Succeeded", "holder": None}), "ParentEnded"),
+                      (parent({"stop": True}), "ParentEnded")):
+        d = first_pass(child(), p)
+        assert status_of(d.actions).phase == Phase.REJECTED and d.actions[0].events[0].reason == reason
+
+
+def test_without_a_fresh_read_an_unadmitted_child_waits() -> None:
+    d = first_pass(child(), parent(), fresh=False)
+    assert d.actions == [] and d.requeue_after is not None
+
+
+def test_a_running_child_is_stopped_with_its_grace_when_the_parent_ends_and_not_when_it_loses_an_attempt() -> None:
+    running = child(status=held(1))
+    for p, stopped in ((parent(status={"phase": "Failed", "holder": None}), True), (parent({"stop": True}), True),
+                       (None, True), (parent(status={"holder": None, "phase": "Backoff"}), False)):
+        o = dataclasses.replace(observe(running, lease()),
+                                parts={ParentRead: ParentRead(parent=p, body=None, fresh=False)})
+        d = decide(o, (RULES,))
+        told = [json.loads(a.signals) for a in d.actions if isinstance(getattr(a, "signals", None), str)]
+        assert any(t["stop"] for t in told) == stopped, (p and p.status.phase, d.actions)
+
+
+def test_an_ended_child_is_settled_once_into_its_parents_ledger() -> None:
+    admitted = ledger.admitted(parent(), child(spec={"budget": {"capCents": 40}}))
+    p = parent({"budget": {"capCents": 100}}, {"children": admitted.dump()})
+    done = child(spec={"budget": {"capCents": 40}}, status={
+        "phase": "Succeeded", "attempt": 1, "fence": 2, "finishedAt": "2026-11-29T12:00:00Z",
+        "attempts": [{"attempt": 1, "fence": 1, "outcome": "Succeeded", "usage": {"cents": 17, "tokens": 9}}]})
+    o = dataclasses.replace(observe(done), parts={ParentRead: ParentRead(parent=p, body={}, fresh=True)})
+    d = decide(o, (RULES,))
+    (settle,) = [a for a in d.actions if isinstance(a, SettleChild)]
+    t = settle.children
+    assert (t.live, t.reserved_cents, t.spent_cents, t.spent_tokens, t.admitted) == ([], 0, 17, 9, 1)
+    # Settled: nothing more to do, however often it is decided again.
+    p = parent({"budget": {"capCents": 100}}, {"children": t.dump()})
+    o = dataclasses.replace(o, parts={ParentRead: ParentRead(parent=p, body={}, fresh=True)})
+    assert not [a for a in decide(o, (RULES,)).actions if isinstance(a, SettleChild)]
+
+
+def test_a_parents_cap_counts_what_its_children_hold_and_spent() -> None:
+    tree = {"admitted": 2, "reservedCents": 50, "spentCents": 30}
+    # Own 20 + held 80 = the cap: a parent that only waits for its children is not stopped...
+    p = run({"budget": {"capCents": 100}}, held(1, children=tree))
+    o = observe(p, lease(usage=Usage(cents=20)))
+    assert not any("cap of 100 cents" in str(a) for a in decide(o).actions)
+    # ...its worker is told what the tree leaves it (the cap less what was spent and is held)...
+    told = json.loads(signals_for(p.spec, p.status, None))
+    assert (told["capCents"], told["baseCents"]) == (100, 80)
+    # ...and spending past that stops it.
+    o = observe(p, lease(usage=Usage(cents=21)))
+    assert any("cap of 100 cents" in str(a) for a in decide(o).actions)
