@@ -142,7 +142,8 @@ def test_admission_policies_match_the_plain_manifests(tools_dir: Path) -> None:
     chart = {(d["kind"], d["metadata"]["name"].removeprefix("rel-tether-")): d for d in render(tools_dir)
              if d["kind"].startswith("ValidatingAdmissionPolicy")}
     names = WORKER_POLICIES | {"approval-approver", "workerrun-kueue-labels", "workerrun-service-account",
-                               "workerclass-bounds", "schedule-service-account", "schedule-slot-fence"}
+                               "workerclass-bounds", "schedule-service-account", "schedule-slot-fence", "child-runs",
+                               "child-classes"}
     # The chart's one policy of its own: no runs in its namespace (the plain manifests know no namespace).
     placement = {(kind, "workerrun-placement") for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}
     assert placement <= set(chart)

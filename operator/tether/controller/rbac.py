@@ -65,6 +65,16 @@ class WorkerRbac:
                 existing = await self.kube.get_object(f"{path}/{obj['metadata']['name']}")
                 if existing is None:
                     continue  # deleted in between: create again
+                if uid is None and obj["kind"] == "Role" and existing.get("rules") != obj["rules"]:
+                    # The namespace's Role of an older version: it gets what this one grants (a
+                    # compare-and-swap on what was read; a conflict reads again).
+                    try:
+                        await self.kube.merge_patch(f"{path}/{obj['metadata']['name']}", {
+                            "metadata": {"resourceVersion": existing["metadata"]["resourceVersion"]},
+                            "rules": obj["rules"]}, f"update the worker Role of {obj['metadata']['namespace']}")
+                    except Conflict:
+                        continue
+                    return
                 if uid is None or owned_by(existing, uid):
                     return  # ours, or the namespace's
                 if not left_by_a_run(existing):

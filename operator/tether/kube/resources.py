@@ -114,8 +114,9 @@ def tool_claim_service_account(run: WorkerRun) -> str:
 
 def build_namespace_worker_rbac(ns: str) -> list[tuple[str, dict[str, Any]]]:
     """The namespace's worker identity: a ServiceAccount, and a Role that lets it read and renew
-    run Leases and patch run status in the namespace — which run, the admission policy decides
-    from the pod its token names. Owned by no run: deleting one must not take it from the rest."""
+    run Leases, patch run status and create child runs in the namespace — which run, the admission
+    policies decide from the pod its token names. Owned by no run: deleting one must not take it
+    from the rest."""
     meta = {"name": NAMESPACE_WORKER, "namespace": ns, "labels": {"app.kubernetes.io/managed-by": "tether"}}
     return [
         (service_account_path(ns), {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}),
@@ -123,7 +124,8 @@ def build_namespace_worker_rbac(ns: str) -> list[tuple[str, dict[str, Any]]]:
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
             "rules": [
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update", "patch"]},
-                {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get"]},
+                # create: a child run of the run the pod holds, and nothing else (policies/child-runs.yaml).
+                {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "create"]},
                 {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["get", "patch"]},
             ]}),
         (role_binding_path(ns), {

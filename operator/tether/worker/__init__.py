@@ -13,11 +13,13 @@ asyncio programs: `async with AsyncWorkerRun.from_env() as run:` (tether.worker.
 protocol with awaits.
 """
 
-from tether.worker.errors import (AlreadyPublished, ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested,
-                                  TetherWorkerError, ToolTimeout)
+from tether.worker.errors import (AlreadyPublished, ChildFailed, ClaimRefused, LeaseLost, OwnershipUnknown, ResultInvalid,
+                                  SpawnConflict, SpawnRefused, StopRequested, TetherWorkerError, ToolTimeout)
+from tether.worker.spawning import Child
 from tether.worker.run import ApprovalDecision, ControlSignals, FencedClient, WorkerRun
 from tether.worker.aio import AsyncFencedClient, AsyncWorkerRun
 
-__all__ = ["AlreadyPublished", "ApprovalDecision", "AsyncFencedClient", "AsyncWorkerRun", "ClaimRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
+__all__ = ["AlreadyPublished", "ApprovalDecision", "AsyncFencedClient", "AsyncWorkerRun", "Child", "ChildFailed",
+           "ClaimRefused", "SpawnConflict", "SpawnRefused", "WorkerRun", "FencedClient", "ControlSignals", "LeaseLost", "OwnershipUnknown", "ResultInvalid",
            "StopRequested",
            "ToolTimeout", "TetherWorkerError"]

@@ -33,6 +33,7 @@ from tether.worker.gateway_steps import claim_steps
 from tether.worker.ops import (ApprovalDecision, Op, Renew, Sleep, Transported, claimed, from_env_fields,
                                inline_payload, payload_steps, request_timeout)
 from tether.worker.run import Terminated, renewal_lock_busy
+from tether.worker.spawning import Child
 from tether.worker.steps import Call, drive_async
 from tether.worker.transport import (AsyncGatewayTransport, AsyncKubeTransport, AsyncTransport, claimed_transport,
                                      gateway_client, send_async)
@@ -258,6 +259,23 @@ class AsyncWorkerRun(RunCore):
                                poll: float = 2.0) -> ApprovalDecision:
         """WorkerRun.request_approval, awaiting the decision instead of blocking."""
         return await drive_async(self._approval_ops(name, details, timeout, poll), self._perform)
+
+    async def spawn(self, key: str, *, class_name: str | None = None, payload: dict[str, Any] | None = None,
+                    cap_cents: int | None = None, max_tokens: int | None = None,
+                    spec: dict[str, Any] | None = None) -> Child:
+        """WorkerRun.spawn, awaiting the API server; `await child.result()` waits for the child."""
+        self._can_spawn(self._transport)
+        child = await drive_async(self._spawn_ops(key, class_name, payload, cap_cents, max_tokens, spec),
+                                  self._perform)
+        child._wait = lambda c, timeout, poll: drive_async(self._result_ops(c, timeout, poll), self._perform)
+        return child
+
+    async def call(self, key: str, *, timeout: float | None = None, poll: float = 2.0,
+                   **spawn: Any) -> dict[str, Any]:
+        """spawn() and await the child's result (ChildFailed if it ends without one)."""
+        child = await self.spawn(key, **spawn)
+        result: dict[str, Any] = await child.result(timeout=timeout, poll=poll)
+        return result
 
     async def complete(self, result: dict[str, Any]) -> None:
         """Publishes the result with one fenced write (raises as WorkerRun.complete does: one

@@ -66,3 +66,24 @@ class ClaimRefused(TetherWorkerError):
         super().__init__(f"claim refused: {status} {error.get('code', '')}: {error.get('message', '')}")
         self.status = status
         self.code = str(error.get("code", ""))
+
+
+class SpawnRefused(TetherWorkerError, ValueError):
+    """The API server refused the child run (an admission policy: its class is not one the parent's
+    class lets it spawn, or this pod does not hold the parent; the schema: an invalid spec). The
+    message says what to fix. Nothing was created."""
+
+
+class SpawnConflict(TetherWorkerError):
+    """The key names a child that exists and was asked for something else (another class, payload
+    or cap), or that is not this parent's: one key is one tool call, never two."""
+
+
+class ChildFailed(TetherWorkerError):
+    """The child run ended without a result: Rejected before it started (`reason` says why:
+    StaleParent, TreeBudgetExhausted, ...), or Failed, Lost, Cancelled, BudgetExceeded,
+    DeadlineExceeded. `error` is what its worker published, if anything."""
+
+    def __init__(self, name: str, phase: str, reason: str, message: str, error: dict[str, object] | None) -> None:
+        super().__init__(f"child run {name} ended {phase} ({reason}): {message}")
+        self.name, self.phase, self.reason, self.error = name, phase, reason, error

@@ -24,6 +24,7 @@ from tether.worker.errors import AlreadyPublished, LeaseLost, OwnershipUnknown, 
 from tether.worker.gateway_steps import claim_steps
 from tether.worker.ops import (ApprovalDecision, ControlSignals, Op, Renew, Sleep, Transported, claimed,
                                from_env_fields, inline_payload, payload_steps, request_timeout, retry_after)
+from tether.worker.spawning import Child
 from tether.worker.steps import Call, drive
 from tether.worker.transport import GatewayTransport, KubeTransport, Transport, claimed_transport, gateway_client, send
 
@@ -188,6 +189,26 @@ class WorkerRun(RunCore):
         OwnershipUnknown or StopRequested when the attempt cannot act on any decision. Asking
         again for a decided name returns that decision."""
         return drive(self._approval_ops(name, details, timeout, poll), self._perform)
+
+    def spawn(self, key: str, *, class_name: str | None = None, payload: dict[str, Any] | None = None,
+              cap_cents: int | None = None, max_tokens: int | None = None,
+              spec: dict[str, Any] | None = None) -> Child:
+        """Spawns one tool call as a child run of this one (docs/children.md): a WorkerRun of class
+        `class_name` with `payload`, its share of the tree's caps (`cap_cents`, `max_tokens`: required
+        when this run has such a cap) and any other spec fields in `spec`. `key` names the call
+        stably: spawning it again, from this attempt or a later one that resumed from a checkpoint,
+        finds the same child instead of creating another; the same key with another spec raises
+        SpawnConflict. Raises SpawnRefused when the API server refuses it, and LeaseLost,
+        OwnershipUnknown or StopRequested when this attempt may not act. `child.result()` waits."""
+        self._can_spawn(self._transport)
+        child = drive(self._spawn_ops(key, class_name, payload, cap_cents, max_tokens, spec), self._perform)
+        child._wait = lambda c, timeout, poll: drive(self._result_ops(c, timeout, poll), self._perform)
+        return child
+
+    def call(self, key: str, *, timeout: float | None = None, poll: float = 2.0, **spawn: Any) -> dict[str, Any]:
+        """spawn() and wait for the child's result (ChildFailed if it ends without one)."""
+        result: dict[str, Any] = self.spawn(key, **spawn).result(timeout=timeout, poll=poll)
+        return result
 
     def complete(self, result: dict[str, Any]) -> None:
         """Publishes the result with one fenced JSON patch. Raises LeaseLost if rejected because

@@ -19,7 +19,7 @@ from tether import protocol
 from tether.api import constants as c
 from tether.api.models import Signals, Usage
 from tether.kube.paths import lease_path, run_path
-from tether.worker.errors import ResultInvalid
+from tether.worker.errors import ResultInvalid, SpawnRefused
 
 T = TypeVar("T")
 Y = TypeVar("Y")
@@ -127,6 +127,33 @@ class KubeSteps:
             if protocol.refuses_value(causes, field):
                 raise ResultInvalid(f"the API server refused the {field}: {_status_message(resp)}", causes)
         return _published(resp, refused=resp.status_code in (404, 409, 422) or fenced_by_policy(resp))
+
+    def spawn_steps(self, body: dict[str, Any]) -> Steps[dict[str, Any]]:
+        """Creates a child run (docs/children.md), or reads the one of that name that exists. A
+        refusal (an admission policy, the schema) raises SpawnRefused with the API server's word."""
+        path = run_path(self.namespace)
+        for _ in range(3):
+            resp = yield Call("POST", path, json=body)
+            if resp.status_code == 201:
+                return dict(resp.json())
+            if resp.status_code in (400, 403, 422):
+                raise SpawnRefused(f"the API server refused child run {body['metadata']['name']}: "
+                                   f"{_status_message(resp)}")
+            if resp.status_code != 409:
+                resp.raise_for_status()
+                raise httpx.HTTPStatusError(f"unexpected answer {resp.status_code}", request=resp.request,
+                                            response=resp)
+            got = yield from self.read_run_steps(body["metadata"]["name"])
+            if got is not None:
+                return got  # made before: whose and for what, the caller judges
+        raise SpawnRefused(f"child run {body['metadata']['name']} kept being deleted as it was made")
+
+    def read_run_steps(self, name: str) -> Steps[dict[str, Any] | None]:
+        resp = yield Call("GET", run_path(self.namespace, name))
+        if resp.status_code == 404:
+            return None
+        resp.raise_for_status()
+        return dict(resp.json())
 
     def recorded_steps(self, field: str, value: dict[str, Any]) -> Steps[bool]:
         resp = yield Call("GET", run_path(self.namespace, self.name), timeout=protocol.PUBLICATION_TIMEOUT)

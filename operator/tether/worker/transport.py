@@ -73,6 +73,8 @@ class _Blocking:
     renew_steps: Any
     publish_steps: Any
     recorded_steps: Any
+    spawn_steps: Any
+    read_run_steps: Any
 
     def _send(self, call: Call) -> httpx.Response:
         return send(self._http, call)
@@ -86,6 +88,12 @@ class _Blocking:
     def recorded(self, field: str, value: dict[str, Any]) -> bool:
         return drive(self.recorded_steps(field, value), self._send)
 
+    def spawn(self, body: dict[str, Any]) -> dict[str, Any]:
+        return drive(self.spawn_steps(body), self._send)
+
+    def read_run(self, name: str) -> dict[str, Any] | None:
+        return drive(self.read_run_steps(name), self._send)
+
     def close(self) -> None:
         self._http.close()
 
@@ -98,6 +106,8 @@ class _Async:
     renew_steps: Any
     publish_steps: Any
     recorded_steps: Any
+    spawn_steps: Any
+    read_run_steps: Any
 
     async def _send(self, call: Call) -> httpx.Response:
         return await send_async(self._http, call)
@@ -110,6 +120,12 @@ class _Async:
 
     async def recorded(self, field: str, value: dict[str, Any]) -> bool:
         return await drive_async(self.recorded_steps(field, value), self._send)
+
+    async def spawn(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await drive_async(self.spawn_steps(body), self._send)
+
+    async def read_run(self, name: str) -> dict[str, Any] | None:
+        return await drive_async(self.read_run_steps(name), self._send)
 
     async def aclose(self) -> None:
         if self._owns_http:  # a shared client (the benchmarks' fleet) is its owner's to close

@@ -1,0 +1,171 @@
+"""Child runs from the worker's side (docs/children.md): spawn one tool call as a fenced WorkerRun
+of its own, find it again by key after a crash, and wait for its result. The logic is written once
+as ops (tether.worker.ops) that WorkerRun and AsyncWorkerRun drive.
+
+The child's name derives from the parent's UID and the caller's key (tether.children.api), so a
+parent attempt that resumed from its checkpoint re-attaches instead of creating it again. A child
+the operator rejected as a stale attempt's (StaleParent: the attempt that created it lost the
+parent before it was admitted) never ran, so the key moves on to its next generation
+(`<key>#1`, ...), deterministically, and the current attempt spawns it there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from tether.api.models import API_VERSION
+from tether.children.api import (ANN_CHILD_KEY, ANN_SPAWN_DIGEST, LABEL_PARENT, child_name, spawn_digest,
+                                 valid_key)
+from tether.worker.errors import ChildFailed, SpawnConflict
+from tether.worker.ops import Ops, Sleep, Transported
+
+# A child rejected as a stale attempt's moves its key on, at most this often (each is a lost parent).
+MAX_GENERATIONS = 16
+STALE_PARENT = "StaleParent"
+TERMINAL = ("Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")
+
+
+@dataclass(frozen=True)
+class Parent:
+    """What a child's spec says of the run that spawns it, read once from the parent itself."""
+
+    name: str
+    uid: str
+    class_name: str | None
+    depth: int
+    budget_ref: str | None
+    capped_cents: bool
+    capped_tokens: bool
+
+    @staticmethod
+    def of(run: Mapping[str, Any]) -> "Parent":
+        meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+        budget = spec.get("budget") or {}
+        taken = (status.get("class") or {}).get("name")
+        ref = spec.get("parentRef") or {}
+        return Parent(name=meta["name"], uid=meta["uid"], class_name=taken, depth=int(ref.get("depth") or 0),
+                      budget_ref=(budget.get("budgetRef") or {}).get("name"),
+                      capped_cents=budget.get("capCents") is not None, capped_tokens=budget.get("maxTokens") is not None)
+
+
+@dataclass
+class Child:
+    """A spawned child run: its name, and its body as last read. `result()` waits for it to end
+    (with AsyncWorkerRun, `await child.result()`): its result, or ChildFailed."""
+
+    key: str
+    name: str
+    body: dict[str, Any] = field(default_factory=dict)
+    _wait: Callable[["Child", float | None, float], Any] | None = field(default=None, repr=False, compare=False)
+
+    def result(self, timeout: float | None = None, poll: float = 2.0) -> Any:
+        assert self._wait is not None, "a Child comes from a run's spawn()"
+        return self._wait(self, timeout, poll)
+
+    @property
+    def phase(self) -> str | None:
+        return (self.body.get("status") or {}).get("phase")
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in TERMINAL
+
+    def _ready(self) -> dict[str, Any]:
+        conditions = (self.body.get("status") or {}).get("conditions") or []
+        return next((c for c in conditions if c.get("type") == "Ready"), {})
+
+    @property
+    def reason(self) -> str:
+        """Why it is where it is (Ready's reason: StaleParent, TreeBudgetExhausted, ...)."""
+        return str(self._ready().get("reason") or self.phase or "")
+
+    def outcome(self) -> dict[str, Any]:
+        """Its result once it Succeeded; ChildFailed for any other end."""
+        status = self.body.get("status") or {}
+        if self.phase == "Succeeded":
+            return dict(status.get("result") or {})
+        raise ChildFailed(self.name, str(self.phase), self.reason, str(self._ready().get("message") or ""),
+                          status.get("error"))
+
+
+def child_spec(parent: Parent, class_name: str | None, payload: Mapping[str, Any] | None, cap_cents: int | None,
+               max_tokens: int | None, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The child's spec as the caller asked for it (the digest's input: it has no parentRef, which
+    names the attempt and changes when a resumed attempt re-attaches)."""
+    spec: dict[str, Any] = {"executor": "Pod", **dict(extra or {})}
+    if class_name is not None:
+        spec["className"] = class_name
+    if payload is not None:
+        spec["payload"] = dict(payload)
+    budget = dict(spec.get("budget") or {})
+    if cap_cents is not None:
+        budget["capCents"] = cap_cents
+    if max_tokens is not None:
+        budget["maxTokens"] = max_tokens
+    if parent.budget_ref is not None:
+        budget.setdefault("budgetRef", {"name": parent.budget_ref})
+    if parent.capped_cents and "capCents" not in budget:
+        raise ValueError(f"run {parent.name} has a cap in cents: a child names its share of it (cap_cents)")
+    if parent.capped_tokens and "maxTokens" not in budget:
+        raise ValueError(f"run {parent.name} has a token cap: a child names its share of it (max_tokens)")
+    if budget:
+        spec["budget"] = budget
+    return spec
+
+
+def child_body(parent: Parent, namespace: str, holder: str, fence: int, key: str, generation: int,
+               spec: dict[str, Any]) -> dict[str, Any]:
+    named = key if generation == 0 else f"{key}#{generation}"
+    ref: dict[str, Any] = {"name": parent.name, "uid": parent.uid, "holder": holder, "fence": fence,
+                           "depth": parent.depth + 1}
+    if parent.class_name is not None:
+        ref["className"] = parent.class_name
+    return {"apiVersion": API_VERSION, "kind": "WorkerRun",
+            "metadata": {"name": child_name(parent.name, parent.uid, named), "namespace": namespace,
+                         "labels": {LABEL_PARENT: parent.name},
+                         "annotations": {ANN_CHILD_KEY: named, ANN_SPAWN_DIGEST: spawn_digest(spec)},
+                         "ownerReferences": [{"apiVersion": API_VERSION, "kind": "WorkerRun", "name": parent.name,
+                                              "uid": parent.uid, "controller": True}]},
+            "spec": {**spec, "parentRef": ref}}
+
+
+def spawn_ops(namespace: str, holder: str, fence: int, parent: Parent, key: str, spec: dict[str, Any]) -> Ops[Child]:
+    """Creates the child for `key`, or finds the one made before (by this attempt or an earlier one)."""
+    if not valid_key(key):
+        raise ValueError(f"child key {key!r} must be 1 to 128 letters, digits and . _ : / - "
+                         "(starting and ending with a letter or digit)")
+    digest = spawn_digest(spec)
+    for generation in range(MAX_GENERATIONS):
+        body = child_body(parent, namespace, holder, fence, key, generation, spec)
+        got: dict[str, Any] = yield Transported("spawn", (body,))
+        meta = got.get("metadata") or {}
+        owners = {r.get("uid") for r in meta.get("ownerReferences") or []}
+        if parent.uid not in owners or (meta.get("labels") or {}).get(LABEL_PARENT) != parent.name:
+            raise SpawnConflict(f"{meta.get('name')} exists and is not a child of {parent.name}")
+        if (meta.get("annotations") or {}).get(ANN_SPAWN_DIGEST) != digest:
+            raise SpawnConflict(f"key {key!r} was spawned before as {meta.get('name')} with another spec "
+                                "(class, payload, caps): one key is one tool call")
+        child = Child(key=key, name=str(meta["name"]), body=got)
+        never_ran = not int((got.get("status") or {}).get("attempt") or 0)
+        if child.phase == "Rejected" and child.reason == STALE_PARENT and never_ran:
+            continue  # a lost attempt's child, never admitted and never run: the key moves on
+        return child
+    raise SpawnConflict(f"key {key!r}: {MAX_GENERATIONS} children rejected as stale attempts' in a row")
+
+
+def wait_ops(child: Child, timeout: float | None, poll: float, clock: Any = time.monotonic) -> Ops[Child]:
+    """Reads the child until it ended (TimeoutError after `timeout` seconds)."""
+    deadline = None if timeout is None else clock() + timeout
+    while True:
+        got = yield Transported("read_run", (child.name,))
+        if got is None:
+            raise ChildFailed(child.name, "Deleted", "Deleted", "the child run was deleted", None)
+        child.body = got
+        if child.ended:
+            return child
+        if deadline is not None and clock() >= deadline:
+            raise TimeoutError(f"child run {child.name} has not ended within {timeout} s (phase {child.phase})")
+        yield Sleep(poll)
+
