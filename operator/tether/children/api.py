@@ -35,12 +35,14 @@ def valid_key(key: str) -> bool:
     return bool(KEY_PATTERN.match(key))
 
 
-def child_name(parent_name: str, parent_uid: str, key: str) -> str:
-    """The child's name for `key` under this parent (by UID: a namesake parent gets other names)."""
+def child_name(parent_name: str, parent_uid: str, key: str, generation: int = 0) -> str:
+    """The child's name for `key` under this parent (by UID: a namesake parent gets other names);
+    `generation` counts the children of that key rejected as a stale attempt's (worker/spawning.py)."""
     if not valid_key(key):
         raise ValueError(f"child key {key!r} must be 1 to 128 letters, digits and . _ : / - "
                          "(starting and ending with a letter or digit)")
-    digest = hashlib.sha256(f"{parent_uid}/{key}".encode()).hexdigest()[:DIGEST_LENGTH]
+    named = key if generation == 0 else f"{key}#{generation}"
+    digest = hashlib.sha256(f"{parent_uid}/{named}".encode()).hexdigest()[:DIGEST_LENGTH]
     return f"{parent_name[:NAME_PREFIX_LENGTH].rstrip('-.')}-{digest}"
 
 

@@ -117,15 +117,14 @@ def child_spec(parent: Parent, class_name: str | None, payload: Mapping[str, Any
 
 def child_body(parent: Parent, namespace: str, holder: str, fence: int, key: str, generation: int,
                spec: dict[str, Any]) -> dict[str, Any]:
-    named = key if generation == 0 else f"{key}#{generation}"
     ref: dict[str, Any] = {"name": parent.name, "uid": parent.uid, "holder": holder, "fence": fence,
                            "depth": parent.depth + 1}
     if parent.class_name is not None:
         ref["className"] = parent.class_name
     return {"apiVersion": API_VERSION, "kind": "WorkerRun",
-            "metadata": {"name": child_name(parent.name, parent.uid, named), "namespace": namespace,
+            "metadata": {"name": child_name(parent.name, parent.uid, key, generation), "namespace": namespace,
                          "labels": {LABEL_PARENT: parent.name},
-                         "annotations": {ANN_CHILD_KEY: named, ANN_SPAWN_DIGEST: spawn_digest(spec)},
+                         "annotations": {ANN_CHILD_KEY: key, ANN_SPAWN_DIGEST: spawn_digest(spec)},
                          "ownerReferences": [{"apiVersion": API_VERSION, "kind": "WorkerRun", "name": parent.name,
                                               "uid": parent.uid, "controller": True}]},
             "spec": {**spec, "parentRef": ref}}
