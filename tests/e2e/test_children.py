@@ -1,0 +1,155 @@
+"""Child runs end to end on the local cluster: a planner of a planners class spawns its tool calls
+as children of a tools class, crashes after the second result, resumes and re-attaches to all
+three (none created twice, none run twice: the children's own records and the fenced receiver),
+and completes with their results; its ledger settles each child once. A stale parent attempt (its
+pod alive, its token valid) spawns a child the API server admits and the operator rejects: nothing
+of it runs. A spawn past what the tree has left is refused before it starts."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from tests.cluster.test_admission_policy import _bound_token, _client
+from tether.children.api import LABEL_PARENT
+from tether.worker.spawning import Parent, child_body
+from testkit import runs
+from testkit.kube import Kube, eventually
+from testkit.receiver import Receiver
+from testkit.scenario import app_run, lines
+
+CLASSES = "/apis/tether.dev/v1alpha1/workerclasses"
+
+
+@pytest.fixture
+def classes(kube: Kube) -> Iterator[dict[str, str]]:
+    tag = uuid.uuid4().hex[:6]
+    names = {"planners": f"planners-{tag}", "tools": f"tools-{tag}"}
+    for key, bounds in (("planners", {"childClasses": [names["tools"]], "maxChildren": 5}), ("tools", {})):
+        kube.ok(kube.post(CLASSES, {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerClass",
+                                    "metadata": {"name": names[key]}, "spec": {"bounds": bounds}}))
+    yield names
+    for name in names.values():
+        kube.delete(f"{CLASSES}/{name}")
+
+
+def planner(classes: dict[str, str], calls: list[dict[str, Any]], out: Path, cap: int | None = None,
+            crash_after: int | None = None) -> dict[str, Any]:
+    tool = app_run("tool", {})["spec"]["template"]
+    body = app_run("planner", {"calls": calls, "childTemplate": tool, "outFile": str(out),
+                               **({"crashAfter": crash_after} if crash_after else {})}, duration=10, renew=2)
+    body["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "tests/support/planner_app.py"]
+    body["spec"]["className"] = classes["planners"]
+    if cap is not None:
+        body["spec"]["budget"] = {"capCents": cap}
+    return body
+
+
+def children(kube: Kube, ns: str) -> list[dict[str, Any]]:
+    return kube.ok(kube.get(Kube.wr_path(ns), params={"labelSelector": f"{LABEL_PARENT}=planner"}))["items"]
+
+
+def test_a_planner_that_crashes_re_attaches_to_its_children_and_completes_with_their_results(
+        kube: Kube, namespace: str, operator, classes: dict[str, str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    receiver = Receiver()
+    try:
+        calls = [{"key": f"search:{i}", "className": classes["tools"], "capCents": 10,
+                  "payload": {"workSeconds": 1 + 2 * i, "effectUrl": receiver.url,
+                              "outFile": str(tmp_path / f"tool-{i}.jsonl")}} for i in range(3)]
+        out = tmp_path / "planner.jsonl"
+        runs.create(kube, namespace, planner(classes, calls, out, cap=100, crash_after=2))
+        done = runs.wait_phase(kube, namespace, "planner", ("Succeeded", "Failed", "Lost"), timeout=180)
+        s = done["status"]
+        assert s["phase"] == "Succeeded", s
+        assert [a["attempt"] for a in s["attempts"]] == [1, 2]  # the crash, then the resumed attempt
+        assert set(s["result"]["results"]) == {"search:0", "search:1", "search:2"}
+        events = lines(out)
+        spawned = {(e["attempt"], e["key"]): e["child"] for e in events if e["event"] == "spawned"}
+        # Attempt 2 spawned the same three calls and found the same three children.
+        assert {k: v for (a, k), v in spawned.items() if a == 1} == {k: v for (a, k), v in spawned.items() if a == 2}
+        made = children(kube, namespace)
+        assert sorted(c["metadata"]["name"] for c in made) == sorted({v for v in spawned.values()})
+        for c in made:
+            cs = c["status"]
+            assert cs["phase"] == "Succeeded" and len(cs["attempts"]) == 1, cs  # none ran twice
+            assert c["spec"]["parentRef"]["holder"] in ("planner-a1", "planner-a2")
+        # The fenced receiver: one side effect per child, each accepted once.
+        accepted = receiver.accepted()
+        assert sorted(e.key for e in accepted) == sorted(f"{c['metadata']['uid']}:deliver" for c in made)
+        # The ledger: three admitted, all settled, what they spent counted once.
+        tree = s["children"]
+        assert (tree["admitted"], tree.get("live", []), tree.get("reservedCents", 0)) == (3, [], 0)
+    finally:
+        receiver.close()
+
+
+def test_a_stale_parent_attempts_child_is_rejected_and_nothing_of_it_runs(
+        kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+    """Attempt 1's pod never starts (no scheduler takes it): its startup grace lapses and the run
+    moves on. Its token, bound to a pod that still exists (a finalizer holds it), still works: the
+    API server admits its spawn (it is that attempt), and the operator, reading the parent, rejects it."""
+    body = app_run("planner", {}, duration=8, renew=1)
+    spec = body["spec"]
+    spec["lease"]["startupGraceSeconds"] = 5
+    spec["template"]["spec"]["schedulerName"] = "tether-test-parked"
+    spec["template"]["metadata"]["labels"] = {}
+    parent = runs.create(kube, namespace, body)
+    pod_path = f"/api/v1/namespaces/{namespace}/pods/planner-a1"
+    pod = kube.wait_for(f"/api/v1/namespaces/{namespace}/pods", "planner-a1", lambda p: True, 30, "attempt 1's pod")
+    kube.ok(kube.patch(pod_path, {"metadata": {"finalizers": ["tether.dev/test-hold"]}}))
+    stale = _client(kube, _bound_token(kube, namespace, pod["spec"]["serviceAccountName"], pod))
+    try:
+        eventually(lambda: runs.get(kube, namespace, "planner")["status"].get("holder") != "planner-a1",
+                   timeout=60, what="attempt 1 revoked")
+        me = Parent.of({**parent, "status": {}})
+        child = child_body(me, namespace, "planner-a1", 1, "search:1", 0, {"executor": "External"})
+        made = stale.post(Kube.wr_path(namespace), json=child)
+        assert made.status_code == 201, made.text  # the API server: this pod is attempt 1 of the parent
+        rejected = runs.wait_phase(kube, namespace, child["metadata"]["name"], "Rejected", timeout=30)
+        ready = next(c for c in rejected["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["reason"] == "StaleParent" and "planner-a1 at fence 1" in ready["message"], ready
+        assert rejected["status"].get("attempt", 0) == 0 and not rejected["status"].get("holder")
+        parent_now = runs.get(kube, namespace, "planner")["status"]
+        assert not (parent_now.get("children") or {}).get("admitted")
+    finally:
+        stale.close()
+        kube.patch(pod_path, {"metadata": {"finalizers": None}})
+
+
+def test_a_spawn_past_what_the_tree_has_left_is_refused_before_it_starts(
+        kube: Kube, namespace: str, operator, classes: dict[str, str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    calls = [{"key": "big", "className": classes["tools"], "capCents": 80, "payload": {"workSeconds": 1}},
+             {"key": "bigger", "className": classes["tools"], "capCents": 30, "payload": {"workSeconds": 1}}]
+    out = tmp_path / "planner.jsonl"
+    runs.create(kube, namespace, planner(classes, calls, out, cap=100))
+    done = runs.wait_phase(kube, namespace, "planner", ("Succeeded", "Failed"), timeout=120)
+    results = done["status"]["result"]["results"]
+    # Together they ask for 110 of 100: whichever the operator admits first runs, the other asks for
+    # more than the tree has left and never starts (spawned at once, either may be first).
+    assert sorted(str(r) for r in results.values()) == sorted(["{'attempt': 1}", "{'failed': 'TreeBudgetExhausted'}"])
+    (refused,) = [c for c in children(kube, namespace) if (c.get("status") or {}).get("phase") == "Rejected"]
+    assert refused["status"].get("attempt", 0) == 0 and not refused["status"].get("attempts")
+    left = 100 - (80 if refused["metadata"]["annotations"]["tether.dev/child-key"] == "bigger" else 30)
+    message = next(c["message"] for c in refused["status"]["conditions"] if c["type"] == "Ready")
+    assert f"has {left} left" in message, message
+
+
+def test_stopping_the_parent_stops_its_running_children(
+        kube: Kube, namespace: str, operator, classes: dict[str, str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    calls = [{"key": "slow", "className": classes["tools"], "capCents": 10,
+              "payload": {"holdAttempts": [1], "holdSeconds": 300, "stopOnSignal": True,
+                          "outFile": str(tmp_path / "slow.jsonl")}}]
+    runs.create(kube, namespace, planner(classes, calls, tmp_path / "planner.jsonl", cap=50))
+    (slow,) = eventually(lambda: [c for c in children(kube, namespace)
+                                  if (c.get("status") or {}).get("phase") == "Running"] or None,
+                         timeout=90, what="the child running")
+    kube.ok(kube.patch(Kube.wr_path(namespace, "planner"), {"spec": {"stop": True}}))
+    ended = runs.wait_phase(kube, namespace, slow["metadata"]["name"], ("Cancelled", "Failed", "Succeeded"), timeout=60)
+    assert ended["status"]["phase"] == "Cancelled" and "parent planner" in ended["status"]["attempts"][-1]["message"]
+    assert any(e["event"] == "stopped" for e in lines(tmp_path / "slow.jsonl"))  # told, and it left with its grace
+    parent = runs.wait_phase(kube, namespace, "planner", "Cancelled", timeout=60)
+    assert copy.deepcopy(parent["status"]["children"]["admitted"]) == 1
