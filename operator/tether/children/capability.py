@@ -50,10 +50,12 @@ class Children:
             ns = run.metadata.namespace
             cached = ctx.cache.runs.get((ns, ref.name))
             phase = run.status.phase
-            ended = phase is not None and phase.terminal
+            ending = (phase is not None and phase.terminal) or run.metadata.deletion_timestamp is not None
             cached_parent = _parsed(cached, ref.uid)
-            fresh = (run.status.attempt == 0 and not ended) or (
-                ended and cached_parent is not None and ledger.live_entry(cached_parent, run.metadata.uid) is not None)
+            # Fresh before it is admitted, and when it is to be settled (it ended or is deleted, and
+            # the cache says it is live in the ledger; the fresh read says whether it still is).
+            fresh = (run.status.attempt == 0 and not ending) or (
+                ending and cached_parent is not None and ledger.live_entry(cached_parent, run.metadata.uid) is not None)
             if not fresh:
                 return ParentRead(parent=cached_parent, body=None, fresh=False)
             body = await ctx.kube.get_object(run_path(ns, ref.name))

@@ -168,18 +168,30 @@ class ChildrenRules(Rules):
     def after(self, o: Observed, d: Decision) -> None:
         """An ended child whose books are closed (no write left this pass, nobody holds it, its own
         children settled) moves from its parent's reserved to spent."""
-        read = o.part(ParentRead)
-        run = o.run
-        if read is None or not read.fresh or read.parent is None or run.status.phase is None \
-                or not run.status.phase.terminal or run.status.holder is not None:
-            return
-        if any(isinstance(a, WriteStatus) for a in d.actions) or (run.status.children and run.status.children.live):
-            return
-        children = ledger.settled(read.parent, run)
-        if children is not None:
-            d.actions.append(SettleChild(parent=read.parent.metadata.name, parent_uid=read.parent.metadata.uid,
-                                         resource_version=read.parent.metadata.resource_version,
-                                         children=children))
+        phase = o.run.status.phase
+        if phase is not None and phase.terminal and o.run.status.holder is None \
+                and not any(isinstance(a, WriteStatus) for a in d.actions):
+            _settle(o, d)
+
+    def deleting(self, o: Observed, d: Decision) -> bool:
+        """A deleted child (its attempt ended, its books closed) leaves its parent's ledger before it
+        goes: what it held returns to the tree, what it spent stays counted."""
+        return _settle(o, d)
+
+
+def _settle(o: Observed, d: Decision) -> bool:
+    """Asks to settle the child into its parent's ledger, read fresh; True while that is to do."""
+    read, run = o.part(ParentRead), o.run
+    if read is None or read.parent is None or ledger.live_entry(read.parent, run.metadata.uid) is None:
+        return False
+    if not read.fresh or (run.status.children is not None and run.status.children.live):
+        d.wake(5.0)  # its own children settle first (their spending is its subtree's); or read fresh
+        return True
+    children = ledger.settled(read.parent, run)
+    assert children is not None
+    d.actions.append(SettleChild(parent=read.parent.metadata.name, parent_uid=read.parent.metadata.uid,
+                                 resource_version=read.parent.metadata.resource_version, children=children))
+    return True
 
 
 def _end(b: StatusBuilder, d: Decision, phase: Phase, reason: str, message: str) -> None:

@@ -18,7 +18,7 @@ from tether.children.actions import AdmitChild, SettleChild
 from tether.children.decide import RULES, ParentRead
 from tether.core.decide import decide
 from tether.core.enforcement import signals_for
-from tests.unit.core.test_decide import held, kinds, lease, observe, run, status_of
+from tests.unit.core.test_decide import T0, held, kinds, lease, observe, run, status_of
 
 PARENT_UID = "u-parent"
 
@@ -143,3 +143,22 @@ def test_a_parents_cap_counts_what_its_children_hold_and_spent() -> None:
     # ...and spending past that stops it.
     o = observe(p, lease(usage=Usage(cents=21)))
     assert any("cap of 100 cents" in str(a) for a in decide(o).actions)
+
+
+def test_a_deleted_child_leaves_its_parents_ledger_before_its_finalizer_goes() -> None:
+    admitted = ledger.admitted(parent(), child(spec={"budget": {"capCents": 40}}))
+    p = parent({"budget": {"capCents": 100}}, {"children": admitted.dump()})
+    gone = child(spec={"budget": {"capCents": 40}}, status={
+        "phase": "Cancelled", "attempt": 1, "fence": 2, "finishedAt": "2026-11-29T12:00:00Z", "budgetCharged": True,
+        "attempts": [{"attempt": 1, "fence": 1, "outcome": "Cancelled", "usage": {"cents": 3}}]})
+    gone = gone.model_copy(update={"metadata": gone.metadata.model_copy(update={
+        "deletion_timestamp": T0, "finalizers": ["tether.dev/finalizer"]})})
+    o = dataclasses.replace(observe(gone), parts={ParentRead: ParentRead(parent=p, body={}, fresh=True)})
+    actions = decide(o, (RULES,)).actions
+    (settle,) = [a for a in actions if isinstance(a, SettleChild)]
+    assert (settle.children.live, settle.children.reserved_cents, settle.children.spent_cents) == ([], 0, 3)
+    assert not [a for a in actions if type(a).__name__ == "RemoveFinalizer"]  # not before it is settled
+    # Settled (or never admitted): its finalizer may go.
+    o = dataclasses.replace(o, parts={ParentRead: ParentRead(parent=parent(status={"children": settle.children.dump()}),
+                                                             body={}, fresh=True)})
+    assert [type(a).__name__ for a in decide(o, (RULES,)).actions if type(a).__name__ == "RemoveFinalizer"]
