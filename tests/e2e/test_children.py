@@ -83,6 +83,12 @@ def test_a_planner_that_crashes_re_attaches_to_its_children_and_completes_with_t
         # The ledger: three admitted, all settled, what they spent counted once.
         tree = s["children"]
         assert (tree["admitted"], tree.get("live", []), tree.get("reservedCents", 0)) == (3, [], 0)
+        # Each child's end is said on the parent.
+        said = eventually(lambda: e if len(e := kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/events", params={
+            "fieldSelector": "involvedObject.name=planner,reason=ChildEnded"}))["items"]) == 3 else None,
+            timeout=30, what="three ChildEnded events on the parent")
+        assert sorted(c["metadata"]["name"] for c in made) == sorted(e["message"].split()[2] for e in said)
+        assert all("ended Succeeded" in e["message"] for e in said)
     finally:
         receiver.close()
 

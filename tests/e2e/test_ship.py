@@ -179,7 +179,7 @@ def test_kubectl_wait_explain_columns_and_plugin(kube: Kube, namespace: str, ope
     assert waited.returncode == 0 and "condition met" in waited.stdout, waited.stderr
     table = kubectl(bin_dir, "get", "wr", "-n", namespace)
     header = table.stdout.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "REASON", "ATTEMPT", "FENCE", "HOLDER", "QUEUE", "AGE"]
+    assert header == ["NAME", "PHASE", "REASON", "ATTEMPT", "FENCE", "HOLDER", "PARENT", "QUEUE", "AGE"]
     # A finished run has no holder, and this one no queue: those columns are blank.
     row = table.stdout.splitlines()[1].split()
     assert row[1:5] == ["Succeeded", "Succeeded", "1", "2"] and len(row) == len(header) - 2, row

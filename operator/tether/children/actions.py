@@ -28,12 +28,14 @@ class AdmitChild:
 @dataclass(frozen=True)
 class SettleChild:
     """The ended child leaves its parent's live children: its reservation released, what its
-    subtree spent counted, once (conditional on the parent at `resource_version`)."""
+    subtree spent counted, once (conditional on the parent at `resource_version`). `ended` is said
+    on the parent as an Event (ChildEnded)."""
 
     parent: str
     parent_uid: str
     resource_version: str
     children: ChildrenStatus
+    ended: str = ""
 
     pins_run: ClassVar[bool] = False
     requires: ClassVar[tuple[Confirm, ...]] = ()

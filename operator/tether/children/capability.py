@@ -21,6 +21,7 @@ from tether.kube.client import Invalid, NotFound
 from tether.kube.paths import run_path
 
 BY_PARENT = "parent"
+REASON_CHILD_ENDED = "ChildEnded"
 
 
 def parent_key(body: dict[str, Any]) -> RunKey | None:
@@ -78,6 +79,8 @@ class Children:
             except (Invalid, NotFound):
                 raise Again(f"parent {action.parent} changed since it was read") from None
             ctx.manager.feed("run-read", None, written)
+            if isinstance(action, SettleChild):
+                await ctx.kube.post_event(written, "Normal", REASON_CHILD_ENDED, action.ended)
             return snap
 
         steps: dict[type, Step] = {AdmitChild: write_ledger, SettleChild: write_ledger}

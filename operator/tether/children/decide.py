@@ -14,6 +14,7 @@ from typing import Any
 from tether.api.models import Outcome, Phase, WorkerRun
 from tether.api.workerclass import ClassBounds
 from tether.children import ledger
+from tether.children.api import ANN_CHILD_KEY
 from tether.children.actions import AdmitChild, SettleChild
 from tether.core.actions import Decision, Event, WriteStatus
 from tether.core.capability import Rules
@@ -189,8 +190,12 @@ def _settle(o: Observed, d: Decision) -> bool:
         return True
     children = ledger.settled(read.parent, run)
     assert children is not None
+    spent = ledger.tree_spent(run)
+    how = run.status.phase.value if run.status.phase is not None else "deleted"
     d.actions.append(SettleChild(parent=read.parent.metadata.name, parent_uid=read.parent.metadata.uid,
-                                 resource_version=read.parent.metadata.resource_version, children=children))
+                                 resource_version=read.parent.metadata.resource_version, children=children,
+                                 ended=f"child run {run.metadata.name} ({run.metadata.annotations.get(ANN_CHILD_KEY, '')}) "
+                                       f"ended {how}, spent {spent.cents} cents and {spent.tokens} tokens"))
     return True
 
 
