@@ -1187,6 +1187,7 @@ class Trial:
         verdict = Verdict()
         sdks: dict[str, set[str]] = {}
         raw: list[str] = []
+        facts: TrialFacts | None = None
         error: str | None = None
         self.op_proxy = self.worker_proxy = None  # type: ignore[assignment]
         self.operators = None  # type: ignore[assignment]
@@ -1255,6 +1256,10 @@ class Trial:
             keep = self.keep == "always" or (self.keep == "failed" and (not verdict.ok or error is not None or notable))
             if keep:
                 (self.workdir / "audit.jsonl").write_text("\n".join(raw) + "\n")
+                if facts is not None:  # the final objects as judged: a run's last conditions say why it waits
+                    (self.workdir / "final.json").write_text(json.dumps({
+                        "runs": facts.runs, "workloads": facts.workloads_final, "pods": facts.pods_final,
+                        "leases": list(facts.leases_final.values()), "budgets": facts.budgets}, indent=1, default=str))
                 (self.workdir / "verdict.txt").write_text(
                     "\n".join([str(v) for v in verdict.violations] + verdict.window_renewals + self.notes) + "\n")
             else:

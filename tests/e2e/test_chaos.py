@@ -9,6 +9,8 @@ A failure prints the violated invariant, its evidence and the command that repla
 
 from __future__ import annotations
 
+import datetime as dt
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,8 @@ pytestmark = pytest.mark.local_cluster  # it signals worker processes of the pro
 # to yield (issue 33: that error was erased; invariant 11 judges the quota). 22045 also preempts its
 # queued run again and again, past the operators' short attempt history (invariant 4); 7392, 12988,
 # 8392 and 33371 meter workers on a model API that cuts answers (invariant 12).
+# A failed trial's evidence is copied here (in the checkout, next to the cluster's own files).
+EVIDENCE = Path(__file__).resolve().parents[2] / ".tether" / "chaos-evidence"
 SEEDS = [7392, 27296, 30542, 12988, 22045, 8392, 378, 33371]
 QUEUED = {22045, 33371}
 
@@ -56,6 +60,11 @@ def test_a_seeded_fault_trial_keeps_every_invariant(kube: Kube, seed: int, tmp_p
     plan = draw_plan(seed, allow_api_pause=False)
     result = Trial(plan, ClusterHandle.from_env(), tmp_path / f"seed-{seed}").run()
     print(result.summary())
+    if not result.ok:
+        # pytest keeps three sessions' temporary folders: a failure's evidence must outlive them.
+        kept = EVIDENCE / f"seed-{seed}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+        shutil.copytree(tmp_path / f"seed-{seed}", kept, dirs_exist_ok=True)
+        print(f"evidence copied to {kept}")
     assert result.ok, result.report()
     # The trial really ran its faults (a skipped fault found its run already ended).
     assert sum(result.faults.values()) >= len(plan.faults) // 2, (result.faults, result.skipped)
