@@ -39,3 +39,16 @@ class SettleChild:
 
     pins_run: ClassVar[bool] = False
     requires: ClassVar[tuple[Confirm, ...]] = ()
+
+
+@dataclass(frozen=True)
+class SuspendChild:
+    """The child's spec.suspend follows its parent's (marked by ANN_SUSPENDED_BY_PARENT, so that a
+    resumed parent resumes only the children it suspended, never one a person suspended), written
+    only if the child is still at `resource_version`."""
+
+    suspend: bool
+    resource_version: str
+
+    pins_run: ClassVar[bool] = False
+    requires: ClassVar[tuple[Confirm, ...]] = ()

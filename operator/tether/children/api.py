@@ -23,6 +23,8 @@ from tether.api.constants import PREFIX
 LABEL_PARENT = f"{PREFIX}/parent"
 ANN_CHILD_KEY = f"{PREFIX}/child-key"
 ANN_SPAWN_DIGEST = f"{PREFIX}/spawn-digest"
+# On a child the operator suspended because its parent is (and resumes when the parent is).
+ANN_SUSPENDED_BY_PARENT = f"{PREFIX}/suspended-by-parent"
 # A child's name: the parent's name cut to this, a dash, and DIGEST_LENGTH hex digits (run names
 # have at most 58 characters).
 NAME_PREFIX_LENGTH = 47

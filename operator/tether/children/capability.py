@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from tether.api.models import WorkerRun
-from tether.children.actions import AdmitChild, SettleChild
-from tether.children.api import LABEL_PARENT
+from tether.children.actions import AdmitChild, SettleChild, SuspendChild
+from tether.children.api import ANN_SUSPENDED_BY_PARENT, LABEL_PARENT
 from tether.children.decide import RULES, ParentRead
 from tether.children import ledger
 from tether.controller.capability import Attached, Context, Step
@@ -17,7 +17,7 @@ from tether.controller.errors import Again
 from tether.controller.manager import Wake, Watch
 from tether.controller.snapshot import Snapshot
 from tether.controller.views import RunKey
-from tether.kube.client import Invalid, NotFound
+from tether.kube.client import Conflict, Invalid, NotFound
 from tether.kube.paths import run_path
 
 BY_PARENT = "parent"
@@ -83,7 +83,21 @@ class Children:
                 await ctx.kube.post_event(written, "Normal", REASON_CHILD_ENDED, action.ended)
             return snap
 
-        steps: dict[type, Step] = {AdmitChild: write_ledger, SettleChild: write_ledger}
+        async def suspend_child(snap: Snapshot, action: SuspendChild) -> Snapshot:
+            """The child's spec.suspend as its parent's, if the child is still as decided on."""
+            ctx.leadership.check()
+            meta = snap.run.metadata
+            try:
+                written = await ctx.kube.merge_patch(run_path(meta.namespace, meta.name), {
+                    "metadata": {"resourceVersion": action.resource_version,
+                                 "annotations": {ANN_SUSPENDED_BY_PARENT: "true" if action.suspend else None}},
+                    "spec": {"suspend": action.suspend}}, f"suspend child {meta.namespace}/{meta.name}")
+            except (Conflict, NotFound):
+                raise Again(f"child {meta.name} changed since it was read") from None
+            ctx.manager.feed("run-read", None, written)
+            return snap
+
+        steps: dict[type, Step] = {AdmitChild: write_ledger, SettleChild: write_ledger, SuspendChild: suspend_child}
         return Attached(
             # The parent changed (a new holder, its ledger, its end): its children decide again.
             run_watches=[Watch("run", lambda change: [Wake(k) for k in ctx.cache.runs.by(BY_PARENT, change.key)])],

@@ -14,8 +14,8 @@ from typing import Any
 from tether.api.models import Outcome, Phase, WorkerRun
 from tether.api.workerclass import ClassBounds
 from tether.children import ledger
-from tether.children.api import ANN_CHILD_KEY
-from tether.children.actions import AdmitChild, SettleChild
+from tether.children.api import ANN_CHILD_KEY, ANN_SUSPENDED_BY_PARENT
+from tether.children.actions import AdmitChild, SettleChild, SuspendChild
 from tether.core.actions import Decision, Event, WriteStatus
 from tether.core.capability import Rules
 from tether.core.enforcement import Stop
@@ -168,11 +168,21 @@ class ChildrenRules(Rules):
 
     def after(self, o: Observed, d: Decision) -> None:
         """An ended child whose books are closed (no write left this pass, nobody holds it, its own
-        children settled) moves from its parent's reserved to spent."""
+        children settled) moves from its parent's reserved to spent. A live one is suspended while
+        its parent is (which reaches the grandchildren in turn), and resumed with it."""
         phase = o.run.status.phase
-        if phase is not None and phase.terminal and o.run.status.holder is None \
-                and not any(isinstance(a, WriteStatus) for a in d.actions):
-            _settle(o, d)
+        if phase is not None and phase.terminal:
+            if o.run.status.holder is None and not any(isinstance(a, WriteStatus) for a in d.actions):
+                _settle(o, d)
+            return
+        read = o.part(ParentRead)
+        if read is None or read.parent is None or d.actions or o.run.spec.parent_ref is None:
+            return  # one write at a time: the suspension comes on a pass with nothing else to do
+        mine = o.run.metadata.annotations.get(ANN_SUSPENDED_BY_PARENT) == "true"
+        if read.parent.spec.suspend and not o.run.spec.suspend:
+            d.actions.append(SuspendChild(suspend=True, resource_version=o.run.metadata.resource_version))
+        elif not read.parent.spec.suspend and mine and o.run.spec.suspend:
+            d.actions.append(SuspendChild(suspend=False, resource_version=o.run.metadata.resource_version))
 
     def deleting(self, o: Observed, d: Decision) -> bool:
         """A deleted child (its attempt ended, its books closed) leaves its parent's ledger before it

@@ -14,11 +14,12 @@ import pytest
 from tether.api.models import Phase, Usage, WorkerRun
 from tether.api.workerclass import ClassBounds
 from tether.children import ledger
-from tether.children.actions import AdmitChild, SettleChild
+from tether.children.actions import AdmitChild, SettleChild, SuspendChild
 from tether.children.decide import RULES, ParentRead
+from tether.core.actions import WriteStatus
 from tether.core.decide import decide
 from tether.core.enforcement import signals_for
-from tests.unit.core.test_decide import T0, held, kinds, lease, observe, run, status_of
+from tests.unit.core.test_decide import T0, held, kinds, lease, observe, pod, run, status_of
 
 PARENT_UID = "u-parent"
 
@@ -162,3 +163,27 @@ def test_a_deleted_child_leaves_its_parents_ledger_before_its_finalizer_goes() -
     o = dataclasses.replace(o, parts={ParentRead: ParentRead(parent=parent(status={"children": settle.children.dump()}),
                                                              body={}, fresh=True)})
     assert [type(a).__name__ for a in decide(o, (RULES,)).actions if type(a).__name__ == "RemoveFinalizer"]
+
+
+def test_a_child_is_suspended_with_its_parent_and_resumed_with_it_unless_a_person_suspended_it() -> None:
+    def after(c: WorkerRun, p: WorkerRun) -> list[Any]:
+        """What the child's quiet pass asks (its own status writes applied first, as the next passes see them)."""
+        for _ in range(3):
+            o = dataclasses.replace(observe(c, lease(), pods=(pod(),)),
+                                    parts={ParentRead: ParentRead(parent=p, body=None, fresh=False)})
+            actions = decide(o, (RULES,)).actions
+            writes = [a for a in actions if isinstance(a, WriteStatus)]
+            if not writes:
+                return [a for a in actions if isinstance(a, SuspendChild)]
+            c = c.model_copy(update={"status": writes[0].status})
+        raise AssertionError(f"no quiet pass: {actions}")
+
+    running = child(status=held(1))
+    assert after(running, parent({"suspend": True})) == [SuspendChild(suspend=True, resource_version="")]
+    assert after(running, parent()) == []
+    ours = child(spec={"suspend": True}, status=held(1))
+    ours.metadata.annotations["tether.dev/suspended-by-parent"] = "true"
+    assert after(ours, parent()) == [SuspendChild(suspend=False, resource_version="")]
+    assert after(ours, parent({"suspend": True})) == []
+    theirs = child(spec={"suspend": True}, status=held(1))  # a person's suspension stays
+    assert after(theirs, parent()) == []
