@@ -159,3 +159,26 @@ def test_stopping_the_parent_stops_its_running_children(
     assert any(e["event"] == "stopped" for e in lines(tmp_path / "slow.jsonl"))  # told, and it left with its grace
     parent = runs.wait_phase(kube, namespace, "planner", "Cancelled", timeout=60)
     assert copy.deepcopy(parent["status"]["children"]["admitted"]) == 1
+
+
+def test_suspending_the_parent_suspends_its_children_and_resuming_it_resumes_them(
+        kube: Kube, namespace: str, operator, classes: dict[str, str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    calls = [{"key": "slow", "className": classes["tools"], "capCents": 10,
+              "payload": {"holdAttempts": [1], "holdSeconds": 300, "outFile": str(tmp_path / "slow.jsonl")}}]
+    runs.create(kube, namespace, planner(classes, calls, tmp_path / "planner.jsonl", cap=50))
+    (slow,) = eventually(lambda: [c for c in children(kube, namespace)
+                                  if (c.get("status") or {}).get("phase") == "Running"] or None,
+                         timeout=90, what="the child running")
+    name = slow["metadata"]["name"]
+    kube.ok(kube.patch(Kube.wr_path(namespace, "planner"), {"spec": {"suspend": True}}))
+    paused = kube.wait_for(Kube.wr_path(namespace), name, lambda r: r["spec"].get("suspend") is True, 30,
+                           "the child suspended with its parent")
+    assert paused["metadata"]["annotations"]["tether.dev/suspended-by-parent"] == "true"
+    # Its worker is told to pause (the signal on its heartbeat), and keeps its lease.
+    eventually(lambda: any(e.get("event") == "signals" and e.get("paused") for e in lines(tmp_path / "slow.jsonl")),
+               timeout=30, what="the child's worker told to pause")
+    kube.ok(kube.patch(Kube.wr_path(namespace, "planner"), {"spec": {"suspend": False}}))
+    resumed = kube.wait_for(Kube.wr_path(namespace), name, lambda r: r["spec"].get("suspend") is False, 30,
+                            "the child resumed with its parent")
+    assert "tether.dev/suspended-by-parent" not in (resumed["metadata"].get("annotations") or {})
+    assert resumed["status"]["attempt"] == 1  # the same attempt went on
