@@ -126,7 +126,7 @@ bounds = {
             "type": "array",
             "maxItems": 64,
             "items": {"type": "string", "maxLength": 253, "description": "A WorkerClass name."},
-            "description": "The classes its runs may spawn as child runs (each child names its class in spec.className); refused at the child's creation otherwise. Unset: any class. Empty: its runs spawn no children.",
+            "description": "The classes its runs may spawn as child runs (each child names its class in spec.className); refused at the child's creation otherwise. Unset or empty: its runs spawn no children (a run of no class spawns none either).",
         },
         "maxChildren": {
             "type": "integer", "minimum": 0, "maximum": 1000,

@@ -27,8 +27,8 @@ WORKER_RULES = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], 
                 {"apiGroups": ["tether.dev"], "resources": ["workerruns/status"], "verbs": ["get", "patch"]}]
 
 
-def child(parent: dict[str, Any], name: str = "planner-c1", holder: str = "planner-a2", class_name: str | None = None,
-          parent_class: str | None = None, depth: int = 1, label: str | None = "default",
+def child(parent: dict[str, Any], name: str = "planner-c1", holder: str = "planner-a2", class_name: str | None = "search",
+          parent_class: str | None = "planners", depth: int = 1, label: str | None = "default",
           owner: bool = True) -> dict[str, Any]:
     ref: dict[str, Any] = {"name": parent["metadata"]["name"], "uid": parent["metadata"]["uid"], "holder": holder,
                            "fence": 3, "depth": depth}
@@ -55,13 +55,19 @@ def refused(resp: httpx.Response, policy: re.Pattern[str], *fragments: str, stat
     return message
 
 
+WORKER = "tether-worker"  # the namespace's worker identity (no operator runs here to make it)
+
+
 class Pods:
     def __init__(self, kube: Kube, ns: str) -> None:
-        _grant(kube, ns, "worker", WORKER_RULES)
+        _grant(kube, ns, WORKER, WORKER_RULES)
         self.parent = runs.create(kube, ns, runs.example("short-job.yaml"), name="planner")
-        self.current = _client(kube, _bound_token(kube, ns, "worker", _parked_pod(kube, ns, "planner-a2", "worker")))
-        self.other = _client(kube, _bound_token(kube, ns, "worker", _parked_pod(kube, ns, "other-a1", "worker")))
-        self.unbound = _client(kube, _bound_token(kube, ns, "worker", None))
+        self.current = _client(kube, _bound_token(kube, ns, WORKER, _parked_pod(kube, ns, "planner-a2", WORKER)))
+        self.other = _client(kube, _bound_token(kube, ns, WORKER, _parked_pod(kube, ns, "other-a1", WORKER)))
+        self.unbound = _client(kube, _bound_token(kube, ns, WORKER, None))
+        # Another account of the namespace (a CI job's) that its own Role lets create runs.
+        _grant(kube, ns, "ci", [{"apiGroups": ["tether.dev"], "resources": ["workerruns"], "verbs": ["create"]}])
+        self.ci = _client(kube, _bound_token(kube, ns, "ci", None))
         self.path = Kube.wr_path(ns)
 
 
@@ -72,7 +78,7 @@ def pods(kube: Kube, namespace: str) -> Iterator[Pods]:
     eventually(lambda: p.current.post(p.path, params={"dryRun": "All"}, json=probe).status_code == 403,
                timeout=30, what="the child policies in force")
     yield p
-    for client in (p.current, p.other, p.unbound):
+    for client in (p.current, p.other, p.unbound, p.ci):
         client.close()
 
 
@@ -93,6 +99,22 @@ def test_a_worker_may_create_no_run_but_a_child_of_the_run_it_holds(pods: Pods) 
             "pod other-a1 is not an attempt of WorkerRun planner")
     # A token bound to no pod.
     refused(pods.unbound.post(pods.path, json=child(pods.parent)), CHILD_POLICY, "name no pod")
+    # Without the classes part 2 judges: a worker's child names its class and its parent's.
+    refused(pods.current.post(pods.path, json=child(pods.parent, parent_class=None)), CHILD_POLICY,
+            "spec.parentRef.className")
+    refused(pods.current.post(pods.path, json=child(pods.parent, class_name=None)), CHILD_POLICY, "(spec.className)")
+    # And no finalizer of its own, which would hold the child (and its parent's deletion) up.
+    held = child(pods.parent)
+    held["metadata"]["finalizers"] = ["example.com/hold"]
+    refused(pods.current.post(pods.path, json=held), CHILD_POLICY, "carries no finalizers")
+
+
+def test_other_accounts_of_the_namespace_create_runs_as_before(pods: Pods) -> None:
+    """Review finding: every ServiceAccount of the namespace was taken for a worker and refused a plain run."""
+    plain = child(pods.parent, name="ci-run")
+    del plain["spec"]["parentRef"]
+    del plain["metadata"]["labels"], plain["metadata"]["ownerReferences"]
+    _created(pods.ci.post(pods.path, json=plain))
 
 
 def test_a_child_carries_its_parents_label_and_owner_reference(kube: Kube, pods: Pods) -> None:
@@ -125,7 +147,7 @@ def classes(kube: Kube) -> Iterator[dict[str, str]]:
     names = {"planners": f"planners-{tag}", "search": f"search-{tag}", "shell": f"shell-{tag}",
              "shallow": f"shallow-{tag}"}
     bounds = {"planners": {"childClasses": [names["search"]]}, "search": {}, "shell": {},
-              "shallow": {"maxDepth": 1}}
+              "shallow": {"maxDepth": 1, "childClasses": [names["search"]]}}
     for key, name in names.items():
         kube.ok(kube.post(CLASSES, {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerClass",
                                     "metadata": {"name": name}, "spec": {"bounds": bounds[key]}}))
@@ -141,8 +163,8 @@ def test_the_parents_class_says_which_classes_its_children_may_be_of_and_how_dee
                          == 403 and _message(r), timeout=30, what="the class policy seeing the new classes")
     assert CLASS_POLICY.search(message) and f"lets its runs spawn children of the classes {classes['search']} only" \
         in message and f"is of class {classes['shell']}" in message, message
-    unnamed = child(pods.parent, name="planner-c3", parent_class=classes["planners"])
-    refused(pods.current.post(pods.path, json=unnamed), CLASS_POLICY, "names no class (spec.className)")
+    none = child(pods.parent, name="planner-c3", class_name=classes["search"], parent_class=classes["search"])
+    refused(pods.current.post(pods.path, json=none), CLASS_POLICY, "lets its runs spawn children of no class")
     _created(pods.current.post(pods.path, json=child(pods.parent, name="planner-c4", class_name=classes["search"],
                                                       parent_class=classes["planners"])))
     deep = child(pods.parent, name="planner-c5", class_name=classes["search"], parent_class=classes["shallow"],

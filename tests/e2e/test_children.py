@@ -94,12 +94,13 @@ def test_a_planner_that_crashes_re_attaches_to_its_children_and_completes_with_t
 
 
 def test_a_stale_parent_attempts_child_is_rejected_and_nothing_of_it_runs(
-        kube: Kube, namespace: str, operator) -> None:  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, classes: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
     """Attempt 1's pod never starts (no scheduler takes it): its startup grace lapses and the run
     moves on. Its token, bound to a pod that still exists (a finalizer holds it), still works: the
     API server admits its spawn (it is that attempt), and the operator, reading the parent, rejects it."""
     body = app_run("planner", {}, duration=8, renew=1)
     spec = body["spec"]
+    spec["className"] = classes["planners"]
     spec["lease"]["startupGraceSeconds"] = 5
     spec["template"]["spec"]["schedulerName"] = "tether-test-parked"
     spec["template"]["metadata"]["labels"] = {}
@@ -111,8 +112,9 @@ def test_a_stale_parent_attempts_child_is_rejected_and_nothing_of_it_runs(
     try:
         eventually(lambda: runs.get(kube, namespace, "planner")["status"].get("holder") != "planner-a1",
                    timeout=60, what="attempt 1 revoked")
-        me = Parent.of({**parent, "status": {}})
-        child = child_body(me, namespace, "planner-a1", 1, "search:1", 0, {"executor": "External"})
+        me = Parent.of({**parent, "status": {"class": {"name": classes["planners"]}}})
+        child = child_body(me, namespace, "planner-a1", 1, "search:1", 0,
+                           {"executor": "External", "className": classes["tools"]})
         made = stale.post(Kube.wr_path(namespace), json=child)
         assert made.status_code == 201, made.text  # the API server: this pod is attempt 1 of the parent
         rejected = runs.wait_phase(kube, namespace, child["metadata"]["name"], "Rejected", timeout=30)

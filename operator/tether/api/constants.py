@@ -108,6 +108,8 @@ REASON_QUEUED = "Queued"
 REASON_ADMITTED = "Admitted"
 # Ready's reason (the REASON column) while a worker holds the run and is told to pause.
 REASON_WORKER_PAUSED = "WorkerPaused"
+# A held run told to pause because a cap or its WorkerBudget is reached (spec.budget.onExhausted: Pause).
+REASON_BUDGET_PAUSED = "BudgetPaused"
 # Ready's reason while a worker holds the run and a request it made waits for a person's decision
 # (its phase stays Running): the word the start gate's phase uses for the same wait.
 REASON_AWAITING_APPROVAL = "AwaitingApproval"

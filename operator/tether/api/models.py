@@ -120,6 +120,9 @@ class BudgetSpec(_Model):
     cap_cents: int | None = None
     max_tokens: int | None = None
     budget_ref: BudgetRef | None = None
+    # What reaching a cap or an exhausted WorkerBudget does to a held attempt: Stop ends it
+    # BudgetExceeded; Pause tells its worker to pause, as spec.suspend does, until there is room.
+    on_exhausted: Literal["Stop", "Pause"] = "Stop"
 
 
 class ReviewSpec(_Model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tether.api.models import WorkerRun
+from tether.api.workerclass import effective_body
 from tether.children.actions import AdmitChild, SettleChild, SuspendChild
 from tether.children.api import ANN_SUSPENDED_BY_PARENT, LABEL_PARENT
 from tether.children.decide import RULES, ParentRead
@@ -107,10 +108,11 @@ class Children:
 
 
 def _parsed(body: dict[str, Any] | None, uid: str) -> WorkerRun | None:
-    """The parent the child names: that name with that UID (a namesake is not it)."""
+    """The parent the child names: that name with that UID (a namesake is not it), with what it
+    took from its class applied (a cap or budgetRef of the class's defaults is the tree's too)."""
     if body is None or (body.get("metadata") or {}).get("uid") != uid:
         return None
-    return WorkerRun.model_validate(body)
+    return WorkerRun.model_validate(effective_body(body))
 
 
 CAPABILITY = Children()

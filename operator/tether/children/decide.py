@@ -16,9 +16,10 @@ from tether.api.workerclass import ClassBounds
 from tether.children import ledger
 from tether.children.api import ANN_CHILD_KEY, ANN_SUSPENDED_BY_PARENT
 from tether.children.actions import AdmitChild, SettleChild, SuspendChild
-from tether.core.actions import Decision, Event, WriteStatus
+from tether.core.actions import Decision, Event
 from tether.core.capability import Rules
 from tether.core.enforcement import Stop
+from tether.core.cleanup import revocation_unfinished
 from tether.core.lifecycle import StatusBuilder
 from tether.core.observe import Observed
 
@@ -84,10 +85,17 @@ def refusal(child: WorkerRun, read: ParentRead) -> tuple[str, str] | None:
         return REASON_PARENT_MISMATCH, (
             f"spec.parentRef says class {ref.class_name or 'none'} at depth {ref.depth}; parent {ref.name} is of "
             f"class {taken or 'none'}, so its children are at depth {depth}")
-    bounds = read.bounds or ClassBounds()
-    if bounds.child_classes is not None and child.spec.class_name not in bounds.child_classes:
+    # Only a run whose class lists what it may spawn spawns anything (a class the operator does not
+    # know, deleted meanwhile, allows nothing: closed, not open).
+    bounds = read.bounds
+    if taken is None or bounds is None or not bounds.child_classes:
+        why = (f"run {ref.name} has no WorkerClass" if taken is None else
+               f"WorkerClass {taken} is not known to the operator" if bounds is None else
+               f"WorkerClass {taken} lists no classes its runs may spawn")
+        return REASON_CLASS_NOT_ALLOWED, f"{why}: only a run whose class sets bounds.childClasses spawns children"
+    if child.spec.class_name not in bounds.child_classes:
         return REASON_CLASS_NOT_ALLOWED, (f"WorkerClass {taken} lets its runs spawn children of "
-                                          f"{', '.join(bounds.child_classes) or 'no class'} only, not "
+                                          f"{', '.join(bounds.child_classes)} only, not "
                                           f"{child.spec.class_name or 'none'}")
     if depth > min(bounds.max_depth or MAX_DEPTH, MAX_DEPTH):
         return REASON_PARENT_MISMATCH, f"a child at depth {depth} is deeper than its parent's class allows"
@@ -133,13 +141,7 @@ class ChildrenRules(Rules):
             return True
         ended = parent_ended(read.parent)
         if ended is not None and (o.run.status.attempt > 0 or read.fresh):
-            message = f"parent WorkerRun {ref.name} {ended}: no attempt starts"
-            admitted = read.parent is not None and ledger.live_entry(read.parent, o.run.metadata.uid) is not None
-            if o.run.status.attempt == 0 and not admitted:  # never in the tree: refused, as a stale spawn is
-                _end(b, d, Phase.REJECTED, REASON_PARENT_GONE if read.parent is None else REASON_PARENT_ENDED, message)
-            else:
-                b.finish_after(Outcome.CANCELLED, message, None)
-                d.actions.append(b.write())
+            _end_unheld(o, b, d, read, ended)
             return False
         if o.run.status.attempt > 0:
             return True  # admitted before its first attempt; a lost parent attempt changes nothing
@@ -167,17 +169,27 @@ class ChildrenRules(Rules):
         return Stop(Outcome.CANCELLED, f"parent {ref.name} {ended}") if ended is not None else None
 
     def after(self, o: Observed, d: Decision) -> None:
-        """An ended child whose books are closed (no write left this pass, nobody holds it, its own
-        children settled) moves from its parent's reserved to spent. A live one is suspended while
-        its parent is (which reaches the grandchildren in turn), and resumed with it."""
-        phase = o.run.status.phase
+        """An ended child whose books are closed (nothing else to do this pass: its last report
+        settled, its Lease cleared; nobody holds it; its own children settled) moves from its parent's
+        reserved to spent. A live one nobody holds whose parent ended is ended here too (a suspended
+        run never reaches the gates), and a live one is suspended while its parent is (which reaches
+        the grandchildren in turn), and resumed with it."""
+        if d.actions or o.run.spec.parent_ref is None:
+            return  # one write at a time: what follows comes on a pass with nothing else to do
+        phase, s = o.run.status.phase, o.run.status
         if phase is not None and phase.terminal:
-            if o.run.status.holder is None and not any(isinstance(a, WriteStatus) for a in d.actions):
+            if s.holder is None and not revocation_unfinished(o):
                 _settle(o, d)
             return
         read = o.part(ParentRead)
-        if read is None or read.parent is None or d.actions or o.run.spec.parent_ref is None:
-            return  # one write at a time: the suspension comes on a pass with nothing else to do
+        if read is None or not (read.fresh or s.attempt > 0):
+            return
+        ended = parent_ended(read.parent)
+        if ended is not None:
+            if s.holder is None:
+                _end_unheld(o, StatusBuilder(o), d, read, ended)
+            return  # a holder is stopped (Rules.stop)
+        assert read.parent is not None
         mine = o.run.metadata.annotations.get(ANN_SUSPENDED_BY_PARENT) == "true"
         if read.parent.spec.suspend and not o.run.spec.suspend:
             d.actions.append(SuspendChild(suspend=True, resource_version=o.run.metadata.resource_version))
@@ -207,6 +219,20 @@ def _settle(o: Observed, d: Decision) -> bool:
                                  ended=f"child run {run.metadata.name} ({run.metadata.annotations.get(ANN_CHILD_KEY, '')}) "
                                        f"ended {how}, spent {spent.cents} cents and {spent.tokens} tokens"))
     return True
+
+
+def _end_unheld(o: Observed, b: StatusBuilder, d: Decision, read: ParentRead, ended: str) -> None:
+    """A child nobody holds whose parent ended: refused if it was never in the tree (as a stale
+    spawn is), else cancelled."""
+    ref = o.run.spec.parent_ref
+    assert ref is not None
+    message = f"parent WorkerRun {ref.name} {ended}: no attempt starts"
+    admitted = read.parent is not None and ledger.live_entry(read.parent, o.run.metadata.uid) is not None
+    if o.run.status.attempt == 0 and not admitted:
+        _end(b, d, Phase.REJECTED, REASON_PARENT_GONE if read.parent is None else REASON_PARENT_ENDED, message)
+    else:
+        b.finish_after(Outcome.CANCELLED, message, None)
+        d.actions.append(b.write())
 
 
 def _end(b: StatusBuilder, d: Decision, phase: Phase, reason: str, message: str) -> None:

@@ -54,6 +54,7 @@ from tether.core.class_gate import class_allows
 from tether.core.clock import after
 from tether.core.enforcement import (
     Stop,
+    budget_pause,
     desired_signals,
     run_ends_at,
     signals_for,
@@ -237,6 +238,9 @@ def _decide_held(o: Observed, b: StatusBuilder, d: Decision, cur: AttemptRecord,
     # A stop (spec.stop, or a cap or budget crossed) is first told to the worker; its
     # attempt ends when it stops, or when stopGraceSeconds have passed.
     stop = stop_for(o, total) or next((told for r in capabilities if (told := r.stop(o)) is not None), None)
+    b.budget_pause = budget_pause(o, total) if stop is None else None
+    if b.budget_pause is not None and o.budget is not None and o.budget.next_reset_seconds is not None:
+        d.wake(o.budget.next_reset_seconds)  # the budget's period rolls over: room again
     ending = attempt_end(o, pod, stop)
     lease = current_lease(o)
     if ending is None and lease is not None:
@@ -351,6 +355,6 @@ def _keep_held(o: Observed, b: StatusBuilder, d: Decision, lease: LeaseObservati
     d.add(charge_due(o, b.status.usage))
     # From the status being written: a decision recorded now reaches the worker with it.
     signals = signals_for(run.spec, b.status, stop.reason if stop is not None else None,
-                          yield_by(o, stop, b.status.stop_requested_at))
+                          yield_by(o, stop, b.status.stop_requested_at), budget_paused=b.budget_pause is not None)
     if signals != lease.signals:
         d.actions.append(EnsureSignals(fence=s.fence, signals=signals))

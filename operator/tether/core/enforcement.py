@@ -35,12 +35,14 @@ def over_limit(o: Observed, total: Usage) -> tuple[str, Usage] | None:
         # A parent's cap is its tree's: what its children hold of it is not the parent's to spend.
         # Held, not spent: a parent whose children hold the rest waits for them, and is stopped
         # only once its own spending goes past what they leave it.
-        tree = tree_held(o.run.status)
+        tree, live = tree_held(o.run.status), o.run.status.children
+        waits_cents = live is not None and live.reserved_cents > 0  # children hold some of it still
+        waits_tokens = live is not None and live.reserved_tokens > 0
         left = protocol.cap_remaining(budget.cap_cents, tree.cents, total.cents)
-        if left is not None and (left < 0 or (left == 0 and not tree.cents)):
+        if left is not None and (left < 0 or (left == 0 and not waits_cents)):
             return f"cap of {budget.cap_cents} cents reached", Usage(cents=-left, tokens=0)
         left = protocol.cap_remaining(budget.max_tokens, tree.tokens, total.tokens)
-        if left is not None and (left < 0 or (left == 0 and not tree.tokens)):
+        if left is not None and (left < 0 or (left == 0 and not waits_tokens)):
             return f"cap of {budget.max_tokens} tokens reached", Usage(cents=0, tokens=-left)
     b = o.budget
     if b is not None and not b.missing:
@@ -72,14 +74,34 @@ class Stop:
     eviction: str | None = None  # the queue's reason, for Preempted
 
 
+def pauses(spec: WorkerRunSpec) -> bool:
+    """Whether reaching a cap or the budget pauses the run rather than ending it."""
+    return spec.budget is not None and spec.budget.on_exhausted == "Pause"
+
+
 def stop_for(o: Observed, total: Usage) -> Stop | None:
-    """spec.stop, else a cap or the budget crossed (a capability's own stop comes after these)."""
+    """spec.stop, else a cap or the budget crossed, unless that pauses the run (a capability's own
+    stop comes after these)."""
     if o.run.spec.stop:
         return Stop(Outcome.CANCELLED, "spec.stop is set")
     over = over_limit(o, total)
-    if over is not None:
+    if over is not None and not pauses(o.run.spec):
         return Stop(Outcome.BUDGET_EXCEEDED, over[0], over[1])
     return None
+
+
+def budget_pause(o: Observed, total: Usage) -> str | None:
+    """Why a run whose budget says Pause is paused now (a cap or its WorkerBudget reached, with
+    what to raise), else None."""
+    if not pauses(o.run.spec):
+        return None
+    over = over_limit(o, total)
+    if over is None:
+        return None
+    what = f"raise WorkerBudget {o.budget.name}'s limit or wait for its period to roll over" \
+        if o.budget is not None and over[0].startswith("WorkerBudget") else \
+        "raise spec.budget.capCents or maxTokens (for a child, its parent's tree must have room)"
+    return f"{over[0]}: {what}"
 
 
 def stop_due(o: Observed) -> dt.datetime:
@@ -113,7 +135,7 @@ def usage_alarm(o: Observed) -> UsageAlarm | None:
 
 
 def signals_for(spec: WorkerRunSpec, status: WorkerRunStatus, stop_reason: str | None,
-                yield_by: dt.datetime | None = None) -> str:
+                yield_by: dt.datetime | None = None, budget_paused: bool = False) -> str:
     """The signals annotation for the holder of `status`: computed from the status being
     written, so a grant's Lease carries the signals of the attempt it starts."""
     budget = spec.budget
@@ -126,13 +148,14 @@ def signals_for(spec: WorkerRunSpec, status: WorkerRunStatus, stop_reason: str |
                  and r.gate not in (c.GATE_START, c.GATE_RESULT)}
     return protocol.signals_annotation(Signals(
         stop=stop_reason is not None, reason=stop_reason, yield_=yield_by is not None, stop_by=yield_by,
-        paused=spec.suspend, ends_at=status.ends_at,
+        paused=spec.suspend or budget_paused, ends_at=status.ends_at,
         cap_cents=budget.cap_cents if budget else None, cap_tokens=budget.max_tokens if budget else None,
         base_cents=earlier.cents, base_tokens=earlier.tokens, decisions=decisions))
 
 
 def desired_signals(o: Observed, stop_reason: str | None) -> str:
-    return signals_for(o.run.spec, o.run.status, stop_reason)
+    return signals_for(o.run.spec, o.run.status, stop_reason,
+                       budget_paused=budget_pause(o, run_usage(o)) is not None)
 
 
 def yield_by(o: Observed, stop: Stop | None, stop_requested_at: dt.datetime | None) -> dt.datetime | None:

@@ -194,6 +194,9 @@ class StatusBuilder:
         # fresh reads that gate rests the grant on (core.capability).
         self.admission: AttemptAdmission | None = None
         self.rests_on: tuple[enum.Enum, ...] = ()
+        # Why the holder is told to pause for its budget (enforcement.budget_pause), set by the held
+        # pass; None: it is not.
+        self.budget_pause: str | None = None
 
     @property
     def generation(self) -> int:
@@ -224,18 +227,27 @@ class StatusBuilder:
         if s.phase is None or s.phase.terminal:
             return False  # set_phase(terminal) has said it
         held, suspend = s.holder is not None, self.o.run.spec.suspend
+        budget = self.budget_pause if held else None
         cond = get_condition(s.conditions, c.COND_SUSPENDED)
         before = list(s.conditions)
-        if suspend:
-            reason = c.REASON_WORKER_PAUSED if held else c.EV_SUSPENDED
-            message = (f"{s.holder} is told to pause (spec.suspend) and keeps its lease" if held
-                       else "spec.suspend is set; no new attempt starts")
-            if cond is None or (cond.status, cond.reason) != ("True", reason):
-                if cond is None or cond.status != "True":  # an Event when it turns, not when its reason moves
-                    self.events.append(Event("Normal", c.EV_SUSPENDED, message))
+        if suspend or budget is not None:
+            if suspend:
+                reason = c.REASON_WORKER_PAUSED if held else c.EV_SUSPENDED
+                message = (f"{s.holder} is told to pause (spec.suspend) and keeps its lease" if held
+                           else "spec.suspend is set; no new attempt starts")
+            else:
+                reason, message = c.REASON_BUDGET_PAUSED, f"{s.holder} is told to pause and keeps its lease: {budget}"
+            budgeted = reason == c.REASON_BUDGET_PAUSED  # its message says why, which may move
+            if cond is None or (cond.status, cond.reason) != ("True", reason) or (budgeted and cond.message != message):
+                # An Event when it turns (or turns from one kind of pause to the other), not when its reason moves.
+                if cond is None or cond.status != "True" or (cond.reason == c.REASON_BUDGET_PAUSED) != budgeted:
+                    self.events.append(Event("Warning" if budget is not None and not suspend else "Normal",
+                                             c.REASON_BUDGET_PAUSED if budget is not None and not suspend
+                                             else c.EV_SUSPENDED, message))
                 s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "True", reason, message, gen, now)
         elif cond is not None and cond.status == "True":
-            message = "spec.suspend was cleared" + (f"; {s.holder} is told to go on" if held else "")
+            message = ("there is room in the budget again" if cond.reason == c.REASON_BUDGET_PAUSED
+                       else "spec.suspend was cleared") + (f"; {s.holder} is told to go on" if held else "")
             s.conditions = set_condition(s.conditions, c.COND_SUSPENDED, "False", c.EV_RESUMED, message, gen, now)
             self.events.append(Event("Normal", c.EV_RESUMED, message))
         self._mark_held_reason()
@@ -255,12 +267,14 @@ class StatusBuilder:
         paused = get_condition(s.conditions, c.COND_SUSPENDED)
         if held and self.o.run.spec.suspend:
             reason, message = c.REASON_WORKER_PAUSED, paused.message if paused is not None else ready.message
+        elif held and self.budget_pause is not None:
+            reason, message = c.REASON_BUDGET_PAUSED, paused.message if paused is not None else ready.message
         elif asks:
             reason, message = c.REASON_AWAITING_APPROVAL, \
                 f"{s.holder} waits for a WorkerRunApproval with gate {', '.join(asks)}"
-        elif ready.reason == c.REASON_WORKER_PAUSED and paused is not None:
+        elif ready.reason in (c.REASON_WORKER_PAUSED, c.REASON_BUDGET_PAUSED) and paused is not None:
             reason, message = s.phase.value, paused.message  # "spec.suspend was cleared; ... told to go on"
-        elif ready.reason in (c.REASON_WORKER_PAUSED, c.REASON_AWAITING_APPROVAL):
+        elif ready.reason in (c.REASON_WORKER_PAUSED, c.REASON_BUDGET_PAUSED, c.REASON_AWAITING_APPROVAL):
             reason, message = s.phase.value, f"{s.holder} holds the lease" if held else ready.message
         else:
             return

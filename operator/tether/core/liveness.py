@@ -16,7 +16,8 @@ import datetime as dt
 import math
 from dataclasses import dataclass
 
-from tether.api.constants import GATE_RESULT, GATE_START
+from tether.api.conditions import get_condition
+from tether.api.constants import COND_SUSPENDED, GATE_RESULT, GATE_START, REASON_BUDGET_PAUSED
 from tether.api.models import AttemptRecord, Phase, WorkerRun
 from tether.core.observe import LeaseObservation
 
@@ -52,10 +53,14 @@ def lapse_deadline(run: WorkerRun, lease: LeaseObservation, api_available_since:
 
 def progress_held(run: WorkerRun) -> bool:
     """The holder does what it was told and cannot make progress meanwhile: paused by
-    spec.suspend, or waiting for a person's decision on a request of its own attempt."""
+    spec.suspend or by its budget (the Suspended condition says BudgetPaused), or waiting for a
+    person's decision on a request of its own attempt."""
     if run.spec.suspend:
         return True
     s = run.status
+    paused = get_condition(s.conditions, COND_SUSPENDED)
+    if paused is not None and (paused.status, paused.reason) == ("True", REASON_BUDGET_PAUSED):
+        return True
     return s.review is not None and any(
         r.attempt == s.attempt and r.gate not in (GATE_START, GATE_RESULT) for r in s.review.pending())
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from tether.api.models import API_VERSION
+from tether.api.workerclass import effective_body
 from tether.children.api import (ANN_CHILD_KEY, ANN_SPAWN_DIGEST, LABEL_PARENT, child_name, spawn_digest,
                                  valid_key)
 from tether.worker.errors import ChildFailed, SpawnConflict
@@ -24,6 +25,8 @@ from tether.worker.ops import Ops, Sleep, Transported
 # A child rejected as a stale attempt's moves its key on, at most this often (each is a lost parent).
 MAX_GENERATIONS = 16
 STALE_PARENT = "StaleParent"
+# How long a resumed attempt waits for the operator's word on a child an earlier attempt spawned.
+JUDGED_WITHIN_SECONDS = 60.0
 TERMINAL = ("Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")
 
 
@@ -41,6 +44,8 @@ class Parent:
 
     @staticmethod
     def of(run: Mapping[str, Any]) -> "Parent":
+        """From the run as served, with what it took from its class applied (its caps and budget)."""
+        run = effective_body(dict(run))
         meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
         budget = spec.get("budget") or {}
         taken = (status.get("class") or {}).get("name")
@@ -136,7 +141,9 @@ def spawn_ops(namespace: str, holder: str, fence: int, parent: Parent, key: str,
         raise ValueError(f"child key {key!r} must be 1 to 128 letters, digits and . _ : / - "
                          "(starting and ending with a letter or digit)")
     digest = spawn_digest(spec)
-    for generation in range(MAX_GENERATIONS):
+    generation = tries = 0
+    while generation < MAX_GENERATIONS and tries < 3 * MAX_GENERATIONS:
+        tries += 1
         body = child_body(parent, namespace, holder, fence, key, generation, spec)
         got: dict[str, Any] = yield Transported("spawn", (body,))
         meta = got.get("metadata") or {}
@@ -147,11 +154,29 @@ def spawn_ops(namespace: str, holder: str, fence: int, parent: Parent, key: str,
             raise SpawnConflict(f"key {key!r} was spawned before as {meta.get('name')} with another spec "
                                 "(class, payload, caps): one key is one tool call")
         child = Child(key=key, name=str(meta["name"]), body=got)
-        never_ran = not int((got.get("status") or {}).get("attempt") or 0)
-        if child.phase == "Rejected" and child.reason == STALE_PARENT and never_ran:
-            continue  # a lost attempt's child, never admitted and never run: the key moves on
-        return child
-    raise SpawnConflict(f"key {key!r}: {MAX_GENERATIONS} children rejected as stale attempts' in a row")
+        ref = (got.get("spec") or {}).get("parentRef") or {}
+        earlier = (ref.get("holder"), ref.get("fence")) != (holder, fence)
+        waited = 0.0
+        while earlier and child.phase is None and waited < JUDGED_WITHIN_SECONDS:
+            # An earlier attempt's child the operator has not judged yet: admitted (it is this call's)
+            # or rejected as a stale attempt's (the key moves on). Wait for the word.
+            yield Sleep(0.5)
+            waited += 0.5
+            read = yield Transported("read_run", (child.name,))
+            if read is None:
+                break
+            child.body = read
+        else:
+            if earlier and child.phase is None:
+                raise SpawnConflict(f"{child.name}, spawned for key {key!r} by an earlier attempt, was not judged "
+                                    f"within {JUDGED_WITHIN_SECONDS:.0f} s; spawn it again")
+            never_ran = not int((child.body.get("status") or {}).get("attempt") or 0)
+            if child.phase == "Rejected" and child.reason == STALE_PARENT and never_ran:
+                generation += 1  # a lost attempt's child, never admitted and never run: the key moves on
+                continue
+            return child
+        # Deleted while it was waited for: made again, under the same generation.
+    raise SpawnConflict(f"key {key!r}: {MAX_GENERATIONS} children rejected as stale attempts' (or deleted) in a row")
 
 
 def wait_ops(child: Child, timeout: float | None, poll: float, clock: Any = time.monotonic) -> Ops[Child]:

@@ -27,18 +27,22 @@ PARENT_UID = "u-parent"
 def parent(spec: dict[str, Any] | None = None, status: dict[str, Any] | None = None, **meta: Any) -> WorkerRun:
     body = {"metadata": {"name": "planner", "namespace": "ns", "uid": PARENT_UID, "resourceVersion": "41", **meta},
             "spec": {"executor": "External", **(spec or {})},
-            "status": {**held(2, fence=3), "holder": "planner-a2", **(status or {})}}
+            "status": {**held(2, fence=3), "holder": "planner-a2", "class": {"name": "planners"}, **(status or {})}}
     return WorkerRun.model_validate(body)
 
 
 def child(ref: dict[str, Any] | None = None, spec: dict[str, Any] | None = None,
           status: dict[str, Any] | None = None) -> WorkerRun:
     return run({"parentRef": {"name": "planner", "uid": PARENT_UID, "holder": "planner-a2", "fence": 3, "depth": 1,
-                              **(ref or {})}, **(spec or {})}, status, name="planner-0a1b2c3d4e", uid="u-child",
+                              "className": "planners", **(ref or {})}, "className": "search", **(spec or {})}, status,
+               name="planner-0a1b2c3d4e", uid="u-child",
                labels={"tether.dev/parent": "planner"})
 
 
-def first_pass(c: WorkerRun, p: WorkerRun | None, bounds: ClassBounds | None = None, fresh: bool = True) -> Any:
+SEARCH = ClassBounds(child_classes=["search"])
+
+
+def first_pass(c: WorkerRun, p: WorkerRun | None, bounds: ClassBounds | None = SEARCH, fresh: bool = True) -> Any:
     o = dataclasses.replace(observe(c), parts={ParentRead: ParentRead(parent=p, body={} if p else None, fresh=fresh,
                                                                       bounds=bounds)})
     return decide(o, (RULES,))
@@ -62,18 +66,22 @@ def test_a_child_spawned_by_the_parents_holder_is_admitted_into_its_ledger_then_
     ({}, {}, {}, {"holder": None, "fence": 4, "phase": "Backoff"}, None, "StaleParent"),
     ({"fence": 1}, {}, {}, {}, None, "StaleParent"),
     # What it says of its parent is not so: another class (the admission policy judged the one it names), depth.
-    ({"className": "tools"}, {}, {}, {}, None, "ParentMismatch"),
-    ({"depth": 2}, {}, {}, {}, None, "ParentMismatch"),
-    ({"className": "planners"}, {"className": "shell"}, {}, {"class": {"name": "planners"}},
-     ClassBounds(child_classes=["search"]), "ChildClassNotAllowed"),
-    ({}, {}, {}, {"children": {"admitted": 3}}, ClassBounds(max_children=3), "TooManyChildren"),
-    ({}, {}, {}, {"children": {"admitted": 100}}, None, "TooManyChildren"),
+    ({"className": "tools"}, {}, {}, {}, SEARCH, "ParentMismatch"),
+    ({"depth": 2}, {}, {}, {}, SEARCH, "ParentMismatch"),
+    ({}, {"className": "shell"}, {}, {}, SEARCH, "ChildClassNotAllowed"),
+    # Only a run whose class lists what it may spawn spawns: none listed, a class the operator does not
+    # know (deleted meanwhile), no class at all.
+    ({}, {}, {}, {}, ClassBounds(), "ChildClassNotAllowed"),
+    ({}, {}, {}, {}, None, "ChildClassNotAllowed"),
+    ({"className": None}, {}, {}, {"class": None}, SEARCH, "ChildClassNotAllowed"),
+    ({}, {}, {}, {"children": {"admitted": 3}}, ClassBounds(child_classes=["search"], max_children=3), "TooManyChildren"),
+    ({}, {}, {}, {"children": {"admitted": 100}}, SEARCH, "TooManyChildren"),
     # The tree's money: a capped parent's child names its share; the share must fit what is left.
-    ({}, {}, {"budget": {"capCents": 100}}, {}, None, "ShareRequired"),
+    ({}, {}, {"budget": {"capCents": 100}}, {}, SEARCH, "ShareRequired"),
     ({}, {"budget": {"capCents": 62}}, {"budget": {"capCents": 100}},
      {"attempts": [{"attempt": 2, "fence": 3, "usage": {"cents": 30}}],
-      "children": {"admitted": 1, "reservedCents": 5, "spentCents": 4}}, None, "TreeBudgetExhausted"),
-    ({}, {"budget": {"capCents": 10}}, {"budget": {"budgetRef": {"name": "team"}}}, {}, None, "BudgetMismatch"),
+      "children": {"admitted": 1, "reservedCents": 5, "spentCents": 4}}, SEARCH, "TreeBudgetExhausted"),
+    ({}, {"budget": {"capCents": 10}}, {"budget": {"budgetRef": {"name": "team"}}}, {}, SEARCH, "BudgetMismatch"),
 ])
 def test_a_child_the_parent_may_not_have_ends_rejected_before_anything_of_it_runs(
         ref: dict[str, Any], spec: dict[str, Any], parent_spec: dict[str, Any], parent_status: dict[str, Any],
@@ -187,3 +195,43 @@ def test_a_child_is_suspended_with_its_parent_and_resumed_with_it_unless_a_perso
     assert after(ours, parent({"suspend": True})) == []
     theirs = child(spec={"suspend": True}, status=held(1))  # a person's suspension stays
     assert after(theirs, parent()) == []
+
+
+def test_an_ended_child_is_settled_only_once_its_last_report_is_in_its_books() -> None:
+    """Review finding: a revocation interrupted after its status write (the Lease still names the
+    attempt, with a later report) was settled in the same pass as the ClearLease, at the old usage."""
+    admitted = ledger.admitted(parent(), child(spec={"budget": {"capCents": 40}}))
+    p = parent({"budget": {"capCents": 100}}, {"children": admitted.dump()})
+    done = child(spec={"budget": {"capCents": 40}}, status={
+        "phase": "Succeeded", "attempt": 1, "fence": 2, "finishedAt": "2026-11-29T12:00:00Z",
+        "attempts": [{"attempt": 1, "fence": 1, "holder": "job-a1", "outcome": "Succeeded",
+                      "usage": {"cents": 17}}]})
+    o = dataclasses.replace(observe(done, lease(fence=1, usage=Usage(cents=35))),
+                            parts={ParentRead: ParentRead(parent=p, body={}, fresh=True)})
+    actions = decide(o, (RULES,)).actions
+    assert actions and not [a for a in actions if isinstance(a, SettleChild)], actions
+
+
+def test_a_suspended_child_that_never_started_ends_with_its_parent() -> None:
+    """Review finding: spec.suspend returns before the gates, so a suspended, unstarted child of an
+    ended parent stayed Suspended, holding its reservation, for good."""
+    admitted = ledger.admitted(parent(), child())
+    ended = parent(status={"phase": "Failed", "holder": None, "children": admitted.dump()})
+    for c, phase in ((child(spec={"suspend": True}), Phase.CANCELLED),  # admitted: cancelled
+                     (child(spec={"suspend": True}, status={"phase": "Suspended"}), Phase.CANCELLED)):
+        o = dataclasses.replace(observe(c), parts={ParentRead: ParentRead(parent=ended, body={}, fresh=True)})
+        d = decide(o, (RULES,))
+        if not any(isinstance(a, WriteStatus) and a.status.phase == phase for a in d.actions):
+            # The first pass records the suspension; the next, with nothing else to do, ends it.
+            c = c.model_copy(update={"status": status_of(d.actions)})
+            o = dataclasses.replace(o, run=c)
+            d = decide(o, (RULES,))
+        assert status_of(d.actions).phase == phase, d.actions
+    never = parent(status={"phase": "Failed", "holder": None})  # not in the tree: refused
+    c = child(spec={"suspend": True}, status={"phase": "Suspended", "conditions": []})
+    o = dataclasses.replace(observe(c), parts={ParentRead: ParentRead(parent=never, body={}, fresh=True)})
+    d = decide(o, (RULES,))
+    if not d.actions or status_of(d.actions).phase != Phase.REJECTED:
+        o = dataclasses.replace(o, run=c.model_copy(update={"status": status_of(d.actions)}))
+        d = decide(o, (RULES,))
+    assert status_of(d.actions).phase == Phase.REJECTED

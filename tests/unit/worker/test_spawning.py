@@ -93,6 +93,7 @@ def test_a_resumed_attempt_finds_its_children_by_key_and_a_key_is_one_call() -> 
     api = Api()
     with _run(api) as run:
         first = run.spawn("search:1", class_name="search", payload={"q": "tether"}, cap_cents=20)
+    api.runs[first.name]["status"] = {"phase": "Running", "attempt": 1}  # admitted, and running
     # The parent's next attempt, resumed from its checkpoint, spawns the same call again.
     with _run(api, fence=5, attempt=3) as run:
         again = run.spawn("search:1", class_name="search", payload={"q": "tether"}, cap_cents=20)
@@ -163,3 +164,24 @@ def test_an_asyncio_parent_spawns_and_awaits_its_child() -> None:
     assert asyncio.run(main()) == {"hits": 1}
     (name,) = [n for n in api.runs if n != "planner"]
     assert api.runs[name]["metadata"]["annotations"][ANN_SPAWN_DIGEST]
+
+
+def test_a_resumed_attempt_waits_for_the_operators_word_on_an_earlier_attempts_child() -> None:
+    """Review finding: the child an earlier attempt spawned, found before the operator judged it, was
+    returned, and then failed StaleParent; the call is this attempt's, under the next generation."""
+    api = Api()
+    with _run(api) as run:
+        stale = run.spawn("shell:1", class_name="shell", cap_cents=5)
+    reads = {"n": 0}
+    read_run = api.read_run
+
+    def judged_on_the_third_read(name: str) -> dict[str, Any] | None:
+        reads["n"] += 1
+        if name == stale.name and reads["n"] == 3:
+            api.end(stale.name, "Rejected", "StaleParent")
+        return read_run(name)
+
+    api.read_run = judged_on_the_third_read  # type: ignore[method-assign]
+    with _run(api, fence=5, attempt=3) as run:
+        child = run.spawn("shell:1", class_name="shell", cap_cents=5)
+    assert child.name == child_name("planner", "u-p", "shell:1", generation=1) and reads["n"] >= 3
