@@ -265,3 +265,31 @@ def _table(bin_dir: Path, kube: Kube, namespace: str, name: str) -> dict[str, st
     out = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", kube.kubeconfig_path, "get", "wr", name, "-n",
                           namespace], check=True, capture_output=True, text=True).stdout.splitlines()
     return dict(zip(out[0].split(), out[1].split()))
+
+
+def test_a_cap_that_pauses_tells_the_worker_to_pause_and_raising_it_resumes_the_same_attempt(
+        kube: Kube, namespace: str, operator, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """spec.budget.onExhausted: Pause — the cap reached, the worker is told to pause and keeps its lease
+    (Ready's reason BudgetPaused says what to raise); a raised cap lets the same attempt go on."""
+    out, gate = tmp_path / "out.jsonl", tmp_path / "gate"
+    body = app_run("pausing", {"holdAttempts": [1], "holdSeconds": 120, "usagePerSecond": 2,
+                               "gateFile": str(gate), "outFile": str(out)}, duration=10, renew=1)
+    body["spec"]["budget"] = {"capCents": 6, "onExhausted": "Pause"}
+    runs.create(kube, namespace, body)
+    paused = kube.wait_for(Kube.wr_path(namespace), "pausing", lambda r: any(
+        c["type"] == "Ready" and c["reason"] == "BudgetPaused" for c in (r.get("status") or {}).get("conditions", [])),
+        60, "the run paused for its cap")
+    s = paused["status"]
+    assert s["phase"] == "Running" and s["holder"] == "pausing-a1"  # it keeps its lease
+    suspended = next(c for c in s["conditions"] if c["type"] == "Suspended")
+    assert suspended["status"] == "True" and "cap of 6 cents reached" in suspended["message"]
+    eventually(lambda: any(e.get("event") == "signals" and e.get("paused") for e in lines(out)), timeout=30,
+               what="the worker told to pause")
+    kube.ok(kube.patch(Kube.wr_path(namespace, "pausing"), {"spec": {"budget": {"capCents": 100000}}}))
+    eventually(lambda: any(e.get("event") == "signals" and e.get("paused") is False and e["at"] > _wall(
+        suspended["lastTransitionTime"]) for e in lines(out)), timeout=30, what="the worker told to go on")
+    gate.touch()
+    done = runs.wait_phase(kube, namespace, "pausing", ("Succeeded", "Failed", "BudgetExceeded"), timeout=60)
+    assert done["status"]["phase"] == "Succeeded" and len(done["status"]["attempts"]) == 1
+    resumed = next(c for c in done["status"]["conditions"] if c["type"] == "Suspended")
+    assert (resumed["status"], resumed["reason"]) == ("False", "Resumed")
