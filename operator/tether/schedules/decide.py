@@ -101,6 +101,18 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
     slots_made = [r.scheduled_time for r in o.runs if r.scheduled_time is not None]
     since = max([t for t in (old.last_schedule_time or s.metadata.creation_timestamp or now, *slots_made)])
     due = timing.due(since, now) if timing is not None else None
+    # Slots between the last one recorded and a later one whose run a pass made (its status write did
+    # not land) that have no run: that pass counted them missed in the write that was lost, so they
+    # are counted here (they would be in neither the status nor a run: unaccounted for).
+    base = old.last_schedule_time or s.metadata.creation_timestamp
+    if timing is not None and base is not None and slots_made and max(slots_made) > base:
+        gap = timing.due(base, max(slots_made))
+        unmade = gap.count - len({t for t in slots_made if base < t <= max(slots_made)})
+        if unmade > 0:
+            d.events.append(ScheduleEvent("Warning", "MissedSchedules",
+                                          f"{'more than ' if gap.more else ''}{unmade} slot(s) before "
+                                          f"{_iso(max(slots_made))} were missed; only the latest was handled"))
+            st.skipped_count += unmade
     asked = s.metadata.annotations.get(ANN_TRIGGER)
     new_trigger = bool(asked) and (old.last_trigger is None or old.last_trigger.id != asked)
 

@@ -241,6 +241,22 @@ def test_a_slots_run_made_before_its_status_write_landed_counts_as_the_slots_sta
     assert d.status.waiting is None and d.status.skipped_count == 0
 
 
+@pytest.mark.parametrize("suspended", [False, True])
+def test_the_slots_missed_before_a_run_made_whose_status_write_was_lost_are_counted(suspended: bool) -> None:
+    """Fault trials, seeds 98400 and 98503 (invariant 14): slots 11:55 and 12:00 were missed while the
+    operator was cut off; its pass made 12:00's run and counted 11:55 missed, but that status write
+    conflicted (the schedule was suspended meanwhile). The next pass, seeing 12:00's run, recorded
+    12:00 handled and counted nothing: 11:55 was in neither a run nor the status."""
+    made = run(T0)
+    d = decide(observe(schedule({"lastScheduleTime": "2026-12-07T11:50:00Z"}, suspend=suspended), made), at(1))
+    assert d.create == [] and d.status is not None
+    assert d.status.last_schedule_time == T0 and d.status.skipped_count == 1
+    assert [e.reason for e in d.events] == ["MissedSchedules"] and "1 slot(s) before" in d.events[0].message
+    # Two made, with one missed between them: only that one.
+    d = decide(observe(schedule({"lastScheduleTime": "2026-12-07T11:45:00Z"}), made, run(at(-10))), at(1))
+    assert d.status is not None and d.status.skipped_count == 1
+
+
 def test_a_waiting_or_manual_start_whose_run_exists_is_recorded_as_made() -> None:
     waiting = {"lastScheduleTime": "2026-12-07T12:00:00Z",
                "waiting": Waiting(name=slot_run_name("nightly", T0), scheduledTime=T0).dump()}
