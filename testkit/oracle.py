@@ -72,6 +72,9 @@ Fourteen invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    own, else its class's, else 90 s), however the class was edited meanwhile.
 14. A WorkerRunSchedule starts at most one run per slot, ever, never handles a slot twice, and
    accounts for every slot (started, or recorded as skipped): testkit/oracle_schedules.py.
+15. Child runs: a child that ran was admitted while its spawner held the parent, no child name is
+   created twice, a child joins its parent's ledger once and leaves it once, and the ledger adds
+   up: testkit/oracle_children.py.
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -97,6 +100,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from testkit.audit import AuditRecord
+from testkit.oracle_children import judge_children
 from testkit.oracle_schedules import judge_schedules
 
 INVARIANTS: dict[int, str] = {
@@ -114,6 +118,7 @@ INVARIANTS: dict[int, str] = {
     12: "no model answer spent unmetered: a cut one stops the worker's spending, none counted beyond its bill",
     13: "what a run took from its class is fixed from its first grant",
     14: "a schedule starts at most one run per slot and accounts for every slot",
+    15: "child runs: no stale attempt's child runs, one per key, admitted and settled once, the ledger adds up",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
@@ -445,10 +450,12 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
         _quota(records, facts, verdict)
     if facts.model_answers:
         _model_answers(history, final, facts, verdict)
+    found: list[tuple[int, str, str]] = []
     if facts.schedules:
-        found: list[tuple[int, str, str]] = []
         judge_schedules(records, facts.namespace, facts.schedules, found, verdict.stats)
-        verdict.violations += [Violation(*v) for v in found]
+    if any("parentRef" in (r.get("spec") or {}) for r in facts.runs):
+        judge_children(records, facts.namespace, facts.runs, found, verdict.stats)
+    verdict.violations += [Violation(*v) for v in found]
     verdict.stats["worker writes accepted"] += len(history.worker_writes)
     for what, n in history.refused_worker_writes.items():
         verdict.stats[f"worker writes refused ({what})"] += n

@@ -18,7 +18,9 @@ from tests.cluster.test_admission_policy import _bound_token, _client
 from tether.children.api import LABEL_PARENT
 from tether.worker.spawning import Parent, child_body
 from testkit import runs
+from testkit.audit import AuditLog
 from testkit.kube import Kube, eventually
+from testkit.oracle import TrialFacts, judge
 from testkit.receiver import Receiver
 from testkit.scenario import app_run, lines
 
@@ -83,6 +85,11 @@ def test_a_planner_that_crashes_re_attaches_to_its_children_and_completes_with_t
         # The ledger: three admitted, all settled, what they spent counted once.
         tree = s["children"]
         assert (tree["admitted"], tree.get("live", []), tree.get("reservedCents", 0)) == (3, [], 0)
+        # The oracle, from the audit log and the final objects (invariant 15 among the rest).
+        final = kube.ok(kube.get(Kube.wr_path(namespace)))["items"]
+        verdict = judge(AuditLog.from_env(namespace=namespace).read(), TrialFacts(namespace=namespace, runs=final))
+        assert verdict.ok, verdict.violations
+        assert verdict.stats["child runs that ran"] == 3 and verdict.stats["child runs settled"] == 3
         # Each child's end is said on the parent.
         said = eventually(lambda: e if len(e := kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/events", params={
             "fieldSelector": "involvedObject.name=planner,reason=ChildEnded"}))["items"]) == 3 else None,
