@@ -35,6 +35,7 @@ import httpx
 
 from tether import __version__, release_finalizers
 from tether.api.conditions import headline
+from tether.children.api import LABEL_PARENT
 from tether.console.actions import CONTROLS, ActionError, control, record_decision
 from tether.kube import config as kubeconfig
 from tether.kube.client import ApiError, KubeClient, server_says
@@ -94,6 +95,31 @@ def status_lines(run: dict[str, Any], lease: dict[str, Any] | None, now: dt.date
                      f"{a.get('outcome') or '-'}")
     for c in s.get("conditions", []):
         lines.append(f"  condition {c['type']}={c['status']} ({c['reason']})")
+    return lines
+
+
+def tree_lines(run: dict[str, Any], children: list[dict[str, Any]]) -> list[str]:
+    """A run's place in its tree (docs/children.md): its parent, what its ledger holds, and each
+    child with its phase, why, what it spent and its result."""
+    spec, s = run.get("spec") or {}, run.get("status") or {}
+    lines: list[str] = []
+    ref = spec.get("parentRef")
+    if ref:
+        lines.append(f"  parent: {ref['name']} (spawned by {ref['holder']} at fence {ref['fence']}, depth {ref['depth']})")
+    tree = s.get("children") or {}
+    if not tree and not children:
+        return lines
+    lines.append(f"  children: {tree.get('admitted', 0)} admitted, holding {tree.get('reservedCents', 0)} cents / "
+                 f"{tree.get('reservedTokens', 0)} tokens, spent {tree.get('spentCents', 0)} cents / "
+                 f"{tree.get('spentTokens', 0)} tokens")
+    for c in sorted(children, key=lambda c: str(c["metadata"].get("creationTimestamp", ""))):
+        cs = c.get("status") or {}
+        why = headline(cs)
+        usage = cs.get("usage") or {}
+        key = (c["metadata"].get("annotations") or {}).get("tether.dev/child-key", "")
+        result = f"  result {json.dumps(cs['result'], sort_keys=True)[:80]}" if cs.get("result") is not None else ""
+        lines.append(f"    {c['metadata']['name']} ({key}): {cs.get('phase', 'Pending')}"
+                     f"{f' ({why[0]})' if why else ''}  spent {usage.get('cents', 0)} cents{result}")
     return lines
 
 
@@ -209,7 +235,12 @@ def _status(cfg: kubeconfig.KubeConfig, ns: str, name: str) -> int:
             raise ApiError(resp.status_code, resp.text, f"get workerrun {ns}/{name}")
         lease_resp = http.get(lease_path(ns, name))
         lease = lease_resp.json() if lease_resp.status_code == 200 else None
-    print("\n".join(status_lines(resp.json(), lease, dt.datetime.now(dt.timezone.utc))))
+        run = resp.json()
+        listed = http.get(run_path(ns), params={"labelSelector": f"{LABEL_PARENT}={name}"})
+        # Its children (a namesake's are owned by another UID); none listed when the user may not list runs.
+        children = [c for c in (listed.json().get("items") or [] if listed.status_code == 200 else [])
+                    if any(o.get("uid") == run["metadata"]["uid"] for o in c["metadata"].get("ownerReferences") or [])]
+    print("\n".join(status_lines(run, lease, dt.datetime.now(dt.timezone.utc)) + tree_lines(run, children)))
     return 0
 
 

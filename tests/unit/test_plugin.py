@@ -205,3 +205,22 @@ def test_version_is_a_command_and_a_flag(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit) as exit_:
         plugin.main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out == f"kubectl-tether {__version__}\n"
+
+
+def test_status_shows_a_runs_place_in_its_tree() -> None:
+    parent = _run({"phase": "Running", "children": {"admitted": 2, "reservedCents": 10, "spentCents": 7}})
+    done = {"metadata": {"name": "job-1a2b", "creationTimestamp": "2026-01-01T00:00:01Z",
+                         "annotations": {"tether.dev/child-key": "search:1"}},
+            "status": {"phase": "Succeeded", "usage": {"cents": 7}, "result": {"hits": 3}}}
+    refused = {"metadata": {"name": "job-3c4d", "creationTimestamp": "2026-01-01T00:00:02Z",
+                            "annotations": {"tether.dev/child-key": "shell:1"}},
+               "status": {"phase": "Rejected", "conditions": [
+                   {"type": "Ready", "status": "False", "reason": "TreeBudgetExhausted", "message": "has 3 left",
+                    "lastTransitionTime": "2026-01-01T00:00:02Z"}]}}
+    lines = plugin.tree_lines(parent, [refused, done])
+    assert lines[0] == "  children: 2 admitted, holding 10 cents / 0 tokens, spent 7 cents / 0 tokens"
+    assert lines[1] == '    job-1a2b (search:1): Succeeded  spent 7 cents  result {"hits": 3}'
+    assert lines[2].startswith("    job-3c4d (shell:1): Rejected (TreeBudgetExhausted)")
+    child = {**done, "spec": {"parentRef": {"name": "job", "uid": "u", "holder": "job-a2", "fence": 3, "depth": 1}}}
+    assert plugin.tree_lines(child, []) == ["  parent: job (spawned by job-a2 at fence 3, depth 1)"]
+    assert plugin.tree_lines(_run({"phase": "Running"}), []) == []
