@@ -152,14 +152,39 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
             + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows) + "</tbody></table>")
 
 
+def tree_fragment(base: str, run: dict[str, Any], children: list[dict[str, Any]]) -> str:
+    """A run's place in its tree (docs/children.md): its parent, its ledger, and each child."""
+    spec, status = run.get("spec") or {}, run.get("status") or {}
+    ref, tree = spec.get("parentRef"), status.get("children") or {}
+    out = []
+    if ref:
+        parent = {"metadata": {"namespace": run["metadata"]["namespace"], "name": ref["name"]}}
+        out.append(f'<p id="parent">child of <a href="{escape(run_href(base, parent))}">{escape(ref["name"])}</a>, '
+                   f'spawned by {escape(ref["holder"])} at fence {int(ref["fence"])}</p>')
+    if tree or children:
+        out.append(f'<p>{int(tree.get("admitted") or 0)} children admitted; they hold '
+                   f'{int(tree.get("reservedCents") or 0)} cents and spent {int(tree.get("spentCents") or 0)} cents '
+                   'of the tree</p>')
+        rows = [[f'<a href="{escape(run_href(base, c))}">{escape(c["metadata"]["name"])}</a>',
+                 escape((c["metadata"].get("annotations") or {}).get("tether.dev/child-key", "")),
+                 escape(phase_of(c)), str(int(((c.get("status") or {}).get("usage") or {}).get("cents") or 0)),
+                 escape(json.dumps((c.get("status") or {}).get("result"))[:120]
+                        if (c.get("status") or {}).get("result") is not None else "")]
+                for c in sorted(children, key=lambda c: str(c["metadata"].get("creationTimestamp", "")))]
+        out.append(_table(["child", "key", "phase", "spent (cents)", "result"], rows) if rows else "")
+    return "".join(out) or '<p class="muted">no parent, no children</p>'
+
+
 def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], events: list[dict[str, Any]],
                   now: dt.datetime, lease: dict[str, Any] | None = None,
-                  pods: list[dict[str, Any]] | None = None) -> dict[str, str]:
+                  pods: list[dict[str, Any]] | None = None, children: list[dict[str, Any]] | None = None
+                  ) -> dict[str, str]:
     """A run's page as fragments by element id, re-rendered whenever the run, its events, its
     Lease or its pods change."""
     if run is None:
         return {"summary": '<p class="error">this run does not exist (any more)</p>', "charts": "", "review": "",
-                "conditions": "", "events": "", "controls": "", "attempts": "", "result": "", "spec": ""}
+                "conditions": "", "events": "", "controls": "", "attempts": "", "result": "", "spec": "",
+                "tree": ""}
     meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
     usage = status.get("usage") or {}
     phase = phase_of(run)
@@ -211,7 +236,7 @@ def run_fragments(base: str, run: dict[str, Any] | None, series: list[Point], ev
            else f'<button data-post="{escape(path)}/suspend" {uid}>Suspend</button>'))
     return {"summary": summary, "charts": chart, "review": review, "conditions": conditions, "events": event_rows,
             "controls": controls, "attempts": attempts_table(base, run, pods or []), "result": result_view(run),
-            "spec": yaml_block(spec)}
+            "spec": yaml_block(spec), "tree": tree_fragment(base, run, children or [])}
 
 
 def run_page(base: str, ns: str, name: str, fragments: dict[str, str]) -> str:
@@ -222,6 +247,7 @@ def run_page(base: str, ns: str, name: str, fragments: dict[str, str]) -> str:
             '<h3>logs</h3><p id="log-title" class="muted">a log button above shows that attempt\'s worker logs</p>'
             '<pre id="log-output" class="logs" hidden></pre>'
             f'<h3>result</h3><div id="result">{fragments["result"]}</div>'
+            f'<h3>tree</h3><div id="tree">{fragments["tree"]}</div>'
             f'<h3>awaiting a decision</h3><div id="review">{fragments["review"]}</div>'
             f'<h3>conditions</h3><div id="conditions">{fragments["conditions"]}</div>'
             f'<h3>events</h3><div id="events">{fragments["events"]}</div>'

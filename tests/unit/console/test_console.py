@@ -296,3 +296,21 @@ def test_a_queued_run_shows_where_it_waits_and_its_evictions_on_the_timeline() -
     assert 'data-outcome="Preempted"' in charts.timeline_svg(t) and "Preempted" in charts.legend()
     summary = views.run_fragments("", run, [], [], now)["summary"]
     assert "queue agents → team-a" in summary and "1 evicted by Kueue" in summary
+
+
+def test_a_runs_page_shows_its_parent_and_its_children() -> None:
+    parent = {"metadata": {"name": "planner", "namespace": "ns", "uid": "u-p"}, "spec": {},
+              "status": {"phase": "Running", "children": {"admitted": 2, "reservedCents": 10, "spentCents": 7}}}
+    child = {"metadata": {"name": "planner-1a2b", "namespace": "ns", "uid": "u-c",
+                          "annotations": {"tether.dev/child-key": "search:1"}, "creationTimestamp": "2026-01-01T00:00:01Z"},
+             "spec": {"parentRef": {"name": "planner", "uid": "u-p", "holder": "planner-a2", "fence": 3, "depth": 1}},
+             "status": {"phase": "Succeeded", "usage": {"cents": 7}, "result": {"hits": 3}}}
+    html = views.tree_fragment("", parent, [child])
+    assert "2 children admitted; they hold 10 cents and spent 7 cents" in html
+    assert '<a href="/runs/ns/planner-1a2b">planner-1a2b</a>' in html and "search:1" in html
+    assert "Succeeded" in html and "{&quot;hits&quot;: 3}" in html
+    up = views.tree_fragment("", child, [])
+    assert 'child of <a href="/runs/ns/planner">planner</a>, spawned by planner-a2 at fence 3' in up
+    assert "no parent, no children" in views.tree_fragment("", {**parent, "status": {}}, [])
+    page = views.run_fragments("", parent, [], [], dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), children=[child])
+    assert page["tree"] == html
