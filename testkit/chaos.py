@@ -94,6 +94,12 @@ API_PAUSE = "api-pause"
 SCHEDULE = "sched"
 SCHEDULE_EVERY = 5
 SCHEDULE_KILL = "operator-kill-mid-schedule"
+# A planner beside the runs (drawn apart for four plans in ten): a run of a planners class whose
+# worker (tests/support/planner_app.py) spawns 2 or 3 tool calls as child runs of a tools class,
+# each with its share of the planner's cap, and may crash after its first results (its next attempt
+# re-attaches by key). Judged by invariant 15 (testkit/oracle_children.py) and all the others.
+PLANNER = "planner"
+PLANNER_CAP_CENTS = 100
 # A higher-priority run asking for the whole quota of a trial's ClusterQueue: Kueue evicts every
 # admitted queued run (drawn only for plans with queued runs, from a generator of its own).
 RUN_PREEMPT = "run-preempt"
@@ -173,6 +179,10 @@ class Plan:
     ha: bool  # two operator replicas with leader election
     faults: list[FaultPlan]
     schedule: bool = False  # a WorkerRunSchedule beside the runs (SCHEDULE)
+    # A planner beside the runs (PLANNER): the usage of each of its tool calls (cents per second,
+    # each a child run), and after how many results its first attempt crashes (None: it does not).
+    children: list[int] = field(default_factory=list)
+    crash_after: int | None = None
 
     @property
     def api_pause(self) -> bool:
@@ -225,7 +235,11 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
     if schedule and allow_api_pause and scheduled.random() < 0.3 and not any(f.kind == API_PAUSE for f in faults):
         faults.append(_draw_fault(scheduled, API_PAUSE, len(runs), window))
     faults.sort(key=lambda f: f.at)
-    return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults, schedule=schedule)
+    planned = random.Random(f"{seed}/children")
+    children = [planned.choice([0, 1, 2]) for _ in range(planned.randint(2, 3))] if planned.random() < 0.4 else []
+    crash_after = planned.choice([None, 1, 2]) if children else None
+    return Plan(seed=seed, allow_api_pause=allow_api_pause, runs=runs, ha=ha, faults=faults, schedule=schedule,
+                children=children, crash_after=crash_after)
 
 
 def _draw_queues(gen: random.Random, runs: list[RunPlan], window: float) -> list[FaultPlan]:
@@ -673,11 +687,47 @@ class Trial:
                                         "metadata": {"name": self.class_name}, "spec": {"defaults": self.class_defaults}}))
         for body in self.bodies.values():
             kube.ok(kube.post(Kube.wr_path(ns), body))
+        if self.plan.children:
+            self._planner()
         if self.plan.schedule:
             kube.ok(kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{ns}/workerrunschedules", {
                 "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRunSchedule", "metadata": {"name": SCHEDULE},
                 "spec": {"schedule": f"@every {SCHEDULE_EVERY}s", "concurrencyPolicy": "Allow",
                          "runTemplate": {"spec": {"executor": "External", "suspend": True}}}}))
+
+    def _planner(self) -> None:
+        """The planner and its classes: its tool calls' pods reach the API server through the
+        workers' proxy, as every worker of the trial does."""
+        planners, tools = f"{self.ns}-planners", f"{self.ns}-tools"
+        for name, bounds in ((planners, {"childClasses": [tools]}), (tools, {})):
+            self.kube.ok(self.kube.post(CLASSES, {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerClass",
+                                                  "metadata": {"name": name}, "spec": {"bounds": bounds}}))
+        tool = app_run("tool", {}, duration=LEASE_SECONDS, renew=RENEW_SECONDS,
+                       annotations={API_SERVER_ANNOTATION: self.worker_proxy.url})["spec"]["template"]
+        tool["spec"]["terminationGracePeriodSeconds"] = 2
+        share = PLANNER_CAP_CENTS // (len(self.plan.children) + 1)
+        calls = [{"key": f"tool:{i}", "className": tools, "capCents": share,
+                  "payload": {"workSeconds": 1 + i, "usagePerSecond": cents,
+                              "outFile": str(self.workdir / f"{PLANNER}-tool-{i}.jsonl")}}
+                 for i, cents in enumerate(self.plan.children)]
+        body = app_run(PLANNER, {"calls": calls, "childTemplate": tool, "outFile": str(self.workdir / f"{PLANNER}.jsonl"),
+                                 **({"crashAfter": self.plan.crash_after} if self.plan.crash_after else {})},
+                       duration=LEASE_SECONDS, renew=RENEW_SECONDS,
+                       annotations={API_SERVER_ANNOTATION: self.worker_proxy.url}, max_attempts=4)
+        spec = body["spec"]
+        spec["template"]["spec"]["containers"][0]["command"] = ["python", "tests/support/planner_app.py"]
+        spec["template"]["spec"]["terminationGracePeriodSeconds"] = 2
+        spec["lease"]["startupGraceSeconds"] = STARTUP_GRACE_SECONDS
+        spec["className"] = planners
+        spec["budget"] = {"capCents": PLANNER_CAP_CENTS}
+        self.kube.ok(self.kube.post(Kube.wr_path(self.ns), body))
+
+    def _tree(self) -> list[str]:
+        """The planner and its children, by name (none when the plan draws no planner)."""
+        if not self.plan.children:
+            return []
+        listed = self.kube.get(Kube.wr_path(self.ns), params={"labelSelector": f"tether.dev/parent={PLANNER}"})
+        return [PLANNER] + ([c["metadata"]["name"] for c in listed.json()["items"]] if listed.status_code == 200 else [])
 
     # --- helpers ------------------------------------------------------------------------------
 
@@ -1136,7 +1186,7 @@ class Trial:
         budget charged, and nothing moved since the previous poll: the books are closed."""
         self.operators.supervise()
         view: list[str] = []
-        for name in [rp.name for rp in self.plan.runs] + list(self.preemptors):
+        for name in [rp.name for rp in self.plan.runs] + list(self.preemptors) + self._tree():
             resp = self.kube.get(Kube.wr_path(self.ns, name))
             if name in self.deleted:
                 if resp.status_code != 404:
@@ -1386,6 +1436,9 @@ class Trial:
             self.kube.delete(f"/api/v1/namespaces/{self.ns}")
             if self.class_defaults:
                 self.kube.delete(f"{CLASSES}/{self.class_name}")
+            if self.plan.children:
+                for name in (f"{self.ns}-planners", f"{self.ns}-tools"):
+                    self.kube.delete(f"{CLASSES}/{name}")
             if self.queue is not None:
                 chaos_queues.tear_down(self.kube, self.queue)
             if self.model is not None:

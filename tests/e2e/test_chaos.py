@@ -29,7 +29,9 @@ pytestmark = pytest.mark.local_cluster  # it signals worker processes of the pro
 # its leadership, and queues runs whose workers publish an error when Kueue's preemption tells them
 # to yield (issue 33: that error was erased; invariant 11 judges the quota). 22045 also preempts its
 # queued run again and again, past the operators' short attempt history (invariant 4); 7392, 12988,
-# 8392 and 33371 meter workers on a model API that cuts answers (invariant 12).
+# 8392 and 33371 meter workers on a model API that cuts answers (invariant 12). 7392, 27296, 378 and
+# 33371 run a planner that spawns its tool calls as child runs (7392, 27296 and 33371 crash it after
+# its first results: it re-attaches; invariant 15).
 # A failed trial's evidence is copied here (in the checkout, next to the cluster's own files).
 EVIDENCE = Path(__file__).resolve().parents[2] / ".tether" / "chaos-evidence"
 SEEDS = [7392, 27296, 30542, 12988, 22045, 8392, 378, 33371]
@@ -49,6 +51,8 @@ def test_the_fixed_set_draws_every_fault_kind_but_the_api_pause() -> None:
     assert any(rp.fail_on_yield for rp in runs)  # a publication during a yield
     assert {rp.metered for rp in runs} >= {"stream", "whole"}  # metered workers whose answers are cut
     assert sum(f.kind == "run-preempt-again" for plan in plans for f in plan.faults) >= 3  # past the kept history
+    # A planner spawning tool calls as child runs, one that crashes and re-attaches (invariant 15).
+    assert any(plan.children and plan.crash_after for plan in plans)
     # A plan is a function of its seed: that is what makes a failing trial replayable.
     assert [draw_plan(seed, allow_api_pause=False) for seed in SEEDS] == plans
 
