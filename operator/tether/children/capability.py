@@ -55,9 +55,11 @@ class Children:
             ending = (phase is not None and phase.terminal) or run.metadata.deletion_timestamp is not None
             cached_parent = _parsed(cached, ref.uid)
             # Fresh before it is admitted, and when it is to be settled (it ended or is deleted, and
-            # the cache says it is live in the ledger; the fresh read says whether it still is).
-            fresh = (run.status.attempt == 0 and not ending) or (
-                ending and cached_parent is not None and ledger.live_entry(cached_parent, run.metadata.uid) is not None)
+            # the cache says it is live in the ledger; the fresh read says whether it still is). A
+            # live child the cache shows admitted is (only its own settlement removes the entry), so
+            # one waiting long for its first attempt (a queue, a review) costs no read per pass.
+            listed = cached_parent is not None and ledger.live_entry(cached_parent, run.metadata.uid) is not None
+            fresh = (run.status.attempt == 0 and not ending and not listed) or (ending and listed)
             if not fresh:
                 return ParentRead(parent=cached_parent, body=None, fresh=False)
             body = await ctx.kube.get_object(run_path(ns, ref.name))
