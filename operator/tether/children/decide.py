@@ -50,6 +50,12 @@ class ParentRead:
     fresh: bool
     bounds: ClassBounds | None = None  # the parent's class's, as the operator holds it; None: no class
 
+    def knows_parent(self, attempt: int) -> bool:
+        """Whether what it says of the parent can end the child: a fresh read, or the cache once the
+        child was admitted or started (its parent was seen then; only a cached *absence* of a parent
+        not yet seen could be the cache lagging, and that is read fresh)."""
+        return self.fresh or self.parent is not None or attempt > 0
+
 
 def parent_ended(parent: WorkerRun | None) -> str | None:
     """Why the children of `parent` must stop (None: they go on). A parent attempt that is lost is
@@ -140,7 +146,7 @@ class ChildrenRules(Rules):
         if ref is None or read is None:
             return True
         ended = parent_ended(read.parent)
-        if ended is not None and (o.run.status.attempt > 0 or read.fresh):
+        if ended is not None and read.knows_parent(o.run.status.attempt):
             _end_unheld(o, b, d, read, ended)
             return False
         if o.run.status.attempt > 0:
@@ -182,7 +188,7 @@ class ChildrenRules(Rules):
                 _settle(o, d)
             return
         read = o.part(ParentRead)
-        if read is None or not (read.fresh or s.attempt > 0):
+        if read is None or not read.knows_parent(s.attempt):
             return
         ended = parent_ended(read.parent)
         if ended is not None:

@@ -235,3 +235,14 @@ def test_a_suspended_child_that_never_started_ends_with_its_parent() -> None:
         o = dataclasses.replace(o, run=c.model_copy(update={"status": status_of(d.actions)}))
         d = decide(o, (RULES,))
     assert status_of(d.actions).phase == Phase.REJECTED
+
+
+def test_an_admitted_child_read_from_the_cache_still_ends_with_its_parent() -> None:
+    """Once admitted it is read from the cache until its first attempt: a cached parent that ended
+    must end it there too, not let its grant through."""
+    admitted = ledger.admitted(parent(), child())
+    ended = parent(status={"phase": "Failed", "holder": None, "children": admitted.dump()})
+    d = first_pass(child(), ended, fresh=False)
+    assert kinds(d.actions) == ["WriteStatus"] and status_of(d.actions).phase == Phase.CANCELLED
+    live = parent(status={"children": admitted.dump()})
+    assert kinds(first_pass(child(), live, fresh=False).actions) == ["WriteStatus", "EnsureLease", "EnsurePod"]
