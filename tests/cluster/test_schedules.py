@@ -72,7 +72,16 @@ def _bind(kube: Kube, ns: str, sa: str, rules: list[dict[str, Any]]) -> dict[str
     kube.ok(kube.post(RBAC.format(ns=ns, kind="rolebindings"), {
         "metadata": {"name": sa}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}))
-    return {"Impersonate-User": f"system:serviceaccount:{ns}:{sa}"}
+    # The API server's RBAC sees a new binding through its informers, a moment later (make test: a
+    # create as the account right after the binding was refused as unauthorized, once).
+    user = f"system:serviceaccount:{ns}:{sa}"
+    last = rules[-1]
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {
+        "user": user, "resourceAttributes": {"namespace": ns, "group": last["apiGroups"][0],
+                                             "resource": last["resources"][0], "verb": last["verbs"][-1]}}}
+    eventually(lambda: kube.ok(kube.post("/apis/authorization.k8s.io/v1/subjectaccessreviews", review))
+               ["status"].get("allowed"), timeout=30, what=f"RBAC granting {sa} its role")
+    return {"Impersonate-User": user}
 
 
 def _named_run(name: str, owner_uid: str, labels: dict[str, str]) -> dict[str, Any]:

@@ -64,6 +64,17 @@ def _started(kube: Kube, ns: str, name: str) -> str:
                     {"attempt": 1, "fence": 3, "holder": f"{name}-a1", "executionDigest": DIGEST})
 
 
+def _child(kube: Kube, ns: str, name: str, **spec: Any) -> str:
+    """A child run made by hand (an administrator's: the policies judge only workers' holders)."""
+    parent = kube.ok(kube.post(Kube.wr_path(ns), _run(f"{name}-parent")))["metadata"]
+    body = _run(name, parentRef={"name": parent["name"], "uid": parent["uid"], "holder": f"{parent['name']}-a1",
+                                 "fence": 1, "depth": 1}, **spec)
+    body["metadata"]["labels"] = {"tether.dev/parent": parent["name"]}
+    body["metadata"]["ownerReferences"] = [{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun",
+                                            "name": parent["name"], "uid": parent["uid"]}]
+    return _created(kube, ns, body)
+
+
 def _class(ns: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerClass", "metadata": {"name": f"{ns}-c"}, "spec": spec}
 
@@ -128,6 +139,13 @@ CASES: list[tuple[str, str, Callable[[Kube, str], httpx.Response]]] = [
     ("each run of a schedule is an operation of its own", "spec.runTemplate.spec.idempotencyKey",
      lambda kube, ns: kube.post(SCHEDULES.format(ns=ns), _schedule("keyed", {"executor": "External",
                                                                               "idempotencyKey": "k"}))),
+    ("spec.parentRef cannot be changed once set", "spec.parentRef",
+     lambda kube, ns: kube.patch(_child(kube, ns, "moved"), {"spec": {"parentRef": {"fence": 2}}})),
+    ("spec.parentRef cannot be added or removed", "spec.parentRef",
+     lambda kube, ns: kube.patch(_created(kube, ns, _run("orphan")), {"spec": {"parentRef": {
+         "name": "p", "uid": "u", "holder": "p-a1", "fence": 1, "depth": 1}}})),
+    ("spec.budget.capCents and maxTokens may be lowered, never raised", "spec.budget",
+     lambda kube, ns: kube.patch(_child(kube, ns, "greedy", budget={"capCents": 5}), {"spec": {"budget": {"capCents": 6}}})),
     ("status.executionDigest never changes once set", "status.executionDigest",
      lambda kube, ns: kube.patch(_started(kube, ns, "digested") + "/status",
                                  {"status": {"executionDigest": "sha256:" + "b" * 64}})),

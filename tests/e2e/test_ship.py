@@ -182,7 +182,7 @@ def test_kubectl_wait_explain_columns_and_plugin(kube: Kube, namespace: str, ope
     assert header == ["NAME", "PHASE", "REASON", "ATTEMPT", "FENCE", "HOLDER", "PARENT", "QUEUE", "AGE"]
     # A finished run has no holder, and this one no queue: those columns are blank.
     row = table.stdout.splitlines()[1].split()
-    assert row[1:5] == ["Succeeded", "Succeeded", "1", "2"] and len(row) == len(header) - 2, row
+    assert row[1:5] == ["Succeeded", "Succeeded", "1", "2"] and len(row) == len(header) - 3, row  # no holder, parent, queue
     wide = kubectl(bin_dir, "get", "wr", "-n", namespace, "-o", "wide").stdout.splitlines()[0]
     assert "SPENT" in wide and "CHECKPOINT" in wide
     explained = kubectl(bin_dir, "explain", "workerrun.spec.lease")
