@@ -66,8 +66,11 @@ class Children:
             if body is not None:
                 ctx.manager.feed("run-read", None, body)
             parent = _parsed(body, ref.uid)
+            lease = ctx.cache.leases.get(ref.uid)
+            reported = lease.usage if lease is not None and parent is not None and \
+                (lease.holder, lease.fence) == (parent.status.holder, parent.status.fence) else None
             return ParentRead(parent=parent, body=body, fresh=True,
-                              bounds=bounds_of(parent) if parent is not None else None)
+                              bounds=bounds_of(parent) if parent is not None else None, reported=reported)
 
         async def write_ledger(snap: Snapshot, action: AdmitChild | SettleChild) -> Snapshot:
             """The parent's status.children, if the parent is still as read for this decision (a

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tether.api.models import Outcome, Phase, WorkerRun
+from tether.api.models import Outcome, Phase, Usage, WorkerRun
 from tether.api.workerclass import ClassBounds
 from tether.children import ledger
 from tether.children.api import ANN_CHILD_KEY, ANN_SUSPENDED_BY_PARENT
@@ -49,6 +49,9 @@ class ParentRead:
     body: dict[str, Any] | None
     fresh: bool
     bounds: ClassBounds | None = None  # the parent's class's, as the operator holds it; None: no class
+    # What the parent's current attempt last reported on its Lease (as this operator saw it), which
+    # its status folds in at a bounded rate: admission counts it.
+    reported: Usage | None = None
 
     def knows_parent(self, attempt: int) -> bool:
         """Whether what it says of the parent can end the child: a fresh read, or the cache once the
@@ -110,10 +113,10 @@ def refusal(child: WorkerRun, read: ParentRead) -> tuple[str, str] | None:
     if t.admitted >= most:
         return REASON_TOO_MANY, (f"parent {ref.name} spawned {t.admitted} children, the most its class allows "
                                  f"({most}, bounds.maxChildren)")
-    return _money(child, parent)
+    return _money(child, parent, read.reported)
 
 
-def _money(child: WorkerRun, parent: WorkerRun) -> tuple[str, str] | None:
+def _money(child: WorkerRun, parent: WorkerRun, reported: Usage | None) -> tuple[str, str] | None:
     ref = child.spec.parent_ref
     assert ref is not None
     mine = parent.spec.budget.budget_ref if parent.spec.budget is not None else None
@@ -121,7 +124,7 @@ def _money(child: WorkerRun, parent: WorkerRun) -> tuple[str, str] | None:
     if mine is not None and (theirs is None or theirs.name != mine.name):
         return REASON_BUDGET_MISMATCH, (f"parent {ref.name} draws on WorkerBudget {mine.name}; its children must "
                                         f"too (spec.budget.budgetRef), not {theirs.name if theirs else 'none'}")
-    left_cents, left_tokens = ledger.tree_left(parent)
+    left_cents, left_tokens = ledger.tree_left(parent, reported)
     share = ledger.share_of(child)
     budget = child.spec.budget
     for kind, left, asked, field in (("cents", left_cents, share.cents, "capCents"),

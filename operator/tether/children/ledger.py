@@ -17,11 +17,23 @@ def live_entry(parent: WorkerRun, child_uid: str) -> ChildEntry | None:
     return next((e for e in t.live if e.uid == child_uid), None) if t is not None else None
 
 
-def tree_left(parent: WorkerRun) -> tuple[int | None, int | None]:
-    """(cents, tokens) the parent's caps leave for a new child: its cap, less its own attempts'
-    spending as its status has it, less what its children hold. None: no such cap."""
+def own_spending(parent: WorkerRun, reported: Usage | None = None) -> Usage:
+    """What the parent itself spent: its attempts as its status has them, its current attempt at
+    least what its worker last reported on its Lease (folded into the status at a bounded rate)."""
+    folded = attempts_usage(parent.status)
+    cur = parent.status.current()
+    if reported is None or cur is None or cur.outcome is not None:
+        return folded
+    had = cur.usage or Usage()
+    return Usage(cents=folded.cents + max(0, reported.cents - had.cents),
+                 tokens=folded.tokens + max(0, reported.tokens - had.tokens))
+
+
+def tree_left(parent: WorkerRun, reported: Usage | None = None) -> tuple[int | None, int | None]:
+    """(cents, tokens) the parent's caps leave for a new child: its cap, less its own spending
+    (`reported`: its current attempt's latest report), less what its children hold. None: no such cap."""
     budget = parent.spec.budget
-    own, held = attempts_usage(parent.status), tree_held(parent.status)
+    own, held = own_spending(parent, reported), tree_held(parent.status)
     cap_cents = budget.cap_cents if budget is not None else None
     cap_tokens = budget.max_tokens if budget is not None else None
     return (None if cap_cents is None else cap_cents - own.cents - held.cents,

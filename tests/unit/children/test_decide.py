@@ -246,3 +246,19 @@ def test_an_admitted_child_read_from_the_cache_still_ends_with_its_parent() -> N
     assert kinds(d.actions) == ["WriteStatus"] and status_of(d.actions).phase == Phase.CANCELLED
     live = parent(status={"children": admitted.dump()})
     assert kinds(first_pass(child(), live, fresh=False).actions) == ["WriteStatus", "EnsureLease", "EnsurePod"]
+
+
+def test_admission_counts_what_the_parents_worker_reported_since_its_last_fold() -> None:
+    """Review finding: the parent's folded status said 30 spent while its Lease said 60; a child
+    asking for 50 of the 70 the status left was admitted, and the tree went past its cap."""
+    p = parent({"budget": {"capCents": 100}}, {"attempts": [{"attempt": 2, "fence": 3, "holder": "planner-a2",
+                                                            "usage": {"cents": 30}}]})
+    c = child(spec={"budget": {"capCents": 50}})
+    read = ParentRead(parent=p, body={}, fresh=True, bounds=SEARCH, reported=Usage(cents=60))
+    d = decide(dataclasses.replace(observe(c), parts={ParentRead: read}), (RULES,))
+    assert status_of(d.actions).phase == Phase.REJECTED and d.actions[0].events[0].reason == "TreeBudgetExhausted"
+    assert "has 40 left" in d.actions[0].events[0].message
+    # What the status has already: nothing counted twice.
+    read = dataclasses.replace(read, reported=Usage(cents=30))
+    (admit,) = decide(dataclasses.replace(observe(c), parts={ParentRead: read}), (RULES,)).actions
+    assert isinstance(admit, AdmitChild)
