@@ -121,9 +121,16 @@ def test_worker_cannot_renew_another_runs_lease(kube: Kube, namespace: str, oper
     assert me["status"]["userInfo"]["username"] == f"system:serviceaccount:{namespace}:tether-worker"
     own = as_a.get(LEASES.format(ns=namespace) + "/a")
     assert own.status_code == 200
-    other = as_a.get(LEASES.format(ns=namespace) + "/b")
-    assert other.status_code == 200  # reading is the shared Role's; writing is the policy's to refuse
-    refused = as_a.put(LEASES.format(ns=namespace) + "/b", json=other.json())
+    # Reading is the shared Role's; writing is the policy's to refuse. b's own worker renews its Lease
+    # every second: a PUT of what was read a moment ago may meet a newer resourceVersion (409, decided
+    # before the policy is asked; make test met it once), so it is read and sent again until the API
+    # server answers about the write itself.
+    def put_b() -> httpx.Response | None:
+        other = as_a.get(LEASES.format(ns=namespace) + "/b")
+        assert other.status_code == 200
+        resp = as_a.put(LEASES.format(ns=namespace) + "/b", json=other.json())
+        return None if resp.status_code == 409 else resp
+    refused = eventually(put_b, timeout=30, what="a PUT of b's Lease answered about the write itself")
     assert refused.status_code == 403 and "tether-worker-lease-fencing" in refused.text, refused.text
     patch = [{"op": "add", "path": "/status/result", "value": {"forged": True}}]
     resp = as_a.patch(Kube.wr_path(namespace, "b") + "/status", json=patch,
