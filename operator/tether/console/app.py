@@ -470,12 +470,8 @@ def _run_fragments(request: Request, session: Session, ns: str, name: str) -> di
     run = session.scope.runs.objects.get(key)
     events = session.scope.run_events(run["metadata"]["uid"]) if run else []
     lease, pods = (session.scope.lease_of(run), session.scope.pods_of(run)) if run else (None, [])
-    uid = run["metadata"]["uid"] if run else None
-    children = [c for c in _runs(session) if c["metadata"]["namespace"] == ns and uid is not None
-                and any(o.get("uid") == uid for o in c["metadata"].get("ownerReferences") or [])
-                and "parentRef" in (c.get("spec") or {})]
     return views.run_fragments(_base(request), run, session.scope.series.get(key, []), events, _now(), lease, pods,
-                               children)
+                               views.children_of(run, _runs(session)) if run else [])
 
 
 def _schedules_fragment(request: Request, session: Session) -> str:

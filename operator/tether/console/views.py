@@ -152,6 +152,13 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
             + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows) + "</tbody></table>")
 
 
+def children_of(run: dict[str, Any], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The child runs of `run` (owned by its UID: a namesake's are not)."""
+    meta = run["metadata"]
+    return [c for c in runs if c["metadata"]["namespace"] == meta["namespace"] and "parentRef" in (c.get("spec") or {})
+            and any(o.get("uid") == meta["uid"] for o in c["metadata"].get("ownerReferences") or [])]
+
+
 def tree_fragment(base: str, run: dict[str, Any], children: list[dict[str, Any]]) -> str:
     """A run's place in its tree (docs/children.md): its parent, its ledger, and each child."""
     spec, status = run.get("spec") or {}, run.get("status") or {}

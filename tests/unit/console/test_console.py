@@ -314,3 +314,12 @@ def test_a_runs_page_shows_its_parent_and_its_children() -> None:
     assert "no parent, no children" in views.tree_fragment("", {**parent, "status": {}}, [])
     page = views.run_fragments("", parent, [], [], dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), children=[child])
     assert page["tree"] == html
+
+
+def test_a_runs_children_are_those_its_uid_owns() -> None:
+    parent = {"metadata": {"name": "p", "namespace": "ns", "uid": "u-p"}}
+    mine = {"metadata": {"name": "c1", "namespace": "ns", "ownerReferences": [{"uid": "u-p"}]}, "spec": {"parentRef": {}}}
+    namesakes = {"metadata": {"name": "c2", "namespace": "ns", "ownerReferences": [{"uid": "u-old"}]},
+                 "spec": {"parentRef": {}}}
+    owned_only = {"metadata": {"name": "w", "namespace": "ns", "ownerReferences": [{"uid": "u-p"}]}, "spec": {}}
+    assert views.children_of(parent, [mine, namesakes, owned_only, parent]) == [mine]
