@@ -62,6 +62,7 @@ class Sent:
     method: str
     path: str
     status: int  # what the worker got; 0: no answer
+    answered: float | None = None  # wall clock when its answer went back (None: not yet, or never)
 
 
 class GatewayProxy:
@@ -83,7 +84,8 @@ class GatewayProxy:
         self._delay_response: tuple[re.Pattern[str], float] | None = None  # the next match is answered late
         self.held = 0  # requests that have waited on hold()
         self.delayed = 0  # answers delay_response() delayed
-        self.requests: list[list[Any]] = []  # [wall time it arrived, path, status the worker got (0: none yet)]
+        # [wall time it arrived, path, status the worker got (0: none yet), wall time answered (None: not yet)]
+        self.requests: list[list[Any]] = []
         self._lock = threading.Lock()
         outer = self
 
@@ -95,7 +97,7 @@ class GatewayProxy:
 
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                record: list[Any] = [time.time(), self.path, 0]
+                record: list[Any] = [time.time(), self.path, 0, None]
                 with outer._lock:
                     outer.requests.append(record)
                 hold = outer._hold
@@ -135,6 +137,7 @@ class GatewayProxy:
                         self.send_header(k, v)
                     self.end_headers()
                     self.wfile.write(data)
+                    record[3] = time.time()
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True  # the worker gave up on this request (its timeout)
 
@@ -171,9 +174,9 @@ class GatewayProxy:
         """Requests whose path matches (regex) get this answer instead of the gateway's, until heal()."""
         self._answer = (re.compile(path), status, body, content_type)
 
-    def seen(self) -> list[tuple[float, str, int]]:
+    def seen(self) -> list[tuple[float, str, int, float | None]]:
         with self._lock:
-            return [(r[0], r[1], r[2]) for r in self.requests]
+            return [(r[0], r[1], r[2], r[3]) for r in self.requests]
 
     def close(self) -> None:
         self.heal()
@@ -377,9 +380,10 @@ class Case:
         that goes through the gateway proxy)."""
         if self.transport == POD:
             offset = time.time() - time.monotonic()
-            return [Sent(r.started + offset, r.method, r.path, r.status or 0)
+            return [Sent(r.started + offset, r.method, r.path, r.status or 0,
+                         None if r.finished is None else r.finished + offset)
                     for r in self.worker_proxy.requests(lambda r: r.client == f"{self.ns}/{holder}")]
-        return [Sent(t, "POST", path, status) for t, path, status in self.gateway_proxy.seen()]
+        return [Sent(t, "POST", path, status, answered) for t, path, status, answered in self.gateway_proxy.seen()]
 
     def keep_pod(self, pod: str) -> None:
         """Keeps the pod object after the operator deletes it (a finalizer of the kit's), so its

@@ -125,6 +125,21 @@ def _no_effects_after(case: Case, fence: int, deadline: float, why: str) -> None
                       f"{max(e.at for e in late) - deadline if late else 0:.1f}s after {why}")
 
 
+def _no_effects_once_heard(case: Case, fence: int, holder: str, told: float, why: str) -> None:
+    """A signal the operator wrote at `told` reaches the worker on its next renewal, which the SDK
+    sends within one renew interval (plus the previous renewal's time on a loaded machine); once that
+    renewal is answered, at most the step already under way (0.2 s) may still send its effect. Two
+    checks, so that a failure says which side was late: the SDK's schedule or its gate."""
+    answered = [(r.at, r.answered) for r in case.worker_requests(holder)
+                if r.at > told and r.status and r.answered is not None]
+    _expect(bool(answered), f"the worker sent no answered request after {why}")
+    sent, heard = answered[0]
+    _expect(sent - told <= R + 1.0 + SLACK,
+            f"the worker's first request after {why} went out {sent - told:.1f}s later (it renews every {R:.0f}s)")
+    _no_effects_after(case, fence, heard + 0.2 + SLACK,
+                      f"{why} reached the worker (its request at +{sent - told:.1f}s, answered +{heard - told:.1f}s)")
+
+
 def _quiet_after_lost(case: Case, holder: str, since: float) -> None:
     """Once told it lost the run, a worker sends at most one more request (a read, or the retry of
     a held one): no renewal storm, no second publication."""
@@ -370,7 +385,7 @@ def stop(case: Case) -> str:
     told = case.signal_time("job", lambda s: bool(s.get("stop")))
     bound = R + 0.2 + 1.0 + SLACK
     took = _stopped_in_time(case, w1, holder, told, bound, "the stop signal")
-    _no_effects_after(case, fence, told + bound, "the stop signal (one renew interval)")
+    _no_effects_once_heard(case, fence, holder, told, "the stop signal")
     run = case.wait_phase("job", ENDED, timeout=90)
     _expect(_status(run)["phase"] == "Cancelled" and "result" not in _status(run),
             f"ended {_status(run)['phase']} with result {_status(run).get('result')!r} after stop")
@@ -424,7 +439,7 @@ def cap(case: Case) -> str:
     took = _stopped_in_time(case, w1, holder, told, bound, "the cap's stop signal")
     run = case.wait_phase("job", ENDED, timeout=90)
     _expect(_status(run)["phase"] == "BudgetExceeded", f"ended {_status(run)['phase']}")
-    _no_effects_after(case, fence, told + bound, "the cap's stop signal (one renew interval)")
+    _no_effects_once_heard(case, fence, holder, told, "the cap's stop signal")
     # Every step done was paid for: its effect was accepted, so its 2¢ must be reported and charged
     # (a worker that leaves without a last renewal under-reports).
     spent = 2 * sum(1 for e in case.effects() if e.fence == fence)
@@ -783,7 +798,7 @@ def yield_(case: Case) -> str:
     if w1 is None:
         took = max((r.at for r in case.worker_requests(holder)), default=told) - told
     _expect(took <= bound + 1.0, f"the worker went on {took:.1f}s after the yield signal (at most {bound:.1f}s)")
-    _no_effects_after(case, fence, told + bound, "the yield signal (one renew interval)")
+    _no_effects_once_heard(case, fence, holder, told, "the yield signal")
     first = (_status(case.run("job")).get("attempts") or [{}])[0]
     _expect(first.get("outcome") == "Preempted", f"attempt 1 ended {first.get('outcome')}, not Preempted")
     done_before = sum(1 for e in case.effects() if e.fence == fence)
