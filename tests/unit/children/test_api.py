@@ -44,3 +44,24 @@ def test_the_cross_sdk_vectors_are_what_the_python_sdk_computes() -> None:
         assert child_name(v["parent"], v["uid"], v["key"], v.get("generation", 0)) == v["name"], v
     for v in vectors["digests"]:
         assert spawn_digest(v["spec"]) == v["digest"], v
+
+
+def test_the_parent_and_child_body_vectors_are_what_the_python_sdk_makes() -> None:
+    from tether.worker.spawning import Parent, child_body, child_spec
+    vectors = json.loads(VECTORS.read_text())
+    parents = [Parent.of(p["run"]) for p in vectors["parents"]]
+    for p, got in zip(vectors["parents"], parents):
+        want = p["parent"]
+        assert (got.name, got.uid, got.class_name, got.depth, got.budget_ref, got.capped_cents, got.capped_tokens) == (
+            want["name"], want["uid"], want["className"], want["depth"], want["budgetRef"], want["cappedCents"],
+            want["cappedTokens"]), p
+    assert any("refused" in b for b in vectors["bodies"]) and sum("body" in b for b in vectors["bodies"]) >= 3
+    for b in vectors["bodies"]:
+        parent, ask = parents[b["parent"]], b["ask"]
+        if "refused" in b:
+            with pytest.raises(ValueError, match="names its share"):
+                child_spec(parent, ask["className"], ask["payload"], ask["capCents"], ask["maxTokens"], ask["spec"])
+            continue
+        spec = child_spec(parent, ask["className"], ask["payload"], ask["capCents"], ask["maxTokens"], ask["spec"])
+        assert spec == b["spec"]
+        assert child_body(parent, "team-a", b["holder"], b["fence"], b["key"], b["generation"], spec) == b["body"]
