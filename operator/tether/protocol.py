@@ -178,6 +178,16 @@ def claim_reply(body: str | bytes) -> dict[str, Any] | None:
     return doc if contract else None
 
 
+def child_reply(body: str | bytes) -> dict[str, Any] | None:
+    """An answer's body as the gateway's reply to `spawn` or `child`: the child WorkerRun (an
+    object whose metadata.name is a string), or None when something in between answered."""
+    doc = _json_object(body)
+    child = doc.get("child") if doc is not None else None
+    if not isinstance(child, dict) or not isinstance(child.get("metadata"), dict):
+        return None
+    return child if isinstance(child["metadata"].get("name"), str) else None
+
+
 def _json_object(body: str | bytes) -> dict[str, Any] | None:
     try:
         doc = json.loads(body)

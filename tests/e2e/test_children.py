@@ -16,7 +16,7 @@ import pytest
 
 from tests.cluster.test_admission_policy import _bound_token, _client
 from tether.children.api import LABEL_PARENT
-from tether.worker.spawning import Parent, child_body
+from tether.children.bodies import Parent, child_body
 from testkit import runs
 from testkit.audit import AuditLog
 from testkit.kube import Kube, eventually

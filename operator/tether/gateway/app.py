@@ -1,7 +1,7 @@
-"""The gateway: six JSON calls for workers outside the cluster, on the same fenced
-Lease and status operations as a pod worker (one protocol, two transports).
+"""The gateway: JSON calls for workers outside the cluster, on the same fenced Lease and status
+operations as a pod worker (one protocol, two transports), and the child runs it spawns.
 
-POST /api/v1/namespaces/{ns}/workerruns/{name}/{claim|heartbeat|checkpoint|complete|fail|cancel|approval}
+POST /api/v1/namespaces/{ns}/workerruns/{name}/{claim|heartbeat|checkpoint|complete|fail|cancel|approval|spawn|child}
 
 200 ok · 401/403 auth (403 NotClaimant: the attempt was claimed by another identity) ·
 402 budget exceeded (admission first) · 404 no such run · 409 held by another / nothing to claim ·
@@ -37,8 +37,10 @@ from tether import protocol, tracecontext
 from tether.api import constants as c
 from tether.api.models import Signals, Usage, WorkerRun
 from tether.api.workerclass import effective_body
+from tether.gateway import children
 from tether.gateway import models as m
 from tether.gateway.auth import AuthError, Authenticator, Caller
+from tether.gateway.failure import Failure
 from tether.gateway.openapi import openapi_document
 from tether.kube import resources
 from tether.kube.client import ApiError, Conflict, Invalid, KubeClient, NotFound
@@ -61,14 +63,6 @@ RETRY_AFTER_SECONDS = 5
 PUBLICATION_WRITE_SECONDS = 15.0
 # Tool-claim Secret uids remembered per attempt; forgetting one costs one extra GET.
 SECRET_CACHE = 4096
-
-
-class Failure(Exception):
-    def __init__(self, status: int, code: str, message: str, field: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.field = status, code, message, field
-        self.headers = headers or {}
 
 
 def _error(status: int, code: str, message: str, field: str | None = None,
@@ -518,8 +512,36 @@ class Gateway:
     async def cancel(self, request: Request, ns: str, name: str) -> dict[str, Any]:
         return await self._publish(request, ns, name, m.CancelRequest, "cancel")
 
+    # --- child runs (tether.gateway.children) ----------------------------------
 
-OPERATIONS = ("claim", "heartbeat", "checkpoint", "complete", "fail", "cancel", "approval")
+    async def _acting(self, request: Request, ns: str, name: str, model: type[m.Fenced]) -> tuple[Any, dict[str, Any]]:
+        """A call in the name of an attempt that neither renews nor publishes: its caller is the
+        claimant of the attempt the body names, which holds the run now (its status and Lease).
+        Returns the body and the run as read."""
+        caller = await self._caller(request, ns, name)
+        body = await self._body(request, model)
+        try:
+            raw = await self.kube.get_run(ns, name)
+        except NotFound as exc:
+            raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
+        if not _names_attempt(WorkerRun.model_validate(effective_body(raw)), body):
+            raise _lost(body, False)
+        lease = await self.kube.get_lease(ns, name)
+        if lease is None or not protocol.holds(lease, body.holder, body.fence, body.runUid):
+            raise _lost(body, False)
+        self._check_claimant(lease, caller, body.workerId, f"attempt {body.holder} (fence {body.fence})")
+        return body, raw
+
+    async def spawn(self, request: Request, ns: str, name: str) -> dict[str, Any]:
+        body, parent = await self._acting(request, ns, name, m.SpawnRequest)
+        return await children.spawn(self.kube, parent, body)
+
+    async def child(self, request: Request, ns: str, name: str) -> dict[str, Any]:
+        body, parent = await self._acting(request, ns, name, m.ChildRequest)
+        return await children.read(self.kube, parent, body.name)
+
+
+OPERATIONS = ("claim", "heartbeat", "checkpoint", "complete", "fail", "cancel", "approval", "spawn", "child")
 
 
 def _with_requests(lease: dict[str, Any], asks: list[m.ApprovalAsk]) -> str:

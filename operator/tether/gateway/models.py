@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tether.children.api import KEY_PATTERN
+from tether.children.bodies import MAX_GENERATIONS
 from tether.protocol import MAX_CENTS, MAX_REQUEST_DETAILS, MAX_REQUEST_TIMEOUT, MAX_REQUESTS_PER_ATTEMPT, MAX_TOKENS
 
 
@@ -76,6 +78,24 @@ class FailRequest(Fenced):
 
 class CancelRequest(Fenced):
     reason: str = Field(default="", max_length=1024)
+
+
+class SpawnRequest(Fenced):
+    """Spawns a child run in the name of this attempt (docs/children.md); the gateway names and builds it."""
+
+    key: str = Field(min_length=1, max_length=128, pattern=KEY_PATTERN.pattern,
+                     description="The call's stable name: the same key is the same child, across attempts.")
+    generation: int = Field(default=0, ge=0, lt=MAX_GENERATIONS,
+                            description="How many children of this key were rejected as a stale attempt's.")
+    spec: dict[str, Any] = Field(description="The child's WorkerRun spec as asked (className included; no parentRef).")
+
+
+class ChildRequest(Fenced):
+    name: str = Field(min_length=1, max_length=253, description="A child's name, as spawn returned it.")
+
+
+class ChildReply(BaseModel):
+    child: dict[str, Any] = Field(description="The child WorkerRun as the API server holds it.")
 
 
 class GateDecision(BaseModel):

@@ -12,10 +12,12 @@ from tether.gateway import models as m
 _REQUESTS: dict[str, type[BaseModel]] = {
     "claim": m.ClaimRequest, "heartbeat": m.HeartbeatRequest, "checkpoint": m.CheckpointRequest,
     "complete": m.CompleteRequest, "fail": m.FailRequest, "cancel": m.CancelRequest, "approval": m.ApprovalRequest,
+    "spawn": m.SpawnRequest, "child": m.ChildRequest,
 }
 _RESPONSES: dict[str, type[BaseModel]] = {
     "claim": m.ClaimResponse, "heartbeat": m.Signals, "checkpoint": m.Signals,
     "complete": m.Done, "fail": m.Done, "cancel": m.Done, "approval": m.ApprovalResponse,
+    "spawn": m.ChildReply, "child": m.ChildReply,
 }
 _SUMMARIES = {
     "claim": "Take the run's open attempt: returns holder, fence, lease and a tool credential.",
@@ -26,18 +28,22 @@ _SUMMARIES = {
     "cancel": "Give the attempt up (fenced); another worker may claim the next one.",
     "approval": "Ask a person to approve a step (a renewal too); the decision comes back here and in "
                 "every later heartbeat reply, for this attempt only.",
+    "spawn": "Create a child run in this attempt's name (or find the one of this key); 422 SpawnRefused with the "
+             "API server's reason.",
+    "child": "Read one of this run's children (404 ChildNotFound: none of that name).",
 }
 _ERRORS = {
     "401": "No valid bearer token (TokenReview, audience checked).",
     "403": "RBAC does not allow verb `claim` on this workerrun (SubjectAccessReview), or "
            "(`NotClaimant`) the attempt was claimed by another identity, or not claimed yet.",
-    "404": "No such workerrun.",
+    "404": "No such workerrun, or (`ChildNotFound`, on `child`) no child of it by that name.",
     "409": "Held by another worker, or no attempt open to claim.",
     "402": "Budget exceeded: the run is not admitted.",
     "410": "The fence is stale: another attempt owns the run now.",
     "413": "The body is larger than the gateway accepts (1 MiB by default), or (`ResultTooLarge`, on `complete` and "
            "`fail`) the value would make the WorkerRun larger than the Kubernetes API stores: a bad result.",
-    "422": "Malformed body (not JSON, nested too deep, or invalid); `error.field` names the field.",
+    "422": "Malformed body (not JSON, nested too deep, or invalid); `error.field` names the field; "
+           "(`SpawnRefused`, on `spawn`) the API server refused the child.",
     "500": "A bug in the gateway; it is logged.",
     "502": "The Kubernetes API refused the gateway's own request.",
     "503": "The Kubernetes API cannot be reached; retry after `Retry-After` seconds.",
@@ -77,7 +83,7 @@ def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Tether gateway", "version": "v1",
-                 "description": "Six calls for workers outside the cluster, on the same fenced Lease and "
+                 "description": "Nine calls for workers outside the cluster, on the same fenced Lease and "
                                 "status operations as pod workers."},
         "paths": paths,
         "components": {"schemas": _schemas(),

@@ -264,7 +264,6 @@ class AsyncWorkerRun(RunCore):
                     cap_cents: int | None = None, max_tokens: int | None = None,
                     spec: dict[str, Any] | None = None) -> Child:
         """WorkerRun.spawn, awaiting the API server; `await child.result()` waits for the child."""
-        self._can_spawn(self._transport)
         child = await drive_async(self._spawn_ops(key, class_name, payload, cap_cents, max_tokens, spec),
                                   self._perform)
         child._wait = lambda c, timeout, poll: drive_async(self._result_ops(c, timeout, poll), self._perform)

@@ -21,11 +21,11 @@ import httpx
 
 from tether import protocol
 from tether.api.models import Signals, Usage
-from tether.worker.errors import (AlreadyPublished, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested,
-                                  TetherWorkerError)
+from tether.children.bodies import Parent, child_spec
+from tether.worker.errors import AlreadyPublished, LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested
 from tether.worker.ops import (ApprovalDecision, AwaitSignals, ControlSignals, Ops, Renew, Sleep, Transported,
                                cap_used_up, retry_after)
-from tether.worker.spawning import Child, Parent, child_spec, spawn_ops, wait_ops
+from tether.worker.spawning import Child, spawn_ops, wait_ops
 from tether.worker.steps import Renewal
 from tether.worker.tracing import AttemptTrace
 
@@ -262,19 +262,11 @@ class RunCore:
                    max_tokens: int | None, spec: dict[str, Any] | None) -> Ops[Child]:
         self.ensure_owner()  # a stale or stopping attempt spawns nothing
         if self._parent is None:
-            got = yield Transported("read_run", (self.name,))
-            if got is None:
-                raise LeaseLost(f"run {self.namespace}/{self.name} is gone")
-            self._parent = Parent.of(got)
+            self._parent = yield Transported("parent", ())
         body = child_spec(self._parent, class_name, payload, cap_cents, max_tokens, spec)
         child = yield from spawn_ops(self.namespace, self.holder, self.fence, self._parent, key, body)
         log.info("child spawned", extra=self._fields("child_spawned", child=child.name, key=key))
         return child
-
-    def _can_spawn(self, transport: object) -> None:
-        if not hasattr(transport, "spawn"):
-            raise TetherWorkerError("this run's transport cannot spawn child runs (an External worker's, through "
-                                    "the gateway, cannot yet: docs/children.md)")
 
     def _result_ops(self, child: Child, timeout: float | None, poll: float) -> Ops[dict[str, Any]]:
         yield from wait_ops(child, timeout, poll)

@@ -8,7 +8,9 @@ from typing import Any
 
 from tether import protocol
 from tether.api.models import GateDecision, Signals, Usage
-from tether.worker.errors import ClaimRefused, ResultInvalid, TetherWorkerError
+from tether.children.bodies import Parent
+from tether.worker.errors import (ClaimRefused, LeaseLost, ResultInvalid, SpawnConflict, SpawnRefused,
+                                  TetherWorkerError)
 from tether.worker.steps import Call, Renewal, Requests, Steps, _message, _published, error_body
 
 
@@ -48,6 +50,7 @@ class GatewaySteps:
         if run_uid:
             self._fenced["runUid"] = run_uid
         self._prefix = runs_path(namespace, name)
+        self.name = name
         self.tool_claim: dict[str, Any] | None = None
 
     def renew_steps(self, checkpoint: str | None, usage: Usage | None,
@@ -95,6 +98,43 @@ class GatewaySteps:
         # The gateway answers a repeated publication of an accepted value with 200: nothing to read.
         return False
         yield  # pragma: no cover - makes this a generator like the others
+
+
+    # --- child runs: the gateway builds and reads them for this attempt (docs/protocol.md §6.2) ---
+
+    def parent_steps(self) -> Steps[Parent]:
+        if self.run_uid is None:
+            raise TetherWorkerError("the claim named no runUid: this gateway is too old to spawn child runs")
+        return Parent.by_name(self.name, self.run_uid)
+        yield  # pragma: no cover - makes this a generator like the others
+
+    def spawn_steps(self, key: str, generation: int, spec: dict[str, Any], body: dict[str, Any]) -> Steps[dict[str, Any]]:
+        """The child for key and generation, made now or found (the gateway builds the body itself)."""
+        resp = yield Call("POST", f"{self._prefix}/spawn",
+                          json={**self._fenced, "key": key, "generation": generation, "spec": spec})
+        code = error_body(resp).get("code")
+        if resp.status_code == 422:  # the API server's refusal (SpawnRefused), or the gateway's of the spec
+            raise SpawnRefused(f"the gateway refused child key {key!r}: {_message(resp) or resp.text[:200]}")
+        if resp.status_code == 409 and code == "SpawnConflict":
+            raise SpawnConflict(_message(resp))
+        return self._child(resp, f"spawn of {key!r}")
+
+    def read_run_steps(self, name: str) -> Steps[dict[str, Any] | None]:
+        resp = yield Call("POST", f"{self._prefix}/child", json={**self._fenced, "name": name})
+        if resp.status_code == 404 and error_body(resp).get("code") == "ChildNotFound":
+            return None
+        return self._child(resp, f"read of child {name}")
+
+    def _child(self, resp: Any, what: str) -> dict[str, Any]:
+        if resp.status_code in (404, 410) or error_body(resp).get("code") in ("NotClaimant", "HeldByAnother"):
+            raise LeaseLost(f"the gateway refused the {what}: {_message(resp) or 'stale fence'}")
+        if resp.status_code != 200:
+            raise TetherWorkerError(f"the gateway answered the {what} {resp.status_code}: "
+                                    f"{_message(resp) or resp.text[:200]}")
+        child = protocol.child_reply(resp.content)
+        if child is None:
+            raise TetherWorkerError(f"the {what}'s 200 is not the gateway's reply: {resp.text[:200]}")
+        return child
 
 
 def gateway_signals(doc: dict[str, Any], usage: Usage | None) -> Signals:

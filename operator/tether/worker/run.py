@@ -200,7 +200,6 @@ class WorkerRun(RunCore):
         finds the same child instead of creating another; the same key with another spec raises
         SpawnConflict. Raises SpawnRefused when the API server refuses it, and LeaseLost,
         OwnershipUnknown or StopRequested when this attempt may not act. `child.result()` waits."""
-        self._can_spawn(self._transport)
         child = drive(self._spawn_ops(key, class_name, payload, cap_cents, max_tokens, spec), self._perform)
         child._wait = lambda c, timeout, poll: drive(self._result_ops(c, timeout, poll), self._perform)
         return child

@@ -13,46 +13,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from tether.api.models import API_VERSION
-from tether.api.workerclass import effective_body
-from tether.children.api import (ANN_CHILD_KEY, ANN_SPAWN_DIGEST, LABEL_PARENT, child_name, spawn_digest,
-                                 valid_key)
+from tether.children.api import ANN_SPAWN_DIGEST, LABEL_PARENT, spawn_digest, valid_key
+from tether.children.bodies import MAX_GENERATIONS, Parent, child_body
 from tether.worker.errors import ChildFailed, SpawnConflict
 from tether.worker.ops import Ops, Sleep, Transported
 
-# A child rejected as a stale attempt's moves its key on, at most this often (each is a lost parent).
-MAX_GENERATIONS = 16
 STALE_PARENT = "StaleParent"
 # How long a resumed attempt waits for the operator's word on a child an earlier attempt spawned.
 JUDGED_WITHIN_SECONDS = 60.0
 TERMINAL = ("Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected")
-
-
-@dataclass(frozen=True)
-class Parent:
-    """What a child's spec says of the run that spawns it, read once from the parent itself."""
-
-    name: str
-    uid: str
-    class_name: str | None
-    depth: int
-    budget_ref: str | None
-    capped_cents: bool
-    capped_tokens: bool
-
-    @staticmethod
-    def of(run: Mapping[str, Any]) -> "Parent":
-        """From the run as served, with what it took from its class applied (its caps and budget)."""
-        run = effective_body(dict(run))
-        meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
-        budget = spec.get("budget") or {}
-        taken = (status.get("class") or {}).get("name")
-        ref = spec.get("parentRef") or {}
-        return Parent(name=meta["name"], uid=meta["uid"], class_name=taken, depth=int(ref.get("depth") or 0),
-                      budget_ref=(budget.get("budgetRef") or {}).get("name"),
-                      capped_cents=budget.get("capCents") is not None, capped_tokens=budget.get("maxTokens") is not None)
 
 
 @dataclass
@@ -95,46 +66,6 @@ class Child:
                           status.get("error"))
 
 
-def child_spec(parent: Parent, class_name: str | None, payload: Mapping[str, Any] | None, cap_cents: int | None,
-               max_tokens: int | None, extra: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The child's spec as the caller asked for it (the digest's input: it has no parentRef, which
-    names the attempt and changes when a resumed attempt re-attaches)."""
-    spec: dict[str, Any] = {"executor": "Pod", **dict(extra or {})}
-    if class_name is not None:
-        spec["className"] = class_name
-    if payload is not None:
-        spec["payload"] = dict(payload)
-    budget = dict(spec.get("budget") or {})
-    if cap_cents is not None:
-        budget["capCents"] = cap_cents
-    if max_tokens is not None:
-        budget["maxTokens"] = max_tokens
-    if parent.budget_ref is not None:
-        budget.setdefault("budgetRef", {"name": parent.budget_ref})
-    if parent.capped_cents and "capCents" not in budget:
-        raise ValueError(f"run {parent.name} has a cap in cents: a child names its share of it (cap_cents)")
-    if parent.capped_tokens and "maxTokens" not in budget:
-        raise ValueError(f"run {parent.name} has a token cap: a child names its share of it (max_tokens)")
-    if budget:
-        spec["budget"] = budget
-    return spec
-
-
-def child_body(parent: Parent, namespace: str, holder: str, fence: int, key: str, generation: int,
-               spec: dict[str, Any]) -> dict[str, Any]:
-    ref: dict[str, Any] = {"name": parent.name, "uid": parent.uid, "holder": holder, "fence": fence,
-                           "depth": parent.depth + 1}
-    if parent.class_name is not None:
-        ref["className"] = parent.class_name
-    return {"apiVersion": API_VERSION, "kind": "WorkerRun",
-            "metadata": {"name": child_name(parent.name, parent.uid, key, generation), "namespace": namespace,
-                         "labels": {LABEL_PARENT: parent.name},
-                         "annotations": {ANN_CHILD_KEY: key, ANN_SPAWN_DIGEST: spawn_digest(spec)},
-                         "ownerReferences": [{"apiVersion": API_VERSION, "kind": "WorkerRun", "name": parent.name,
-                                              "uid": parent.uid, "controller": True}]},
-            "spec": {**spec, "parentRef": ref}}
-
-
 def spawn_ops(namespace: str, holder: str, fence: int, parent: Parent, key: str, spec: dict[str, Any]) -> Ops[Child]:
     """Creates the child for `key`, or finds the one made before (by this attempt or an earlier one)."""
     if not valid_key(key):
@@ -145,7 +76,7 @@ def spawn_ops(namespace: str, holder: str, fence: int, parent: Parent, key: str,
     while generation < MAX_GENERATIONS and tries < 3 * MAX_GENERATIONS:
         tries += 1
         body = child_body(parent, namespace, holder, fence, key, generation, spec)
-        got: dict[str, Any] = yield Transported("spawn", (body,))
+        got: dict[str, Any] = yield Transported("spawn", (key, generation, spec, body))
         meta = got.get("metadata") or {}
         owners = {r.get("uid") for r in meta.get("ownerReferences") or []}
         if parent.uid not in owners or (meta.get("labels") or {}).get(LABEL_PARENT) != parent.name:

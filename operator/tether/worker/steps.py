@@ -18,8 +18,9 @@ import httpx
 from tether import protocol
 from tether.api import constants as c
 from tether.api.models import Signals, Usage
+from tether.children.bodies import Parent
 from tether.kube.paths import lease_path, run_path
-from tether.worker.errors import ResultInvalid, SpawnRefused
+from tether.worker.errors import LeaseLost, ResultInvalid, SpawnRefused
 
 T = TypeVar("T")
 Y = TypeVar("Y")
@@ -128,9 +129,17 @@ class KubeSteps:
                 raise ResultInvalid(f"the API server refused the {field}: {_status_message(resp)}", causes)
         return _published(resp, refused=resp.status_code in (404, 409, 422) or fenced_by_policy(resp))
 
-    def spawn_steps(self, body: dict[str, Any]) -> Steps[dict[str, Any]]:
+    def parent_steps(self) -> Steps[Parent]:
+        """This run as its children name it, read from the run itself."""
+        got = yield from self.read_run_steps(self.name)
+        if got is None:
+            raise LeaseLost(f"run {self.namespace}/{self.name} is gone")
+        return Parent.of(got)
+
+    def spawn_steps(self, key: str, generation: int, spec: dict[str, Any], body: dict[str, Any]) -> Steps[dict[str, Any]]:
         """Creates a child run (docs/children.md), or reads the one of that name that exists. A
-        refusal (an admission policy, the schema) raises SpawnRefused with the API server's word."""
+        refusal (an admission policy, the schema) raises SpawnRefused with the API server's word.
+        The API server takes the whole `body` (the gateway builds its own from key, generation and spec)."""
         path = run_path(self.namespace)
         for _ in range(3):
             resp = yield Call("POST", path, json=body)

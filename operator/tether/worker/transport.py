@@ -19,6 +19,7 @@ import httpx
 from httpx import USE_CLIENT_DEFAULT
 
 from tether.api.models import Usage
+from tether.children.bodies import Parent
 from tether.kube import config as kubeconfig
 from tether.worker.ops import request_timeout
 from tether.worker.gateway_steps import GatewaySteps, gateway_signals
@@ -73,6 +74,7 @@ class _Blocking:
     renew_steps: Any
     publish_steps: Any
     recorded_steps: Any
+    parent_steps: Any
     spawn_steps: Any
     read_run_steps: Any
 
@@ -88,8 +90,11 @@ class _Blocking:
     def recorded(self, field: str, value: dict[str, Any]) -> bool:
         return drive(self.recorded_steps(field, value), self._send)
 
-    def spawn(self, body: dict[str, Any]) -> dict[str, Any]:
-        return drive(self.spawn_steps(body), self._send)
+    def parent(self) -> Parent:
+        return drive(self.parent_steps(), self._send)
+
+    def spawn(self, key: str, generation: int, spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        return drive(self.spawn_steps(key, generation, spec, body), self._send)
 
     def read_run(self, name: str) -> dict[str, Any] | None:
         return drive(self.read_run_steps(name), self._send)
@@ -106,6 +111,7 @@ class _Async:
     renew_steps: Any
     publish_steps: Any
     recorded_steps: Any
+    parent_steps: Any
     spawn_steps: Any
     read_run_steps: Any
 
@@ -121,8 +127,11 @@ class _Async:
     async def recorded(self, field: str, value: dict[str, Any]) -> bool:
         return await drive_async(self.recorded_steps(field, value), self._send)
 
-    async def spawn(self, body: dict[str, Any]) -> dict[str, Any]:
-        return await drive_async(self.spawn_steps(body), self._send)
+    async def parent(self) -> Parent:
+        return await drive_async(self.parent_steps(), self._send)
+
+    async def spawn(self, key: str, generation: int, spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        return await drive_async(self.spawn_steps(key, generation, spec, body), self._send)
 
     async def read_run(self, name: str) -> dict[str, Any] | None:
         return await drive_async(self.read_run_steps(name), self._send)

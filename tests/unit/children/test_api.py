@@ -47,7 +47,7 @@ def test_the_cross_sdk_vectors_are_what_the_python_sdk_computes() -> None:
 
 
 def test_the_parent_and_child_body_vectors_are_what_the_python_sdk_makes() -> None:
-    from tether.worker.spawning import Parent, child_body, child_spec
+    from tether.children.bodies import Parent, child_body, child_spec
     vectors = json.loads(VECTORS.read_text())
     parents = [Parent.of(p["run"]) for p in vectors["parents"]]
     for p, got in zip(vectors["parents"], parents):

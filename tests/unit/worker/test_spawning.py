@@ -12,6 +12,7 @@ import pytest
 
 from tether.api.models import Signals
 from tether.children.api import ANN_SPAWN_DIGEST, LABEL_PARENT, child_name
+from tether.children.bodies import Parent
 from tether.worker import AsyncWorkerRun, ChildFailed, LeaseLost, SpawnConflict, SpawnRefused, WorkerRun
 from tether.worker.transport import Renewal
 
@@ -39,7 +40,10 @@ class Api:
     def recorded(self, field: str, value: Any) -> bool:
         return False
 
-    def spawn(self, body: dict[str, Any]) -> dict[str, Any]:
+    def parent(self) -> Parent:
+        return Parent.of(self.runs["planner"])
+
+    def spawn(self, key: str, generation: int, spec: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         self.posts += 1
         if self.refuse:
             raise SpawnRefused(self.refuse)
@@ -64,8 +68,11 @@ class AsyncApi(Api):
     async def renew(self, *a: Any) -> Renewal:  # type: ignore[override]
         return Api.renew(self, *a)
 
-    async def spawn(self, body: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
-        return Api.spawn(self, body)
+    async def parent(self) -> Parent:  # type: ignore[override]
+        return Api.parent(self)
+
+    async def spawn(self, *a: Any) -> dict[str, Any]:  # type: ignore[override]
+        return Api.spawn(self, *a)
 
     async def read_run(self, name: str) -> dict[str, Any] | None:  # type: ignore[override]
         return Api.read_run(self, name)
