@@ -279,15 +279,27 @@ class Case:
                      "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 0}}, **spec}}
         if self.transport == POD:
             body["spec"]["executor"] = "Pod"
-            body["spec"]["template"] = {
-                "metadata": {"annotations": {API_SERVER_ANNOTATION: self.worker_proxy.url}},
+            body["spec"]["template"] = self.pod_template(wrap, env)
+        else:
+            body["spec"]["executor"] = "External"
+        return self.kube.ok(self.kube.post(Kube.wr_path(self.ns), body))
+
+    def pod_template(self, wrap: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+        """A pod run's template: the SDK's worker, reaching the API server through the case's proxy."""
+        return {"metadata": {"annotations": {API_SERVER_ANNOTATION: self.worker_proxy.url}},
                 "spec": {"terminationGracePeriodSeconds": 120,
                          "containers": [{"name": "worker", "image": "tether-conformance",
                                          "command": [*(wrap or []), *self.worker],
                                          "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}]}}
-        else:
-            body["spec"]["executor"] = "External"
-        return self.kube.ok(self.kube.post(Kube.wr_path(self.ns), body))
+
+    def worker_class(self, name: str, bounds: dict[str, Any]) -> str:
+        """A WorkerClass of the case's own (classes are cluster-wide: named after the namespace)."""
+        path = "/apis/tether.dev/v1alpha1/workerclasses"
+        full = f"{self.ns}-{name}"
+        self.kube.ok(self.kube.post(path, {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerClass",
+                                           "metadata": {"name": full}, "spec": {"bounds": bounds}}))
+        self._cleanup.append(lambda: self.kube.delete(f"{path}/{full}"))
+        return full
 
     def start_external(self, name: str, worker_id: str, direct: bool = False) -> subprocess.Popen[bytes]:
         """Starts the worker as a local process that claims `name` through the gateway proxy

@@ -741,6 +741,50 @@ def approval(case: Case) -> str:
     return f"request recorded, approved by {me}, decision in the result {time.time() - decided:.1f}s later"
 
 
+def spawn(case: Case) -> str:
+    """A parent of a class that may spawn dispatches one tool call as a child run (a pod of the same
+    SDK's worker), waits for its result, does a step and crashes; its next attempt spawns the same key
+    again and finds the same child (made once, run once) instead of a second, and the same key asked
+    for another payload is refused as a conflict. The child's result reaches the parent's result
+    through the current attempt; the tree's ledger settles the child's spending once."""
+    tools = case.worker_class("tools", {})
+    planners = case.worker_class("planners", {"childClasses": [tools], "maxChildren": 3})
+    child_script = {"steps": 2, "stepSeconds": 0.1, "centsPerStep": 1, "effectUrl": case.receiver.url}
+    ask = {"key": "tool:1", "className": tools, "capCents": 10, "payload": child_script,
+           "spec": {"template": case.pod_template(), "lease": LEASE, "retry": {"maxAttempts": 1}}}
+    case.create_run("job", {"steps": 2, "stepSeconds": 0.1, "centsPerStep": 1, "crashAttempts": [1],
+                            "crashAfterStep": 1, "spawn": ask}, className=planners, budget={"capCents": 50})
+    case.launch("job")
+    run = _succeeded(case, 2, attempt=2, timeout=180)
+    if case.transport == GATEWAY:  # the crash is the fault: an External attempt ends by its lease lapsing
+        case.faulted.add((run["metadata"]["uid"], _status(run)["attempts"][0]["holder"]))
+    made = case.kube.ok(case.kube.get(Kube.wr_path(case.ns), params={"labelSelector": "tether.dev/parent=job"}))["items"]
+    _expect(len(made) == 1, f"{len(made)} children of job ({[c['metadata']['name'] for c in made]}): one key is one child")
+    child = made[0]
+    cs, first = _status(child), _status(run)["attempts"][0]
+    _expect(child["spec"]["parentRef"]["holder"] == first["holder"],
+            f"the child names {child['spec']['parentRef']['holder']}, not attempt 1 ({first['holder']}) that spawned it")
+    _expect(cs.get("phase") == "Succeeded" and len(cs.get("attempts") or []) == 1,
+            f"the child ended {cs.get('phase')} after {len(cs.get('attempts') or [])} attempts (once expected)")
+    result = _status(run)["result"]
+    _expect(result.get("child") == {"name": child["metadata"]["name"], "result": cs.get("result")},
+            f"the parent's result says {result.get('child')!r} of its child, not its name and result")
+    _expect(result.get("conflictRefused") is True, "the same key asked for another payload was not refused")
+    # Each run's effects carry its own idempotency key (its UID): each step of each run once.
+    keys = sorted(e.key for e in case.effects())
+    want = sorted(f"{r['metadata']['uid']}:step-{i}" for r in (run, child) for i in range(2))
+    _expect(keys == want, f"side effects accepted {keys}, not each step of the parent and the child once")
+
+    def settled() -> dict[str, Any] | None:
+        ledger = _status(case.run("job")).get("children") or {}
+        return ledger if not ledger.get("live") and ledger.get("admitted") == 1 else None
+    ledger = case.wait(settled, 30, "the child settled into the parent's ledger")
+    spent = (cs.get("usage") or {}).get("cents")
+    _expect(ledger.get("spentCents") == spent == 2, f"the ledger settled {ledger} for a child that spent {spent}¢ (2)")
+    case.judge_safety()
+    return f"child {child['metadata']['name']} made once by attempt 1, found again by attempt 2; its 2¢ settled once"
+
+
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 
 
@@ -835,5 +879,6 @@ SCENARIOS = [
     Scenario("backoff", backoff, summary="429/503 with Retry-After: one renewal per interval, waits as asked"),
     Scenario("proxy-page", proxy_page, summary="renewals answered 200 with a sign-in page or a Status: unconfirmed"),
     Scenario("approval", approval, summary="a mid-run approval request: recorded, decided, the decision in the result"),
+    Scenario("spawn", spawn, summary="a child run spawned, found again by the next attempt, its result in the parent's"),
     Scenario("yield", yield_, summary="evicted by Kueue: yield within one renew interval, resume at the checkpoint"),
 ]

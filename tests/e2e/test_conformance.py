@@ -16,7 +16,7 @@ from conformance.branches import ALL as SCENARIOS, BRANCHES
 from conformance.sdks import WORKERS
 
 SUBSET = [("happy", POD), ("happy", GATEWAY), ("partition", POD), ("revoked-while-reconnecting", POD),
-          ("yield", POD), ("yield", GATEWAY), ("slow-publication", POD), *((s.name, t) for s in BRANCHES for t in s.transports)]
+          ("yield", POD), ("yield", GATEWAY), ("spawn", POD), ("spawn", GATEWAY), ("slow-publication", POD), *((s.name, t) for s in BRANCHES for t in s.transports)]
 # Each cell's worker is a process of this machine (the process kubelet runs its pod as one), and
 # each cell starts its own operator: the local control plane's, not a kind cluster's.
 pytestmark = pytest.mark.local_cluster

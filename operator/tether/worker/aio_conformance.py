@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from tether.worker import AsyncWorkerRun, LeaseLost, OwnershipUnknown
-from tether.worker.conformance import Script, claim_args, gateway_token, guarded
+from tether.worker.conformance import CHILD_POLL, Script, claim_args, gateway_token, guarded
 from tether.worker.steps import drive_async
 
 
@@ -40,9 +40,12 @@ async def _main() -> int:
                 if kind == "effect":
                     return await http.effect("POST", s.effect_url or "", operation=f"step-{args[0]}",
                                              **s.effect(args[0]))
+                if kind == "spawn":
+                    return await run.spawn(args[0], **args[1])
+                if kind == "child_result":
+                    return await args[0].result(poll=CHILD_POLL)
                 return await getattr(run, kind)(*args)  # renew, request_approval, complete, fail
-            code = await drive_async(s.steps_ops(), perform)
-            return code if code is not None else await drive_async(s.publish_ops(), perform)
+            return await drive_async(s.program_ops(), perform)
     except LeaseLost:
         return 1
     except OwnershipUnknown:

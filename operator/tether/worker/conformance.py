@@ -20,11 +20,13 @@ from typing import Any, Callable, Generator
 from tether import logs
 import httpx
 
-from tether.worker import LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, ToolTimeout, WorkerRun
+from tether.worker import (ChildFailed, LeaseLost, OwnershipUnknown, ResultInvalid, SpawnConflict, SpawnRefused,
+                           StopRequested, ToolTimeout, WorkerRun)
 from tether.worker.core import RunCore
 from tether.worker.steps import drive
 
 POLL = 0.05
+CHILD_POLL = 0.5  # how often a child's end is looked for (WORKER.md: every second or less)
 
 
 # Not sent (refused by self-fencing, or told to stop) or no answer: back to the gate, same key.
@@ -45,6 +47,8 @@ class Script:
         self.crash, self.crash_after = run.attempt in p.get("crashAttempts", []), int(p.get("crashAfterStep", 1))
         self.fails = run.attempt in p.get("failAttempts", [])
         self.approval: dict[str, Any] | None = p.get("approval")
+        self.spawn: dict[str, Any] | None = p.get("spawn")
+        self.child: dict[str, Any] | None = None  # what the result says of the child (WORKER.md 4)
         self.done = 0
 
     def gate(self) -> str | None:
@@ -71,6 +75,8 @@ class Script:
 
     def result(self, decided: Any = None) -> dict[str, Any]:
         result: dict[str, Any] = {"steps": self.steps, "attempt": self.run.attempt, "sdk": self.sdk}
+        if self.child is not None:
+            result.update(self.child)
         if decided is not None:
             result["approval"] = {"decision": decided.decision, "reason": decided.reason,
                                   "approver": decided.approver}
@@ -86,6 +92,38 @@ class Script:
     # The program as ops, so the blocking and the asyncio worker run the same script: ("sleep", s),
     # ("effect", step), or a call of the run's own (renew, request_approval, complete, fail). Each
     # worker performs them with its SDK, sends each answer in and throws each error in.
+
+    def program_ops(self) -> Generator[tuple[Any, ...], Any, int]:
+        """The whole program (WORKER.md 3 and 4): the exit code."""
+        code = yield from self.spawn_ops()
+        if code is None:
+            code = yield from self.steps_ops()
+        return code if code is not None else (yield from self.publish_ops())
+
+    def spawn_ops(self) -> Generator[tuple[Any, ...], Any, int | None]:
+        """With `spawn`: the child, spawned by every attempt (a resumed one finds it by key), its
+        result awaited, and the same key asked for another payload refused as a conflict."""
+        if self.spawn is None:
+            return None
+        sp = self.spawn
+        ask = {"class_name": sp["className"], "payload": sp.get("payload"), "cap_cents": sp.get("capCents"),
+               "max_tokens": sp.get("maxTokens"), "spec": sp.get("spec")}
+        try:
+            child = yield ("spawn", sp["key"], ask)
+            result = yield ("child_result", child)
+            try:
+                yield ("spawn", sp["key"], {**ask, "payload": {"conflict": True}})
+                refused = False
+            except SpawnConflict:
+                refused = True
+        except ChildFailed as exc:
+            yield ("fail", "ConformanceChildFailed", f"{exc.name} ended {exc.phase} ({exc.reason})"[:500])
+            return 0
+        except SpawnRefused as exc:
+            yield ("fail", "ConformanceSpawnRefused", str(exc)[:500])
+            return 0
+        self.child = {"child": {"name": child.name, "result": result}, "conflictRefused": refused}
+        return None
 
     def steps_ops(self) -> Generator[tuple[Any, ...], Any, int | None]:
         """The steps (WORKER.md 3); an exit code when the program must end before publishing."""
@@ -211,9 +249,12 @@ def _main() -> int:
                     return time.sleep(args[0])
                 if kind == "effect":
                     return http.effect("POST", s.effect_url, operation=f"step-{args[0]}", **s.effect(args[0]))
+                if kind == "spawn":
+                    return run.spawn(args[0], **args[1])
+                if kind == "child_result":
+                    return args[0].result(poll=CHILD_POLL)
                 return getattr(run, kind)(*args)
-            code = drive(s.steps_ops(), perform)
-            return code if code is not None else drive(s.publish_ops(), perform)
+            return drive(s.program_ops(), perform)
     except LeaseLost:
         return 1
     except OwnershipUnknown:
