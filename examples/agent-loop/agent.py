@@ -16,10 +16,14 @@ Payload (spec.payload):
   riskyCycle     the cycle of the risky step (default: half way)
   effectUrl      where the risky step is sent (a POST; fenced and idempotent; else $EFFECT_URL)
   approvalTimeoutSeconds  how long a person has to decide (default 3600)
+  riskyTool      {"className", "capCents", "template", "workSeconds"?}: do the approved risky step as a child run of
+                 that class (tool.py in its pod: its own lease, retries and key, its cap a share of
+                 this run's) instead of from this process (workerrun-tool.yaml; docs/children.md)
 The API key comes from $OPENAI_API_KEY (a Secret; see workerrun.yaml).
 
 The checkpoint cursor is the loop's whole state, as JSON: the next cycle, the notes, and what
-became of the risky step. A new attempt (after a pod was lost, killed or evicted) starts from it.
+became of the risky step (with riskyTool: the approved step, once it is dispatched). A new attempt
+(after a pod was lost, killed or evicted) starts from it.
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ from typing import Any
 import httpx
 
 from tether import logs
-from tether.worker import AsyncWorkerRun, StopRequested
+from tether.worker import AsyncWorkerRun, ChildFailed, StopRequested
 from tether.worker.aio import AsyncFencedClient
 from tether.worker.metering import Meter, RunStopped
 
 log = logging.getLogger("agent-loop")
 
 NOTES_CHARS = 600  # the cursor is at most 1024 characters: notes are kept short
+PROPOSAL_CHARS = 200  # and so is the approved step kept in it for the child run
 
 
 async def main() -> int:
@@ -97,7 +102,7 @@ async def one_cycle(run: AsyncWorkerRun, model: "ModelClient", effects: AsyncFen
 
     # 4. The risky step: a person approves it first, then it goes out once, fenced.
     if cycle == risky_cycle and state["risky"] is None:
-        state["risky"] = await risky_step(run, effects, p, cycle, proposal=answer)
+        state["risky"] = await risky_step(run, effects, p, state, proposal=answer)
 
     # 5. Checkpoint the cycle: flush=True sends it with a renewal now rather than at the next one.
     state["cycle"] = cycle + 1
@@ -133,16 +138,26 @@ class ModelClient:
         await self.http.aclose()
 
 
-async def risky_step(run: AsyncWorkerRun, effects: AsyncFencedClient, p: dict[str, Any], cycle: int,
+async def risky_step(run: AsyncWorkerRun, effects: AsyncFencedClient, p: dict[str, Any], state: dict[str, Any],
                      proposal: str) -> str:
-    """Asks a person, and on approval sends the step. Returns what became of it."""
+    """Asks a person, and on approval sends the step, or dispatches it as a child run. Returns what
+    became of it."""
+    cycle, url = state["cycle"], p.get("effectUrl") or os.environ.get("EFFECT_URL")
+    if p.get("riskyTool") and state.get("approved"):
+        # Approved and dispatched by an earlier attempt: the same call again, found by its key.
+        return await dispatch(run, p["riskyTool"], cycle, state["approved"], url)
     decision = await run.request_approval("risky-step", details=f"cycle {cycle + 1}: {proposal[:200]}",
                                           timeout=int(p.get("approvalTimeoutSeconds", 3600)))
     log.info("risky step decided", extra={"event": "agent_approval", "decision": decision.decision,
                                           "approver": decision.approver, "reason": decision.reason})
     if not decision.approved:
         return decision.decision  # Deny or TimedOut: the loop goes on without it
-    url = p.get("effectUrl") or os.environ.get("EFFECT_URL")
+    if p.get("riskyTool"):
+        # What was approved is kept before it is dispatched, so that a resumed attempt dispatches
+        # that very call (the same key and payload: the same child) rather than a new answer's.
+        state["approved"] = proposal[:PROPOSAL_CHARS]
+        run.checkpoint(json.dumps(state), flush=True)
+        return await dispatch(run, p["riskyTool"], cycle, state["approved"], url)
     if url:
         # Idempotency-Key "<idempotencyKey>:risky-step" is the same in every attempt, so a step
         # repeated after a crash is replayed by the receiver, never done twice; the fence lets it
@@ -151,6 +166,21 @@ async def risky_step(run: AsyncWorkerRun, effects: AsyncFencedClient, p: dict[st
                                     json={"step": cycle, "attempt": run.attempt, "proposal": proposal[:500]})
         sent.raise_for_status()
     return "done"
+
+
+async def dispatch(run: AsyncWorkerRun, tool: dict[str, Any], cycle: int, proposal: str, url: str | None) -> str:
+    """The approved step as a child run (tool.py): fenced by this attempt, its own lease and retries,
+    a share of this run's cap, and its result back here only while this attempt holds the run."""
+    child = await run.spawn(f"risky-step-{cycle}", class_name=tool["className"], cap_cents=tool.get("capCents"),
+                            payload={"step": cycle, "proposal": proposal, "effectUrl": url,
+                                     "workSeconds": tool.get("workSeconds", 0)},
+                            spec={"template": tool["template"]})
+    log.info("risky step dispatched", extra={"event": "agent_dispatched", "child": child.name})
+    try:
+        done = await child.result(poll=1.0)
+    except ChildFailed as exc:
+        return f"failed: {exc.phase} ({exc.reason})"  # the loop goes on without it
+    return f"done by {child.name}" if done.get("sent") else f"not sent by {child.name}"
 
 
 async def wait_while_paused(run: AsyncWorkerRun) -> None:

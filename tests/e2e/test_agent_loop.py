@@ -196,3 +196,75 @@ def pod_logs(kube: Kube, namespace: str, selector: str) -> str:
     """The logs of the pods of `selector`, through the API server."""
     pods = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector}))["items"]
     return "".join(kube.get(f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}/log").text for p in pods)
+
+
+CLASSES = "/apis/tether.dev/v1alpha1/workerclasses"
+
+
+@pytest.fixture
+def loop_classes(kube: Kube) -> Any:
+    """The example's two classes (classes.yaml), as its README applies them."""
+    made: list[str] = []
+    try:
+        for doc in yaml.safe_load_all((EXAMPLE / "classes.yaml").read_text()):
+            made.append(kube.ok(kube.post(CLASSES, doc))["metadata"]["name"])
+        yield made
+    finally:
+        for name in made:
+            kube.delete(f"{CLASSES}/{name}")
+
+
+@pytest.mark.local_cluster
+def test_the_approved_step_runs_as_a_child_which_a_killed_agent_finds_again_and_which_lands_once(  # type: ignore[no-untyped-def]
+        kube: Kube, namespace: str, operator, loop_classes: list[str]) -> None:
+    """workerrun-tool.yaml: the approved step is dispatched as a child run (tool.py); the agent is
+    killed while the child works, and its next attempt, resumed from the cursor that kept the
+    approved step, finds the same child by key (no second approval, no second child) and takes its
+    result. The receiver saw the step once, with the child's fence."""
+    _setup(kube, namespace)
+    _grant_approver(kube, namespace, "alice")
+    example = yaml.safe_load((EXAMPLE / "workerrun-tool.yaml").read_text())
+    tool = {**example["spec"]["payload"]["riskyTool"], "workSeconds": 6}
+    receiver = Receiver()
+    try:
+        with FakeModel(input_tokens=1_000, output_tokens=100) as fake:
+            body = runs.example("agent-loop/workerrun-tool.yaml", payload={
+                "model": "gpt-x", "prices": PRICES, "baseUrl": fake.url + "/v1", "effectUrl": receiver.url,
+                "cycles": 4, "cycleSeconds": 1, "riskyCycle": 1, "riskyTool": tool},
+                lease={"durationSeconds": 8, "renewIntervalSeconds": 1, "startupGraceSeconds": 30},
+                retry={"maxAttempts": 3, "backoff": {"initialSeconds": 0}})
+            runs.create(kube, namespace, body)
+            name = body["metadata"]["name"]
+            eventually(lambda: ("risky-step", 1) in _pending(runs.get(kube, namespace, name)), timeout=90,
+                       what="attempt 1's approval request")
+            _decide(kube, namespace, name, "risky-step", "Approve", "looked at the plan", attempt=1)
+
+            def running_child() -> dict[str, Any] | None:
+                made = kube.ok(kube.get(Kube.wr_path(namespace),
+                                        params={"labelSelector": f"tether.dev/parent={name}"}))["items"]
+                return made[0] if made and (made[0].get("status") or {}).get("phase") == "Running" else None
+            child = eventually(running_child, timeout=90, interval=0.1, what="the child run working")
+            assert not receiver.seen()  # the tool works for 6 s before its step goes out
+            pod = kube.ok(kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}-a1"))
+            os.kill(int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("process://")), signal.SIGKILL)
+            run = runs.wait_phase(kube, namespace, name, ("Succeeded", "Failed"), timeout=120)
+        s = run["status"]
+        assert s["phase"] == "Succeeded" and len(s["attempts"]) == 2, s
+        # Approved once, by attempt 1: attempt 2 kept to what its cursor says was approved and dispatched.
+        assert [(r["gate"], r["attempt"], r.get("decision")) for r in s["review"]["requests"]] == [
+            ("risky-step", 1, "Approve")]
+        made = kube.ok(kube.get(Kube.wr_path(namespace), params={"labelSelector": f"tether.dev/parent={name}"}))["items"]
+        assert [c["metadata"]["name"] for c in made] == [child["metadata"]["name"]]  # one child, found again
+        done = made[0]["status"]
+        assert done["phase"] == "Succeeded" and len(done["attempts"]) == 1 and done["result"]["sent"] is True, done
+        assert made[0]["spec"]["parentRef"]["holder"] == f"{name}-a1"
+        assert s["result"]["risky"] == f"done by {child['metadata']['name']}"
+        # The step went out once, from the child, under the child's own key and fence.
+        [effect] = receiver.accepted()
+        assert len(receiver.seen()) == 1
+        assert effect.key == f"{child['metadata']['uid']}:risky-step" and effect.fence == done["attempts"][0]["fence"]
+        ledger = eventually(lambda: (c := runs.get(kube, namespace, name)["status"].get("children") or {})
+                            .get("admitted") == 1 and not c.get("live") and c, timeout=30, what="the child settled")
+        assert ledger["spentCents"] == (done.get("usage") or {}).get("cents", 0)
+    finally:
+        receiver.close()
