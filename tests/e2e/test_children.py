@@ -191,3 +191,68 @@ def test_suspending_the_parent_suspends_its_children_and_resuming_it_resumes_the
                             "the child resumed with its parent")
     assert "tether.dev/suspended-by-parent" not in (resumed["metadata"].get("annotations") or {})
     assert resumed["status"]["attempt"] == 1  # the same attempt went on
+
+
+def _ready(run: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in (run.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), {})
+
+
+def test_a_parent_whose_own_spending_reaches_what_its_tree_leaves_pauses_and_a_raised_cap_resumes_it(
+        kube: Kube, namespace: str, operator, classes: dict[str, str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The tree's cap with onExhausted: Pause. The child holds 20 of the parent's 30; the parent's own
+    15 cents go past the 10 its tree leaves it: the parent (not the child, whose share is its own)
+    pauses, keeping its lease, and says what to raise; raised, the same attempt goes on and completes."""
+    calls = [{"key": "slow", "className": classes["tools"], "capCents": 20,
+              "payload": {"holdAttempts": [1], "holdSeconds": 300, "gateFile": str(tmp_path / "gate"),
+                          "outFile": str(tmp_path / "slow.jsonl")}}]
+    body = planner(classes, calls, tmp_path / "planner.jsonl")
+    body["spec"]["payload"]["spendCents"] = 15
+    body["spec"]["budget"] = {"capCents": 30, "onExhausted": "Pause"}
+    runs.create(kube, namespace, body)
+    paused = kube.wait_for(Kube.wr_path(namespace), "planner", lambda r: _ready(r).get("reason") == "BudgetPaused",
+                           90, "the parent paused for its tree's cap")
+    assert paused["status"]["phase"] == "Running" and paused["status"]["holder"] == "planner-a1"
+    suspended = next(c for c in paused["status"]["conditions"] if c["type"] == "Suspended")
+    assert suspended["status"] == "True" and "30" in suspended["message"], suspended
+    (child,) = children(kube, namespace)
+    assert child["status"]["phase"] == "Running" and _ready(child).get("reason") != "BudgetPaused"  # its share is its own
+    assert paused["status"]["children"]["reservedCents"] == 20
+    kube.ok(kube.patch(Kube.wr_path(namespace, "planner"), {"spec": {"budget": {"capCents": 60}}}))
+    kube.wait_for(Kube.wr_path(namespace), "planner", lambda r: _ready(r).get("reason") != "BudgetPaused", 30,
+                  "the parent resumed")
+    (tmp_path / "gate").touch()
+    done = runs.wait_phase(kube, namespace, "planner", ("Succeeded", "Failed", "BudgetExceeded"), timeout=90)
+    assert done["status"]["phase"] == "Succeeded" and len(done["status"]["attempts"]) == 1, done["status"]
+    resumed = next(c for c in done["status"]["conditions"] if c["type"] == "Suspended")
+    assert (resumed["status"], resumed["reason"]) == ("False", "Resumed")
+
+
+def test_deleting_the_parent_deletes_its_children_and_charges_every_one_exactly_once(
+        kube: Kube, namespace: str, operator, classes: dict[str, str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two children spending while their parent is deleted: each is stopped and charged its final
+    report once (as is the parent) to the tree's WorkerBudget, and only then gone. Judged by the
+    oracle over the audit log: every run's charge equals its last accepted report."""
+    kube.ok(kube.post(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets", {
+        "apiVersion": "tether.dev/v1alpha1", "kind": "WorkerBudget", "metadata": {"name": "team"},
+        "spec": {"limitCents": 10_000}}))
+    calls = [{"key": f"spender:{i}", "className": classes["tools"], "capCents": 40,
+              "payload": {"holdAttempts": [1], "holdSeconds": 300, "usagePerSecond": 1, "stopOnSignal": True}}
+             for i in range(2)]
+    body = planner(classes, calls, tmp_path / "planner.jsonl")
+    body["spec"]["payload"]["spendCents"] = 3
+    body["spec"]["budget"] = {"capCents": 100, "budgetRef": {"name": "team"}}
+    runs.create(kube, namespace, body)
+    eventually(lambda: len([c for c in children(kube, namespace) if ((c.get("status") or {}).get("usage") or {}).get("cents", 0) >= 2
+                            ]) == 2, timeout=90, what="both children spending")
+    kube.ok(kube.delete(Kube.wr_path(namespace, "planner")))
+    eventually(lambda: not kube.ok(kube.get(Kube.wr_path(namespace)))["items"], timeout=120,
+               what="the parent and its children gone")
+    budget = kube.ok(kube.get(f"/apis/tether.dev/v1alpha1/namespaces/{namespace}/workerbudgets/team"))
+    verdict = judge(AuditLog.from_env(namespace=namespace).read(),
+                    TrialFacts(namespace=namespace, runs=[], budgets=[budget]))
+    assert verdict.ok, verdict.violations
+    # All three ended (stopped) before they went, and the budget holds exactly what they reported. The
+    # ledger of a parent that is gone is not kept up: the children charge the budget themselves.
+    assert verdict.stats["attempts ended Cancelled"] == 3, verdict.stats
+    spent = budget["status"]["spent"]["cents"]
+    assert spent >= 3 + 2 * 2 and verdict.stats["cents charged to budgets"] == spent, (spent, verdict.stats)

@@ -6,6 +6,7 @@ Payload:
   calls          [{key, className, payload, capCents}]: the tool calls, each a child run
   childTemplate  the children's pod template (they run tests/support/worker_app.py)
   crashAfter     attempt 1 exits at once (no result) after this many results, checkpointed
+  spendCents     the planner's own spending, reported once its children are spawned (a model call's)
   outFile        JSON lines of what happened, read by the test
 A resumed attempt spawns every call again: the SDK finds the children made before by their keys.
 """
@@ -40,6 +41,8 @@ def main() -> int:
                               cap_cents=c.get("capCents"), spec=spec) for c in p["calls"]]
         for c in children:
             record(event="spawned", key=c.key, child=c.name)
+        if p.get("spendCents"):
+            run.report_usage(cents=int(p["spendCents"]))
         results: dict[str, Any] = {}
         for i, c in enumerate(children):
             try:

@@ -34,7 +34,7 @@ KEY_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:/-]{0,126}[A-Za-z0-9])?$")
 
 
 def valid_key(key: str) -> bool:
-    return bool(KEY_PATTERN.match(key))
+    return KEY_PATTERN.fullmatch(key) is not None  # match() would let a trailing newline through ($)
 
 
 def child_name(parent_name: str, parent_uid: str, key: str, generation: int = 0) -> str:

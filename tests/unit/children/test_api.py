@@ -24,7 +24,8 @@ def test_the_name_is_the_parents_cut_and_a_digest_of_its_uid_and_the_key() -> No
 
 
 @pytest.mark.parametrize("key, ok", [("search:1", True), ("a", True), ("tool/call.7_x-y", True),
-                                     ("", False), ("-a", False), ("a b", False), ("a#1", False), ("k" * 129, False)])
+                                     ("", False), ("-a", False), ("a b", False), ("a#1", False), ("k" * 129, False),
+                                     ("abc\n", False)])
 def test_a_key_is_a_stable_name_of_one_call(key: str, ok: bool) -> None:
     assert valid_key(key) is ok
     if not ok:
