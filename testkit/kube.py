@@ -140,12 +140,12 @@ AUDIENCE = "tether-gateway"  # the gateway's default TokenReview audience
 
 
 def worker_identity(kube: Kube, ns: str, sa: str, allowed: bool = True, audience: str | None = AUDIENCE) -> str:
-    """A ServiceAccount for an external worker, allowed (or not) the gateway's verb; returns a token."""
+    """A ServiceAccount for an external worker, allowed (or not) the gateway's verbs; returns a token."""
     kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": sa}})
     if allowed:
         kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
             "metadata": {"name": f"{sa}-claims"},
-            "rules": [{"apiGroups": ["tether.dev"], "resources": ["workerruns"], "verbs": ["claim"]}]})
+            "rules": [{"apiGroups": ["tether.dev"], "resources": ["workerruns"], "verbs": ["claim", "spawn"]}]})
         kube.post(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
             "metadata": {"name": f"{sa}-claims"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{sa}-claims"},

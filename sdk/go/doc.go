@@ -6,6 +6,8 @@
 // gateway). Both return a *Run that renews on a goroutine of its own, exposes ownership (Owned,
 // OwnershipUnknown, Lost) and the control plane's Signals, carries checkpoints and usage on its
 // renewals, sends fenced side effects (Effect) and publishes the attempt's outcome with one fenced
-// write (Complete, Fail). The outcomes a worker must tell apart are sentinel errors: ErrLeaseLost,
-// ErrOwnershipUnknown, ErrStopRequested, ErrToolTimeout, ErrResultInvalid, ErrClaimRefused.
+// write (Complete, Fail). It spawns child runs (Spawn, Call), each one tool call as a fenced WorkerRun
+// of its own. The outcomes a worker must tell apart are sentinel errors: ErrLeaseLost,
+// ErrOwnershipUnknown, ErrStopRequested, ErrToolTimeout, ErrResultInvalid, ErrClaimRefused,
+// ErrSpawnConflict, ErrSpawnRefused, ErrChildFailed.
 package tether

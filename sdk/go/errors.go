@@ -33,6 +33,17 @@ var (
 	// ErrRequestRefused: an approval request the control plane would refuse (a malformed name,
 	// details or timeout, or more than 20 requests in one attempt), refused here before it is sent.
 	ErrRequestRefused = errors.New("tether: approval request refused")
+	// ErrSpawnRefused: the API server (or the gateway, for it) refused a child run: an admission
+	// policy (its class is not one the parent's class may spawn, this pod does not hold the parent),
+	// the schema (an invalid spec). The message says what to fix. Nothing was created; ownership is
+	// not in question.
+	ErrSpawnRefused = errors.New("tether: spawn refused")
+	// ErrSpawnConflict: the key names a child that exists and was asked for something else (another
+	// class, payload, caps or spec), or a run that is not this run's child: one key is one tool
+	// call, never two.
+	ErrSpawnConflict = errors.New("tether: spawn conflict")
+	// ErrChildFailed: a child run ended without a result. The error is a *ChildFailedError.
+	ErrChildFailed = errors.New("tether: child run failed")
 )
 
 // ClaimRefusedError is the gateway's refusal of a claim: 402 budget exceeded, 409 held by another
@@ -70,3 +81,21 @@ func (e *ResultInvalidError) Error() string {
 
 // Is makes errors.Is(err, ErrResultInvalid) true for every such refusal.
 func (e *ResultInvalidError) Is(target error) bool { return target == ErrResultInvalid }
+
+// ChildFailedError is a child run's end without a result: Rejected before it started (Reason says
+// why: StaleParent, TreeBudgetExhausted, ...), or Failed, Lost, Cancelled, BudgetExceeded,
+// DeadlineExceeded; Phase and Reason "Deleted" when it was deleted while waited for.
+type ChildFailedError struct {
+	Name    string
+	Phase   string
+	Reason  string         // its Ready condition's reason, else its phase
+	Message string         // its Ready condition's message
+	Failure map[string]any // what its worker published (status.error: code, message); nil when none
+}
+
+func (e *ChildFailedError) Error() string {
+	return fmt.Sprintf("tether: child run %s ended %s (%s): %s", e.Name, e.Phase, e.Reason, e.Message)
+}
+
+// Is makes errors.Is(err, ErrChildFailed) true for every such end.
+func (e *ChildFailedError) Is(target error) bool { return target == ErrChildFailed }

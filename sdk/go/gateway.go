@@ -136,7 +136,7 @@ func parseClaimReply(body []byte) (*claimReply, error) {
 func Claim(ctx context.Context, gatewayURL, namespace, name, token string, opts ...Option) (*Run, error) {
 	s := newSettings(opts)
 	g := &gatewayTransport{
-		client: s.httpClient, token: token, clock: time.Now,
+		client: s.httpClient, token: token, clock: time.Now, name: name,
 		base: strings.TrimRight(gatewayURL, "/") + "/api/v1/namespaces/" + url.PathEscape(namespace) +
 			"/workerruns/" + url.PathEscape(name),
 	}
@@ -189,6 +189,7 @@ func Claim(ctx context.Context, gatewayURL, namespace, name, token string, opts 
 type gatewayTransport struct {
 	client *http.Client
 	base   string // {gateway}/api/v1/namespaces/{ns}/workerruns/{name}
+	name   string // the run's
 	token  string
 	clock  func() time.Time // wall clock, for Retry-After dates
 	// Every call names the attempt and, when the claim named one, the worker and the run's UID:
@@ -324,13 +325,18 @@ func (g *gatewayTransport) renew(ctx context.Context, checkpoint *string, u *usa
 		}
 		return renewResult{ok: true, signals: &sig}, nil
 	}
-	// Gone, a moved fence, or another identity (NotClaimant) or worker (HeldByAnother) claimed the
-	// attempt: all say it is not ours. Anything else (401, RBAC's 403, 422, 429, 5xx) says nothing.
-	if code := errorOf(body).Code; status == http.StatusNotFound || status == http.StatusGone ||
-		code == "NotClaimant" || code == "HeldByAnother" {
+	if lostAnswer(status, body) {
 		return renewResult{lost: true, why: describe(status, body)}, nil
 	}
 	return renewResult{why: "heartbeat refused: " + describe(status, body)}, nil
+}
+
+// lostAnswer says whether a refusal of a call after the claim says the attempt is not ours: gone,
+// a moved fence, or another identity (NotClaimant) or worker (HeldByAnother) claimed it. Anything
+// else (401, RBAC's 403, 422, 429, 5xx) says nothing about ownership.
+func lostAnswer(status int, body []byte) bool {
+	code := errorOf(body).Code
+	return status == http.StatusNotFound || status == http.StatusGone || code == "NotClaimant" || code == "HeldByAnother"
 }
 
 func (g *gatewayTransport) publish(ctx context.Context, field string, value json.RawMessage) (publishResult, error) {
@@ -372,4 +378,67 @@ func (g *gatewayTransport) publish(ctx context.Context, field string, value json
 // recorded is false: the gateway itself answers a repeated publication of an accepted value with 200.
 func (g *gatewayTransport) recorded(context.Context, string, json.RawMessage) (bool, error) {
 	return false, nil
+}
+
+// parent is all an External worker knows of its run, which it cannot read: its name and UID. The
+// gateway, which reads it, builds the child's body itself (name, parentRef, label, owner reference,
+// the digest of the spec as sent) and the parent's part of its budget: the run's WorkerBudget, and
+// the refusal of a capped run's child that names no share (422, ErrSpawnRefused).
+func (g *gatewayTransport) parent(context.Context) (parentRun, error) {
+	return parentRun{name: g.name, uid: g.runUID}, nil
+}
+
+// spawn asks the gateway for the child (docs/protocol.md §6.2): the spec as asked, the key and its
+// generation; the gateway answers with the child it created or the run of that name that exists. A
+// 422 or RBAC's 403 is a refusal of the child (the API server's, SpawnRefused, or the gateway's of
+// the spec), a 409 SpawnConflict a run of the child's name that is not this run's child.
+func (g *gatewayTransport) spawn(ctx context.Context, req spawnRequest) (*childView, error) {
+	status, body, _, err := g.post(ctx, "spawn",
+		g.withFence(map[string]any{"key": req.key, "generation": req.generation, "spec": req.spec}))
+	if err != nil {
+		return nil, err
+	}
+	switch e := errorOf(body); {
+	case status == http.StatusUnprocessableEntity, status == http.StatusForbidden && e.Code != "NotClaimant":
+		// 422: the API server's refusal or the gateway's of the spec; 403: RBAC does not let this
+		// identity `spawn` for the run (NotClaimant is lost, below).
+		return nil, fmt.Errorf("%w: the gateway refused child key %q: %s", ErrSpawnRefused, req.key, describe(status, body))
+	case status == http.StatusConflict && e.Code == "SpawnConflict":
+		return nil, fmt.Errorf("%w: %s", ErrSpawnConflict, e.Message)
+	}
+	return childReply("spawn", status, body)
+}
+
+// child reads a child run through the gateway; nil when no run of that name is this run's child.
+func (g *gatewayTransport) child(ctx context.Context, name string) (*childView, error) {
+	status, body, _, err := g.post(ctx, "child", g.withFence(map[string]any{"name": name}))
+	if err != nil {
+		return nil, err
+	}
+	if status == http.StatusNotFound && errorOf(body).Code == "ChildNotFound" {
+		return nil, nil
+	}
+	return childReply("child", status, body)
+}
+
+// childReply reads the answer to a spawn or child call: `{"child": <the WorkerRun>}`. A 200 with
+// anything else came from something in between and is no answer, as is a refusal that says nothing
+// about ownership; ErrLeaseLost when the refusal says the attempt is not ours.
+func childReply(op string, status int, body []byte) (*childView, error) {
+	switch {
+	case status == http.StatusOK:
+		var reply struct {
+			Child json.RawMessage `json:"child"`
+		}
+		if json.Unmarshal(body, &reply) == nil {
+			if child, err := parseChild(reply.Child); err == nil {
+				return child, nil
+			}
+		}
+		return nil, fmt.Errorf("tether: the %s call's 200 is not the gateway's reply: %q", op, clip(string(body)))
+	case lostAnswer(status, body):
+		return nil, fmt.Errorf("%w: the %s call was refused: %s", ErrLeaseLost, op, describe(status, body))
+	default:
+		return nil, fmt.Errorf("tether: the %s call was refused: %s", op, describe(status, body))
+	}
 }

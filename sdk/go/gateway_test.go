@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -371,5 +372,144 @@ func TestGatewayHeartbeatYield(t *testing.T) {
 	s := r.Signals()
 	if !s.Stop || !s.Yielding || s.StopBy == nil || s.StopBy.Second() != 30 {
 		t.Fatalf("a Kueue eviction should reach the worker as a yield: %+v", s)
+	}
+}
+
+// spawned is the gateway's reply to a spawn or child call of the fake's run: the child `name` for a
+// spec, with `status` (a JSON object).
+func spawned(name string, spec map[string]any, status string) func(http.ResponseWriter) {
+	child := fmt.Sprintf(`{"child":{"metadata":{"name":%q,"labels":{"tether.dev/parent":"invoice-8f1b"},`+
+		`"annotations":{"tether.dev/spawn-digest":%q},"ownerReferences":[{"uid":"uid-1"}]},`+
+		`"spec":{"parentRef":{"holder":"invoice-8f1b-a2","fence":3}},"status":%s}}`, name, spawnDigest(spec), status)
+	return gatewayAnswer(200, child)
+}
+
+// toolCall is what TestGatewaySpawn asks for, and the spec the gateway is sent for it.
+var toolCall = SpawnOptions{ClassName: "tools", Payload: map[string]any{"q": "x"}, CapCents: int64p(20)}
+
+func toolCallSpec(t *testing.T) map[string]any {
+	spec, err := childSpec(parentRun{}, toolCall)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+func TestGatewaySpawn(t *testing.T) {
+	g, srv := newFakeGateway(t)
+	r := claimTest(t, srv)
+	g.script("spawn", spawned("invoice-8f1b-1a2b3c4d5e", toolCallSpec(t), `{}`))
+	child, err := r.Spawn(context.Background(), "tool:1", toolCall)
+	if err != nil || child.Name() != "invoice-8f1b-1a2b3c4d5e" {
+		t.Fatalf("spawn: %v, %v", child, err)
+	}
+	// The fenced body, the key and its generation, and the spec as asked: the gateway makes the rest.
+	body := g.callsTo("spawn")[0].body
+	want := `{"holder":"invoice-8f1b-a2","fence":3,"runUid":"uid-1","workerId":"laptop-1","key":"tool:1","generation":0,` +
+		`"spec":{"executor":"Pod","className":"tools","payload":{"q":"x"},"budget":{"capCents":20}}}`
+	if !jsonEqual(mustJSON(t, body), json.RawMessage(want)) {
+		t.Fatalf("spawn body %s", mustJSON(t, body))
+	}
+	g.script("child", spawned(child.Name(), toolCallSpec(t), `{"phase":"Running"}`),
+		spawned(child.Name(), toolCallSpec(t), `{"phase":"Succeeded","result":{"hits":2}}`))
+	got, err := child.Result(context.Background(), time.Millisecond)
+	if err != nil || got["hits"] != 2.0 {
+		t.Fatalf("result %v, %v", got, err)
+	}
+	if reads := g.callsTo("child"); len(reads) != 2 || reads[0].body["name"] != child.Name() || reads[0].body["fence"] != 3.0 {
+		t.Fatalf("child calls %+v", reads)
+	}
+	// A key asked for another spec: the gateway answers the child it has, the worker judges.
+	g.script("spawn", spawned("invoice-8f1b-1a2b3c4d5e", toolCallSpec(t), `{}`))
+	other := toolCall
+	other.Payload = map[string]any{"q": "y"}
+	if _, err := r.Spawn(context.Background(), "tool:1", other); !errors.Is(err, ErrSpawnConflict) {
+		t.Fatalf("conflicting spawn: %v", err)
+	}
+}
+
+// TestGatewayChildAnswers: what the answers to spawn and child mean. A 200 that is not the gateway's
+// reply, and a refusal that says nothing about ownership, are no answer; the answers a heartbeat
+// reads as lost are lost here too.
+func TestGatewayChildAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer func(http.ResponseWriter)
+		want   error  // nil: an error that is neither lost nor refused
+		only   string // the call it is an answer of ("": both)
+	}{
+		{"200 {}", gatewayAnswer(200, `{}`), nil, ""},
+		{"200 a child that is not an object", gatewayAnswer(200, `{"child":"invoice-8f1b-1"}`), nil, ""},
+		{"200 a child without a name", gatewayAnswer(200, `{"child":{"metadata":{}}}`), nil, ""},
+		{"200 a child whose name is no string", gatewayAnswer(200, `{"child":{"metadata":{"name":7}}}`), nil, ""},
+		{"200 a page", gatewayAnswer(200, `<html>sign in</html>`), nil, ""},
+		{"422 SpawnRefused", gatewayAnswer(422, `{"error":{"code":"SpawnRefused","message":"class shell is not one agents may spawn"}}`), ErrSpawnRefused, "spawn"},
+		{"409", gatewayAnswer(409, `{"error":{"code":"Conflict","message":"x"}}`), nil, ""},
+		{"422 other to spawn", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"not one agents may spawn","field":"spec.parentRef"}}`), ErrSpawnRefused, "spawn"},
+		{"422 other", gatewayAnswer(422, `{"error":{"code":"MalformedBody","message":"name","field":"name"}}`), nil, "child"},
+		{"409 SpawnConflict", gatewayAnswer(409, `{"error":{"code":"SpawnConflict","message":"invoice-8f1b-1 exists and is not a child of invoice"}}`), ErrSpawnConflict, "spawn"},
+		{"503", gatewayAnswer(503, `{"error":{"code":"Unavailable","message":"x"}}`), nil, ""},
+		{"403 other", gatewayAnswer(403, `{"error":{"code":"Forbidden","message":"x"}}`), nil, "child"},
+		{"403 RBAC's, no spawn verb", gatewayAnswer(403, `{"error":{"code":"Forbidden","message":"ext is not one agents may spawn for"}}`), ErrSpawnRefused, "spawn"},
+		{"404 ChildNotFound", gatewayAnswer(404, `{"error":{"code":"ChildNotFound","message":"x"}}`), ErrChildFailed, "child"},
+		{"404", gatewayAnswer(404, `{"error":{"code":"NotFound","message":"x"}}`), ErrLeaseLost, ""},
+		{"410", gatewayAnswer(410, `{"error":{"code":"StaleFence","message":"x"}}`), ErrLeaseLost, ""},
+		{"403 NotClaimant", gatewayAnswer(403, `{"error":{"code":"NotClaimant","message":"x"}}`), ErrLeaseLost, ""},
+		{"409 HeldByAnother", gatewayAnswer(409, `{"error":{"code":"HeldByAnother","message":"x"}}`), ErrLeaseLost, ""},
+	} {
+		for _, op := range []string{"spawn", "child"} {
+			if tc.only != "" && tc.only != op {
+				continue
+			}
+			t.Run(tc.name+" to "+op, func(t *testing.T) {
+				g, srv := newFakeGateway(t)
+				r := claimTest(t, srv)
+				err := gatewayChildCall(t, g, r, op, tc.answer)
+				checkChildAnswer(t, r, err, tc.want)
+				var failed *ChildFailedError
+				if tc.want == ErrChildFailed && (!errors.As(err, &failed) || failed.Phase != "Deleted") {
+					t.Fatalf("%v: want a deleted child", err)
+				}
+				if tc.want == ErrSpawnRefused && !strings.Contains(err.Error(), "not one agents may spawn") {
+					t.Fatalf("refusal without its message: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// gatewayChildCall spawns the toolCall child, the spawn (op "spawn") or the first read of its
+// Result (op "child") answered with `answer`; the error is the call's.
+func gatewayChildCall(t *testing.T, g *fakeGateway, r *Run, op string, answer func(http.ResponseWriter)) error {
+	t.Helper()
+	if op == "spawn" {
+		g.script("spawn", answer)
+		_, err := r.Spawn(context.Background(), "tool:1", toolCall)
+		return err
+	}
+	g.script("spawn", spawned("invoice-8f1b-1", toolCallSpec(t), `{}`))
+	child, err := r.Spawn(context.Background(), "tool:1", toolCall)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.script("child", answer)
+	_, err = child.Result(context.Background(), time.Millisecond)
+	return err
+}
+
+// checkChildAnswer: err is want (nil: an error that is neither lost, nor refused, nor a conflict,
+// nor a child's end), and the run is lost exactly when err says so.
+func checkChildAnswer(t *testing.T, r *Run, err, want error) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Fatal("no error")
+	case want == nil && (errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrSpawnRefused) ||
+		errors.Is(err, ErrSpawnConflict) || errors.Is(err, ErrChildFailed)):
+		t.Fatalf("%v: want no answer", err)
+	case want != nil && !errors.Is(err, want):
+		t.Fatalf("%v: want %v", err, want)
+	case r.Lost() != (want == ErrLeaseLost):
+		t.Fatalf("%v, and the run is %s", err, state(r))
 	}
 }

@@ -235,11 +235,11 @@ func resultBody(res rest.Result) ([]byte, error) {
 	return res.Raw()
 }
 
-// getRaw reads this run's object of `resource` as JSON; found is false (and no error) when it is gone.
-// MaxRetries(0) here and below: the Run retries by the protocol's rules (the next interval, or the
-// publication's backoff), never client-go.
-func (t *kubeTransport) getRaw(ctx context.Context, client rest.Interface, resource string) (raw []byte, found bool, err error) {
-	raw, err = resultBody(client.Get().Namespace(t.namespace).Resource(resource).Name(t.name).MaxRetries(0).Do(ctx))
+// getRaw reads the object `name` of `resource` (this run's, or a child run) as JSON; found is false
+// (and no error) when it is gone. MaxRetries(0) here and below: the Run retries by the protocol's
+// rules (the next interval, or the publication's backoff), never client-go.
+func (t *kubeTransport) getRaw(ctx context.Context, client rest.Interface, resource, name string) (raw []byte, found bool, err error) {
+	raw, err = resultBody(client.Get().Namespace(t.namespace).Resource(resource).Name(name).MaxRetries(0).Do(ctx))
 	if apierrors.IsNotFound(err) {
 		return nil, false, nil
 	}
@@ -249,7 +249,7 @@ func (t *kubeTransport) getRaw(ctx context.Context, client rest.Interface, resou
 // getLease reads the Lease; nil when it is gone. An answer that is not a Lease is an error, like no
 // answer: unconfirmed (docs/protocol.md §5.2).
 func (t *kubeTransport) getLease(ctx context.Context) (*leaseDoc, error) {
-	raw, found, err := t.getRaw(ctx, t.leases, "leases")
+	raw, found, err := t.getRaw(ctx, t.leases, "leases", t.name)
 	if err != nil || !found {
 		return nil, err
 	}
@@ -427,7 +427,7 @@ func (t *kubeTransport) publish(ctx context.Context, field string, value json.Ra
 }
 
 func (t *kubeTransport) recorded(ctx context.Context, field string, value json.RawMessage) (bool, error) {
-	raw, found, err := t.getRaw(ctx, t.runs, "workerruns")
+	raw, found, err := t.getRaw(ctx, t.runs, "workerruns", t.name)
 	if err != nil || !found {
 		return false, err
 	}
@@ -439,6 +439,71 @@ func (t *kubeTransport) recorded(ctx context.Context, field string, value json.R
 		return false, nil
 	}
 	return publicationRecorded(run, t.holder, t.fence, field, value), nil
+}
+
+// parent reads this run as its children name it; ErrLeaseLost when it is gone, or was re-created
+// under its name since this pod started (its children would be the namesake's).
+func (t *kubeTransport) parent(ctx context.Context) (parentRun, error) {
+	raw, found, err := t.getRaw(ctx, t.runs, "workerruns", t.name)
+	if err != nil {
+		return parentRun{}, err
+	}
+	if !found {
+		return parentRun{}, fmt.Errorf("%w: run %s/%s is gone", ErrLeaseLost, t.namespace, t.name)
+	}
+	p, err := parentOf(raw)
+	if err != nil {
+		return parentRun{}, err
+	}
+	if t.runUID != "" && p.uid != t.runUID {
+		return parentRun{}, fmt.Errorf("%w: %s was re-created (uid %s is gone)", ErrLeaseLost, t.name, t.runUID)
+	}
+	return p, nil
+}
+
+// spawn creates the child run (with the pod's own credentials), or reads the one of that name that
+// exists. A refusal (an admission policy, RBAC, the schema) is ErrSpawnRefused with the API
+// server's words; a child deleted between the conflict and the read is created again, three times
+// at most.
+func (t *kubeTransport) spawn(ctx context.Context, req spawnRequest) (*childView, error) {
+	body, err := json.Marshal(childBody(req.parent, t.namespace, t.holder, t.fence, req.key, req.generation, req.spec))
+	if err != nil {
+		return nil, err
+	}
+	name := childName(req.parent.name, req.parent.uid, req.key, req.generation)
+	for range 3 {
+		raw, err := resultBody(t.runs.Post().Namespace(t.namespace).Resource("workerruns").
+			SetHeader("Content-Type", "application/json").Body(body).MaxRetries(0).Do(ctx))
+		if err == nil {
+			return parseChild(raw)
+		}
+		var status *apierrors.StatusError
+		if !errors.As(err, &status) {
+			return nil, err
+		}
+		switch status.ErrStatus.Code {
+		case http.StatusBadRequest, http.StatusForbidden, http.StatusUnprocessableEntity:
+			return nil, fmt.Errorf("%w: the API server refused child run %s: %s", ErrSpawnRefused, name,
+				status.ErrStatus.Message)
+		case http.StatusConflict: // made before: whose and for what, the Run judges
+		default:
+			return nil, err
+		}
+		found, err := t.child(ctx, name)
+		if err != nil || found != nil {
+			return found, err
+		}
+	}
+	return nil, fmt.Errorf("%w: child run %s kept being deleted as it was made", ErrSpawnRefused, name)
+}
+
+// child reads a child run; nil when it is gone.
+func (t *kubeTransport) child(ctx context.Context, name string) (*childView, error) {
+	raw, found, err := t.getRaw(ctx, t.runs, "workerruns", name)
+	if err != nil || !found {
+		return nil, err
+	}
+	return parseChild(raw)
 }
 
 // loadPayload is the run's payload: inline in TETHER_PAYLOAD or, when it was too large for the

@@ -24,7 +24,8 @@ import (
 
 const (
 	leasePath  = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/job"
-	runPath    = "/apis/tether.dev/v1alpha1/namespaces/ns/workerruns/job"
+	runsPath   = "/apis/tether.dev/v1alpha1/namespaces/ns/workerruns"
+	runPath    = runsPath + "/job"
 	statusPath = runPath + "/status"
 )
 
@@ -35,7 +36,8 @@ type apiCall struct {
 
 // fakeAPI answers like the API server: a Lease with resourceVersion compare-and-swap, the
 // WorkerRun, and Status bodies for refusals. A test scripts exceptions per route ("PUT lease",
-// "GET lease", "PATCH status", "GET run"); they are used once each, in order.
+// "GET lease", "PATCH status", "GET run", "POST runs": a spawn, "GET child": another run); they are
+// used once each, in order.
 type fakeAPI struct {
 	t     *testing.T
 	mu    sync.Mutex
@@ -92,7 +94,10 @@ func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		status(http.StatusUnauthorized, metav1.StatusReasonUnauthorized, "Unauthorized")(w, req)
 		return
 	}
-	route := map[string]string{leasePath: "lease", statusPath: "status", runPath: "run"}[req.URL.Path]
+	route := map[string]string{leasePath: "lease", statusPath: "status", runPath: "run", runsPath: "runs"}[req.URL.Path]
+	if route == "" && strings.HasPrefix(req.URL.Path, runsPath+"/") {
+		route = "child"
+	}
 	key := req.Method + " " + route
 	if scripted := a.answers[key]; len(scripted) > 0 {
 		a.answers[key] = scripted[1:]
@@ -128,6 +133,10 @@ func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case "PATCH status", "GET run":
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, a.run)
+	case "POST runs": // created as sent
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(body)
 	default:
 		status(http.StatusNotFound, metav1.StatusReasonNotFound, "no route "+key)(w, req)
 	}
@@ -504,6 +513,97 @@ func TestKubePublish(t *testing.T) {
 				t.Fatalf("patch %s (%s)", patches[0].body, patches[0].contentType)
 			}
 		})
+	}
+}
+
+// podParent is the run job as its children name it (TestKubeParent).
+var podParent = parentRun{name: "job", uid: "uid-1", className: "agents", depth: 1, budgetRef: "team", cappedCents: true}
+
+func TestKubeParent(t *testing.T) {
+	api, srv := newFakeAPI(t)
+	api.run = `{"metadata":{"name":"job","uid":"uid-1"},"spec":{"budget":{"capCents":50},"parentRef":{"depth":1}},` +
+		`"status":{"class":{"name":"agents","defaults":{"budget":{"budgetRef":{"name":"team"}}}}}}`
+	if p, err := newTestKube(t, srv, "uid-1").parent(ctx2s(t)); err != nil || p != podParent {
+		t.Fatalf("parent %+v, %v", p, err)
+	}
+	// A namesake created since this pod started, or no run at all: this attempt holds nothing.
+	if _, err := newTestKube(t, srv, "uid-0").parent(ctx2s(t)); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("a namesake's: %v", err)
+	}
+	api.script("GET run", status(http.StatusNotFound, metav1.StatusReasonNotFound, "not found"))
+	if _, err := newTestKube(t, srv, "uid-1").parent(ctx2s(t)); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("gone: %v", err)
+	}
+}
+
+func TestKubeSpawn(t *testing.T) {
+	spec := map[string]any{"executor": "Pod", "className": "tools", "budget": map[string]any{"capCents": json.Number("5")}}
+	req := spawnRequest{parent: podParent, key: "tool:1", spec: spec}
+	name := childName("job", "uid-1", "tool:1", 0)
+	childPath := runsPath + "/" + name
+	existing := fmt.Sprintf(`{"metadata":{"name":%q},"status":{"phase":"Running"}}`, name)
+	api, srv := newFakeAPI(t)
+	kt := newTestKube(t, srv, "uid-1")
+
+	got, err := kt.spawn(ctx2s(t), req)
+	posts := api.callsTo(http.MethodPost, runsPath)
+	if err != nil || got.Metadata.Name != name || len(posts) != 1 ||
+		!jsonEqual(posts[0].body, mustJSON(t, childBody(podParent, "ns", "job-a1", 1, "tool:1", 0, spec))) {
+		t.Fatalf("spawn: %+v, %v, posts %+v", got, err, posts)
+	}
+
+	// Made before: the run of that name, whoever's it is (the Run judges).
+	api.script("POST runs", status(http.StatusConflict, metav1.StatusReasonAlreadyExists, "exists"))
+	api.script("GET child", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, json.RawMessage(existing)) })
+	if got, err := kt.spawn(ctx2s(t), req); err != nil || got.Status.Phase != "Running" || len(api.callsTo("GET", childPath)) != 1 {
+		t.Fatalf("spawn of an existing child: %+v, %v", got, err)
+	}
+
+	// Deleted between the conflict and the read: created again.
+	before := len(api.callsTo(http.MethodPost, runsPath))
+	api.script("POST runs", status(http.StatusConflict, metav1.StatusReasonAlreadyExists, "exists"))
+	if got, err := kt.spawn(ctx2s(t), req); err != nil || got.Metadata.Name != name ||
+		len(api.callsTo(http.MethodPost, runsPath)) != before+2 {
+		t.Fatalf("spawn of a child deleted meanwhile: %+v, %v", got, err)
+	}
+	conflict := status(http.StatusConflict, metav1.StatusReasonAlreadyExists, "exists")
+	api.script("POST runs", conflict, conflict, conflict)
+	if _, err := kt.spawn(ctx2s(t), req); !errors.Is(err, ErrSpawnRefused) || !strings.Contains(err.Error(), "kept being deleted") {
+		t.Fatalf("spawn of a child always deleted: %v", err)
+	}
+
+	for code, refusal := range map[int]string{
+		http.StatusForbidden:           "ValidatingAdmissionPolicy 'tether-child-classes' denied request: class shell is not one planners may spawn",
+		http.StatusUnprocessableEntity: `WorkerRun.tether.dev "x" is invalid: spec.budget.capCents: Invalid value: -1`,
+		http.StatusBadRequest:          "the body is not a WorkerRun",
+	} {
+		api.script("POST runs", status(code, metav1.StatusReasonForbidden, refusal))
+		if _, err := kt.spawn(ctx2s(t), req); !errors.Is(err, ErrSpawnRefused) || !strings.Contains(err.Error(), refusal) {
+			t.Fatalf("%d: %v", code, err)
+		}
+	}
+	api.script("POST runs", status(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable, "busy"))
+	if _, err := kt.spawn(ctx2s(t), req); err == nil || errors.Is(err, ErrSpawnRefused) || errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("503: %v", err)
+	}
+}
+
+func TestKubeChild(t *testing.T) {
+	api, srv := newFakeAPI(t)
+	kt := newTestKube(t, srv, "uid-1")
+	api.script("GET child",
+		func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, 200, json.RawMessage(`{"metadata":{"name":"job-1"},"status":{"phase":"Succeeded","result":{"n":1}}}`))
+		},
+		func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, 200, json.RawMessage(`{"kind":"Status"}`)) })
+	if got, err := kt.child(ctx2s(t), "job-1"); err != nil || got.Status.Phase != "Succeeded" || got.Status.Result["n"] != 1.0 {
+		t.Fatalf("child %+v, %v", got, err)
+	}
+	if got, err := kt.child(ctx2s(t), "job-1"); err == nil {
+		t.Fatalf("an answer that is not a run: %+v", got)
+	}
+	if got, err := kt.child(ctx2s(t), "job-1"); got != nil || err != nil { // the fake's 404
+		t.Fatalf("a deleted child: %+v, %v", got, err)
 	}
 }
 

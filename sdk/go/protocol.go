@@ -7,6 +7,8 @@ package tether
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -693,4 +695,347 @@ func retryAfterHeader(value string, now time.Time) time.Duration {
 		return min(max(at.Sub(now), 0), maxRetryAfter)
 	}
 	return 0
+}
+
+// --- child runs (docs/children.md) ------------------------------------------------
+
+// On each child: its parent's name (a label, to list a parent's children), the caller's key and the
+// digest of what the key was asked to run (tether.children.api).
+const (
+	labelParent    = "tether.dev/parent"
+	annChildKey    = "tether.dev/child-key"
+	annSpawnDigest = "tether.dev/spawn-digest"
+)
+
+const (
+	// A child's name is its parent's cut to childNamePrefix characters, a dash, and childNameDigest
+	// hex digits (run names have at most 58 characters).
+	childNamePrefix = 47
+	childNameDigest = 10
+	// maxGenerations bounds how often a key moves on past a child rejected as a stale attempt's
+	// (each one a lost parent attempt).
+	maxGenerations = 16
+	// staleParent is the reason of a child rejected because the attempt that spawned it no longer
+	// held the parent: it never ran.
+	staleParent = "StaleParent"
+)
+
+// childKey is a caller's key: what an idempotency key may be, a stable name of one tool call.
+var childKey = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._:/-]{0,126}[A-Za-z0-9])?$`)
+
+// terminalPhases are the phases a run ends in.
+var terminalPhases = []string{"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"}
+
+// childName is the child's name for key under this parent: by its UID, so a namesake parent gets
+// other names; generation counts the children of that key rejected as a stale attempt's.
+func childName(parentName, parentUID, key string, generation int) string {
+	named := key
+	if generation != 0 {
+		named = fmt.Sprintf("%s#%d", key, generation)
+	}
+	sum := sha256.Sum256([]byte(parentUID + "/" + named))
+	prefix := strings.TrimRight(parentName[:min(len(parentName), childNamePrefix)], "-.")
+	return prefix + "-" + hex.EncodeToString(sum[:])[:childNameDigest]
+}
+
+// spawnDigest is what a spawn asked for (the child's spec as the caller gave it), as the digest
+// every SDK and the gateway compute: sha256 of the spec as Python's json.dumps writes it with sorted
+// keys, compact, non-ASCII as UTF-8 (sdk/vectors/children.json). Two spawns of one key are one child
+// only when they asked for the same. The spec holds plain JSON values (childSpec's).
+func spawnDigest(spec map[string]any) string {
+	var b strings.Builder
+	writeCanonical(&b, spec)
+	sum := sha256.Sum256([]byte(b.String()))
+	return hex.EncodeToString(sum[:])
+}
+
+// writeCanonical writes a plain JSON value (plainJSON's) as Python's json.dumps does with
+// sort_keys, compact separators and ensure_ascii=False. Not encoding/json's own: it escapes U+2028
+// and U+2029 (pythonJSON) and writes floats otherwise (pythonNumber), so such a spec would digest
+// otherwise than the gateway's.
+func writeCanonical(b *strings.Builder, v any) {
+	switch v := v.(type) {
+	case map[string]any:
+		b.WriteByte('{')
+		for i, k := range slices.Sorted(maps.Keys(v)) { // UTF-8 byte order is code point order, as Python sorts
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(pythonJSON(k) + ":")
+			writeCanonical(b, v[k])
+		}
+		b.WriteByte('}')
+	case []any:
+		b.WriteByte('[')
+		for i, item := range v {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			writeCanonical(b, item)
+		}
+		b.WriteByte(']')
+	case string:
+		b.WriteString(pythonJSON(v))
+	case json.Number:
+		b.WriteString(pythonNumber(v))
+	case bool:
+		b.WriteString(strconv.FormatBool(v))
+	default: // nil: plainJSON makes no other type
+		b.WriteString("null")
+	}
+}
+
+// pythonNumber is a JSON number as Python's json.dumps writes it once json.loads has read it (the
+// gateway digests the spec it parsed from this SDK's JSON): an integer as written, any other number
+// as a float's repr (shortest round trip, exponent below 1e-4 and from 1e16, ".0" when integral).
+func pythonNumber(n json.Number) string {
+	if !strings.ContainsAny(string(n), ".eE") {
+		return string(n)
+	}
+	f, err := n.Float64()
+	if err != nil { // out of a float's range: Python's repr is inf, which is no JSON either
+		return string(n)
+	}
+	mantissa, exp, _ := strings.Cut(strconv.FormatFloat(f, 'e', -1, 64), "e")
+	if e, _ := strconv.Atoi(exp); e < -4 || e >= 16 {
+		return mantissa + "e" + exp // Go writes the exponent as Python does: a sign, at least two digits
+	}
+	fixed := strconv.FormatFloat(f, 'f', -1, 64)
+	if !strings.Contains(fixed, ".") {
+		fixed += ".0"
+	}
+	return fixed
+}
+
+// plainJSON is v as JSON values (objects, arrays, strings, json.Number, booleans, nil) whatever Go
+// types the caller used (a pod template's struct, int64): what is digested is what is sent, numbers
+// exactly as written.
+func plainJSON(v any) (map[string]any, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("tether: the child's spec is not JSON: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var out map[string]any
+	if err := dec.Decode(&out); err != nil {
+		return nil, fmt.Errorf("tether: the child's spec is not a JSON object: %w", err)
+	}
+	return out, nil
+}
+
+// parentRun is what a child's spec says of the run that spawns it.
+type parentRun struct {
+	name, uid    string
+	className    string // the class the run took ("": none)
+	depth        int64  // the run's own depth as a child (0: not one)
+	budgetRef    string // the WorkerBudget its budget draws on ("": none)
+	cappedCents  bool
+	cappedTokens bool
+}
+
+// parentOf reads a run as its children name it, with what it took from its class:
+// status.class.defaults.budget fills, field by field, what spec.budget leaves out.
+func parentOf(raw []byte) (parentRun, error) {
+	var run struct {
+		Metadata struct {
+			Name string `json:"name"`
+			UID  string `json:"uid"`
+		} `json:"metadata"`
+		Spec struct {
+			Budget    map[string]json.RawMessage `json:"budget"`
+			ParentRef struct {
+				Depth int64 `json:"depth"`
+			} `json:"parentRef"`
+		} `json:"spec"`
+		Status struct {
+			Class struct {
+				Name     string `json:"name"`
+				Defaults struct {
+					Budget map[string]json.RawMessage `json:"budget"`
+				} `json:"defaults"`
+			} `json:"class"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(raw, &run); err != nil {
+		return parentRun{}, fmt.Errorf("tether: the run as read: %w", err)
+	}
+	budget := maps.Clone(run.Status.Class.Defaults.Budget)
+	if budget == nil {
+		budget = map[string]json.RawMessage{}
+	}
+	maps.Copy(budget, run.Spec.Budget)
+	var ref struct {
+		Name string `json:"name"`
+	}
+	if notNull(budget["budgetRef"]) {
+		if err := json.Unmarshal(budget["budgetRef"], &ref); err != nil {
+			return parentRun{}, fmt.Errorf("tether: the run's budget.budgetRef: %w", err)
+		}
+	}
+	return parentRun{name: run.Metadata.Name, uid: run.Metadata.UID, className: run.Status.Class.Name,
+		depth: run.Spec.ParentRef.Depth, budgetRef: ref.Name, cappedCents: notNull(budget["capCents"]),
+		cappedTokens: notNull(budget["maxTokens"])}, nil
+}
+
+// notNull says whether a raw JSON member is there and not null.
+func notNull(raw json.RawMessage) bool {
+	return len(raw) > 0 && string(raw) != "null"
+}
+
+// childSpec is the child's spec as the caller asked for it, the digest's input: it has no
+// parentRef, which names the attempt and changes when a resumed attempt re-attaches. The child
+// draws on its parent's WorkerBudget, and a capped parent's child names its share of each cap.
+func childSpec(p parentRun, opts SpawnOptions) (map[string]any, error) {
+	extra, err := plainJSON(opts.Spec)
+	if err != nil {
+		return nil, err
+	}
+	spec := map[string]any{"executor": "Pod"}
+	maps.Copy(spec, extra)
+	if opts.ClassName != "" {
+		spec["className"] = opts.ClassName
+	}
+	if opts.Payload != nil {
+		spec["payload"] = opts.Payload
+	}
+	budget := map[string]any{}
+	if asked, ok := spec["budget"].(map[string]any); ok {
+		maps.Copy(budget, asked)
+	}
+	if opts.CapCents != nil {
+		budget["capCents"] = *opts.CapCents
+	}
+	if opts.MaxTokens != nil {
+		budget["maxTokens"] = *opts.MaxTokens
+	}
+	if _, ok := budget["budgetRef"]; !ok && p.budgetRef != "" {
+		budget["budgetRef"] = map[string]any{"name": p.budgetRef}
+	}
+	if _, ok := budget["capCents"]; p.cappedCents && !ok {
+		return nil, fmt.Errorf("tether: run %s has a cap in cents: a child names its share of it (CapCents)", p.name)
+	}
+	if _, ok := budget["maxTokens"]; p.cappedTokens && !ok {
+		return nil, fmt.Errorf("tether: run %s has a token cap: a child names its share of it (MaxTokens)", p.name)
+	}
+	if len(budget) > 0 {
+		spec["budget"] = budget
+	}
+	return plainJSON(spec)
+}
+
+// childBody is the whole child WorkerRun a pod's spawn creates: spec, the parentRef naming the
+// attempt that spawns it, the parent's label and owner reference, and the key and digest.
+func childBody(p parentRun, namespace, holder string, fence int64, key string, generation int,
+	spec map[string]any) map[string]any {
+	ref := map[string]any{"name": p.name, "uid": p.uid, "holder": holder, "fence": fence, "depth": p.depth + 1}
+	if p.className != "" {
+		ref["className"] = p.className
+	}
+	withRef := maps.Clone(spec)
+	withRef["parentRef"] = ref
+	apiVersion := workerRunsGV.String()
+	return map[string]any{"apiVersion": apiVersion, "kind": "WorkerRun",
+		"metadata": map[string]any{"name": childName(p.name, p.uid, key, generation), "namespace": namespace,
+			"labels":      map[string]any{labelParent: p.name},
+			"annotations": map[string]any{annChildKey: key, annSpawnDigest: spawnDigest(spec)},
+			"ownerReferences": []any{map[string]any{"apiVersion": apiVersion, "kind": "WorkerRun", "name": p.name,
+				"uid": p.uid, "controller": true}}},
+		"spec": withRef}
+}
+
+// childView is what a parent reads of a child run.
+type childView struct {
+	Metadata struct {
+		Name            string            `json:"name"`
+		Labels          map[string]string `json:"labels"`
+		Annotations     map[string]string `json:"annotations"`
+		OwnerReferences []ownerReference  `json:"ownerReferences"`
+	} `json:"metadata"`
+	Spec struct {
+		ParentRef struct {
+			Holder string `json:"holder"`
+			Fence  int64  `json:"fence"`
+		} `json:"parentRef"`
+	} `json:"spec"`
+	Status struct {
+		Phase      string         `json:"phase"`
+		Attempt    int64          `json:"attempt"`
+		Result     map[string]any `json:"result"`
+		Error      map[string]any `json:"error"`
+		Conditions []struct {
+			Type    string `json:"type"`
+			Reason  string `json:"reason"`
+			Message string `json:"message"`
+		} `json:"conditions"`
+	} `json:"status"`
+}
+
+// parseChild reads an answer as a WorkerRun: a JSON object with a string metadata.name. An error
+// says it is not one (a proxy's page, its `{}`): no answer.
+func parseChild(raw []byte) (*childView, error) {
+	var view *childView
+	if err := json.Unmarshal(raw, &view); err != nil || view == nil || view.Metadata.Name == "" {
+		return nil, fmt.Errorf("tether: the answer is not a WorkerRun: %q", clip(string(raw)))
+	}
+	return view, nil
+}
+
+// conflict says why a run found for a key is not that key's child: it is not this parent's (its
+// owner reference and label), or it was asked for another spec (its digest). Nil when it is.
+func (v *childView) conflict(p parentRun, key, digest string) error {
+	owned := slices.ContainsFunc(v.Metadata.OwnerReferences, func(o ownerReference) bool { return o.UID == p.uid })
+	if !owned || v.Metadata.Labels[labelParent] != p.name {
+		return fmt.Errorf("%w: %s exists and is not a child of %s", ErrSpawnConflict, v.Metadata.Name, p.name)
+	}
+	if v.Metadata.Annotations[annSpawnDigest] != digest {
+		return fmt.Errorf("%w: key %q was spawned before as %s with another spec (class, payload, caps): "+
+			"one key is one tool call", ErrSpawnConflict, key, v.Metadata.Name)
+	}
+	return nil
+}
+
+// spawnedBy says whether this attempt spawned the child (its parentRef names the attempt).
+func (v *childView) spawnedBy(holder string, fence int64) bool {
+	return v.Spec.ParentRef.Holder == holder && v.Spec.ParentRef.Fence == fence
+}
+
+// staleRejected says whether the operator rejected the child as a stale attempt's before it ever
+// ran: its key moves on to the next generation.
+func (v *childView) staleRejected() bool {
+	return v.Status.Phase == "Rejected" && v.reason() == staleParent && v.Status.Attempt == 0
+}
+
+func (v *childView) ended() bool { return slices.Contains(terminalPhases, v.Status.Phase) }
+
+// ready is the child's Ready condition's reason and message ("" when it has none).
+func (v *childView) ready() (reason, message string) {
+	for _, c := range v.Status.Conditions {
+		if c.Type == "Ready" {
+			return c.Reason, c.Message
+		}
+	}
+	return "", ""
+}
+
+// reason is why the child is where it is: its Ready condition's reason (StaleParent,
+// TreeBudgetExhausted, ...), else its phase.
+func (v *childView) reason() string {
+	if reason, _ := v.ready(); reason != "" {
+		return reason
+	}
+	return v.Status.Phase
+}
+
+// outcome is an ended child's result once it Succeeded, a *ChildFailedError for any other end.
+func (v *childView) outcome() (map[string]any, error) {
+	if v.Status.Phase == "Succeeded" {
+		if v.Status.Result == nil {
+			return map[string]any{}, nil
+		}
+		return v.Status.Result, nil
+	}
+	_, message := v.ready()
+	return nil, &ChildFailedError{Name: v.Metadata.Name, Phase: v.Status.Phase, Reason: v.reason(), Message: message,
+		Failure: v.Status.Error}
 }

@@ -103,7 +103,23 @@ type transport interface {
 	publish(ctx context.Context, field string, value json.RawMessage) (publishResult, error)
 	// recorded says whether the run already shows this publication (its earlier answer was lost).
 	recorded(ctx context.Context, field string, value json.RawMessage) (bool, error)
+	// parent is this run as its children name it (docs/children.md).
+	parent(ctx context.Context) (parentRun, error)
+	// spawn creates the child run a request asks for, or returns the run of that name that exists:
+	// whose it is and what it was asked for, the Run judges. ErrSpawnRefused when it was refused,
+	// ErrLeaseLost when the answer says the attempt is not the run's.
+	spawn(ctx context.Context, req spawnRequest) (*childView, error)
+	// child reads a child run by name; nil (and no error) when it is gone.
+	child(ctx context.Context, name string) (*childView, error)
 	close()
+}
+
+// spawnRequest is one try of a spawn: the key's child at a generation, with the spec as asked.
+type spawnRequest struct {
+	parent     parentRun
+	key        string
+	generation int
+	spec       map[string]any
 }
 
 // toolClaimer is a transport that receives tool claims (the gateway's).
@@ -160,6 +176,7 @@ type Run struct {
 	usage             *usage
 	signals           signalState
 	requests          []approvalRequest // every approval this attempt asked for, in order
+	parent            *parentRun        // this run as its children name it, read at the first Spawn
 	// changed is closed (and replaced) when something a waiting RequestApproval acts on changes:
 	// new signals, or lost ownership.
 	changed chan struct{}
@@ -534,6 +551,231 @@ func (r *Run) RequestApproval(ctx context.Context, name, details string, timeout
 			timer.Stop()
 		case <-timer.C:
 			_ = r.renewOnce(ctx)
+		}
+	}
+}
+
+// --- child runs (docs/children.md) -------------------------------------------------
+
+const (
+	// judgedWithin is how long a resumed attempt waits for the operator's word on a child an earlier
+	// attempt spawned, reading it every judgePoll.
+	judgedWithin = 60 * time.Second
+	judgePoll    = 500 * time.Millisecond
+	// childPoll is how often Result reads the child unless told otherwise.
+	childPoll = 2 * time.Second
+)
+
+// SpawnOptions is what a child run is asked to do.
+type SpawnOptions struct {
+	ClassName string         // its WorkerClass ("": none)
+	Payload   map[string]any // its spec.payload (nil: none)
+	// Its share of this run's caps: a capped run's child names one for each cap.
+	CapCents  *int64
+	MaxTokens *int64
+	Spec      map[string]any // any other WorkerRun spec fields, such as its pod template
+}
+
+// Child is a child run this attempt spawned (Spawn): its name, and its state as last read.
+type Child struct {
+	run       *Run
+	key, name string
+
+	mu   sync.Mutex
+	view *childView
+}
+
+// Name is the child WorkerRun's name.
+func (c *Child) Name() string { return c.name }
+
+// Key is the key it was spawned for.
+func (c *Child) Key() string { return c.key }
+
+// Phase is the child's status.phase as last read ("" while it has none).
+func (c *Child) Phase() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.view.Status.Phase
+}
+
+// Spawn starts one tool call as a child run of this one (docs/children.md): a WorkerRun of its own,
+// with its own lease, retries and result, fenced by this attempt and under this run's budget. The
+// key names the call stably (1 to 128 letters, digits and . _ : / -, starting and ending with a
+// letter or digit): spawning it again, from this attempt or a later one that resumed from a
+// checkpoint, finds the same child instead of creating another. A child that an earlier attempt
+// spawned and the operator rejected as a stale attempt's (it never ran) moves the key to its next
+// generation; one the operator has not judged yet is waited for, up to a minute.
+//
+// Errors: ErrStopRequested, ErrLeaseLost or ErrOwnershipUnknown (this attempt may not act: nothing
+// is sent); ErrSpawnConflict (the key's child was asked for another spec, or a run of its name is
+// not this run's child); ErrSpawnRefused (the API server, or the gateway for it, refused it, with
+// why); another error for a malformed key, a pod's capped run's child that names no share of a cap
+// (through the gateway: ErrSpawnRefused), or no answer.
+func (r *Run) Spawn(ctx context.Context, key string, opts SpawnOptions) (*Child, error) {
+	if err := r.EnsureOwner(); err != nil { // a stale or stopping attempt spawns nothing
+		return nil, err
+	}
+	if !childKey.MatchString(key) {
+		return nil, fmt.Errorf("tether: child key %q must be 1 to 128 letters, digits and . _ : / - "+
+			"(starting and ending with a letter or digit)", key)
+	}
+	p, err := r.asParent(ctx)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := childSpec(p, opts)
+	if err != nil {
+		return nil, err
+	}
+	view, err := r.spawnChild(ctx, p, key, spec)
+	if err != nil {
+		return nil, err
+	}
+	r.log.Info("child spawned", r.logAttrs("child_spawned", "child", view.Metadata.Name, "key", key)...)
+	return &Child{run: r, key: key, name: view.Metadata.Name, view: view}, nil
+}
+
+// Call spawns the child (Spawn) and waits for its result (Child.Result).
+func (r *Run) Call(ctx context.Context, key string, opts SpawnOptions, poll time.Duration) (map[string]any, error) {
+	child, err := r.Spawn(ctx, key, opts)
+	if err != nil {
+		return nil, err
+	}
+	return child.Result(ctx, poll)
+}
+
+// asParent is this run as its children name it, read once, at the first spawn.
+func (r *Run) asParent(ctx context.Context) (parentRun, error) {
+	r.mu.Lock()
+	known := r.parent
+	r.mu.Unlock()
+	if known != nil {
+		return *known, nil
+	}
+	p, err := childCall(ctx, r, r.tr.parent)
+	if err != nil {
+		return parentRun{}, err
+	}
+	r.mu.Lock()
+	r.parent = &p
+	r.mu.Unlock()
+	return p, nil
+}
+
+// spawnChild creates the child for key, or finds the one made before (by this attempt or an
+// earlier one), past the children of that key rejected as stale attempts': each moves the key to
+// its next generation, deterministically, so every attempt finds the same.
+func (r *Run) spawnChild(ctx context.Context, p parentRun, key string, spec map[string]any) (*childView, error) {
+	digest := spawnDigest(spec)
+	generation := 0
+	for tries := 0; generation < maxGenerations && tries < 3*maxGenerations; tries++ {
+		req := spawnRequest{parent: p, key: key, generation: generation, spec: spec}
+		got, err := childCall(ctx, r, func(ctx context.Context) (*childView, error) { return r.tr.spawn(ctx, req) })
+		if err != nil {
+			return nil, err
+		}
+		if err := got.conflict(p, key, digest); err != nil {
+			return nil, err
+		}
+		if !got.spawnedBy(r.info.holder, r.info.fence) && got.Status.Phase == "" {
+			// An earlier attempt's child the operator has not judged yet: admitted (it is this call's)
+			// or rejected as a stale attempt's (the key moves on). Wait for the word.
+			if got, err = r.judged(ctx, got.Metadata.Name); err != nil {
+				return nil, err
+			}
+			if got == nil {
+				continue // deleted while it was waited for: made again, under the same generation
+			}
+		}
+		if got.staleRejected() {
+			generation++ // a lost attempt's child, never admitted and never run: the key moves on
+			continue
+		}
+		return got, nil
+	}
+	return nil, fmt.Errorf("%w: key %q: %d children rejected as stale attempts' (or deleted) in a row",
+		ErrSpawnConflict, key, maxGenerations)
+}
+
+// judged reads an earlier attempt's child until the operator has judged it (it has a phase); nil
+// when it was deleted meanwhile.
+func (r *Run) judged(ctx context.Context, name string) (*childView, error) {
+	for waited := time.Duration(0); waited < judgedWithin; waited += judgePoll {
+		if err := r.sleep(ctx, judgePoll); err != nil {
+			return nil, err
+		}
+		got, err := r.readChild(ctx, name)
+		if err != nil || got == nil || got.Status.Phase != "" {
+			return got, err
+		}
+	}
+	return nil, fmt.Errorf("%w: %s, spawned by an earlier attempt, was not judged within %v; spawn it again",
+		ErrSpawnConflict, name, judgedWithin)
+}
+
+// readChild reads a child run within the request timeout; nil when it is gone.
+func (r *Run) readChild(ctx context.Context, name string) (*childView, error) {
+	return childCall(ctx, r, func(ctx context.Context) (*childView, error) { return r.tr.child(ctx, name) })
+}
+
+// childCall is one transport call of a spawn or of a wait for a child, within the request timeout.
+// An answer that says the attempt is not the run's marks it lost; the caller's context ending is
+// the error.
+func childCall[T any](ctx context.Context, r *Run, call func(context.Context) (T, error)) (T, error) {
+	cctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	got, err := call(cctx)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return got, ctx.Err()
+	case errors.Is(err, ErrLeaseLost):
+		r.markLost(err.Error())
+	}
+	return got, err
+}
+
+// Result waits until the child run ended, reading it every poll (0: every 2 s), and returns its
+// result once it Succeeded. A child's result reaches only an attempt that holds this run: once the
+// child ended, this attempt must still own the run.
+//
+// Errors: a *ChildFailedError (errors.Is ErrChildFailed) for any other end, or when the child was
+// deleted meanwhile; ErrLeaseLost, ErrOwnershipUnknown or ErrStopRequested when this attempt may
+// not act on the result; the context's error; another error when a read got no answer (Result may
+// be called again).
+func (c *Child) Result(ctx context.Context, poll time.Duration) (map[string]any, error) {
+	if poll <= 0 {
+		poll = childPoll
+	}
+	ended, err := c.waitEnded(ctx, poll)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.run.EnsureOwner(); err != nil {
+		return nil, err
+	}
+	return ended.outcome()
+}
+
+// waitEnded reads the child every poll until it ended.
+func (c *Child) waitEnded(ctx context.Context, poll time.Duration) (*childView, error) {
+	for {
+		got, err := c.run.readChild(ctx, c.name)
+		if err != nil {
+			return nil, err
+		}
+		if got == nil {
+			return nil, &ChildFailedError{Name: c.name, Phase: "Deleted", Reason: "Deleted",
+				Message: "the child run was deleted"}
+		}
+		c.mu.Lock()
+		c.view = got
+		c.mu.Unlock()
+		if got.ended() {
+			return got, nil
+		}
+		if err := c.run.sleep(ctx, poll); err != nil {
+			return nil, err
 		}
 	}
 }

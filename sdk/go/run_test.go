@@ -48,6 +48,7 @@ type fakeTransport struct {
 	publishes  []string
 	recordeds  int
 	closed     bool
+	children   *childClient // the runs a spawn makes (children_test.go)
 }
 
 func (f *fakeTransport) renew(_ context.Context, checkpoint *string, u *usage, requests []approvalRequest) (renewResult, error) {
@@ -72,6 +73,16 @@ func (f *fakeTransport) recorded(context.Context, string, json.RawMessage) (bool
 	defer f.mu.Unlock()
 	f.recordeds++
 	return f.recordedFn()
+}
+
+func (f *fakeTransport) parent(context.Context) (parentRun, error) { return f.children.api.parent, nil }
+
+func (f *fakeTransport) spawn(_ context.Context, req spawnRequest) (*childView, error) {
+	return f.children.spawn(req)
+}
+
+func (f *fakeTransport) child(_ context.Context, name string) (*childView, error) {
+	return f.children.api.read(name)
 }
 
 func (f *fakeTransport) close() {
@@ -100,6 +111,12 @@ func testRun(t *testing.T, tr *fakeTransport, clock *fakeClock, opts ...Option) 
 	t.Helper()
 	info := attemptInfo{name: "job", namespace: "ns", holder: "job-a1", fence: 1, attempt: 1,
 		leaseDuration: 10 * time.Second, renewInterval: time.Hour}
+	return testRunOf(t, info, tr, clock, opts...)
+}
+
+// testRunOf is testRun for the attempt `info` describes.
+func testRunOf(t *testing.T, info attemptInfo, tr *fakeTransport, clock *fakeClock, opts ...Option) (*Run, *[]time.Duration) {
+	t.Helper()
 	r := newRun(context.Background(), info, tr, newSettings(append([]Option{WithClock(clock.now), WithLogger(discard)}, opts...)))
 	var mu sync.Mutex
 	waits := []time.Duration{}

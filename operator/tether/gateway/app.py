@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Sequence
@@ -61,6 +62,9 @@ RETRY_AFTER_SECONDS = 5
 # TP (30 s); conflicts that make it read again can outlast TP, and the worker's retry is then
 # recognised as the same publication.
 PUBLICATION_WRITE_SECONDS = 15.0
+# What a namespace's and a run's name may be (Kubernetes' rules): anything else is answered 404.
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # Tool-claim Secret uids remembered per attempt; forgetting one costs one extra GET.
 SECRET_CACHE = 4096
 
@@ -219,6 +223,11 @@ class Gateway:
             raise Failure(422, "MalformedBody", f"the body is not JSON: {exc}") from exc
         if _depth(doc) > MAX_DEPTH:
             raise Failure(422, "MalformedBody", f"the body is nested deeper than {MAX_DEPTH} levels")
+        try:
+            # What the API server could not store either: NaN or Infinity, a lone surrogate (\ud800).
+            json.dumps(doc, ensure_ascii=False, allow_nan=False).encode()
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise Failure(422, "MalformedBody", f"the body holds what JSON cannot carry: {exc}") from exc
         try:
             return model.model_validate(doc)
         except ValidationError as exc:
@@ -514,17 +523,24 @@ class Gateway:
 
     # --- child runs (tether.gateway.children) ----------------------------------
 
-    async def _acting(self, request: Request, ns: str, name: str, model: type[m.Fenced]) -> tuple[Any, dict[str, Any]]:
+    async def _acting(self, request: Request, ns: str, name: str, model: type[m.Fenced],
+                      also: str | None = None) -> tuple[Any, dict[str, Any]]:
         """A call in the name of an attempt that neither renews nor publishes: its caller is the
-        claimant of the attempt the body names, which holds the run now (its status and Lease).
-        Returns the body and the run as read."""
+        claimant of the attempt the body names, which holds the run now (its status and Lease), and
+        RBAC lets it `also` do this. Returns the body and the run as read."""
         caller = await self._caller(request, ns, name)
+        if also is not None:
+            await self.auth.authorize(caller, ns, name, verb=also)
         body = await self._body(request, model)
         try:
             raw = await self.kube.get_run(ns, name)
         except NotFound as exc:
             raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
-        if not _names_attempt(WorkerRun.model_validate(effective_body(raw)), body):
+        run = WorkerRun.model_validate(effective_body(raw))
+        if run.spec.executor != "External":
+            raise Failure(409, "NotExternal", f"{ns}/{name} runs in pods (executor {run.spec.executor})")
+        # runUid is required here: a namesake re-created since is another run, whatever its attempt.
+        if run.metadata.uid != body.runUid or not _names_attempt(run, body):
             raise _lost(body, False)
         lease = await self.kube.get_lease(ns, name)
         if lease is None or not protocol.holds(lease, body.holder, body.fence, body.runUid):
@@ -533,7 +549,9 @@ class Gateway:
         return body, raw
 
     async def spawn(self, request: Request, ns: str, name: str) -> dict[str, Any]:
-        body, parent = await self._acting(request, ns, name, m.SpawnRequest)
+        # The child runs a pod the worker describes, made with the operator's rights: only an
+        # identity RBAC lets `spawn` for this run may (as `claim` lets it drive the run).
+        body, parent = await self._acting(request, ns, name, m.SpawnRequest, also="spawn")
         return await children.spawn(self.kube, parent, body)
 
     async def child(self, request: Request, ns: str, name: str) -> dict[str, Any]:
@@ -567,6 +585,9 @@ Handler = Callable[[Request, str, str], Awaitable[dict[str, Any]]]
 def _answer(op: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     async def call(request: Request) -> Response:
         ns, name = request.path_params["namespace"], request.path_params["name"]
+        if not (DNS_LABEL.fullmatch(ns) and DNS_SUBDOMAIN.fullmatch(name)):
+            # Never forwarded into an API path ("..", "%2F", ...): no run can be named so.
+            return _error(404, "NotFound", f"no workerrun {name!r} in namespace {ns!r}")
         try:
             return JSONResponse(await handler(request, ns, name))
         except AuthError as exc:

@@ -13,7 +13,8 @@ from tether.children.api import LABEL_PARENT, spawn_digest
 from tether.children.bodies import Parent, child_body, with_parent
 from tether.gateway import models as m
 from tether.gateway.failure import Failure
-from tether.kube.client import Conflict, Forbidden, Invalid, KubeClient, NotFound
+from tether import protocol
+from tether.kube.client import ApiError, Conflict, Forbidden, Invalid, KubeClient, NotFound
 from tether.kube.paths import run_path
 
 # A child deleted between the create's 409 and the read is made again, this often at most.
@@ -41,6 +42,8 @@ async def spawn(kube: KubeClient, parent: dict[str, Any], ask: m.SpawnRequest) -
         raise Failure(422, "MalformedBody", "spec.parentRef is the gateway's to set", "spec.parentRef")
     if not isinstance(ask.spec.get("className"), str):
         raise _refused("a child names its class (spec.className)")
+    if not isinstance(ask.spec.get("budget", {}), dict):
+        raise Failure(422, "MalformedBody", "spec.budget: an object (capCents, maxTokens, budgetRef)", "spec.budget")
     try:
         spec = with_parent(of, ask.spec)
     except ValueError as exc:
@@ -56,10 +59,19 @@ async def spawn(kube: KubeClient, parent: dict[str, Any], ask: m.SpawnRequest) -
             raise _refused(f"the API server refused child run {name}: {exc.message}") from exc
         except Conflict:
             try:
-                return {"child": await kube.get_run(ns, name)}
+                found = await kube.get_run(ns, name)
             except NotFound:
                 continue  # deleted since: make it again
-    raise Failure(409, "SpawnConflict", f"child run {name} kept being deleted as it was made")
+        except ApiError as exc:
+            if protocol.too_large(exc.status, exc.body):
+                raise _refused(f"the API server refused child run {name} as too large: {exc.message}") from exc
+            raise
+        if not _of_parent(found, parent):
+            # Someone's run of that very name: not this run's to hand out (nor to read through `child`).
+            raise Failure(409, "SpawnConflict", f"{name} exists and is not a child of {of.name}")
+        return {"child": found}
+    raise Failure(503, "Busy", f"child run {name} kept being deleted as it was made; retry",
+                  headers={"Retry-After": "1"})
 
 
 async def read(kube: KubeClient, parent: dict[str, Any], name: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from tether.children.api import KEY_PATTERN
 from tether.children.bodies import MAX_GENERATIONS
@@ -80,18 +80,24 @@ class CancelRequest(Fenced):
     reason: str = Field(default="", max_length=1024)
 
 
-class SpawnRequest(Fenced):
+class _Acting(Fenced):
+    runUid: str = Field(min_length=1, max_length=128,  # type: ignore[assignment]
+                        description="The runUid returned by claim (required: a child is of that very run).")
+
+
+class SpawnRequest(_Acting):
     """Spawns a child run in the name of this attempt (docs/children.md); the gateway names and builds it."""
 
     key: str = Field(min_length=1, max_length=128, pattern=KEY_PATTERN.pattern,
                      description="The call's stable name: the same key is the same child, across attempts.")
-    generation: int = Field(default=0, ge=0, lt=MAX_GENERATIONS,
+    generation: StrictInt = Field(default=0, ge=0, lt=MAX_GENERATIONS,
                             description="How many children of this key were rejected as a stale attempt's.")
     spec: dict[str, Any] = Field(description="The child's WorkerRun spec as asked (className included; no parentRef).")
 
 
-class ChildRequest(Fenced):
-    name: str = Field(min_length=1, max_length=253, description="A child's name, as spawn returned it.")
+class ChildRequest(_Acting):
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                      description="A child's name, as spawn returned it.")
 
 
 class ChildReply(BaseModel):

@@ -116,6 +116,8 @@ class Script:
                 refused = False
             except SpawnConflict:
                 refused = True
+        except StopRequested:
+            return 0  # told to stop while spawning or waiting: close the run, publish nothing
         except ChildFailed as exc:
             yield ("fail", "ConformanceChildFailed", f"{exc.name} ended {exc.phase} ({exc.reason})"[:500])
             return 0

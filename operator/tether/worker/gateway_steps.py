@@ -113,7 +113,9 @@ class GatewaySteps:
         resp = yield Call("POST", f"{self._prefix}/spawn",
                           json={**self._fenced, "key": key, "generation": generation, "spec": spec})
         code = error_body(resp).get("code")
-        if resp.status_code == 422:  # the API server's refusal (SpawnRefused), or the gateway's of the spec
+        # 422: the API server's refusal (SpawnRefused), or the gateway's of the spec; 403 (but
+        # NotClaimant, which is lost): RBAC does not let this identity `spawn` for the run.
+        if resp.status_code == 422 or (resp.status_code == 403 and code != "NotClaimant"):
             raise SpawnRefused(f"the gateway refused child key {key!r}: {_message(resp) or resp.text[:200]}")
         if resp.status_code == 409 and code == "SpawnConflict":
             raise SpawnConflict(_message(resp))

@@ -14,21 +14,33 @@
 import fs from "node:fs";
 
 import {
+  ChildFailed,
   ClaimRefused,
   LeaseLost,
   OwnershipUnknown,
   ResultInvalid,
+  SpawnConflict,
+  SpawnRefused,
   StopRequested,
   ToolTimeout,
+  Unanswered,
   WorkerRun,
   jsonLogger,
+  protocol,
   type JsonObject,
+  type SpawnOptions,
 } from "./index.js";
 
 const log = jsonLogger("info");
 
 const EXIT_CRASH = 3;
 const EXIT_BROKEN = 70;
+
+/** The child to spawn: its key and what it asks for. */
+interface SpawnScript {
+  key: string;
+  options: SpawnOptions;
+}
 
 interface Script {
   steps: number;
@@ -42,6 +54,7 @@ interface Script {
   badResultFirst: boolean;
   oversizeResultFirst: number;
   approval: { name: string; details: string; timeoutSeconds: number | null } | null;
+  spawn: SpawnScript | null;
 }
 
 function readScript(payload: JsonObject): Script {
@@ -65,6 +78,7 @@ function readScript(payload: JsonObject): Script {
     badResultFirst: payload.badResultFirst === true,
     oversizeResultFirst: num("oversizeResultFirst", 0),
     approval: readApproval(payload.approval),
+    spawn: readSpawn(payload.spawn),
   };
 }
 
@@ -76,6 +90,18 @@ function readApproval(v: unknown): Script["approval"] {
     details: typeof details === "string" ? details : "",
     timeoutSeconds: typeof timeoutSeconds === "number" ? timeoutSeconds : null,
   };
+}
+
+function readSpawn(v: unknown): SpawnScript | null {
+  if (!protocol.isObject(v)) return null;
+  const { key, className, payload, capCents, maxTokens, spec } = v;
+  const options: SpawnOptions = {};
+  if (typeof className === "string") options.className = className;
+  if (protocol.isObject(payload)) options.payload = payload as JsonObject;
+  if (typeof capCents === "number") options.capCents = capCents;
+  if (typeof maxTokens === "number") options.maxTokens = maxTokens;
+  if (protocol.isObject(spec)) options.spec = spec as JsonObject;
+  return { key: String(key), options };
 }
 
 const sleep = (seconds: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, seconds * 1000));
@@ -179,12 +205,88 @@ async function flush(run: WorkerRun): Promise<void> {
   }
 }
 
-async function publish(run: WorkerRun, script: Script): Promise<number> {
+/** What the script's child gives the result: its name and result, and whether the SDK refused the
+ * conflicting spawn. */
+interface Spawned {
+  child: JsonObject;
+  conflictRefused: boolean;
+}
+
+/** The child's end without a result, as the error to publish: its code and message. */
+type SpawnFailure = { failure: [code: string, message: string] };
+
+/** Spawns `key` again for another payload: true when the SDK refuses it as a conflict. */
+async function conflictRefused(run: WorkerRun, key: string, options: SpawnOptions): Promise<boolean> {
+  try {
+    await run.spawn(key, { ...options, payload: { conflict: true } });
+    return false;
+  } catch (err) {
+    if (err instanceof SpawnConflict) return true;
+    throw err;
+  }
+}
+
+/**
+ * With `spawn`, before the first step: spawns the child (a resumed attempt finds the one spawned
+ * before), crashes right after when the script says so, waits for the child's result, then spawns
+ * the same key for another payload. A number: exit with it. Spawning again is safe (one key is one
+ * child), so no answer, or ownership unknown, spawns again once the gate lets it.
+ */
+async function spawnChild(run: WorkerRun, script: Script, ask: SpawnScript): Promise<Spawned | SpawnFailure | number> {
+  for (;;) {
+    try {
+      const child = await run.spawn(ask.key, ask.options);
+      if (script.crashAttempts.includes(run.attempt) && script.crashAfterStep === 0) {
+        say("crashing right after spawning, as the script says", { child: child.name });
+        return EXIT_CRASH;
+      }
+      const result = await child.result({ pollSeconds: 1 });
+      return { child: { name: child.name, result }, conflictRefused: await conflictRefused(run, ask.key, ask.options) };
+    } catch (err) {
+      if (err instanceof ChildFailed) return { failure: ["ConformanceChildFailed", err.message] }; // its phase and reason
+      if (err instanceof SpawnRefused) return { failure: ["ConformanceSpawnRefused", err.message] };
+      if (err instanceof Unanswered) {
+        say("spawning got no answer: again", { error: err.message });
+        await sleep(Math.max(0.5, err.retryAfterSeconds));
+        continue;
+      }
+      if (!(err instanceof LeaseLost || err instanceof OwnershipUnknown || err instanceof StopRequested)) throw err;
+      const verdict = await gate(run, script);
+      if (verdict !== "go") return verdict === "stop" ? 0 : 1;
+    }
+  }
+}
+
+/** A publication that threw, as the exit code: 1 lost ownership, 2 ownership unknown until the lease
+ * deadline; anything else is rethrown. */
+function publicationExit(err: unknown): number {
+  if (err instanceof LeaseLost) {
+    say("lost ownership: nothing published", { error: err.message });
+    return 1;
+  }
+  if (err instanceof OwnershipUnknown) {
+    say("ownership unknown until the lease deadline", { error: err.message });
+    return 2;
+  }
+  throw err;
+}
+
+async function publishFailure(run: WorkerRun, [code, message]: SpawnFailure["failure"]): Promise<number> {
+  try {
+    await run.fail(code, message.slice(0, 500));
+    say("published", { code });
+    return 0;
+  } catch (err) {
+    return publicationExit(err);
+  }
+}
+
+async function publish(run: WorkerRun, script: Script, spawned: Spawned | null): Promise<number> {
   try {
     if (script.failAttempts.includes(run.attempt)) {
       await run.fail("ConformanceFailure", `attempt ${run.attempt} fails as the script says`);
     } else {
-      const result: JsonObject = { steps: script.steps, attempt: run.attempt, sdk: "typescript" };
+      const result: JsonObject = { steps: script.steps, attempt: run.attempt, sdk: "typescript", ...spawned };
       if (script.approval !== null) {
         const { name, details, timeoutSeconds } = script.approval;
         try {
@@ -230,15 +332,7 @@ async function publish(run: WorkerRun, script: Script): Promise<number> {
     say("published");
     return 0;
   } catch (err) {
-    if (err instanceof LeaseLost) {
-      say("lost ownership: nothing published", { error: err.message });
-      return 1;
-    }
-    if (err instanceof OwnershipUnknown) {
-      say("ownership unknown until the lease deadline", { error: err.message });
-      return 2;
-    }
-    throw err;
+    return publicationExit(err);
   }
 }
 
@@ -248,6 +342,13 @@ async function attempt(run: WorkerRun): Promise<number> {
   let step = Number.parseInt(run.checkpointCursor ?? "0", 10) || 0;
   let done = 0;
   say("attempt started", { attempt: run.attempt, fence: run.fence, from: step });
+  let spawned: Spawned | null = null;
+  if (script.spawn !== null) {
+    const outcome = await spawnChild(run, script, script.spawn);
+    if (typeof outcome === "number") return outcome;
+    if ("failure" in outcome) return publishFailure(run, outcome.failure);
+    spawned = outcome;
+  }
   while (step < script.steps) {
     const verdict = await gate(run, script);
     if (verdict === "stop") {
@@ -272,7 +373,7 @@ async function attempt(run: WorkerRun): Promise<number> {
     }
     step += 1;
   }
-  return publish(run, script);
+  return publish(run, script, spawned);
 }
 
 async function main(): Promise<number> {

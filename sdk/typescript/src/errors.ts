@@ -1,7 +1,10 @@
 /**
  * The ways a worker can lose confidence (lost, unknown, tool timeout, stop), kept apart on purpose,
- * and the refusals that say nothing about ownership (a bad result, a refused claim).
+ * the refusals that say nothing about ownership (a bad result, a refused claim, a refused or
+ * conflicting spawn), and a child run that ended without a result.
  */
+
+import type { JsonObject } from "./protocol.js";
 
 /** Base class of the SDK's errors. */
 export class TetherWorkerError extends Error {
@@ -79,5 +82,45 @@ export class ClaimRefused extends TetherWorkerError {
     super(`claim refused: ${status} ${code}: ${message}`);
     this.status = status;
     this.code = code;
+  }
+}
+
+/**
+ * The API server (or the gateway) refused the child run: an admission policy (its class is not one
+ * the parent's class lets it spawn, or this pod does not hold the parent) or the schema (an invalid
+ * spec). The message says what to fix. Nothing was created.
+ */
+export class SpawnRefused extends TetherWorkerError {
+  override name = "SpawnRefused";
+}
+
+/**
+ * The key names a child that exists and was asked for something else (another class, payload or
+ * share), or that is not this parent's: one key is one tool call, never two.
+ */
+export class SpawnConflict extends TetherWorkerError {
+  override name = "SpawnConflict";
+}
+
+/**
+ * The child run ended without a result: Rejected before it started (`reason` says why:
+ * StaleParent, TreeBudgetExhausted, ...), or Failed, Lost, Cancelled, BudgetExceeded,
+ * DeadlineExceeded; or it was deleted (phase and reason `Deleted`). `error` is what its worker
+ * published, if anything.
+ */
+export class ChildFailed extends TetherWorkerError {
+  override name = "ChildFailed";
+  /** The child run's name (`name` is the error's, as for every Error). */
+  readonly childName: string;
+  readonly phase: string;
+  readonly reason: string;
+  readonly error: JsonObject | null;
+
+  constructor(childName: string, phase: string, reason: string, message: string, error: JsonObject | null) {
+    super(`child run ${childName} ended ${phase} (${reason}): ${message}`);
+    this.childName = childName;
+    this.phase = phase;
+    this.reason = reason;
+    this.error = error;
   }
 }

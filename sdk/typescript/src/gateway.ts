@@ -3,15 +3,17 @@
  * built-in fetch. The gateway writes the same fenced Lease renewals and status patches for us.
  */
 
-import { ClaimRefused, ResultInvalid, TetherWorkerError, type InvalidCause } from "./errors.js";
+import { ClaimRefused, LeaseLost, ResultInvalid, SpawnConflict, SpawnRefused, TetherWorkerError, type InvalidCause } from "./errors.js";
 import {
   PUBLICATION_TIMEOUT_SECONDS,
+  isObject,
   parseDecisions,
   retryAfterSeconds,
   signalsFromRemaining,
   type ApprovalRequest,
   type JsonObject,
   type PublishField,
+  type RunObject,
   type Signals,
   type Usage,
 } from "./protocol.js";
@@ -47,10 +49,6 @@ interface GatewayAnswer {
   doc: unknown;
   text: string;
   headers: Headers;
-}
-
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
 /** The gateway's error envelope `{"error": {...}}`; empty when the answer is not one (a proxy in
@@ -174,6 +172,19 @@ export async function claimRun(gatewayUrl: string, namespace: string, name: stri
   return reply;
 }
 
+/** A `spawn` or `child` 200 as the gateway's reply `{"child": <the child WorkerRun>}`, or null when it
+ * is not one (something in between answered): the child, named. */
+export function childReply(doc: unknown): RunObject | null {
+  const child = isObject(doc) ? doc.child : undefined;
+  return isObject(child) && isObject(child.metadata) && typeof child.metadata.name === "string" ? child : null;
+}
+
+/** Whether an answer to a call after the claim says the attempt is not this worker's any more
+ * (docs/protocol.md §6.3): the run is gone, its fence moved on, or another identity or worker claimed it. */
+function losesAttempt(status: number, error: { code?: string }): boolean {
+  return status === 404 || status === 410 || error.code === "NotClaimant" || error.code === "HeldByAnother";
+}
+
 /** The gateway's flat heartbeat reply as signals (caps counted against the usage it was sent). */
 export function gatewaySignals(doc: GatewayReply, usage: Usage | null): Signals {
   const base = signalsFromRemaining(doc.stop, doc.paused, doc.endsAt ?? null,
@@ -248,10 +259,7 @@ export class GatewayTransport implements Transport {
       return confirmed(gatewaySignals(reply, usage));
     }
     const error = errorBody(answer.doc);
-    // Gone, a moved fence, or another identity or worker claimed the attempt: all say it is not ours.
-    if (answer.status === 404 || answer.status === 410 || error.code === "NotClaimant" || error.code === "HeldByAnother") {
-      return unconfirmed(error.message ?? "stale fence", true);
-    }
+    if (losesAttempt(answer.status, error)) return unconfirmed(error.message ?? "stale fence", true);
     return unconfirmed(`heartbeat refused: ${answer.status} ${error.message ?? answer.text.slice(0, 200)}`);
   }
 
@@ -283,5 +291,49 @@ export class GatewayTransport implements Transport {
     return false;
   }
 
+  /** None: an External worker does not read its run. The gateway builds each child from it (its
+   * class, depth and budget), so a spawn sends the spec as the caller asked for it. */
+  async parent(): Promise<null> {
+    return null;
+  }
+
+  /** The gateway's `spawn`: it names, builds and creates the child in this attempt's name. */
+  async spawn(key: string, generation: number, spec: JsonObject): Promise<RunObject> {
+    return childAnswer("spawn", await this.call("spawn", { key, generation, spec }));
+  }
+
+  async child(name: string): Promise<RunObject | null> {
+    const answer = await this.call("child", { name });
+    if (answer.status === 404 && errorBody(answer.doc).code === "ChildNotFound") return null;
+    return childAnswer("child", answer);
+  }
+
   async close(): Promise<void> {}
+}
+
+/**
+ * The child a `spawn` or `child` call was answered with. Throws LeaseLost when the answer says the
+ * attempt is not this worker's, SpawnRefused for a refusal of the child (422, or RBAC's 403), SpawnConflict
+ * for a run of its name that is not this run's child (409), and
+ * `Unanswered` for anything else, a 200 that is not the gateway's reply included.
+ */
+function childAnswer(op: string, answer: GatewayAnswer): RunObject {
+  const error = errorBody(answer.doc);
+  if (answer.status === 200) {
+    const child = childReply(answer.doc);
+    if (child === null) throw new Unanswered(`${op} answered 200 without the gateway's reply: ${answer.text.slice(0, 200)}`, 200);
+    return child;
+  }
+  if (losesAttempt(answer.status, error)) throw new LeaseLost(`${op}: ${error.message ?? `answered ${answer.status}`}`);
+  // 422: the API server's refusal (SpawnRefused) or the gateway's of the spec; 403 (but NotClaimant,
+  // which is lost): RBAC does not let this identity `spawn`; 409 SpawnConflict: a run of that name
+  // exists that is not this run's child.
+  if (op === "spawn" && (answer.status === 422 || answer.status === 403)) {
+    throw new SpawnRefused(`the gateway refused the child: ${error.message ?? answer.text.slice(0, 200)}`);
+  }
+  if (op === "spawn" && answer.status === 409 && error.code === "SpawnConflict") {
+    throw new SpawnConflict(error.message ?? "a run of the child's name exists and is not this run's child");
+  }
+  throw new Unanswered(`${op} answered ${answer.status}: ${error.message ?? answer.text.slice(0, 200)}`, answer.status,
+    retryAfterSeconds(answer.headers.get("retry-after")));
 }

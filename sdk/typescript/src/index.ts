@@ -15,11 +15,17 @@ export { WorkerRun } from "./run.js";
 export type {
   ApprovalDecision, ApprovalOptions, ClaimOptions, EffectOptions, FromEnvOptions, StartOptions, WorkerRunOptions,
 } from "./run.js";
+export { Child } from "./children.js";
+export type { CallOptions, ChildResultOptions, Parent, SpawnOptions } from "./children.js";
+export * as children from "./children.js";
 export {
+  ChildFailed,
   ClaimRefused,
   LeaseLost,
   OwnershipUnknown,
   ResultInvalid,
+  SpawnConflict,
+  SpawnRefused,
   StopRequested,
   TetherWorkerError,
   ToolTimeout,

@@ -30,7 +30,8 @@ import {
   type V1Lease,
 } from "@kubernetes/client-node";
 
-import { LeaseLost, ResultInvalid } from "./errors.js";
+import { childBody, parentOf, type Parent } from "./children.js";
+import { LeaseLost, ResultInvalid, SpawnRefused } from "./errors.js";
 import {
   ANN_REQUESTS,
   GROUP,
@@ -163,12 +164,17 @@ interface Wire {
 /** A Lease read: the Lease, or what the answer means when it brings none (gone, or unconfirmed). */
 type LeaseRead = { lease: LeaseObject } | { verdict: Renewal };
 
+/** How often a child is created again when it was deleted between its create's 409 and the read. */
+const SPAWN_TRIES = 3;
+
 /**
  * The pod worker's transport: a resourceVersion-conditional Lease update and a fenced JSON patch on
  * the run's status, through client-node's generated clients.
  */
 export class KubeTransport implements Transport {
   private lease: LeaseObject | null = null;
+  /** This run as its children name it, read at the first spawn. */
+  private parentRun: Parent | null = null;
   private readonly leases: CoordinationV1Api;
   private readonly objects: CustomObjectsApi;
 
@@ -332,14 +338,18 @@ export class KubeTransport implements Transport {
       retryAfterSeconds(answer.headers["retry-after"]));
   }
 
+  /** A WorkerRun of this namespace as served now; null when there is none. */
+  private async readRun(name: string, timeoutSeconds?: number): Promise<RunObject | null> {
+    const answer = await this.call("GET run", () => this.objects.getNamespacedCustomObject({ ...this.runRequest(), name },
+      this.options({ timeoutSeconds })));
+    if (answer.ok) return answer.body as RunObject;
+    if (answer.status === 404) return null;
+    throw new Unanswered(`GET run answered ${answer.status}`, answer.status, retryAfterSeconds(answer.headers["retry-after"]));
+  }
+
   async recorded(field: PublishField, value: unknown): Promise<boolean> {
-    const answer = await this.call("GET run", () => this.objects.getNamespacedCustomObject(this.runRequest(),
-      this.options({ timeoutSeconds: this.publicationTimeoutSeconds })));
-    if (!answer.ok) {
-      if (answer.status === 404) return false;
-      throw new Unanswered(`GET run answered ${answer.status}`, answer.status, retryAfterSeconds(answer.headers["retry-after"]));
-    }
-    const run = answer.body as RunObject;
+    const run = await this.readRun(this.name, this.publicationTimeoutSeconds);
+    if (run === null) return false;
     if (this.runUid !== null && run.metadata?.uid !== this.runUid) return false;
     return publicationRecorded(run, this.holder, this.fence, field, value);
   }
@@ -370,6 +380,49 @@ export class KubeTransport implements Transport {
       if (attempt >= attempts) throw new Error(`could not read the payload: ${why}`);
       await new Promise((resolve) => setTimeout(resolve, backoffSeconds * 1000 * 2 ** (attempt - 1)));
     }
+  }
+
+  /** This run as its children name it: read from the run itself once, with what it took from its class. */
+  async parent(): Promise<Parent> {
+    if (this.parentRun === null) {
+      const run = await this.readRun(this.name);
+      if (run === null) throw new LeaseLost(`run ${this.namespace}/${this.name} is gone`);
+      this.parentRun = parentOf(run);
+    }
+    return this.parentRun;
+  }
+
+  /**
+   * Creates the child with this pod's credentials (the API server's policies let it create only a
+   * child of the run it holds, as the attempt it is), or reads the run of that name that exists: 409,
+   * then a read (gone meanwhile: created again, SPAWN_TRIES times in all). Throws SpawnRefused for
+   * the API server's refusal (400, 403, 422) and `Unanswered` for any other answer.
+   */
+  async spawn(key: string, generation: number, spec: JsonObject): Promise<RunObject> {
+    const body = childBody(await this.parent(), this.namespace, this.holder, this.fence, key, generation, spec);
+    const name = body.metadata.name;
+    for (let tries = 0; tries < SPAWN_TRIES; tries++) {
+      const answer = await this.call("POST run", () => this.objects.createNamespacedCustomObjectWithHttpInfo(
+        { group: GROUP, version: VERSION, namespace: this.namespace, plural: PLURAL, body }, this.options()));
+      if (answer.ok) {
+        if (answer.body.httpStatusCode === 201) return answer.body.data as RunObject;
+        throw new Unanswered(`POST run answered ${answer.body.httpStatusCode}`, answer.body.httpStatusCode);
+      }
+      if ([400, 403, 422].includes(answer.status)) {
+        throw new SpawnRefused(`the API server refused child run ${name}: ${statusMessage(answer.text)}`);
+      }
+      if (answer.status !== 409) {
+        throw new Unanswered(`POST run answered ${answer.status}: ${answer.text.slice(0, 200)}`, answer.status,
+          retryAfterSeconds(answer.headers["retry-after"]));
+      }
+      const got = await this.readRun(name);
+      if (got !== null) return got; // made before: whose and for what, the caller judges
+    }
+    throw new SpawnRefused(`child run ${name} kept being deleted as it was made`);
+  }
+
+  async child(name: string): Promise<RunObject | null> {
+    return this.readRun(name);
   }
 
   async close(): Promise<void> {}

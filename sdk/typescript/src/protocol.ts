@@ -294,7 +294,8 @@ export function validCursor(cursor: string): string | null {
 
 // --- control signals and caps -----------------------------------------------------------------
 
-function isObject(v: unknown): v is Record<string, unknown> {
+/** A JSON object (not null, not an array). */
+export function isObject(v: unknown): v is Record<string, unknown> {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 

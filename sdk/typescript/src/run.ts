@@ -8,8 +8,12 @@
 import type { KubeConfig } from "@kubernetes/client-node";
 import { context, trace, type Attributes, type Context } from "@opentelemetry/api";
 
+import {
+  Child, childSpec, outcome, spawnRun, waitEnded, type CallOptions, type ChildResultOptions, type ChildRuns,
+  type SpawnOptions,
+} from "./children.js";
 import { systemClock, type Clock } from "./clock.js";
-import { LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, ToolTimeout } from "./errors.js";
+import { LeaseLost, OwnershipUnknown, ResultInvalid, StopRequested, TetherWorkerError, ToolTimeout } from "./errors.js";
 import { GatewayTransport, claimRun, type ToolClaim } from "./gateway.js";
 import { KubeTransport, loadKubeConfig } from "./kube.js";
 import { jsonLogger, type LogLevel, type Logger } from "./log.js";
@@ -131,6 +135,13 @@ export interface EffectOptions {
   headers?: Record<string, string>;
   /** Default 30 000 ms; past it the call is a ToolTimeout. */
   timeoutMs?: number;
+}
+
+/** The child-run calls of a transport that spawns. */
+type Spawning = Required<Pick<Transport, "parent" | "spawn" | "child">>;
+
+function canSpawn(transport: Transport): transport is Transport & Spawning {
+  return transport.parent !== undefined && transport.spawn !== undefined && transport.child !== undefined;
 }
 
 function required(env: NodeJS.ProcessEnv, key: string): string {
@@ -574,6 +585,62 @@ export class WorkerRun {
       await this.clock.sleep(pollSeconds, { signal: woken });
       if (!woken.aborted) await this.renewLogged();
     }
+  }
+
+  // --- child runs (docs/children.md) -------------------------------------------------------------
+
+  /** The transport's child-run calls; an answer that says the run is not this attempt's any more
+   * marks it lost, as a refused renewal does. */
+  private childRuns(): Spawning {
+    const transport = this.transport;
+    if (!canSpawn(transport)) throw new TetherWorkerError("this run's transport cannot spawn child runs");
+    const lost = <T>(call: Promise<T>): Promise<T> => call.catch((err: unknown) => {
+      if (err instanceof LeaseLost) this.markLost(err.message);
+      throw err;
+    });
+    return {
+      parent: () => lost(transport.parent()),
+      spawn: (key, generation, spec) => lost(transport.spawn(key, generation, spec)),
+      child: (name) => lost(transport.child(name)),
+    };
+  }
+
+  /**
+   * Spawns one tool call as a child run of this one: a WorkerRun of class `className` with `payload`,
+   * its share of this run's caps (`capCents`, `maxTokens`: required when this run has such a cap) and
+   * any other spec fields in `spec`. `key` names the call stably (1 to 128 letters, digits and
+   * `. _ : / -`): spawning it again, from this attempt or a later one that resumed from a checkpoint,
+   * finds the same child instead of creating another. `child.result()` waits for it.
+   *
+   * Throws RangeError for a malformed key or a missing share (before creating anything),
+   * SpawnConflict when the key was spawned with another spec (or its name is taken by a run that is
+   * not this one's child), SpawnRefused when the API server refuses the child, and LeaseLost,
+   * OwnershipUnknown or StopRequested when this attempt may not act.
+   */
+  async spawn(key: string, options: SpawnOptions = {}): Promise<Child> {
+    const runs = this.childRuns();
+    this.ensureOwner(); // a stale or stopping attempt spawns nothing
+    const parent = await runs.parent();
+    const spec = childSpec(parent, options);
+    // Through the gateway the run is not read: its children name it by its name and the claim's UID.
+    const owner = parent ?? { name: this.name, uid: this.runUid ?? "" };
+    const body = await spawnRun(runs, owner, this.holder, this.fence, key, spec, this.clock);
+    const child = new Child(key, String(body.metadata?.name), body, (c, o) => this.childResult(runs, c, o));
+    this.log("info", "child spawned", "child_spawned", { child: child.name, key });
+    return child;
+  }
+
+  /** `spawn`, then the child's result (ChildFailed if it ends without one). */
+  async call(key: string, options: CallOptions = {}): Promise<JsonObject> {
+    const { timeoutSeconds, pollSeconds, ...spawn } = options;
+    const child = await this.spawn(key, spawn);
+    return child.result({ timeoutSeconds, pollSeconds });
+  }
+
+  private async childResult(runs: ChildRuns, child: Child, options: ChildResultOptions): Promise<JsonObject> {
+    await waitEnded(runs, child, options, this.clock);
+    this.ensureOwner(); // a child's result reaches the parent only through the attempt that holds it
+    return outcome(child);
   }
 
   // --- results -----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
  * failure classes) is one piece of code, and a test can drive it with a fake transport.
  */
 
-import type { ApprovalRequest, PublishField, Signals, Usage } from "./protocol.js";
+import type { Parent } from "./children.js";
+import type { ApprovalRequest, JsonObject, PublishField, RunObject, Signals, Usage } from "./protocol.js";
 
 /** The outcome of one renewal. */
 export interface Renewal {
@@ -58,4 +59,20 @@ export interface Transport {
   /** Whether the run already records this attempt's `field` with `value` (see protocol). */
   recorded(field: PublishField, value: unknown): Promise<boolean>;
   close(): Promise<void>;
+  // Child runs (docs/children.md): a transport without these three cannot spawn. An answer that says
+  // the run is not this attempt's any more throws LeaseLost; no answer throws `Unanswered`.
+  /**
+   * What a child's spec takes from this run (its WorkerBudget, whether its caps need a share), read
+   * once; null where the other side builds the child (the gateway: an External worker does not read
+   * its run).
+   */
+  parent?(): Promise<Parent | null>;
+  /**
+   * Creates this attempt's child for `key` at `generation` with `spec` (as the caller asked for it),
+   * or returns the run of that name that exists: whose it is and what it was asked for, the caller
+   * judges. Throws `SpawnRefused` when the API server refuses it.
+   */
+  spawn?(key: string, generation: number, spec: JsonObject): Promise<RunObject>;
+  /** A child run as served now; null once it is gone. */
+  child?(name: string): Promise<RunObject | null>;
 }

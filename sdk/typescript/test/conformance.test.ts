@@ -8,6 +8,8 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterEach, describe, it } from "node:test";
 
+import { childBody, type Parent } from "../src/children.js";
+import type { JsonObject } from "../src/protocol.js";
 import { serve, type FakeServer, type Reply, type Seen } from "./fakes.js";
 
 const WORKER = fileURLToPath(new URL("../src/conformance-worker.js", import.meta.url));
@@ -53,6 +55,37 @@ async function gateway(payload: Record<string, unknown>, heartbeats: Reply[] = [
     if (op === "heartbeat") {
       lease.beatAt.push(performance.now());
       return heartbeats.shift() ?? { status: 200, body: RENEWED };
+    }
+    return { status: 200, body: { status: "Succeeded", fence: 2 } };
+  });
+}
+
+/** Run job as its children name it (the gateway's view). */
+const JOB: Parent = { name: "job", uid: "uid-1", className: "planners", depth: 0, budgetRef: null, cappedCents: false,
+  cappedTokens: false };
+
+/** A gateway that hands out attempt 1 with `payload` and spawns as the gateway does: the first spawn of
+ * a key makes its child, later ones answer with that child (whatever they ask for); the child reads
+ * with `status`. `spawnReply` answers every spawn instead, when given. */
+async function spawningGateway(payload: Record<string, unknown>, status: JsonObject, spawnReply?: Reply): Promise<FakeServer> {
+  const made = new Map<string, JsonObject>();
+  return server((req) => {
+    const op = req.url.slice(PREFIX.length);
+    const body = JSON.parse(req.body || "{}") as { key: string; generation: number; spec: JsonObject; name: string };
+    if (op === "claim") {
+      return { status: 200, body: { ...RENEWED, attempt: 1, leaseDurationSeconds: 10, renewIntervalSeconds: 3600, payload,
+        checkpoint: null, idempotencyKey: "key" } };
+    }
+    if (op === "heartbeat") return { status: 200, body: RENEWED };
+    if (op === "spawn" && spawnReply !== undefined) return spawnReply;
+    if (op === "spawn") {
+      const child = made.get(body.key) ?? childBody(JOB, "ns", "job-a1", 1, body.key, body.generation, body.spec);
+      made.set(body.key, child);
+      return { status: 200, body: { child } };
+    }
+    if (op === "child") {
+      const child = [...made.values()].find((c) => (c.metadata as JsonObject).name === body.name);
+      return { status: 200, body: { child: { ...child, status } } };
     }
     return { status: 200, body: { status: "Succeeded", fence: 2 } };
   });
@@ -177,5 +210,47 @@ describe("conformance worker", () => {
       { status: 200, body: RENEWED }, { status: 410, body: { error: { code: "StaleFence", message: "" } } }]);
     assert.equal(await runWorker(gw.url), 3);
     assert.equal(ops(gw, "heartbeat").length, 2);
+  });
+
+  const SPAWN = { key: "search:1", className: "tools", payload: { q: "tether" }, spec: { executor: "External" } };
+
+  it("spawn: the child first, its result, then the conflicting spawn refused: all in the result", async () => {
+    const gw = await spawningGateway({ steps: 1, stepSeconds: 0, spawn: SPAWN },
+      { phase: "Succeeded", attempt: 1, result: { hits: 2 } });
+    assert.equal(await runWorker(gw.url), 0);
+    const spawns = ops(gw, "spawn").map((r) => JSON.parse(r.body) as { key: string; spec: JsonObject });
+    assert.deepEqual(spawns.map((b) => [b.key, b.spec.payload]), [["search:1", { q: "tether" }], ["search:1", { conflict: true }]]);
+    assert.deepEqual(spawns[0]?.spec, { executor: "External", className: "tools", payload: { q: "tether" } });
+    const name = (JSON.parse(ops(gw, "child")[0]?.body ?? "{}") as { name: string }).name;
+    const published = JSON.parse(ops(gw, "complete")[0]?.body ?? "{}") as { result: JsonObject };
+    assert.deepEqual(published.result, { steps: 1, attempt: 1, sdk: "typescript", child: { name, result: { hits: 2 } },
+      conflictRefused: true });
+  });
+
+  it("spawn: a child that ends without a result publishes ConformanceChildFailed", async () => {
+    const gw = await spawningGateway({ steps: 1, stepSeconds: 0, spawn: SPAWN }, { phase: "Failed", attempt: 3,
+      conditions: [{ type: "Ready", status: "False", reason: "RetriesExhausted" }] });
+    assert.equal(await runWorker(gw.url), 0);
+    assert.equal(ops(gw, "complete").length, 0);
+    const error = (JSON.parse(ops(gw, "fail")[0]?.body ?? "{}") as { error: { code: string; message: string } }).error;
+    assert.equal(error.code, "ConformanceChildFailed");
+    assert.match(error.message, /ended Failed \(RetriesExhausted\)/);
+  });
+
+  it("spawn: a refused child publishes ConformanceSpawnRefused with the refusal", async () => {
+    const gw = await spawningGateway({ steps: 1, stepSeconds: 0, spawn: SPAWN }, {},
+      { status: 422, body: { error: { code: "SpawnRefused", message: "class tools may not be spawned" } } });
+    assert.equal(await runWorker(gw.url), 0);
+    const error = (JSON.parse(ops(gw, "fail")[0]?.body ?? "{}") as { error: { code: string; message: string } }).error;
+    assert.equal(error.code, "ConformanceSpawnRefused");
+    assert.match(error.message, /class tools may not be spawned/);
+  });
+
+  it("spawn: crashAfterStep 0 crashes right after spawning, before waiting, renewing or publishing", async () => {
+    const gw = await spawningGateway({ steps: 1, stepSeconds: 0, spawn: SPAWN, crashAttempts: [1], crashAfterStep: 0 }, {});
+    assert.equal(await runWorker(gw.url), 3);
+    assert.equal(ops(gw, "spawn").length, 1);
+    assert.equal(ops(gw, "child").length + ops(gw, "complete").length + ops(gw, "fail").length, 0);
+    assert.equal(ops(gw, "heartbeat").length, 1, "the start's renewal only");
   });
 });

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
@@ -40,6 +41,9 @@ const (
 // going back to it after a side effect that did not happen (not a busy loop against the receiver).
 const gatePoll = 100 * time.Millisecond
 
+// childPoll is how often the program reads the child it waits for (at most every second).
+const childPoll = 500 * time.Millisecond
+
 // script is the run's payload.
 type script struct {
 	Steps          int     `json:"steps"`
@@ -59,6 +63,23 @@ type script struct {
 		Details        string `json:"details"`
 		TimeoutSeconds *int   `json:"timeoutSeconds"`
 	} `json:"approval"`
+	Spawn *spawnScript `json:"spawn"`
+}
+
+// spawnScript is the child run the script spawns before the first step of every attempt.
+type spawnScript struct {
+	Key       string         `json:"key"`
+	ClassName string         `json:"className"`
+	Payload   map[string]any `json:"payload"`
+	CapCents  *int64         `json:"capCents"`
+	MaxTokens *int64         `json:"maxTokens"`
+	Spec      map[string]any `json:"spec"`
+}
+
+// options asks for the script's child with this payload.
+func (s *spawnScript) options(payload map[string]any) tether.SpawnOptions {
+	return tether.SpawnOptions{ClassName: s.ClassName, Payload: payload, CapCents: s.CapCents, MaxTokens: s.MaxTokens,
+		Spec: s.Spec}
 }
 
 func main() {
@@ -104,7 +125,8 @@ func guarded(log *slog.Logger, f func() int) (code int) {
 	return f()
 }
 
-// attempt runs the started attempt: its steps, then its publication. It never closes the run.
+// attempt runs the started attempt: its child (when the script spawns one), its steps, then its
+// publication. It never closes the run.
 func attempt(ctx context.Context, log *slog.Logger, r *tether.Run) int {
 	s := script{Steps: 3, StepSeconds: 0.5, CrashAfterStep: 1}
 	if err := json.Unmarshal(r.Payload(), &s); err != nil {
@@ -122,6 +144,10 @@ func attempt(ctx context.Context, log *slog.Logger, r *tether.Run) int {
 	}
 	log.Info("attempt started", "run", r.Name(), "attempt", r.Attempt(), "fence", r.Fence(), "resumeFrom", cursor)
 
+	spawned, code, ok := spawnChild(ctx, log, r, s)
+	if !ok {
+		return code
+	}
 	var done int64
 	for step := cursor; step < s.Steps; step++ {
 		if code, ok := doStep(ctx, log, r, s, step); !ok {
@@ -145,7 +171,55 @@ func attempt(ctx context.Context, log *slog.Logger, r *tether.Run) int {
 			return exitCrash
 		}
 	}
-	return publish(ctx, log, r, s)
+	return publish(ctx, log, r, s, spawned)
+}
+
+// spawnChild spawns the script's child (when it has one), waits for its result, then spawns its
+// key again with another payload, which the SDK must refuse as a conflict: what it adds to the
+// result. ok false: exit with code (a child that ended without a result, or a spawn refused, was
+// published as the attempt's failure).
+func spawnChild(ctx context.Context, log *slog.Logger, r *tether.Run, s script) (map[string]any, int, bool) {
+	sp := s.Spawn
+	if sp == nil {
+		return nil, 0, true
+	}
+	child, err := r.Spawn(ctx, sp.Key, sp.options(sp.Payload))
+	if err != nil {
+		return nil, spawnFailed(ctx, log, r, err), false
+	}
+	log.Info("child spawned", "child", child.Name(), "phase", child.Phase())
+	result, err := child.Result(ctx, childPoll)
+	if err != nil {
+		return nil, spawnFailed(ctx, log, r, err), false
+	}
+	_, err = r.Spawn(ctx, sp.Key, sp.options(map[string]any{"conflict": true}))
+	conflictRefused := errors.Is(err, tether.ErrSpawnConflict)
+	if err != nil && !conflictRefused {
+		return nil, spawnFailed(ctx, log, r, err), false
+	}
+	log.Info("the child ended", "child", child.Name(), "conflictRefused", conflictRefused)
+	return map[string]any{"child": map[string]any{"name": child.Name(), "result": result},
+		"conflictRefused": conflictRefused}, 0, true
+}
+
+// spawnFailed ends the attempt after a spawn or a wait for the child failed: a child that ended
+// without a result and a spawn refused are published as the attempt's failure; told to stop, it
+// stops; the rest ends as a publication's outcome would.
+func spawnFailed(ctx context.Context, log *slog.Logger, r *tether.Run, err error) int {
+	var failed *tether.ChildFailedError
+	switch {
+	case errors.As(err, &failed):
+		log.Info("the child ended without a result", "error", err)
+		return outcome(log, r.Fail(ctx, "ConformanceChildFailed",
+			fmt.Sprintf("%s ended %s (%s)", failed.Name, failed.Phase, failed.Reason)))
+	case errors.Is(err, tether.ErrSpawnRefused):
+		log.Info("the spawn was refused", "error", err)
+		return outcome(log, r.Fail(ctx, "ConformanceSpawnRefused", err.Error()))
+	case errors.Is(err, tether.ErrStopRequested):
+		log.Info("stopping as told", "error", err)
+		return exitDone
+	}
+	return outcome(log, err)
 }
 
 // flush renews with the checkpoint until a renewal is confirmed or the run is lost, at most once per
@@ -286,12 +360,13 @@ func sendEffect(r *tether.Run, req *http.Request, step int) (int, string, error)
 }
 
 // publish ends the attempt with its error, or with its result (after the approval and the invalid
-// result, when the script asks for them).
-func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script) int {
+// result, when the script asks for them), with what the child adds (spawned).
+func publish(ctx context.Context, log *slog.Logger, r *tether.Run, s script, spawned map[string]any) int {
 	if slices.Contains(s.FailAttempts, r.Attempt()) {
 		return outcome(log, r.Fail(ctx, "ConformanceFailure", fmt.Sprintf("attempt %d fails on purpose", r.Attempt())))
 	}
 	result := map[string]any{"steps": s.Steps, "attempt": r.Attempt(), "sdk": "go"}
+	maps.Copy(result, spawned)
 	if a := s.Approval; a != nil {
 		d, err := r.RequestApproval(ctx, a.Name, a.Details, a.TimeoutSeconds)
 		if errors.Is(err, tether.ErrStopRequested) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -23,17 +25,23 @@ type heartbeat struct {
 
 // fakeGateway hands out attempt 1 of ns/job with a script, L = 10 s and R = renew seconds (default
 // 1 h: the heartbeat never renews on its own during a test); heartbeats get the scripted answers
-// in order, then 200 (410 once retired).
+// in order, then 200 (410 once retired). A spawn makes the child job-c1 for the spec it asks for (a
+// spawn again answers that child), or is refused with spawnRefusal; a read of the child answers
+// childStatus.
 type fakeGateway struct {
-	mu         sync.Mutex
-	payload    string
-	renew      float64
-	answers    []int // heartbeat statuses
-	heartbeats []heartbeat
-	beatAt     []time.Time
-	completes  int
-	fails      int
-	retired    bool
+	mu           sync.Mutex
+	payload      string
+	renew        float64
+	answers      []int // heartbeat statuses
+	heartbeats   []heartbeat
+	beatAt       []time.Time
+	completes    int
+	fails        int
+	retired      bool
+	spawnRefusal string
+	child        string // the child, once spawned ({"child": ...} without its status)
+	childStatus  string
+	calls        map[string][]map[string]any // the bodies of the calls but claim and heartbeat
 }
 
 // renewed is the gateway's reply to a renewal of attempt 1 (docs/protocol.md §6.4).
@@ -45,7 +53,14 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
-	switch strings.TrimPrefix(req.URL.Path, "/api/v1/namespaces/ns/workerruns/job/") {
+	op := strings.TrimPrefix(req.URL.Path, "/api/v1/namespaces/ns/workerruns/job/")
+	var body map[string]any
+	_ = json.Unmarshal(raw, &body)
+	if g.calls == nil {
+		g.calls = map[string][]map[string]any{}
+	}
+	g.calls[op] = append(g.calls[op], body)
+	switch op {
 	case "claim":
 		renew := g.renew
 		if renew == 0 {
@@ -82,7 +97,35 @@ func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case "fail":
 		g.fails++
 		_, _ = io.WriteString(w, `{"status":"Failed","fence":2}`)
+	case "spawn":
+		g.spawn(w, body)
+	case "child":
+		_, _ = fmt.Fprintf(w, `{"child":{%s,"status":%s}}`, g.child, g.childStatus)
 	}
+}
+
+// spawn makes the child for the spec asked for, the first time: its digest is the spec's (the
+// tests' specs are JSON that encoding/json writes as Python's json.dumps does, keys sorted).
+func (g *fakeGateway) spawn(w http.ResponseWriter, body map[string]any) {
+	if g.spawnRefusal != "" {
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = fmt.Fprintf(w, `{"error":{"code":"SpawnRefused","message":%q}}`, g.spawnRefusal)
+		return
+	}
+	if g.child == "" {
+		spec, _ := json.Marshal(body["spec"])
+		g.child = fmt.Sprintf(`"metadata":{"name":"job-c1","labels":{"tether.dev/parent":"job"},`+
+			`"annotations":{"tether.dev/spawn-digest":"%x"},"ownerReferences":[{"uid":"uid-1"}]},`+
+			`"spec":{"parentRef":{"holder":"job-a1","fence":1}}`, sha256.Sum256(spec))
+	}
+	_, _ = fmt.Fprintf(w, `{"child":{%s,"status":{}}}`, g.child)
+}
+
+// sent is the bodies of the calls `op` the gateway got.
+func (g *fakeGateway) sent(op string) []map[string]any {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls[op]
 }
 
 // seen is what the gateway saw, once the program has ended: heartbeats, and publications.
@@ -327,4 +370,86 @@ func TestACrashStopsRenewingOnceLost(t *testing.T) {
 	if beats, _ := g.seen(); len(beats) != 2 {
 		t.Fatalf("heartbeats %+v", beats)
 	}
+}
+
+// withChild is a script that spawns tool:1 before its one step.
+const withChild = `{"steps":1,"stepSeconds":0,"spawn":{"key":"tool:1","className":"tools","payload":{"q":"x"},` +
+	`"capCents":5,"spec":{"executor":"External"}}}`
+
+func TestTheChildsResultIsPublished(t *testing.T) {
+	g := &fakeGateway{payload: withChild, childStatus: `{"phase":"Succeeded","result":{"hits":1}}`}
+	if code := runExternal(t, g); code != exitDone {
+		t.Fatalf("exit %d", code)
+	}
+	spawns, completes := g.sent("spawn"), g.sent("complete")
+	if len(spawns) != 2 || len(completes) != 1 {
+		t.Fatalf("spawns %v, completes %v", spawns, completes)
+	}
+	// The key again with another payload (the same class, share and spec): refused as a conflict.
+	wantSpec := `{"executor":"External","className":"tools","payload":{"q":"x"},"budget":{"capCents":5}}`
+	conflictSpec := `{"executor":"External","className":"tools","payload":{"conflict":true},"budget":{"capCents":5}}`
+	for i, want := range []string{wantSpec, conflictSpec} {
+		if spawns[i]["key"] != "tool:1" || !sameJSON(t, spawns[i]["spec"], want) {
+			t.Fatalf("spawn %d: %v, want spec %s", i, spawns[i], want)
+		}
+	}
+	want := `{"steps":1,"attempt":1,"sdk":"go","child":{"name":"job-c1","result":{"hits":1}},"conflictRefused":true}`
+	if !sameJSON(t, completes[0]["result"], want) {
+		t.Fatalf("result %v, want %s", completes[0]["result"], want)
+	}
+}
+
+func TestAChildEndedWithoutAResultFailsTheAttempt(t *testing.T) {
+	g := &fakeGateway{payload: withChild,
+		childStatus: `{"phase":"Failed","conditions":[{"type":"Ready","reason":"WorkerFailed","message":"boom"}]}`}
+	if code := runExternal(t, g); code != exitDone {
+		t.Fatalf("exit %d", code)
+	}
+	fails := g.sent("fail")
+	if len(fails) != 1 || len(g.sent("complete")) != 0 || len(g.sent("spawn")) != 1 {
+		t.Fatalf("fails %v", fails)
+	}
+	failure := fails[0]["error"].(map[string]any)
+	if failure["code"] != "ConformanceChildFailed" || failure["message"] != "job-c1 ended Failed (WorkerFailed)" {
+		t.Fatalf("failure %v", failure)
+	}
+}
+
+func TestARefusedSpawnFailsTheAttempt(t *testing.T) {
+	g := &fakeGateway{payload: withChild, spawnRefusal: "class tools is not one jobs may spawn"}
+	if code := runExternal(t, g); code != exitDone {
+		t.Fatalf("exit %d", code)
+	}
+	fails := g.sent("fail")
+	if len(fails) != 1 || len(g.sent("complete")) != 0 {
+		t.Fatalf("fails %v", fails)
+	}
+	failure := fails[0]["error"].(map[string]any)
+	if failure["code"] != "ConformanceSpawnRefused" || !strings.Contains(failure["message"].(string), "not one jobs may spawn") {
+		t.Fatalf("failure %v", failure)
+	}
+}
+
+// TestTheChildComesBeforeTheStepsAndTheCrash: the kit's spawn scenario, attempt 1: the child's result
+// and the refused conflict, then the step, then the crash, which publishes nothing.
+func TestTheChildComesBeforeTheStepsAndTheCrash(t *testing.T) {
+	g := &fakeGateway{payload: strings.Replace(withChild, `"steps":1,`, `"steps":2,"crashAttempts":[1],"crashAfterStep":1,`, 1),
+		childStatus: `{"phase":"Succeeded","result":{"hits":1}}`}
+	if code := runExternal(t, g); code != exitCrash {
+		t.Fatalf("exit %d", code)
+	}
+	beats, published := g.seen()
+	if len(g.sent("spawn")) != 2 || len(g.sent("child")) != 1 || published != 0 || beats[len(beats)-1].checkpoint != "1" {
+		t.Fatalf("spawns %v, reads %v, heartbeats %+v, %d publications", g.sent("spawn"), g.sent("child"), beats, published)
+	}
+}
+
+// sameJSON compares a decoded JSON value with a JSON text by value.
+func sameJSON(t *testing.T, got any, want string) bool {
+	t.Helper()
+	var w any
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	return reflect.DeepEqual(got, w)
 }
