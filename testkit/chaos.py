@@ -100,13 +100,18 @@ SCHEDULE_KILL = "operator-kill-mid-schedule"
 # re-attaches by key). Judged by invariant 15 (testkit/oracle_children.py) and all the others.
 PLANNER = "planner"
 PLANNER_CAP_CENTS = 100
+# A person raising the small cap of a run that pauses at it (drawn apart for a third of the plans:
+# _draw_pauses); invariant 16: such a run is paused, never stopped, for its cap.
+RUN_RAISE_CAP = "run-raise-cap"
+RAISED_CAP_CENTS = 10**6
 # A higher-priority run asking for the whole quota of a trial's ClusterQueue: Kueue evicts every
 # admitted queued run (drawn only for plans with queued runs, from a generator of its own).
 RUN_PREEMPT = "run-preempt"
 # The same, again and again through the window (drawn apart for half the plans with queued runs):
 # with the operators' short attempt history, queued runs pass its end (invariant 4 counts every cent).
 RUN_PREEMPT_AGAIN = "run-preempt-again"
-FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE, RUN_PREEMPT, RUN_PREEMPT_AGAIN, SCHEDULE_KILL)
+FAULT_KINDS: tuple[str, ...] = (*FAULT_WEIGHTS, *APART, API_PAUSE, RUN_PREEMPT, RUN_PREEMPT_AGAIN, SCHEDULE_KILL,
+                                RUN_RAISE_CAP)
 # What the harness's reviewer did to results under review and to workers' requests (not faults: a
 # person's decisions).
 REVIEW_DECISIONS = ("review-approve", "review-deny")
@@ -160,6 +165,9 @@ class RunPlan:
     # Its lease, retry policy and stop grace come from the trial's WorkerClass, which a class-edit fault
     # changes while it runs (invariant 13: what a run took is fixed from its first grant).
     classed: bool = False
+    # spec.budget.onExhausted: Pause with a small cap: reaching it pauses the run (invariant 16: never
+    # stopped for it); a run-raise-cap fault (or the heal) raises the cap and the same attempt goes on.
+    pause: bool = False
 
 
 @dataclass
@@ -226,6 +234,7 @@ def draw_plan(seed: int, allow_api_pause: bool = True, window: float = FAULT_WIN
     for i, rp in enumerate(runs):
         rp.fail_on_yield = rp.queued and random.Random(f"{seed}/yield-error/{i}").random() < 0.5
         rp.classed = random.Random(f"{seed}/class/{i}").random() < 0.4
+    faults += _draw_pauses(random.Random(f"{seed}/pause"), runs, window)
     scheduled = random.Random(f"{seed}/schedule")
     schedule = scheduled.random() < 0.5
     if schedule and scheduled.random() < 0.6:
@@ -253,6 +262,19 @@ def _draw_queues(gen: random.Random, runs: list[RunPlan], window: float) -> list
     queued = [i for i, rp in enumerate(runs) if rp.queued]
     return [FaultPlan(kind=RUN_PREEMPT, at=round(gen.uniform(3, window - 3), 1), run=gen.choice(queued))
             for _ in range(gen.choice([0, 1, 1, 2]))]
+
+
+def _draw_pauses(gen: random.Random, runs: list[RunPlan], window: float) -> list[FaultPlan]:
+    """For a third of the plans: each spending run, with a chance in two, pauses at a small cap of
+    its own (onExhausted: Pause) that a run-raise-cap fault raises later in the window."""
+    if gen.random() >= 0.35:
+        return []
+    faults = []
+    for i, rp in enumerate(runs):
+        if (rp.usage_per_second or rp.usage_cents) and gen.random() < 0.5:
+            rp.pause, rp.cap_cents = True, gen.choice([4, 8, 12])
+            faults.append(FaultPlan(kind=RUN_RAISE_CAP, at=round(gen.uniform(window / 2, window), 1), run=i))
+    return faults
 
 
 def _draw_preemptions_again(gen: random.Random, runs: list[RunPlan], window: float) -> list[FaultPlan]:
@@ -646,6 +668,8 @@ class Trial:
             budget["budgetRef"] = {"name": BUDGET}
         if rp.cap_cents is not None:
             budget["capCents"] = rp.cap_cents
+        if rp.pause:
+            budget["onExhausted"] = "Pause"
         if budget:
             spec["budget"] = budget
         if rp.review:
@@ -1138,6 +1162,10 @@ class Trial:
     def _f_run_stop(self, f: FaultPlan, name: str) -> bool:
         return self._patch_spec(name, {"stop": True})
 
+    def _f_run_raise_cap(self, f: FaultPlan, name: str) -> bool:
+        """A person raises a paused run's cap: the same attempt goes on."""
+        return self._patch_spec(name, {"budget": {"capCents": RAISED_CAP_CENTS}})
+
     def _f_run_suspend(self, f: FaultPlan, name: str) -> bool:
         if not self._patch_spec(name, {"suspend": True}):
             return False
@@ -1176,6 +1204,8 @@ class Trial:
         for name in list(self.suspended):
             self._poll(lambda: self._resume(name), 30, f"resume of {name}")
         for rp in self.plan.runs:
+            if rp.pause:  # raised by now unless its fault missed it (the run deleted and re-created)
+                self._patch_spec(rp.name, {"budget": {"capCents": RAISED_CAP_CENTS}})
             (self.workdir / f"{rp.name}.gate").touch()
         if self.plan.schedule:  # its slots are recorded as skipped (Suspended) from now on
             self.kube.ok(self.kube.patch(f"/apis/tether.dev/v1alpha1/namespaces/{self.ns}/workerrunschedules/{SCHEDULE}",

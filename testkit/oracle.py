@@ -54,7 +54,9 @@ Fourteen invariants (`INVARIANTS`), checked by `judge()` over one namespace:
    up with the run's spec (status.observedGeneration equals metadata.generation), its condition
    Suspended is True exactly when spec.suspend is set, and never on a terminal run; phase Suspended
    only while spec.suspend is set; a suspended run
-   that a worker still holds says WorkerPaused (its phase stays Running, so only this says it).
+   that a worker still holds says WorkerPaused (its phase stays Running, so only this says it). The
+   one other pause: a held run whose budget says onExhausted: Pause may say BudgetPaused (and only
+   such a run).
 11. Kueue's quota is released only once the run's pods are gone: at no pod's creation do the live
    pods that ask for cpu (the trial's queued runs; nothing else asks) ask for more than the trial's
    ClusterQueue holds. A pod lives from its accepted creation until its kubelet reported it ended
@@ -75,6 +77,8 @@ Fourteen invariants (`INVARIANTS`), checked by `judge()` over one namespace:
 15. Child runs: a child that ran was admitted while its spawner held the parent, no child name is
    created twice, a child joins its parent's ledger once and leaves it once, and the ledger adds
    up: testkit/oracle_children.py.
+16. A run whose budget says onExhausted: Pause is paused, never ended, for its cap or its
+   WorkerBudget: no status write that stored Pause ends an attempt or the run BudgetExceeded.
 
 Order. Writes are ordered by the resourceVersion in their response. kube-apiserver's etcd3
 storage assigns every write the store's global revision, so these integers order writes to
@@ -443,6 +447,7 @@ def judge(records: Iterable[AuditRecord], facts: TrialFacts, strict_window: bool
     _reviews(history, verdict)
     _stalls(history, verdict)
     _suspension_shown(facts, verdict)
+    _paused_not_stopped(history, verdict)
     _classes_pinned(history, verdict)
     if facts.leader_lease is not None:
         _leadership(records, facts, verdict)
@@ -1057,9 +1062,17 @@ def _suspension_shown(facts: TrialFacts, verdict: Verdict) -> None:
         cond = next((c for c in status.get("conditions") or [] if c.get("type") == "Suspended"), None)
         shown = cond is not None and cond.get("status") == "True"
         phase = status.get("phase")
-        if phase in TERMINAL:
+        # A run that pauses for its budget (onExhausted: Pause) shows it while a worker holds it.
+        budget_paused = shown and cond.get("reason") == "BudgetPaused"
+        if budget_paused and not (_pauses(spec) and status.get("holder") and not spec.get("suspend")):
+            verdict.violations.append(Violation(10, subject, f"says BudgetPaused, but spec.budget.onExhausted is "
+                                                             f"{(spec.get('budget') or {}).get('onExhausted')}, "
+                                                             f"holder {status.get('holder')}, suspend {spec.get('suspend')}"))
+        elif phase in TERMINAL:
             if shown:
                 verdict.violations.append(Violation(10, subject, f"terminal ({phase}) but says Suspended ({cond})"))
+        elif budget_paused:
+            verdict.stats["runs paused for their budget at the end"] += 1
         elif bool(spec.get("suspend")) != shown:
             verdict.violations.append(Violation(10, subject, f"spec.suspend {bool(spec.get('suspend'))}, phase {phase}, "
                                                              f"but condition Suspended is {cond}"))
@@ -1068,6 +1081,35 @@ def _suspension_shown(facts: TrialFacts, verdict: Verdict) -> None:
         elif shown and status.get("holder") is not None and cond.get("reason") != "WorkerPaused":
             verdict.violations.append(Violation(10, subject, f"held by {status['holder']} and paused, but Suspended "
                                                              f"says {cond.get('reason')}"))
+
+
+def _pauses(spec: Mapping[str, Any]) -> bool:
+    return (spec.get("budget") or {}).get("onExhausted") == "Pause"
+
+
+def _paused_not_stopped(history: _History, verdict: Verdict) -> None:
+    """Invariant 16: a run whose budget says Pause is paused, never ended, for a cap or an exhausted
+    WorkerBudget: no status write that stored onExhausted: Pause ends an attempt or the run
+    BudgetExceeded. Counts the pauses (Suspended turning BudgetPaused) and the resumptions."""
+    for uid, writes in history.run_writes.items():
+        was: dict[str, Any] = {}
+        for w in writes:
+            s = w.status
+            paused = next((c for c in s.get("conditions") or [] if c.get("type") == "Suspended"), {})
+            before = next((c for c in was.get("conditions") or [] if c.get("type") == "Suspended"), {})
+            if paused.get("reason") == "BudgetPaused" and paused.get("status") == "True" and \
+                    before.get("reason") != "BudgetPaused":
+                verdict.stats["runs paused for their budget"] += 1
+            if before.get("reason") == "BudgetPaused" and paused.get("status") == "False":
+                verdict.stats["budget pauses resumed"] += 1
+            if _pauses(w.spec):
+                ended = {x.get("attempt") for x in s.get("attempts") or [] if x.get("outcome") == "BudgetExceeded"}
+                ended -= {x.get("attempt") for x in was.get("attempts") or [] if x.get("outcome") == "BudgetExceeded"}
+                if ended or (s.get("phase") == "BudgetExceeded" and was.get("phase") != "BudgetExceeded"):
+                    verdict.violations.append(Violation(16, history.name(uid), (
+                        f"its budget says Pause, but {w.describe()} ended it BudgetExceeded "
+                        f"(attempts {sorted(ended)}, phase {s.get('phase')})")))
+            was = s
 
 
 # The longest a re-created run may wait for its namesake's pod: the pod's grace period (30 s by

@@ -53,6 +53,8 @@ def test_the_fixed_set_draws_every_fault_kind_but_the_api_pause() -> None:
     assert sum(f.kind == "run-preempt-again" for plan in plans for f in plan.faults) >= 3  # past the kept history
     # A planner spawning tool calls as child runs, one that crashes and re-attaches (invariant 15).
     assert any(plan.children and plan.crash_after for plan in plans)
+    # A run that pauses at its cap instead of stopping, raised while it holds (invariant 16).
+    assert any(rp.pause and rp.usage_per_second for rp in runs)
     # A plan is a function of its seed: that is what makes a failing trial replayable.
     assert [draw_plan(seed, allow_api_pause=False) for seed in SEEDS] == plans
 
