@@ -94,3 +94,18 @@ def test_stop_the_default_still_ends_the_run() -> None:
     spec = {"budget": {"capCents": 100}, "stopGraceSeconds": 5}
     _, asked = passes(spec, running(), Usage(cents=100))
     assert signals(asked)["stop"] is True and signals(asked)["paused"] is False
+
+
+def test_kubectl_tether_and_the_console_show_a_paused_run_and_what_it_waits_for() -> None:
+    """What the decision wrote, as the two places users look first render it: the pause and what to
+    raise lead, before the phase (which stays Running: the worker keeps its lease)."""
+    from tether import plugin
+    from tether.console import views
+    r, _ = passes(PAUSE, running(), Usage(cents=100))
+    body = {"metadata": {"namespace": "ns", "name": "job", "uid": "u1"}, "spec": PAUSE,
+            "status": r.status.model_dump(mode="json", by_alias=True, exclude_none=True)}
+    lines = plugin.status_lines(body, None, T0)
+    assert lines[0].startswith("ns/job: Running (BudgetPaused)"), lines
+    assert "raise spec.budget.capCents" in lines[1] and "cap of 100 cents reached" in lines[1], lines
+    summary = views.run_fragments("", body, [], [], T0, None)["summary"]
+    assert summary.startswith('<span class="why"><b>BudgetPaused</b>: ') and "raise spec.budget.capCents" in summary
