@@ -117,12 +117,13 @@ INVARIANTS: dict[int, str] = {
     7: "a result under review accepted or denied only as a person decided",
     8: "no attempt Stalled while its run is suspended or its request is pending",
     9: "no replica writes past its leadership (last renewal + renew deadline)",
-    10: "a run says it is suspended exactly when spec.suspend is set, and a finished one never",
+    10: "a run says it is suspended exactly when spec.suspend is set (or paused for its budget), a finished one never",
     11: "Kueue's quota never held by more live pods than it admits",
     12: "no model answer spent unmetered: a cut one stops the worker's spending, none counted beyond its bill",
     13: "what a run took from its class is fixed from its first grant",
     14: "a schedule starts at most one run per slot and accounts for every slot",
     15: "child runs: no stale attempt's child runs, one per key, admitted and settled once, the ledger adds up",
+    16: "a run whose budget says Pause is paused, never ended BudgetExceeded",
 }
 
 TERMINAL = frozenset({"Succeeded", "Failed", "Lost", "Cancelled", "BudgetExceeded", "DeadlineExceeded", "Rejected"})
