@@ -15,6 +15,8 @@ Scenarios (each in its own namespace, with its own operator process):
            LeaseLost over the whole run.
   restart  kill -9 of the operator under N live runs: time until it knows every run again, its
            request burst (its own rest_client_requests_total, 1 s buckets), false LeaseLost.
+  burst    N External runs created at once: create -> granted, until the last is granted, and the
+           API writes and operator CPU per grant.
   budget   N runs charging one WorkerBudget: charges, conflicts, the budget's size.
   ceiling  more live runs, step by step, until a goal breaks.
 
@@ -376,6 +378,13 @@ def worker_run(name: str, duration: int, renew: int, grace: int | None = None) -
                      "retry": {"maxAttempts": 3, "backoff": {"initialSeconds": 1}}}}
 
 
+def external_run(name: str, duration: int = 3600, renew: int = 600) -> dict[str, Any]:
+    """An External run: granted to whoever claims it through the gateway (nobody here): no pod."""
+    return {"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "metadata": {"name": name},
+            "spec": {"executor": "External", "lease": {"durationSeconds": duration, "renewIntervalSeconds": renew,
+                                                       "startupGraceSeconds": duration}}}
+
+
 def batch_job(name: str) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
             "spec": {"backoffLimit": 0, "template": {"spec": {
@@ -598,6 +607,42 @@ class Population:
         self.op.stop()
 
 
+# What a write is, in apiserver_request_total's verbs.
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "APPLY")
+
+
+def burst(env: Env, n: int, timeout: float = 600) -> dict[str, Any]:
+    """N External runs created at once (as fast as 16 connections go): create -> granted (the
+    status names a holder) for each, until the last is granted, and what the grants cost: the API
+    server's writes per grant by resource and verb (its own counters, less the benchmark's creates:
+    on a private control plane, the operator's writes), the operator's CPU per grant."""
+    ns = env.namespace("burst")
+    op = Operator(env, ns)
+    watch = Times(env, WR.format(ns=ns), lambda r: [("granted", r["metadata"]["name"])]
+                  if (r.get("status") or {}).get("holder") else [])
+    try:
+        before, cpu = env.apiserver_requests(), op.cpu_seconds()
+        began = time.time()
+        sent = create_paced(env, WR.format(ns=ns), [external_run(f"x{i}") for i in range(n)], None)
+        wait_for(lambda: len(watch.of("granted")) >= n, timeout=timeout, what=f"{n} External runs granted")
+        ended = time.time()
+        cpu = op.cpu_seconds() - cpu
+        after = env.apiserver_requests()
+    finally:
+        watch.stop()
+        op.stop()
+    granted = watch.of("granted")
+    writes = {f"{verb} {res}": round((count - before.get((res, verb), 0) - (n if (res, verb) == ("workerruns", "POST")
+                                                                             else 0)) / n, 2)
+              for (res, verb), count in sorted(after.items()) if verb in WRITE_VERBS}
+    return {"runs": n, "namespace": ns, "window": [began, ended],
+            "createToGranted": summary([granted[k] - sent[k] for k in sent if k in granted]),
+            "allGrantedSeconds": round(max(granted.values()) - began, 2),
+            "grantsPerSecond": round(n / (max(granted.values()) - began), 1),
+            "writesPerGrant": {k: v for k, v in writes.items() if v > 0},
+            "operatorCpuMsPerGrant": round(1000 * cpu / n, 2)}
+
+
 def _lost_attempts(env: Env, ns: str) -> dict[str, tuple[float, int]]:
     """Run name -> when its first LeaseLost attempt ended (the operator's endedAt), and its fence."""
     out: dict[str, tuple[float, int]] = {}
@@ -715,7 +760,7 @@ def _goals(steady_result: dict[str, Any], goals: dict[str, float]) -> dict[str, 
 
 
 GOALS = {"cores": 0.5, "rssMiB": 300}
-SCENARIOS = ("launch", "steady", "restart", "budget", "ceiling")
+SCENARIOS = ("launch", "burst", "steady", "restart", "budget", "ceiling")
 
 
 def main() -> None:
@@ -723,6 +768,7 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--runs", type=int, default=5000, help="live runs in steady/restart")
     parser.add_argument("--launch-runs", type=int, default=1000)
+    parser.add_argument("--burst-runs", type=int, default=1000, help="External runs created at once (burst)")
     parser.add_argument("--lapses", type=int, default=100)
     parser.add_argument("--window", type=float, default=180, help="steady-state measuring window, seconds")
     parser.add_argument("--kwok-nodes", type=int, default=4)
@@ -741,7 +787,7 @@ def main() -> None:
                              "an older commit: old and new code measured by one harness)")
     args = parser.parse_args()
     if args.smoke:
-        args.runs, args.launch_runs, args.lapses, args.window = 30, 20, 3, 45
+        args.runs, args.launch_runs, args.lapses, args.window, args.burst_runs = 30, 20, 3, 45, 30
         args.budget_runs, args.ceiling_step, args.ceiling_limit = 20, 30, 60
     scenarios = args.scenarios.split(",")
     report: dict[str, Any] = {"date": dt.date.today().isoformat(), "machine": {"cpus": os.cpu_count()},
@@ -760,6 +806,8 @@ def main() -> None:
         if "launch" in scenarios:
             report["launch"] = [launch(env, args.launch_runs, 20, "jobs"),
                                 launch(env, args.launch_runs, None, "tether")]
+        if "burst" in scenarios:
+            report["burst"] = burst(env, args.burst_runs)
         long_lease = (90, 30) if not args.smoke else (20, 5)
         short_lease = (30, 10) if not args.smoke else (12, 3)
         if {"steady", "restart", "ceiling"} & set(scenarios):

@@ -97,17 +97,16 @@ def test_a_run_never_yields_tokens_of_an_account_its_creator_cannot_use(
     assert stopped.status_code == 200, stopped.text
 
     # Someone's own account under the name Tether would make for a run (`ci` -> `ci-worker`):
-    # never adopted; the run says so and no attempt is ever opened for a claim.
+    # never adopted. The gateway makes an External run's account at its first claim, and refuses
+    # the claim, saying so: no attempt of it is ever driven, no token of that account minted.
     kube.ok(kube.post(f"/api/v1/namespaces/{ns}/serviceaccounts", {"metadata": {"name": "ci-worker"}}))
     kube.ok(kube.post(Kube.wr_path(ns), external_run("ci"), headers=creator))
-
-    def taken() -> bool:
-        conds = (runs.get(kube, ns, "ci").get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Stalled" and c["reason"] == "WorkerIdentityTaken" for c in conds)
-
-    eventually(taken, timeout=30, what="run ci Stalled: WorkerIdentityTaken")
+    open_attempt(kube, ns, "ci")
     refused_claim = call(gateway, ns, "ci", "claim", claim_token, {"workerId": "w1"})
-    assert refused_claim.status_code != 200 and "toolClaim" not in refused_claim.text, refused_claim.text
+    assert refused_claim.status_code == 409, refused_claim.text
+    assert refused_claim.json()["error"]["code"] == "WorkerIdentityTaken" and "ci-worker" in refused_claim.text
+    account = kube.ok(kube.get(f"/api/v1/namespaces/{ns}/serviceaccounts/ci-worker"))
+    assert not account["metadata"].get("ownerReferences")  # still the admin's, unchanged
 
     # An External run the creator makes and claims: its tool claim is the run's own account.
     kube.ok(kube.post(Kube.wr_path(ns), external_run("ext-own"), headers=creator))

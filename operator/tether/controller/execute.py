@@ -200,8 +200,7 @@ class Executor:
         return snap
 
     async def ensure_lease(self, snap: Snapshot, action: EnsureLease) -> Snapshot:
-        if snap.run.spec.executor == "External":
-            await self.ensure_rbac(snap)  # the gateway's tool claims use the worker's account
+        # An External run's account (its tool claims') is the gateway's to make, at its first claim.
         lost = await self.leases.write(snap, action.holder, action.fence, action.duration_seconds, action.signals)
         await self.delete_tool_claims(snap, lost)  # and every ended attempt's, as a clearing does
         return snap

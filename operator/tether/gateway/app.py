@@ -44,6 +44,7 @@ from tether.gateway.auth import AuthError, Authenticator, Caller
 from tether.gateway.failure import Failure
 from tether.gateway.openapi import openapi_document
 from tether.kube import resources
+from tether.kube.identity import IdentityTaken, WorkerIdentity
 from tether.kube.client import ApiError, Conflict, Invalid, KubeClient, NotFound
 from tether.kube.paths import secret_path, service_account_path, token_request_path
 
@@ -204,6 +205,7 @@ class Gateway:
     def __init__(self, kube: KubeClient, audience: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.kube = kube
         self.auth = Authenticator(kube, audience)
+        self.identity = WorkerIdentity(kube)
         self.max_body_bytes = max_body_bytes
         # "<ns>/<holder>-toolclaim" -> uid of the attempt's tool-claim Secret (the operator deletes it on revocation)
         self._secrets: OrderedDict[str, str] = OrderedDict()
@@ -393,6 +395,12 @@ class Gateway:
         if s.holder is None:
             raise Failure(409, "NotClaimable", f"no attempt is open (phase {s.phase.value if s.phase else 'Pending'})")
         fenced = m.Fenced(holder=s.holder, fence=s.fence, workerId=body.workerId, runUid=run.metadata.uid)
+        try:
+            # The run's own account, which its tool claims are minted for: made here, at the first
+            # claim, rather than at every grant (a grant writes only the status and the Lease).
+            await self.identity.ensure(run)
+        except IdentityTaken as exc:
+            raise Failure(409, "WorkerIdentityTaken", exc.message) from None
         renewed = await self._renew(run, caller, fenced, None, None, claim=True)
         run, s = renewed.run, renewed.run.status
         if c.ANN_CLAIMED_BY not in protocol.annotations(renewed.before):

@@ -284,10 +284,37 @@ def test_every_renewal_reply_names_its_attempt_as_the_sdks_and_the_openapi_docum
 
 
 def test_no_tool_claim_for_an_account_the_run_does_not_own() -> None:
-    """Review finding: `job-worker` exists but no run made it (an admin's account of that name):
-    the claim goes through, its tool claim is withheld, and no Secret is made to bind a token to."""
+    """Review finding: `job-worker` exists but no run made it (an admin's account of that name): the
+    claim is refused (WorkerIdentityTaken, saying what to do), and nothing is made or minted for it."""
     api = held_api(account_owners=[])
     resp = _call(build_app(api.client(), "tether-gateway"), "POST", f"{OP}/claim", json={"workerId": "w1"},
                  headers=AUTH)
-    assert resp.status_code == 200 and resp.json()["toolClaim"] is None, resp.text
-    assert not [call for call in api.asked(writes=True) if call.startswith(("POST secrets", "POST serviceaccounts"))]
+    error = _envelope(resp, 409, "WorkerIdentityTaken")
+    assert "ServiceAccount job-worker exists and was not made for this run" in error["message"], error
+    # Its create was answered 409 and the account read: nothing else was made, minted or claimed.
+    assert not [call for call in api.asked(writes=True) if call.startswith(("POST secrets", "POST roles",
+                                                                            "POST rolebindings", "POST tokens"))]
+    assert not [call for call in api.asked(writes=True) if "leases" in call]
+    account = api.get("/api/v1/namespaces/ns/serviceaccounts/job-worker")
+    assert account is not None and not account["metadata"].get("ownerReferences")
+
+
+def test_the_first_claim_makes_the_runs_own_account_and_a_grant_made_none() -> None:
+    """An External run's identity (ServiceAccount, Role, RoleBinding, owned by the run) is made at its
+    first claim, for its tool claims; a later claim or heartbeat makes none again."""
+    api = held_api()
+    api.objects.pop("/api/v1/namespaces/ns/serviceaccounts/job-worker")
+    app = build_app(api.client(), "tether-gateway")
+    resp = _call(app, "POST", f"{OP}/claim", json={"workerId": "w1"}, headers=AUTH)
+    assert resp.status_code == 200 and resp.json()["toolClaim"]["serviceAccount"] == "job-worker", resp.text
+    made = [call for call in api.asked(writes=True) if call.startswith(("POST serviceaccounts", "POST roles",
+                                                                        "POST rolebindings"))]
+    assert made == ["POST serviceaccounts/job-worker", "POST roles/tether-worker-job",
+                    "POST rolebindings/tether-worker-job"], made
+    account = api.get("/api/v1/namespaces/ns/serviceaccounts/job-worker")
+    assert account is not None and account["metadata"]["ownerReferences"][0]["uid"] == "run-1"
+    again = _call(app, "POST", f"{OP}/claim", json={"workerId": "w1"}, headers=AUTH)
+    assert again.status_code == 200 and len([c for c in api.asked(writes=True) if c.startswith(
+        ("POST serviceaccounts", "POST roles", "POST rolebindings"))]) == 3
+
+
