@@ -9,7 +9,7 @@ from tether.core.accounting import attempts_usage, sum_usage, tree_held
 
 
 def ledger(parent: WorkerRun) -> ChildrenStatus:
-    return parent.status.children.model_copy(deep=True) if parent.status.children is not None else ChildrenStatus()
+    return parent.status.children.clone() if parent.status.children is not None else ChildrenStatus()
 
 
 def live_entry(parent: WorkerRun, child_uid: str) -> ChildEntry | None:

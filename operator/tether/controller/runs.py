@@ -175,7 +175,7 @@ class RunReconciler:
         if current is not None and current.status == "True" and current.reason == exc.reason and \
                 current.message == message:
             return
-        status = run.status.model_copy(deep=True)
+        status = run.status.clone()
         status.conditions = set_condition(status.conditions, c.COND_STALLED, "True", exc.reason, message,
                                           run.metadata.generation, self.cache.now())
         try:

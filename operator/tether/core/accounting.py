@@ -138,7 +138,7 @@ def charge_finished(o: Observed) -> Action | None:
     total = s.usage or Usage()
     charged = charged_so_far(o)
     if _covers(charged, total):
-        status = s.model_copy(deep=True)
+        status = s.clone()
         status.budget_charged = True
         status.charged = Usage(cents=max(charged.cents, total.cents), tokens=max(charged.tokens, total.tokens))
         return WriteStatus(status=status, change=Change.BUDGET_CHARGED)

@@ -91,7 +91,7 @@ def exhausted(spec: WorkerBudgetSpec, spent: Usage) -> bool:
 def refresh(budget: WorkerBudget, now: dt.datetime) -> WorkerBudgetStatus:
     """Status with the period rolled over if due, remaining and the Exhausted condition recomputed."""
     spec = budget.spec
-    status = budget.status.model_copy(deep=True)
+    status = budget.status.clone()
     start = period_start(now, spec)
     if start is not None and (status.period_start is None or status.period_start < start):
         # A new period: spending starts over. Per-run marks stay, so usage charged

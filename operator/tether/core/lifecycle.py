@@ -183,7 +183,7 @@ class StatusBuilder:
     def __init__(self, o: Observed) -> None:
         self.o = o
         self.run = o.run
-        self.status = o.run.status.model_copy(deep=True)
+        self.status = o.run.status.clone()
         self.events: list[Event] = []
         self.change: Change | None = None
         self.details = WriteDetails()
@@ -295,7 +295,7 @@ class StatusBuilder:
             # The gate that set the admission must rest the grant on a fresh read of it (a cached
             # admission may be one its queue took back): a grant without one is a bug, not a run.
             raise AssertionError("a grant under an admission must rest on a fresh read of it (rests_on)")
-        return WriteStatus(status=self.status.model_copy(deep=True), events=tuple(self.events), change=self.change,
+        return WriteStatus(status=self.status.clone(), events=tuple(self.events), change=self.change,
                            details=self.details, ended=self.ended, lapse=self.lapse,
                            grants=self.grants, rests_on=self.rests_on if self.grants else ())
 

@@ -83,7 +83,7 @@ def decide(o: ScheduleObserved, now: dt.datetime) -> ScheduleDecision:
     s, spec = o.schedule, o.schedule.spec
     gen = s.metadata.generation
     old = s.status
-    st = old.model_copy(deep=True)
+    st = old.clone()
     st.observed_generation = gen
     d = ScheduleDecision()
     # A start whose run exists was made already (a pass whose status write did not land: a crash,
