@@ -640,6 +640,10 @@ def burst(env: Env, n: int, timeout: float = 600) -> dict[str, Any]:
             "allGrantedSeconds": round(max(granted.values()) - began, 2),
             "grantsPerSecond": round(n / (max(granted.values()) - began), 1),
             "writesPerGrant": {k: v for k, v in writes.items() if v > 0},
+            # Reads the operator sent (the watcher's one LIST is under 0.01 a grant).
+            "readsPerGrant": {f"GET {res}": round((count - before.get((res, verb), 0)) / n, 2)
+                              for (res, verb), count in sorted(after.items())
+                              if verb == "GET" and count - before.get((res, verb), 0) >= n / 100},
             "operatorCpuMsPerGrant": round(1000 * cpu / n, 2)}
 
 
