@@ -39,6 +39,17 @@ def table(report: dict[str, Any], source: str) -> str:
                      f"{_fmt(t['createToRunning'].get('p99'))} vs {_fmt(j['createToRunning'].get('p99'))} s; "
                      f"{_fmt(t['podsPerSecond'])} vs {_fmt(j['podsPerSecond'])}/s",
                      "" if point.get("ratePerSecond") else "Tether ≥ 2× Jobs"))
+    burst = report.get("burst")
+    if burst:
+        g = burst["createToGranted"]
+        rows.append((f"burst of {burst['runs']} External runs: all granted after; create→granted p50 / p99; grants/s",
+                     f"{_fmt(burst['allGrantedSeconds'])} s; {_fmt(g.get('p50'))} / {_fmt(g.get('p99'))} s; "
+                     f"{_fmt(burst['grantsPerSecond'])}/s", "all within 20 s at qps 100"))
+        writes = burst["writesPerGrant"]
+        rows.append((f"burst of {burst['runs']} External runs: API writes and reads per grant; operator CPU per grant",
+                     f"{_fmt(sum(writes.values()))} ({', '.join(f'{k} {_fmt(v)}' for k, v in writes.items())}); "
+                     f"{_fmt(sum((burst.get('readsPerGrant') or {}).values()))}; "
+                     f"{_fmt(burst['operatorCpuMsPerGrant'])} ms", "status and Lease"))
     for s in report.get("steady", []):
         what = f"{s['runs']} live runs, L={s['leaseSeconds']} s / renew {s['renewSeconds']} s"
         rows.append((f"{what}: operator CPU, RSS", f"{_fmt(s['operatorCores'])} cores, "
