@@ -295,7 +295,9 @@ class Gateway:
                 account = await self.kube.get_object(service_account_path(ns, sa))
                 if account is None or not any(ref.get("uid") == run.metadata.uid for ref in
                                               (account.get("metadata") or {}).get("ownerReferences") or []):
-                    # Not the account Tether made for this run (someone's own of that name): no tokens of it.
+                    # Not the account Tether made for this run (gone, or someone's own of that name): no
+                    # tokens of it; the next claim makes it again, or refuses (WorkerIdentityTaken).
+                    self.identity.forget(run.metadata.uid or "")
                     log.warning("tool claim withheld: the account is not the run's", extra={
                         "event": "tool_claim_foreign_account", "run": f"{ns}/{name}", "serviceAccount": sa})
                     return None

@@ -316,5 +316,14 @@ def test_the_first_claim_makes_the_runs_own_account_and_a_grant_made_none() -> N
     again = _call(app, "POST", f"{OP}/claim", json={"workerId": "w1"}, headers=AUTH)
     assert again.status_code == 200 and len([c for c in api.asked(writes=True) if c.startswith(
         ("POST serviceaccounts", "POST roles", "POST rolebindings"))]) == 3
+    # Deleted by someone since (the gateway remembered it made it): the heartbeat's tool claim is
+    # withheld, and the next claim makes the account again.
+    api.objects.pop("/api/v1/namespaces/ns/serviceaccounts/job-worker")
+    app.state.gateway._secrets.clear()
+    beat = _call(app, "POST", f"{OP}/heartbeat", json={"holder": "job-a1", "fence": 1, "runUid": "run-1",
+                                                       "workerId": "w1"}, headers=AUTH)
+    assert beat.status_code == 200 and beat.json()["toolClaim"] is None, beat.text
+    third = _call(app, "POST", f"{OP}/claim", json={"workerId": "w1"}, headers=AUTH)
+    assert third.status_code == 200 and third.json()["toolClaim"]["serviceAccount"] == "job-worker", third.text
 
 
