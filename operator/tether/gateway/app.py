@@ -18,6 +18,7 @@ the protocol, it does not re-implement it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -45,7 +46,7 @@ from tether.gateway.failure import Failure
 from tether.gateway.openapi import openapi_document
 from tether.kube import resources
 from tether.kube.identity import IdentityTaken, WorkerIdentity
-from tether.kube.client import ApiError, Conflict, Invalid, KubeClient, NotFound
+from tether.kube.client import ApiError, Conflict, Forbidden, Invalid, KubeClient, NotFound
 from tether.kube.paths import secret_path, service_account_path, token_request_path
 
 log = logging.getLogger("tether.gateway")
@@ -281,6 +282,25 @@ class Gateway:
         if not claimant.same_worker(worker):
             raise Failure(409, "HeldByAnother", f"{attempt} was claimed by another worker of this identity")
 
+    async def _ensure_identity(self, run: WorkerRun) -> None:
+        """The run's account, Role and RoleBinding (kube/identity.py). What the API server refuses for
+        good (someone's own account of that name, a quota, a policy) refuses the claim, never to be
+        retried as it is, and says so on the run (a Warning Event: its attempts lapse unclaimed)."""
+        try:
+            await self.identity.ensure(run)
+        except (IdentityTaken, Invalid, Forbidden) as exc:
+            reason = "WorkerIdentityTaken" if isinstance(exc, IdentityTaken) else "WorkerIdentityRefused"
+            message = exc.message if isinstance(exc, IdentityTaken) else \
+                f"the API server refused the run's account {resources.tool_claim_service_account(run)}: {exc.message}"
+            involved = {"metadata": {"name": run.metadata.name, "namespace": run.metadata.namespace,
+                                     "uid": run.metadata.uid}}
+            with contextlib.suppress(Exception):  # best effort, as every Event
+                await self.kube.post_event(involved, "Warning", reason, message)
+            raise Failure(409, reason, message) from None
+        except Conflict as exc:  # an object made and deleted again meanwhile: busy
+            raise Failure(503, "Busy", f"the run's account kept changing ({exc.message}); retry",
+                          headers={"Retry-After": "1"}) from None
+
     async def _tool_claim(self, run: WorkerRun, holder: str, fence: int) -> dict[str, Any] | None:
         """A short-lived token of the ServiceAccount Tether made for the run (never one the run
         names), bound to a per-attempt Secret that the operator deletes on revocation (which
@@ -296,8 +316,11 @@ class Gateway:
                 if account is None or not any(ref.get("uid") == run.metadata.uid for ref in
                                               (account.get("metadata") or {}).get("ownerReferences") or []):
                     # Not the account Tether made for this run (gone, or someone's own of that name): no
-                    # tokens of it; the next claim makes it again, or refuses (WorkerIdentityTaken).
+                    # tokens of it now; made again by the next heartbeat's or claim's tool claim (or
+                    # the claim refused, WorkerIdentityTaken).
                     self.identity.forget(run.metadata.uid or "")
+                    with contextlib.suppress(ApiError):
+                        await self.identity.ensure(run)  # the run as read after this call's write
                     log.warning("tool claim withheld: the account is not the run's", extra={
                         "event": "tool_claim_foreign_account", "run": f"{ns}/{name}", "serviceAccount": sa})
                     return None
@@ -397,14 +420,12 @@ class Gateway:
         if s.holder is None:
             raise Failure(409, "NotClaimable", f"no attempt is open (phase {s.phase.value if s.phase else 'Pending'})")
         fenced = m.Fenced(holder=s.holder, fence=s.fence, workerId=body.workerId, runUid=run.metadata.uid)
-        try:
-            # The run's own account, which its tool claims are minted for: made here, at the first
-            # claim, rather than at every grant (a grant writes only the status and the Lease).
-            await self.identity.ensure(run)
-        except IdentityTaken as exc:
-            raise Failure(409, "WorkerIdentityTaken", exc.message) from None
         renewed = await self._renew(run, caller, fenced, None, None, claim=True)
         run, s = renewed.run, renewed.run.status
+        # The run's own account, which its tool claims are minted for: made here, at the first claim,
+        # rather than at every grant (a grant writes only the status and the Lease); made for the run
+        # as read after the claim's write, which names this attempt (never a deleted namesake).
+        await self._ensure_identity(run)
         if c.ANN_CLAIMED_BY not in protocol.annotations(renewed.before):
             log.info("claimed", extra={"event": "job_claimed", "run": f"{ns}/{name}", "attempt": s.attempt,
                                        "fence": s.fence, "holder": s.holder, "worker": body.workerId})
