@@ -273,6 +273,22 @@ func parentAttempt(t *testing.T, api *childAPI, attempt int, fence int64) (*Run,
 
 func int64p(n int64) *int64 { return &n }
 
+// earlierChild is the shell call as attempt 2 (fence 3) of the planner spawned it.
+func earlierChild(t *testing.T, api *childAPI) *Child {
+	t.Helper()
+	first, _ := parentAttempt(t, api, 2, 3)
+	child, err := spawnShell(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return child
+}
+
+// spawnShell spawns the scenarios' one shell call, a child of class shell with a 5-cent share.
+func spawnShell(r *Run) (*Child, error) {
+	return r.Spawn(context.Background(), "shell:1", SpawnOptions{ClassName: "shell", CapCents: int64p(5)})
+}
+
 func search(q string) SpawnOptions {
 	return SpawnOptions{ClassName: "search", Payload: map[string]any{"q": q}, CapCents: int64p(20)}
 }
@@ -385,18 +401,14 @@ func TestAResumedAttemptWaitsForTheOperatorsWord(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			api := newChildAPI(t)
-			first, _ := parentAttempt(t, api, 2, 3)
-			earlier, err := first.Spawn(context.Background(), "shell:1", SpawnOptions{ClassName: "shell", CapCents: int64p(5)})
-			if err != nil {
-				t.Fatal(err)
-			}
+			earlier := earlierChild(t, api)
 			api.onRead = func(name string) {
 				if api.reads[name] == 2 { // judged at the third read
 					api.end(name, tc.phase, tc.reason, nil)
 				}
 			}
 			next, _ := parentAttempt(t, api, 3, 5)
-			child, err := next.Spawn(context.Background(), "shell:1", SpawnOptions{ClassName: "shell", CapCents: int64p(5)})
+			child, err := spawnShell(next)
 			if err != nil || child.Name() != childName("planner", "u-p", "shell:1", tc.generation) {
 				t.Fatalf("spawned %v, %v", child, err)
 			}
@@ -409,13 +421,9 @@ func TestAResumedAttemptWaitsForTheOperatorsWord(t *testing.T) {
 
 func TestAChildNeverJudgedIsAConflictAfterAMinute(t *testing.T) {
 	api := newChildAPI(t)
-	first, _ := parentAttempt(t, api, 2, 3)
-	earlier, err := first.Spawn(context.Background(), "shell:1", SpawnOptions{ClassName: "shell", CapCents: int64p(5)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	earlier := earlierChild(t, api)
 	next, _ := parentAttempt(t, api, 3, 5)
-	_, err = next.Spawn(context.Background(), "shell:1", SpawnOptions{ClassName: "shell", CapCents: int64p(5)})
+	_, err := spawnShell(next)
 	if !errors.Is(err, ErrSpawnConflict) || !strings.Contains(err.Error(), "not judged") {
 		t.Fatalf("spawn: %v", err)
 	}
@@ -426,18 +434,14 @@ func TestAChildNeverJudgedIsAConflictAfterAMinute(t *testing.T) {
 
 func TestAChildDeletedWhileWaitedForIsMadeAgain(t *testing.T) {
 	api := newChildAPI(t)
-	first, _ := parentAttempt(t, api, 2, 3)
-	earlier, err := first.Spawn(context.Background(), "shell:1", SpawnOptions{ClassName: "shell", CapCents: int64p(5)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	earlier := earlierChild(t, api)
 	api.onRead = func(name string) {
 		api.mu.Lock()
 		delete(api.runs, name)
 		api.mu.Unlock()
 	}
 	next, _ := parentAttempt(t, api, 3, 5)
-	child, err := next.Spawn(context.Background(), "shell:1", SpawnOptions{ClassName: "shell", CapCents: int64p(5)})
+	child, err := spawnShell(next)
 	if err != nil || child.Name() != earlier.Name() {
 		t.Fatalf("spawned %v, %v: want the same generation", child, err)
 	}
