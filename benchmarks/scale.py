@@ -625,6 +625,11 @@ def burst(env: Env, n: int, timeout: float = 600) -> dict[str, Any]:
         began = time.time()
         sent = create_paced(env, WR.format(ns=ns), [external_run(f"x{i}") for i in range(n)], None)
         wait_for(lambda: len(watch.of("granted")) >= n, timeout=timeout, what=f"{n} External runs granted")
+
+        def leased() -> bool:  # a grant writes the status, then the Lease: the window holds both
+            items = env.api.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases").raise_for_status().json()["items"]
+            return sum(1 for x in items if (x.get("spec") or {}).get("holderIdentity")) >= n
+        wait_for(leased, timeout=timeout, what=f"{n} grants' Leases")
         ended = time.time()
         cpu = op.cpu_seconds() - cpu
         after = env.apiserver_requests()
