@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from tether.api.models import WorkerRun
 from tether.kube import resources
-from tether.kube.client import Conflict, KubeClient
+from tether.kube.client import Conflict, Forbidden, KubeClient
 
 # Run UIDs (and namespaces) remembered as ready; forgetting one costs a create answered 409 and a read.
 READY_CACHE = 65536
@@ -100,6 +100,11 @@ class WorkerIdentity:
                         f"{kind} {name} exists and was not made for this run: Tether runs a worker only as an "
                         f"account it made for the run (or the namespace's). Rename the run, or delete the {kind}"),
                         "ensure worker identity")
-                # Left by a deleted run of the same name: replace it, or GC takes it from us.
-                await self.kube.delete_object(f"{path}/{obj['metadata']['name']}", existing["metadata"]["uid"])
+                # Left by a deleted run of the same name: replace it, or GC takes it from us. Without
+                # the right to delete it (the chart grants none), garbage collection will: busy till then.
+                try:
+                    await self.kube.delete_object(f"{path}/{obj['metadata']['name']}", existing["metadata"]["uid"])
+                except Forbidden:
+                    raise Conflict(409, f"{obj['kind']} {obj['metadata']['name']} was left by a deleted run of "
+                                        "the same name; garbage collection removes it", "ensure worker rbac") from None
         raise Conflict(409, f"{path}/{obj['metadata']['name']} keeps reappearing", "ensure worker rbac")

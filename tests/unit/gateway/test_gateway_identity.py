@@ -81,3 +81,17 @@ def test_an_account_deleted_since_is_made_again_by_the_next_tool_claim() -> None
     assert _owner(api, SA) == "run-1"
     beat = _call(app, "POST", f"{OP}/heartbeat", json=fenced, headers=AUTH)
     assert beat.status_code == 200 and beat.json()["toolClaim"]["serviceAccount"] == "job-worker", beat.text
+
+
+def test_a_deleted_namesakes_leftover_account_is_a_busy_claim_to_retry_not_a_refusal() -> None:
+    """Under the chart the operator may not delete ServiceAccounts: a leftover of a deleted run of the
+    same name is garbage collection's to remove, shortly; meanwhile the claim is 503 Busy (retried)."""
+    api = held_api(account_owners=[{"apiVersion": "tether.dev/v1alpha1", "kind": "WorkerRun", "name": "job",
+                                    "uid": "run-0"}])
+    api.hooks.insert(0, lambda req: (403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
+                                           "message": "serviceaccounts is forbidden: cannot delete"})
+                     if req.method == "DELETE" else None)
+    resp = _call(build_app(api.client(), "tether-gateway"), "POST", f"{OP}/claim", json={"workerId": "w1"},
+                 headers=AUTH)
+    error = _envelope(resp, 503, "Busy")
+    assert "left by a deleted run" in error["message"] and resp.headers["retry-after"] == "1", error
