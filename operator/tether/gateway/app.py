@@ -238,12 +238,15 @@ class Gateway:
             field = ".".join(str(p) for p in first["loc"]) or "(body)"
             raise Failure(422, "MalformedBody", f"{field}: {first['msg']}", field) from exc
 
-    async def _run(self, ns: str, name: str) -> WorkerRun:
+    async def _raw_run(self, ns: str, name: str) -> dict[str, Any]:
         try:
-            # The lease it was granted under may be its class's (api/workerclass.py).
-            return WorkerRun.model_validate(effective_body(await self.kube.get_run(ns, name)))
+            return await self.kube.get_run(ns, name)
         except NotFound as exc:
             raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
+
+    async def _run(self, ns: str, name: str) -> WorkerRun:
+        # The lease it was granted under may be its class's (api/workerclass.py).
+        return WorkerRun.model_validate(effective_body(await self._raw_run(ns, name)))
 
     async def _caller(self, request: Request, ns: str, name: str) -> Caller:
         caller = await self.auth.authenticate(request.headers.get("authorization"))
@@ -563,10 +566,7 @@ class Gateway:
         if also is not None:
             await self.auth.authorize(caller, ns, name, verb=also)
         body = await self._body(request, model)
-        try:
-            raw = await self.kube.get_run(ns, name)
-        except NotFound as exc:
-            raise Failure(404, "NotFound", f"workerrun {ns}/{name} not found") from exc
+        raw = await self._raw_run(ns, name)
         run = WorkerRun.model_validate(effective_body(raw))
         if run.spec.executor != "External":
             raise Failure(409, "NotExternal", f"{ns}/{name} runs in pods (executor {run.spec.executor})")
