@@ -33,6 +33,13 @@ DIGEST_LENGTH = 10
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:/-]{0,126}[A-Za-z0-9])?$")
 
 
+def is_child_of(body: dict[str, Any], parent_name: str, parent_uid: str) -> bool:
+    """Whether a run is that parent's child: its label names the parent and an owner reference its UID."""
+    meta = body.get("metadata") or {}
+    return (meta.get("labels") or {}).get(LABEL_PARENT) == parent_name and any(
+        r.get("uid") == parent_uid for r in meta.get("ownerReferences") or [])
+
+
 def valid_key(key: str) -> bool:
     return KEY_PATTERN.fullmatch(key) is not None  # match() would let a trailing newline through ($)
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tether.children.api import LABEL_PARENT, spawn_digest
+from tether import protocol
+from tether.children.api import is_child_of, spawn_digest
 from tether.children.bodies import Parent, child_body, with_parent
 from tether.gateway import models as m
 from tether.gateway.failure import Failure
-from tether import protocol
 from tether.kube.client import ApiError, Conflict, Forbidden, Invalid, KubeClient, NotFound
 from tether.kube.paths import run_path
 
@@ -26,9 +26,7 @@ def _refused(message: str) -> Failure:
 
 
 def _of_parent(child: dict[str, Any], parent: dict[str, Any]) -> bool:
-    meta, owner = child.get("metadata") or {}, parent["metadata"]
-    return (meta.get("labels") or {}).get(LABEL_PARENT) == owner["name"] and any(
-        r.get("uid") == owner["uid"] for r in meta.get("ownerReferences") or [])
+    return is_child_of(child, parent["metadata"]["name"], parent["metadata"]["uid"])
 
 
 async def spawn(kube: KubeClient, parent: dict[str, Any], ask: m.SpawnRequest) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tether.children.api import ANN_SPAWN_DIGEST, LABEL_PARENT, spawn_digest, valid_key
+from tether.children.api import ANN_SPAWN_DIGEST, is_child_of, spawn_digest, valid_key
 from tether.children.bodies import MAX_GENERATIONS, Parent, child_body
 from tether.worker.errors import ChildFailed, SpawnConflict
 from tether.worker.ops import Ops, Sleep, Transported
@@ -78,8 +78,7 @@ def spawn_ops(namespace: str, holder: str, fence: int, parent: Parent, key: str,
         body = child_body(parent, namespace, holder, fence, key, generation, spec)
         got: dict[str, Any] = yield Transported("spawn", (key, generation, spec, body))
         meta = got.get("metadata") or {}
-        owners = {r.get("uid") for r in meta.get("ownerReferences") or []}
-        if parent.uid not in owners or (meta.get("labels") or {}).get(LABEL_PARENT) != parent.name:
+        if not is_child_of(got, parent.name, parent.uid):
             raise SpawnConflict(f"{meta.get('name')} exists and is not a child of {parent.name}")
         if (meta.get("annotations") or {}).get(ANN_SPAWN_DIGEST) != digest:
             raise SpawnConflict(f"key {key!r} was spawned before as {meta.get('name')} with another spec "
